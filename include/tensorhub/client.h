@@ -1,0 +1,172 @@
+// The TensorHub worker library: publish, unpublish, fetch, and serve reads.
+//
+// A Client is one worker: it registers with the hub, keeps its lease alive
+// with heartbeats, and runs a data-plane server that answers reads of the
+// versions it holds, straight from the caller's memory. All methods are safe
+// to call from several threads at once. Every call that waits takes a
+// deadline (a timeout in milliseconds) and returns DEADLINE_EXCEEDED or
+// UNAVAILABLE instead of hanging.
+//
+// Memory contract: memory passed to Publish(), or filled by Fetch() with
+// `serve` on, is served to other workers until Unpublish() of that version
+// returns. Do not modify or free it before then. Fetch() into memory that
+// still serves an older version unpublishes that version first (waiting for
+// its reads in flight), so a buffer is never served as a mix of two versions.
+#ifndef TENSORHUB_CLIENT_H_
+#define TENSORHUB_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "tensorhub/status.h"
+#include "tensorhub/types.h"
+
+namespace tensorhub {
+
+struct ClientOptions {
+  // The hub's control address, HOST:PORT.
+  std::string hub_address = "127.0.0.1:7070";
+  // A human-readable name for logs and `tensorhub ls`; defaults to host:pid.
+  std::string name;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+  // Where the data-plane server listens. Port 0 picks a free port.
+  std::string data_listen_address = "127.0.0.1:0";
+  // The host other workers should dial; defaults to the listen host.
+  std::string data_advertise_host;
+  // Deadline of each control call to the hub.
+  int64_t rpc_timeout_ms = 5000;
+  // Deadline for the first registration with the hub.
+  int64_t connect_timeout_ms = 10000;
+  int64_t heartbeat_interval_ms = 1000;
+  // Bound on data-plane connections this worker serves at once.
+  size_t max_serving_connections = 256;
+  // Shared secret for the hub (empty: none).
+  std::string secret;
+};
+
+struct PublishOptions {
+  uint32_t rank = 0;
+  uint32_t group_size = 1;
+  uint64_t chunk_bytes = 4ull << 20;
+  int64_t timeout_ms = 10000;
+  // Free-form pairs stored with this rank's part (at most 64, 16 MiB in
+  // all); readers see them in VersionInfo::metadata.
+  std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+struct FetchProgress {
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+};
+
+struct FetchOptions {
+  int64_t timeout_ms = 120000;
+  // Parallel data-plane streams; each may go to a different holder.
+  int connections = 4;
+  // After a successful fetch, register as a holder so others read from us.
+  bool serve = true;
+  // Called from a fetch thread, at most every few milliseconds.
+  std::function<void(const FetchProgress&)> on_progress;
+};
+
+struct FetchStats {
+  Version version;
+  uint64_t bytes = 0;
+  double seconds = 0;         // from resolve to last verified byte
+  double resolve_seconds = 0;  // the hub round trip
+  uint32_t sources_used = 0;
+  uint32_t chunk_retries = 0;
+};
+
+struct TensorInfo {
+  TensorSpec spec;
+  uint32_t rank = 0;  // which trainer rank's part holds it
+  uint64_t bytes = 0;
+};
+
+struct HolderInfo {
+  WorkerId worker;
+  std::string data_address;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+  uint64_t chunks = 0;  // how many of the version's chunks it holds
+};
+
+struct VersionInfo {
+  std::string model;
+  Version version;
+  VersionState state = VersionState::kPending;
+  uint32_t group_size = 0;
+  uint32_t parts_published = 0;
+  uint64_t total_bytes = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t num_chunks = 0;
+  uint32_t num_holders = 0;
+  std::vector<TensorInfo> tensors;  // filled by Describe, in layout order
+  // Every part's metadata, rank 0's first; filled by Describe.
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::vector<HolderInfo> holders;  // filled by Describe
+};
+
+struct ModelInfo {
+  std::string model;
+  std::vector<VersionInfo> versions;  // summaries, oldest first
+};
+
+class Client {
+ public:
+  // Registers with the hub and starts serving. Fails with UNAVAILABLE or
+  // DEADLINE_EXCEEDED if the hub does not answer within connect_timeout_ms.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  // Stops serving at once (reads in flight fail over to other holders) and
+  // leaves the hub. Call Unpublish first for a graceful exit.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Registers references to caller-owned tensors as rank `rank` of a group
+  // of `group_size`. No copy. The version becomes readable when all ranks
+  // of the group have published. Version numbers must increase per model.
+  Status Publish(std::string_view model, Version version,
+                 const std::vector<TensorRef>& tensors,
+                 const PublishOptions& options = {});
+
+  // Withdraws this worker's reference and waits until reads in flight from
+  // it have finished; afterwards the memory may be reused. Reads that arrive
+  // later are refused. DEADLINE_EXCEEDED if reads are still running at the
+  // deadline (new reads are refused all the same).
+  Status Unpublish(std::string_view model, Version version,
+                   int64_t timeout_ms = 30000);
+
+  // Resolves `version` (Version::Latest() for the highest committed one),
+  // pulls every chunk from holders into `destination`, verifies each
+  // chunk's checksum, retries failed chunks on other holders, and returns
+  // the version fetched. `destination` must name exactly the version's
+  // tensors with matching dtypes and shapes.
+  Result<FetchStats> Fetch(std::string_view model, Version version,
+                           const std::vector<TensorRef>& destination,
+                           const FetchOptions& options = {});
+
+  Result<std::vector<ModelInfo>> List();
+  // Manifest and holders of one version (Latest() allowed). Uncommitted
+  // versions are described too, with their state.
+  Result<VersionInfo> Describe(std::string_view model, Version version);
+
+  const WorkerId& id() const;
+  std::string data_address() const;
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tensorhub
+
+#endif  // TENSORHUB_CLIENT_H_

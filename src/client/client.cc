@@ -1,0 +1,457 @@
+// The worker library: glue between the hub (control), the registry (what we
+// serve) and the fetcher (what we pull).
+#include "tensorhub/client.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "client/fetcher.h"
+#include "client/hub_client.h"
+#include "client/registry.h"
+#include "common/log.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace tensorhub {
+
+using client::Holding;
+using client::HubClient;
+using client::Registry;
+
+class Client::Impl {
+ public:
+  explicit Impl(const ClientOptions& options)
+      : options_(options),
+        hub_(options.hub_address, options.secret, options.rpc_timeout_ms),
+        transport_(transport::MakeTcpTransport()) {}
+
+  ~Impl() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+    if (server_) server_->Stop();
+  }
+
+  Status Start() {
+    transport::ServerOptions so;
+    so.max_connections = options_.max_serving_connections;
+    TH_ASSIGN_OR_RETURN(server_, transport_->Listen(options_.data_listen_address,
+                                                    &registry_, so));
+    data_address_ = server_->address();
+    if (!options_.data_advertise_host.empty()) {
+      std::string port = data_address_.substr(data_address_.rfind(':'));
+      data_address_ = options_.data_advertise_host + port;
+    }
+    if (options_.name.empty()) {
+      char host[256] = {0};
+      ::gethostname(host, sizeof(host) - 1);
+      options_.name = std::string(host) + ":" + std::to_string(::getpid());
+    }
+    TH_ASSIGN_OR_RETURN(
+        WorkerId id,
+        hub_.Register(WorkerId(), options_.name, data_address_, options_.labels,
+                      options_.worker_class, options_.connect_timeout_ms));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      id_ = id;
+    }
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    return Status::Ok();
+  }
+
+  Status Publish(std::string_view model_sv, Version version,
+                 const std::vector<TensorRef>& tensors,
+                 const PublishOptions& opts) {
+    std::string model(model_sv);
+    if (version.is_latest()) {
+      return InvalidArgument("publish needs a version number >= 1");
+    }
+    if (opts.group_size == 0 || opts.rank >= opts.group_size) {
+      return InvalidArgument("rank " + std::to_string(opts.rank) +
+                             " is not in a group of " +
+                             std::to_string(opts.group_size));
+    }
+    TH_ASSIGN_OR_RETURN(PartLayout part,
+                        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes));
+    part.metadata = opts.metadata;
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const TensorRef& t : tensors) {
+      ranges.push_back({static_cast<const uint8_t*>(t.data), t.bytes});
+    }
+    for (const auto& [m, v] : registry_.Overlapping(ranges)) {
+      return FailedPrecondition(
+          "the memory of these tensors is still published as '" + m + "@" +
+          std::to_string(v.value()) + "'; unpublish it before reusing it");
+    }
+    Holding h;
+    h.model = model;
+    h.version = version;
+    h.group_size = opts.group_size;
+    h.chunk_bytes = opts.chunk_bytes;
+    h.rank = opts.rank;
+    std::vector<uint8_t*> bases;
+    for (const TensorRef& t : tensors) bases.push_back(static_cast<uint8_t*>(t.data));
+    h.bases[opts.rank] = std::move(bases);
+    h.parts[opts.rank] = part;
+    // Register locally first: the hub may route a read to us as soon as it
+    // has heard of the reference.
+    TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Add(std::move(h)));
+    Status s = hub_.Publish(id(), model, version, opts.rank, opts.group_size,
+                            opts.chunk_bytes, part, epoch, false,
+                            opts.timeout_ms);
+    if (!s.ok()) {
+      // Nothing changes: withdraw the local registration again.
+      (void)registry_.Revoke(model, version);
+      return s;
+    }
+    registry_.MarkReported(model, version, epoch, true);
+    return Status::Ok();
+  }
+
+  Status Unpublish(std::string_view model_sv, Version version,
+                   int64_t timeout_ms) {
+    std::string model(model_sv);
+    Deadline deadline = Deadline::AfterMs(timeout_ms);
+    TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Revoke(model, version));
+    Status hs = hub_.Unpublish(id(), model, version);
+    if (!hs.ok() && hs.code() != StatusCode::kNotFound) {
+      // The hub is unreachable: it keeps routing readers here until it
+      // hears from us; they are refused (the epoch is fenced) and move on.
+      // The heartbeat thread tells the hub when it is back.
+      TH_LOG(WARN) << "unpublish '" << model << "@" << version.value()
+                   << "': hub not told yet (" << hs.ToString()
+                   << "); will retry";
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_unpublish_.insert({model, version});
+    }
+    return registry_.Drain(model, version, epoch, deadline);
+  }
+
+  Result<FetchStats> Fetch(std::string_view model_sv, Version version,
+                           const std::vector<TensorRef>& dest,
+                           const FetchOptions& opts) {
+    std::string model(model_sv);
+    auto t0 = SteadyClock::now();
+    Deadline deadline = Deadline::AfterMs(opts.timeout_ms);
+    TH_ASSIGN_OR_RETURN(client::Resolved r,
+                        ResolveWithin(model, version, deadline));
+    auto t1 = SteadyClock::now();
+    if (!r.manifest.has_value()) {
+      return Internal("hub resolved a version without a manifest");
+    }
+    const Manifest& manifest = *r.manifest;
+    // Map the destination onto the manifest, by name.
+    std::map<std::string, const TensorRef*> by_name;
+    for (const TensorRef& t : dest) {
+      if (!by_name.emplace(t.spec.name, &t).second) {
+        return InvalidArgument("destination names tensor '" + t.spec.name +
+                               "' twice");
+      }
+    }
+    const std::string vname =
+        "'" + model + "@" + std::to_string(r.version.value()) + "'";
+    client::FetchJob job;
+    job.model = model;
+    job.version = r.version;
+    job.manifest = &manifest;
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const PartLayout& p : manifest.parts()) {
+      std::vector<uint8_t*> bases;
+      for (const TensorLayout& t : p.tensors) {
+        auto it = by_name.find(t.spec.name);
+        if (it == by_name.end()) {
+          return InvalidArgument("destination lacks tensor '" + t.spec.name +
+                                 "' of " + vname);
+        }
+        const TensorRef& d = *it->second;
+        if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.spec.shape) {
+          return InvalidArgument(
+              "destination tensor '" + t.spec.name + "' is " +
+              Describe(d.spec) + " but " + vname + " has " + Describe(t.spec));
+        }
+        if (d.bytes != t.bytes || (d.data == nullptr && t.bytes > 0)) {
+          return InvalidArgument("destination tensor '" + t.spec.name +
+                                 "' has " + std::to_string(d.bytes) +
+                                 " bytes, needs " + std::to_string(t.bytes));
+        }
+        bases.push_back(static_cast<uint8_t*>(d.data));
+        ranges.push_back({static_cast<const uint8_t*>(d.data), d.bytes});
+        by_name.erase(it);
+      }
+      job.dest_bases.push_back(std::move(bases));
+    }
+    if (!by_name.empty()) {
+      return InvalidArgument("destination tensor '" + by_name.begin()->first +
+                             "' is not part of " + vname);
+    }
+    // The mutability contract on the reader's side: memory we are about to
+    // overwrite must stop serving its old version first.
+    for (const auto& [m, v] : registry_.Overlapping(ranges)) {
+      TH_RETURN_IF_ERROR(Unpublish(m, v, deadline.remaining_ms())
+                             .WithContext("fetch: releasing the destination"));
+    }
+    std::vector<client::FetchSource> sources = ToSources(r);
+    if (sources.empty()) {
+      return Unavailable(vname + " has no holder other than this worker");
+    }
+    client::SourceRefresher refresh =
+        [this, model, v = r.version]() -> Result<std::vector<client::FetchSource>> {
+      TH_ASSIGN_OR_RETURN(client::Resolved again,
+                          hub_.Resolve(id(), model, v, false));
+      return ToSources(again);
+    };
+    client::FetcherOptions fo;
+    fo.streams = opts.connections;
+    fo.on_progress = opts.on_progress;
+    TH_ASSIGN_OR_RETURN(client::FetchReport rep,
+                        client::RunFetch(*transport_, job, std::move(sources),
+                                         refresh, fo, deadline));
+    auto t2 = SteadyClock::now();
+    if (opts.serve) ServeFetched(model, r.version, manifest, job);
+    FetchStats st;
+    st.version = r.version;
+    st.bytes = rep.bytes;
+    st.seconds = std::chrono::duration<double>(t2 - t0).count();
+    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.sources_used = rep.sources_used;
+    st.chunk_retries = rep.chunk_retries;
+    return st;
+  }
+
+  Result<std::vector<ModelInfo>> List() { return hub_.List(); }
+
+  Result<VersionInfo> DescribeVersion(std::string_view model, Version version) {
+    TH_ASSIGN_OR_RETURN(client::Resolved r,
+                        hub_.Resolve(id(), std::string(model), version, true));
+    VersionInfo vi;
+    vi.model = std::string(model);
+    vi.version = r.version;
+    vi.state = r.state;
+    if (r.manifest.has_value()) {
+      const Manifest& m = *r.manifest;
+      vi.group_size = m.group_size();
+      vi.parts_published = m.group_size();
+      vi.total_bytes = m.total_bytes();
+      vi.chunk_bytes = m.chunk_bytes();
+      vi.num_chunks = m.num_chunks();
+      for (const PartLayout& p : m.parts()) {
+        for (const TensorLayout& t : p.tensors) {
+          vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+        }
+        vi.metadata.insert(vi.metadata.end(), p.metadata.begin(),
+                           p.metadata.end());
+      }
+    }
+    for (const client::ResolvedSource& s : r.sources) {
+      HolderInfo h;
+      h.worker = s.worker;
+      h.data_address = s.data_address;
+      h.labels = s.labels;
+      h.worker_class = s.worker_class;
+      for (const auto& [b, e] : s.chunks) h.chunks += e - b;
+      vi.holders.push_back(std::move(h));
+    }
+    vi.num_holders = static_cast<uint32_t>(vi.holders.size());
+    return vi;
+  }
+
+  WorkerId id() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return id_;
+  }
+  const WorkerId& id_ref() const { return id_; }
+  std::string data_address() const { return data_address_; }
+
+ private:
+  static std::string Describe(const TensorSpec& s) {
+    std::string out(DTypeName(s.dtype));
+    out += "[";
+    for (size_t i = 0; i < s.shape.size(); ++i) {
+      out += (i ? "," : "") + std::to_string(s.shape[i]);
+    }
+    return out + "]";
+  }
+
+  static std::vector<client::FetchSource> ToSources(const client::Resolved& r) {
+    std::vector<client::FetchSource> out;
+    for (const client::ResolvedSource& s : r.sources) {
+      out.push_back({s.data_address, s.epoch, s.chunks});
+    }
+    return out;
+  }
+
+  // Resolve, retrying while the hub is unreachable (it may be restarting),
+  // until the deadline.
+  Result<client::Resolved> ResolveWithin(const std::string& model,
+                                         Version version,
+                                         const Deadline& deadline) {
+    while (true) {
+      Result<client::Resolved> r = hub_.Resolve(id(), model, version, false);
+      if (r.ok()) return r;
+      StatusCode c = r.status().code();
+      if ((c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) ||
+          deadline.remaining_ms() < 200) {
+        return r.status();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+
+  void ServeFetched(const std::string& model, Version version,
+                    const Manifest& manifest, const client::FetchJob& job) {
+    Holding h;
+    h.model = model;
+    h.version = version;
+    h.group_size = manifest.group_size();
+    h.chunk_bytes = manifest.chunk_bytes();
+    h.manifest = manifest;
+    for (const PartLayout& p : manifest.parts()) {
+      h.parts[p.rank] = p;
+      h.bases[p.rank] = job.dest_bases[p.rank];
+    }
+    Result<uint64_t> epoch = registry_.Add(std::move(h));
+    if (!epoch.ok()) {
+      TH_LOG(WARN) << "not serving fetched '" << model << "@" << version.value()
+                   << "': " << epoch.status().ToString();
+      return;
+    }
+    Status s = hub_.AddHolder(id(), model, version, *epoch, manifest);
+    if (s.ok()) {
+      registry_.MarkReported(model, version, *epoch, true);
+    } else {
+      // The fetch itself succeeded; the heartbeat thread reports the copy
+      // once the hub answers again.
+      TH_LOG(WARN) << "fetched '" << model << "@" << version.value()
+                   << "' but could not tell the hub yet: " << s.ToString();
+    }
+  }
+
+  void HeartbeatLoop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_interval_ms));
+      if (stopping_) break;
+      WorkerId id = id_;
+      lock.unlock();
+      Status s = hub_.Heartbeat(id);
+      if (s.code() == StatusCode::kNotFound) {
+        TH_LOG(INFO) << "hub forgot worker " << id.value()
+                     << " (restart or lease expiry); registering again";
+        Rejoin(id);
+      } else if (!s.ok()) {
+        TH_LOG(DEBUG) << "heartbeat: " << s.ToString();
+      } else {
+        RetryPending(id);
+      }
+      lock.lock();
+    }
+  }
+
+  // Re-registers under the same id and re-reports every reference: this is
+  // how a restarted hub rebuilds its table.
+  void Rejoin(const WorkerId& id) {
+    Result<WorkerId> r =
+        hub_.Register(id, options_.name, data_address_, options_.labels,
+                      options_.worker_class, options_.rpc_timeout_ms);
+    if (!r.ok()) {
+      TH_LOG(WARN) << "re-register: " << r.status().ToString();
+      return;
+    }
+    for (Holding& h : registry_.Snapshot()) {
+      registry_.MarkReported(h.model, h.version, h.epoch, false);
+    }
+    RetryPending(id);
+  }
+
+  void RetryPending(const WorkerId& id) {
+    std::set<std::pair<std::string, Version>> unpub;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      unpub.swap(pending_unpublish_);
+    }
+    for (const auto& [m, v] : unpub) {
+      Status s = hub_.Unpublish(id, m, v);
+      if (!s.ok() && s.code() != StatusCode::kNotFound) {
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_unpublish_.insert({m, v});
+      }
+    }
+    for (const Holding& h : registry_.Snapshot()) {
+      if (h.reported) continue;
+      Status s;
+      if (h.manifest.has_value()) {
+        s = hub_.AddHolder(id, h.model, h.version, h.epoch, *h.manifest);
+      } else {
+        s = hub_.Publish(id, h.model, h.version, *h.rank, h.group_size,
+                         h.chunk_bytes, h.parts.at(*h.rank), h.epoch, true,
+                         options_.rpc_timeout_ms);
+      }
+      if (s.ok()) {
+        registry_.MarkReported(h.model, h.version, h.epoch, true);
+      } else {
+        TH_LOG(WARN) << "re-report '" << h.model << "@" << h.version.value()
+                     << "': " << s.ToString();
+      }
+    }
+  }
+
+  ClientOptions options_;
+  HubClient hub_;
+  std::unique_ptr<transport::Transport> transport_;
+  Registry registry_;
+  std::unique_ptr<transport::Server> server_;
+  std::string data_address_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  WorkerId id_;                                              // guarded by mu_
+  bool stopping_ = false;                                    // guarded by mu_
+  std::set<std::pair<std::string, Version>> pending_unpublish_;  // guarded by mu_
+  std::thread heartbeat_;
+};
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  TH_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Status Client::Publish(std::string_view model, Version version,
+                       const std::vector<TensorRef>& tensors,
+                       const PublishOptions& options) {
+  return impl_->Publish(model, version, tensors, options);
+}
+
+Status Client::Unpublish(std::string_view model, Version version,
+                         int64_t timeout_ms) {
+  return impl_->Unpublish(model, version, timeout_ms);
+}
+
+Result<FetchStats> Client::Fetch(std::string_view model, Version version,
+                                 const std::vector<TensorRef>& destination,
+                                 const FetchOptions& options) {
+  return impl_->Fetch(model, version, destination, options);
+}
+
+Result<std::vector<ModelInfo>> Client::List() { return impl_->List(); }
+
+Result<VersionInfo> Client::Describe(std::string_view model, Version version) {
+  return impl_->DescribeVersion(model, version);
+}
+
+const WorkerId& Client::id() const { return impl_->id_ref(); }
+std::string Client::data_address() const { return impl_->data_address(); }
+
+}  // namespace tensorhub

@@ -1,0 +1,277 @@
+#include "client/fetcher.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/checksum.h"
+#include "common/log.h"
+
+namespace tensorhub::client {
+namespace {
+
+struct SourceState {
+  FetchSource source;
+  bool dead = false;
+  int active = 0;
+  uint64_t chunks_served = 0;
+  bool Has(uint64_t chunk) const {
+    for (const auto& [b, e] : source.chunks) {
+      if (chunk >= b && chunk < e) return true;
+    }
+    return false;
+  }
+};
+
+class FetchRun {
+ public:
+  FetchRun(transport::Transport& transport, const FetchJob& job,
+           std::vector<FetchSource> sources, const SourceRefresher& refresh,
+           const FetcherOptions& options, const Deadline& deadline)
+      : transport_(transport),
+        job_(job),
+        refresh_(refresh),
+        options_(options),
+        deadline_(deadline) {
+    for (FetchSource& s : sources) AddSourceLocked(std::move(s));
+    total_chunks_ = job.manifest->num_chunks();
+    attempts_.assign(total_chunks_, 0);
+    for (uint64_t c = 0; c < total_chunks_; ++c) pending_.push_back(c);
+  }
+
+  Result<FetchReport> Run() {
+    int n = std::max(1, std::min<int>(options_.streams,
+                                      static_cast<int>(total_chunks_)));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) threads.emplace_back([this] { Stream(); });
+    for (std::thread& t : threads) t.join();
+    if (!error_.ok()) return error_;
+    FetchReport r;
+    r.bytes = bytes_done_;
+    r.chunk_retries = retries_;
+    for (const SourceState& s : sources_) r.sources_used += s.chunks_served > 0;
+    Progress(true);
+    return r;
+  }
+
+ private:
+  void AddSourceLocked(FetchSource s) {
+    for (const SourceState& k : sources_) {
+      if (k.source.address == s.address && k.source.epoch == s.epoch) return;
+    }
+    sources_.push_back(SourceState{std::move(s)});
+  }
+
+  // Picks the least busy live source holding `chunk`; -1 if none.
+  int PickLocked(uint64_t chunk) const {
+    int best = -1;
+    for (size_t i = 0; i < sources_.size(); ++i) {
+      const SourceState& s = sources_[i];
+      if (s.dead || !s.Has(chunk)) continue;
+      if (best < 0 || s.active < sources_[best].active) best = static_cast<int>(i);
+    }
+    return best;
+  }
+
+  void FailLocked(Status s) {
+    if (error_.ok()) error_ = std::move(s);
+    cv_.notify_all();
+  }
+
+  bool FinishedLocked() const {
+    return !error_.ok() || done_chunks_ == total_chunks_;
+  }
+
+  void Stream() {
+    std::map<std::string, std::unique_ptr<transport::Connection>> conns;
+    std::vector<iovec> pieces;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!FinishedLocked()) {
+      if (deadline_.expired()) {
+        FailLocked(DeadlineExceeded(
+            "fetch of '" + job_.model + "@" +
+            std::to_string(job_.version.value()) + "' did not finish in time: " +
+            std::to_string(done_chunks_) + " of " +
+            std::to_string(total_chunks_) + " chunks done; last error: " +
+            last_error_.ToString()));
+        break;
+      }
+      if (pending_.empty()) {
+        // Others hold the remaining chunks; one may come back on failure.
+        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
+      }
+      uint64_t chunk = pending_.front();
+      int src = PickLocked(chunk);
+      if (src < 0) {
+        if (!MaybeRefreshLocked(lock)) break;
+        src = PickLocked(chunk);
+        if (src < 0) {
+          cv_.wait_for(lock, std::chrono::milliseconds(50));
+          continue;
+        }
+      }
+      pending_.pop_front();
+      SourceState& s = sources_[src];
+      ++s.active;
+      std::string address = s.source.address;
+      uint64_t epoch = s.source.epoch;
+      lock.unlock();
+
+      ChunkLoc loc = job_.manifest->Chunk(chunk);
+      Status st = ReadChunk(conns, address, epoch, loc, &pieces);
+
+      lock.lock();
+      SourceState& s2 = sources_[src];  // the vector may have grown
+      --s2.active;
+      if (st.ok()) {
+        ++s2.chunks_served;
+        ++done_chunks_;
+        bytes_done_ += loc.bytes;
+        if (done_chunks_ == total_chunks_) cv_.notify_all();
+        lock.unlock();
+        Progress(false);
+        lock.lock();
+        continue;
+      }
+      TH_LOG(DEBUG) << "chunk " << chunk << " from " << address
+                    << " failed: " << st.ToString();
+      last_error_ = st;
+      s2.dead = true;
+      conns.erase(address);
+      ++retries_;
+      if (++attempts_[chunk] >= options_.max_attempts_per_chunk) {
+        FailLocked(Unavailable("chunk " + std::to_string(chunk) + " of '" +
+                               job_.model + "@" +
+                               std::to_string(job_.version.value()) +
+                               "' failed " + std::to_string(attempts_[chunk]) +
+                               " times; last error: " + st.ToString()));
+        break;
+      }
+      pending_.push_front(chunk);
+      cv_.notify_all();
+    }
+  }
+
+  // Asks the hub for sources again, at most once per refresh interval over
+  // all streams. Returns false if the fetch must end.
+  bool MaybeRefreshLocked(std::unique_lock<std::mutex>& lock) {
+    int64_t now = NowMs();
+    if (refreshing_ || now - last_refresh_ms_ < options_.refresh_interval_ms ||
+        !refresh_) {
+      return true;
+    }
+    refreshing_ = true;
+    last_refresh_ms_ = now;
+    lock.unlock();
+    Result<std::vector<FetchSource>> fresh = refresh_();
+    lock.lock();
+    refreshing_ = false;
+    if (!fresh.ok()) {
+      StatusCode c = fresh.status().code();
+      if (c == StatusCode::kNotFound || c == StatusCode::kAborted ||
+          c == StatusCode::kInvalidArgument ||
+          c == StatusCode::kPermissionDenied) {
+        FailLocked(fresh.status().WithContext("fetch: asking the hub for holders"));
+        return false;
+      }
+      // The hub may be restarting: keep going on what we know.
+      last_error_ = fresh.status();
+      return true;
+    }
+    for (FetchSource& s : *fresh) AddSourceLocked(std::move(s));
+    return true;
+  }
+
+  Status ReadChunk(std::map<std::string, std::unique_ptr<transport::Connection>>& conns,
+                   const std::string& address, uint64_t epoch,
+                   const ChunkLoc& loc, std::vector<iovec>* pieces) {
+    auto it = conns.find(address);
+    if (it == conns.end() || it->second->broken()) {
+      Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
+          address, deadline_.Cap(options_.connect_timeout_ms));
+      if (!c.ok()) return c.status();
+      it = conns.insert_or_assign(address, std::move(c).value()).first;
+    }
+    pieces->clear();
+    AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
+                 loc.offset, loc.bytes, pieces);
+    wire::ReadRequest req;
+    req.model = job_.model;
+    req.version = job_.version.value();
+    req.epoch = epoch;
+    req.part = loc.part;
+    req.offset = loc.offset;
+    req.length = loc.bytes;
+    TH_RETURN_IF_ERROR(it->second->Read(
+        req, *pieces, deadline_.Cap(options_.read_timeout_ms)));
+    if (Xxh3Pieces(*pieces) != loc.xxh3) {
+      return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
+                      std::to_string(loc.offset) + " from " + address +
+                      " failed its checksum");
+    }
+    return Status::Ok();
+  }
+
+  void Progress(bool final) {
+    if (!options_.on_progress) return;
+    int64_t now = NowMs();
+    FetchProgress p;
+    {
+      std::lock_guard<std::mutex> l(progress_mu_);
+      if (!final && now - last_progress_ms_ < 50) return;
+      last_progress_ms_ = now;
+      std::lock_guard<std::mutex> l2(mu_);
+      p.bytes_done = bytes_done_;
+      p.bytes_total = job_.manifest->total_bytes();
+      options_.on_progress(p);
+    }
+  }
+
+  transport::Transport& transport_;
+  const FetchJob& job_;
+  const SourceRefresher& refresh_;
+  const FetcherOptions& options_;
+  const Deadline deadline_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<SourceState> sources_;  // guarded by mu_; only grows
+  std::deque<uint64_t> pending_;      // guarded by mu_
+  std::vector<int> attempts_;         // guarded by mu_
+  uint64_t total_chunks_ = 0;
+  uint64_t done_chunks_ = 0;   // guarded by mu_
+  uint64_t bytes_done_ = 0;    // guarded by mu_
+  uint32_t retries_ = 0;       // guarded by mu_
+  Status error_;               // guarded by mu_
+  Status last_error_ = Unavailable("no holder was tried");  // guarded by mu_
+  bool refreshing_ = false;    // guarded by mu_
+  int64_t last_refresh_ms_ = 0;  // guarded by mu_
+
+  std::mutex progress_mu_;
+  int64_t last_progress_ms_ = 0;  // guarded by progress_mu_
+};
+
+}  // namespace
+
+Result<FetchReport> RunFetch(transport::Transport& transport,
+                             const FetchJob& job,
+                             std::vector<FetchSource> sources,
+                             const SourceRefresher& refresh,
+                             const FetcherOptions& options,
+                             const Deadline& deadline) {
+  if (job.manifest == nullptr ||
+      job.dest_bases.size() != job.manifest->parts().size()) {
+    return Internal("fetch job has no destination for some part");
+  }
+  if (job.manifest->num_chunks() == 0) return FetchReport{};
+  FetchRun run(transport, job, std::move(sources), refresh, options, deadline);
+  return run.Run();
+}
+
+}  // namespace tensorhub::client

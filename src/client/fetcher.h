@@ -1,0 +1,67 @@
+// Pulls the chunks of one version from its holders into destination memory.
+//
+// Several streams run in parallel; each takes the next missing chunk and
+// reads it from the least busy live source that holds it, so one version is
+// striped across holders. Every chunk is verified (XXH3-64 against the
+// manifest) before it counts. A source that fails (connection error,
+// refusal, bad checksum, stall past the read timeout) is dropped and its
+// chunk goes back to the queue for another source; when no live source has a
+// chunk, the sources are refreshed from the hub. Everything ends by the
+// deadline.
+#ifndef TENSORHUB_CLIENT_FETCHER_H_
+#define TENSORHUB_CLIENT_FETCHER_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/manifest.h"
+#include "tensorhub/client.h"
+#include "transport/transport.h"
+
+namespace tensorhub::client {
+
+struct FetchSource {
+  std::string address;
+  uint64_t epoch = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
+};
+
+struct FetchJob {
+  std::string model;
+  Version version;
+  const Manifest* manifest = nullptr;
+  // dest_bases[part][i]: where tensor i of that part goes.
+  std::vector<std::vector<uint8_t*>> dest_bases;
+};
+
+struct FetcherOptions {
+  int streams = 4;
+  int64_t read_timeout_ms = 30000;    // one chunk, one source
+  int64_t connect_timeout_ms = 5000;
+  int64_t refresh_interval_ms = 200;  // between asks to the hub
+  int max_attempts_per_chunk = 32;
+  std::function<void(const FetchProgress&)> on_progress;
+};
+
+struct FetchReport {
+  uint64_t bytes = 0;
+  uint32_t sources_used = 0;
+  uint32_t chunk_retries = 0;
+};
+
+// Asks the hub again for sources of the same version.
+using SourceRefresher = std::function<Result<std::vector<FetchSource>>()>;
+
+Result<FetchReport> RunFetch(transport::Transport& transport,
+                             const FetchJob& job,
+                             std::vector<FetchSource> sources,
+                             const SourceRefresher& refresh,
+                             const FetcherOptions& options,
+                             const Deadline& deadline);
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_FETCHER_H_

@@ -1,0 +1,194 @@
+#include "client/hub_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+
+#include "wire/proto_convert.h"
+
+namespace tensorhub::client {
+
+HubClient::HubClient(const std::string& address, std::string secret,
+                     int64_t rpc_timeout_ms)
+    : address_(address),
+      secret_(std::move(secret)),
+      rpc_timeout_ms_(rpc_timeout_ms) {
+  grpc::ChannelArguments args;
+  // Reconnect quickly after a hub restart instead of backing off for long.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  auto channel = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::Hub::NewStub(channel);
+}
+
+void HubClient::Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(timeout_ms));
+}
+
+Status HubClient::Check(const grpc::Status& s, const char* what) const {
+  if (s.ok()) return Status::Ok();
+  Status st = wire::FromGrpc(s);
+  if (st.code() == StatusCode::kUnavailable ||
+      st.code() == StatusCode::kDeadlineExceeded) {
+    return Status(st.code(), std::string(what) + ": hub at " + address_ +
+                                 " did not answer (" + st.message() + ")");
+  }
+  return st;
+}
+
+Result<WorkerId> HubClient::Register(const WorkerId& old_id,
+                                     const std::string& name,
+                                     const std::string& data_address,
+                                     const Labels& labels,
+                                     WorkerClass worker_class,
+                                     int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout_ms);
+  // The first registration may wait for the hub to come up.
+  ctx.set_wait_for_ready(true);
+  v1::RegisterWorkerRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(old_id.value());
+  req.set_name(name);
+  req.set_data_address(data_address);
+  wire::ToProto(labels, req.mutable_labels());
+  req.set_worker_class(worker_class == WorkerClass::kSpot ? v1::SPOT
+                                                          : v1::RELIABLE);
+  v1::RegisterWorkerResponse resp;
+  TH_RETURN_IF_ERROR(
+      Check(stub_->RegisterWorker(&ctx, req, &resp), "register"));
+  return WorkerId(resp.worker_id());
+}
+
+Status HubClient::Heartbeat(const WorkerId& id) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::HeartbeatRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(id.value());
+  v1::HeartbeatResponse resp;
+  return Check(stub_->Heartbeat(&ctx, req, &resp), "heartbeat");
+}
+
+Status HubClient::Publish(const WorkerId& id, const std::string& model,
+                          Version version, uint32_t rank, uint32_t group_size,
+                          uint64_t chunk_bytes, const PartLayout& part,
+                          uint64_t epoch, bool rebuild, int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout_ms);
+  v1::PublishRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(id.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_rank(rank);
+  req.set_group_size(group_size);
+  req.set_chunk_bytes(chunk_bytes);
+  wire::ToProto(part, req.mutable_part());
+  req.set_epoch(epoch);
+  req.set_rebuild(rebuild);
+  v1::PublishResponse resp;
+  return Check(stub_->Publish(&ctx, req, &resp), "publish");
+}
+
+Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
+                            Version version, uint64_t epoch,
+                            const Manifest& manifest) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::AddHolderRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(id.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_epoch(epoch);
+  wire::ToProto(manifest, req.mutable_manifest());
+  v1::AddHolderResponse resp;
+  return Check(stub_->AddHolder(&ctx, req, &resp), "add holder");
+}
+
+Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
+                            Version version) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::UnpublishRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(id.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  v1::UnpublishResponse resp;
+  return Check(stub_->Unpublish(&ctx, req, &resp), "unpublish");
+}
+
+Result<Resolved> HubClient::Resolve(const WorkerId& reader,
+                                    const std::string& model, Version version,
+                                    bool include_uncommitted) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::ResolveRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_include_uncommitted(include_uncommitted);
+  v1::ResolveResponse resp;
+  TH_RETURN_IF_ERROR(Check(stub_->Resolve(&ctx, req, &resp), "resolve"));
+  Resolved out;
+  out.version = Version(resp.version());
+  out.state = wire::FromProto(resp.state());
+  if (resp.has_manifest() && resp.manifest().group_size() > 0) {
+    TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(resp.manifest()));
+    out.manifest = std::move(m);
+  }
+  for (const v1::Holder& h : resp.holders()) {
+    ResolvedSource s;
+    s.worker = WorkerId(h.worker_id());
+    s.data_address = h.data_address();
+    s.labels = wire::FromProto(h.labels());
+    s.worker_class =
+        h.worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
+    s.epoch = h.epoch();
+    if (h.chunk_begin_size() != h.chunk_end_size()) {
+      return InvalidArgument("hub sent mismatched chunk ranges");
+    }
+    for (int i = 0; i < h.chunk_begin_size(); ++i) {
+      s.chunks.push_back({h.chunk_begin(i), h.chunk_end(i)});
+    }
+    out.sources.push_back(std::move(s));
+  }
+  return out;
+}
+
+Result<std::vector<ModelInfo>> HubClient::List() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::ListModelsRequest req;
+  req.set_secret(secret_);
+  v1::ListModelsResponse resp;
+  TH_RETURN_IF_ERROR(Check(stub_->ListModels(&ctx, req, &resp), "list"));
+  std::vector<ModelInfo> out;
+  for (const v1::ModelSummary& m : resp.models()) {
+    ModelInfo mi;
+    mi.model = m.model();
+    for (const v1::VersionSummary& v : m.versions()) {
+      VersionInfo vi;
+      vi.model = m.model();
+      vi.version = Version(v.version());
+      vi.state = wire::FromProto(v.state());
+      vi.group_size = v.group_size();
+      vi.parts_published = v.parts_published();
+      vi.total_bytes = v.total_bytes();
+      vi.num_holders = v.holders();
+      mi.versions.push_back(std::move(vi));
+    }
+    out.push_back(std::move(mi));
+  }
+  return out;
+}
+
+}  // namespace tensorhub::client

@@ -1,0 +1,70 @@
+// The worker's side of the control API: one gRPC channel to the hub, a
+// deadline on every call, the shared secret attached, and protobuf converted
+// to our types at this boundary.
+#ifndef TENSORHUB_CLIENT_HUB_CLIENT_H_
+#define TENSORHUB_CLIENT_HUB_CLIENT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/manifest.h"
+#include "tensorhub.grpc.pb.h"
+#include "tensorhub/client.h"
+#include "tensorhub/status.h"
+
+namespace tensorhub::client {
+
+struct ResolvedSource {
+  WorkerId worker;
+  std::string data_address;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+  uint64_t epoch = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
+};
+
+struct Resolved {
+  Version version;
+  VersionState state = VersionState::kPending;
+  std::optional<Manifest> manifest;
+  std::vector<ResolvedSource> sources;
+};
+
+class HubClient {
+ public:
+  HubClient(const std::string& address, std::string secret,
+            int64_t rpc_timeout_ms);
+
+  Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
+                            const std::string& data_address,
+                            const Labels& labels, WorkerClass worker_class,
+                            int64_t timeout_ms);
+  Status Heartbeat(const WorkerId& id);
+  Status Publish(const WorkerId& id, const std::string& model, Version version,
+                 uint32_t rank, uint32_t group_size, uint64_t chunk_bytes,
+                 const PartLayout& part, uint64_t epoch, bool rebuild,
+                 int64_t timeout_ms);
+  Status AddHolder(const WorkerId& id, const std::string& model,
+                   Version version, uint64_t epoch, const Manifest& manifest);
+  Status Unpublish(const WorkerId& id, const std::string& model,
+                   Version version);
+  Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
+                           Version version, bool include_uncommitted);
+  Result<std::vector<ModelInfo>> List();
+
+  const std::string& address() const { return address_; }
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
+  Status Check(const grpc::Status& s, const char* what) const;
+
+  std::string address_;
+  std::string secret_;
+  int64_t rpc_timeout_ms_;
+  std::unique_ptr<v1::Hub::Stub> stub_;
+};
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_HUB_CLIENT_H_

@@ -1,0 +1,148 @@
+#include "client/registry.h"
+
+#include <algorithm>
+
+namespace tensorhub::client {
+
+Result<uint64_t> Registry::Add(Holding holding) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Key key{holding.model, holding.version};
+  if (live_.count(key) > 0) {
+    return AlreadyExists("'" + holding.model + "@" +
+                         std::to_string(holding.version.value()) +
+                         "' is already published by this worker");
+  }
+  for (const auto& [part, layout] : holding.parts) {
+    if (holding.bases[part].size() != layout.tensors.size()) {
+      return Internal("registration has bases for " +
+                      std::to_string(holding.bases[part].size()) +
+                      " tensors of " + std::to_string(layout.tensors.size()));
+    }
+  }
+  auto e = std::make_shared<Entry>();
+  holding.epoch = next_epoch_++;
+  uint64_t epoch = holding.epoch;
+  e->holding = std::move(holding);
+  live_[key] = std::move(e);
+  return epoch;
+}
+
+Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find({model, version});
+  if (it == live_.end()) {
+    return NotFound("this worker does not publish '" + model + "@" +
+                    std::to_string(version.value()) + "'");
+  }
+  std::shared_ptr<Entry> e = std::move(it->second);
+  live_.erase(it);
+  uint64_t epoch = e->holding.epoch;
+  if (e->inflight > 0) draining_[epoch] = std::move(e);
+  return epoch;
+}
+
+Status Registry::Drain(const std::string& model, Version version,
+                       uint64_t epoch, const Deadline& deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  bool done = drained_.wait_until(lock, deadline.at(), [&] {
+    return draining_.count(epoch) == 0;
+  });
+  if (!done) {
+    return DeadlineExceeded(
+        std::to_string(draining_[epoch]->inflight) + " reads of '" + model +
+        "@" + std::to_string(version.value()) +
+        "' still in flight at the deadline; its memory is not safe to reuse");
+  }
+  return Status::Ok();
+}
+
+std::vector<std::pair<std::string, Version>> Registry::Overlapping(
+    const std::vector<std::pair<const uint8_t*, uint64_t>>& ranges) const {
+  std::vector<std::pair<std::string, Version>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [key, e] : live_) {
+    bool hit = false;
+    for (const auto& [part, bases] : e->holding.bases) {
+      const PartLayout& layout = e->holding.parts.at(part);
+      for (size_t i = 0; i < bases.size() && !hit; ++i) {
+        const uint8_t* b = bases[i];
+        uint64_t n = layout.tensors[i].bytes;
+        for (const auto& [rb, rn] : ranges) {
+          if (n > 0 && rn > 0 && b < rb + rn && rb < b + n) {
+            hit = true;
+            break;
+          }
+        }
+      }
+      if (hit) break;
+    }
+    if (hit) out.push_back(key);
+  }
+  return out;
+}
+
+std::vector<Holding> Registry::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Holding> out;
+  for (const auto& [key, e] : live_) out.push_back(e->holding);
+  return out;
+}
+
+void Registry::MarkReported(const std::string& model, Version version,
+                            uint64_t epoch, bool reported) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find({model, version});
+  if (it != live_.end() && it->second->holding.epoch == epoch) {
+    it->second->holding.reported = reported;
+  }
+}
+
+Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find({req.model, Version(req.version)});
+  const std::string name =
+      "'" + req.model + "@" + std::to_string(req.version) + "'";
+  if (it == live_.end()) {
+    return NotFound("this worker does not hold " + name);
+  }
+  std::shared_ptr<Entry> e = it->second;
+  if (e->holding.epoch != req.epoch) {
+    return Aborted("registration " + std::to_string(req.epoch) + " of " +
+                   name + " was revoked");
+  }
+  auto pit = e->holding.parts.find(req.part);
+  if (pit == e->holding.parts.end()) {
+    return NotFound("this worker does not hold part " +
+                    std::to_string(req.part) + " of " + name);
+  }
+  const PartLayout& layout = pit->second;
+  if (req.offset > layout.part_bytes ||
+      req.length > layout.part_bytes - req.offset) {
+    return InvalidArgument("read past the end of part " +
+                           std::to_string(req.part) + " of " + name);
+  }
+  transport::ServeLease lease;
+  AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
+               &lease.pieces);
+  ++e->inflight;
+  // The pin's deleter ends the read: the last one of a revoked registration
+  // wakes Drain().
+  lease.pin = std::shared_ptr<void>(nullptr, [this, e](void*) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--e->inflight == 0) {
+      draining_.erase(e->holding.epoch);
+      drained_.notify_all();
+    }
+  });
+  return lease;
+}
+
+size_t Registry::reads_in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, e] : live_) n += e->inflight;
+  for (const auto& [epoch, e] : draining_) n += e->inflight;
+  return n;
+}
+
+}  // namespace tensorhub::client

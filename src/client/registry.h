@@ -1,0 +1,84 @@
+// What this worker holds and serves: registrations of caller memory per
+// (model, version), each fenced by an epoch.
+//
+// A read names (model, version, epoch). It is served only while that exact
+// registration is live; Revoke() fences the epoch at once and Drain() waits
+// for the reads already admitted to finish. A registration's memory may be
+// reused by its owner only after Drain() succeeded. Thread-safe.
+#ifndef TENSORHUB_CLIENT_REGISTRY_H_
+#define TENSORHUB_CLIENT_REGISTRY_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/manifest.h"
+#include "tensorhub/types.h"
+#include "transport/transport.h"
+
+namespace tensorhub::client {
+
+struct Holding {
+  std::string model;
+  Version version;
+  uint64_t epoch = 0;
+  uint32_t group_size = 1;
+  uint64_t chunk_bytes = 0;
+  // A trainer rank holds one part (`rank` set, parts = {its part}); a reader
+  // that fetched holds every part and knows the full manifest.
+  std::optional<uint32_t> rank;
+  std::optional<Manifest> manifest;
+  std::map<uint32_t, PartLayout> parts;
+  std::map<uint32_t, std::vector<uint8_t*>> bases;  // per part, per tensor
+  bool reported = false;  // the hub acknowledged it
+};
+
+class Registry final : public transport::ReadSource {
+ public:
+  Registry() = default;
+
+  // Registers memory; returns the new registration's epoch. Replaces a
+  // registration of the same (model, version) only after it was revoked.
+  Result<uint64_t> Add(Holding holding);
+  // Fences the registration: reads not yet admitted are refused. Returns
+  // its epoch, NOT_FOUND if there is none.
+  Result<uint64_t> Revoke(const std::string& model, Version version);
+  // Waits until no admitted read of that epoch is in flight.
+  Status Drain(const std::string& model, Version version, uint64_t epoch,
+               const Deadline& deadline);
+  // Live registrations whose memory overlaps [begin, end) of any range.
+  std::vector<std::pair<std::string, Version>> Overlapping(
+      const std::vector<std::pair<const uint8_t*, uint64_t>>& ranges) const;
+  // Copies of every live registration (for re-reporting to a hub).
+  std::vector<Holding> Snapshot() const;
+  void MarkReported(const std::string& model, Version version, uint64_t epoch,
+                    bool reported);
+
+  Result<transport::ServeLease> BeginRead(const wire::ReadRequest& req) override;
+
+  size_t reads_in_flight() const;
+
+ private:
+  struct Entry {
+    Holding holding;
+    uint64_t inflight = 0;  // guarded by mu_
+  };
+  using Key = std::pair<std::string, Version>;
+
+  mutable std::mutex mu_;
+  std::condition_variable drained_;
+  uint64_t next_epoch_ = 1;                        // guarded by mu_
+  std::map<Key, std::shared_ptr<Entry>> live_;     // guarded by mu_
+  // Revoked entries with reads still in flight, by epoch.
+  std::map<uint64_t, std::shared_ptr<Entry>> draining_;  // guarded by mu_
+};
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_REGISTRY_H_

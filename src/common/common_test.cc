@@ -1,0 +1,636 @@
+// Unit tests for Status/Result, dtypes, tensor specs, checksums and manifests.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/checksum.h"
+#include "common/manifest.h"
+#include "tensorhub/status.h"
+#include "tensorhub/types.h"
+
+namespace tensorhub {
+namespace {
+
+// ---------------------------------------------------------------- Status
+
+TEST(StatusTest, DefaultIsOk) {
+  Status s;
+  EXPECT_TRUE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kOk);
+  EXPECT_EQ(s.ToString(), "OK");
+  EXPECT_TRUE(Status::Ok().ok());
+}
+
+TEST(StatusTest, ToStringNamesTheCode) {
+  EXPECT_EQ(NotFound("model 'x' has no version 7").ToString(),
+            "NOT_FOUND: model 'x' has no version 7");
+  EXPECT_EQ(FailedPrecondition("m").ToString(), "FAILED_PRECONDITION: m");
+}
+
+TEST(StatusTest, HelpersSetTheirCode) {
+  EXPECT_EQ(InvalidArgument("").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DeadlineExceeded("").code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(NotFound("").code(), StatusCode::kNotFound);
+  EXPECT_EQ(AlreadyExists("").code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(PermissionDenied("").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(ResourceExhausted("").code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(FailedPrecondition("").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Aborted("").code(), StatusCode::kAborted);
+  EXPECT_EQ(Internal("").code(), StatusCode::kInternal);
+  EXPECT_EQ(Unavailable("").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(DataLoss("").code(), StatusCode::kDataLoss);
+}
+
+TEST(StatusTest, CodeNamesAreDistinct) {
+  const StatusCode codes[] = {
+      StatusCode::kOk,           StatusCode::kInvalidArgument,
+      StatusCode::kDeadlineExceeded, StatusCode::kNotFound,
+      StatusCode::kAlreadyExists, StatusCode::kPermissionDenied,
+      StatusCode::kResourceExhausted, StatusCode::kFailedPrecondition,
+      StatusCode::kAborted,      StatusCode::kInternal,
+      StatusCode::kUnavailable,  StatusCode::kDataLoss};
+  std::vector<std::string> names;
+  for (StatusCode c : codes) {
+    std::string n(StatusCodeName(c));
+    EXPECT_NE(n, "UNKNOWN");
+    for (const std::string& other : names) EXPECT_NE(n, other);
+    names.push_back(n);
+  }
+  EXPECT_EQ(StatusCodeName(static_cast<StatusCode>(99)), "UNKNOWN");
+}
+
+TEST(StatusTest, WithContextPrefixesAndKeepsCode) {
+  Status s = DataLoss("chunk 3").WithContext("fetch m@1");
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "fetch m@1: chunk 3");
+  EXPECT_TRUE(Status::Ok().WithContext("ignored").ok());
+  EXPECT_EQ(Status::Ok().WithContext("ignored").message(), "");
+}
+
+Result<int> Half(int x) {
+  if (x % 2 != 0) return InvalidArgument("odd");
+  return x / 2;
+}
+
+Status UseReturnIfError(int x, int* out) {
+  TH_ASSIGN_OR_RETURN(int h, Half(x));
+  TH_RETURN_IF_ERROR(h > 10 ? ResourceExhausted("big") : Status::Ok());
+  *out = h;
+  return Status::Ok();
+}
+
+TEST(ResultTest, ValueAndError) {
+  Result<int> good = Half(8);
+  ASSERT_TRUE(good.ok());
+  EXPECT_EQ(*good, 4);
+  EXPECT_EQ(good.value(), 4);
+  Result<int> bad = Half(3);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.status().message(), "odd");
+
+  Result<std::string> s(std::string("abc"));
+  EXPECT_EQ(s->size(), 3u);
+  std::string moved = std::move(s).value();
+  EXPECT_EQ(moved, "abc");
+}
+
+TEST(ResultTest, Macros) {
+  int out = -1;
+  EXPECT_TRUE(UseReturnIfError(8, &out).ok());
+  EXPECT_EQ(out, 4);
+  out = -1;
+  EXPECT_EQ(UseReturnIfError(3, &out).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(out, -1);
+  EXPECT_EQ(UseReturnIfError(40, &out).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(out, -1);
+}
+
+// ---------------------------------------------------------------- DType
+
+TEST(DTypeTest, NameParseRoundTripAndBytes) {
+  struct Row {
+    DType dtype;
+    const char* name;
+    size_t bytes;
+  };
+  const Row rows[] = {
+      {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},
+      {DType::kI8, "I8", 1},         {DType::kU16, "U16", 2},
+      {DType::kI16, "I16", 2},       {DType::kF16, "F16", 2},
+      {DType::kBF16, "BF16", 2},     {DType::kU32, "U32", 4},
+      {DType::kI32, "I32", 4},       {DType::kF32, "F32", 4},
+      {DType::kU64, "U64", 8},       {DType::kI64, "I64", 8},
+      {DType::kF64, "F64", 8},       {DType::kF8E4M3, "F8_E4M3", 1},
+      {DType::kF8E5M2, "F8_E5M2", 1},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(DTypeName(r.dtype), r.name);
+    EXPECT_EQ(DTypeBytes(r.dtype), r.bytes) << r.name;
+    Result<DType> parsed = ParseDType(r.name);
+    ASSERT_TRUE(parsed.ok()) << r.name;
+    EXPECT_EQ(*parsed, r.dtype);
+  }
+}
+
+TEST(DTypeTest, ParseRejectsUnknownSpellings) {
+  for (const char* bad : {"", "f32", "FP32", "BF16 ", "F8E4M3", "I128"}) {
+    Result<DType> r = ParseDType(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(DTypeBytes(static_cast<DType>(200)), 0u);
+  EXPECT_EQ(DTypeName(static_cast<DType>(200)), "?");
+}
+
+TEST(VersionStateTest, Names) {
+  EXPECT_EQ(VersionStateName(VersionState::kPending), "PENDING");
+  EXPECT_EQ(VersionStateName(VersionState::kCommitted), "COMMITTED");
+  EXPECT_EQ(VersionStateName(VersionState::kAborted), "ABORTED");
+  EXPECT_EQ(VersionStateName(VersionState::kUnavailable), "UNAVAILABLE");
+}
+
+// ---------------------------------------------------------------- TensorSpec
+
+TEST(TensorSpecTest, ByteSize) {
+  TensorSpec scalar{"s", DType::kF32, {}};
+  EXPECT_EQ(*scalar.ByteSize(), 4u);
+  TensorSpec m{"m", DType::kBF16, {3, 5}};
+  EXPECT_EQ(*m.ByteSize(), 30u);
+  TensorSpec empty{"e", DType::kF64, {7, 0, 9}};
+  EXPECT_EQ(*empty.ByteSize(), 0u);
+  // The largest representable size is accepted exactly.
+  TensorSpec edge{"edge", DType::kU8, {UINT64_MAX}};
+  EXPECT_EQ(*edge.ByteSize(), UINT64_MAX);
+}
+
+TEST(TensorSpecTest, ByteSizeOverflowIsAnError) {
+  TensorSpec a{"a", DType::kU16, {UINT64_MAX / 2 + 1}};
+  EXPECT_EQ(a.ByteSize().status().code(), StatusCode::kInvalidArgument);
+  TensorSpec b{"b", DType::kF32, {1ull << 31, 1ull << 31}};
+  EXPECT_FALSE(b.ByteSize().ok());
+  TensorSpec c{"c", DType::kU8, {1ull << 32, 1ull << 32}};
+  EXPECT_FALSE(c.ByteSize().ok());
+  // Just below the overflow is fine.
+  TensorSpec d{"d", DType::kU8, {1ull << 32, (1ull << 32) - 1}};
+  ASSERT_TRUE(d.ByteSize().ok());
+  EXPECT_EQ(*d.ByteSize(), (1ull << 32) * ((1ull << 32) - 1));
+  TensorSpec bad{"bad", static_cast<DType>(200), {1}};
+  EXPECT_FALSE(bad.ByteSize().ok());
+}
+
+// ---------------------------------------------------------------- Xxh3
+
+TEST(Xxh3Test, PiecesEqualConcatenation) {
+  std::mt19937_64 rng(12345);
+  for (int iter = 0; iter < 200; ++iter) {
+    size_t total = rng() % 10000;
+    std::vector<uint8_t> buf(total);
+    for (auto& b : buf) b = static_cast<uint8_t>(rng());
+    std::vector<iovec> pieces;
+    size_t at = 0;
+    while (at < total) {
+      size_t n = std::min<size_t>(total - at, rng() % 700);  // may be 0
+      pieces.push_back({buf.data() + at, n});
+      at += n;
+    }
+    EXPECT_EQ(Xxh3Pieces(pieces), Xxh3(buf.data(), buf.size())) << iter;
+  }
+  // No pieces at all hashes like empty input.
+  EXPECT_EQ(Xxh3Pieces({}), Xxh3(nullptr, 0));
+}
+
+TEST(Xxh3Test, SeesEveryByte) {
+  std::vector<uint8_t> buf(5000, 7);
+  uint64_t h = Xxh3(buf.data(), buf.size());
+  buf[4999] ^= 1;
+  EXPECT_NE(Xxh3(buf.data(), buf.size()), h);
+}
+
+// ---------------------------------------------------------------- Manifest
+
+// Owns the bytes of a set of tensors.
+struct Tensors {
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<TensorRef> refs;
+
+  void Add(std::string name, DType dtype, std::vector<uint64_t> shape,
+           uint8_t seed) {
+    TensorSpec spec{std::move(name), dtype, std::move(shape)};
+    uint64_t bytes = *spec.ByteSize();
+    std::vector<uint8_t> d(bytes);
+    for (uint64_t i = 0; i < bytes; ++i) {
+      d[i] = static_cast<uint8_t>(seed + i * 31 + (i >> 8));
+    }
+    data.push_back(std::move(d));
+    refs.push_back({spec, nullptr, bytes});
+    Fix();
+  }
+  void Fix() {
+    for (size_t i = 0; i < refs.size(); ++i) {
+      refs[i].data = data[i].empty() ? nullptr : data[i].data();
+    }
+  }
+  std::vector<uint8_t> Concat() const {
+    std::vector<uint8_t> out;
+    for (const auto& d : data) out.insert(out.end(), d.begin(), d.end());
+    return out;
+  }
+  std::vector<uint8_t*> Bases() {
+    std::vector<uint8_t*> b;
+    for (auto& d : data) b.push_back(d.data());
+    return b;
+  }
+};
+
+TEST(BuildPartLayoutTest, OffsetsChunksAndChecksums) {
+  Tensors t;
+  t.Add("a", DType::kF32, {1000}, 1);      // 4000 bytes
+  t.Add("b", DType::kU8, {300}, 2);        // 300
+  t.Add("z", DType::kF16, {0, 4}, 3);      // 0
+  t.Add("c", DType::kBF16, {2, 2500}, 4);  // 10000
+  Result<PartLayout> part = BuildPartLayout(5, t.refs, kMinChunkBytes);
+  ASSERT_TRUE(part.ok()) << part.status().ToString();
+  EXPECT_EQ(part->rank, 5u);
+  EXPECT_EQ(part->part_bytes, 14300u);
+  ASSERT_EQ(part->tensors.size(), 4u);
+  const uint64_t offsets[] = {0, 4000, 4300, 4300};
+  const uint64_t sizes[] = {4000, 300, 0, 10000};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(part->tensors[i].offset, offsets[i]) << i;
+    EXPECT_EQ(part->tensors[i].bytes, sizes[i]) << i;
+    EXPECT_EQ(part->tensors[i].spec, t.refs[i].spec) << i;
+  }
+  // 14300 bytes in 4096-byte chunks: 3 full and one of 2012.
+  ASSERT_EQ(part->chunk_xxh3.size(), 4u);
+  std::vector<uint8_t> all = t.Concat();
+  ASSERT_EQ(all.size(), 14300u);
+  for (size_t c = 0; c < 4; ++c) {
+    size_t off = c * kMinChunkBytes;
+    size_t n = std::min<size_t>(kMinChunkBytes, all.size() - off);
+    EXPECT_EQ(part->chunk_xxh3[c], Xxh3(all.data() + off, n)) << c;
+  }
+}
+
+TEST(BuildPartLayoutTest, ChunkCounts) {
+  for (uint64_t bytes : {1ull, 4095ull, 4096ull, 4097ull, 8192ull, 12289ull}) {
+    Tensors t;
+    t.Add("x", DType::kU8, {bytes}, 9);
+    Result<PartLayout> part = BuildPartLayout(0, t.refs, kMinChunkBytes);
+    ASSERT_TRUE(part.ok());
+    EXPECT_EQ(part->chunk_xxh3.size(), (bytes + 4095) / 4096) << bytes;
+    EXPECT_EQ(ChunksFor(bytes, kMinChunkBytes), (bytes + 4095) / 4096);
+  }
+  EXPECT_EQ(ChunksFor(0, kMinChunkBytes), 0u);
+  // Only zero-size tensors: a part with no chunks.
+  Tensors z;
+  z.Add("z", DType::kF32, {0}, 0);
+  Result<PartLayout> part = BuildPartLayout(0, z.refs, kMinChunkBytes);
+  ASSERT_TRUE(part.ok());
+  EXPECT_EQ(part->part_bytes, 0u);
+  EXPECT_TRUE(part->chunk_xxh3.empty());
+}
+
+TEST(BuildPartLayoutTest, LargerChunkSize) {
+  Tensors t;
+  t.Add("a", DType::kU8, {10000}, 1);
+  t.Add("b", DType::kU8, {10000}, 2);
+  Result<PartLayout> part = BuildPartLayout(0, t.refs, 3 * kMinChunkBytes);
+  ASSERT_TRUE(part.ok());
+  ASSERT_EQ(part->chunk_xxh3.size(), 2u);
+  std::vector<uint8_t> all = t.Concat();
+  EXPECT_EQ(part->chunk_xxh3[0], Xxh3(all.data(), 3 * kMinChunkBytes));
+  EXPECT_EQ(part->chunk_xxh3[1], Xxh3(all.data() + 3 * kMinChunkBytes,
+                                      20000 - 3 * kMinChunkBytes));
+}
+
+TEST(BuildPartLayoutTest, Rejections) {
+  Tensors t;
+  t.Add("a", DType::kU8, {10}, 1);
+  t.Add("a", DType::kU8, {10}, 2);
+  EXPECT_EQ(BuildPartLayout(0, t.refs, kMinChunkBytes).status().code(),
+            StatusCode::kInvalidArgument);
+
+  Tensors ok;
+  ok.Add("a", DType::kU8, {10}, 1);
+  EXPECT_FALSE(BuildPartLayout(0, ok.refs, kMinChunkBytes - 1).ok());
+  EXPECT_FALSE(BuildPartLayout(0, ok.refs, 0).ok());
+  EXPECT_FALSE(BuildPartLayout(0, ok.refs, kMaxChunkBytes + 1).ok());
+  EXPECT_TRUE(BuildPartLayout(0, ok.refs, kMaxChunkBytes).ok());
+  EXPECT_FALSE(BuildPartLayout(0, {}, kMinChunkBytes).ok());
+
+  Tensors size;
+  size.Add("a", DType::kF32, {10}, 1);
+  size.refs[0].bytes = 39;
+  EXPECT_EQ(BuildPartLayout(0, size.refs, kMinChunkBytes).status().code(),
+            StatusCode::kInvalidArgument);
+  size.refs[0].bytes = 41;
+  EXPECT_FALSE(BuildPartLayout(0, size.refs, kMinChunkBytes).ok());
+
+  Tensors noname;
+  noname.Add("", DType::kU8, {1}, 1);
+  EXPECT_FALSE(BuildPartLayout(0, noname.refs, kMinChunkBytes).ok());
+  Tensors longname;
+  longname.Add(std::string(kMaxNameBytes + 1, 'n'), DType::kU8, {1}, 1);
+  EXPECT_FALSE(BuildPartLayout(0, longname.refs, kMinChunkBytes).ok());
+  Tensors maxname;
+  maxname.Add(std::string(kMaxNameBytes, 'n'), DType::kU8, {1}, 1);
+  EXPECT_TRUE(BuildPartLayout(0, maxname.refs, kMinChunkBytes).ok());
+
+  Tensors nodata;
+  nodata.Add("a", DType::kU8, {10}, 1);
+  nodata.refs[0].data = nullptr;
+  EXPECT_FALSE(BuildPartLayout(0, nodata.refs, kMinChunkBytes).ok());
+}
+
+// A two-part manifest: part 0 has 3 chunks, part 1 has 2.
+Manifest TwoParts(Tensors* t0, Tensors* t1) {
+  t0->Add("p0.a", DType::kU8, {5000}, 1);
+  t0->Add("p0.b", DType::kU8, {5000}, 2);
+  t1->Add("p1.a", DType::kF32, {1500}, 3);
+  PartLayout p0 = *BuildPartLayout(0, t0->refs, kMinChunkBytes);
+  PartLayout p1 = *BuildPartLayout(1, t1->refs, kMinChunkBytes);
+  return Manifest(2, kMinChunkBytes, {p0, p1});
+}
+
+TEST(ManifestTest, ChunkMapsAcrossParts) {
+  Tensors t0, t1;
+  Manifest m = TwoParts(&t0, &t1);
+  ASSERT_TRUE(m.Validate().ok()) << m.Validate().ToString();
+  EXPECT_EQ(m.group_size(), 2u);
+  EXPECT_EQ(m.total_bytes(), 16000u);
+  EXPECT_EQ(m.num_chunks(), 5u);
+  EXPECT_EQ(m.num_tensors(), 3u);
+  EXPECT_EQ(m.chunk_base(0), 0u);
+  EXPECT_EQ(m.chunk_base(1), 3u);
+  EXPECT_EQ(m.chunk_base(2), 5u);
+  struct Want {
+    uint32_t part;
+    uint64_t offset, bytes;
+  };
+  const Want want[] = {{0, 0, 4096},    {0, 4096, 4096}, {0, 8192, 1808},
+                       {1, 0, 4096},    {1, 4096, 1904}};
+  std::vector<uint8_t> b0 = t0.Concat(), b1 = t1.Concat();
+  for (uint64_t c = 0; c < 5; ++c) {
+    ChunkLoc loc = m.Chunk(c);
+    EXPECT_EQ(loc.part, want[c].part) << c;
+    EXPECT_EQ(loc.offset, want[c].offset) << c;
+    EXPECT_EQ(loc.bytes, want[c].bytes) << c;
+    const std::vector<uint8_t>& b = loc.part == 0 ? b0 : b1;
+    EXPECT_EQ(loc.xxh3, Xxh3(b.data() + loc.offset, loc.bytes)) << c;
+  }
+}
+
+TEST(ManifestTest, ChunkSkipsEmptyParts) {
+  Tensors t0, t1, t2;
+  t0.Add("a", DType::kU8, {0}, 0);
+  t1.Add("b", DType::kU8, {5000}, 1);
+  t2.Add("c", DType::kU8, {0}, 0);
+  Manifest m(3, kMinChunkBytes,
+             {*BuildPartLayout(0, t0.refs, kMinChunkBytes),
+              *BuildPartLayout(1, t1.refs, kMinChunkBytes),
+              *BuildPartLayout(2, t2.refs, kMinChunkBytes)});
+  ASSERT_TRUE(m.Validate().ok());
+  EXPECT_EQ(m.num_chunks(), 2u);
+  EXPECT_EQ(m.Chunk(0).part, 1u);
+  EXPECT_EQ(m.Chunk(1).part, 1u);
+  EXPECT_EQ(m.Chunk(1).offset, 4096u);
+  EXPECT_EQ(m.Chunk(1).bytes, 904u);
+}
+
+TEST(ManifestTest, DefaultIsEmptyAndInvalid) {
+  Manifest m;
+  EXPECT_EQ(m.num_chunks(), 0u);
+  EXPECT_FALSE(m.Validate().ok());
+}
+
+TEST(ManifestTest, Equality) {
+  Tensors t0, t1, u0, u1;
+  Manifest a = TwoParts(&t0, &t1);
+  Manifest b = TwoParts(&u0, &u1);
+  EXPECT_TRUE(a == b);
+  std::vector<PartLayout> parts = a.parts();
+  parts[1].chunk_xxh3[0] ^= 1;
+  EXPECT_FALSE(a == Manifest(2, kMinChunkBytes, parts));
+  EXPECT_FALSE(a == Manifest(2, 2 * kMinChunkBytes, a.parts()));
+}
+
+// Rebuilds `m` after `edit` changes its parts (and maybe its header).
+struct Edit {
+  uint32_t group_size;
+  uint64_t chunk_bytes;
+  std::vector<PartLayout> parts;
+  Manifest Build() const { return Manifest(group_size, chunk_bytes, parts); }
+};
+
+void ExpectInvalid(const Edit& e, const char* what) {
+  Status s = e.Build().Validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": "
+                                                    << s.ToString();
+}
+
+TEST(ManifestValidateTest, EachRule) {
+  Tensors t0, t1;
+  Manifest good = TwoParts(&t0, &t1);
+  const Edit base{2, kMinChunkBytes, good.parts()};
+  ASSERT_TRUE(base.Build().Validate().ok());
+
+  {  // group size 0, too large, or not matching the parts
+    Edit e = base;
+    e.group_size = 0;
+    ExpectInvalid(e, "group 0");
+    e.group_size = kMaxGroupSize + 1;
+    ExpectInvalid(e, "group too large");
+    e.group_size = 3;
+    ExpectInvalid(e, "3 for 2 parts");
+    e.group_size = 1;
+    ExpectInvalid(e, "1 for 2 parts");
+  }
+  {  // chunk size bounds (the checksums would not match either, but the
+     // chunk size rule fires first; test the bound on its own below)
+    Edit e = base;
+    e.chunk_bytes = kMinChunkBytes - 1;
+    ExpectInvalid(e, "chunk too small");
+    e.chunk_bytes = kMaxChunkBytes + 1;
+    ExpectInvalid(e, "chunk too large");
+  }
+  {  // part claims another rank
+    Edit e = base;
+    e.parts[1].rank = 0;
+    ExpectInvalid(e, "rank mismatch");
+    Edit f = base;
+    std::swap(f.parts[0], f.parts[1]);
+    ExpectInvalid(f, "parts out of order");
+  }
+  {  // tensor names: empty, too long, repeated within and across parts
+    Edit e = base;
+    e.parts[0].tensors[0].spec.name = "";
+    ExpectInvalid(e, "empty name");
+    e = base;
+    e.parts[0].tensors[0].spec.name = std::string(kMaxNameBytes + 1, 'x');
+    ExpectInvalid(e, "long name");
+    e = base;
+    e.parts[0].tensors[1].spec.name = "p0.a";
+    ExpectInvalid(e, "dup in part");
+    e = base;
+    e.parts[1].tensors[0].spec.name = "p0.b";
+    ExpectInvalid(e, "dup across parts");
+  }
+  {  // more than 16 dimensions
+    Edit e = base;
+    std::vector<uint64_t> shape(17, 1);
+    shape[0] = 5000;
+    e.parts[0].tensors[0].spec.shape = shape;
+    ExpectInvalid(e, "17 dims");
+    shape.pop_back();
+    e.parts[0].tensors[0].spec.shape = shape;
+    EXPECT_TRUE(e.Build().Validate().ok()) << "16 dims are allowed";
+  }
+  {  // spec size overflows or disagrees with bytes
+    Edit e = base;
+    e.parts[0].tensors[0].spec.shape = {UINT64_MAX, 2};
+    ExpectInvalid(e, "overflow");
+    e = base;
+    e.parts[0].tensors[0].spec.dtype = DType::kU16;
+    ExpectInvalid(e, "dtype changes size");
+    e = base;
+    e.parts[0].tensors[0].spec.dtype = static_cast<DType>(200);
+    ExpectInvalid(e, "bad dtype");
+  }
+  {  // offsets do not tile: gap, overlap
+    Edit e = base;
+    e.parts[0].tensors[1].offset += 1;
+    ExpectInvalid(e, "gap");
+    e = base;
+    e.parts[0].tensors[1].offset -= 1;
+    ExpectInvalid(e, "overlap");
+    e = base;
+    e.parts[0].tensors[0].offset = 1;
+    ExpectInvalid(e, "first not at 0");
+  }
+  {  // part size disagrees with tensors
+    Edit e = base;
+    e.parts[0].part_bytes += 1;
+    ExpectInvalid(e, "part too big");
+    e.parts[0].part_bytes -= 2;
+    ExpectInvalid(e, "part too small");
+  }
+  {  // checksum count disagrees with chunk count
+    Edit e = base;
+    e.parts[1].chunk_xxh3.push_back(0);
+    ExpectInvalid(e, "extra checksum");
+    e = base;
+    e.parts[1].chunk_xxh3.pop_back();
+    ExpectInvalid(e, "missing checksum");
+    e = base;
+    e.chunk_bytes = 2 * kMinChunkBytes;
+    ExpectInvalid(e, "chunk size changes chunk count");
+  }
+}
+
+TEST(ManifestValidateTest, TooManyChunks) {
+  // A single huge zero-filled claim: sizes add up but chunk count is over
+  // the bound. The checksums are never read, so no bytes are needed.
+  const uint64_t chunks = kMaxChunksPerVersion + 1;
+  PartLayout p;
+  p.rank = 0;
+  p.part_bytes = chunks * kMinChunkBytes;
+  p.tensors.push_back({TensorSpec{"big", DType::kU8, {p.part_bytes}}, 0,
+                       p.part_bytes});
+  p.chunk_xxh3.assign(chunks, 0);
+  EXPECT_EQ(Manifest(1, kMinChunkBytes, {p}).Validate().code(),
+            StatusCode::kInvalidArgument);
+  // One fewer chunk is at the bound and allowed.
+  p.part_bytes -= kMinChunkBytes;
+  p.tensors[0].spec.shape[0] = p.part_bytes;
+  p.tensors[0].bytes = p.part_bytes;
+  p.chunk_xxh3.pop_back();
+  EXPECT_TRUE(Manifest(1, kMinChunkBytes, {p}).Validate().ok());
+}
+
+TEST(ManifestValidateTest, PartSizeOverflow) {
+  // Two tensors each claiming 2^63 bytes: the sum wraps to 0.
+  PartLayout p;
+  p.rank = 0;
+  const uint64_t half = 1ull << 63;
+  p.tensors.push_back({TensorSpec{"a", DType::kU8, {half}}, 0, half});
+  p.tensors.push_back({TensorSpec{"b", DType::kU8, {half}}, half, half});
+  p.part_bytes = 0;
+  EXPECT_EQ(Manifest(1, kMinChunkBytes, {p}).Validate().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// ---------------------------------------------------------------- AppendPieces
+
+// Copies the bytes the pieces point at.
+std::vector<uint8_t> Gather(const std::vector<iovec>& pieces) {
+  std::vector<uint8_t> out;
+  for (const iovec& p : pieces) {
+    const auto* b = static_cast<const uint8_t*>(p.iov_base);
+    out.insert(out.end(), b, b + p.iov_len);
+  }
+  return out;
+}
+
+TEST(AppendPiecesTest, AcrossTensorBoundaries) {
+  Tensors t;
+  t.Add("a", DType::kU8, {10}, 1);
+  t.Add("z", DType::kU8, {0}, 0);
+  t.Add("b", DType::kU8, {20}, 2);
+  t.Add("c", DType::kU8, {5}, 3);
+  PartLayout part = *BuildPartLayout(0, t.refs, kMinChunkBytes);
+  std::vector<uint8_t*> bases = t.Bases();
+  std::vector<iovec> pieces;
+  AppendPieces(part, bases, 8, 25, &pieces);  // 2 of a, 20 of b, 3 of c
+  ASSERT_EQ(pieces.size(), 3u);
+  EXPECT_EQ(pieces[0].iov_base, t.data[0].data() + 8);
+  EXPECT_EQ(pieces[0].iov_len, 2u);
+  EXPECT_EQ(pieces[1].iov_base, t.data[2].data());
+  EXPECT_EQ(pieces[1].iov_len, 20u);
+  EXPECT_EQ(pieces[2].iov_base, t.data[3].data());
+  EXPECT_EQ(pieces[2].iov_len, 3u);
+  // Appends: existing entries stay.
+  AppendPieces(part, bases, 10, 1, &pieces);
+  ASSERT_EQ(pieces.size(), 4u);
+  EXPECT_EQ(pieces[3].iov_base, t.data[2].data());
+  EXPECT_EQ(pieces[3].iov_len, 1u);
+  // Zero bytes adds nothing.
+  AppendPieces(part, bases, 35, 0, &pieces);
+  EXPECT_EQ(pieces.size(), 4u);
+}
+
+TEST(AppendPiecesTest, MatchesNaiveReferenceOnRandomLayouts) {
+  std::mt19937_64 rng(20240601);
+  for (int iter = 0; iter < 300; ++iter) {
+    Tensors t;
+    int n = 1 + static_cast<int>(rng() % 8);
+    for (int i = 0; i < n; ++i) {
+      uint64_t size = rng() % 4 == 0 ? 0 : rng() % 3000;
+      t.Add("t" + std::to_string(i), DType::kU8, {size},
+            static_cast<uint8_t>(rng()));
+    }
+    PartLayout part = *BuildPartLayout(0, t.refs, kMinChunkBytes);
+    std::vector<uint8_t> all = t.Concat();
+    ASSERT_EQ(all.size(), part.part_bytes);
+    std::vector<uint8_t*> bases = t.Bases();
+    for (int q = 0; q < 20; ++q) {
+      uint64_t off = all.empty() ? 0 : rng() % (all.size() + 1);
+      uint64_t len = rng() % (all.size() - off + 1);
+      std::vector<iovec> pieces;
+      AppendPieces(part, bases, off, len, &pieces);
+      for (const iovec& p : pieces) EXPECT_GT(p.iov_len, 0u);
+      std::vector<uint8_t> want(all.begin() + off, all.begin() + off + len);
+      ASSERT_EQ(Gather(pieces), want)
+          << "iter " << iter << " off " << off << " len " << len;
+      EXPECT_EQ(Xxh3Pieces(pieces), Xxh3(want.data(), want.size()));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tensorhub

@@ -1,0 +1,39 @@
+// Minimal leveled logging to stderr, safe from any thread.
+//   TH_LOG(INFO) << "hub listening on " << addr;
+// The level comes from TENSORHUB_LOG (debug|info|warn|error), default info.
+#ifndef TENSORHUB_COMMON_LOG_H_
+#define TENSORHUB_COMMON_LOG_H_
+
+#include <sstream>
+
+namespace tensorhub {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+bool LogEnabled(LogLevel level);
+void SetLogLevel(LogLevel level);
+void SetLogPrefix(const char* prefix);  // e.g. the process role; copied
+
+class LogLine {
+ public:
+  LogLine(LogLevel level, const char* file, int line);
+  ~LogLine();
+  std::ostream& stream() { return out_; }
+
+ private:
+  LogLevel level_;
+  std::ostringstream out_;
+};
+
+}  // namespace tensorhub
+
+#define TH_LOG_LEVEL_DEBUG ::tensorhub::LogLevel::kDebug
+#define TH_LOG_LEVEL_INFO ::tensorhub::LogLevel::kInfo
+#define TH_LOG_LEVEL_WARN ::tensorhub::LogLevel::kWarn
+#define TH_LOG_LEVEL_ERROR ::tensorhub::LogLevel::kError
+#define TH_LOG(level)                                      \
+  if (!::tensorhub::LogEnabled(TH_LOG_LEVEL_##level)) {    \
+  } else                                                   \
+    ::tensorhub::LogLine(TH_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+
+#endif  // TENSORHUB_COMMON_LOG_H_

@@ -1,0 +1,210 @@
+#include "common/manifest.h"
+
+#include <algorithm>
+#include <cassert>
+#include <set>
+#include <string>
+
+#include "common/checksum.h"
+
+namespace tensorhub {
+
+uint64_t ChunksFor(uint64_t bytes, uint64_t chunk_bytes) {
+  return bytes == 0 ? 0 : (bytes - 1) / chunk_bytes + 1;
+}
+
+Manifest::Manifest(uint32_t group_size, uint64_t chunk_bytes,
+                   std::vector<PartLayout> parts)
+    : group_size_(group_size),
+      chunk_bytes_(chunk_bytes),
+      parts_(std::move(parts)) {
+  chunk_base_.reserve(parts_.size() + 1);
+  chunk_base_.push_back(0);
+  for (const PartLayout& p : parts_) {
+    total_bytes_ += p.part_bytes;
+    chunk_base_.push_back(chunk_base_.back() + p.chunk_xxh3.size());
+  }
+}
+
+size_t Manifest::num_tensors() const {
+  size_t n = 0;
+  for (const PartLayout& p : parts_) n += p.tensors.size();
+  return n;
+}
+
+ChunkLoc Manifest::Chunk(uint64_t global_chunk) const {
+  assert(global_chunk < num_chunks());
+  auto it = std::upper_bound(chunk_base_.begin(), chunk_base_.end(),
+                             global_chunk);
+  uint32_t part = static_cast<uint32_t>(it - chunk_base_.begin() - 1);
+  uint64_t local = global_chunk - chunk_base_[part];
+  const PartLayout& p = parts_[part];
+  ChunkLoc loc;
+  loc.part = part;
+  loc.offset = local * chunk_bytes_;
+  loc.bytes = std::min(chunk_bytes_, p.part_bytes - loc.offset);
+  loc.xxh3 = p.chunk_xxh3[local];
+  return loc;
+}
+
+Status Manifest::Validate() const {
+  if (group_size_ == 0 || group_size_ > kMaxGroupSize) {
+    return InvalidArgument("manifest: group size " +
+                           std::to_string(group_size_) + " out of [1, " +
+                           std::to_string(kMaxGroupSize) + "]");
+  }
+  if (chunk_bytes_ < kMinChunkBytes || chunk_bytes_ > kMaxChunkBytes) {
+    return InvalidArgument("manifest: chunk size " +
+                           std::to_string(chunk_bytes_) + " out of [" +
+                           std::to_string(kMinChunkBytes) + ", " +
+                           std::to_string(kMaxChunkBytes) + "]");
+  }
+  if (parts_.size() != group_size_) {
+    return InvalidArgument("manifest: " + std::to_string(parts_.size()) +
+                           " parts for a group of " +
+                           std::to_string(group_size_));
+  }
+  std::set<std::string> names;
+  uint64_t chunks = 0;
+  for (uint32_t r = 0; r < parts_.size(); ++r) {
+    const PartLayout& p = parts_[r];
+    if (p.rank != r) {
+      return InvalidArgument("manifest: part " + std::to_string(r) +
+                             " claims rank " + std::to_string(p.rank));
+    }
+    if (p.tensors.size() > kMaxTensorsPerPart) {
+      return InvalidArgument("manifest: too many tensors in part " +
+                             std::to_string(r));
+    }
+    uint64_t offset = 0;
+    for (const TensorLayout& t : p.tensors) {
+      if (t.spec.name.empty() || t.spec.name.size() > kMaxNameBytes) {
+        return InvalidArgument("manifest: tensor name empty or longer than " +
+                               std::to_string(kMaxNameBytes) + " bytes");
+      }
+      if (!names.insert(t.spec.name).second) {
+        return InvalidArgument("manifest: tensor '" + t.spec.name +
+                               "' appears twice");
+      }
+      if (t.spec.shape.size() > 16) {
+        return InvalidArgument("manifest: tensor '" + t.spec.name +
+                               "' has more than 16 dimensions");
+      }
+      Result<uint64_t> size = t.spec.ByteSize();
+      if (!size.ok()) return size.status().WithContext("manifest");
+      if (*size != t.bytes || t.offset != offset) {
+        return InvalidArgument("manifest: tensor '" + t.spec.name +
+                               "' has inconsistent offset or size");
+      }
+      if (offset > UINT64_MAX - t.bytes) {
+        return InvalidArgument("manifest: part size overflows");
+      }
+      offset += t.bytes;
+    }
+    if (offset != p.part_bytes) {
+      return InvalidArgument("manifest: part " + std::to_string(r) +
+                             " size does not match its tensors");
+    }
+    if (p.metadata.size() > kMaxMetadataEntries) {
+      return InvalidArgument("manifest: part " + std::to_string(r) +
+                             " has more than " +
+                             std::to_string(kMaxMetadataEntries) +
+                             " metadata entries");
+    }
+    size_t meta_bytes = 0;
+    for (const auto& [k, v] : p.metadata) meta_bytes += k.size() + v.size();
+    if (meta_bytes > kMaxMetadataBytes) {
+      return InvalidArgument("manifest: part " + std::to_string(r) +
+                             " metadata exceeds " +
+                             std::to_string(kMaxMetadataBytes) + " bytes");
+    }
+    uint64_t n = ChunksFor(p.part_bytes, chunk_bytes_);
+    if (n != p.chunk_xxh3.size()) {
+      return InvalidArgument("manifest: part " + std::to_string(r) + " has " +
+                             std::to_string(p.chunk_xxh3.size()) +
+                             " checksums for " + std::to_string(n) +
+                             " chunks");
+    }
+    chunks += n;
+    if (chunks > kMaxChunksPerVersion) {
+      return InvalidArgument("manifest: more than " +
+                             std::to_string(kMaxChunksPerVersion) +
+                             " chunks; use a larger chunk size");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<PartLayout> BuildPartLayout(uint32_t rank,
+                                   std::span<const TensorRef> tensors,
+                                   uint64_t chunk_bytes) {
+  if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
+    return InvalidArgument("chunk size " + std::to_string(chunk_bytes) +
+                           " out of [" + std::to_string(kMinChunkBytes) +
+                           ", " + std::to_string(kMaxChunkBytes) + "]");
+  }
+  if (tensors.empty()) return InvalidArgument("no tensors to publish");
+  if (tensors.size() > kMaxTensorsPerPart) {
+    return InvalidArgument("too many tensors (" +
+                           std::to_string(tensors.size()) + ")");
+  }
+  PartLayout part;
+  part.rank = rank;
+  std::set<std::string_view> names;
+  std::vector<uint8_t*> bases;
+  for (const TensorRef& t : tensors) {
+    if (t.spec.name.empty() || t.spec.name.size() > kMaxNameBytes) {
+      return InvalidArgument("a tensor name is empty or longer than " +
+                             std::to_string(kMaxNameBytes) + " bytes");
+    }
+    if (!names.insert(t.spec.name).second) {
+      return InvalidArgument("tensor '" + t.spec.name + "' given twice");
+    }
+    TH_ASSIGN_OR_RETURN(uint64_t size, t.spec.ByteSize());
+    if (size != t.bytes) {
+      return InvalidArgument("tensor '" + t.spec.name + "': " +
+                             std::to_string(t.bytes) + " bytes given, " +
+                             std::string(DTypeName(t.spec.dtype)) +
+                             " of its shape needs " + std::to_string(size));
+    }
+    if (t.data == nullptr && t.bytes > 0) {
+      return InvalidArgument("tensor '" + t.spec.name + "' has no data");
+    }
+    part.tensors.push_back({t.spec, part.part_bytes, t.bytes});
+    part.part_bytes += t.bytes;
+    bases.push_back(static_cast<uint8_t*>(t.data));
+  }
+  uint64_t n = ChunksFor(part.part_bytes, chunk_bytes);
+  part.chunk_xxh3.reserve(n);
+  std::vector<iovec> pieces;
+  for (uint64_t c = 0; c < n; ++c) {
+    uint64_t off = c * chunk_bytes;
+    pieces.clear();
+    AppendPieces(part, bases, off, std::min(chunk_bytes, part.part_bytes - off),
+                 &pieces);
+    part.chunk_xxh3.push_back(Xxh3Pieces(pieces));
+  }
+  return part;
+}
+
+void AppendPieces(const PartLayout& part, std::span<uint8_t* const> bases,
+                  uint64_t offset, uint64_t bytes, std::vector<iovec>* out) {
+  assert(offset + bytes <= part.part_bytes);
+  assert(bases.size() == part.tensors.size());
+  // First tensor whose end is past `offset`.
+  auto it = std::upper_bound(
+      part.tensors.begin(), part.tensors.end(), offset,
+      [](uint64_t off, const TensorLayout& t) { return off < t.offset + t.bytes; });
+  uint64_t end = offset + bytes;
+  for (; it != part.tensors.end() && offset < end; ++it) {
+    const TensorLayout& t = *it;
+    if (t.bytes == 0) continue;
+    uint64_t take_begin = offset - t.offset;
+    uint64_t take = std::min(t.bytes - take_begin, end - offset);
+    out->push_back({bases[it - part.tensors.begin()] + take_begin, take});
+    offset += take;
+  }
+  assert(offset == end);
+}
+
+}  // namespace tensorhub

@@ -1,0 +1,112 @@
+// The byte layout of a version: which tensor bytes form which chunk.
+//
+// A version is published by a trainer group of `group_size` ranks. Rank r's
+// tensors, in the order it published them, are packed back to back into
+// "part r" (no padding: the bytes stay in the caller's buffers and move as
+// scatter-gather pieces). Each part is cut into chunks of `chunk_bytes` (the
+// last one shorter). Global chunk ids count part 0's chunks first. A chunk is
+// the unit of transfer, verification (XXH3-64) and serving; many small
+// tensors share one chunk, which is how tiny tensors are batched.
+#ifndef TENSORHUB_COMMON_MANIFEST_H_
+#define TENSORHUB_COMMON_MANIFEST_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorhub/status.h"
+#include "tensorhub/types.h"
+
+namespace tensorhub {
+
+// Bounds on anything a manifest may claim; a manifest from the network that
+// exceeds them is rejected before use.
+inline constexpr uint64_t kMinChunkBytes = 4096;
+inline constexpr uint64_t kMaxChunkBytes = 1ull << 30;
+inline constexpr uint64_t kDefaultChunkBytes = 4ull << 20;
+inline constexpr uint64_t kMaxTensorsPerPart = 1u << 20;
+inline constexpr uint64_t kMaxChunksPerVersion = 1u << 22;
+inline constexpr uint32_t kMaxGroupSize = 4096;
+inline constexpr size_t kMaxNameBytes = 1024;
+inline constexpr size_t kMaxMetadataEntries = 64;
+inline constexpr size_t kMaxMetadataBytes = 16u << 20;
+
+struct TensorLayout {
+  TensorSpec spec;
+  uint64_t offset = 0;  // inside the part
+  uint64_t bytes = 0;
+  bool operator==(const TensorLayout&) const = default;
+};
+
+struct PartLayout {
+  uint32_t rank = 0;
+  std::vector<TensorLayout> tensors;
+  uint64_t part_bytes = 0;
+  std::vector<uint64_t> chunk_xxh3;
+  // Free-form key/value pairs the publisher attached (e.g. the original
+  // safetensors header, so a file round-trips byte for byte).
+  std::vector<std::pair<std::string, std::string>> metadata;
+  bool operator==(const PartLayout&) const = default;
+};
+
+struct ChunkLoc {
+  uint32_t part = 0;
+  uint64_t offset = 0;  // inside the part
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+class Manifest {
+ public:
+  Manifest() = default;
+  // `parts` must be ranks 0..group_size-1 in order; checked by Validate().
+  Manifest(uint32_t group_size, uint64_t chunk_bytes,
+           std::vector<PartLayout> parts);
+
+  uint32_t group_size() const { return group_size_; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  const std::vector<PartLayout>& parts() const { return parts_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+  uint64_t num_chunks() const { return chunk_base_.empty() ? 0 : chunk_base_.back(); }
+  size_t num_tensors() const;
+  // First global chunk id of `part`; chunk_base(group_size) == num_chunks().
+  uint64_t chunk_base(uint32_t part) const { return chunk_base_[part]; }
+  ChunkLoc Chunk(uint64_t global_chunk) const;
+
+  // Checks every claim against the bounds above and against itself (offsets
+  // tile each part, chunk counts match sizes, names unique per version).
+  Status Validate() const;
+
+  bool operator==(const Manifest& o) const {
+    return group_size_ == o.group_size_ && chunk_bytes_ == o.chunk_bytes_ &&
+           parts_ == o.parts_;
+  }
+
+ private:
+  uint32_t group_size_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  std::vector<PartLayout> parts_;
+  uint64_t total_bytes_ = 0;
+  std::vector<uint64_t> chunk_base_;  // size group_size + 1
+};
+
+// Lays out `tensors` as part `rank` and checksums every chunk (reads the
+// tensor bytes). Rejects duplicate names and sizes that disagree with specs.
+Result<PartLayout> BuildPartLayout(uint32_t rank,
+                                   std::span<const TensorRef> tensors,
+                                   uint64_t chunk_bytes);
+
+uint64_t ChunksFor(uint64_t bytes, uint64_t chunk_bytes);
+
+// Appends to `out` the memory pieces holding bytes [offset, offset+bytes) of
+// a part whose tensor i starts at bases[i]. The range must lie in the part.
+void AppendPieces(const PartLayout& part, std::span<uint8_t* const> bases,
+                  uint64_t offset, uint64_t bytes, std::vector<iovec>* out);
+
+}  // namespace tensorhub
+
+#endif  // TENSORHUB_COMMON_MANIFEST_H_

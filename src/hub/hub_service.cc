@@ -1,0 +1,270 @@
+#include "hub/hub_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "common/deadline.h"
+#include "common/log.h"
+#include "tensorhub.grpc.pb.h"
+#include "wire/proto_convert.h"
+
+namespace tensorhub::hub {
+namespace {
+
+using grpc::ServerContext;
+
+class HubServiceImpl final : public v1::Hub::Service {
+ public:
+  HubServiceImpl(HubConfig config, std::string secret)
+      : state_(config), secret_(std::move(secret)) {}
+
+  grpc::Status RegisterWorker(ServerContext* ctx,
+                              const v1::RegisterWorkerRequest* req,
+                              v1::RegisterWorkerResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    WorkerRegistration reg;
+    reg.requested_id = WorkerId(req->worker_id());
+    reg.name = req->name();
+    reg.data_address = req->data_address();
+    reg.labels = wire::FromProto(req->labels());
+    reg.worker_class =
+        req->worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
+    std::lock_guard<std::mutex> lock(mu_);
+    Result<WorkerId> id = state_.RegisterWorker(reg, NowMs());
+    if (!id.ok()) return wire::ToGrpc(id.status());
+    TH_LOG(INFO) << "worker " << id->value() << " (" << reg.name << ") at "
+                 << reg.data_address << (req->worker_id().empty() ? " joined" : " re-joined");
+    resp->set_worker_id(id->value());
+    resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
+    resp->set_hub_incarnation(state_.config().incarnation);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
+    resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
+    resp->set_hub_incarnation(state_.config().incarnation);
+    return wire::ToGrpc(s);
+  }
+
+  grpc::Status Publish(ServerContext* ctx, const v1::PublishRequest* req,
+                       v1::PublishResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    Result<PartLayout> part = wire::FromProto(req->part());
+    if (!part.ok()) return wire::ToGrpc(part.status());
+    PublishArgs a;
+    a.worker = WorkerId(req->worker_id());
+    a.model = req->model();
+    a.version = Version(req->version());
+    a.rank = req->rank();
+    a.group_size = req->group_size();
+    a.chunk_bytes = req->chunk_bytes();
+    a.part = std::move(part).value();
+    a.epoch = req->epoch();
+    a.rebuild = req->rebuild();
+    std::lock_guard<std::mutex> lock(mu_);
+    Result<VersionState> st = state_.Publish(a, NowMs());
+    if (!st.ok()) return wire::ToGrpc(st.status());
+    if (*st == VersionState::kCommitted) {
+      TH_LOG(DEBUG) << "'" << a.model << "@" << a.version.value()
+                    << "' committed";
+    }
+    resp->set_state(wire::ToProto(*st));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
+                         v1::AddHolderResponse*) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    Result<Manifest> m = wire::FromProto(req->manifest());
+    if (!m.ok()) return wire::ToGrpc(m.status());
+    std::lock_guard<std::mutex> lock(mu_);
+    return wire::ToGrpc(state_.AddHolder(WorkerId(req->worker_id()),
+                                         req->model(), Version(req->version()),
+                                         req->epoch(), *m, NowMs()));
+  }
+
+  grpc::Status Unpublish(ServerContext* ctx, const v1::UnpublishRequest* req,
+                         v1::UnpublishResponse*) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    return wire::ToGrpc(state_.Unpublish(WorkerId(req->worker_id()),
+                                         req->model(), Version(req->version()),
+                                         NowMs()));
+  }
+
+  grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
+                       v1::ResolveResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    Result<Resolution> r = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return state_.Resolve(WorkerId(req->worker_id()), req->model(),
+                            Version(req->version()),
+                            req->include_uncommitted());
+    }();
+    if (!r.ok()) return wire::ToGrpc(r.status());
+    // Encoding happens outside the lock: a big manifest must not stall
+    // other calls.
+    resp->set_version(r->version.value());
+    resp->set_state(wire::ToProto(r->state));
+    if (r->manifest.has_value()) wire::ToProto(*r->manifest, resp->mutable_manifest());
+    for (const HolderView& h : r->holders) {
+      v1::Holder* out = resp->add_holders();
+      out->set_worker_id(h.worker.value());
+      out->set_data_address(h.data_address);
+      wire::ToProto(h.labels, out->mutable_labels());
+      out->set_worker_class(h.worker_class == WorkerClass::kSpot ? v1::SPOT
+                                                                 : v1::RELIABLE);
+      out->set_epoch(h.epoch);
+      for (const ChunkRange& c : h.chunks) {
+        out->add_chunk_begin(c.begin);
+        out->add_chunk_end(c.end);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListModels(ServerContext* ctx, const v1::ListModelsRequest* req,
+                          v1::ListModelsResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::vector<ModelSummary> models;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      models = state_.List();
+    }
+    for (const ModelSummary& m : models) {
+      v1::ModelSummary* ms = resp->add_models();
+      ms->set_model(m.model);
+      for (const VersionSummary& v : m.versions) {
+        v1::VersionSummary* vs = ms->add_versions();
+        vs->set_version(v.version.value());
+        vs->set_state(wire::ToProto(v.state));
+        vs->set_group_size(v.group_size);
+        vs->set_parts_published(v.parts_published);
+        vs->set_total_bytes(v.total_bytes);
+        vs->set_holders(v.holders);
+        vs->set_tensors(v.tensors);
+      }
+    }
+    return grpc::Status::OK;
+  }
+
+  void Expire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t before = state_.num_workers();
+    state_.ExpireLeases(NowMs());
+    if (state_.num_workers() < before) {
+      TH_LOG(INFO) << (before - state_.num_workers())
+                   << " worker(s) lost their lease";
+    }
+  }
+
+ private:
+  grpc::Status Auth(ServerContext* ctx, const std::string& secret) {
+    if (secret_.empty() || secret == secret_) return grpc::Status::OK;
+    TH_LOG(WARN) << "refused a call from " << ctx->peer()
+                 << ": wrong or missing secret";
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "wrong or missing shared secret");
+  }
+
+  std::mutex mu_;
+  HubState state_;  // guarded by mu_
+  const std::string secret_;
+};
+
+class HubServerImpl final : public HubServer {
+ public:
+  HubServerImpl(std::unique_ptr<HubServiceImpl> service,
+                std::unique_ptr<grpc::Server> server, std::string address,
+                int64_t lease_ms)
+      : service_(std::move(service)),
+        server_(std::move(server)),
+        address_(std::move(address)) {
+    int64_t tick = std::max<int64_t>(50, lease_ms / 10);
+    expiry_ = std::thread([this, tick] {
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!stopping_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(tick));
+        if (stopping_) break;
+        lock.unlock();
+        service_->Expire();
+        lock.lock();
+      }
+    });
+  }
+  ~HubServerImpl() override { Shutdown(); }
+
+  std::string address() const override { return address_; }
+
+  void Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return stopping_; });
+  }
+
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (expiry_.joinable()) expiry_.join();
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+  }
+
+ private:
+  std::unique_ptr<HubServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  bool stopped_ = false;   // guarded by mu_
+  std::thread expiry_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<HubServer>> HubServer::Start(
+    const HubServerOptions& options) {
+  HubConfig config;
+  config.lease_ms = options.lease_ms;
+  config.incarnation = std::random_device{}() ^
+                       static_cast<uint64_t>(NowMs());
+  auto service = std::make_unique<HubServiceImpl>(config, options.secret);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service.get());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.SetMaxSendMessageSize(256 << 20);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return Unavailable("hub cannot listen on " + options.listen_address +
+                       " (address in use or not local?)");
+  }
+  std::string host = options.listen_address.substr(
+      0, options.listen_address.rfind(':'));
+  std::string address = host + ":" + std::to_string(port);
+  TH_LOG(INFO) << "hub listening on " << address << " (lease "
+               << options.lease_ms << " ms"
+               << (options.secret.empty() ? ", no secret" : ", secret required")
+               << ")";
+  return std::unique_ptr<HubServer>(new HubServerImpl(
+      std::move(service), std::move(server), address, options.lease_ms));
+}
+
+}  // namespace tensorhub::hub

@@ -1,0 +1,504 @@
+#include "hub/hub_state.h"
+
+#include <algorithm>
+#include <cassert>
+#include <set>
+
+namespace tensorhub::hub {
+namespace {
+
+std::string VersionName(const std::string& model, Version v) {
+  return "'" + model + "@" + std::to_string(v.value()) + "'";
+}
+
+}  // namespace
+
+Status ValidateModelName(const std::string& model) {
+  if (model.empty() || model.size() > 256) {
+    return InvalidArgument("model name must be 1-256 characters");
+  }
+  for (char c : model) {
+    if (c <= ' ' || c > '~' || c == '@') {
+      return InvalidArgument("model name '" + model +
+                             "' may hold only printable ASCII without "
+                             "spaces or '@'");
+    }
+  }
+  return Status::Ok();
+}
+
+HubState::HubState(HubConfig config) : config_(config) {}
+
+Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
+                                          int64_t now_ms) {
+  if (reg.data_address.empty() || reg.data_address.size() > 256) {
+    return InvalidArgument("worker data address must be 1-256 characters");
+  }
+  if (reg.name.size() > 256 || reg.requested_id.value().size() > 128) {
+    return InvalidArgument("worker name or id too long");
+  }
+  WorkerId id = reg.requested_id;
+  auto it = workers_.find(id);
+  if (it == workers_.end() && workers_.size() >= config_.max_workers) {
+    return ResourceExhausted("hub already tracks " +
+                             std::to_string(workers_.size()) + " workers");
+  }
+  if (id.empty()) {
+    // The incarnation keeps ids from two hub lives apart.
+    id = WorkerId("w" + std::to_string(config_.incarnation % 100000) + "-" +
+                  std::to_string(next_worker_++));
+  }
+  Worker& w = workers_[id];
+  if (!w.reg.data_address.empty() && w.reg.data_address != reg.data_address) {
+    // A new process took an old id: its old references are not its own.
+    std::set<std::pair<std::string, Version>> refs = w.refs;
+    for (const auto& [model, version] : refs) DropReference(model, version, id);
+  }
+  w.reg = reg;
+  w.reg.requested_id = id;
+  w.lease_expiry_ms = now_ms + config_.lease_ms;
+  return id;
+}
+
+Status HubState::Heartbeat(const WorkerId& worker, int64_t now_ms) {
+  auto it = workers_.find(worker);
+  if (it == workers_.end()) {
+    return NotFound("hub does not know worker " + worker.value() +
+                    "; register again");
+  }
+  it->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  return Status::Ok();
+}
+
+Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
+  auto wit = workers_.find(a.worker);
+  if (wit == workers_.end()) {
+    return NotFound("hub does not know worker " + a.worker.value() +
+                    "; register again");
+  }
+  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  TH_RETURN_IF_ERROR(ValidateModelName(a.model));
+  if (a.version.value() == 0) {
+    return InvalidArgument("version numbers start at 1");
+  }
+  if (a.group_size == 0 || a.group_size > kMaxGroupSize) {
+    return InvalidArgument("group size must be in [1, " +
+                           std::to_string(kMaxGroupSize) + "]");
+  }
+  if (a.rank >= a.group_size || a.part.rank != a.rank) {
+    return InvalidArgument("rank " + std::to_string(a.rank) +
+                           " is not in a group of " +
+                           std::to_string(a.group_size));
+  }
+  {
+    // Validate the part alone by wrapping it as a one-part manifest.
+    PartLayout p = a.part;
+    p.rank = 0;
+    Status s = Manifest(1, a.chunk_bytes, {p}).Validate();
+    if (!s.ok()) return s;
+  }
+  auto mit = models_.find(a.model);
+  if (mit == models_.end()) {
+    if (models_.size() >= config_.max_models) {
+      return ResourceExhausted("hub already tracks " +
+                               std::to_string(models_.size()) + " models");
+    }
+    mit = models_.emplace(a.model, Model{}).first;
+  }
+  Model& m = mit->second;
+  auto vit = m.versions.find(a.version);
+  if (vit == m.versions.end()) {
+    if (a.version <= m.highest && !a.rebuild) {
+      return FailedPrecondition(
+          "version " + std::to_string(a.version.value()) + " of model '" +
+          a.model + "' is not greater than the last one published (" +
+          std::to_string(m.highest.value()) + ")");
+    }
+    VersionEntry v;
+    v.group_size = a.group_size;
+    v.chunk_bytes = a.chunk_bytes;
+    v.parts.resize(a.group_size);
+    vit = m.versions.emplace(a.version, std::move(v)).first;
+    m.highest = std::max(m.highest, a.version);
+  }
+  VersionEntry& v = vit->second;
+  const std::string vname = VersionName(a.model, a.version);
+  if (v.state == VersionState::kAborted) {
+    return Aborted(vname + " was aborted: a rank of its group left before "
+                   "all ranks published");
+  }
+  if (v.group_size != a.group_size || v.chunk_bytes != a.chunk_bytes) {
+    return InvalidArgument(vname + " is published with group size " +
+                           std::to_string(v.group_size) + " and chunk size " +
+                           std::to_string(v.chunk_bytes) + "; got " +
+                           std::to_string(a.group_size) + " and " +
+                           std::to_string(a.chunk_bytes));
+  }
+  if (v.manifest.has_value()) {
+    // Committed already (a rank re-reporting after a hub restart, or a
+    // repeated call): the part must be the one committed.
+    if (!(v.manifest->parts()[a.rank] == a.part)) {
+      return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
+                           " is committed with different contents");
+    }
+  } else {
+    std::optional<PartLayout>& slot = v.parts[a.rank];
+    if (slot.has_value() && !(*slot == a.part)) {
+      return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
+                           " was already published with other contents");
+    }
+    if (!slot.has_value()) {
+      std::set<std::string> names;
+      for (const auto& other : v.parts) {
+        if (!other.has_value()) continue;
+        for (const TensorLayout& t : other->tensors) names.insert(t.spec.name);
+      }
+      for (const TensorLayout& t : a.part.tensors) {
+        if (names.count(t.spec.name) > 0) {
+          return InvalidArgument("tensor '" + t.spec.name + "' of " + vname +
+                                 " is published by two ranks");
+        }
+      }
+      slot = a.part;
+    }
+  }
+  // A rank's part is held by exactly one worker.
+  for (const auto& [holder, ref] : v.refs) {
+    if (ref.rank == a.rank && holder != a.worker) {
+      return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
+                           " is already held by worker " + holder.value());
+    }
+  }
+  v.refs[a.worker] = Reference{a.epoch, a.rank};
+  wit->second.refs.insert({a.model, a.version});
+  TryCommit(v);
+  UpdateAvailability(v);
+  return v.state;
+}
+
+void HubState::TryCommit(VersionEntry& v) {
+  if (v.state != VersionState::kPending) return;
+  std::vector<PartLayout> parts;
+  for (const auto& p : v.parts) {
+    if (!p.has_value()) return;
+    parts.push_back(*p);
+  }
+  Manifest manifest(v.group_size, v.chunk_bytes, std::move(parts));
+  assert(manifest.Validate().ok());
+  v.manifest = std::move(manifest);
+  v.parts.clear();
+  v.state = VersionState::kCommitted;
+}
+
+Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
+                           Version version, uint64_t epoch,
+                           const Manifest& manifest, int64_t now_ms) {
+  auto wit = workers_.find(worker);
+  if (wit == workers_.end()) {
+    return NotFound("hub does not know worker " + worker.value() +
+                    "; register again");
+  }
+  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  if (version.value() == 0) return InvalidArgument("version numbers start at 1");
+  TH_RETURN_IF_ERROR(manifest.Validate());
+  const std::string vname = VersionName(model, version);
+  auto mit = models_.find(model);
+  if (mit == models_.end()) {
+    if (models_.size() >= config_.max_models) {
+      return ResourceExhausted("hub already tracks " +
+                               std::to_string(models_.size()) + " models");
+    }
+    mit = models_.emplace(model, Model{}).first;
+  }
+  Model& m = mit->second;
+  auto vit = m.versions.find(version);
+  if (vit == m.versions.end()) {
+    // Only a committed version can have been fetched, so a full copy
+    // reported to a hub that does not know the version (it restarted)
+    // re-creates it as committed.
+    VersionEntry v;
+    v.state = VersionState::kCommitted;
+    v.group_size = manifest.group_size();
+    v.chunk_bytes = manifest.chunk_bytes();
+    v.manifest = manifest;
+    vit = m.versions.emplace(version, std::move(v)).first;
+    m.highest = std::max(m.highest, version);
+  }
+  VersionEntry& v = vit->second;
+  if (v.state == VersionState::kAborted) {
+    return Aborted(vname + " was aborted");
+  }
+  if (v.state == VersionState::kPending) {
+    // Trainer ranks re-reported before any full holder did: the full copy
+    // proves the version had committed. Its parts must agree.
+    for (uint32_t r = 0; r < v.parts.size(); ++r) {
+      if (v.parts[r].has_value() && !(*v.parts[r] == manifest.parts()[r])) {
+        return InvalidArgument("manifest of " + vname +
+                               " differs from the published part " +
+                               std::to_string(r));
+      }
+    }
+    if (v.group_size != manifest.group_size() ||
+        v.chunk_bytes != manifest.chunk_bytes()) {
+      return InvalidArgument("manifest of " + vname +
+                             " differs from the published one");
+    }
+    v.parts.clear();
+    v.manifest = manifest;
+    v.state = VersionState::kCommitted;
+  }
+  if (!(*v.manifest == manifest)) {
+    return InvalidArgument("manifest of " + vname +
+                           " differs from the committed one");
+  }
+  auto rit = v.refs.find(worker);
+  if (rit != v.refs.end() && rit->second.rank.has_value()) {
+    // The trainer rank itself fetched the rest: it now holds everything.
+    rit->second.rank.reset();
+  }
+  v.refs[worker].epoch = epoch;
+  UpdateAvailability(v);
+  wit->second.refs.insert({model, version});
+  return Status::Ok();
+}
+
+Status HubState::Unpublish(const WorkerId& worker, const std::string& model,
+                           Version version, int64_t now_ms) {
+  auto wit = workers_.find(worker);
+  if (wit == workers_.end()) {
+    return NotFound("hub does not know worker " + worker.value() +
+                    "; register again");
+  }
+  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  if (wit->second.refs.count({model, version}) == 0) {
+    return NotFound("worker " + worker.value() + " holds no reference to " +
+                    VersionName(model, version));
+  }
+  DropReference(model, version, worker);
+  return Status::Ok();
+}
+
+void HubState::DropReference(const std::string& model, Version version,
+                             const WorkerId& worker) {
+  auto wit = workers_.find(worker);
+  if (wit != workers_.end()) wit->second.refs.erase({model, version});
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return;
+  VersionEntry& v = vit->second;
+  auto rit = v.refs.find(worker);
+  if (rit == v.refs.end()) return;
+  v.refs.erase(rit);
+  if (v.state == VersionState::kPending) {
+    // A rank left before its group committed: the version can never
+    // complete. Abort it and drop the other ranks' references.
+    v.state = VersionState::kAborted;
+    v.parts.clear();
+    for (const auto& [other, ref] : v.refs) {
+      auto oit = workers_.find(other);
+      if (oit != workers_.end()) oit->second.refs.erase({model, version});
+    }
+    v.refs.clear();
+  } else {
+    UpdateAvailability(v);
+  }
+  Prune(mit->second);
+}
+
+void HubState::UpdateAvailability(VersionEntry& v) {
+  if (v.state != VersionState::kCommitted &&
+      v.state != VersionState::kUnavailable) {
+    return;
+  }
+  // Committed and readable only while every chunk has a live holder.
+  std::vector<ChunkRange> ranges;
+  for (const auto& [holder, ref] : v.refs) {
+    for (const ChunkRange& r : RangesOf(v, ref)) ranges.push_back(r);
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ChunkRange& a, const ChunkRange& b) {
+              return a.begin < b.begin;
+            });
+  uint64_t covered = 0;
+  for (const ChunkRange& r : ranges) {
+    if (r.begin > covered) break;
+    covered = std::max(covered, r.end);
+  }
+  v.state = covered >= v.manifest->num_chunks() ? VersionState::kCommitted
+                                                : VersionState::kUnavailable;
+}
+
+void HubState::Prune(Model& m) {
+  size_t dead = 0;
+  for (const auto& [version, v] : m.versions) {
+    if (v.refs.empty()) ++dead;
+  }
+  // Oldest first: forget versions nobody holds beyond the bound.
+  for (auto it = m.versions.begin();
+       it != m.versions.end() && dead > config_.max_dead_versions_per_model;) {
+    if (it->second.refs.empty()) {
+      it = m.versions.erase(it);
+      --dead;
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
+                                           const Reference& r) {
+  if (!v.manifest.has_value()) return {};
+  if (!r.rank.has_value()) return {{0, v.manifest->num_chunks()}};
+  return {{v.manifest->chunk_base(*r.rank),
+           v.manifest->chunk_base(*r.rank + 1)}};
+}
+
+int HubState::Distance(const Labels& a, const Labels& b) const {
+  if (a.datacenter != b.datacenter) return 3;
+  if (!a.host.empty() && a.host == b.host) return 0;
+  if (!a.rack.empty() && a.rack == b.rack) return 1;
+  return 2;
+}
+
+Result<Resolution> HubState::Resolve(const WorkerId& reader,
+                                     const std::string& model, Version version,
+                                     bool include_uncommitted) {
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  auto mit = models_.find(model);
+  if (mit == models_.end()) {
+    return NotFound("model '" + model + "' is unknown to the hub");
+  }
+  Model& m = mit->second;
+  auto vit = m.versions.end();
+  if (version.is_latest()) {
+    for (auto it = m.versions.rbegin(); it != m.versions.rend(); ++it) {
+      if (it->second.state == VersionState::kCommitted) {
+        vit = std::prev(it.base());
+        break;
+      }
+    }
+    if (vit == m.versions.end()) {
+      return NotFound("model '" + model + "' has no committed version with "
+                      "a live holder");
+    }
+  } else {
+    vit = m.versions.find(version);
+    if (vit == m.versions.end()) {
+      return NotFound("model '" + model + "' has no version " +
+                      std::to_string(version.value()));
+    }
+  }
+  VersionEntry& v = vit->second;
+  const std::string vname = VersionName(model, vit->first);
+  if (!include_uncommitted) {
+    switch (v.state) {
+      case VersionState::kPending: {
+        size_t have = 0;
+        for (const auto& p : v.parts) have += p.has_value() ? 1 : 0;
+        return FailedPrecondition(vname + " is not committed: " +
+                                  std::to_string(have) + " of " +
+                                  std::to_string(v.group_size) +
+                                  " ranks have published");
+      }
+      case VersionState::kAborted:
+        return Aborted(vname + " was aborted before commit");
+      case VersionState::kUnavailable:
+        return Unavailable(vname + " is committed but no live worker holds "
+                           "all of its chunks");
+      case VersionState::kCommitted:
+        break;
+    }
+  }
+  Resolution res;
+  res.version = vit->first;
+  res.state = v.state;
+  res.manifest = v.manifest;
+  Labels reader_labels;
+  auto rit = workers_.find(reader);
+  if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
+  struct Candidate {
+    int distance;
+    size_t order;
+    HolderView view;
+  };
+  std::vector<Candidate> candidates;
+  for (const auto& [holder, ref] : v.refs) {
+    if (holder == reader) continue;
+    auto hit = workers_.find(holder);
+    if (hit == workers_.end()) continue;
+    HolderView hv;
+    hv.worker = holder;
+    hv.data_address = hit->second.reg.data_address;
+    hv.labels = hit->second.reg.labels;
+    hv.worker_class = hit->second.reg.worker_class;
+    hv.epoch = ref.epoch;
+    hv.chunks = RangesOf(v, ref);
+    if (!v.manifest.has_value() && ref.rank.has_value()) {
+      hv.chunks = {};  // pending: chunk ids are not fixed until commit
+    }
+    candidates.push_back(
+        {Distance(reader_labels, hv.labels), candidates.size(), std::move(hv)});
+  }
+  // Rotate equally near holders from one resolve to the next, so that
+  // readers spread over them instead of all picking the first.
+  size_t n = candidates.size();
+  uint64_t shift = v.resolve_count++;
+  for (Candidate& c : candidates) c.order = (c.order + n - shift % (n ? n : 1)) % (n ? n : 1);
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) {
+              if (a.distance != b.distance) return a.distance < b.distance;
+              return a.order < b.order;
+            });
+  for (Candidate& c : candidates) res.holders.push_back(std::move(c.view));
+  return res;
+}
+
+std::vector<ModelSummary> HubState::List() const {
+  std::vector<ModelSummary> out;
+  for (const auto& [name, m] : models_) {
+    ModelSummary ms;
+    ms.model = name;
+    for (const auto& [version, v] : m.versions) {
+      VersionSummary s;
+      s.version = version;
+      s.state = v.state;
+      s.group_size = v.group_size;
+      s.holders = static_cast<uint32_t>(v.refs.size());
+      if (v.manifest.has_value()) {
+        s.parts_published = v.group_size;
+        s.total_bytes = v.manifest->total_bytes();
+        s.tensors = static_cast<uint32_t>(v.manifest->num_tensors());
+      } else {
+        for (const auto& p : v.parts) {
+          if (!p.has_value()) continue;
+          ++s.parts_published;
+          s.total_bytes += p->part_bytes;
+          s.tensors += static_cast<uint32_t>(p->tensors.size());
+        }
+      }
+      ms.versions.push_back(s);
+    }
+    out.push_back(std::move(ms));
+  }
+  return out;
+}
+
+void HubState::ExpireLeases(int64_t now_ms) {
+  std::vector<WorkerId> expired;
+  for (const auto& [id, w] : workers_) {
+    if (w.lease_expiry_ms <= now_ms) expired.push_back(id);
+  }
+  for (const WorkerId& id : expired) RemoveWorker(id);
+}
+
+void HubState::RemoveWorker(const WorkerId& id) {
+  auto it = workers_.find(id);
+  if (it == workers_.end()) return;
+  std::set<std::pair<std::string, Version>> refs = it->second.refs;
+  for (const auto& [model, version] : refs) DropReference(model, version, id);
+  workers_.erase(id);
+}
+
+}  // namespace tensorhub::hub

@@ -1,0 +1,165 @@
+// The hub's reference table and version lifecycle, as a pure state machine.
+//
+// No I/O, no threads, no clock: every call takes `now_ms` from the caller, so
+// tests drive time by hand. Not thread-safe; the RPC adapter (hub_service.h)
+// serializes calls. The hub never sees tensor bytes, only manifests.
+//
+// Soft state: everything here can be rebuilt from the workers' own reports
+// (RegisterWorker with the old id, Publish with rebuild=true, AddHolder),
+// which is what workers do when the hub forgets them after a restart.
+#ifndef TENSORHUB_HUB_HUB_STATE_H_
+#define TENSORHUB_HUB_HUB_STATE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "common/manifest.h"
+#include "tensorhub/status.h"
+#include "tensorhub/types.h"
+
+namespace tensorhub::hub {
+
+struct HubConfig {
+  int64_t lease_ms = 5000;
+  uint64_t incarnation = 1;          // distinguishes hub restarts
+  size_t max_workers = 100000;
+  size_t max_models = 10000;
+  size_t max_dead_versions_per_model = 64;  // aborted/unavailable kept for ls
+};
+
+struct WorkerRegistration {
+  WorkerId requested_id;  // empty: the hub assigns one
+  std::string name;
+  std::string data_address;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+};
+
+struct ChunkRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  bool operator==(const ChunkRange&) const = default;
+};
+
+struct HolderView {
+  WorkerId worker;
+  std::string data_address;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+  uint64_t epoch = 0;
+  std::vector<ChunkRange> chunks;
+};
+
+struct Resolution {
+  Version version;
+  VersionState state = VersionState::kPending;
+  std::optional<Manifest> manifest;  // set once committed
+  std::vector<HolderView> holders;   // nearest to the reader first
+};
+
+struct PublishArgs {
+  WorkerId worker;
+  std::string model;
+  Version version;
+  uint32_t rank = 0;
+  uint32_t group_size = 1;
+  uint64_t chunk_bytes = 0;
+  PartLayout part;
+  uint64_t epoch = 0;
+  bool rebuild = false;
+};
+
+struct VersionSummary {
+  Version version;
+  VersionState state = VersionState::kPending;
+  uint32_t group_size = 0;
+  uint32_t parts_published = 0;
+  uint64_t total_bytes = 0;
+  uint32_t holders = 0;
+  uint32_t tensors = 0;
+};
+
+struct ModelSummary {
+  std::string model;
+  std::vector<VersionSummary> versions;
+};
+
+// Names of models: 1-256 printable ASCII characters without '@' or spaces.
+Status ValidateModelName(const std::string& model);
+
+class HubState {
+ public:
+  explicit HubState(HubConfig config);
+
+  // Returns the worker's id (the requested one when given).
+  Result<WorkerId> RegisterWorker(const WorkerRegistration& reg, int64_t now_ms);
+  // NOT_FOUND if the hub does not know the worker (restart or expiry).
+  Status Heartbeat(const WorkerId& worker, int64_t now_ms);
+  // A trainer rank's part. Returns the version's state after the call.
+  Result<VersionState> Publish(const PublishArgs& args, int64_t now_ms);
+  // A worker now holds all of a committed version.
+  Status AddHolder(const WorkerId& worker, const std::string& model,
+                   Version version, uint64_t epoch, const Manifest& manifest,
+                   int64_t now_ms);
+  // Withdraws the worker's reference. Aborts a version still pending.
+  Status Unpublish(const WorkerId& worker, const std::string& model,
+                   Version version, int64_t now_ms);
+  // Version::Latest() resolves to the highest committed version that still
+  // has a live holder.
+  Result<Resolution> Resolve(const WorkerId& reader, const std::string& model,
+                             Version version, bool include_uncommitted);
+  std::vector<ModelSummary> List() const;
+  // Drops workers whose lease ended, with all their references.
+  void ExpireLeases(int64_t now_ms);
+
+  const HubConfig& config() const { return config_; }
+  size_t num_workers() const { return workers_.size(); }
+
+ private:
+  struct Worker {
+    WorkerRegistration reg;
+    int64_t lease_expiry_ms = 0;
+    std::set<std::pair<std::string, Version>> refs;  // what it holds
+  };
+  struct Reference {
+    uint64_t epoch = 0;
+    std::optional<uint32_t> rank;  // set for a trainer rank's part
+  };
+  struct VersionEntry {
+    VersionState state = VersionState::kPending;
+    uint32_t group_size = 0;
+    uint64_t chunk_bytes = 0;
+    std::vector<std::optional<PartLayout>> parts;  // while pending
+    std::optional<Manifest> manifest;              // once committed
+    std::map<WorkerId, Reference> refs;
+    uint64_t resolve_count = 0;  // rotates equally near holders
+  };
+  struct Model {
+    std::map<Version, VersionEntry> versions;
+    Version highest;  // highest version number ever seen
+  };
+
+  void RemoveWorker(const WorkerId& id);
+  void DropReference(const std::string& model, Version version,
+                     const WorkerId& worker);
+  void Prune(Model& m);
+  static void TryCommit(VersionEntry& v);
+  static void UpdateAvailability(VersionEntry& v);
+  static std::vector<ChunkRange> RangesOf(const VersionEntry& v,
+                                          const Reference& r);
+  int Distance(const Labels& a, const Labels& b) const;
+
+  HubConfig config_;
+  uint64_t next_worker_ = 1;
+  std::map<WorkerId, Worker> workers_;
+  std::map<std::string, Model> models_;
+};
+
+}  // namespace tensorhub::hub
+
+#endif  // TENSORHUB_HUB_HUB_STATE_H_

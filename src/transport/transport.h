@@ -1,0 +1,87 @@
+// The one data-plane interface. A holder runs a Server that answers range
+// reads of versions it holds; a reader opens Connections to holders and reads
+// ranges straight into its destination memory. Implementations (tcp/, later
+// shm/, rdma/) live in their own targets; nothing above this header knows
+// which one moves the bytes.
+#ifndef TENSORHUB_TRANSPORT_TRANSPORT_H_
+#define TENSORHUB_TRANSPORT_TRANSPORT_H_
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "tensorhub/status.h"
+#include "wire/frame.h"
+
+namespace tensorhub::transport {
+
+// The memory one read is served from. `pin` keeps the registration from
+// draining until the lease is destroyed, which the server does once the last
+// byte has left (or the send failed).
+struct ServeLease {
+  std::vector<iovec> pieces;
+  std::shared_ptr<void> pin;
+};
+
+// Decides what a read may see. Implemented by the worker's registry.
+// Called from server threads concurrently.
+class ReadSource {
+ public:
+  virtual ~ReadSource() = default;
+  virtual Result<ServeLease> BeginRead(const wire::ReadRequest& req) = 0;
+};
+
+struct ServerOptions {
+  size_t max_connections = 256;
+  // A request half received, or a response unsent, for this long without
+  // progress drops the connection.
+  int64_t io_stall_timeout_ms = 30000;
+};
+
+class Server {
+ public:
+  virtual ~Server() = default;
+  // HOST:PORT that peers can connect to (the port is resolved when 0 was
+  // asked for).
+  virtual std::string address() const = 0;
+  // Closes the listener and every connection, and joins their threads.
+  // Idempotent.
+  virtual void Stop() = 0;
+  virtual uint64_t bytes_served() const = 0;
+};
+
+// One reader-to-holder channel. Not thread-safe: one read at a time. After
+// any I/O error the connection is broken and every later Read fails fast;
+// open a new one.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  // Reads req.length bytes into `dest` (whose sizes must add up to it).
+  // A refusal by the holder comes back with the holder's code and message.
+  virtual Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
+                      const Deadline& deadline) = 0;
+  virtual bool broken() const = 0;
+  virtual const std::string& peer() const = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  // `source` must outlive the server.
+  virtual Result<std::unique_ptr<Server>> Listen(const std::string& host_port,
+                                                 ReadSource* source,
+                                                 const ServerOptions& options) = 0;
+  virtual Result<std::unique_ptr<Connection>> Connect(
+      const std::string& address, const Deadline& deadline) = 0;
+};
+
+}  // namespace tensorhub::transport
+
+#endif  // TENSORHUB_TRANSPORT_TRANSPORT_H_

@@ -1,0 +1,4 @@
+// placeholder
+namespace tensorhub::cli {
+int CmdBench(int, char**) { return 2; }
+}

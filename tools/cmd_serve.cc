@@ -1,0 +1,33 @@
+#include <cstdio>
+
+#include "cli_util.h"
+#include "common/log.h"
+#include "hub/hub_service.h"
+
+namespace tensorhub::cli {
+
+int CmdServe(int argc, char** argv) {
+  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file"}, {});
+  if (!args.ok()) return Fail(args.status());
+  hub::HubServerOptions o;
+  o.listen_address = args->Get("listen", "127.0.0.1:7070");
+  auto lease = args->GetU64("lease-ms", 5000);
+  if (!lease.ok()) return Fail(lease.status());
+  if (*lease < 100 || *lease > 3600000) {
+    return Fail(InvalidArgument("--lease-ms must be in [100, 3600000]"));
+  }
+  o.lease_ms = static_cast<int64_t>(*lease);
+  auto secret = Secret(*args);
+  if (!secret.ok()) return Fail(secret.status());
+  o.secret = *secret;
+  BlockStopSignals();
+  SetLogPrefix("hub");
+  auto server = hub::HubServer::Start(o);
+  if (!server.ok()) return Fail(server.status());
+  int sig = WaitForStopSignal();
+  TH_LOG(INFO) << "signal " << sig << ": shutting down";
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace tensorhub::cli

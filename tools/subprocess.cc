@@ -1,0 +1,138 @@
+#include "subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+extern char** environ;
+
+namespace tensorhub::cli {
+
+Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& args,
+                                     const std::vector<std::string>& env) {
+  int in_pipe[2], out_pipe[2];
+  if (::pipe2(in_pipe, O_CLOEXEC) != 0) return Internal("pipe failed");
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    ::close(in_pipe[0]);
+    ::close(in_pipe[1]);
+    return Internal("pipe failed");
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in_pipe[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out_pipe[1], STDOUT_FILENO);
+  // The children must not inherit a blocked SIGTERM from the parent.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  std::vector<std::string> argv_s = {"/proc/self/exe"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e != nullptr; ++e) env_s.push_back(*e);
+  env_s.insert(env_s.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (std::string& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, &attr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
+  if (rc != 0) {
+    ::close(in_pipe[1]);
+    ::close(out_pipe[0]);
+    return Internal(std::string("spawn failed: ") + std::strerror(rc));
+  }
+  Subprocess p;
+  p.pid_ = pid;
+  p.in_fd_ = in_pipe[1];
+  p.out_fd_ = out_pipe[0];
+  return p;
+}
+
+Subprocess::Subprocess(Subprocess&& o) noexcept
+    : pid_(std::exchange(o.pid_, -1)),
+      in_fd_(std::exchange(o.in_fd_, -1)),
+      out_fd_(std::exchange(o.out_fd_, -1)),
+      buffer_(std::move(o.buffer_)) {}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  if (in_fd_ >= 0) ::close(in_fd_);
+  if (out_fd_ >= 0) ::close(out_fd_);
+}
+
+Status Subprocess::Send(const std::string& line) {
+  std::string s = line + "\n";
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(in_fd_, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Unavailable("child " + std::to_string(pid_) + " is gone");
+    off += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Result<std::string> Subprocess::ReadLine(const Deadline& deadline) {
+  while (true) {
+    size_t nl = buffer_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buffer_.substr(0, nl);
+      buffer_.erase(0, nl + 1);
+      return line;
+    }
+    if (buffer_.size() > (1 << 20)) return Internal("child line too long");
+    int64_t left = deadline.remaining_ms();
+    if (left <= 0) {
+      return DeadlineExceeded("child " + std::to_string(pid_) + " did not answer in time");
+    }
+    pollfd p{out_fd_, POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (rc <= 0) continue;
+    char buf[4096];
+    ssize_t n = ::read(out_fd_, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Unavailable("child " + std::to_string(pid_) + " exited");
+    buffer_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+int Subprocess::Stop(int64_t grace_ms) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  Deadline d = Deadline::AfterMs(grace_ms);
+  while (!d.expired()) {
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+}  // namespace tensorhub::cli

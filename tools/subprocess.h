@@ -1,0 +1,44 @@
+// A child process of this binary with line-based pipes to its stdin and
+// stdout, used by the demo and the benchmarks to run real worker processes.
+#ifndef TENSORHUB_TOOLS_SUBPROCESS_H_
+#define TENSORHUB_TOOLS_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "tensorhub/status.h"
+
+namespace tensorhub::cli {
+
+class Subprocess {
+ public:
+  // Runs /proc/self/exe with `args` (argv[1..]); extra "KEY=VALUE" pairs are
+  // added to the environment.
+  static Result<Subprocess> Spawn(const std::vector<std::string>& args,
+                                  const std::vector<std::string>& env = {});
+  Subprocess(Subprocess&& o) noexcept;
+  Subprocess& operator=(Subprocess&&) = delete;
+  Subprocess(const Subprocess&) = delete;
+  ~Subprocess();  // SIGKILLs and reaps a child still running
+
+  Status Send(const std::string& line);
+  // One line without its '\n', or DEADLINE_EXCEEDED / UNAVAILABLE (EOF).
+  Result<std::string> ReadLine(const Deadline& deadline);
+  // SIGTERM, then SIGKILL after `grace_ms`; returns the exit status.
+  int Stop(int64_t grace_ms);
+  pid_t pid() const { return pid_; }
+
+ private:
+  Subprocess() = default;
+  pid_t pid_ = -1;
+  int in_fd_ = -1;
+  int out_fd_ = -1;
+  std::string buffer_;
+};
+
+}  // namespace tensorhub::cli
+
+#endif  // TENSORHUB_TOOLS_SUBPROCESS_H_

@@ -1,0 +1,66 @@
+// tensorhub: the command line. One binary: the hub, the file tools, the demo
+// and the benchmarks.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "common/log.h"
+
+namespace tensorhub::cli {
+int CmdServe(int argc, char** argv);
+int CmdLs(int argc, char** argv);
+int CmdShow(int argc, char** argv);
+int CmdPublish(int argc, char** argv);
+int CmdFetch(int argc, char** argv);
+int CmdDemo(int argc, char** argv);
+int CmdDemoTrainer(int argc, char** argv);
+int CmdDemoRollout(int argc, char** argv);
+int CmdBench(int argc, char** argv);
+}  // namespace tensorhub::cli
+
+namespace {
+
+const char kUsage[] = R"(usage: tensorhub COMMAND [flags]
+
+Commands:
+  serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
+  ls                                              models, versions, state, holders
+  show   MODEL[@VERSION|@latest]                  manifest and holders of a version
+  publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)
+         [--rank R --group-size G]                until interrupted
+  fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
+  demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
+  bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
+
+Common flags:
+  --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)
+  --secret-file PATH     shared secret (else $TENSORHUB_SECRET_FILE / $TENSORHUB_SECRET)
+  --datacenter/--rack/--host-label NAME   this worker's place in the topology
+  --data-listen HOST:PORT  data-plane listen address (default 127.0.0.1:0)
+  --advertise-host HOST  host other workers dial for the data plane
+  --timeout-ms N         deadline for the call (default depends on the command)
+Environment: TENSORHUB_LOG=debug|info|warn|error
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tensorhub::cli;
+  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 ||
+      std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  std::string cmd = argv[1];
+  if (cmd == "serve") return CmdServe(argc, argv);
+  if (cmd == "ls") return CmdLs(argc, argv);
+  if (cmd == "show") return CmdShow(argc, argv);
+  if (cmd == "publish") return CmdPublish(argc, argv);
+  if (cmd == "fetch") return CmdFetch(argc, argv);
+  if (cmd == "demo") return CmdDemo(argc, argv);
+  if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
+  if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
+  if (cmd == "bench") return CmdBench(argc, argv);
+  std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  return 2;
+}
