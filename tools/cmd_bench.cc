@@ -1,4 +1,213 @@
-// placeholder
+// `tensorhub bench pair`: one holder process, one reader, loopback. Prints
+// TensorHub's fetch rate beside the limits measured in the same run: a plain
+// TCP socket pair moving the same bytes (1 stream, and as many streams as the
+// fetch uses) and memcpy.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "cli_util.h"
+#include "common/log.h"
+#include "demo_model.h"
+#include "hub/hub_service.h"
+#include "subprocess.h"
+#include "transport/tcp/socket_util.h"
+
 namespace tensorhub::cli {
-int CmdBench(int, char**) { return 2; }
+namespace {
+
+constexpr char kModel[] = "bench-pair";
+
+std::vector<TensorSpec> FlatLayout(uint64_t bytes) {
+  // 64 MiB tensors plus a tail: big tensors like a real model's matrices.
+  std::vector<TensorSpec> specs;
+  uint64_t left = bytes, i = 0;
+  while (left > 0) {
+    uint64_t n = std::min<uint64_t>(left, 64ull << 20);
+    specs.push_back({"t" + std::to_string(i++), DType::kU8, {n}});
+    left -= n;
+  }
+  return specs;
 }
+
+double Seconds(std::chrono::steady_clock::time_point a,
+               std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Moves `bytes` from src to dst over `streams` loopback TCP connections, each
+// carrying an equal slice, with plain blocking send/recv of 4 MiB calls.
+Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes, int streams) {
+  using transport::Fd;
+  TH_ASSIGN_OR_RETURN(Fd listener, transport::ListenTcp("127.0.0.1:0", 64));
+  TH_ASSIGN_OR_RETURN(std::string addr, transport::LocalAddress(listener.get()));
+  std::vector<Fd> senders, receivers;
+  for (int i = 0; i < streams; ++i) {
+    TH_ASSIGN_OR_RETURN(Fd c, transport::ConnectTcp(addr, Deadline::AfterMs(5000)));
+    int s = ::accept(listener.get(), nullptr, nullptr);
+    if (s < 0) return Internal("accept failed");
+    // Blocking sockets, like a textbook socket pair.
+    int fl = fcntl(c.get(), F_GETFL);
+    fcntl(c.get(), F_SETFL, fl & ~O_NONBLOCK);
+    senders.push_back(std::move(c));
+    receivers.emplace_back(s);
+  }
+  uint64_t slice = (bytes + streams - 1) / streams;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  std::atomic<bool> failed{false};
+  for (int i = 0; i < streams; ++i) {
+    uint64_t begin = std::min<uint64_t>(bytes, i * slice);
+    uint64_t end = std::min<uint64_t>(bytes, begin + slice);
+    threads.emplace_back([&, i, begin, end] {
+      for (uint64_t off = begin; off < end;) {
+        ssize_t n = ::send(senders[i].get(), src + off, std::min<uint64_t>(4 << 20, end - off), MSG_NOSIGNAL);
+        if (n <= 0) { failed = true; return; }
+        off += n;
+      }
+    });
+    threads.emplace_back([&, i, begin, end] {
+      for (uint64_t off = begin; off < end;) {
+        ssize_t n = ::recv(receivers[i].get(), dst + off, std::min<uint64_t>(4 << 20, end - off), 0);
+        if (n <= 0) { failed = true; return; }
+        off += n;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto t1 = std::chrono::steady_clock::now();
+  if (failed) return Internal("raw TCP transfer failed");
+  if (std::memcmp(src, dst, bytes) != 0) return Internal("raw TCP bytes differ");
+  return bytes / Seconds(t0, t1) / 1e9;
+}
+
+double Memcpy(const uint8_t* src, uint8_t* dst, uint64_t bytes) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::memcpy(dst, src, bytes);
+  auto t1 = std::chrono::steady_clock::now();
+  return bytes / Seconds(t0, t1) / 1e9;
+}
+
+}  // namespace
+
+// The holder side of `bench pair`, as its own process.
+int CmdBenchHolder(int argc, char** argv) {
+  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes"}, {});
+  if (!args.ok()) return Fail(args.status());
+  auto bytes = args->GetU64("bytes", 0);
+  auto chunk = args->GetU64("chunk-bytes", 4 << 20);
+  if (!bytes.ok() || !chunk.ok()) return Fail(InvalidArgument("bad holder flags"));
+  SyntheticModel model(FlatLayout(*bytes));
+  model.Fill(1);
+  ClientOptions o;
+  o.hub_address = args->Get("hub");
+  o.name = "bench-holder";
+  auto client = Client::Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  PublishOptions po;
+  po.chunk_bytes = *chunk;
+  Status s = (*client)->Publish(kModel, Version(1), model.tensors(), po);
+  if (!s.ok()) return Fail(s);
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "ready %016" PRIx64, model.Digest());
+  std::printf("%s\n", buf);
+  std::fflush(stdout);
+  std::string line;
+  std::getline(std::cin, line);  // any line, or EOF, ends the holder
+  return 0;
+}
+
+int CmdBench(int argc, char** argv) {
+  if (argc < 3) {
+    return Fail(InvalidArgument("usage: tensorhub bench pair [--bytes 1GiB]"));
+  }
+  std::string what = argv[2];
+  if (what == "_holder") return CmdBenchHolder(argc - 1, argv + 1);
+  if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
+  auto args = ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {});
+  if (!args.ok()) return Fail(args.status());
+  auto bytes = ParseBytes(args->Get("bytes", "1GiB"));
+  auto chunk = ParseBytes(args->Get("chunk-bytes", "4MiB"));
+  auto repeat = args->GetU64("repeat", 3);
+  auto conns = args->GetU64("connections", 4);
+  for (const Status& s : {bytes.status(), chunk.status(), repeat.status(), conns.status()}) {
+    if (!s.ok()) return Fail(s);
+  }
+  if (*bytes < 4096 || *bytes > (64ull << 30)) return Fail(InvalidArgument("--bytes must be in [4KiB, 64GiB]"));
+  if (*repeat < 1 || *repeat > 100) return Fail(InvalidArgument("--repeat must be in [1, 100]"));
+  if (*conns < 1 || *conns > 64) return Fail(InvalidArgument("--connections must be in [1, 64]"));
+  SetLogLevel(LogLevel::kWarn);
+
+  hub::HubServerOptions ho;
+  ho.listen_address = "127.0.0.1:0";
+  auto hub = hub::HubServer::Start(ho);
+  if (!hub.ok()) return Fail(hub.status());
+  auto holder = Subprocess::Spawn({"bench", "_holder", "--hub", (*hub)->address(),
+                                   "--bytes", std::to_string(*bytes),
+                                   "--chunk-bytes", std::to_string(*chunk)},
+                                  {"TENSORHUB_LOG=warn"});
+  if (!holder.ok()) return Fail(holder.status());
+  auto ready = holder->ReadLine(Deadline::AfterMs(120000));
+  if (!ready.ok()) return Fail(ready.status().WithContext("holder"));
+  if (ready->rfind("ready ", 0) != 0) return Fail(Internal("holder: " + *ready));
+  std::string digest = ready->substr(6);
+
+  SyntheticModel dest(FlatLayout(*bytes));
+  ClientOptions o;
+  o.hub_address = (*hub)->address();
+  o.name = "bench-reader";
+  auto reader = Client::Connect(o);
+  if (!reader.ok()) return Fail(reader.status());
+  SyntheticModel src(FlatLayout(*bytes));
+  src.Fill(2);
+  auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
+  auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
+
+  std::printf("bench pair: %s, chunks of %s, %llu repeats (best of each)\n",
+              FormatBytes(*bytes).c_str(), FormatBytes(*chunk).c_str(),
+              static_cast<unsigned long long>(*repeat));
+  double th = 0, raw1 = 0, rawn = 0, mc = 0;
+  for (uint64_t r = 0; r < *repeat; ++r) {
+    FetchOptions fo;
+    fo.serve = false;
+    fo.connections = static_cast<int>(*conns);
+    auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
+    if (!st.ok()) return Fail(st.status());
+    char d[20];
+    std::snprintf(d, sizeof(d), "%016" PRIx64, dest.Digest());
+    if (digest != d) return Fail(DataLoss("fetched bytes differ from the holder's"));
+    double gbps = st->bytes / st->seconds / 1e9;
+    th = std::max(th, gbps);
+    auto a = RawTcp(src_base, dst_base, src.total_bytes(), 1);
+    if (!a.ok()) return Fail(a.status());
+    raw1 = std::max(raw1, *a);
+    auto b = RawTcp(src_base, dst_base, src.total_bytes(), static_cast<int>(*conns));
+    if (!b.ok()) return Fail(b.status());
+    rawn = std::max(rawn, *b);
+    mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
+    std::printf("  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu %.2f GB/s, memcpy %.2f GB/s\n",
+                static_cast<unsigned long long>(r + 1), gbps, *a,
+                static_cast<unsigned long long>(*conns), *b, mc);
+  }
+  (void)holder->Send("quit");
+  holder->Stop(5000);
+  std::printf("\n%-44s %8s %10s\n", "", "GB/s", "tensorhub/x");
+  std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th, "");
+  std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream", raw1, th / raw1);
+  char label[64];
+  std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams", static_cast<unsigned long long>(*conns));
+  std::printf("%-44s %8.2f %10.2f\n", label, rawn, th / rawn);
+  std::printf("%-44s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
+  std::printf("\nratio vs raw socket pair: %.2f (target >= 0.90)\n", th / raw1);
+  return 0;
+}
+
+}  // namespace tensorhub::cli

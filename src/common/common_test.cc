@@ -142,7 +142,7 @@ TEST(DTypeTest, ParseRejectsUnknownSpellings) {
   for (const char* bad : {"", "f32", "FP32", "BF16 ", "F8E4M3", "I128"}) {
     Result<DType> r = ParseDType(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
   }
   EXPECT_EQ(DTypeBytes(static_cast<DType>(200)), 0u);
   EXPECT_EQ(DTypeName(static_cast<DType>(200)), "?");

@@ -134,6 +134,15 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
                            std::to_string(a.group_size) + " and " +
                            std::to_string(a.chunk_bytes));
   }
+  // The hub keeps one reference per worker and version: a second rank from
+  // the same worker would replace the first and leave its part unheld.
+  auto own = v.refs.find(a.worker);
+  if (own != v.refs.end() && own->second.rank.has_value() &&
+      *own->second.rank != a.rank) {
+    return InvalidArgument("worker " + a.worker.value() + " already publishes "
+                           "rank " + std::to_string(*own->second.rank) +
+                           " of " + vname + "; one rank per worker");
+  }
   if (v.manifest.has_value()) {
     // Committed already (a rank re-reporting after a hub restart, or a
     // repeated call): the part must be the one committed.
@@ -231,18 +240,19 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
   }
   if (v.state == VersionState::kPending) {
     // Trainer ranks re-reported before any full holder did: the full copy
-    // proves the version had committed. Its parts must agree.
+    // proves the version had committed. Its parts must agree. The group
+    // size is checked first: it bounds the index into manifest.parts().
+    if (v.group_size != manifest.group_size() ||
+        v.chunk_bytes != manifest.chunk_bytes()) {
+      return InvalidArgument("manifest of " + vname +
+                             " differs from the published one");
+    }
     for (uint32_t r = 0; r < v.parts.size(); ++r) {
       if (v.parts[r].has_value() && !(*v.parts[r] == manifest.parts()[r])) {
         return InvalidArgument("manifest of " + vname +
                                " differs from the published part " +
                                std::to_string(r));
       }
-    }
-    if (v.group_size != manifest.group_size() ||
-        v.chunk_bytes != manifest.chunk_bytes()) {
-      return InvalidArgument("manifest of " + vname +
-                             " differs from the published one");
     }
     v.parts.clear();
     v.manifest = manifest;

@@ -298,7 +298,9 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         ASSERT_LE(h->message_len, kMaxMessageBytes);
         ASSERT_LE(h->payload_len, kMaxReadBytes);
         ASSERT_NE(StatusCodeName(h->status), "UNKNOWN");
-        if (h->status != StatusCode::kOk) ASSERT_EQ(h->payload_len, 0u);
+        if (h->status != StatusCode::kOk) {
+          ASSERT_EQ(h->payload_len, 0u);
+        }
       }
     }
   }

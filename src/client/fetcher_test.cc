@@ -1,0 +1,451 @@
+// Tests of RunFetch against real TCP servers on loopback, each backed by a
+// Registry holding the same version, with holders that fail on purpose.
+#include "client/fetcher.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "client/registry.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace tensorhub::client {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using Bytes = std::vector<uint8_t>;
+
+// A version of random bytes: group_size parts of several tensors each.
+struct TestVersion {
+  std::vector<std::vector<Bytes>> data;  // [part][tensor]
+  Manifest manifest;
+};
+
+TestVersion MakeVersion(uint32_t seed, uint32_t group_size,
+                        uint64_t chunk_bytes, int tensors_per_part) {
+  std::mt19937_64 rng(seed);
+  TestVersion v;
+  std::vector<PartLayout> parts;
+  v.data.resize(group_size);
+  for (uint32_t r = 0; r < group_size; ++r) {
+    std::vector<TensorRef> refs;
+    v.data[r].resize(tensors_per_part);
+    for (int i = 0; i < tensors_per_part; ++i) {
+      // Mostly sub-chunk tensors, some spanning several chunks.
+      uint64_t n = 1 + rng() % (i % 4 == 0 ? 3 * chunk_bytes : chunk_bytes / 2);
+      Bytes& b = v.data[r][i];
+      b.resize(n);
+      for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
+      TensorRef t;
+      t.spec.name = "p" + std::to_string(r) + ".t" + std::to_string(i);
+      t.spec.dtype = DType::kU8;
+      t.spec.shape = {n};
+      t.data = b.data();
+      t.bytes = n;
+      refs.push_back(t);
+    }
+    Result<PartLayout> p = BuildPartLayout(r, refs, chunk_bytes);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    parts.push_back(*p);
+  }
+  v.manifest = Manifest(group_size, chunk_bytes, std::move(parts));
+  Status s = v.manifest.Validate();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return v;
+}
+
+// Lets a test act on the n-th read a holder is asked for (before the
+// registry sees it); a non-OK status refuses that read.
+class HookedSource final : public transport::ReadSource {
+ public:
+  explicit HookedSource(Registry* registry) : registry_(registry) {}
+  Result<transport::ServeLease> BeginRead(const wire::ReadRequest& req) override {
+    int n = reads_.fetch_add(1) + 1;
+    if (hook_) {
+      Status s = hook_(n);
+      if (!s.ok()) return s;
+    }
+    return registry_->BeginRead(req);
+  }
+  std::function<Status(int)> hook_;  // set before serving
+  std::atomic<int> reads_{0};
+
+ private:
+  Registry* registry_;
+};
+
+// One holder: its own copy of the version's bytes, served by a registry
+// through a TCP server. `parts` chooses which parts it holds.
+struct Holder {
+  Holder(transport::Transport& t, const TestVersion& v,
+         std::vector<uint32_t> parts_held, const std::string& model,
+         uint64_t version)
+      : source(&registry) {
+    data = v.data;
+    Holding h;
+    h.model = model;
+    h.version = Version(version);
+    h.group_size = v.manifest.group_size();
+    h.chunk_bytes = v.manifest.chunk_bytes();
+    if (parts_held.size() == v.manifest.group_size()) {
+      h.manifest = v.manifest;
+    } else {
+      h.rank = parts_held[0];
+    }
+    for (uint32_t p : parts_held) {
+      h.parts[p] = v.manifest.parts()[p];
+      for (Bytes& b : data[p]) h.bases[p].push_back(b.data());
+      chunks.push_back({v.manifest.chunk_base(p), v.manifest.chunk_base(p + 1)});
+    }
+    Result<uint64_t> e = registry.Add(std::move(h));
+    EXPECT_TRUE(e.ok()) << e.status().ToString();
+    epoch = e.ok() ? *e : 0;
+    Result<std::unique_ptr<transport::Server>> s =
+        t.Listen("127.0.0.1:0", &source, transport::ServerOptions{});
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) server = std::move(s).value();
+  }
+  ~Holder() {
+    if (server) server->Stop();
+  }
+  FetchSource Source() const {
+    return FetchSource{server->address(), epoch, chunks};
+  }
+  // Flips one byte in every `stride` bytes of every tensor.
+  void Corrupt(uint64_t stride) {
+    for (auto& part : data) {
+      for (Bytes& b : part) {
+        for (size_t i = 0; i < b.size(); i += stride) b[i] ^= 0x40;
+      }
+    }
+  }
+
+  std::vector<std::vector<Bytes>> data;
+  Registry registry;
+  HookedSource source;
+  std::unique_ptr<transport::Server> server;
+  uint64_t epoch = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;
+};
+
+// Destination memory shaped like the version.
+struct Destination {
+  explicit Destination(const TestVersion& v) {
+    data.resize(v.data.size());
+    for (size_t p = 0; p < v.data.size(); ++p) {
+      for (const Bytes& b : v.data[p]) data[p].emplace_back(b.size(), 0);
+    }
+  }
+  FetchJob Job(const TestVersion& v, const std::string& model,
+               uint64_t version) {
+    FetchJob job;
+    job.model = model;
+    job.version = Version(version);
+    job.manifest = &v.manifest;
+    for (auto& part : data) {
+      job.dest_bases.emplace_back();
+      for (Bytes& b : part) job.dest_bases.back().push_back(b.data());
+    }
+    return job;
+  }
+  std::vector<std::vector<Bytes>> data;
+};
+
+FetcherOptions TestOptions() {
+  FetcherOptions o;
+  o.streams = 4;
+  o.read_timeout_ms = 2000;
+  o.connect_timeout_ms = 1000;
+  o.refresh_interval_ms = 20;
+  return o;
+}
+
+// An address where nobody listens.
+std::string DeadAddress(transport::Transport& t) {
+  Registry unused;
+  Result<std::unique_ptr<transport::Server>> s =
+      t.Listen("127.0.0.1:0", &unused, transport::ServerOptions{});
+  EXPECT_TRUE(s.ok());
+  std::string a = (*s)->address();
+  (*s)->Stop();
+  return a;
+}
+
+class FetcherTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<transport::Transport> tcp_ = transport::MakeTcpTransport();
+};
+
+TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
+  std::mt19937 rng(2024);
+  for (int round = 0; round < 3; ++round) {
+    uint64_t chunk = 4096 << (rng() % 5);  // 4 KiB .. 64 KiB
+    TestVersion v = MakeVersion(100 + round, 2, chunk, 24);
+    SCOPED_TRACE("round " + std::to_string(round) + " chunk " +
+                 std::to_string(chunk) + " chunks " +
+                 std::to_string(v.manifest.num_chunks()));
+    ASSERT_GE(v.manifest.num_chunks(), 12u);
+    std::vector<std::unique_ptr<Holder>> holders;
+    std::vector<FetchSource> sources;
+    for (int i = 0; i < 3; ++i) {
+      holders.push_back(std::make_unique<Holder>(*tcp_, v,
+                                                 std::vector<uint32_t>{0, 1},
+                                                 "m", 9));
+      sources.push_back(holders.back()->Source());
+    }
+    Destination d(v);
+    Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 9), sources, nullptr,
+                                     TestOptions(), Deadline::AfterMs(4000));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(d.data, v.data);
+    EXPECT_EQ(r->bytes, v.manifest.total_bytes());
+    EXPECT_EQ(r->chunk_retries, 0u);
+    EXPECT_GT(r->sources_used, 1u);
+    uint64_t served = 0;
+    for (auto& h : holders) served += h->server->bytes_served();
+    EXPECT_EQ(served, v.manifest.total_bytes());
+  }
+}
+
+TEST_F(FetcherTest, ProgressReachesTheTotal) {
+  TestVersion v = MakeVersion(7, 2, 4096, 40);
+  Holder h(*tcp_, v, {0, 1}, "m", 1);
+  Destination d(v);
+  std::mutex mu;
+  std::vector<FetchProgress> seen;
+  FetcherOptions o = TestOptions();
+  o.on_progress = [&](const FetchProgress& p) {
+    std::lock_guard<std::mutex> l(mu);
+    seen.push_back(p);
+  };
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
+                                   nullptr, o, Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().bytes_done, v.manifest.total_bytes());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].bytes_total, v.manifest.total_bytes());
+    if (i > 0) {
+      EXPECT_GE(seen[i].bytes_done, seen[i - 1].bytes_done);
+    }
+  }
+}
+
+TEST_F(FetcherTest, FailsOverFromAHolderRevokedBeforeTheFetch) {
+  TestVersion v = MakeVersion(8, 2, 8192, 24);
+  Holder a(*tcp_, v, {0, 1}, "m", 1);
+  Holder b(*tcp_, v, {0, 1}, "m", 1);
+  ASSERT_TRUE(a.registry.Revoke("m", Version(1)).ok());
+  Destination d(v);
+  // `a` comes first, so the first stream is sure to try it.
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
+               TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_EQ(r->sources_used, 1u);
+  EXPECT_EQ(a.server->bytes_served(), 0u);
+}
+
+TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
+  TestVersion v = MakeVersion(9, 2, 4096, 40);
+  Holder a(*tcp_, v, {0, 1}, "m", 1);
+  Holder b(*tcp_, v, {0, 1}, "m", 1);
+  a.source.hook_ = [&](int n) {
+    if (n == 6) (void)a.registry.Revoke("m", Version(1));
+    return Status::Ok();
+  };
+  Destination d(v);
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
+               TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_GE(a.source.reads_.load(), 6);
+  EXPECT_GT(a.server->bytes_served(), 0u);
+  EXPECT_LT(a.server->bytes_served(), v.manifest.total_bytes());
+}
+
+TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
+  TestVersion v = MakeVersion(10, 2, 4096, 40);
+  Holder a(*tcp_, v, {0, 1}, "m", 1);
+  Holder b(*tcp_, v, {0, 1}, "m", 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop_now = false;
+  a.source.hook_ = [&](int n) {
+    if (n == 6) {
+      std::lock_guard<std::mutex> l(mu);
+      stop_now = true;
+      cv.notify_all();
+      // Refuse this one with a code that breaks the connection, so the
+      // reader sees the server going away as well.
+      return Unavailable("shutting down");
+    }
+    return Status::Ok();
+  };
+  // The server cannot stop itself from a serving thread; a helper does.
+  std::thread stopper([&] {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, milliseconds(4000), [&] { return stop_now; });
+    a.server->Stop();
+  });
+  Destination d(v);
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
+               TestOptions(), Deadline::AfterMs(4000));
+  stopper.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(stop_now);
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_LT(a.server->bytes_served(), v.manifest.total_bytes());
+}
+
+TEST_F(FetcherTest, ChecksumFailureIsMaskedByAnotherHolder) {
+  TestVersion v = MakeVersion(11, 2, 4096, 24);
+  Holder bad(*tcp_, v, {0, 1}, "m", 1);
+  Holder good(*tcp_, v, {0, 1}, "m", 1);
+  bad.Corrupt(1000);  // every chunk has damaged bytes
+  Destination d(v);
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {bad.Source(), good.Source()}, nullptr,
+               TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_GT(bad.server->bytes_served(), 0u);  // it was really tried
+}
+
+TEST_F(FetcherTest, OnlyACorruptHolderFailsByTheDeadline) {
+  TestVersion v = MakeVersion(12, 2, 4096, 24);
+  Holder bad(*tcp_, v, {0, 1}, "m", 1);
+  bad.Corrupt(1000);
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {bad.Source()},
+                                   nullptr, TestOptions(), Deadline::AfterMs(1500));
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  StatusCode c = r.status().code();
+  EXPECT_TRUE(c == StatusCode::kDataLoss || c == StatusCode::kUnavailable ||
+              c == StatusCode::kDeadlineExceeded)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_LT(took, milliseconds(2500));
+}
+
+TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
+  TestVersion v = MakeVersion(13, 2, 8192, 24);
+  Holder h(*tcp_, v, {0, 1}, "m", 1);
+  std::atomic<int> calls{0};
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    int n = calls.fetch_add(1) + 1;
+    if (n == 1) return std::vector<FetchSource>{};
+    if (n == 2) return Unavailable("hub restarting");  // keep trying
+    return std::vector<FetchSource>{h.Source()};
+  };
+  Destination d(v);
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
+                                   TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GE(calls.load(), 3);
+  EXPECT_EQ(r->sources_used, 1u);
+}
+
+TEST_F(FetcherTest, RefresherNotFoundEndsTheFetch) {
+  TestVersion v = MakeVersion(14, 2, 8192, 8);
+  SourceRefresher refresh = []() -> Result<std::vector<FetchSource>> {
+    return NotFound("version is gone");
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
+                                   TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("version is gone"), std::string::npos);
+  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
+}
+
+TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
+  TestVersion v = MakeVersion(15, 2, 8192, 8);
+  std::vector<FetchSource> dead;
+  for (int i = 0; i < 2; ++i) {
+    dead.push_back(FetchSource{DeadAddress(*tcp_), 1,
+                               {{0, v.manifest.num_chunks()}}});
+  }
+  std::atomic<int> calls{0};
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    calls.fetch_add(1);
+    return dead;
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), dead, refresh,
+                                   TestOptions(), Deadline::AfterMs(1000));
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  StatusCode c = r.status().code();
+  EXPECT_TRUE(c == StatusCode::kDeadlineExceeded || c == StatusCode::kUnavailable)
+      << r.status().ToString();
+  EXPECT_LT(took, milliseconds(2000));
+  EXPECT_GE(calls.load(), 1);
+}
+
+TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
+  TestVersion v = MakeVersion(16, 3, 4096, 16);
+  Holder r0(*tcp_, v, {0}, "m", 2);
+  Holder r1(*tcp_, v, {1}, "m", 2);
+  Holder r2(*tcp_, v, {2}, "m", 2);
+  Destination d(v);
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 2), {r0.Source(), r1.Source(), r2.Source()},
+               nullptr, TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_EQ(r->sources_used, 3u);
+  EXPECT_EQ(r->chunk_retries, 0u);
+  for (uint32_t p = 0; p < 3; ++p) {
+    Holder* h = p == 0 ? &r0 : p == 1 ? &r1 : &r2;
+    EXPECT_EQ(h->server->bytes_served(), v.manifest.parts()[p].part_bytes);
+  }
+}
+
+// The only holder refuses one read for a passing reason; the hub still lists
+// it, so the fetch must go back to it rather than wait out the deadline.
+TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
+  TestVersion v = MakeVersion(17, 2, 8192, 24);
+  Holder h(*tcp_, v, {0, 1}, "m", 1);
+  h.source.hook_ = [](int n) {
+    return n == 3 ? ResourceExhausted("too many reads in flight") : Status::Ok();
+  };
+  std::atomic<int> calls{0};
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    calls.fetch_add(1);
+    return std::vector<FetchSource>{h.Source()};
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
+                                   refresh, TestOptions(), Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GE(r->chunk_retries, 1u);
+  EXPECT_GE(calls.load(), 1);
+  EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+}
+
+}  // namespace
+}  // namespace tensorhub::client

@@ -1,0 +1,1004 @@
+// Unit tests for the hub's pure state machine. Time is driven by hand.
+#include "hub/hub_state.h"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/manifest.h"
+
+namespace tensorhub::hub {
+namespace {
+
+constexpr int64_t kLeaseMs = 1000;
+
+Labels L(std::string dc, std::string rack, std::string host) {
+  return Labels{std::move(dc), std::move(rack), std::move(host)};
+}
+
+// A readable dump of List(), to compare whole states.
+std::string Dump(const std::vector<ModelSummary>& models) {
+  std::ostringstream o;
+  for (const ModelSummary& m : models) {
+    o << m.model << ":";
+    for (const VersionSummary& v : m.versions) {
+      o << " [v" << v.version.value() << " " << VersionStateName(v.state)
+        << " g" << v.group_size << " p" << v.parts_published << " b"
+        << v.total_bytes << " h" << v.holders << " t" << v.tensors << "]";
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+class HubStateTest : public ::testing::Test {
+ protected:
+  static HubConfig DefaultConfig() {
+    HubConfig c;
+    c.lease_ms = kLeaseMs;
+    c.incarnation = 7;
+    return c;
+  }
+
+  HubStateTest() : hub_(DefaultConfig()) {}
+
+  WorkerId Register(HubState& hub, const std::string& name,
+                    Labels labels = {}, WorkerId requested = {},
+                    int64_t now_ms = 0) {
+    WorkerRegistration reg;
+    reg.requested_id = std::move(requested);
+    reg.name = name;
+    reg.data_address = "tcp://" + name + ":9000";
+    reg.labels = std::move(labels);
+    Result<WorkerId> id = hub.RegisterWorker(reg, now_ms);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : WorkerId();
+  }
+  WorkerId Register(const std::string& name, Labels labels = {}) {
+    return Register(hub_, name, std::move(labels));
+  }
+
+  // A part of real bytes: tensors (name, bytes), checksummed by
+  // BuildPartLayout. The bytes live as long as the test.
+  PartLayout Part(uint32_t rank,
+                  const std::vector<std::pair<std::string, uint64_t>>& tensors,
+                  uint8_t seed = 0) {
+    std::vector<TensorRef> refs;
+    for (const auto& [name, bytes] : tensors) {
+      std::vector<uint8_t>& buf = buffers_.emplace_back(bytes);
+      for (uint64_t i = 0; i < bytes; ++i) {
+        buf[i] = static_cast<uint8_t>(seed * 13 + i * 7 + (i >> 9));
+      }
+      refs.push_back({TensorSpec{name, DType::kU8, {bytes}},
+                      bytes ? buf.data() : nullptr, bytes});
+    }
+    Result<PartLayout> p = BuildPartLayout(rank, refs, kMinChunkBytes);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : PartLayout{};
+  }
+
+  // Parts of a group of `n` ranks; rank r has r + 2 chunks, so chunk ids
+  // reveal which part they came from.
+  std::vector<PartLayout> Group(const std::string& prefix, uint32_t n,
+                                uint8_t seed = 0) {
+    std::vector<PartLayout> parts;
+    for (uint32_t r = 0; r < n; ++r) {
+      std::string base = prefix + ".r" + std::to_string(r);
+      parts.push_back(Part(r, {{base + ".w", kMinChunkBytes * (r + 1) + 1},
+                               {base + ".b", 10}},
+                           static_cast<uint8_t>(seed + r)));
+    }
+    return parts;
+  }
+
+  static Manifest ManifestOf(const std::vector<PartLayout>& parts) {
+    return Manifest(static_cast<uint32_t>(parts.size()), kMinChunkBytes,
+                    parts);
+  }
+
+  static PublishArgs Args(const WorkerId& w, const std::string& model,
+                          uint64_t version,
+                          const std::vector<PartLayout>& parts, uint32_t rank,
+                          bool rebuild = false) {
+    PublishArgs a;
+    a.worker = w;
+    a.model = model;
+    a.version = Version(version);
+    a.rank = rank;
+    a.group_size = static_cast<uint32_t>(parts.size());
+    a.chunk_bytes = kMinChunkBytes;
+    a.part = parts[rank];
+    a.epoch = 100 + rank;
+    a.rebuild = rebuild;
+    return a;
+  }
+
+  Result<VersionState> Pub(const WorkerId& w, const std::string& model,
+                           uint64_t version,
+                           const std::vector<PartLayout>& parts, uint32_t rank,
+                           int64_t now_ms = 0, bool rebuild = false) {
+    return hub_.Publish(Args(w, model, version, parts, rank, rebuild), now_ms);
+  }
+
+  StatusCode ResolveCode(const std::string& model, uint64_t version,
+                         const WorkerId& reader = WorkerId("nobody")) {
+    return hub_.Resolve(reader, model, Version(version), false)
+        .status()
+        .code();
+  }
+
+  static std::vector<std::string> Ids(const Resolution& r) {
+    std::vector<std::string> ids;
+    for (const HolderView& h : r.holders) ids.push_back(h.worker.value());
+    return ids;
+  }
+
+  HubState hub_;
+  std::deque<std::vector<uint8_t>> buffers_;
+};
+
+// ------------------------------------------------------------ names
+
+TEST(ValidateModelNameTest, Rules) {
+  EXPECT_TRUE(ValidateModelName("m").ok());
+  EXPECT_TRUE(ValidateModelName("org/llama-3_70b.v2~!#").ok());
+  EXPECT_TRUE(ValidateModelName(std::string(256, 'a')).ok());
+  for (const std::string& bad :
+       {std::string(), std::string(257, 'a'), std::string("a b"),
+        std::string("m@1"), std::string("tab\t"), std::string("del\x7f"),
+        std::string("nul\0x", 5), std::string("hi\xc3\xa9")}) {
+    EXPECT_EQ(ValidateModelName(bad).code(), StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
+// ------------------------------------------------------------ workers
+
+TEST_F(HubStateTest, RegisterAssignsDistinctIdsCarryingTheIncarnation) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  EXPECT_FALSE(a.empty());
+  EXPECT_FALSE(b.empty());
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.value().rfind("w7-", 0), 0u) << a.value();
+  EXPECT_EQ(hub_.num_workers(), 2u);
+
+  HubConfig other = DefaultConfig();
+  other.incarnation = 8;
+  HubState hub2(other);
+  WorkerId c = Register(hub2, "a");
+  EXPECT_NE(c, a) << "ids from two hub lives must differ";
+}
+
+TEST_F(HubStateTest, RegisterWithRequestedIdUsesIt) {
+  WorkerId a = Register(hub_, "a", {}, WorkerId("w3-17"));
+  EXPECT_EQ(a, WorkerId("w3-17"));
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  // Again with the same id: the same worker, not a second one.
+  EXPECT_EQ(Register(hub_, "a", {}, WorkerId("w3-17")), a);
+  EXPECT_EQ(hub_.num_workers(), 1u);
+}
+
+TEST_F(HubStateTest, RegisterRejectsBadRegistrations) {
+  WorkerRegistration reg;
+  reg.name = "x";
+  reg.data_address = "";
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  reg.data_address = std::string(257, 'a');
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  reg.data_address = "tcp://x:1";
+  reg.name = std::string(257, 'n');
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  reg.name = "x";
+  reg.requested_id = WorkerId(std::string(129, 'i'));
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(hub_.num_workers(), 0u);
+}
+
+TEST_F(HubStateTest, RegisterBoundedByMaxWorkers) {
+  HubConfig c = DefaultConfig();
+  c.max_workers = 2;
+  HubState hub(c);
+  WorkerId a = Register(hub, "a");
+  Register(hub, "b");
+  WorkerRegistration reg;
+  reg.name = "c";
+  reg.data_address = "tcp://c:1";
+  EXPECT_EQ(hub.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kResourceExhausted);
+  // A known worker may always register again.
+  EXPECT_EQ(Register(hub, "a", {}, a), a);
+  EXPECT_EQ(hub.num_workers(), 2u);
+}
+
+TEST_F(HubStateTest, HeartbeatOfUnknownWorkerIsNotFound) {
+  EXPECT_EQ(hub_.Heartbeat(WorkerId("w7-99"), 0).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(HubStateTest, HeartbeatExtendsTheLease) {
+  WorkerId a = Register(hub_, "a", {}, {}, /*now_ms=*/0);
+  WorkerId b = Register(hub_, "b", {}, {}, /*now_ms=*/0);
+  ASSERT_TRUE(hub_.Heartbeat(a, 900).ok());
+  hub_.ExpireLeases(999);
+  EXPECT_EQ(hub_.num_workers(), 2u);
+  hub_.ExpireLeases(1000);  // b's lease ends exactly now
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  EXPECT_EQ(hub_.Heartbeat(b, 1000).code(), StatusCode::kNotFound);
+  EXPECT_TRUE(hub_.Heartbeat(a, 1000).ok());
+  hub_.ExpireLeases(1999);
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  hub_.ExpireLeases(2000);
+  EXPECT_EQ(hub_.num_workers(), 0u);
+}
+
+TEST_F(HubStateTest, ReRegisterWithSameAddressKeepsReferences) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 1);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  EXPECT_EQ(Register(hub_, "t", {}, t), t);
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(Ids(*r), std::vector<std::string>{t.value()});
+}
+
+TEST_F(HubStateTest, ReRegisterWithNewAddressDropsOldReferences) {
+  WorkerId t = Register("t");
+  WorkerId u = Register("u");
+  auto g1 = Group("m", 1);
+  auto g2 = Group("m", 2, 5);
+  ASSERT_EQ(*Pub(t, "m", 1, g1, 0), VersionState::kCommitted);
+  ASSERT_EQ(*Pub(t, "m", 2, g2, 0), VersionState::kPending);
+  ASSERT_EQ(*Pub(u, "m", 2, g2, 1), VersionState::kCommitted);
+  ASSERT_EQ(*Pub(t, "m", 3, g2, 0), VersionState::kPending);
+
+  WorkerRegistration reg;
+  reg.requested_id = t;
+  reg.name = "t";
+  reg.data_address = "tcp://t-restarted:9000";
+  ASSERT_TRUE(hub_.RegisterWorker(reg, 0).ok());
+
+  // v1: its only holder's references are gone.
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+  // v2: part 0's only holder is gone, u still holds part 1.
+  EXPECT_EQ(ResolveCode("m", 2), StatusCode::kUnavailable);
+  // v3 was pending: a rank left, so it aborted.
+  EXPECT_EQ(ResolveCode("m", 3), StatusCode::kAborted);
+  EXPECT_EQ(hub_.Unpublish(t, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+  // The new address is what readers see.
+  ASSERT_EQ(*Pub(t, "m", 4, g1, 0), VersionState::kCommitted);
+  Result<Resolution> r = hub_.Resolve(u, "m", Version(4), false);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->holders.size(), 1u);
+  EXPECT_EQ(r->holders[0].data_address, "tcp://t-restarted:9000");
+}
+
+// ------------------------------------------------------------ publish
+
+TEST_F(HubStateTest, SingleRankPublishCommits) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 1);
+  Result<VersionState> s = Pub(t, "m", 1, g, 0);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(*s, VersionState::kCommitted);
+
+  WorkerId reader = Register("reader");
+  Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->version, Version(1));
+  EXPECT_EQ(r->state, VersionState::kCommitted);
+  ASSERT_TRUE(r->manifest.has_value());
+  EXPECT_TRUE(*r->manifest == ManifestOf(g));
+  EXPECT_EQ(r->manifest->num_chunks(), 2u);
+  ASSERT_EQ(r->holders.size(), 1u);
+  EXPECT_EQ(r->holders[0].worker, t);
+  EXPECT_EQ(r->holders[0].data_address, "tcp://t:9000");
+  EXPECT_EQ(r->holders[0].epoch, 100u);
+  EXPECT_EQ(r->holders[0].chunks, (std::vector<ChunkRange>{{0, 2}}));
+
+  // Latest resolves to it.
+  Result<Resolution> latest = hub_.Resolve(reader, "m", Version::Latest(),
+                                           false);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->version, Version(1));
+}
+
+TEST_F(HubStateTest, GroupIsPendingUntilEveryRankPublished) {
+  WorkerId w[3] = {Register("r0"), Register("r1"), Register("r2")};
+  auto g = Group("m", 3);
+  // Ranks arrive out of order; chunk ids still number part 0 first.
+  ASSERT_EQ(*Pub(w[2], "m", 1, g, 2), VersionState::kPending);
+  ASSERT_EQ(*Pub(w[0], "m", 1, g, 0), VersionState::kPending);
+
+  Status pending = hub_.Resolve(w[0], "m", Version(1), false).status();
+  EXPECT_EQ(pending.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(pending.message().find("2 of 3"), std::string::npos)
+      << pending.message();
+  EXPECT_EQ(hub_.Resolve(w[0], "m", Version::Latest(), false).status().code(),
+            StatusCode::kNotFound);
+
+  Result<Resolution> peek =
+      hub_.Resolve(WorkerId("x"), "m", Version(1), /*include_uncommitted=*/true);
+  ASSERT_TRUE(peek.ok());
+  EXPECT_EQ(peek->state, VersionState::kPending);
+  EXPECT_FALSE(peek->manifest.has_value());
+  ASSERT_EQ(peek->holders.size(), 2u);
+  for (const HolderView& h : peek->holders) EXPECT_TRUE(h.chunks.empty());
+
+  std::vector<ModelSummary> ls = hub_.List();
+  ASSERT_EQ(ls.size(), 1u);
+  ASSERT_EQ(ls[0].versions.size(), 1u);
+  EXPECT_EQ(ls[0].versions[0].state, VersionState::kPending);
+  EXPECT_EQ(ls[0].versions[0].parts_published, 2u);
+  EXPECT_EQ(ls[0].versions[0].group_size, 3u);
+  EXPECT_EQ(ls[0].versions[0].tensors, 4u);
+  EXPECT_EQ(ls[0].versions[0].total_bytes,
+            g[0].part_bytes + g[2].part_bytes);
+
+  ASSERT_EQ(*Pub(w[1], "m", 1, g, 1), VersionState::kCommitted);
+  Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->manifest.has_value());
+  const Manifest& m = *r->manifest;
+  EXPECT_TRUE(m == ManifestOf(g));
+  ASSERT_EQ(m.parts().size(), 3u);
+  for (uint32_t p = 0; p < 3; ++p) EXPECT_EQ(m.parts()[p].rank, p);
+  // Rank r has r + 2 chunks: bases 0, 2, 5, total 9.
+  EXPECT_EQ(m.chunk_base(0), 0u);
+  EXPECT_EQ(m.chunk_base(1), 2u);
+  EXPECT_EQ(m.chunk_base(2), 5u);
+  EXPECT_EQ(m.num_chunks(), 9u);
+  EXPECT_EQ(m.Chunk(0).part, 0u);
+  EXPECT_EQ(m.Chunk(2).part, 1u);
+  EXPECT_EQ(m.Chunk(8).part, 2u);
+  EXPECT_EQ(m.Chunk(0).xxh3, g[0].chunk_xxh3[0]);
+  // Each rank holds exactly its part's chunk range.
+  ASSERT_EQ(r->holders.size(), 3u);
+  for (const HolderView& h : r->holders) {
+    uint32_t rank = h.worker == w[0] ? 0 : h.worker == w[1] ? 1 : 2;
+    EXPECT_EQ(h.epoch, 100u + rank);
+    EXPECT_EQ(h.chunks, (std::vector<ChunkRange>{
+                            {m.chunk_base(rank), m.chunk_base(rank + 1)}}))
+        << rank;
+  }
+  ls = hub_.List();
+  EXPECT_EQ(ls[0].versions[0].state, VersionState::kCommitted);
+  EXPECT_EQ(ls[0].versions[0].parts_published, 3u);
+  EXPECT_EQ(ls[0].versions[0].holders, 3u);
+  EXPECT_EQ(ls[0].versions[0].tensors, 6u);
+  EXPECT_EQ(ls[0].versions[0].total_bytes, m.total_bytes());
+}
+
+TEST_F(HubStateTest, PublishOfUnknownWorkerIsNotFound) {
+  auto g = Group("m", 1);
+  EXPECT_EQ(Pub(WorkerId("w7-42"), "m", 1, g, 0).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_TRUE(hub_.List().empty());
+}
+
+TEST_F(HubStateTest, PublishValidatesArguments) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 2);
+  auto code = [&](PublishArgs a) {
+    return hub_.Publish(a, 0).status().code();
+  };
+  PublishArgs a = Args(t, "m", 1, g, 1);
+  a.group_size = 0;
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "group 0";
+  a.group_size = kMaxGroupSize + 1;
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "group too large";
+  a = Args(t, "m", 1, g, 1);
+  a.rank = 2;
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "rank >= group";
+  a = Args(t, "m", 1, g, 1);
+  a.part.rank = 0;
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "part claims rank 0";
+  a = Args(t, "m", 1, g, 1);
+  a.chunk_bytes = 2 * kMinChunkBytes;
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "chunk count mismatch";
+  a = Args(t, "m", 1, g, 1);
+  a.part.chunk_xxh3.pop_back();
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "bad part";
+  a = Args(t, "m", 0, g, 1);
+  EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "version 0";
+  EXPECT_TRUE(hub_.List().empty()) << Dump(hub_.List());
+
+  // Against an existing version: group size and chunk size must agree.
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  WorkerId u = Register("u");
+  auto g3 = Group("m", 3);
+  EXPECT_EQ(code(Args(u, "m", 1, g3, 1)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dump(hub_.List()), before);
+}
+
+TEST_F(HubStateTest, BadModelNamesRejected) {
+  WorkerId t = Register("t");
+  auto g = Group("x", 1);
+  for (const std::string& bad :
+       {std::string(), std::string(257, 'm'), std::string("has space"),
+        std::string("m@2")}) {
+    EXPECT_EQ(Pub(t, bad, 1, g, 0).status().code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_EQ(hub_.Resolve(t, bad, Version(1), true).status().code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+    EXPECT_EQ(hub_
+                  .AddHolder(t, bad, Version(1), 1, ManifestOf(g), 0)
+                  .code(),
+              StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_TRUE(hub_.List().empty());
+  EXPECT_TRUE(Pub(t, std::string(256, 'm'), 1, g, 0).ok());
+}
+
+TEST_F(HubStateTest, SameRankByAnotherWorkerIsAlreadyExists) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  auto g = Group("m", 2);
+  auto other = Group("m", 2, 50);  // same names and sizes, other bytes
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  EXPECT_EQ(Pub(b, "m", 1, g, 0).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(Pub(b, "m", 1, other, 0).status().code(),
+            StatusCode::kAlreadyExists);
+  // The same worker with other contents is rejected too.
+  EXPECT_EQ(Pub(a, "m", 1, other, 0).status().code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  EXPECT_EQ(hub_.Unpublish(b, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+
+  // After commit, too.
+  WorkerId c = Register("c");
+  ASSERT_EQ(*Pub(c, "m", 1, g, 1), VersionState::kCommitted);
+  EXPECT_EQ(Pub(b, "m", 1, g, 1).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(Pub(b, "m", 1, other, 1).status().code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 2u);
+}
+
+TEST_F(HubStateTest, RepublishingTheSamePartIsIdempotent) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  auto g = Group("m", 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  const std::string committed = Dump(hub_.List());
+  EXPECT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kCommitted);
+  EXPECT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  EXPECT_EQ(Dump(hub_.List()), committed);
+}
+
+TEST_F(HubStateTest, OneWorkerCannotHoldTwoRanksOfAGroup) {
+  // The hub keeps one reference per worker and version; a second rank from
+  // the same worker would silently replace the first, and the committed
+  // version would lose the holder of part 0.
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  auto g = Group("m", 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  // After commit too: with rank 1's holder gone, a may not take it over.
+  ASSERT_TRUE(hub_.Unpublish(b, "m", Version(1), 0).ok());
+  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(),
+            StatusCode::kInvalidArgument);
+  Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), true);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->holders.size(), 1u);
+  EXPECT_EQ(r->holders[0].chunks,
+            (std::vector<ChunkRange>{{0, r->manifest->chunk_base(1)}}));
+}
+
+TEST_F(HubStateTest, TensorNamePublishedByTwoRanksRejected) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  std::vector<PartLayout> g = {Part(0, {{"shared", 100}, {"a.only", 10}}),
+                               Part(1, {{"b.only", 10}, {"shared", 100}})};
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  Result<VersionState> s = Pub(b, "m", 1, g, 1);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("shared"), std::string::npos);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  // The rank is still free for a correct part.
+  std::vector<PartLayout> fixed = {g[0], Part(1, {{"b.only", 10}})};
+  EXPECT_EQ(*Pub(b, "m", 1, fixed, 1), VersionState::kCommitted);
+}
+
+TEST_F(HubStateTest, VersionNotGreaterThanLastIsRejectedAndChangesNothing) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  auto g = Group("m", 1);
+  ASSERT_EQ(*Pub(a, "m", 5, g, 0), VersionState::kCommitted);
+  ASSERT_EQ(*Pub(a, "n", 1, g, 0), VersionState::kCommitted);
+  const std::string before = Dump(hub_.List());
+  for (uint64_t v : {1ull, 4ull}) {
+    Result<VersionState> s = Pub(b, "m", v, g, 0);
+    EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << v;
+    EXPECT_EQ(Dump(hub_.List()), before) << v;
+  }
+  EXPECT_EQ(Pub(b, "m", 0, g, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  // Each model counts its own versions.
+  EXPECT_EQ(*Pub(b, "n", 2, g, 0), VersionState::kCommitted);
+  EXPECT_EQ(*Pub(b, "m", 6, g, 0), VersionState::kCommitted);
+}
+
+TEST_F(HubStateTest, VersionNumbersAreNotReusedAfterAbortOrPrune) {
+  HubConfig c = DefaultConfig();
+  c.max_dead_versions_per_model = 0;
+  HubState hub(c);
+  WorkerId a = Register(hub, "a");
+  auto g2 = Group("m", 2);
+  ASSERT_EQ(*hub.Publish(Args(a, "m", 3, g2, 0), 0), VersionState::kPending);
+  ASSERT_TRUE(hub.Unpublish(a, "m", Version(3), 0).ok());
+  // Pruned right away (no dead versions kept) ...
+  ASSERT_EQ(hub.List().size(), 1u);
+  EXPECT_TRUE(hub.List()[0].versions.empty()) << Dump(hub.List());
+  // ... but its number stays used.
+  auto g1 = Group("m", 1);
+  EXPECT_EQ(hub.Publish(Args(a, "m", 3, g1, 0), 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(hub.Publish(Args(a, "m", 2, g1, 0), 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(hub.Publish(Args(a, "m", 4, g1, 0), 0).ok());
+}
+
+// ------------------------------------------------------------ abort
+
+TEST_F(HubStateTest, RankUnpublishingWhilePendingAborts) {
+  WorkerId w[3] = {Register("r0"), Register("r1"), Register("r2")};
+  auto g = Group("m", 3);
+  ASSERT_EQ(*Pub(w[0], "m", 1, g, 0), VersionState::kPending);
+  ASSERT_EQ(*Pub(w[1], "m", 1, g, 1), VersionState::kPending);
+  ASSERT_TRUE(hub_.Unpublish(w[1], "m", Version(1), 0).ok());
+
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kAborted);
+  Result<Resolution> peek = hub_.Resolve(WorkerId("x"), "m", Version(1), true);
+  ASSERT_TRUE(peek.ok());
+  EXPECT_EQ(peek->state, VersionState::kAborted);
+  EXPECT_TRUE(peek->holders.empty());
+  EXPECT_EQ(Pub(w[2], "m", 1, g, 2).status().code(), StatusCode::kAborted);
+  EXPECT_EQ(Pub(w[1], "m", 1, g, 1).status().code(), StatusCode::kAborted);
+  // The other ranks' references went with it.
+  EXPECT_EQ(hub_.Unpublish(w[0], "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(hub_.AddHolder(w[2], "m", Version(1), 1, ManifestOf(g), 0).code(),
+            StatusCode::kAborted);
+  std::vector<ModelSummary> ls = hub_.List();
+  ASSERT_EQ(ls[0].versions.size(), 1u);
+  EXPECT_EQ(ls[0].versions[0].state, VersionState::kAborted);
+  EXPECT_EQ(ls[0].versions[0].holders, 0u);
+  // The group moves on to a new version.
+  EXPECT_EQ(Pub(w[0], "m", 1, g, 0).status().code(), StatusCode::kAborted);
+  ASSERT_EQ(*Pub(w[0], "m", 2, g, 0), VersionState::kPending);
+}
+
+TEST_F(HubStateTest, RankLeaseExpiringWhilePendingAborts) {
+  WorkerId a = Register(hub_, "a", {}, {}, 0);
+  WorkerId b = Register(hub_, "b", {}, {}, 0);
+  WorkerId c = Register(hub_, "c", {}, {}, 0);
+  auto g = Group("m", 3);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0, /*now_ms=*/500), VersionState::kPending);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1, /*now_ms=*/100), VersionState::kPending);
+  ASSERT_TRUE(hub_.Heartbeat(c, 600).ok());
+  hub_.ExpireLeases(1100);  // b's lease (100 + 1000) ended; a and c live
+  EXPECT_EQ(hub_.num_workers(), 2u);
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kAborted);
+  EXPECT_EQ(Pub(c, "m", 1, g, 2, 1200).status().code(), StatusCode::kAborted);
+  EXPECT_EQ(hub_.Unpublish(a, "m", Version(1), 1200).code(),
+            StatusCode::kNotFound);
+}
+
+// ------------------------------------------------------------ availability
+
+TEST_F(HubStateTest, OnlyHolderExpiringMakesVersionUnavailable) {
+  WorkerId a = Register(hub_, "a", {}, {}, 0);
+  WorkerId b = Register(hub_, "b", {}, {}, 0);
+  auto g1 = Group("m", 1, 1);
+  auto g2 = Group("m", 1, 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g1, 0, 0), VersionState::kCommitted);
+  ASSERT_EQ(*Pub(b, "m", 2, g2, 0, 0), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.Heartbeat(a, 900).ok());
+  hub_.ExpireLeases(1000);  // b gone
+
+  EXPECT_EQ(ResolveCode("m", 2), StatusCode::kUnavailable);
+  Result<Resolution> latest =
+      hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->version, Version(1));
+  // Not dropped: ls still shows it, and include_uncommitted returns it with
+  // its manifest.
+  std::vector<ModelSummary> ls = hub_.List();
+  ASSERT_EQ(ls[0].versions.size(), 2u);
+  EXPECT_EQ(ls[0].versions[1].state, VersionState::kUnavailable);
+  EXPECT_EQ(ls[0].versions[1].holders, 0u);
+  Result<Resolution> peek = hub_.Resolve(WorkerId("x"), "m", Version(2), true);
+  ASSERT_TRUE(peek.ok());
+  EXPECT_EQ(peek->state, VersionState::kUnavailable);
+  ASSERT_TRUE(peek->manifest.has_value());
+  EXPECT_TRUE(*peek->manifest == ManifestOf(g2));
+
+  // A full copy reported later makes it readable again.
+  ASSERT_TRUE(hub_.AddHolder(a, "m", Version(2), 9, ManifestOf(g2), 950).ok());
+  EXPECT_EQ(ResolveCode("m", 2), StatusCode::kOk);
+  EXPECT_EQ(hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false)
+                ->version,
+            Version(2));
+  // And when nothing is left, latest is NOT_FOUND.
+  hub_.ExpireLeases(5000);
+  EXPECT_EQ(hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(HubStateTest, AddHolderKeepsVersionCommittedAfterTrainerLeaves) {
+  WorkerId t = Register("t");
+  WorkerId f = Register("f");
+  auto g = Group("m", 1);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 77, ManifestOf(g), 0).ok());
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 2u);
+  ASSERT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
+  Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->holders.size(), 1u);
+  EXPECT_EQ(r->holders[0].worker, f);
+  EXPECT_EQ(r->holders[0].epoch, 77u);
+  EXPECT_EQ(r->holders[0].chunks,
+            (std::vector<ChunkRange>{{0, ManifestOf(g).num_chunks()}}));
+  // Adding the same holder again is harmless.
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 78, ManifestOf(g), 0).ok());
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 1u);
+}
+
+TEST_F(HubStateTest, TrainerRankThatFetchedEverythingBecomesFullHolder) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  auto g = Group("m", 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.AddHolder(a, "m", Version(1), 5, ManifestOf(g), 0).ok());
+  // b leaves; a covers part 1 too now.
+  ASSERT_TRUE(hub_.Unpublish(b, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+}
+
+TEST_F(HubStateTest, AddHolderRejections) {
+  WorkerId t = Register("t");
+  WorkerId f = Register("f");
+  auto g = Group("m", 2);
+  auto other = Group("m", 2, 9);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kPending);
+  WorkerId t1 = Register("t1");
+  ASSERT_EQ(*Pub(t1, "m", 1, g, 1), VersionState::kCommitted);
+  const std::string before = Dump(hub_.List());
+
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(other), 0).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1,
+                           Manifest(2, 2 * kMinChunkBytes, g), 0)
+                .code(),
+            StatusCode::kInvalidArgument)
+      << "invalid manifest";
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(0), 1, ManifestOf(g), 0).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(hub_.AddHolder(WorkerId("w7-99"), "m", Version(1), 1,
+                           ManifestOf(g), 0)
+                .code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  EXPECT_EQ(hub_.Unpublish(f, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(HubStateTest, CommittedOnlyWhileEveryChunkHasAHolder) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  WorkerId f = Register("f");
+  auto g = Group("m", 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(g), 0).ok());
+
+  // The holder of part 1 leaves: f still covers everything.
+  ASSERT_TRUE(hub_.Unpublish(b, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  // f leaves too: part 1's chunks have no holder.
+  ASSERT_TRUE(hub_.Unpublish(f, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+  Result<Resolution> peek = hub_.Resolve(WorkerId("x"), "m", Version(1), true);
+  ASSERT_TRUE(peek.ok());
+  ASSERT_EQ(peek->holders.size(), 1u);
+  EXPECT_EQ(peek->holders[0].chunks,
+            (std::vector<ChunkRange>{{0, peek->manifest->chunk_base(1)}}));
+  // A worker that holds part 1 publishes it again: covered again.
+  WorkerId b2 = Register("b2");
+  EXPECT_EQ(*Pub(b2, "m", 1, g, 1), VersionState::kCommitted);
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  // Part 0's holder leaves: part 0 uncovered.
+  ASSERT_TRUE(hub_.Unpublish(a, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+}
+
+// ------------------------------------------------------------ resolve
+
+TEST_F(HubStateTest, ResolveErrors) {
+  WorkerId t = Register("t");
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kNotFound);
+  EXPECT_EQ(hub_.Resolve(t, "m", Version::Latest(), true).status().code(),
+            StatusCode::kNotFound);
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(t, "m", 2, g, 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kNotFound);
+  EXPECT_EQ(ResolveCode("m", 3), StatusCode::kNotFound);
+  EXPECT_EQ(ResolveCode("m", 2), StatusCode::kOk);
+}
+
+TEST_F(HubStateTest, ResolveOrdersHoldersByTopologyAndExcludesReader) {
+  // Registered far-to-near so that id order is the reverse of the answer.
+  WorkerId other_dc = Register("other_dc", L("dc2", "r1", "h1"));
+  WorkerId same_dc = Register("same_dc", L("dc1", "r9", "h9"));
+  WorkerId same_rack = Register("same_rack", L("dc1", "r1", "h8"));
+  WorkerId same_host = Register("same_host", L("dc1", "r1", "h1"));
+  WorkerId reader = Register("reader", L("dc1", "r1", "h1"));
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(other_dc, "m", 1, g, 0).ok());
+  for (const WorkerId& w : {same_dc, same_rack, same_host, reader}) {
+    ASSERT_TRUE(hub_.AddHolder(w, "m", Version(1), 1, ManifestOf(g), 0).ok());
+  }
+  const std::vector<std::string> want = {same_host.value(), same_rack.value(),
+                                         same_dc.value(), other_dc.value()};
+  for (int i = 0; i < 5; ++i) {  // rotation never reorders distinct tiers
+    Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(Ids(*r), want) << i;
+  }
+  // A reader the hub does not know sees every holder.
+  Result<Resolution> r = hub_.Resolve(WorkerId("stranger"), "m", Version(1),
+                                      false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->holders.size(), 5u);
+}
+
+TEST_F(HubStateTest, ResolveRotatesEquallyNearHolders) {
+  WorkerId reader = Register("reader", L("dc1", "r1", "h1"));
+  WorkerId near = Register("near", L("dc1", "r1", "h1"));
+  WorkerId e[3] = {Register("e0", L("dc1", "r2", "h2")),
+                   Register("e1", L("dc1", "r3", "h3")),
+                   Register("e2", L("dc1", "r4", "h4"))};
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(e[0], "m", 1, g, 0).ok());
+  ASSERT_TRUE(hub_.AddHolder(e[1], "m", Version(1), 1, ManifestOf(g), 0).ok());
+  ASSERT_TRUE(hub_.AddHolder(e[2], "m", Version(1), 1, ManifestOf(g), 0).ok());
+
+  // Only equally near holders: three calls put each one first once.
+  std::set<std::string> firsts;
+  const std::set<std::string> all = {e[0].value(), e[1].value(), e[2].value()};
+  for (int i = 0; i < 3; ++i) {
+    Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+    ASSERT_TRUE(r.ok());
+    std::vector<std::string> ids = Ids(*r);
+    ASSERT_EQ(ids.size(), 3u);
+    EXPECT_EQ(std::set<std::string>(ids.begin(), ids.end()), all);
+    firsts.insert(ids[0]);
+  }
+  EXPECT_EQ(firsts, all);
+
+  // A nearer holder always comes first; the rest still rotate.
+  ASSERT_TRUE(hub_.AddHolder(near, "m", Version(1), 1, ManifestOf(g), 0).ok());
+  std::set<std::string> seconds;
+  for (int i = 0; i < 8; ++i) {
+    Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+    ASSERT_TRUE(r.ok());
+    std::vector<std::string> ids = Ids(*r);
+    ASSERT_EQ(ids.size(), 4u);
+    EXPECT_EQ(ids[0], near.value());
+    seconds.insert(ids[1]);
+  }
+  EXPECT_GE(seconds.size(), 2u);
+}
+
+// ------------------------------------------------------------ unpublish
+
+TEST_F(HubStateTest, UnpublishErrors) {
+  WorkerId t = Register("t");
+  EXPECT_EQ(hub_.Unpublish(WorkerId("w7-99"), "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(hub_.Unpublish(t, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(t, "m", 1, g, 0).ok());
+  ASSERT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
+  EXPECT_EQ(hub_.Unpublish(t, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(HubStateTest, CallsFromAWorkerRenewItsLease) {
+  WorkerId t = Register(hub_, "t", {}, {}, 0);
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(t, "m", 1, g, 0, /*now_ms=*/800).ok());
+  hub_.ExpireLeases(1500);
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  ASSERT_TRUE(
+      hub_.AddHolder(t, "m", Version(1), 1, ManifestOf(g), 1700).ok());
+  hub_.ExpireLeases(2600);
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  hub_.ExpireLeases(2700);
+  EXPECT_EQ(hub_.num_workers(), 0u);
+}
+
+// ------------------------------------------------------------ rebuild
+
+TEST_F(HubStateTest, RebuildAfterRestartRestoresCommittedVersions) {
+  auto g1 = Group("m", 2, 1);
+  auto g2 = Group("m", 2, 2);
+  WorkerId r0 = Register("r0");
+  WorkerId r1 = Register("r1");
+  WorkerId f = Register("f");
+  ASSERT_TRUE(Pub(r0, "m", 1, g1, 0).ok());
+  ASSERT_EQ(*Pub(r1, "m", 1, g1, 1), VersionState::kCommitted);
+  ASSERT_TRUE(Pub(r0, "m", 2, g2, 0).ok());
+  ASSERT_EQ(*Pub(r1, "m", 2, g2, 1), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 3, ManifestOf(g1), 0).ok());
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(2), 3, ManifestOf(g2), 0).ok());
+  const Manifest m1 = *hub_.Resolve(f, "m", Version(1), false)->manifest;
+  const Manifest m2 = *hub_.Resolve(f, "m", Version(2), false)->manifest;
+  const std::string before = Dump(hub_.List());
+
+  // The hub restarts and forgets everything.
+  HubConfig c = DefaultConfig();
+  c.incarnation = 8;
+  HubState fresh(c);
+  EXPECT_EQ(fresh.Heartbeat(r0, 0).code(), StatusCode::kNotFound);
+  EXPECT_EQ(Register(fresh, "r0", {}, r0), r0);
+  EXPECT_EQ(Register(fresh, "r1", {}, r1), r1);
+  EXPECT_EQ(Register(fresh, "f", {}, f), f);
+  // Ranks report the newest version first, then the older one: the older
+  // one is not greater than the highest, which rebuild allows.
+  ASSERT_EQ(*fresh.Publish(Args(r0, "m", 2, g2, 0, true), 0),
+            VersionState::kPending);
+  EXPECT_EQ(fresh.Publish(Args(r0, "m", 1, g1, 0, false), 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_EQ(*fresh.Publish(Args(r0, "m", 1, g1, 0, true), 0),
+            VersionState::kPending);
+  ASSERT_EQ(*fresh.Publish(Args(r1, "m", 1, g1, 1, true), 0),
+            VersionState::kCommitted);
+  // Only rank 0 of v2 came back; the full holder proves it committed.
+  ASSERT_TRUE(fresh.AddHolder(f, "m", Version(2), 3, m2, 0).ok());
+  ASSERT_TRUE(fresh.AddHolder(f, "m", Version(1), 3, m1, 0).ok());
+
+  Result<Resolution> v1 = fresh.Resolve(WorkerId("x"), "m", Version(1), false);
+  Result<Resolution> v2 = fresh.Resolve(WorkerId("x"), "m", Version(2), false);
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  ASSERT_TRUE(v2.ok()) << v2.status().ToString();
+  EXPECT_TRUE(*v1->manifest == m1);
+  EXPECT_TRUE(*v2->manifest == m2);
+  EXPECT_EQ(v1->holders.size(), 3u);
+  EXPECT_EQ(v2->holders.size(), 2u);
+  // Rank 1 reports v2 late; all is as before the restart.
+  ASSERT_EQ(*fresh.Publish(Args(r1, "m", 2, g2, 1, true), 0),
+            VersionState::kCommitted);
+  EXPECT_EQ(Dump(fresh.List()), before);
+  // New versions still must be greater.
+  auto g3 = Group("m", 1, 3);
+  EXPECT_EQ(fresh.Publish(Args(r0, "m", 2, g3, 0, false), 0).status().code(),
+            StatusCode::kInvalidArgument)
+      << "v2 exists with group size 2";
+  EXPECT_TRUE(fresh.Publish(Args(r0, "m", 3, g3, 0, false), 0).ok());
+}
+
+TEST_F(HubStateTest, RebuiltRankMustMatchWhatIsCommitted) {
+  auto g = Group("m", 2, 1);
+  auto other = Group("m", 2, 2);
+  WorkerId f = Register("f");
+  WorkerId r0 = Register("r0");
+  // On a fresh hub, a full holder reports first.
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(4), 1, ManifestOf(g), 0).ok());
+  EXPECT_EQ(hub_.Publish(Args(r0, "m", 4, other, 0, true), 0).status().code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(*hub_.Publish(Args(r0, "m", 4, g, 0, true), 0),
+            VersionState::kCommitted);
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 2u);
+}
+
+TEST_F(HubStateTest, AddHolderDisagreeingWithRebuiltPartRejected) {
+  auto g = Group("m", 2, 1);
+  auto other = Group("m", 2, 2);
+  WorkerId r1 = Register("r1");
+  WorkerId f = Register("f");
+  ASSERT_EQ(*hub_.Publish(Args(r1, "m", 1, g, 1, true), 0),
+            VersionState::kPending);
+  const std::string before = Dump(hub_.List());
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(other), 0).code(),
+            StatusCode::kInvalidArgument);
+  // A manifest of another group size (fewer parts than the published rank).
+  auto single = Group("m", 1, 1);
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(single), 0)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dump(hub_.List()), before);
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(g), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+}
+
+TEST_F(HubStateTest, AddHolderOfUnknownVersionCreatesItCommitted) {
+  auto g = Group("m", 3, 4);
+  WorkerId f = Register("f");
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(9), 2, ManifestOf(g), 0).ok());
+  std::vector<ModelSummary> ls = hub_.List();
+  ASSERT_EQ(ls.size(), 1u);
+  ASSERT_EQ(ls[0].versions.size(), 1u);
+  const VersionSummary& v = ls[0].versions[0];
+  EXPECT_EQ(v.version, Version(9));
+  EXPECT_EQ(v.state, VersionState::kCommitted);
+  EXPECT_EQ(v.group_size, 3u);
+  EXPECT_EQ(v.parts_published, 3u);
+  EXPECT_EQ(v.holders, 1u);
+  EXPECT_EQ(v.tensors, 6u);
+  EXPECT_EQ(v.total_bytes, ManifestOf(g).total_bytes());
+  Result<Resolution> latest =
+      hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->version, Version(9));
+  // It counts as the highest version seen.
+  EXPECT_EQ(Pub(f, "m", 8, Group("m", 1), 0).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+// ------------------------------------------------------------ pruning
+
+TEST_F(HubStateTest, KeepsAtMostMaxDeadVersionsPerModel) {
+  HubConfig c = DefaultConfig();
+  c.max_dead_versions_per_model = 2;
+  HubState hub(c);
+  WorkerId t = Register(hub, "t");
+  WorkerId keeper = Register(hub, "keeper");
+  auto g = Group("m", 1);
+  auto g2 = Group("m", 2);
+  // v1 stays held throughout and is never pruned.
+  ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g, 0), 0).ok());
+  ASSERT_TRUE(hub.AddHolder(keeper, "m", Version(1), 1, ManifestOf(g), 0).ok());
+  for (uint64_t v = 2; v <= 7; ++v) {
+    // Even versions die unavailable, odd ones abort.
+    auto& parts = v % 2 == 0 ? g : g2;
+    ASSERT_TRUE(hub.Publish(Args(t, "m", v, parts, 0), 0).ok()) << v;
+    ASSERT_TRUE(hub.Unpublish(t, "m", Version(v), 0).ok()) << v;
+  }
+  ASSERT_TRUE(hub.Unpublish(t, "m", Version(1), 0).ok());
+  std::vector<ModelSummary> ls = hub.List();
+  ASSERT_EQ(ls.size(), 1u);
+  std::vector<uint64_t> kept;
+  for (const VersionSummary& s : ls[0].versions) kept.push_back(s.version.value());
+  EXPECT_EQ(kept, (std::vector<uint64_t>{1, 6, 7})) << Dump(ls);
+  EXPECT_EQ(ls[0].versions[1].state, VersionState::kUnavailable);
+  EXPECT_EQ(ls[0].versions[2].state, VersionState::kAborted);
+  EXPECT_EQ(ls[0].versions[0].state, VersionState::kCommitted);
+}
+
+}  // namespace
+}  // namespace tensorhub::hub

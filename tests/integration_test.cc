@@ -1,0 +1,269 @@
+// The worker library against a real hub and the real TCP data plane, in one
+// process: lifecycle, the unpublish-drain contract, and bad input.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "common/deadline.h"
+#include "demo_model.h"
+#include "hub/hub_service.h"
+#include "tensorhub/client.h"
+#include "test_roles.h"
+#include "transport/tcp/socket_util.h"
+#include "transport/tcp/tcp_transport.h"
+#include "wire/frame.h"
+
+namespace tensorhub::testing {
+namespace {
+
+using cli::SyntheticModel;
+
+class HubTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+    hub_ = std::move(hub).value();
+  }
+  std::unique_ptr<Client> NewClient(const std::string& name) {
+    ClientOptions o;
+    o.hub_address = hub_->address();
+    o.name = name;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  std::unique_ptr<hub::HubServer> hub_;
+};
+
+TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
+  SyntheticModel src(TestLayout(8 << 20));
+  src.Fill(1);
+  auto trainer = NewClient("trainer");
+  ASSERT_TRUE(trainer->Publish("m", Version(1), src.tensors()).ok());
+  SyntheticModel a(TestLayout(8 << 20)), b(TestLayout(8 << 20));
+  auto ra = NewClient("a");
+  auto st = ra->Fetch("m", Version::Latest(), a.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->version, Version(1));
+  EXPECT_EQ(a.Digest(), src.Digest());
+  // The trainer leaves; the version stays fetchable from reader a.
+  ASSERT_TRUE(trainer->Unpublish("m", Version(1)).ok());
+  auto rb = NewClient("b");
+  st = rb->Fetch("m", Version(1), b.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(b.Digest(), src.Digest());
+  auto info = rb->Describe("m", Version(1));
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, VersionState::kCommitted);
+  EXPECT_EQ(info->num_holders, 1u);  // a (b itself is excluded from its view)
+}
+
+TEST_F(HubTest, GroupCommitIsAtomicAndUncommittedFetchFailsCleanly) {
+  auto r0 = NewClient("rank0");
+  auto r1 = NewClient("rank1");
+  SyntheticModel p0({{"layer0.w", DType::kF32, {1000}}});
+  SyntheticModel p1({{"layer1.w", DType::kF32, {3000}}});
+  p0.Fill(7);
+  p1.Fill(8);
+  PublishOptions o0, o1;
+  o0.group_size = o1.group_size = 2;
+  o1.rank = 1;
+  ASSERT_TRUE(r0->Publish("g", Version(5), p0.tensors(), o0).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel dst({{"layer0.w", DType::kF32, {1000}}, {"layer1.w", DType::kF32, {3000}}});
+  auto st = reader->Fetch("g", Version(5), dst.tensors());
+  EXPECT_EQ(st.status().code(), StatusCode::kFailedPrecondition) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("1 of 2"), std::string::npos);
+  st = reader->Fetch("g", Version::Latest(), dst.tensors());
+  EXPECT_EQ(st.status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(r1->Publish("g", Version(5), p1.tensors(), o1).ok());
+  st = reader->Fetch("g", Version::Latest(), dst.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(std::memcmp(dst.tensors()[0].data, p0.tensors()[0].data, 4000), 0);
+  EXPECT_EQ(std::memcmp(dst.tensors()[1].data, p1.tensors()[0].data, 12000), 0);
+}
+
+TEST_F(HubTest, RankLeavingBeforeCommitAbortsTheVersion) {
+  auto r0 = NewClient("rank0");
+  SyntheticModel p0({{"w", DType::kF32, {1000}}});
+  PublishOptions o;
+  o.group_size = 2;
+  ASSERT_TRUE(r0->Publish("g", Version(1), p0.tensors(), o).ok());
+  ASSERT_TRUE(r0->Unpublish("g", Version(1)).ok());
+  auto info = r0->Describe("g", Version(1));
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, VersionState::kAborted);
+  auto r1 = NewClient("rank1");
+  SyntheticModel p1({{"v", DType::kF32, {1000}}});
+  o.rank = 1;
+  EXPECT_EQ(r1->Publish("g", Version(1), p1.tensors(), o).code(), StatusCode::kAborted);
+}
+
+// A raw data-plane client that asks for a big range and does not read the
+// answer keeps a read in flight on the holder.
+TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
+  const uint64_t bytes = 64ull << 20;
+  SyntheticModel src({{"w", DType::kU8, {bytes}}});
+  src.Fill(3);
+  auto holder = NewClient("holder");
+  ASSERT_TRUE(holder->Publish("d", Version(1), src.tensors()).ok());
+  auto observer = NewClient("observer");
+  auto info = observer->Describe("d", Version(1));
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->holders.size(), 1u);
+
+  // Describe does not expose epochs; epoch 1 is the holder's first. 64 MiB
+  // is far more than the socket buffers hold, so the holder's send blocks
+  // until we read.
+  auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
+  ASSERT_TRUE(conn.ok());
+  wire::ReadRequest req{"d", 1, 1, 0, 0, bytes};
+  std::string frame = wire::EncodeReadRequest(req);
+  iovec v{frame.data(), frame.size()};
+  ASSERT_TRUE(transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // holder is sending
+
+  std::atomic<bool> returned{false};
+  auto unpub = std::async(std::launch::async, [&] {
+    Status s = holder->Unpublish("d", Version(1), 20000);
+    returned = true;
+    return s;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(returned.load()) << "unpublish returned while a read was in flight";
+  // New reads are refused at once, even on a fresh connection.
+  auto conn2 = transport::MakeTcpTransport()->Connect(holder->data_address(),
+                                                      Deadline::AfterMs(5000));
+  ASSERT_TRUE(conn2.ok());
+  std::vector<uint8_t> small_buf(4096);
+  iovec d2{small_buf.data(), small_buf.size()};
+  wire::ReadRequest req2{"d", 1, 1, 0, 0, 4096};
+  Status refused = (*conn2)->Read(req2, {&d2, 1}, Deadline::AfterMs(5000));
+  EXPECT_TRUE(refused.code() == StatusCode::kNotFound ||
+              refused.code() == StatusCode::kAborted)
+      << refused.ToString();
+  // Drain the slow read; it completes with the old bytes, then unpublish returns.
+  std::vector<uint8_t> sink(bytes);
+  uint8_t hdr[wire::kResponseHeaderBytes];
+  ASSERT_TRUE(transport::ReadExact(conn->get(), hdr, sizeof(hdr), Deadline::AfterMs(20000)).ok());
+  ASSERT_TRUE(transport::ReadExact(conn->get(), sink.data(), bytes, Deadline::AfterMs(20000)).ok());
+  EXPECT_EQ(std::memcmp(sink.data(), src.tensors()[0].data, bytes), 0);
+  Status s = unpub.get();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(HubTest, UnpublishReportsDeadlineWhenAReadDoesNotDrain) {
+  SyntheticModel src({{"w", DType::kU8, {64ull << 20}}});
+  auto holder = NewClient("holder");
+  ASSERT_TRUE(holder->Publish("d", Version(1), src.tensors()).ok());
+  auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
+  ASSERT_TRUE(conn.ok());
+  wire::ReadRequest req{"d", 1, 1, 0, 0, 64ull << 20};
+  std::string frame = wire::EncodeReadRequest(req);
+  iovec v{frame.data(), frame.size()};
+  ASSERT_TRUE(transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  int64_t t0 = NowMs();
+  Status s = holder->Unpublish("d", Version(1), 500);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_LT(NowMs() - t0, 2000);
+}
+
+TEST_F(HubTest, ReaderRefetchIntoServedBuffersNeverMixesVersions) {
+  auto trainer = NewClient("trainer");
+  SyntheticModel t1(TestLayout(4 << 20)), t2(TestLayout(4 << 20));
+  t1.Fill(1);
+  t2.Fill(2);
+  ASSERT_TRUE(trainer->Publish("r", Version(1), t1.tensors()).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel buf(TestLayout(4 << 20));
+  ASSERT_TRUE(reader->Fetch("r", Version::Latest(), buf.tensors()).ok());
+  ASSERT_TRUE(trainer->Publish("r", Version(2), t2.tensors()).ok());
+  // The same buffers now receive v2: the reader stops serving v1 first.
+  auto st = reader->Fetch("r", Version::Latest(), buf.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->version, Version(2));
+  EXPECT_EQ(buf.Digest(), t2.Digest());
+  auto info = reader->Describe("r", Version(1));
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->num_holders, 1u);  // only the trainer still holds v1
+}
+
+TEST_F(HubTest, BadInputGetsAClearErrorAndChangesNothing) {
+  auto c = NewClient("c");
+  SyntheticModel src({{"w", DType::kF32, {256}}, {"b", DType::kF32, {4}}});
+  ASSERT_TRUE(c->Publish("bad", Version(10), src.tensors()).ok());
+  // Version not greater than the last.
+  Status s = c->Publish("bad", Version(10), src.tensors());
+  EXPECT_FALSE(s.ok());
+  SyntheticModel other({{"x", DType::kF32, {256}}});
+  s = c->Publish("bad", Version(9), other.tensors());
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("not greater"), std::string::npos);
+  // Bad model names and version 0.
+  EXPECT_EQ(c->Publish("has space", Version(1), other.tensors()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Publish("ok", Version(0), other.tensors()).code(), StatusCode::kInvalidArgument);
+  // Sizes that disagree with the spec.
+  std::vector<TensorRef> wrong = other.tensors();
+  wrong[0].bytes -= 4;
+  EXPECT_EQ(c->Publish("ok", Version(1), wrong).code(), StatusCode::kInvalidArgument);
+  auto reader = NewClient("reader");
+  // Unknown model and version.
+  SyntheticModel dst({{"w", DType::kF32, {256}}, {"b", DType::kF32, {4}}});
+  EXPECT_EQ(reader->Fetch("nope", Version::Latest(), dst.tensors()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(reader->Fetch("bad", Version(11), dst.tensors()).status().code(), StatusCode::kNotFound);
+  // Destination mismatches: dtype, shape, missing and extra tensors.
+  SyntheticModel wrong_dtype({{"w", DType::kBF16, {256}}, {"b", DType::kF32, {4}}});
+  auto st = reader->Fetch("bad", Version(10), wrong_dtype.tensors());
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("'w'"), std::string::npos) << st.status().ToString();
+  SyntheticModel wrong_shape({{"w", DType::kF32, {16, 16}}, {"b", DType::kF32, {4}}});
+  EXPECT_EQ(reader->Fetch("bad", Version(10), wrong_shape.tensors()).status().code(), StatusCode::kInvalidArgument);
+  SyntheticModel missing({{"w", DType::kF32, {256}}});
+  EXPECT_EQ(reader->Fetch("bad", Version(10), missing.tensors()).status().code(), StatusCode::kInvalidArgument);
+  SyntheticModel extra({{"w", DType::kF32, {256}}, {"b", DType::kF32, {4}}, {"z", DType::kF32, {1}}});
+  EXPECT_EQ(reader->Fetch("bad", Version(10), extra.tensors()).status().code(), StatusCode::kInvalidArgument);
+  // Nothing changed: version 10 is still the only one, committed, one holder.
+  auto models = reader->List();
+  ASSERT_TRUE(models.ok());
+  for (const ModelInfo& m : *models) {
+    if (m.model != "bad") continue;
+    ASSERT_EQ(m.versions.size(), 1u);
+    EXPECT_EQ(m.versions[0].version, Version(10));
+    EXPECT_EQ(m.versions[0].state, VersionState::kCommitted);
+    EXPECT_EQ(m.versions[0].num_holders, 1u);
+  }
+  // And a correct fetch still works.
+  ASSERT_TRUE(reader->Fetch("bad", Version(10), dst.tensors()).ok());
+  EXPECT_EQ(dst.Digest(), src.Digest());
+}
+
+TEST(NoHub, UnreachableHubFailsWithinItsDeadline) {
+  ClientOptions o;
+  o.hub_address = "127.0.0.1:" + std::to_string(FreePort());
+  o.connect_timeout_ms = 1000;
+  int64_t t0 = NowMs();
+  auto c = Client::Connect(o);
+  int64_t took = NowMs() - t0;
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(c.status().code() == StatusCode::kDeadlineExceeded ||
+              c.status().code() == StatusCode::kUnavailable)
+      << c.status().ToString();
+  EXPECT_LT(took, 3000);
+  EXPECT_NE(c.status().message().find(o.hub_address), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tensorhub::testing
+
+int main(int argc, char** argv) {
+  int rc = tensorhub::testing::MaybeRunRole(argc, argv);
+  if (rc >= 0) return rc;
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,183 @@
+// End-to-end runs with every worker in its own process: a hub process (or an
+// embedded hub), a trainer process and reader processes, moving real bytes
+// over the TCP data plane.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <sstream>
+#include <thread>
+
+#include "common/deadline.h"
+#include "demo_model.h"
+#include "hub/hub_service.h"
+#include "subprocess.h"
+#include "tensorhub/client.h"
+#include "test_roles.h"
+
+namespace tensorhub::testing {
+namespace {
+
+using cli::Subprocess;
+
+constexpr uint64_t kBytes = 256ull << 20;
+
+std::string Word(const std::string& line, int i) {
+  std::istringstream in(line);
+  std::string w;
+  for (int k = 0; k <= i; ++k) in >> w;
+  return w;
+}
+
+Subprocess MustSpawn(const std::vector<std::string>& args) {
+  auto p = Subprocess::Spawn(args, {"TENSORHUB_LOG=warn"});
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return std::move(p).value();
+}
+
+std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 120000) {
+  Status s = p.Send(cmd);
+  if (!s.ok()) return "error " + s.ToString();
+  auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
+  return line.ok() ? *line : "error " + line.status().ToString();
+}
+
+// Starts a hub process on `port`; returns once it listens.
+Subprocess StartHub(int port, int lease_ms = 2000) {
+  Subprocess hub = MustSpawn({"--role=hub", "--port", std::to_string(port),
+                              "--lease-ms", std::to_string(lease_ms)});
+  auto ready = hub.ReadLine(Deadline::AfterMs(30000));
+  EXPECT_TRUE(ready.ok() && ready->rfind("ready", 0) == 0);
+  return hub;
+}
+
+TEST(MultiProcess, ThreeVersionsFourReadersMatchByteForByte) {
+  auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  std::string addr = (*hub)->address();
+  std::string bytes = std::to_string(kBytes);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  std::vector<Subprocess> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.push_back(MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes,
+                                 "--name", "reader-" + std::to_string(i)}));
+  }
+  for (int v = 1; v <= 3; ++v) {
+    if (v > 1) {
+      ASSERT_EQ(Ask(trainer, "unpublish " + std::to_string(v - 1)),
+                "unpublished " + std::to_string(v - 1));
+    }
+    std::string pub = Ask(trainer, "publish " + std::to_string(v));
+    ASSERT_EQ(Word(pub, 0), "published") << pub;
+    std::string digest = Word(pub, 2);
+    // All four fetch at once: later ones may read from earlier ones.
+    for (Subprocess& r : readers) ASSERT_TRUE(r.Send("fetch " + std::to_string(v)).ok());
+    for (Subprocess& r : readers) {
+      auto line = r.ReadLine(Deadline::AfterMs(120000));
+      ASSERT_TRUE(line.ok()) << line.status().ToString();
+      EXPECT_EQ(*line, "fetched " + std::to_string(v) + " " + digest);
+    }
+  }
+  // The readers hold version 3 too: the trainer can leave and it stays
+  // fetchable from them.
+  ASSERT_EQ(Ask(trainer, "unpublish 3"), "unpublished 3");
+  Subprocess late = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes,
+                               "--name", "late"});
+  std::string got = Ask(late, "fetch latest");
+  EXPECT_EQ(Word(got, 0), "fetched") << got;
+  EXPECT_EQ(Word(got, 1), "3");
+}
+
+TEST(MultiProcess, HubKilledAndRestartedMidRunCompletes) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  std::string bytes = std::to_string(kBytes);
+  Subprocess hub = StartHub(port);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  std::string pub = Ask(trainer, "publish 1");
+  ASSERT_EQ(Word(pub, 0), "published") << pub;
+  // Start a fetch, then kill the hub while bytes flow peer to peer.
+  ASSERT_TRUE(reader.Send("fetch 1").ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ::kill(hub.pid(), SIGKILL);
+  hub.Stop(1000);
+  auto fetched = reader.ReadLine(Deadline::AfterMs(120000));
+  ASSERT_TRUE(fetched.ok());
+  // The fetch completes without the hub (it had the sources already), or
+  // if it resolved after the kill, it waits for the hub to come back.
+  Subprocess hub2 = StartHub(port);
+  if (Word(*fetched, 0) != "fetched") {
+    std::string again = Ask(reader, "fetch 1");
+    fetched = again;
+  }
+  EXPECT_EQ(*fetched, "fetched 1 " + Word(pub, 2));
+
+  // The new hub rebuilds its table from the workers' reports: version 1 is
+  // committed again, with the trainer and the reader as holders.
+  ClientOptions o;
+  o.hub_address = addr;
+  o.name = "observer";
+  auto observer = Client::Connect(o);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  Deadline d = Deadline::AfterMs(15000);
+  Result<VersionInfo> info = NotFound("not yet");
+  while (!d.expired()) {
+    info = (*observer)->Describe("test-model", Version(1));
+    if (info.ok() && info->state == VersionState::kCommitted && info->num_holders >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kCommitted);
+  EXPECT_GE(info->num_holders, 2u);
+
+  // The run goes on: a new version through the new hub.
+  ASSERT_EQ(Ask(trainer, "unpublish 1"), "unpublished 1");
+  std::string pub2 = Ask(trainer, "publish 2");
+  ASSERT_EQ(Word(pub2, 0), "published") << pub2;
+  EXPECT_EQ(Ask(reader, "fetch latest"), "fetched 2 " + Word(pub2, 2));
+}
+
+TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  Subprocess hub = StartHub(port, /*lease_ms=*/1000);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
+  ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
+  ClientOptions o;
+  o.hub_address = addr;
+  auto observer = Client::Connect(o);
+  ASSERT_TRUE(observer.ok());
+  auto info = (*observer)->Describe("test-model", Version(1));
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, VersionState::kCommitted);
+  ::kill(trainer.pid(), SIGKILL);
+  trainer.Stop(1000);
+  // Never silently dropped: the version is reported UNAVAILABLE.
+  Deadline d = Deadline::AfterMs(10000);
+  while (!d.expired()) {
+    info = (*observer)->Describe("test-model", Version(1));
+    if (info.ok() && info->state == VersionState::kUnavailable) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->state, VersionState::kUnavailable);
+  // A fetch of it fails cleanly and in time.
+  auto layout = TestLayout(1048576);
+  cli::SyntheticModel dest(layout);
+  FetchOptions fo;
+  fo.timeout_ms = 3000;
+  auto t0 = NowMs();
+  auto st = (*observer)->Fetch("test-model", Version(1), dest.tensors(), fo);
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_LT(NowMs() - t0, 4000);
+}
+
+}  // namespace
+}  // namespace tensorhub::testing
+
+int main(int argc, char** argv) {
+  int rc = tensorhub::testing::MaybeRunRole(argc, argv);
+  if (rc >= 0) return rc;
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,150 @@
+#include "test_roles.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+
+#include "cli_util.h"
+#include "common/log.h"
+#include "demo_model.h"
+#include "hub/hub_service.h"
+#include "tensorhub/client.h"
+
+namespace tensorhub::testing {
+namespace {
+
+constexpr char kModel[] = "test-model";
+
+std::string Hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+void Reply(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+int RunHub(const cli::Args& args) {
+  hub::HubServerOptions o;
+  o.listen_address = "127.0.0.1:" + args.Get("port");
+  o.lease_ms = std::stoll(args.Get("lease-ms", "2000"));
+  cli::BlockStopSignals();
+  SetLogPrefix("hub");
+  auto server = hub::HubServer::Start(o);
+  if (!server.ok()) return cli::Fail(server.status());
+  Reply("ready " + (*server)->address());
+  cli::WaitForStopSignal();
+  (*server)->Shutdown();
+  return 0;
+}
+
+Result<std::unique_ptr<Client>> Connect(const cli::Args& args, const char* name) {
+  ClientOptions o;
+  o.hub_address = args.Get("hub");
+  o.name = name;
+  o.heartbeat_interval_ms = 200;
+  o.rpc_timeout_ms = 2000;
+  return Client::Connect(o);
+}
+
+int RunTrainer(const cli::Args& args) {
+  SetLogPrefix("trainer");
+  cli::SyntheticModel model(TestLayout(std::stoull(args.Get("bytes"))));
+  auto client = Connect(args, "trainer");
+  if (!client.ok()) return cli::Fail(client.status());
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    uint64_t v = 0;
+    in >> cmd >> v;
+    if (cmd == "publish") {
+      model.Fill(v);
+      Status s = (*client)->Publish(kModel, Version(v), model.tensors());
+      Reply(s.ok() ? "published " + std::to_string(v) + " " + Hex(model.Digest())
+                   : "error " + s.ToString());
+    } else if (cmd == "unpublish") {
+      Status s = (*client)->Unpublish(kModel, Version(v), 30000);
+      Reply(s.ok() ? "unpublished " + std::to_string(v) : "error " + s.ToString());
+    } else {
+      break;
+    }
+  }
+  return 0;
+}
+
+int RunReader(const cli::Args& args) {
+  std::string name = args.Get("name", "reader");
+  SetLogPrefix(name.c_str());
+  cli::SyntheticModel model(TestLayout(std::stoull(args.Get("bytes"))));
+  auto client = Connect(args, name.c_str());
+  if (!client.ok()) return cli::Fail(client.status());
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd, which;
+    in >> cmd >> which;
+    if (cmd != "fetch") break;
+    Version v = which == "latest" ? Version::Latest() : Version(std::stoull(which));
+    FetchOptions fo;
+    fo.timeout_ms = 60000;
+    auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
+                        Hex(model.Digest())
+                  : "error " + st.status().ToString());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<TensorSpec> TestLayout(uint64_t bytes) {
+  std::vector<TensorSpec> specs;
+  // 64 tiny tensors (like norms and biases), then big ones for the rest.
+  for (int i = 0; i < 64; ++i) {
+    specs.push_back({"tiny." + std::to_string(i), DType::kBF16, {448}});
+  }
+  uint64_t left = bytes > 64 * 896 ? bytes - 64 * 896 : 4096;
+  for (int i = 0; left > 0; ++i) {
+    uint64_t n = std::min<uint64_t>(left, 48ull << 20) / 2;
+    if (n == 0) break;
+    specs.push_back({"big." + std::to_string(i), DType::kBF16, {n}});
+    left -= n * 2;
+  }
+  return specs;
+}
+
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+int MaybeRunRole(int argc, char** argv) {
+  if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
+  std::string role = argv[1] + 7;
+  auto args = cli::ParseArgs(argc, argv, 2,
+                             {"hub", "port", "lease-ms", "bytes", "name"}, {});
+  if (!args.ok()) return cli::Fail(args.status());
+  if (role == "hub") return RunHub(*args);
+  if (role == "trainer") return RunTrainer(*args);
+  if (role == "reader") return RunReader(*args);
+  std::fprintf(stderr, "unknown role %s\n", role.c_str());
+  return 2;
+}
+
+}  // namespace tensorhub::testing

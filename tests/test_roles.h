@@ -1,0 +1,33 @@
+// Worker roles that the cross-component tests run as separate processes of
+// the test binary itself (Subprocess spawns /proc/self/exe --role=NAME ...).
+// Each role speaks a line protocol on stdin/stdout:
+//   hub      --port P [--lease-ms N]     prints "ready ADDR", runs until killed
+//   trainer  --hub A --bytes N           "publish V" -> "published V DIGEST"
+//                                        "unpublish V" -> "unpublished V"
+//   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
+//                                        or "error CODE: message"
+#ifndef TENSORHUB_TESTS_TEST_ROLES_H_
+#define TENSORHUB_TESTS_TEST_ROLES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensorhub/types.h"
+
+namespace tensorhub::testing {
+
+// Runs the role named by argv ("--role=NAME") and returns its exit code, or
+// -1 if argv names no role.
+int MaybeRunRole(int argc, char** argv);
+
+// The tensors every role uses for a version of `bytes` bytes: a few large
+// tensors and many tiny ones (norms, biases), like a real model.
+std::vector<TensorSpec> TestLayout(uint64_t bytes);
+
+// A free TCP port on 127.0.0.1 (bound, then released).
+int FreePort();
+
+}  // namespace tensorhub::testing
+
+#endif  // TENSORHUB_TESTS_TEST_ROLES_H_
