@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs what TensorHub needs to build and test on Debian 12, and nothing
+# that is already there. Run as root (or with sudo). Idempotent.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libxxhash-dev libgtest-dev googletest
+  clang libclang-rt-14-dev           # libFuzzer targets
+  iproute2 procps                    # process and network tools used by tests
+  python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest
+  pybind11-dev
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} Debian packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi

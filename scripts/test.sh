@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds and runs every test: the GoogleTest suite (unit, integration and
+# multi-process tests) in a release build and again under AddressSanitizer +
+# UndefinedBehaviorSanitizer, the libFuzzer targets for a bounded time, and
+# the Python package's pytest suite.
+#   SKIP_ASAN=1  skip the sanitizer build      FUZZ_SECONDS=N  per target (30)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
+
+step "release build"
+bash scripts/build.sh build -DTH_BUILD_TESTS=ON
+step "GoogleTest suite (release)"
+(cd build && ctest --output-on-failure --timeout 600)
+
+if [ "${SKIP_ASAN:-0}" != "1" ]; then
+  step "sanitizer build (ASan + UBSan)"
+  bash scripts/build.sh build-asan -DTH_BUILD_TESTS=ON -DTH_SANITIZE=ON
+  step "GoogleTest suite (ASan + UBSan)"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure --timeout 900)
+fi
+
+step "fuzz targets"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+
+step "Python package and pytest"
+bash python/setup_env.sh
+TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q tests/python
+
+step "all tests passed"
