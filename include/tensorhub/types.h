@@ -74,7 +74,8 @@ struct TensorRef {
 };
 
 // Where a worker runs. Used to prefer near sources (same host, then rack,
-// then datacenter). Empty labels match nothing.
+// then datacenter). Empty rack or host labels match nothing; workers with an
+// empty datacenter label are all in one unnamed datacenter.
 struct Labels {
   std::string datacenter;
   std::string rack;

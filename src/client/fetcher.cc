@@ -61,8 +61,15 @@ class FetchRun {
 
  private:
   void AddSourceLocked(FetchSource s) {
-    for (const SourceState& k : sources_) {
-      if (k.source.address == s.address && k.source.epoch == s.epoch) return;
+    for (SourceState& k : sources_) {
+      if (k.source.address == s.address && k.source.epoch == s.epoch) {
+        // The hub still lists it, so its failure may have been passing (a
+        // refusal under load, a stall, a dropped connection): try it again.
+        // max_attempts_per_chunk bounds how often a bad source is retried.
+        k.dead = false;
+        k.source.chunks = std::move(s.chunks);
+        return;
+      }
     }
     sources_.push_back(SourceState{std::move(s)});
   }
@@ -208,9 +215,10 @@ class FetchRun {
     req.part = loc.part;
     req.offset = loc.offset;
     req.length = loc.bytes;
+    uint64_t got = 0;
     TH_RETURN_IF_ERROR(it->second->Read(
-        req, *pieces, deadline_.Cap(options_.read_timeout_ms)));
-    if (Xxh3Pieces(*pieces) != loc.xxh3) {
+        req, *pieces, deadline_.Cap(options_.read_timeout_ms), &got));
+    if (got != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
                       std::to_string(loc.offset) + " from " + address +
                       " failed its checksum");
@@ -226,9 +234,12 @@ class FetchRun {
       std::lock_guard<std::mutex> l(progress_mu_);
       if (!final && now - last_progress_ms_ < 50) return;
       last_progress_ms_ = now;
-      std::lock_guard<std::mutex> l2(mu_);
-      p.bytes_done = bytes_done_;
+      {
+        std::lock_guard<std::mutex> l2(mu_);
+        p.bytes_done = bytes_done_;
+      }
       p.bytes_total = job_.manifest->total_bytes();
+      // Outside mu_: a slow callback must not stall the streams.
       options_.on_progress(p);
     }
   }

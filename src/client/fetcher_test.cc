@@ -263,27 +263,33 @@ TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
     if (n == 6) (void)a.registry.Revoke("m", Version(1));
     return Status::Ok();
   };
+  // Only `a` is known at first, so it serves reads until the revoke; `b`
+  // comes from the hub once `a` failed.
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    return std::vector<FetchSource>{b.Source()};
+  };
   Destination d(v);
   Result<FetchReport> r =
-      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
-               TestOptions(), Deadline::AfterMs(4000));
+      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source()}, refresh, TestOptions(),
+               Deadline::AfterMs(4000));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_EQ(r->sources_used, 2u);
   EXPECT_GE(a.source.reads_.load(), 6);
   EXPECT_GT(a.server->bytes_served(), 0u);
   EXPECT_LT(a.server->bytes_served(), v.manifest.total_bytes());
 }
 
 TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
-  TestVersion v = MakeVersion(10, 2, 4096, 40);
+  TestVersion v = MakeVersion(10, 2, 4096, 60);
   Holder a(*tcp_, v, {0, 1}, "m", 1);
   Holder b(*tcp_, v, {0, 1}, "m", 1);
   std::mutex mu;
   std::condition_variable cv;
   bool stop_now = false;
   a.source.hook_ = [&](int n) {
-    if (n == 6) {
+    if (n == 3) {
       std::lock_guard<std::mutex> l(mu);
       stop_now = true;
       cv.notify_all();
@@ -299,15 +305,19 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
     cv.wait_for(l, milliseconds(4000), [&] { return stop_now; });
     a.server->Stop();
   });
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    return std::vector<FetchSource>{b.Source()};
+  };
   Destination d(v);
   Result<FetchReport> r =
-      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
-               TestOptions(), Deadline::AfterMs(4000));
+      RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source()}, refresh, TestOptions(),
+               Deadline::AfterMs(4000));
   stopper.join();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(stop_now);
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
+  EXPECT_GT(a.server->bytes_served(), 0u);
   EXPECT_LT(a.server->bytes_served(), v.manifest.total_bytes());
 }
 
@@ -343,6 +353,31 @@ TEST_F(FetcherTest, OnlyACorruptHolderFailsByTheDeadline) {
   EXPECT_NE(r.status().message().find("checksum"), std::string::npos)
       << r.status().ToString();
   EXPECT_LT(took, milliseconds(2500));
+}
+
+// The hub keeps listing the corrupt holder: it is retried, but only up to
+// the per-chunk attempt bound, so the fetch gives up before its deadline.
+TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
+  TestVersion v = MakeVersion(18, 2, 4096, 24);
+  Holder bad(*tcp_, v, {0, 1}, "m", 1);
+  bad.Corrupt(1000);
+  std::atomic<int> calls{0};
+  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+    calls.fetch_add(1);
+    return std::vector<FetchSource>{bad.Source()};
+  };
+  FetcherOptions o = TestOptions();
+  o.max_attempts_per_chunk = 5;
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {bad.Source()},
+                                   refresh, o, Deadline::AfterMs(4000));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("checksum"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_GE(calls.load(), 4);
+  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
 }
 
 TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {

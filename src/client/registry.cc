@@ -12,6 +12,11 @@ Result<uint64_t> Registry::Add(Holding holding) {
                          std::to_string(holding.version.value()) +
                          "' is already published by this worker");
   }
+  if (holding.bases.size() != holding.parts.size()) {
+    return Internal("registration has bases for " +
+                    std::to_string(holding.bases.size()) + " parts and " +
+                    std::to_string(holding.parts.size()) + " layouts");
+  }
   for (const auto& [part, layout] : holding.parts) {
     if (holding.bases[part].size() != layout.tensors.size()) {
       return Internal("registration has bases for " +

@@ -49,7 +49,8 @@ class Registry final : public transport::ReadSource {
   // Fences the registration: reads not yet admitted are refused. Returns
   // its epoch, NOT_FOUND if there is none.
   Result<uint64_t> Revoke(const std::string& model, Version version);
-  // Waits until no admitted read of that epoch is in flight.
+  // Waits until no admitted read of that epoch is in flight. Only meaningful
+  // after Revoke(): a live registration is not waited for.
   Status Drain(const std::string& model, Version version, uint64_t epoch,
                const Deadline& deadline);
   // Live registrations whose memory overlaps [begin, end) of any range.

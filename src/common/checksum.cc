@@ -23,4 +23,19 @@ uint64_t Xxh3Pieces(std::span<const iovec> pieces) {
   return XXH3_64bits_digest(&state);
 }
 
+Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+  assert(state_ != nullptr);
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void Xxh3Stream::Update(const void* data, size_t bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+}
+
+uint64_t Xxh3Stream::Digest() const {
+  return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
+}
+
 }  // namespace tensorhub

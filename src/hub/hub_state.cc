@@ -451,16 +451,21 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     candidates.push_back(
         {Distance(reader_labels, hv.labels), candidates.size(), std::move(hv)});
   }
-  // Rotate equally near holders from one resolve to the next, so that
-  // readers spread over them instead of all picking the first.
-  size_t n = candidates.size();
+  // Nearest first; within one distance class, rotate from one resolve to
+  // the next so that readers spread over equally near holders instead of
+  // all picking the first.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.distance < b.distance;
+                   });
   uint64_t shift = v.resolve_count++;
-  for (Candidate& c : candidates) c.order = (c.order + n - shift % (n ? n : 1)) % (n ? n : 1);
-  std::sort(candidates.begin(), candidates.end(),
-            [](const Candidate& a, const Candidate& b) {
-              if (a.distance != b.distance) return a.distance < b.distance;
-              return a.order < b.order;
-            });
+  for (auto begin = candidates.begin(); begin != candidates.end();) {
+    auto end = std::find_if(begin, candidates.end(), [&](const Candidate& c) {
+      return c.distance != begin->distance;
+    });
+    std::rotate(begin, begin + static_cast<long>(shift % (end - begin)), end);
+    begin = end;
+  }
   for (Candidate& c : candidates) res.holders.push_back(std::move(c.view));
   return res;
 }

@@ -39,8 +39,8 @@ class ReadSource {
 
 struct ServerOptions {
   size_t max_connections = 256;
-  // A request half received, or a response unsent, for this long without
-  // progress drops the connection.
+  // A request or response that makes no progress for this long drops the
+  // connection (a slow but moving transfer is not cut).
   int64_t io_stall_timeout_ms = 30000;
 };
 
@@ -64,8 +64,10 @@ class Connection {
   virtual ~Connection() = default;
   // Reads req.length bytes into `dest` (whose sizes must add up to it).
   // A refusal by the holder comes back with the holder's code and message.
+  // If `xxh3` is not null it receives the XXH3-64 of the bytes read,
+  // computed as they arrive (cheaper than a second pass over memory).
   virtual Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-                      const Deadline& deadline) = 0;
+                      const Deadline& deadline, uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
 };

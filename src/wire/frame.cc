@@ -108,6 +108,9 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
     return InvalidArgument("read response has unknown status " +
                            std::to_string(p[4]));
   }
+  if (p[5] != 0 || Get<uint64_t>(p + 16) != 0) {
+    return InvalidArgument("read response has nonzero reserved fields");
+  }
   ResponseHeader h;
   h.status = static_cast<StatusCode>(p[4]);
   h.message_len = Get<uint16_t>(p + 6);
@@ -120,6 +123,9 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
   }
   if (h.status != StatusCode::kOk && h.payload_len != 0) {
     return InvalidArgument("failed read response carries a payload");
+  }
+  if (h.status == StatusCode::kOk && h.message_len != 0) {
+    return InvalidArgument("successful read response carries a message");
   }
   return h;
 }

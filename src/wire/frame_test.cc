@@ -187,13 +187,33 @@ TEST(ResponseHeaderTest, RoundTripEveryKnownStatus) {
 
 TEST(ResponseHeaderTest, BoundaryValuesAccepted) {
   ResponseHeader h;
-  h.message_len = kMaxMessageBytes;
   h.payload_len = kMaxReadBytes;
   auto enc = EncodeResponseHeader(h);
   Result<ResponseHeader> d = DecodeResponseHeader(enc.data(), enc.size());
   ASSERT_TRUE(d.ok());
-  EXPECT_EQ(d->message_len, kMaxMessageBytes);
   EXPECT_EQ(d->payload_len, kMaxReadBytes);
+  // A refusal carries the longest message and no payload.
+  ResponseHeader r;
+  r.status = StatusCode::kNotFound;
+  r.message_len = kMaxMessageBytes;
+  auto renc = EncodeResponseHeader(r);
+  d = DecodeResponseHeader(renc.data(), renc.size());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->message_len, kMaxMessageBytes);
+}
+
+TEST(ResponseHeaderTest, SuccessWithMessageOrReservedBytesRejected) {
+  ResponseHeader h;
+  h.message_len = 1;
+  auto enc = EncodeResponseHeader(h);
+  EXPECT_FALSE(DecodeResponseHeader(enc.data(), enc.size()).ok());
+  ResponseHeader ok;
+  auto e2 = EncodeResponseHeader(ok);
+  e2[5] = 1;
+  EXPECT_FALSE(DecodeResponseHeader(e2.data(), e2.size()).ok());
+  e2[5] = 0;
+  e2[20] = 1;
+  EXPECT_FALSE(DecodeResponseHeader(e2.data(), e2.size()).ok());
 }
 
 TEST(ResponseHeaderTest, Rejections) {

@@ -54,7 +54,7 @@ ssize_t DoReadv(int fd, const iovec* iov, int n) {
 }
 
 Status TransferAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
-                   bool write) {
+                   bool write, int64_t stall_ms) {
   // Work on a copy so the partially-done first entry can be advanced.
   std::vector<iovec> rest(iov.begin(), iov.end());
   size_t idx = 0;
@@ -65,8 +65,12 @@ Status TransferAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        TH_RETURN_IF_ERROR(WaitFor(fd, write ? POLLOUT : POLLIN, deadline,
-                                   write ? "sending" : "receiving"));
+        Deadline wait = stall_ms > 0 ? deadline.Cap(stall_ms) : deadline;
+        TH_RETURN_IF_ERROR(WaitFor(
+            fd, write ? POLLOUT : POLLIN, wait,
+            wait.at() < deadline.at()
+                ? (write ? "sending (no progress)" : "receiving (no progress)")
+                : (write ? "sending" : "receiving")));
         continue;
       }
       return Unavailable(Errno(write ? "send" : "recv"));
@@ -232,17 +236,20 @@ Result<Fd> ConnectTcp(const std::string& host_port, const Deadline& deadline) {
   return last;
 }
 
-Status WriteAll(int fd, std::span<const iovec> iov, const Deadline& deadline) {
-  return TransferAll(fd, iov, deadline, true);
+Status WriteAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
+                int64_t stall_ms) {
+  return TransferAll(fd, iov, deadline, true, stall_ms);
 }
 
-Status ReadAll(int fd, std::span<const iovec> iov, const Deadline& deadline) {
-  return TransferAll(fd, iov, deadline, false);
+Status ReadAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
+               int64_t stall_ms) {
+  return TransferAll(fd, iov, deadline, false, stall_ms);
 }
 
-Status ReadExact(int fd, void* buf, size_t n, const Deadline& deadline) {
+Status ReadExact(int fd, void* buf, size_t n, const Deadline& deadline,
+                 int64_t stall_ms) {
   iovec v{buf, n};
-  return ReadAll(fd, {&v, 1}, deadline);
+  return ReadAll(fd, {&v, 1}, deadline, stall_ms);
 }
 
 }  // namespace tensorhub::transport

@@ -43,9 +43,12 @@ void TuneStream(int fd);
 // Write/read every byte of `iov` before the deadline. The iovec array is
 // not modified. `stall_ms` (if > 0) also fails the call when no byte moves
 // for that long.
-Status WriteAll(int fd, std::span<const iovec> iov, const Deadline& deadline);
-Status ReadAll(int fd, std::span<const iovec> iov, const Deadline& deadline);
-Status ReadExact(int fd, void* buf, size_t n, const Deadline& deadline);
+Status WriteAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
+                int64_t stall_ms = 0);
+Status ReadAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
+               int64_t stall_ms = 0);
+Status ReadExact(int fd, void* buf, size_t n, const Deadline& deadline,
+                 int64_t stall_ms = 0);
 
 }  // namespace tensorhub::transport
 

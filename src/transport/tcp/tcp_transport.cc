@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/checksum.h"
 #include "common/log.h"
 #include "transport/tcp/socket_util.h"
 
@@ -31,15 +32,15 @@ class TcpServer final : public Server {
   uint64_t bytes_served() const override { return bytes_served_.load(); }
 
   void Stop() override {
-    if (stopping_.exchange(true)) {
-      if (accept_thread_.joinable()) accept_thread_.join();
-      return;
-    }
+    std::lock_guard<std::mutex> stop_lock(stop_mu_);
+    stopping_ = true;
     if (accept_thread_.joinable()) accept_thread_.join();
     std::list<Conn> conns;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (Conn& c : conns_) ::shutdown(c.fd, SHUT_RDWR);
+      // Every fd here is still open: a connection's fd is closed only when
+      // its node is destroyed, after its thread was joined.
+      for (Conn& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
       conns.splice(conns.end(), conns_);
     }
     for (Conn& c : conns) c.thread.join();
@@ -47,7 +48,7 @@ class TcpServer final : public Server {
 
  private:
   struct Conn {
-    int fd;
+    Fd fd;
     std::thread thread;
     bool done = false;
   };
@@ -68,10 +69,10 @@ class TcpServer final : public Server {
         continue;
       }
       TuneStream(fd.get());
-      conns_.push_back(Conn{fd.get(), std::thread(), false});
+      conns_.push_back(Conn{std::move(fd), std::thread(), false});
       Conn* c = &conns_.back();
-      c->thread = std::thread([this, c, f = std::move(fd)]() mutable {
-        Serve(std::move(f));
+      c->thread = std::thread([this, c, raw = c->fd.get()] {
+        Serve(raw);
         std::lock_guard<std::mutex> l(mu_);
         c->done = true;
       });
@@ -94,15 +95,20 @@ class TcpServer final : public Server {
 
   // Serves requests on one connection until the peer leaves, an I/O error,
   // or Stop().
-  void Serve(Fd fd) {
+  void Serve(int fd) {
     uint8_t header[wire::kRequestHeaderBytes];
+    const int64_t stall_ms = options_.io_stall_timeout_ms;
     while (!stopping_.load()) {
-      pollfd p{fd.get(), POLLIN, 0};
+      pollfd p{fd, POLLIN, 0};
       int rc = ::poll(&p, 1, 200);
       if (rc == 0) continue;
       if (rc < 0) return;
-      Deadline deadline = Deadline::AfterMs(options_.io_stall_timeout_ms);
-      if (!ReadExact(fd.get(), header, sizeof(header), deadline).ok()) return;
+      // A whole read may take long on a slow link; what is bounded is the
+      // time without progress (stall_ms), plus an hour overall.
+      Deadline deadline = Deadline::AfterMs(3600 * 1000);
+      if (!ReadExact(fd, header, sizeof(header), deadline, stall_ms).ok()) {
+        return;
+      }
       wire::ReadRequest req;
       Result<size_t> model_len =
           wire::DecodeReadRequestHeader(header, sizeof(header), &req);
@@ -110,17 +116,18 @@ class TcpServer final : public Server {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
                      << model_len.status().ToString();
-        (void)SendError(fd.get(), model_len.status(), deadline);
+        (void)SendError(fd, model_len.status(), deadline);
         return;
       }
       req.model.resize(*model_len);
-      if (!ReadExact(fd.get(), req.model.data(), req.model.size(), deadline)
+      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline,
+                     stall_ms)
                .ok()) {
         return;
       }
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
-        if (!SendError(fd.get(), lease.status(), deadline).ok()) return;
+        if (!SendError(fd, lease.status(), deadline).ok()) return;
         continue;
       }
       wire::ResponseHeader h;
@@ -131,7 +138,7 @@ class TcpServer final : public Server {
       iov.reserve(lease->pieces.size() + 1);
       iov.push_back({hdr.data(), hdr.size()});
       iov.insert(iov.end(), lease->pieces.begin(), lease->pieces.end());
-      Status s = WriteAll(fd.get(), iov, deadline);
+      Status s = WriteAll(fd, iov, deadline, stall_ms);
       // The lease (and its pin on the registration) ends here, after the
       // last byte left or the send failed.
       if (!s.ok()) return;
@@ -146,13 +153,14 @@ class TcpServer final : public Server {
     h.message_len = static_cast<uint16_t>(msg.size());
     auto hdr = wire::EncodeResponseHeader(h);
     iovec iov[2] = {{hdr.data(), hdr.size()}, {msg.data(), msg.size()}};
-    return WriteAll(fd, iov, deadline);
+    return WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms);
   }
 
   Fd listener_;
   const std::string address_;
   ReadSource* const source_;
   const ServerOptions options_;
+  std::mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::thread accept_thread_;
@@ -166,9 +174,9 @@ class TcpConnection final : public Connection {
       : fd_(std::move(fd)), peer_(std::move(peer)) {}
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-              const Deadline& deadline) override {
+              const Deadline& deadline, uint64_t* xxh3) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
-    Status s = DoRead(req, dest, deadline);
+    Status s = DoRead(req, dest, deadline, xxh3);
     if (!s.ok() && s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kAborted &&
         s.code() != StatusCode::kInvalidArgument &&
@@ -183,7 +191,7 @@ class TcpConnection final : public Connection {
 
  private:
   Status DoRead(const wire::ReadRequest& req, std::span<const iovec> dest,
-                const Deadline& deadline) {
+                const Deadline& deadline, uint64_t* xxh3) {
     uint64_t want = 0;
     for (const iovec& v : dest) want += v.iov_len;
     if (want != req.length) {
@@ -215,8 +223,26 @@ class TcpConnection final : public Connection {
                       std::to_string(h->payload_len) + " bytes for a read of " +
                       std::to_string(req.length));
     }
-    return ReadAll(fd_.get(), dest, deadline).WithContext("holder " + peer_);
+    if (xxh3 == nullptr) {
+      return ReadAll(fd_.get(), dest, deadline).WithContext("holder " + peer_);
+    }
+    // Hash each segment right after it lands, while it is still in cache:
+    // one pass over memory instead of two.
+    Xxh3Stream hash;
+    for (const iovec& piece : dest) {
+      auto* p = static_cast<uint8_t*>(piece.iov_base);
+      for (size_t off = 0; off < piece.iov_len; off += kHashSegmentBytes) {
+        size_t n = std::min(kHashSegmentBytes, piece.iov_len - off);
+        TH_RETURN_IF_ERROR(ReadExact(fd_.get(), p + off, n, deadline)
+                               .WithContext("holder " + peer_));
+        hash.Update(p + off, n);
+      }
+    }
+    *xxh3 = hash.Digest();
+    return Status::Ok();
   }
+
+  static constexpr size_t kHashSegmentBytes = 256 << 10;
 
   Fd fd_;
   std::string peer_;

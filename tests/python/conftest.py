@@ -1,0 +1,43 @@
+"""Shared fixtures: one embedded hub per test session, clients per test."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TENSORHUB_LOG", "warn")  # read when _core loads
+
+import pytest
+
+import tensorhub
+
+
+@pytest.fixture(scope="session")
+def hub():
+    with tensorhub.serve_hub("127.0.0.1:0", lease_ms=3000) as h:
+        yield h
+
+
+@pytest.fixture
+def connect(hub):
+    """connect(**kw) -> a Client of the session hub, closed after the test."""
+    clients = []
+
+    def make(**kw):
+        kw.setdefault("connect_timeout", 5.0)
+        c = tensorhub.connect(hub.address, **kw)
+        clients.append(c)
+        return c
+
+    yield make
+    for c in clients:
+        c.close()
+
+
+_counter = [0]
+
+
+@pytest.fixture
+def model_name(request):
+    """A model name no other test uses (versions must increase per model)."""
+    _counter[0] += 1
+    return f"{request.node.name}-{_counter[0]}"

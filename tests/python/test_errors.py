@@ -1,0 +1,221 @@
+"""Every error path of the API raises the documented tensorhub.Error subclass."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tensorhub
+from tensorhub import errors
+
+
+def test_error_hierarchy():
+    for code, cls in errors._BY_CODE.items():
+        e = errors._from_status(code, errors.StatusCode(code).name, "boom")
+        assert type(e) is cls and isinstance(e, tensorhub.Error)
+        assert e.code == code and e.message == "boom"
+        assert str(e) == f"{errors.StatusCode(code).name}: boom"
+    assert issubclass(tensorhub.InvalidArgumentError, ValueError)
+    assert issubclass(tensorhub.DeadlineExceededError, TimeoutError)
+    assert issubclass(tensorhub.NotFoundError, LookupError)
+    assert issubclass(tensorhub.UnavailableError, ConnectionError)
+    import pickle
+    e = pickle.loads(pickle.dumps(tensorhub.NotFoundError("gone", 5)))
+    assert type(e) is tensorhub.NotFoundError and e.message == "gone"
+
+
+def test_non_contiguous_numpy(connect, model_name):
+    c = connect()
+    a = np.zeros((4, 4), np.float32)[:, 1]
+    with pytest.raises(tensorhub.InvalidArgumentError, match="not C-contiguous") as ei:
+        c.publish(model_name, 1, {"a": a})
+    assert ei.value.code == tensorhub.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(tensorhub.InvalidArgumentError, match="not C-contiguous"):
+        c.fetch(model_name, into={"a": np.zeros((4, 4), np.float32).T})
+
+
+def test_non_contiguous_torch(connect, model_name):
+    torch = pytest.importorskip("torch")
+    c = connect()
+    with pytest.raises(tensorhub.InvalidArgumentError, match="not contiguous"):
+        c.publish(model_name, 1, {"a": torch.zeros(4, 4).t()})
+
+
+def test_unsupported_objects(connect, model_name):
+    c = connect()
+    with pytest.raises(TypeError, match="numpy.ndarray or torch.Tensor"):
+        c.publish(model_name, 1, {"a": [1, 2, 3]})
+    with pytest.raises(tensorhub.InvalidArgumentError, match="not supported"):
+        c.publish(model_name, 1, {"a": np.zeros(3, np.complex64)})
+    with pytest.raises(tensorhub.InvalidArgumentError, match="byte order"):
+        c.publish(model_name, 1, {"a": np.zeros(3, ">f4")})
+    ro = np.zeros(3, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(tensorhub.InvalidArgumentError, match="read-only"):
+        c.fetch(model_name, into={"a": ro})
+    buf = np.zeros(8, np.float32)
+    with pytest.raises(tensorhub.InvalidArgumentError, match="share memory"):
+        c.fetch(model_name, into={"a": buf[:5], "b": buf[3:]})
+    for bad in (0, -1, True, "1", 1.5):
+        with pytest.raises(tensorhub.InvalidArgumentError, match="version"):
+            c.publish(model_name, bad, {"a": np.zeros(3)})
+
+
+@pytest.fixture
+def published(connect, model_name):
+    pub = connect()
+    pub.publish(model_name, 1, {"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+                                "b": np.zeros(3, np.int64)})
+    return model_name, pub
+
+
+def test_wrong_dtype(connect, published):
+    model, _ = published
+    sub = connect()
+    with pytest.raises(tensorhub.InvalidArgumentError, match=r"'w' is F64\[2,3\] but .* has F32\[2,3\]"):
+        sub.fetch(model, into={"w": np.zeros((2, 3), np.float64), "b": np.zeros(3, np.int64)})
+
+
+def test_wrong_shape(connect, published):
+    model, _ = published
+    sub = connect()
+    with pytest.raises(tensorhub.InvalidArgumentError, match=r"F32\[3,2\] but .* has F32\[2,3\]"):
+        sub.fetch(model, into={"w": np.zeros((3, 2), np.float32), "b": np.zeros(3, np.int64)})
+
+
+def test_wrong_names(connect, published):
+    model, _ = published
+    sub = connect()
+    with pytest.raises(tensorhub.InvalidArgumentError, match="lacks tensor 'b'"):
+        sub.fetch(model, into={"w": np.zeros((2, 3), np.float32)})
+    with pytest.raises(tensorhub.InvalidArgumentError, match="'zzz' is not part of"):
+        sub.fetch(model, into={"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.int64),
+                               "zzz": np.zeros(1, np.int64)})
+
+
+def test_unknown_model_and_version(connect, published):
+    model, _ = published
+    sub = connect()
+    into = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.int64)}
+    with pytest.raises(tensorhub.NotFoundError) as ei:
+        sub.fetch("no-such-model", into=into)
+    assert ei.value.code == tensorhub.StatusCode.NOT_FOUND
+    with pytest.raises(tensorhub.NotFoundError, match="version 99"):
+        sub.fetch(model, 99, into=into)
+    with pytest.raises(tensorhub.NotFoundError):
+        sub.describe("no-such-model")
+    with pytest.raises(tensorhub.NotFoundError):
+        sub.unpublish(model, 1)  # sub holds nothing
+
+
+def test_uncommitted_version(connect, model_name):
+    """Rank 0 of a group of 2 alone does not make a readable version."""
+    pub, sub = connect(), connect()
+    pub.publish(model_name, 1, {"w": np.ones(4, np.float32)}, rank=0, group_size=2)
+    info = sub.describe(model_name, 1)
+    assert info.state == "PENDING" and not info.committed
+    with pytest.raises(tensorhub.FailedPreconditionError):
+        sub.fetch(model_name, 1, into={"w": np.zeros(4, np.float32)}, timeout=5)
+    # "latest" means the highest committed version: there is none.
+    with pytest.raises((tensorhub.NotFoundError, tensorhub.FailedPreconditionError)):
+        sub.fetch(model_name, into={"w": np.zeros(4, np.float32)}, timeout=5)
+    # The second rank commits it.
+    pub2 = connect()
+    pub2.publish(model_name, 1, {"v": np.full(2, 7, np.int8)}, rank=1, group_size=2)
+    out = {"w": np.zeros(4, np.float32), "v": np.zeros(2, np.int8)}
+    assert sub.fetch(model_name, into=out) == 1
+    assert out["w"].tolist() == [1.0] * 4 and out["v"].tolist() == [7, 7]
+
+
+def test_version_not_increasing(connect, model_name):
+    pub = connect()
+    pub.publish(model_name, 5, {"w": np.ones(4, np.float32)})
+    with pytest.raises(tensorhub.AlreadyExistsError, match="already published"):
+        pub.publish(model_name, 5, {"w": np.ones(4, np.float32)})
+    with pytest.raises(tensorhub.FailedPreconditionError):
+        pub.publish(model_name, 3, {"w": np.ones(4, np.float32)})
+    with pytest.raises(tensorhub.FailedPreconditionError):
+        connect().publish(model_name, 4, {"w": np.ones(4, np.float32)})
+    assert pub.held() == {(model_name, 5): 1}  # failed publishes hold nothing
+
+
+def test_republish_same_memory_needs_unpublish(connect, model_name):
+    pub = connect()
+    w = np.ones(4, np.float32)
+    pub.publish(model_name, 1, {"w": w})
+    with pytest.raises(tensorhub.FailedPreconditionError, match="still published"):
+        pub.publish(model_name, 2, {"w": w})
+    pub.unpublish(model_name, 1)
+    pub.publish(model_name, 2, {"w": w})
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_unreachable_hub_fails_within_timeout():
+    addr = f"127.0.0.1:{_closed_port()}"
+    t0 = time.monotonic()
+    with pytest.raises((tensorhub.UnavailableError, tensorhub.DeadlineExceededError)) as ei:
+        tensorhub.connect(addr, connect_timeout=1.0)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.0 + 2.0, elapsed
+    assert addr.split(":")[1] in str(ei.value) or ei.value.message
+
+
+def test_connect_releases_the_gil():
+    """A blocking connect must not stall other Python threads."""
+    addr = f"127.0.0.1:{_closed_port()}"
+    done = threading.Event()
+    result = []
+
+    def worker():
+        try:
+            tensorhub.connect(addr, connect_timeout=1.0)
+        except tensorhub.Error as e:
+            result.append(e)
+        done.set()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    th.join()
+    assert result and ticks > 100, ticks  # ~1 s of 1 ms sleeps ran meanwhile
+
+
+def test_hub_gone_after_connect(model_name):
+    hub = tensorhub.serve_hub()
+    c = tensorhub.connect(hub.address, rpc_timeout=0.5)
+    hub.close()
+    t0 = time.monotonic()
+    with pytest.raises((tensorhub.UnavailableError, tensorhub.DeadlineExceededError)):
+        c.fetch(model_name, into={"w": np.zeros(1)}, timeout=1.0)
+    assert time.monotonic() - t0 < 3.0
+    c.close()
+
+
+def test_closed_client(connect, model_name):
+    c = connect()
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    with pytest.raises(tensorhub.FailedPreconditionError, match="closed"):
+        c.publish(model_name, 1, {"w": np.zeros(1)})
+
+
+def test_bad_connect_arguments(hub):
+    with pytest.raises(TypeError, match="unknown options"):
+        tensorhub.connect(hub.address, no_such_option=1)
+    with pytest.raises(tensorhub.InvalidArgumentError, match="label"):
+        tensorhub.connect(hub.address, labels={"zone": "x"})
