@@ -39,6 +39,12 @@ class Client::Impl {
     cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
     if (server_) server_->Stop();
+    // Best effort, briefly: if the hub does not answer, our lease expiring
+    // has the same effect.
+    if (!id_.empty()) {
+      Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms));
+      if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
+    }
   }
 
   Status Start() {

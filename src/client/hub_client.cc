@@ -164,6 +164,16 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
   return out;
 }
 
+Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout_ms);
+  v1::LeaveRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(id.value());
+  v1::LeaveResponse resp;
+  return Check(stub_->Leave(&ctx, req, &resp), "leave");
+}
+
 Result<std::vector<ModelInfo>> HubClient::List() {
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_ms_);

@@ -52,6 +52,7 @@ class HubClient {
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
                            Version version, bool include_uncommitted);
   Result<std::vector<ModelInfo>> List();
+  Status Leave(const WorkerId& id, int64_t timeout_ms);
 
   const std::string& address() const { return address_; }
 

@@ -25,15 +25,23 @@ class LogLine {
   std::ostringstream out_;
 };
 
+struct LogVoidify {
+  void operator&(std::ostream&) {}
+};
+
 }  // namespace tensorhub
 
 #define TH_LOG_LEVEL_DEBUG ::tensorhub::LogLevel::kDebug
 #define TH_LOG_LEVEL_INFO ::tensorhub::LogLevel::kInfo
 #define TH_LOG_LEVEL_WARN ::tensorhub::LogLevel::kWarn
 #define TH_LOG_LEVEL_ERROR ::tensorhub::LogLevel::kError
-#define TH_LOG(level)                                      \
-  if (!::tensorhub::LogEnabled(TH_LOG_LEVEL_##level)) {    \
-  } else                                                   \
-    ::tensorhub::LogLine(TH_LOG_LEVEL_##level, __FILE__, __LINE__).stream()
+// An expression, so it is safe under an unbraced `if`: `&` binds looser than
+// `<<`, so the whole line is streamed before it is voided.
+#define TH_LOG(level)                                                   \
+  !::tensorhub::LogEnabled(TH_LOG_LEVEL_##level)                        \
+      ? (void)0                                                         \
+      : ::tensorhub::LogVoidify() &                                     \
+            ::tensorhub::LogLine(TH_LOG_LEVEL_##level, __FILE__, __LINE__) \
+                .stream()
 
 #endif  // TENSORHUB_COMMON_LOG_H_

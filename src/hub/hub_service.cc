@@ -158,6 +158,15 @@ class HubServiceImpl final : public v1::Hub::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status Leave(ServerContext* ctx, const v1::LeaveRequest* req,
+                     v1::LeaveResponse*) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = state_.Leave(WorkerId(req->worker_id()));
+    if (s.ok()) TH_LOG(INFO) << "worker " << req->worker_id() << " left";
+    return wire::ToGrpc(s);
+  }
+
   void Expire() {
     std::lock_guard<std::mutex> lock(mu_);
     size_t before = state_.num_workers();

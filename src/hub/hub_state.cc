@@ -508,6 +508,14 @@ void HubState::ExpireLeases(int64_t now_ms) {
   for (const WorkerId& id : expired) RemoveWorker(id);
 }
 
+Status HubState::Leave(const WorkerId& worker) {
+  if (workers_.count(worker) == 0) {
+    return NotFound("hub does not know worker " + worker.value());
+  }
+  RemoveWorker(worker);
+  return Status::Ok();
+}
+
 void HubState::RemoveWorker(const WorkerId& id) {
   auto it = workers_.find(id);
   if (it == workers_.end()) return;

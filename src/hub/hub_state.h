@@ -116,6 +116,8 @@ class HubState {
   std::vector<ModelSummary> List() const;
   // Drops workers whose lease ended, with all their references.
   void ExpireLeases(int64_t now_ms);
+  // A worker leaves on purpose: the same as its lease ending now.
+  Status Leave(const WorkerId& worker);
 
   const HubConfig& config() const { return config_; }
   size_t num_workers() const { return workers_.size(); }

@@ -1002,3 +1002,26 @@ TEST_F(HubStateTest, KeepsAtMostMaxDeadVersionsPerModel) {
 
 }  // namespace
 }  // namespace tensorhub::hub
+
+namespace tensorhub::hub {
+namespace {
+
+TEST_F(HubStateTest, LeaveDropsEveryReferenceAtOnce) {
+  WorkerId t = Register("t");
+  WorkerId r = Register("r");
+  auto g = Group("m", 1, 3);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  auto g2 = Group("p", 2, 4);
+  ASSERT_EQ(*Pub(r, "p", 1, g2, 0), VersionState::kPending);
+  ASSERT_TRUE(hub_.Leave(t).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+  EXPECT_EQ(hub_.num_workers(), 1u);
+  EXPECT_EQ(hub_.Heartbeat(t, 0).code(), StatusCode::kNotFound);
+  EXPECT_EQ(hub_.Leave(t).code(), StatusCode::kNotFound);
+  // A rank of a pending group leaving aborts the group.
+  ASSERT_TRUE(hub_.Leave(r).ok());
+  EXPECT_EQ(ResolveCode("p", 1), StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace tensorhub::hub
