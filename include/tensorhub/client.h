@@ -69,7 +69,10 @@ struct FetchOptions {
   int64_t timeout_ms = 120000;
   // Parallel data-plane streams; each may go to a different holder.
   int connections = 4;
-  // After a successful fetch, register as a holder so others read from us.
+  // At most this many holders to stripe over (the hub picks them).
+  int max_sources = 4;
+  // Serve what we fetch: each chunk as soon as it is verified (so readers
+  // arriving together form a pipeline), and the whole version afterwards.
   bool serve = true;
   // Called from a fetch thread, at most every few milliseconds.
   std::function<void(const FetchProgress&)> on_progress;

@@ -4,7 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -15,6 +17,7 @@
 #include "client/fetcher.h"
 #include "client/hub_client.h"
 #include "client/registry.h"
+#include "common/checksum.h"
 #include "common/log.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -205,31 +208,69 @@ class Client::Impl {
       TH_RETURN_IF_ERROR(Unpublish(m, v, deadline.remaining_ms())
                              .WithContext("fetch: releasing the destination"));
     }
-    std::vector<client::FetchSource> sources = ToSources(r);
-    if (sources.empty()) {
+    // Serve chunks onward while still receiving the rest (partial-prefix
+    // serving): register the destination as a filling holder first.
+    std::optional<uint64_t> fill_epoch;
+    if (opts.serve) fill_epoch = BeginFill(model, r.version, manifest, job);
+    const Version v = r.version;
+    const uint32_t max_sources =
+        static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
+    client::SourceRefresher schedule =
+        [this, model, v, max_sources](const std::vector<std::string>& failed)
+        -> Result<std::vector<client::FetchSource>> {
+      std::vector<WorkerId> exclude;
+      for (const std::string& w : failed) exclude.emplace_back(w);
+      TH_ASSIGN_OR_RETURN(std::vector<client::ResolvedSource> srcs,
+                          hub_.Schedule(id(), model, v, exclude, max_sources));
+      return ToSources(srcs);
+    };
+    Result<std::vector<client::FetchSource>> sources = schedule({});
+    if (!sources.ok()) {
+      StatusCode c = sources.status().code();
+      if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
+        AbortFill(model, v, fill_epoch);
+        return sources.status();
+      }
+      // The hub may be restarting: start from the holders it listed a
+      // moment ago; the fetcher asks the hub again when they run out.
+      TH_LOG(WARN) << "schedule " << vname << ": " << sources.status().ToString()
+                   << "; using the holders from resolve";
+      sources = ToSources(r.sources);
+    }
+    if (sources->empty()) {
+      AbortFill(model, v, fill_epoch);
       return Unavailable(vname + " has no holder other than this worker");
     }
-    client::SourceRefresher refresh =
-        [this, model, v = r.version]() -> Result<std::vector<client::FetchSource>> {
-      TH_ASSIGN_OR_RETURN(client::Resolved again,
-                          hub_.Resolve(id(), model, v, false));
-      return ToSources(again);
-    };
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
-    TH_ASSIGN_OR_RETURN(client::FetchReport rep,
-                        client::RunFetch(*transport_, job, std::move(sources),
-                                         refresh, fo, deadline));
+    if (fill_epoch.has_value()) {
+      fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
+        registry_.MarkChunk(model, v, e, chunk);
+      };
+    }
+    Result<client::FetchReport> rep =
+        client::RunFetch(*transport_, job, std::move(sources).value(),
+                         schedule, fo, deadline);
     auto t2 = SteadyClock::now();
-    if (opts.serve) ServeFetched(model, r.version, manifest, job);
+    if (!rep.ok()) {
+      AbortFill(model, v, fill_epoch);
+      (void)hub_.FetchDone(id(), model, v);
+      return rep.status();
+    }
+    if (fill_epoch.has_value()) {
+      EndFill(model, v, manifest, *fill_epoch);  // also releases the sources
+    } else {
+      Status done = hub_.FetchDone(id(), model, v);
+      if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    }
     FetchStats st;
     st.version = r.version;
-    st.bytes = rep.bytes;
+    st.bytes = rep->bytes;
     st.seconds = std::chrono::duration<double>(t2 - t0).count();
     st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
-    st.sources_used = rep.sources_used;
-    st.chunk_retries = rep.chunk_retries;
+    st.sources_used = rep->sources_used;
+    st.chunk_retries = rep->chunk_retries;
     return st;
   }
 
@@ -287,10 +328,11 @@ class Client::Impl {
     return out + "]";
   }
 
-  static std::vector<client::FetchSource> ToSources(const client::Resolved& r) {
+  static std::vector<client::FetchSource> ToSources(
+      const std::vector<client::ResolvedSource>& sources) {
     std::vector<client::FetchSource> out;
-    for (const client::ResolvedSource& s : r.sources) {
-      out.push_back({s.data_address, s.epoch, s.chunks});
+    for (const client::ResolvedSource& s : sources) {
+      out.push_back({s.worker.value(), s.data_address, s.epoch, s.chunks});
     }
     return out;
   }
@@ -312,32 +354,66 @@ class Client::Impl {
     }
   }
 
-  void ServeFetched(const std::string& model, Version version,
-                    const Manifest& manifest, const client::FetchJob& job) {
+  // Registers the fetch destination as a filling holder: it serves each
+  // chunk once verified. Best effort: without it we only fetch.
+  std::optional<uint64_t> BeginFill(const std::string& model, Version version,
+                                    const Manifest& manifest,
+                                    const client::FetchJob& job) {
     Holding h;
     h.model = model;
     h.version = version;
     h.group_size = manifest.group_size();
     h.chunk_bytes = manifest.chunk_bytes();
     h.manifest = manifest;
+    h.filling = true;
     for (const PartLayout& p : manifest.parts()) {
       h.parts[p.rank] = p;
       h.bases[p.rank] = job.dest_bases[p.rank];
     }
     Result<uint64_t> epoch = registry_.Add(std::move(h));
     if (!epoch.ok()) {
-      TH_LOG(WARN) << "not serving fetched '" << model << "@" << version.value()
+      TH_LOG(WARN) << "not serving '" << model << "@" << version.value()
                    << "': " << epoch.status().ToString();
-      return;
+      return std::nullopt;
     }
-    Status s = hub_.AddHolder(id(), model, version, *epoch, manifest);
+    Status s = hub_.AddHolder(id(), model, version, *epoch, manifest,
+                              /*filling=*/true);
     if (s.ok()) {
       registry_.MarkReported(model, version, *epoch, true);
     } else {
+      TH_LOG(DEBUG) << "filling holder not reported: " << s.ToString();
+    }
+    return *epoch;
+  }
+
+  // The fetch finished: serve the whole copy and tell the hub.
+  void EndFill(const std::string& model, Version version,
+               const Manifest& manifest, uint64_t epoch) {
+    registry_.FinishFill(model, version, epoch);
+    Status s = hub_.AddHolder(id(), model, version, epoch, manifest);
+    registry_.MarkReported(model, version, epoch, s.ok());
+    if (!s.ok()) {
       // The fetch itself succeeded; the heartbeat thread reports the copy
       // once the hub answers again.
       TH_LOG(WARN) << "fetched '" << model << "@" << version.value()
                    << "' but could not tell the hub yet: " << s.ToString();
+    }
+  }
+
+  // The fetch failed: stop serving the partial copy (its memory may be
+  // overwritten by the caller as soon as we return).
+  void AbortFill(const std::string& model, Version version,
+                 std::optional<uint64_t> epoch) {
+    if (!epoch.has_value()) return;
+    Result<uint64_t> revoked = registry_.Revoke(model, version);
+    if (revoked.ok()) {
+      Status d = registry_.Drain(model, version, *revoked, Deadline::AfterMs(5000));
+      if (!d.ok()) TH_LOG(WARN) << "abandoned fetch: " << d.ToString();
+    }
+    Status s = hub_.Unpublish(id(), model, version);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_unpublish_.insert({model, version});
     }
   }
 
@@ -395,7 +471,8 @@ class Client::Impl {
       if (h.reported) continue;
       Status s;
       if (h.manifest.has_value()) {
-        s = hub_.AddHolder(id, h.model, h.version, h.epoch, *h.manifest);
+        s = hub_.AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
+                           h.filling);
       } else {
         s = hub_.Publish(id, h.model, h.version, *h.rank, h.group_size,
                          h.chunk_bytes, h.parts.at(*h.rank), h.epoch, true,

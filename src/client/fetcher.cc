@@ -1,6 +1,7 @@
 #include "client/fetcher.h"
 
 #include <algorithm>
+#include <cassert>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -41,6 +42,8 @@ class FetchRun {
     for (FetchSource& s : sources) AddSourceLocked(std::move(s));
     total_chunks_ = job.manifest->num_chunks();
     attempts_.assign(total_chunks_, 0);
+    done_.assign(total_chunks_, 0);
+    in_flight_.assign(total_chunks_, 0);
     for (uint64_t c = 0; c < total_chunks_; ++c) pending_.push_back(c);
   }
 
@@ -51,6 +54,9 @@ class FetchRun {
     for (int i = 0; i < n; ++i) threads.emplace_back([this] { Stream(); });
     for (std::thread& t : threads) t.join();
     if (!error_.ok()) return error_;
+    for (uint64_t c = 0; c < total_chunks_; ++c) {
+      if (!done_[c]) return Internal("fetch ended with chunk " + std::to_string(c) + " missing");
+    }
     FetchReport r;
     r.bytes = bytes_done_;
     r.chunk_retries = retries_;
@@ -116,14 +122,16 @@ class FetchRun {
       uint64_t chunk = pending_.front();
       int src = PickLocked(chunk);
       if (src < 0) {
-        if (!MaybeRefreshLocked(lock)) break;
-        src = PickLocked(chunk);
-        if (src < 0) {
-          cv_.wait_for(lock, std::chrono::milliseconds(50));
-          continue;
-        }
+        // MaybeRefreshLocked may drop the lock, and other streams may take
+        // chunks meanwhile: start over from the queue as it is then.
+        bool refreshed = false;
+        if (!MaybeRefreshLocked(lock, &refreshed)) break;
+        if (!refreshed) cv_.wait_for(lock, std::chrono::milliseconds(50));
+        continue;
       }
       pending_.pop_front();
+      assert(!in_flight_[chunk] && !done_[chunk]);
+      in_flight_[chunk] = 1;
       SourceState& s = sources_[src];
       ++s.active;
       std::string address = s.source.address;
@@ -136,12 +144,18 @@ class FetchRun {
       lock.lock();
       SourceState& s2 = sources_[src];  // the vector may have grown
       --s2.active;
+      in_flight_[chunk] = 0;
       if (st.ok()) {
+        // Each chunk completes exactly once; the count of done chunks is
+        // what ends the fetch.
+        assert(!done_[chunk]);
+        done_[chunk] = 1;
         ++s2.chunks_served;
         ++done_chunks_;
         bytes_done_ += loc.bytes;
         if (done_chunks_ == total_chunks_) cv_.notify_all();
         lock.unlock();
+        if (options_.on_chunk) options_.on_chunk(chunk);
         Progress(false);
         lock.lock();
         continue;
@@ -167,7 +181,8 @@ class FetchRun {
 
   // Asks the hub for sources again, at most once per refresh interval over
   // all streams. Returns false if the fetch must end.
-  bool MaybeRefreshLocked(std::unique_lock<std::mutex>& lock) {
+  bool MaybeRefreshLocked(std::unique_lock<std::mutex>& lock, bool* refreshed) {
+    *refreshed = false;
     int64_t now = NowMs();
     if (refreshing_ || now - last_refresh_ms_ < options_.refresh_interval_ms ||
         !refresh_) {
@@ -175,8 +190,12 @@ class FetchRun {
     }
     refreshing_ = true;
     last_refresh_ms_ = now;
+    std::vector<std::string> failed;
+    for (const SourceState& k : sources_) {
+      if (k.dead && !k.source.worker.empty()) failed.push_back(k.source.worker);
+    }
     lock.unlock();
-    Result<std::vector<FetchSource>> fresh = refresh_();
+    Result<std::vector<FetchSource>> fresh = refresh_(failed);
     lock.lock();
     refreshing_ = false;
     if (!fresh.ok()) {
@@ -192,6 +211,7 @@ class FetchRun {
       return true;
     }
     for (FetchSource& s : *fresh) AddSourceLocked(std::move(s));
+    *refreshed = true;
     return true;
   }
 
@@ -255,6 +275,8 @@ class FetchRun {
   std::vector<SourceState> sources_;  // guarded by mu_; only grows
   std::deque<uint64_t> pending_;      // guarded by mu_
   std::vector<int> attempts_;         // guarded by mu_
+  std::vector<uint8_t> done_;         // guarded by mu_
+  std::vector<uint8_t> in_flight_;    // guarded by mu_
   uint64_t total_chunks_ = 0;
   uint64_t done_chunks_ = 0;   // guarded by mu_
   uint64_t bytes_done_ = 0;    // guarded by mu_

@@ -24,6 +24,7 @@
 namespace tensorhub::client {
 
 struct FetchSource {
+  std::string worker;  // the hub's id for it (for excluding it later)
   std::string address;
   uint64_t epoch = 0;
   std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
@@ -44,6 +45,9 @@ struct FetcherOptions {
   int64_t refresh_interval_ms = 200;  // between asks to the hub
   int max_attempts_per_chunk = 32;
   std::function<void(const FetchProgress&)> on_progress;
+  // Called once per chunk right after it was verified (from a stream
+  // thread, no lock held): the caller may serve it onward from then on.
+  std::function<void(uint64_t global_chunk)> on_chunk;
 };
 
 struct FetchReport {
@@ -52,8 +56,10 @@ struct FetchReport {
   uint32_t chunk_retries = 0;
 };
 
-// Asks the hub again for sources of the same version.
-using SourceRefresher = std::function<Result<std::vector<FetchSource>>()>;
+// Asks the hub again for sources of the same version; `failed` names the
+// workers that failed this fetch so far (the hub should avoid them).
+using SourceRefresher = std::function<Result<std::vector<FetchSource>>(
+    const std::vector<std::string>& failed)>;
 
 Result<FetchReport> RunFetch(transport::Transport& transport,
                              const FetchJob& job,

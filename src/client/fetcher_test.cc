@@ -115,7 +115,7 @@ struct Holder {
     if (server) server->Stop();
   }
   FetchSource Source() const {
-    return FetchSource{server->address(), epoch, chunks};
+    return FetchSource{server->address(), server->address(), epoch, chunks};
   }
   // Flips one byte in every `stride` bytes of every tensor.
   void Corrupt(uint64_t stride) {
@@ -265,7 +265,7 @@ TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
   };
   // Only `a` is known at first, so it serves reads until the revoke; `b`
   // comes from the hub once `a` failed.
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     return std::vector<FetchSource>{b.Source()};
   };
   Destination d(v);
@@ -305,7 +305,7 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
     cv.wait_for(l, milliseconds(4000), [&] { return stop_now; });
     a.server->Stop();
   });
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     return std::vector<FetchSource>{b.Source()};
   };
   Destination d(v);
@@ -362,7 +362,7 @@ TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   Holder bad(*tcp_, v, {0, 1}, "m", 1);
   bad.Corrupt(1000);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     calls.fetch_add(1);
     return std::vector<FetchSource>{bad.Source()};
   };
@@ -384,7 +384,7 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
   TestVersion v = MakeVersion(13, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     int n = calls.fetch_add(1) + 1;
     if (n == 1) return std::vector<FetchSource>{};
     if (n == 2) return Unavailable("hub restarting");  // keep trying
@@ -401,7 +401,7 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
 
 TEST_F(FetcherTest, RefresherNotFoundEndsTheFetch) {
   TestVersion v = MakeVersion(14, 2, 8192, 8);
-  SourceRefresher refresh = []() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     return NotFound("version is gone");
   };
   Destination d(v);
@@ -418,11 +418,11 @@ TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
   TestVersion v = MakeVersion(15, 2, 8192, 8);
   std::vector<FetchSource> dead;
   for (int i = 0; i < 2; ++i) {
-    dead.push_back(FetchSource{DeadAddress(*tcp_), 1,
+    dead.push_back(FetchSource{"dead", DeadAddress(*tcp_), 1,
                                {{0, v.manifest.num_chunks()}}});
   }
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     calls.fetch_add(1);
     return dead;
   };
@@ -467,7 +467,7 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
     return n == 3 ? ResourceExhausted("too many reads in flight") : Status::Ok();
   };
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&]() -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
     calls.fetch_add(1);
     return std::vector<FetchSource>{h.Source()};
   };
@@ -480,6 +480,40 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
   EXPECT_GE(r->chunk_retries, 1u);
   EXPECT_GE(calls.load(), 1);
   EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+}
+
+}  // namespace
+}  // namespace tensorhub::client
+
+namespace tensorhub::client {
+namespace {
+
+// Regression: a stream that refreshed sources (dropping the lock) used to
+// fetch the chunk it had looked at before, although another stream had
+// taken it meanwhile, and skip the chunk it then popped: the fetch "ended"
+// with one chunk fetched twice and another never.
+TEST_F(FetcherTest, StreamsRefreshingTogetherFetchEveryChunkExactlyOnce) {
+  for (int round = 0; round < 5; ++round) {
+    TestVersion v = MakeVersion(40 + round, 1, 4096, 64);
+    Holder h(*tcp_, v, {0}, "m", 1);
+    // Every stream's first read fails at once (nobody listens there), so
+    // while the first failing stream asks for sources (slowly, lock
+    // dropped) the others put their chunks back at the front of the queue.
+    FetchSource dead{"dead", DeadAddress(*tcp_), 1, {{0, v.manifest.num_chunks()}}};
+    SourceRefresher refresh = [&](const std::vector<std::string>&)
+        -> Result<std::vector<FetchSource>> {
+      std::this_thread::sleep_for(milliseconds(30));
+      return std::vector<FetchSource>{h.Source()};
+    };
+    FetcherOptions o = TestOptions();
+    o.streams = 8;
+    Destination d(v);
+    Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {dead}, refresh,
+                                     o, Deadline::AfterMs(5000));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(d.data, v.data) << "round " << round;
+    EXPECT_EQ(r->bytes, v.manifest.total_bytes());
+  }
 }
 
 }  // namespace

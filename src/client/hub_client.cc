@@ -98,7 +98,7 @@ Status HubClient::Publish(const WorkerId& id, const std::string& model,
 
 Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
                             Version version, uint64_t epoch,
-                            const Manifest& manifest) {
+                            const Manifest& manifest, bool filling) {
   grpc::ClientContext ctx;
   Prepare(&ctx, rpc_timeout_ms_);
   v1::AddHolderRequest req;
@@ -107,6 +107,7 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   req.set_model(model);
   req.set_version(version.value());
   req.set_epoch(epoch);
+  req.set_filling(filling);
   wire::ToProto(manifest, req.mutable_manifest());
   v1::AddHolderResponse resp;
   return Check(stub_->AddHolder(&ctx, req, &resp), "add holder");
@@ -146,22 +147,67 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
     out.manifest = std::move(m);
   }
   for (const v1::Holder& h : resp.holders()) {
-    ResolvedSource s;
-    s.worker = WorkerId(h.worker_id());
-    s.data_address = h.data_address();
-    s.labels = wire::FromProto(h.labels());
-    s.worker_class =
-        h.worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
-    s.epoch = h.epoch();
-    if (h.chunk_begin_size() != h.chunk_end_size()) {
-      return InvalidArgument("hub sent mismatched chunk ranges");
-    }
-    for (int i = 0; i < h.chunk_begin_size(); ++i) {
-      s.chunks.push_back({h.chunk_begin(i), h.chunk_end(i)});
-    }
-    out.sources.push_back(std::move(s));
+    TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+    out.sources.push_back(std::move(src));
   }
   return out;
+}
+
+Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
+  ResolvedSource s;
+  s.worker = WorkerId(h.worker_id());
+  s.data_address = h.data_address();
+  s.labels = wire::FromProto(h.labels());
+  s.worker_class =
+      h.worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
+  s.epoch = h.epoch();
+  s.filling = h.filling();
+  if (h.chunk_begin_size() != h.chunk_end_size() ||
+      h.chunk_begin_size() > 4096) {
+    return InvalidArgument("hub sent malformed chunk ranges");
+  }
+  for (int i = 0; i < h.chunk_begin_size(); ++i) {
+    if (h.chunk_begin(i) > h.chunk_end(i)) {
+      return InvalidArgument("hub sent an inverted chunk range");
+    }
+    s.chunks.push_back({h.chunk_begin(i), h.chunk_end(i)});
+  }
+  return s;
+}
+
+Result<std::vector<ResolvedSource>> HubClient::Schedule(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::vector<WorkerId>& exclude, uint32_t max_sources) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::ScheduleRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  for (const WorkerId& e : exclude) req.add_exclude(e.value());
+  req.set_max_sources(max_sources);
+  v1::ScheduleResponse resp;
+  TH_RETURN_IF_ERROR(Check(stub_->Schedule(&ctx, req, &resp), "schedule"));
+  std::vector<ResolvedSource> out;
+  for (const v1::Holder& h : resp.holders()) {
+    TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+    out.push_back(std::move(src));
+  }
+  return out;
+}
+
+Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
+                            Version version) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, rpc_timeout_ms_);
+  v1::FetchDoneRequest req;
+  req.set_secret(secret_);
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  v1::FetchDoneResponse resp;
+  return Check(stub_->FetchDone(&ctx, req, &resp), "fetch done");
 }
 
 Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms) {

@@ -22,6 +22,7 @@ struct ResolvedSource {
   WorkerClass worker_class = WorkerClass::kReliable;
   uint64_t epoch = 0;
   std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
+  bool filling = false;
 };
 
 struct Resolved {
@@ -46,7 +47,13 @@ class HubClient {
                  const PartLayout& part, uint64_t epoch, bool rebuild,
                  int64_t timeout_ms);
   Status AddHolder(const WorkerId& id, const std::string& model,
-                   Version version, uint64_t epoch, const Manifest& manifest);
+                   Version version, uint64_t epoch, const Manifest& manifest,
+                   bool filling = false);
+  Result<std::vector<ResolvedSource>> Schedule(
+      const WorkerId& reader, const std::string& model, Version version,
+      const std::vector<WorkerId>& exclude, uint32_t max_sources);
+  Status FetchDone(const WorkerId& reader, const std::string& model,
+                   Version version);
   Status Unpublish(const WorkerId& id, const std::string& model,
                    Version version);
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
@@ -59,6 +66,7 @@ class HubClient {
  private:
   void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
   Status Check(const grpc::Status& s, const char* what) const;
+  static Result<ResolvedSource> FromProto(const v1::Holder& h);
 
   std::string address_;
   std::string secret_;

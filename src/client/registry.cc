@@ -25,6 +25,12 @@ Result<uint64_t> Registry::Add(Holding holding) {
     }
   }
   auto e = std::make_shared<Entry>();
+  if (holding.filling) {
+    if (!holding.manifest.has_value()) {
+      return Internal("a filling registration needs its manifest");
+    }
+    e->have.assign(holding.manifest->num_chunks(), 0);
+  }
   holding.epoch = next_epoch_++;
   uint64_t epoch = holding.epoch;
   e->holding = std::move(holding);
@@ -41,6 +47,8 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
   }
   std::shared_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
+  e->revoked = true;
+  chunk_arrived_.notify_all();  // reads waiting for chunks give up
   uint64_t epoch = e->holding.epoch;
   if (e->inflight > 0) draining_[epoch] = std::move(e);
   return epoch;
@@ -102,8 +110,34 @@ void Registry::MarkReported(const std::string& model, Version version,
   }
 }
 
-Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) {
+Registry::Entry* Registry::FindLocked(const std::string& model,
+                                      Version version, uint64_t epoch) {
+  auto it = live_.find({model, version});
+  if (it == live_.end() || it->second->holding.epoch != epoch) return nullptr;
+  return it->second.get();
+}
+
+void Registry::MarkChunk(const std::string& model, Version version,
+                         uint64_t epoch, uint64_t chunk) {
   std::lock_guard<std::mutex> lock(mu_);
+  Entry* e = FindLocked(model, version, epoch);
+  if (e == nullptr || chunk >= e->have.size()) return;
+  e->have[chunk] = 1;
+  chunk_arrived_.notify_all();
+}
+
+void Registry::FinishFill(const std::string& model, Version version,
+                          uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry* e = FindLocked(model, version, epoch);
+  if (e == nullptr) return;
+  e->holding.filling = false;
+  e->have.clear();
+  chunk_arrived_.notify_all();
+}
+
+Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) {
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
       "'" + req.model + "@" + std::to_string(req.version) + "'";
@@ -125,6 +159,32 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
       req.length > layout.part_bytes - req.offset) {
     return InvalidArgument("read past the end of part " +
                            std::to_string(req.part) + " of " + name);
+  }
+  if (e->holding.filling) {
+    // Partial-prefix serving: wait (bounded) until every chunk the range
+    // touches has been received and verified here.
+    const Manifest& m = *e->holding.manifest;
+    uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
+    uint64_t last =
+        m.chunk_base(req.part) + (req.offset + req.length - 1) / m.chunk_bytes();
+    auto ready = [&] {
+      if (e->revoked || !e->holding.filling) return true;
+      for (uint64_t c = first; c <= last; ++c) {
+        if (!e->have[c]) return false;
+      }
+      return true;
+    };
+    if (!chunk_arrived_.wait_for(lock, std::chrono::milliseconds(fill_wait_ms_),
+                                 ready)) {
+      return Unavailable("chunks " + std::to_string(first) + ".." +
+                         std::to_string(last) + " of " + name +
+                         " did not arrive here within " +
+                         std::to_string(fill_wait_ms_) + " ms");
+    }
+    if (e->revoked) {
+      return Aborted("registration " + std::to_string(req.epoch) + " of " +
+                     name + " was revoked");
+    }
   }
   transport::ServeLease lease;
   AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,

@@ -37,11 +37,15 @@ struct Holding {
   std::map<uint32_t, PartLayout> parts;
   std::map<uint32_t, std::vector<uint8_t*>> bases;  // per part, per tensor
   bool reported = false;  // the hub acknowledged it
+  // Still being fetched: only chunks marked with MarkChunk() are served; a
+  // read of a chunk not there yet waits for it (bounded by fill_wait_ms).
+  // Requires `manifest`.
+  bool filling = false;
 };
 
 class Registry final : public transport::ReadSource {
  public:
-  Registry() = default;
+  explicit Registry(int64_t fill_wait_ms = 10000) : fill_wait_ms_(fill_wait_ms) {}
 
   // Registers memory; returns the new registration's epoch. Replaces a
   // registration of the same (model, version) only after it was revoked.
@@ -60,6 +64,12 @@ class Registry final : public transport::ReadSource {
   std::vector<Holding> Snapshot() const;
   void MarkReported(const std::string& model, Version version, uint64_t epoch,
                     bool reported);
+  // A filling registration received and verified global chunk `chunk`:
+  // serve it from now on, and wake reads waiting for it.
+  void MarkChunk(const std::string& model, Version version, uint64_t epoch,
+                 uint64_t chunk);
+  // Every chunk is there: the registration serves like a full copy.
+  void FinishFill(const std::string& model, Version version, uint64_t epoch);
 
   Result<transport::ServeLease> BeginRead(const wire::ReadRequest& req) override;
 
@@ -68,12 +78,17 @@ class Registry final : public transport::ReadSource {
  private:
   struct Entry {
     Holding holding;
-    uint64_t inflight = 0;  // guarded by mu_
+    uint64_t inflight = 0;      // guarded by mu_
+    bool revoked = false;       // guarded by mu_
+    std::vector<uint8_t> have;  // per global chunk, while filling
   };
+  Entry* FindLocked(const std::string& model, Version version, uint64_t epoch);
   using Key = std::pair<std::string, Version>;
 
+  const int64_t fill_wait_ms_;
   mutable std::mutex mu_;
   std::condition_variable drained_;
+  std::condition_variable chunk_arrived_;
   uint64_t next_epoch_ = 1;                        // guarded by mu_
   std::map<Key, std::shared_ptr<Entry>> live_;     // guarded by mu_
   // Revoked entries with reads still in flight, by epoch.

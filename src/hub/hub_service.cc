@@ -90,7 +90,8 @@ class HubServiceImpl final : public v1::Hub::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return wire::ToGrpc(state_.AddHolder(WorkerId(req->worker_id()),
                                          req->model(), Version(req->version()),
-                                         req->epoch(), *m, NowMs()));
+                                         req->epoch(), *m, NowMs(),
+                                         req->filling()));
   }
 
   grpc::Status Unpublish(ServerContext* ctx, const v1::UnpublishRequest* req,
@@ -117,19 +118,37 @@ class HubServiceImpl final : public v1::Hub::Service {
     resp->set_version(r->version.value());
     resp->set_state(wire::ToProto(r->state));
     if (r->manifest.has_value()) wire::ToProto(*r->manifest, resp->mutable_manifest());
-    for (const HolderView& h : r->holders) {
-      v1::Holder* out = resp->add_holders();
-      out->set_worker_id(h.worker.value());
-      out->set_data_address(h.data_address);
-      wire::ToProto(h.labels, out->mutable_labels());
-      out->set_worker_class(h.worker_class == WorkerClass::kSpot ? v1::SPOT
-                                                                 : v1::RELIABLE);
-      out->set_epoch(h.epoch);
-      for (const ChunkRange& c : h.chunks) {
-        out->add_chunk_begin(c.begin);
-        out->add_chunk_end(c.end);
-      }
+    for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Schedule(ServerContext* ctx, const v1::ScheduleRequest* req,
+                        v1::ScheduleResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (req->max_sources() < 1 || req->max_sources() > 16 ||
+        req->exclude_size() > 4096) {
+      return wire::ToGrpc(InvalidArgument(
+          "schedule: max_sources must be in [1, 16], exclude at most 4096"));
     }
+    std::set<WorkerId> exclude;
+    for (const std::string& e : req->exclude()) exclude.insert(WorkerId(e));
+    Result<std::vector<HolderView>> r = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return state_.Schedule(WorkerId(req->worker_id()), req->model(),
+                             Version(req->version()), exclude,
+                             req->max_sources());
+    }();
+    if (!r.ok()) return wire::ToGrpc(r.status());
+    for (const HolderView& h : *r) ToProto(h, resp->add_holders());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status FetchDone(ServerContext* ctx, const v1::FetchDoneRequest* req,
+                         v1::FetchDoneResponse*) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.FetchDone(WorkerId(req->worker_id()), req->model(),
+                     Version(req->version()));
     return grpc::Status::OK;
   }
 
@@ -184,6 +203,20 @@ class HubServiceImpl final : public v1::Hub::Service {
                  << ": wrong or missing secret";
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "wrong or missing shared secret");
+  }
+
+  static void ToProto(const HolderView& h, v1::Holder* out) {
+    out->set_worker_id(h.worker.value());
+    out->set_data_address(h.data_address);
+    wire::ToProto(h.labels, out->mutable_labels());
+    out->set_worker_class(h.worker_class == WorkerClass::kSpot ? v1::SPOT
+                                                               : v1::RELIABLE);
+    out->set_epoch(h.epoch);
+    out->set_filling(h.filling);
+    for (const ChunkRange& c : h.chunks) {
+      out->add_chunk_begin(c.begin);
+      out->add_chunk_end(c.end);
+    }
   }
 
   std::mutex mu_;

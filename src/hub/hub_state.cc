@@ -201,7 +201,8 @@ void HubState::TryCommit(VersionEntry& v) {
 
 Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
                            Version version, uint64_t epoch,
-                           const Manifest& manifest, int64_t now_ms) {
+                           const Manifest& manifest, int64_t now_ms,
+                           bool filling) {
   auto wit = workers_.find(worker);
   if (wit == workers_.end()) {
     return NotFound("hub does not know worker " + worker.value() +
@@ -264,10 +265,19 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
   }
   auto rit = v.refs.find(worker);
   if (rit != v.refs.end() && rit->second.rank.has_value()) {
+    if (filling) {
+      return FailedPrecondition("worker " + worker.value() + " holds rank " +
+                                std::to_string(*rit->second.rank) + " of " +
+                                vname + " already");
+    }
     // The trainer rank itself fetched the rest: it now holds everything.
     rit->second.rank.reset();
   }
-  v.refs[worker].epoch = epoch;
+  Reference& ref = v.refs[worker];
+  if (ref.join_seq == 0 && !ref.rank.has_value()) ref.join_seq = v.next_join++;
+  ref.epoch = epoch;
+  ref.filling = filling;
+  if (!filling) Release(v, worker);
   UpdateAvailability(v);
   wit->second.refs.insert({model, version});
   return Status::Ok();
@@ -301,6 +311,10 @@ void HubState::DropReference(const std::string& model, Version version,
   auto rit = v.refs.find(worker);
   if (rit == v.refs.end()) return;
   v.refs.erase(rit);
+  Release(v, worker);
+  // Readers that had it as a source find out on their next read and ask
+  // for new sources; it stops counting as busy now.
+  v.serving.erase(worker);
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
     // complete. Abort it and drop the other ranks' references.
@@ -325,6 +339,7 @@ void HubState::UpdateAvailability(VersionEntry& v) {
   // Committed and readable only while every chunk has a live holder.
   std::vector<ChunkRange> ranges;
   for (const auto& [holder, ref] : v.refs) {
+    if (ref.filling) continue;  // not a copy yet
     for (const ChunkRange& r : RangesOf(v, ref)) ranges.push_back(r);
   }
   std::sort(ranges.begin(), ranges.end(),
@@ -445,6 +460,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     hv.worker_class = hit->second.reg.worker_class;
     hv.epoch = ref.epoch;
     hv.chunks = RangesOf(v, ref);
+    hv.filling = ref.filling;
     if (!v.manifest.has_value() && ref.rank.has_value()) {
       hv.chunks = {};  // pending: chunk ids are not fixed until commit
     }
@@ -468,6 +484,93 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   }
   for (Candidate& c : candidates) res.holders.push_back(std::move(c.view));
   return res;
+}
+
+void HubState::Release(VersionEntry& v, const WorkerId& reader) {
+  auto it = v.assignments.find(reader);
+  if (it == v.assignments.end()) return;
+  for (const WorkerId& src : it->second) {
+    auto s = v.serving.find(src);
+    if (s != v.serving.end() && --s->second <= 0) v.serving.erase(s);
+  }
+  v.assignments.erase(it);
+}
+
+HubState::VersionEntry* HubState::FindVersion(const std::string& model,
+                                              Version version) {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return nullptr;
+  auto vit = mit->second.versions.find(version);
+  return vit == mit->second.versions.end() ? nullptr : &vit->second;
+}
+
+Result<std::vector<HolderView>> HubState::Schedule(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::set<WorkerId>& exclude, size_t max_sources) {
+  if (version.is_latest()) {
+    return InvalidArgument("schedule needs a resolved version number");
+  }
+  // Same checks and errors as a resolve of that exact version.
+  TH_ASSIGN_OR_RETURN(Resolution r, Resolve(reader, model, version, false));
+  VersionEntry& v = *FindVersion(model, version);
+  Release(v, reader);
+  Labels reader_labels;
+  auto rit = workers_.find(reader);
+  if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
+  struct Candidate {
+    int distance;
+    int serving;
+    uint64_t join_seq;
+    HolderView* view;
+  };
+  // A reader that serves while it fills may only read from filling holders
+  // that joined before it: the pipeline is then a DAG, never a cycle of
+  // readers waiting on each other.
+  uint64_t reader_join = UINT64_MAX;
+  if (auto own = v.refs.find(reader); own != v.refs.end() && own->second.filling) {
+    reader_join = own->second.join_seq;
+  }
+  std::vector<Candidate> candidates;
+  for (HolderView& h : r.holders) {
+    if (exclude.count(h.worker) > 0) continue;
+    if (h.filling && v.refs.at(h.worker).join_seq >= reader_join) continue;
+    auto sit = v.serving.find(h.worker);
+    candidates.push_back({Distance(reader_labels, h.labels),
+                          sit == v.serving.end() ? 0 : sit->second,
+                          v.refs.at(h.worker).join_seq, &h});
+  }
+  if (candidates.empty()) {
+    return Unavailable("'" + model + "@" + std::to_string(version.value()) +
+                       "' has no holder left to read from");
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     if (a.distance != b.distance) return a.distance < b.distance;
+                     if (a.serving != b.serving) return a.serving < b.serving;
+                     return a.join_seq > b.join_seq;
+                   });
+  std::vector<HolderView> out;
+  std::vector<WorkerId>& assigned = v.assignments[reader];
+  auto take = [&](const Candidate& c) {
+    out.push_back(*c.view);
+    assigned.push_back(c.view->worker);
+    ++v.serving[c.view->worker];
+  };
+  take(candidates[0]);
+  for (size_t i = 1; i < candidates.size() && out.size() < max_sources; ++i) {
+    const Candidate& c = candidates[i];
+    if (c.distance == candidates[0].distance && c.serving == 0 &&
+        !c.view->filling) {
+      take(c);
+    }
+  }
+  return out;
+}
+
+void HubState::FetchDone(const WorkerId& reader, const std::string& model,
+                         Version version) {
+  VersionEntry* v = FindVersion(model, version);
+  if (v != nullptr) Release(*v, reader);
 }
 
 std::vector<ModelSummary> HubState::List() const {
@@ -521,6 +624,13 @@ void HubState::RemoveWorker(const WorkerId& id) {
   if (it == workers_.end()) return;
   std::set<std::pair<std::string, Version>> refs = it->second.refs;
   for (const auto& [model, version] : refs) DropReference(model, version, id);
+  // A reader that served nothing may still have sources assigned.
+  for (auto& [name, m] : models_) {
+    for (auto& [version, v] : m.versions) {
+      Release(v, id);
+      v.serving.erase(id);
+    }
+  }
   workers_.erase(id);
 }
 

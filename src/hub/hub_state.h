@@ -53,6 +53,9 @@ struct HolderView {
   WorkerClass worker_class = WorkerClass::kReliable;
   uint64_t epoch = 0;
   std::vector<ChunkRange> chunks;
+  // Still receiving the version: it serves each chunk once it has verified
+  // it (a read of a chunk it is still receiving waits for it).
+  bool filling = false;
 };
 
 struct Resolution {
@@ -102,10 +105,29 @@ class HubState {
   Status Heartbeat(const WorkerId& worker, int64_t now_ms);
   // A trainer rank's part. Returns the version's state after the call.
   Result<VersionState> Publish(const PublishArgs& args, int64_t now_ms);
-  // A worker now holds all of a committed version.
+  // A worker holds a committed version: all of it, or (filling) it is
+  // receiving it now and serves the chunks it has verified. A full report
+  // ends the worker's fetch: its assigned sources are released.
   Status AddHolder(const WorkerId& worker, const std::string& model,
                    Version version, uint64_t epoch, const Manifest& manifest,
-                   int64_t now_ms);
+                   int64_t now_ms, bool filling = false);
+  // Chooses the sources a reader pulls a committed version from, and counts
+  // them as busy until the reader's fetch ends (FetchDone, a full AddHolder,
+  // or the reader leaving). Nearest first; among equally near holders the
+  // least busy, then the latest to join, so that readers arriving together
+  // form a pipeline (trainer -> r1 -> r2 ...) in which every holder uploads
+  // to one reader at a time. Idle complete holders as near as the first
+  // choice are added as extra stripes, up to `max_sources`. `exclude`
+  // names holders that failed this reader. Calling it again replaces the
+  // reader's previous assignment.
+  Result<std::vector<HolderView>> Schedule(const WorkerId& reader,
+                                           const std::string& model,
+                                           Version version,
+                                           const std::set<WorkerId>& exclude,
+                                           size_t max_sources);
+  // The reader's fetch ended (success or not): release its sources.
+  void FetchDone(const WorkerId& reader, const std::string& model,
+                 Version version);
   // Withdraws the worker's reference. Aborts a version still pending.
   Status Unpublish(const WorkerId& worker, const std::string& model,
                    Version version, int64_t now_ms);
@@ -131,6 +153,8 @@ class HubState {
   struct Reference {
     uint64_t epoch = 0;
     std::optional<uint32_t> rank;  // set for a trainer rank's part
+    bool filling = false;
+    uint64_t join_seq = 0;  // order in which holders joined (trainers: 0)
   };
   struct VersionEntry {
     VersionState state = VersionState::kPending;
@@ -140,6 +164,10 @@ class HubState {
     std::optional<Manifest> manifest;              // once committed
     std::map<WorkerId, Reference> refs;
     uint64_t resolve_count = 0;  // rotates equally near holders
+    uint64_t next_join = 1;
+    // Reader -> the sources Schedule() gave it; holder -> readers assigned.
+    std::map<WorkerId, std::vector<WorkerId>> assignments;
+    std::map<WorkerId, int> serving;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -151,6 +179,8 @@ class HubState {
                      const WorkerId& worker);
   void Prune(Model& m);
   static void TryCommit(VersionEntry& v);
+  static void Release(VersionEntry& v, const WorkerId& reader);
+  VersionEntry* FindVersion(const std::string& model, Version version);
   static void UpdateAvailability(VersionEntry& v);
   static std::vector<ChunkRange> RangesOf(const VersionEntry& v,
                                           const Reference& r);

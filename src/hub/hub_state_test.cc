@@ -1025,3 +1025,107 @@ TEST_F(HubStateTest, LeaveDropsEveryReferenceAtOnce) {
 
 }  // namespace
 }  // namespace tensorhub::hub
+
+namespace tensorhub::hub {
+namespace {
+
+// Readers arriving together form a pipeline: each holder uploads to one
+// reader at a time, filling holders only feed readers that joined later.
+TEST_F(HubStateTest, ScheduleFormsAPipelineWithoutCycles) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 1, 5);
+  Manifest m = ManifestOf(g);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  std::vector<WorkerId> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.push_back(Register("r" + std::to_string(i)));
+    // Every reader registers as a filling holder before it asks.
+    ASSERT_TRUE(hub_.AddHolder(readers.back(), "m", Version(1), 10 + i, m, 0,
+                               /*filling=*/true)
+                    .ok());
+  }
+  // All four registered before any scheduled: the worst case for cycles.
+  std::map<std::string, std::string> parent;
+  for (const WorkerId& r : readers) {
+    auto s = hub_.Schedule(r, "m", Version(1), {}, 4);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_EQ(s->size(), 1u);
+    parent[r.value()] = (*s)[0].worker.value();
+  }
+  EXPECT_EQ(parent[readers[0].value()], t.value());
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(parent[readers[i].value()], readers[i - 1].value()) << i;
+  }
+  // A filling holder is no copy: the version still needs the trainer.
+  ASSERT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+}
+
+TEST_F(HubStateTest, ScheduleStripesOverIdleCompleteHoldersAndReleases) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 1, 6);
+  Manifest m = ManifestOf(g);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  std::vector<WorkerId> full;
+  for (int i = 0; i < 3; ++i) {
+    full.push_back(Register("f" + std::to_string(i)));
+    ASSERT_TRUE(hub_.AddHolder(full.back(), "m", Version(1), 1, m, 0).ok());
+  }
+  WorkerId late = Register("late");
+  auto s = hub_.Schedule(late, "m", Version(1), {}, 3);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->size(), 3u);  // three idle complete holders, one reader
+  // While it fetches they count as busy: the next reader gets the fourth.
+  WorkerId next = Register("next");
+  auto s2 = hub_.Schedule(next, "m", Version(1), {}, 3);
+  ASSERT_TRUE(s2.ok());
+  ASSERT_EQ(s2->size(), 1u);
+  std::set<std::string> first;
+  for (const HolderView& h : *s) first.insert(h.worker.value());
+  EXPECT_EQ(first.count((*s2)[0].worker.value()), 0u);
+  // Released when its fetch ends; excluded holders are never chosen.
+  hub_.FetchDone(late, "m", Version(1));
+  auto s3 = hub_.Schedule(late, "m", Version(1), {full[0], full[1], full[2]}, 3);
+  ASSERT_TRUE(s3.ok());
+  for (const HolderView& h : *s3) {
+    EXPECT_NE(h.worker, full[0]);
+    EXPECT_NE(h.worker, full[1]);
+    EXPECT_NE(h.worker, full[2]);
+  }
+  auto none = hub_.Schedule(late, "m", Version(1), {t, full[0], full[1], full[2]}, 3);
+  EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
+  WorkerId t = Register("t", L("a", "r1", "h1"));
+  auto g = Group("m", 1, 7);
+  Manifest m = ManifestOf(g);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  // Three readers in datacenter b join one after the other.
+  std::vector<WorkerId> b;
+  int wan = 0;
+  for (int i = 0; i < 3; ++i) {
+    b.push_back(Register("b" + std::to_string(i), L("b", "r2", "h" + std::to_string(10 + i))));
+    ASSERT_TRUE(hub_.AddHolder(b.back(), "m", Version(1), 1, m, 0, true).ok());
+    auto s = hub_.Schedule(b.back(), "m", Version(1), {}, 4);
+    ASSERT_TRUE(s.ok());
+    for (const HolderView& h : *s) wan += h.labels.datacenter != "b";
+  }
+  EXPECT_EQ(wan, 1);  // only the first reader in b reads across
+}
+
+TEST_F(HubStateTest, ScheduleOfUncommittedOrUnknownVersionFailsLikeResolve) {
+  WorkerId t = Register("t");
+  auto g = Group("m", 2, 8);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kPending);
+  WorkerId r = Register("r");
+  EXPECT_EQ(hub_.Schedule(r, "m", Version(1), {}, 4).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(hub_.Schedule(r, "m", Version(9), {}, 4).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(hub_.Schedule(r, "m", Version::Latest(), {}, 4).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tensorhub::hub

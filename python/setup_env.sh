@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Sets up the Python environment of TensorHub, idempotently, and says what it
+# does:
+#   1. Debian packages: python3-venv, python3-torch (the CPU build: PyPI's torch
+#      is a multi-GB CUDA build), python3-numpy, python3-pytest, pybind11-dev.
+#      The C++ build dependencies come from scripts/install-deps.sh.
+#   2. A venv at .venv on /usr/bin/python3 with --system-site-packages, so it
+#      sees Debian's torch and numpy.
+#   3. pip: scikit-build-core, pybind11 (the build backend), safetensors (tests).
+#   4. pip install . : builds tensorhub._core from the project's CMake tree
+#      (incrementally, in build-python/) with 2 jobs, and installs the package.
+# Usage: bash python/setup_env.sh [--test]   (--test also runs the pytest suite)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=$ROOT/.venv
+PY=/usr/bin/python3
+say() { echo "setup_env: $*"; }
+
+PKGS=(python3-venv python3-torch python3-numpy python3-pytest python3-dev pybind11-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  say "Debian packages present: ${PKGS[*]}"
+else
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  say "apt-get install ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+if ! pkg-config --exists grpc++ protobuf libxxhash 2>/dev/null || ! command -v cmake >/dev/null; then
+  say "C++ build dependencies missing: run 'bash scripts/install-deps.sh' first" >&2
+  exit 1
+fi
+
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys; sys.exit(0 if sys.base_prefix == "/usr" else 1)'; then
+  say "venv $VENV exists"
+else
+  say "$PY -m venv --system-site-packages $VENV"
+  rm -rf "$VENV"
+  "$PY" -m venv --system-site-packages "$VENV"
+fi
+
+need=()
+"$VENV/bin/python" -c 'import scikit_build_core' 2>/dev/null || need+=("scikit-build-core>=0.10")
+"$VENV/bin/python" -c 'import pybind11' 2>/dev/null || need+=("pybind11>=2.10")
+"$VENV/bin/python" -c 'import safetensors.numpy' 2>/dev/null || need+=("safetensors")
+if [ ${#need[@]} -eq 0 ]; then
+  say "pip packages present: scikit-build-core pybind11 safetensors"
+else
+  say "pip install ${need[*]}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${need[@]}"
+fi
+
+# The build dependencies are in the venv already: no isolated build env (which
+# would download them again on every install).
+say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python/)"
+CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" install -q --disable-pip-version-check \
+  --no-build-isolation "$ROOT"
+"$VENV/bin/python" -c 'import tensorhub, tensorhub._core; print("setup_env: tensorhub", tensorhub.__version__, "from", tensorhub.__file__)'
+
+if [ "${1:-}" = "--test" ]; then
+  say "$VENV/bin/python -m pytest -q tests/python"
+  "$VENV/bin/python" -m pytest -q tests/python
+fi

@@ -1,0 +1,422 @@
+// tensorhub._core: the C++ client and the embedded hub, as seen from Python.
+//
+// This layer is deliberately thin. It takes tensors as plain tuples
+// (name, dtype name, shape, address, byte count); the Python package
+// (python/tensorhub/) turns numpy arrays and torch tensors into those tuples,
+// checks contiguity and dtypes, and keeps the Python objects alive while the
+// C++ library serves their memory. Here we only:
+//   - release the GIL around every call that can block (network, drains),
+//   - turn a non-OK Status into the matching tensorhub.Error subclass,
+//   - convert result structs into dicts.
+//
+// Threading: a Client may be used from several Python threads at once; the
+// C++ Client is thread-safe. close() may race with calls in flight: each call
+// holds its own shared_ptr, so the C++ object is destroyed by whichever of
+// them finishes last, always with the GIL released.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/log.h"
+#include "hub/hub_service.h"
+#include "tensorhub/client.h"
+#include "tensorhub/status.h"
+#include "tensorhub/types.h"
+
+namespace py = pybind11;
+
+namespace tensorhub::python {
+namespace {
+
+// Thrown (only inside this file) to carry a Status to the translator.
+struct StatusException {
+  Status status;
+};
+
+[[noreturn]] void Throw(const Status& s) { throw StatusException{s}; }
+
+void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(r).value();
+}
+
+// (name, dtype, shape, address, bytes)
+using TensorTuple =
+    std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t,
+               uint64_t>;
+
+std::vector<TensorRef> ToRefs(const std::vector<TensorTuple>& tuples) {
+  std::vector<TensorRef> refs;
+  refs.reserve(tuples.size());
+  for (const auto& [name, dtype, shape, address, bytes] : tuples) {
+    TensorRef r;
+    r.spec.name = name;
+    r.spec.dtype = Take(ParseDType(dtype));
+    r.spec.shape = shape;
+    r.data = reinterpret_cast<void*>(address);
+    r.bytes = bytes;
+    uint64_t want = Take(r.spec.ByteSize());
+    if (want != bytes) {
+      Throw(InvalidArgument("tensor '" + name + "' has " +
+                            std::to_string(bytes) + " bytes, its spec needs " +
+                            std::to_string(want)));
+    }
+    refs.push_back(std::move(r));
+  }
+  return refs;
+}
+
+py::dict LabelsDict(const Labels& l) {
+  py::dict d;
+  d["datacenter"] = l.datacenter;
+  d["rack"] = l.rack;
+  d["host"] = l.host;
+  return d;
+}
+
+py::dict VersionDict(const VersionInfo& v) {
+  py::dict d;
+  d["model"] = v.model;
+  d["version"] = v.version.value();
+  d["state"] = std::string(VersionStateName(v.state));
+  d["group_size"] = v.group_size;
+  d["parts_published"] = v.parts_published;
+  d["total_bytes"] = v.total_bytes;
+  d["chunk_bytes"] = v.chunk_bytes;
+  d["num_chunks"] = v.num_chunks;
+  d["num_holders"] = v.num_holders;
+  py::list tensors;
+  for (const TensorInfo& t : v.tensors) {
+    py::dict td;
+    td["name"] = t.spec.name;
+    td["dtype"] = std::string(DTypeName(t.spec.dtype));
+    td["shape"] = t.spec.shape;
+    td["rank"] = t.rank;
+    td["bytes"] = t.bytes;
+    tensors.append(td);
+  }
+  d["tensors"] = tensors;
+  py::list metadata;
+  for (const auto& [k, val] : v.metadata) {
+    // Values are free-form bytes; hand them over undecoded only if they are
+    // not UTF-8.
+    PyObject* s = PyUnicode_DecodeUTF8(val.data(), static_cast<Py_ssize_t>(val.size()),
+                                       "strict");
+    if (s == nullptr) {
+      PyErr_Clear();
+      metadata.append(py::make_tuple(k, py::bytes(val)));
+    } else {
+      metadata.append(py::make_tuple(k, py::reinterpret_steal<py::str>(s)));
+    }
+  }
+  d["metadata"] = metadata;
+  py::list holders;
+  for (const HolderInfo& h : v.holders) {
+    py::dict hd;
+    hd["worker"] = h.worker.value();
+    hd["data_address"] = h.data_address;
+    hd["labels"] = LabelsDict(h.labels);
+    hd["reliable"] = h.worker_class == WorkerClass::kReliable;
+    hd["chunks"] = h.chunks;
+    holders.append(hd);
+  }
+  d["holders"] = holders;
+  return d;
+}
+
+class PyClient {
+ public:
+  explicit PyClient(std::shared_ptr<Client> c) : client_(std::move(c)) {}
+
+  // Runs with the GIL held, possibly during interpreter shutdown, so it does
+  // not release the GIL: the C++ destructor joins threads that never take it.
+  ~PyClient() = default;
+
+  static std::unique_ptr<PyClient> Connect(
+      std::string hub, std::string name, std::string datacenter,
+      std::string rack, std::string host, bool reliable,
+      std::string data_listen, std::string advertise_host,
+      int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
+      int64_t heartbeat_interval_ms, size_t max_serving_connections,
+      std::string secret) {
+    ClientOptions o;
+    o.hub_address = std::move(hub);
+    o.name = std::move(name);
+    o.labels = Labels{std::move(datacenter), std::move(rack), std::move(host)};
+    o.worker_class = reliable ? WorkerClass::kReliable : WorkerClass::kSpot;
+    o.data_listen_address = std::move(data_listen);
+    o.data_advertise_host = std::move(advertise_host);
+    o.rpc_timeout_ms = rpc_timeout_ms;
+    o.connect_timeout_ms = connect_timeout_ms;
+    o.heartbeat_interval_ms = heartbeat_interval_ms;
+    o.max_serving_connections = max_serving_connections;
+    o.secret = std::move(secret);
+    Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = Client::Connect(o);
+    }
+    return std::make_unique<PyClient>(std::shared_ptr<Client>(Take(std::move(r))));
+  }
+
+  void Publish(const std::string& model, uint64_t version,
+               const std::vector<TensorTuple>& tensors, uint32_t rank,
+               uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
+               const std::vector<std::pair<std::string, std::string>>& metadata) {
+    std::shared_ptr<Client> c = Get();
+    std::vector<TensorRef> refs = ToRefs(tensors);
+    PublishOptions po;
+    po.rank = rank;
+    po.group_size = group_size;
+    po.chunk_bytes = chunk_bytes;
+    po.timeout_ms = timeout_ms;
+    po.metadata = metadata;
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = c->Publish(model, Version(version), refs, po);
+      c.reset();
+    }
+    Check(s);
+  }
+
+  void Unpublish(const std::string& model, uint64_t version,
+                 int64_t timeout_ms) {
+    std::shared_ptr<Client> c = Get();
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = c->Unpublish(model, Version(version), timeout_ms);
+      c.reset();
+    }
+    Check(s);
+  }
+
+  py::dict Fetch(const std::string& model, uint64_t version,
+                 const std::vector<TensorTuple>& tensors, int64_t timeout_ms,
+                 int connections, bool serve) {
+    std::shared_ptr<Client> c = Get();
+    std::vector<TensorRef> refs = ToRefs(tensors);
+    FetchOptions fo;
+    fo.timeout_ms = timeout_ms;
+    fo.connections = connections;
+    fo.serve = serve;
+    Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = c->Fetch(model, Version(version), refs, fo);
+      c.reset();
+    }
+    FetchStats st = Take(std::move(r));
+    py::dict d;
+    d["version"] = st.version.value();
+    d["bytes"] = st.bytes;
+    d["seconds"] = st.seconds;
+    d["resolve_seconds"] = st.resolve_seconds;
+    d["sources_used"] = st.sources_used;
+    d["chunk_retries"] = st.chunk_retries;
+    return d;
+  }
+
+  py::list List() {
+    std::shared_ptr<Client> c = Get();
+    Result<std::vector<ModelInfo>> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = c->List();
+      c.reset();
+    }
+    std::vector<ModelInfo> models = Take(std::move(r));
+    py::list out;
+    for (const ModelInfo& m : models) {
+      py::list versions;
+      for (const VersionInfo& v : m.versions) versions.append(VersionDict(v));
+      py::dict md;
+      md["model"] = m.model;
+      md["versions"] = versions;
+      out.append(md);
+    }
+    return out;
+  }
+
+  py::dict Describe(const std::string& model, uint64_t version) {
+    std::shared_ptr<Client> c = Get();
+    Result<VersionInfo> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = c->Describe(model, Version(version));
+      c.reset();
+    }
+    return VersionDict(Take(std::move(r)));
+  }
+
+  std::string Id() { return Get()->id().value(); }
+  std::string DataAddress() { return Get()->data_address(); }
+
+  bool Closed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_ == nullptr;
+  }
+
+  // Stops serving and leaves the hub. Returns once this handle is gone; a
+  // call still running on another thread keeps the C++ client alive until
+  // it returns.
+  void Close() {
+    std::shared_ptr<Client> c = Release();
+    py::gil_scoped_release nogil;
+    c.reset();
+  }
+
+ private:
+  std::shared_ptr<Client> Get() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!client_) Throw(FailedPrecondition("the client is closed"));
+    return client_;
+  }
+  std::shared_ptr<Client> Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(client_);
+  }
+
+  std::mutex mu_;
+  std::shared_ptr<Client> client_;  // guarded by mu_; null once closed
+};
+
+class PyHub {
+ public:
+  static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
+                                      std::string secret) {
+    hub::HubServerOptions o;
+    o.listen_address = std::move(listen);
+    o.lease_ms = lease_ms;
+    o.secret = std::move(secret);
+    Result<std::unique_ptr<hub::HubServer>> r =
+        Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = hub::HubServer::Start(o);
+    }
+    auto h = std::make_unique<PyHub>();
+    h->server_ = Take(std::move(r));
+    h->address_ = h->server_->address();
+    return h;
+  }
+
+  // Like ~PyClient: no GIL juggling, the hub's threads never take it.
+  ~PyHub() {
+    if (server_) server_->Shutdown();
+  }
+
+  const std::string& address() const { return address_; }
+  bool closed() const { return server_ == nullptr; }
+
+  void Close() {
+    if (!server_) return;
+    std::unique_ptr<hub::HubServer> s = std::move(server_);
+    py::gil_scoped_release nogil;
+    s->Shutdown();
+    s.reset();
+  }
+
+ private:
+  std::unique_ptr<hub::HubServer> server_;
+  std::string address_;
+};
+
+}  // namespace
+}  // namespace tensorhub::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace tensorhub;
+  using namespace tensorhub::python;
+  m.doc() =
+      "Low-level binding of the TensorHub C++ client. Use the `tensorhub` "
+      "package instead; this module's signatures may change.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusException& e) {
+      const Status& s = e.status;
+      // tensorhub.errors builds the right subclass; it is pure Python and
+      // cannot fail to import once the package is importable at all.
+      try {
+        py::object make = py::module_::import("tensorhub.errors").attr("_from_status");
+        py::object exc = make(static_cast<int>(s.code()),
+                              std::string(StatusCodeName(s.code())), s.message());
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+      } catch (py::error_already_set& inner) {
+        inner.restore();
+      }
+    }
+  });
+
+  py::class_<PyClient>(m, "Client")
+      .def_static("connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
+                  py::arg("datacenter"), py::arg("rack"), py::arg("host"),
+                  py::arg("reliable"), py::arg("data_listen"),
+                  py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
+                  py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
+                  py::arg("max_serving_connections"), py::arg("secret"))
+      .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
+           py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
+           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
+      .def("unpublish", &PyClient::Unpublish, py::arg("model"),
+           py::arg("version"), py::arg("timeout_ms"))
+      .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),
+           py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
+           py::arg("serve"))
+      .def("list", &PyClient::List)
+      .def("describe", &PyClient::Describe, py::arg("model"), py::arg("version"))
+      .def("close", &PyClient::Close)
+      .def_property_readonly("closed", &PyClient::Closed)
+      .def_property_readonly("id", &PyClient::Id)
+      .def_property_readonly("data_address", &PyClient::DataAddress);
+
+  py::class_<PyHub>(m, "Hub")
+      .def_static("start", &PyHub::Start, py::arg("listen"), py::arg("lease_ms"),
+                  py::arg("secret"))
+      .def_property_readonly("address", &PyHub::address)
+      .def_property_readonly("closed", &PyHub::closed)
+      .def("close", &PyHub::Close);
+
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        if (level == "debug") {
+          SetLogLevel(LogLevel::kDebug);
+        } else if (level == "info") {
+          SetLogLevel(LogLevel::kInfo);
+        } else if (level == "warn") {
+          SetLogLevel(LogLevel::kWarn);
+        } else if (level == "error") {
+          SetLogLevel(LogLevel::kError);
+        } else {
+          Throw(InvalidArgument("log level must be debug, info, warn or error, not '" +
+                                level + "'"));
+        }
+      },
+      py::arg("level"));
+
+  py::list dtypes;
+  for (DType d : {DType::kBool, DType::kU8, DType::kI8, DType::kU16, DType::kI16,
+                  DType::kF16, DType::kBF16, DType::kU32, DType::kI32,
+                  DType::kF32, DType::kU64, DType::kI64, DType::kF64,
+                  DType::kF8E4M3, DType::kF8E5M2}) {
+    dtypes.append(py::make_tuple(std::string(DTypeName(d)), DTypeBytes(d)));
+  }
+  m.attr("DTYPES") = dtypes;
+}

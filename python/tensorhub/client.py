@@ -1,0 +1,644 @@
+"""The TensorHub worker client: publish, unpublish, fetch, and inspect."""
+
+from __future__ import annotations
+
+import operator
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+    Dict,
+    List,
+    Literal,
+    Mapping,
+    Optional,
+    Tuple,
+    Union,
+    overload,
+)
+
+from . import _core
+from . import _tensors
+from .errors import (
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+
+#: A version argument: a number >= 1, or "latest" for the highest committed.
+VersionArg = Union[int, Literal["latest"]]
+#: What publish() and fetch() take: numpy.ndarray or torch.Tensor (CPU).
+TensorLike = Any
+
+DEFAULT_HUB = "127.0.0.1:7070"
+DEFAULT_CHUNK_BYTES = 4 << 20
+_DEFAULT_PUBLISH_TIMEOUT_S = 10.0
+_DEFAULT_FETCH_TIMEOUT_S = 120.0
+
+# C++ clients inherited by a forked child: destroying them there would join
+# threads that do not exist in the child, so they are never destroyed.
+_FORKED_AWAY: List[Any] = []
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a version's manifest."""
+
+    name: str
+    dtype: str  #: safetensors spelling: "BF16", "F32", ...
+    shape: Tuple[int, ...]
+    rank: int  #: which trainer rank's part holds it
+    bytes: int
+
+    def numpy_dtype(self) -> Any:
+        """The numpy dtype that holds this tensor (InvalidArgumentError for BF16)."""
+        return _tensors.numpy_dtype_for(self.dtype)
+
+    def torch_dtype(self) -> Any:
+        """The torch dtype that holds this tensor (torch must be imported)."""
+        return _tensors.torch_dtype_for(self.dtype)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A worker that holds (all or part of) a version."""
+
+    worker: str
+    data_address: str
+    labels: Dict[str, str]
+    reliable: bool
+    chunks: int  #: how many of the version's chunks it holds
+
+
+@dataclass(frozen=True)
+class VersionSummary:
+    """One line of :meth:`Client.versions`."""
+
+    model: str
+    version: int
+    state: str  #: PENDING, COMMITTED, ABORTED or UNAVAILABLE
+    holders: int  #: number of live holders
+    total_bytes: int
+    group_size: int
+    parts_published: int
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """What :meth:`Client.describe` returns: manifest, holders, metadata."""
+
+    model: str
+    version: int
+    state: str  #: PENDING, COMMITTED, ABORTED or UNAVAILABLE
+    group_size: int
+    parts_published: int
+    total_bytes: int
+    chunk_bytes: int
+    num_chunks: int
+    tensors: List[TensorInfo] = field(default_factory=list)  #: in layout order
+    holders: List[Holder] = field(default_factory=list)
+    #: Every part's metadata; on a key given by several ranks the lowest rank wins.
+    metadata: Dict[str, Union[str, bytes]] = field(default_factory=dict)
+
+    @property
+    def committed(self) -> bool:
+        return self.state == "COMMITTED"
+
+    def empty(self, framework: str = "numpy") -> Dict[str, Any]:
+        """Fresh destination buffers for :meth:`Client.fetch` of this version.
+
+        ``framework`` is ``"numpy"`` or ``"torch"``. numpy has no bfloat16: a
+        BF16 tensor raises InvalidArgumentError there (use torch).
+        """
+        if framework == "numpy":
+            import numpy as np
+
+            return {t.name: np.empty(t.shape, dtype=t.numpy_dtype()) for t in self.tensors}
+        if framework == "torch":
+            import torch
+
+            return {t.name: torch.empty(t.shape, dtype=t.torch_dtype()) for t in self.tensors}
+        raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+
+
+@dataclass(frozen=True)
+class FetchStats:
+    """Timing of one fetch (``fetch(..., return_stats=True)``)."""
+
+    version: int
+    bytes: int
+    seconds: float  #: from resolve to the last verified byte
+    resolve_seconds: float  #: the hub round trip
+    sources_used: int
+    chunk_retries: int
+
+
+@dataclass
+class _Held:
+    """Python objects whose memory the C++ client serves as model@version."""
+
+    kind: str  # "published" or "fetched"
+    objects: List[Any]
+    spans: List[Tuple[int, int]]
+
+
+def _version_number(version: Any, *, allow_latest: bool) -> int:
+    if allow_latest and (version is None or version == "latest"):
+        return 0
+    if isinstance(version, bool):
+        raise InvalidArgumentError(f"version must be an integer >= 1, not {version!r}")
+    try:
+        v = operator.index(version)
+    except TypeError:
+        extra = ' or "latest"' if allow_latest else ""
+        raise InvalidArgumentError(
+            f"version must be an integer >= 1{extra}, not {version!r}"
+        ) from None
+    if v < 1 or v >= 1 << 64:
+        raise InvalidArgumentError(f"version must be in [1, 2**64), not {v}")
+    return v
+
+
+def _ms(timeout: Optional[float], default_s: float, what: str) -> int:
+    if timeout is None:
+        timeout = default_s
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+        raise InvalidArgumentError(f"{what} must be a number of seconds >= 0, not {timeout!r}")
+    return int(round(float(timeout) * 1000))
+
+
+def _model(model: Any) -> str:
+    if not isinstance(model, str) or not model:
+        raise InvalidArgumentError(f"model must be a non-empty string, not {model!r}")
+    return model
+
+
+def _version_info(d: Dict[str, Any]) -> VersionInfo:
+    metadata: Dict[str, Union[str, bytes]] = {}
+    for k, v in d["metadata"]:
+        metadata.setdefault(k, v)
+    return VersionInfo(
+        model=d["model"],
+        version=d["version"],
+        state=d["state"],
+        group_size=d["group_size"],
+        parts_published=d["parts_published"],
+        total_bytes=d["total_bytes"],
+        chunk_bytes=d["chunk_bytes"],
+        num_chunks=d["num_chunks"],
+        tensors=[
+            TensorInfo(t["name"], t["dtype"], tuple(t["shape"]), t["rank"], t["bytes"])
+            for t in d["tensors"]
+        ],
+        holders=[
+            Holder(h["worker"], h["data_address"], dict(h["labels"]), h["reliable"], h["chunks"])
+            for h in d["holders"]
+        ],
+        metadata=metadata,
+    )
+
+
+class Client:
+    """One TensorHub worker. Create it with :func:`tensorhub.connect`.
+
+    A client registers with the hub, keeps its lease alive, and serves reads
+    of the versions it holds straight from the caller's memory. Methods may
+    be called from several threads; each releases the GIL while it waits.
+
+    Memory contract: arrays passed to :meth:`publish`, and arrays filled by
+    :meth:`fetch` with ``serve=True``, are read by other workers until
+    :meth:`unpublish` of that version returns (or the client is closed). Do
+    not modify them before then. The client keeps a reference to each of
+    those arrays, so dropping your own references cannot free memory that is
+    still served.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, core: Any, options: Dict[str, Any]) -> None:
+        # Use tensorhub.connect(); this constructor is not public API.
+        self._core = core
+        self._options = options
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        # (model, version) -> held objects; guarded by _lock.
+        self._held: Dict[Tuple[str, int], List[_Held]] = {}
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops serving at once and leaves the hub; idempotent.
+
+        Reads in flight from this worker fail over to other holders. For a
+        graceful exit, :meth:`unpublish` first. Held references are dropped
+        only after the C++ client is gone, so no memory is freed while it
+        could still be read.
+        """
+        core = self.__dict__.get("_core")
+        if core is None:
+            return
+        if os.getpid() != self._pid:
+            # A forked child: the C++ client's threads live in the parent.
+            _FORKED_AWAY.append(core)
+        else:
+            core.close()
+        with self._lock:
+            self._held.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        if self._core.closed:
+            return "<tensorhub.Client closed>"
+        return (
+            f"<tensorhub.Client {self._core.id} hub={self._options['hub']} "
+            f"data={self._core.data_address}>"
+        )
+
+    def __getstate__(self) -> Any:
+        raise TypeError(
+            "a tensorhub.Client cannot be pickled or sent to another process; "
+            "call tensorhub.connect() in that process"
+        )
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise FailedPreconditionError(
+                "this client was created in another process (fork); call "
+                "tensorhub.connect() in this process",
+                9,
+            )
+
+    @property
+    def worker_id(self) -> str:
+        """The hub-assigned id of this worker."""
+        return self._core.id
+
+    @property
+    def data_address(self) -> str:
+        """HOST:PORT where this worker serves reads."""
+        return self._core.data_address
+
+    @property
+    def hub(self) -> str:
+        return self._options["hub"]
+
+    # -- publish / unpublish ----------------------------------------------
+
+    def publish(
+        self,
+        model: str,
+        version: int,
+        tensors: Mapping[str, TensorLike],
+        rank: int = 0,
+        group_size: int = 1,
+        chunk_bytes: Optional[int] = None,
+        timeout: Optional[float] = None,
+        *,
+        metadata: Optional[Mapping[str, str]] = None,
+        dtypes: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        """Registers references to ``tensors`` as rank ``rank`` of ``model@version``.
+
+        No copy is made: other workers read the arrays' memory directly until
+        :meth:`unpublish`. The client holds a reference to every array until
+        then. The version becomes readable once all ``group_size`` ranks
+        published it. Version numbers must increase per model.
+
+        Args:
+            model: model name.
+            version: an integer >= 1, greater than any earlier version.
+            tensors: names -> C-contiguous CPU numpy arrays or torch tensors.
+            rank, group_size: this worker's part of a model-parallel group.
+            chunk_bytes: transfer unit (default 4 MiB).
+            timeout: seconds for the hub round trip (default 10).
+            metadata: free-form string pairs stored with this part.
+            dtypes: names -> dtype name ("BF16", ...) to publish an array's
+                bytes as another dtype of the same element size, e.g. a numpy
+                uint16 array holding bfloat16 bits.
+
+        Raises:
+            InvalidArgumentError: non-contiguous, non-CPU or unsupported
+                tensors, bad version or rank.
+            FailedPreconditionError: version not greater than the last, or
+                the memory is still published under another version.
+            UnavailableError, DeadlineExceededError: hub unreachable.
+        """
+        self._check_process()
+        model = _model(model)
+        v = _version_number(version, allow_latest=False)
+        tuples = _tensors.to_tuples(tensors, writable=False, dtypes=dtypes)
+        md = [(str(k), str(val)) for k, val in (metadata or {}).items()]
+        if rank < 0 or group_size < 1:
+            raise InvalidArgumentError(f"rank {rank} is not in a group of {group_size}")
+        cb = DEFAULT_CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
+        if cb <= 0:
+            raise InvalidArgumentError(f"chunk_bytes must be > 0, not {chunk_bytes}")
+        objs = list(tensors.values())
+        # Hold the references before the C++ side can serve the memory.
+        held = _Held("published", objs, _tensors.spans(tuples))
+        with self._lock:
+            self._held.setdefault((model, v), []).append(held)
+        try:
+            self._core.publish(
+                model, v, tuples, int(rank), int(group_size), cb,
+                _ms(timeout, _DEFAULT_PUBLISH_TIMEOUT_S, "timeout"), md,
+            )
+        except BaseException:
+            # Publish withdraws its local registration on failure.
+            self._drop(model, v, held)
+            raise
+
+    def unpublish(self, model: str, version: int, timeout: Optional[float] = 30.0) -> None:
+        """Withdraws this worker's reference to ``model@version`` and drains.
+
+        Returns once reads in flight from this worker's memory have finished;
+        afterwards the arrays may be modified or freed, and the client drops
+        its references to them. Works for published versions and for
+        versions this worker holds because it fetched them with ``serve=True``.
+
+        Raises:
+            NotFoundError: this worker does not hold that version.
+            DeadlineExceededError: reads were still running after ``timeout``
+                seconds (new reads are refused all the same; the client keeps
+                its references, since the memory may still be read).
+        """
+        self._check_process()
+        model = _model(model)
+        v = _version_number(version, allow_latest=False)
+        try:
+            self._core.unpublish(model, v, _ms(timeout, 30.0, "timeout"))
+        except DeadlineExceededError:
+            raise
+        except NotFoundError:
+            # Nothing is registered: nothing can read the memory.
+            self._drop(model, v)
+            raise
+        self._drop(model, v)
+
+    def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:
+        with self._lock:
+            entries = self._held.get((model, version))
+            if entries is None:
+                return
+            if only is None:
+                del self._held[(model, version)]
+            else:
+                entries[:] = [e for e in entries if e is not only]
+                if not entries:
+                    del self._held[(model, version)]
+
+    # -- fetch ---------------------------------------------------------------
+
+    @overload
+    def fetch(
+        self,
+        model: str,
+        version: VersionArg = ...,
+        into: Optional[Mapping[str, TensorLike]] = ...,
+        timeout: Optional[float] = ...,
+        connections: int = ...,
+        serve: bool = ...,
+        *,
+        allow_bitcast: bool = ...,
+        return_stats: Literal[False] = ...,
+    ) -> int: ...
+
+    @overload
+    def fetch(
+        self,
+        model: str,
+        version: VersionArg = ...,
+        into: Optional[Mapping[str, TensorLike]] = ...,
+        timeout: Optional[float] = ...,
+        connections: int = ...,
+        serve: bool = ...,
+        *,
+        allow_bitcast: bool = ...,
+        return_stats: Literal[True],
+    ) -> FetchStats: ...
+
+    def fetch(
+        self,
+        model: str,
+        version: VersionArg = "latest",
+        into: Optional[Mapping[str, TensorLike]] = None,
+        timeout: Optional[float] = None,
+        connections: int = 4,
+        serve: bool = True,
+        *,
+        allow_bitcast: bool = False,
+        return_stats: bool = False,
+    ) -> Union[int, FetchStats]:
+        """Pulls ``model@version`` into ``into``, in place, and returns the version.
+
+        ``into`` must name exactly the version's tensors, each a writable,
+        C-contiguous CPU numpy array or torch tensor of the same dtype and
+        shape (see :meth:`VersionInfo.empty` to allocate them). Bytes come
+        from any holders, are checksummed, and failed chunks are retried on
+        other holders. After a failed fetch the contents of ``into`` are
+        unspecified.
+
+        With ``serve=True`` (default) this worker then serves the version
+        from ``into`` to other readers, and the client holds references to
+        those arrays until :meth:`unpublish` of that version, until a later
+        fetch into the same memory (which first withdraws the old version,
+        waiting for its reads), or until :meth:`close`. Do not modify them
+        meanwhile.
+
+        Args:
+            version: an integer, or "latest" for the highest committed one.
+            timeout: seconds for the whole fetch (default 120).
+            connections: parallel data streams.
+            allow_bitcast: fill arrays whose dtype differs from the version's
+                but has the same element size (e.g. numpy uint16 from BF16)
+                with the raw bytes. Costs one extra hub round trip.
+            return_stats: return a :class:`FetchStats` instead of the version.
+
+        Raises:
+            InvalidArgumentError: names, dtypes or shapes do not match, or
+                arrays are non-contiguous, read-only, or overlap.
+            NotFoundError: unknown model or version.
+            FailedPreconditionError: the version is not committed.
+            UnavailableError: no live holder (or the hub is unreachable).
+            DeadlineExceededError: ``timeout`` passed.
+        """
+        self._check_process()
+        model = _model(model)
+        v = _version_number(version, allow_latest=True)
+        if into is None:
+            raise InvalidArgumentError(
+                "fetch needs into= (names -> arrays to fill); allocate them with "
+                "client.describe(model, version).empty()"
+            )
+        if not isinstance(connections, int) or connections < 1:
+            raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
+        timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")
+        dtypes = None
+        if allow_bitcast:
+            info = self.describe(model, "latest" if v == 0 else v)
+            v = info.version  # fetch what was described, even if "latest" moves
+            dtypes = {t.name: t.dtype for t in info.tensors if t.name in into}
+        tuples = _tensors.to_tuples(into, writable=True, dtypes=dtypes)
+        spans = _tensors.spans(tuples)
+        stats = self._core.fetch(model, v, tuples, timeout_ms, connections, bool(serve))
+        got = int(stats["version"])
+        with self._lock:
+            # The C++ client withdrew every registration overlapping `into`
+            # before writing to it: those objects are no longer served.
+            for key in list(self._held):
+                kept = [e for e in self._held[key] if not _tensors.overlaps(e.spans, spans)]
+                if kept:
+                    self._held[key] = kept
+                else:
+                    del self._held[key]
+            if serve:
+                self._held.setdefault((model, got), []).append(
+                    _Held("fetched", list(into.values()), spans)
+                )
+        if return_stats:
+            return FetchStats(
+                version=got,
+                bytes=int(stats["bytes"]),
+                seconds=float(stats["seconds"]),
+                resolve_seconds=float(stats["resolve_seconds"]),
+                sources_used=int(stats["sources_used"]),
+                chunk_retries=int(stats["chunk_retries"]),
+            )
+        return got
+
+    # -- inspection ------------------------------------------------------------
+
+    def models(self) -> List[str]:
+        """Names of the models the hub knows."""
+        self._check_process()
+        return [m["model"] for m in self._core.list()]
+
+    def versions(self, model: str) -> List[VersionSummary]:
+        """Versions of ``model`` the hub knows, oldest first ([] if none)."""
+        self._check_process()
+        model = _model(model)
+        out: List[VersionSummary] = []
+        for m in self._core.list():
+            if m["model"] != model:
+                continue
+            for d in m["versions"]:
+                out.append(
+                    VersionSummary(
+                        model=model,
+                        version=d["version"],
+                        state=d["state"],
+                        holders=d["num_holders"],
+                        total_bytes=d["total_bytes"],
+                        group_size=d["group_size"],
+                        parts_published=d["parts_published"],
+                    )
+                )
+        return out
+
+    def describe(self, model: str, version: VersionArg = "latest") -> VersionInfo:
+        """Manifest, holders, metadata and state of one version.
+
+        Uncommitted versions are described too (see ``.state``).
+
+        Raises:
+            NotFoundError: unknown model or version (or no committed version
+                for "latest").
+        """
+        self._check_process()
+        model = _model(model)
+        v = _version_number(version, allow_latest=True)
+        return _version_info(self._core.describe(model, v))
+
+    def held(self) -> Dict[Tuple[str, int], int]:
+        """(model, version) -> number of arrays the client keeps alive for it."""
+        with self._lock:
+            return {k: sum(len(e.objects) for e in es) for k, es in self._held.items()}
+
+
+_LABEL_KEYS = ("datacenter", "rack", "host")
+_OPTION_DEFAULTS: Dict[str, Any] = {
+    "data_listen": "127.0.0.1:0",
+    "advertise_host": "",
+    "rpc_timeout": 5.0,
+    "connect_timeout": 10.0,
+    "heartbeat_interval": 1.0,
+    "max_serving_connections": 256,
+    "secret": None,
+}
+
+
+def connect(
+    hub: Optional[str] = None,
+    worker_id: Optional[str] = None,
+    labels: Optional[Mapping[str, str]] = None,
+    reliable: bool = True,
+    **options: Any,
+) -> Client:
+    """Registers a worker with the hub at ``hub`` and returns its :class:`Client`.
+
+    Args:
+        hub: HOST:PORT of the hub; default ``$TENSORHUB_HUB`` or 127.0.0.1:7070.
+        worker_id: a human-readable worker name for logs and listings
+            (default host:pid); the hub assigns the actual id
+            (:attr:`Client.worker_id`).
+        labels: where this worker runs, ``{"datacenter": .., "rack": ..,
+            "host": ..}``; readers prefer near holders.
+        reliable: False marks a spot worker (may vanish; retention does not
+            rely on it).
+        **options: ``data_listen`` ("127.0.0.1:0"), ``advertise_host``,
+            ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
+            ``heartbeat_interval`` (1 s), ``max_serving_connections`` (256),
+            ``secret`` (shared secret; default ``$TENSORHUB_SECRET``).
+
+    Raises:
+        UnavailableError, DeadlineExceededError: the hub did not answer
+            within ``connect_timeout``.
+        PermissionDeniedError: wrong secret.
+    """
+    unknown = set(options) - set(_OPTION_DEFAULTS)
+    if unknown:
+        raise TypeError(
+            f"connect() got unknown options {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}"
+        )
+    opts = dict(_OPTION_DEFAULTS, **options)
+    hub = hub or os.environ.get("TENSORHUB_HUB") or DEFAULT_HUB
+    lab = dict(labels or {})
+    bad = set(lab) - set(_LABEL_KEYS)
+    if bad:
+        raise InvalidArgumentError(f"unknown label keys {sorted(bad)}; use {list(_LABEL_KEYS)}")
+    secret = opts["secret"]
+    if secret is None:
+        secret = os.environ.get("TENSORHUB_SECRET", "")
+    core = _core.Client.connect(
+        hub=hub,
+        name=worker_id or "",
+        datacenter=str(lab.get("datacenter", "")),
+        rack=str(lab.get("rack", "")),
+        host=str(lab.get("host", "")),
+        reliable=bool(reliable),
+        data_listen=str(opts["data_listen"]),
+        advertise_host=str(opts["advertise_host"]),
+        rpc_timeout_ms=_ms(opts["rpc_timeout"], 5.0, "rpc_timeout"),
+        connect_timeout_ms=_ms(opts["connect_timeout"], 10.0, "connect_timeout"),
+        heartbeat_interval_ms=max(1, _ms(opts["heartbeat_interval"], 1.0, "heartbeat_interval")),
+        max_serving_connections=int(opts["max_serving_connections"]),
+        secret=secret,
+    )
+    return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

@@ -1,0 +1,59 @@
+"""An embedded hub, for tests, examples and single-machine setups."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import _core
+
+
+class Hub:
+    """A hub running inside this process. Create it with :func:`serve_hub`.
+
+    The hub only schedules: it tracks which worker holds which version and
+    never touches tensor bytes, so it is cheap to run beside a trainer.
+    Clients in this or other processes connect to :attr:`address`.
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT the hub listens on (the real port if 0 was asked for)."""
+        return self._core.address
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def close(self) -> None:
+        """Stops accepting calls, finishes calls in flight, returns; idempotent."""
+        self._core.close()
+
+    def __enter__(self) -> "Hub":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tensorhub.Hub {'closed' if self.closed else self.address}>"
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a tensorhub.Hub cannot be pickled; pass hub.address instead")
+
+
+def serve_hub(listen: str = "127.0.0.1:0", lease_ms: int = 5000, secret: Optional[str] = None) -> Hub:
+    """Starts a hub in this process and returns once it accepts calls.
+
+    Args:
+        listen: HOST:PORT to bind; port 0 picks a free port (see ``.address``).
+        lease_ms: a worker that sends no heartbeat for this long is dropped
+            and its references with it.
+        secret: shared secret that clients must present (default: none).
+
+    Raises:
+        UnavailableError / InvalidArgumentError: the address cannot be bound.
+    """
+    return Hub(_core.Hub.start(listen=listen, lease_ms=int(lease_ms), secret=secret or ""))
