@@ -8,7 +8,8 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libxxhash-dev libgtest-dev googletest
   clang libclang-rt-14-dev           # libFuzzer targets
-  iproute2 procps                    # process and network tools used by tests
+  iproute2 procps iputils-ping iperf3 # network namespaces test bed (bench/testbed.sh)
+  openmpi-bin libopenmpi-dev         # the MPI_Bcast baseline
   python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest
   pybind11-dev
 )

@@ -23,6 +23,9 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
      ctest --output-on-failure --timeout 900)
 fi
 
+step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
+bash tests/testbed/testbed_smoke.sh
+
 step "fuzz targets"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 

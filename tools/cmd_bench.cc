@@ -125,12 +125,20 @@ int CmdBenchHolder(int argc, char** argv) {
   return 0;
 }
 
+int CmdBenchTrainer(int argc, char** argv);
+int CmdBenchReader(int argc, char** argv);
+int CmdBenchFanout(int argc, char** argv);
+
 int CmdBench(int argc, char** argv) {
   if (argc < 3) {
-    return Fail(InvalidArgument("usage: tensorhub bench pair [--bytes 1GiB]"));
+    return Fail(InvalidArgument(
+        "usage: tensorhub bench pair [--bytes 1GiB] | bench fanout --testbed PREFIX ..."));
   }
   std::string what = argv[2];
   if (what == "_holder") return CmdBenchHolder(argc - 1, argv + 1);
+  if (what == "_trainer") return CmdBenchTrainer(argc - 1, argv + 1);
+  if (what == "_reader") return CmdBenchReader(argc - 1, argv + 1);
+  if (what == "fanout") return CmdBenchFanout(argc, argv);
   if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
   auto args = ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {});
   if (!args.ok()) return Fail(args.status());

@@ -17,7 +17,12 @@ extern char** environ;
 namespace tensorhub::cli {
 
 Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& args,
-                                     const std::vector<std::string>& env) {
+                                     const std::vector<std::string>& env,
+                                     const std::vector<std::string>& wrapper) {
+  char self[4096];
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Internal("cannot find this binary's path");
+  self[n] = '\0';
   int in_pipe[2], out_pipe[2];
   if (::pipe2(in_pipe, O_CLOEXEC) != 0) return Internal("pipe failed");
   if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
@@ -36,7 +41,8 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& args,
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  std::vector<std::string> argv_s = {"/proc/self/exe"};
+  std::vector<std::string> argv_s = wrapper;
+  argv_s.push_back(self);
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& s : argv_s) argv.push_back(s.data());
@@ -48,7 +54,10 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& args,
   for (std::string& s : env_s) envp.push_back(s.data());
   envp.push_back(nullptr);
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, "/proc/self/exe", &fa, &attr, argv.data(), envp.data());
+  int rc = wrapper.empty()
+               ? posix_spawn(&pid, self, &fa, &attr, argv.data(), envp.data())
+               : posix_spawnp(&pid, wrapper[0].c_str(), &fa, &attr, argv.data(),
+                              envp.data());
   posix_spawn_file_actions_destroy(&fa);
   posix_spawnattr_destroy(&attr);
   ::close(in_pipe[0]);

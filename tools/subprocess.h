@@ -15,10 +15,13 @@ namespace tensorhub::cli {
 
 class Subprocess {
  public:
-  // Runs /proc/self/exe with `args` (argv[1..]); extra "KEY=VALUE" pairs are
-  // added to the environment.
+  // Runs this binary with `args` (argv[1..]); extra "KEY=VALUE" pairs are
+  // added to the environment. A non-empty `wrapper` is run instead, with
+  // this binary's path and `args` appended (e.g. {"ip", "netns", "exec",
+  // "th-h3"} runs it inside a network namespace).
   static Result<Subprocess> Spawn(const std::vector<std::string>& args,
-                                  const std::vector<std::string>& env = {});
+                                  const std::vector<std::string>& env = {},
+                                  const std::vector<std::string>& wrapper = {});
   Subprocess(Subprocess&& o) noexcept;
   Subprocess& operator=(Subprocess&&) = delete;
   Subprocess(const Subprocess&) = delete;

@@ -78,6 +78,17 @@ struct FetchOptions {
   std::function<void(const FetchProgress&)> on_progress;
 };
 
+// How much one holder contributed to a fetch.
+struct FetchSourceStats {
+  WorkerId worker;
+  std::string address;
+  uint64_t bytes = 0;
+  uint64_t chunks = 0;
+  // The holder was itself still receiving the version when it was chosen:
+  // it served chunks it had verified while the rest was still arriving.
+  bool was_filling = false;
+};
+
 struct FetchStats {
   Version version;
   uint64_t bytes = 0;
@@ -85,6 +96,7 @@ struct FetchStats {
   double resolve_seconds = 0;  // the hub round trip
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
+  std::vector<FetchSourceStats> sources;
 };
 
 struct TensorInfo {

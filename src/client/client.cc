@@ -270,6 +270,7 @@ class Client::Impl {
     st.seconds = std::chrono::duration<double>(t2 - t0).count();
     st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
     st.sources_used = rep->sources_used;
+    st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
     return st;
   }
@@ -332,7 +333,8 @@ class Client::Impl {
       const std::vector<client::ResolvedSource>& sources) {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
-      out.push_back({s.worker.value(), s.data_address, s.epoch, s.chunks});
+      out.push_back({s.worker.value(), s.data_address, s.epoch, s.chunks,
+                     s.filling});
     }
     return out;
   }

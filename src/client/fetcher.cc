@@ -21,6 +21,7 @@ struct SourceState {
   bool dead = false;
   int active = 0;
   uint64_t chunks_served = 0;
+  uint64_t bytes_served = 0;
   bool Has(uint64_t chunk) const {
     for (const auto& [b, e] : source.chunks) {
       if (chunk >= b && chunk < e) return true;
@@ -60,7 +61,13 @@ class FetchRun {
     FetchReport r;
     r.bytes = bytes_done_;
     r.chunk_retries = retries_;
-    for (const SourceState& s : sources_) r.sources_used += s.chunks_served > 0;
+    for (const SourceState& s : sources_) {
+      if (s.chunks_served == 0) continue;
+      ++r.sources_used;
+      r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
+                              s.bytes_served, s.chunks_served,
+                              s.source.filling});
+    }
     Progress(true);
     return r;
   }
@@ -74,6 +81,7 @@ class FetchRun {
         // max_attempts_per_chunk bounds how often a bad source is retried.
         k.dead = false;
         k.source.chunks = std::move(s.chunks);
+        k.source.filling = s.filling;
         return;
       }
     }
@@ -151,6 +159,7 @@ class FetchRun {
         assert(!done_[chunk]);
         done_[chunk] = 1;
         ++s2.chunks_served;
+        s2.bytes_served += loc.bytes;
         ++done_chunks_;
         bytes_done_ += loc.bytes;
         if (done_chunks_ == total_chunks_) cv_.notify_all();

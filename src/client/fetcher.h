@@ -28,6 +28,7 @@ struct FetchSource {
   std::string address;
   uint64_t epoch = 0;
   std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
+  bool filling = false;  // still receiving the version itself
 };
 
 struct FetchJob {
@@ -54,6 +55,7 @@ struct FetchReport {
   uint64_t bytes = 0;
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
+  std::vector<FetchSourceStats> per_source;  // those that served a chunk
 };
 
 // Asks the hub again for sources of the same version; `failed` names the
