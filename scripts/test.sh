@@ -25,6 +25,8 @@ fi
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
+step "pipelined fan-out on a 2-datacenter test bed"
+bash tests/testbed/fanout_smoke.sh
 
 step "fuzz targets"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

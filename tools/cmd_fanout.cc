@@ -261,7 +261,7 @@ int CmdBenchFanout(int argc, char** argv) {
               FormatBytes(*chunk).c_str(), bound);
   double best = 1e30;
   bool all_ok = true;
-  double best_trainer_copies = 0, best_wan = 0;
+  double best_trainer_copies = 0, best_wan = 0, best_filling = 0;
   for (uint64_t r = 1; r <= *repeat; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
     auto pub = s.ok() ? trainer->ReadLine(Deadline::AfterMs(600000)) : Result<std::string>(s);
@@ -314,6 +314,7 @@ int CmdBenchFanout(int argc, char** argv) {
       best = last;
       best_trainer_copies = copies;
       best_wan = static_cast<double>(wan) / *bytes;
+      best_filling = static_cast<double>(from_filling) / *bytes;
     }
   }
   (void)trainer->Send("quit");
@@ -322,10 +323,10 @@ int CmdBenchFanout(int argc, char** argv) {
   trainer->Stop(3000);
   hub_proc->Stop(3000);
   std::printf("fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f ratio=%.3f "
-              "trainer_copies=%.2f wan_per_S=%.3f ok=%d\n",
+              "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d\n",
               mode.c_str(), static_cast<unsigned long long>(*readers),
               static_cast<unsigned long long>(*bytes), best, bound, best / bound,
-              best_trainer_copies, best_wan, all_ok ? 1 : 0);
+              best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0);
   return all_ok ? 0 : 1;
 }
 
