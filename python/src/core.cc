@@ -24,9 +24,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/log.h"
-#include "hub/hub_service.h"
 #include "tensorhub/client.h"
+#include "tensorhub/hub.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -298,15 +297,15 @@ class PyHub {
  public:
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
                                       std::string secret) {
-    hub::HubServerOptions o;
+    HubOptions o;
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
-    Result<std::unique_ptr<hub::HubServer>> r =
+    Result<std::unique_ptr<Hub>> r =
         Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = hub::HubServer::Start(o);
+      r = Hub::Start(o);
     }
     auto h = std::make_unique<PyHub>();
     h->server_ = Take(std::move(r));
@@ -324,14 +323,14 @@ class PyHub {
 
   void Close() {
     if (!server_) return;
-    std::unique_ptr<hub::HubServer> s = std::move(server_);
+    std::unique_ptr<Hub> s = std::move(server_);
     py::gil_scoped_release nogil;
     s->Shutdown();
     s.reset();
   }
 
  private:
-  std::unique_ptr<hub::HubServer> server_;
+  std::unique_ptr<Hub> server_;
   std::string address_;
 };
 

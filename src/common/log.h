@@ -6,12 +6,11 @@
 
 #include <sstream>
 
+#include "tensorhub/hub.h"  // LogLevel, SetLogLevel
+
 namespace tensorhub {
 
-enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
-
 bool LogEnabled(LogLevel level);
-void SetLogLevel(LogLevel level);
 void SetLogPrefix(const char* prefix);  // e.g. the process role; copied
 
 class LogLine {

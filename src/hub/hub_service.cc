@@ -11,6 +11,7 @@
 
 #include "common/deadline.h"
 #include "common/log.h"
+#include "hub/hub_state.h"
 #include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
 
@@ -279,8 +280,15 @@ class HubServerImpl final : public HubServer {
 
 }  // namespace
 
-Result<std::unique_ptr<HubServer>> HubServer::Start(
-    const HubServerOptions& options) {
+}  // namespace tensorhub::hub
+
+namespace tensorhub {
+
+using hub::HubConfig;
+using hub::HubServiceImpl;
+using hub::HubServerImpl;
+
+Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
   config.incarnation = std::random_device{}() ^
@@ -305,8 +313,8 @@ Result<std::unique_ptr<HubServer>> HubServer::Start(
                << options.lease_ms << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
                << ")";
-  return std::unique_ptr<HubServer>(new HubServerImpl(
+  return std::unique_ptr<Hub>(new HubServerImpl(
       std::move(service), std::move(server), address, options.lease_ms));
 }
 
-}  // namespace tensorhub::hub
+}  // namespace tensorhub

@@ -1,0 +1,47 @@
+// An embedded hub: the same hub as `tensorhub serve`, running inside the
+// calling process (for tests, examples, and single-node jobs). Also the
+// library's log level.
+#ifndef TENSORHUB_HUB_H_
+#define TENSORHUB_HUB_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensorhub/status.h"
+
+namespace tensorhub {
+
+struct HubOptions {
+  // HOST:PORT; port 0 picks a free port (see Hub::address()). Without a
+  // secret, keep the default loopback address.
+  std::string listen_address = "127.0.0.1:7070";
+  // A worker whose heartbeats stop for this long loses its references.
+  int64_t lease_ms = 5000;
+  // Shared secret every worker must present (empty: none).
+  std::string secret;
+};
+
+class Hub {
+ public:
+  // Binds and starts serving; returns once the hub accepts calls.
+  // UNAVAILABLE if the address cannot be bound.
+  static Result<std::unique_ptr<Hub>> Start(const HubOptions& options);
+  virtual ~Hub() = default;
+  // The bound address (the real port when 0 was asked for).
+  virtual std::string address() const = 0;
+  // Blocks until Shutdown() is called from another thread.
+  virtual void Wait() = 0;
+  // Stops accepting calls and finishes calls in flight (bounded: 2 s).
+  // Idempotent; also done by the destructor.
+  virtual void Shutdown() = 0;
+};
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+// The library logs to stderr; the default comes from TENSORHUB_LOG
+// (debug|info|warn|error), else info.
+void SetLogLevel(LogLevel level);
+
+}  // namespace tensorhub
+
+#endif  // TENSORHUB_HUB_H_
