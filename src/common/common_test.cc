@@ -634,3 +634,31 @@ TEST(AppendPiecesTest, MatchesNaiveReferenceOnRandomLayouts) {
 
 }  // namespace
 }  // namespace tensorhub
+
+#include <xxhash.h>
+
+namespace tensorhub {
+namespace {
+
+// Our Xxh3 may run an AVX2 build of XXH3; it must agree with the system
+// library bit for bit (manifests from other machines depend on it).
+TEST(ChecksumTest, MatchesTheSystemLibraryForEverySize) {
+  std::mt19937_64 rng(99);
+  std::vector<uint8_t> buf(3 << 20);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t n : {0u, 1u, 3u, 16u, 17u, 128u, 129u, 240u, 241u, 1024u, 4095u,
+                   65536u, 1000003u, 3u << 20}) {
+    EXPECT_EQ(Xxh3(buf.data(), n), XXH3_64bits(buf.data(), n)) << n;
+    Xxh3Stream s;
+    size_t off = 0;
+    while (off < n) {
+      size_t take = std::min<size_t>(n - off, 1 + rng() % 300000);
+      s.Update(buf.data() + off, take);
+      off += take;
+    }
+    EXPECT_EQ(s.Digest(), XXH3_64bits(buf.data(), n)) << n;
+  }
+}
+
+}  // namespace
+}  // namespace tensorhub
