@@ -10,9 +10,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (n.ok() && (*n == 0 || *n > tensorhub::wire::kMaxModelNameBytes)) {
     __builtin_trap();
   }
+  bool local = false;
+  auto ln = tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local);
+  if (n.ok() && (!ln.ok() || local)) __builtin_trap();  // the flag is opt-in
+  if (ln.ok() && local && (data[6] & tensorhub::wire::kRequestFlagLocal) == 0) {
+    __builtin_trap();
+  }
   auto h = tensorhub::wire::DecodeResponseHeader(data, size);
   if (h.ok() && h->payload_len > tensorhub::wire::kMaxReadBytes) {
     __builtin_trap();
   }
+  if (h.ok() && h->local &&
+      (h->status != tensorhub::StatusCode::kOk ||
+       h->payload_len > tensorhub::wire::kMaxLocalReplyBytes)) {
+    __builtin_trap();
+  }
+  // A local reply: the first 8 bytes are the read length, the rest the reply.
+  uint64_t length = 0;
+  for (size_t i = 0; i < size && i < 8; ++i) length |= uint64_t{data[i]} << (8 * i);
+  auto reply = size < 8 ? tensorhub::Result<tensorhub::wire::LocalReply>(
+                              tensorhub::InvalidArgument("short"))
+                        : tensorhub::wire::DecodeLocalReply(data + 8, size - 8,
+                                                            length);
+  if (reply.ok()) {
+    uint64_t sum = 0;
+    if (reply->pieces.empty() ||
+        reply->pieces.size() > tensorhub::wire::kMaxLocalPieces) {
+      __builtin_trap();
+    }
+    for (const auto& p : reply->pieces) {
+      if (p.length == 0 || p.address > UINT64_MAX - p.length) __builtin_trap();
+      sum += p.length;
+    }
+    if (sum != length) __builtin_trap();
+  }
+  auto release = tensorhub::wire::DecodeRelease(data, size);
+  if (release.ok() && static_cast<uint32_t>(*release) > 1) __builtin_trap();
   return 0;
 }

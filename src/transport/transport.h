@@ -23,7 +23,9 @@ namespace tensorhub::transport {
 
 // The memory one read is served from. `pin` keeps the registration from
 // draining until the lease is destroyed, which the server does once the last
-// byte has left (or the send failed).
+// byte has left (or the send failed), or, for a read the reader copies
+// itself from this process's memory, once the reader released it (or the
+// connection dropped, or local_release_timeout_ms passed).
 struct ServeLease {
   std::vector<iovec> pieces;
   std::shared_ptr<void> pin;
@@ -42,6 +44,11 @@ struct ServerOptions {
   // A request or response that makes no progress for this long drops the
   // connection (a slow but moving transfer is not cut).
   int64_t io_stall_timeout_ms = 30000;
+  // How long a lease handed to a same-host reader (which copies the bytes
+  // itself) is kept waiting for its release before the connection is
+  // dropped and the lease ends. Bounds how long such a reader can hold up
+  // an unpublish's drain.
+  int64_t local_release_timeout_ms = 30000;
 };
 
 class Server {
@@ -53,7 +60,9 @@ class Server {
   // Closes the listener and every connection, and joins their threads.
   // Idempotent.
   virtual void Stop() = 0;
+  // Bytes served, all paths; of which copied by same-host readers.
   virtual uint64_t bytes_served() const = 0;
+  virtual uint64_t bytes_served_local() const { return 0; }
 };
 
 // One reader-to-holder channel. Not thread-safe: one read at a time. After

@@ -38,12 +38,14 @@ bool KnownStatus(uint8_t code) {
 
 }  // namespace
 
-std::string EncodeReadRequest(const ReadRequest& req) {
-  std::string out(kRequestHeaderBytes + req.model.size(), '\0');
+std::string EncodeReadRequest(const ReadRequest& req,
+                              const HostIdentity* local) {
+  const size_t tail = local != nullptr ? kHostIdentityBytes : 0;
+  std::string out(kRequestHeaderBytes + req.model.size() + tail, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   Put<uint32_t>(p + 0, kRequestMagic);
   Put<uint16_t>(p + 4, static_cast<uint16_t>(req.model.size()));
-  Put<uint16_t>(p + 6, 0);
+  Put<uint16_t>(p + 6, local != nullptr ? kRequestFlagLocal : 0);
   Put<uint64_t>(p + 8, req.version);
   Put<uint64_t>(p + 16, req.epoch);
   Put<uint32_t>(p + 24, req.part);
@@ -51,11 +53,28 @@ std::string EncodeReadRequest(const ReadRequest& req) {
   Put<uint64_t>(p + 32, req.offset);
   Put<uint64_t>(p + 40, req.length);
   std::memcpy(p + kRequestHeaderBytes, req.model.data(), req.model.size());
+  if (local != nullptr) {
+    uint8_t* id = p + kRequestHeaderBytes + req.model.size();
+    std::memcpy(id, local->boot_id.data(), 16);
+    Put<uint64_t>(id + 16, local->pid_ns);
+    Put<uint64_t>(id + 24, local->net_ns);
+  }
   return out;
 }
 
+Result<HostIdentity> DecodeHostIdentity(const uint8_t* p, size_t size) {
+  if (size < kHostIdentityBytes) {
+    return InvalidArgument("host identity shorter than 32 bytes");
+  }
+  HostIdentity id;
+  std::memcpy(id.boot_id.data(), p, 16);
+  id.pid_ns = Get<uint64_t>(p + 16);
+  id.net_ns = Get<uint64_t>(p + 24);
+  return id;
+}
+
 Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
-                                       ReadRequest* out) {
+                                       ReadRequest* out, bool* local) {
   if (size < kRequestHeaderBytes) {
     return InvalidArgument("read request shorter than its header");
   }
@@ -67,9 +86,12 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
     return InvalidArgument("read request model name length " +
                            std::to_string(model_len) + " out of range");
   }
-  if (Get<uint16_t>(p + 6) != 0 || Get<uint32_t>(p + 28) != 0) {
+  const uint16_t flags = Get<uint16_t>(p + 6);
+  const uint16_t known = local != nullptr ? kRequestFlagLocal : 0;
+  if ((flags & ~known) != 0 || Get<uint32_t>(p + 28) != 0) {
     return InvalidArgument("read request has unknown flags");
   }
+  if (local != nullptr) *local = (flags & kRequestFlagLocal) != 0;
   out->version = Get<uint64_t>(p + 8);
   out->epoch = Get<uint64_t>(p + 16);
   out->part = Get<uint32_t>(p + 24);
@@ -90,7 +112,7 @@ std::array<uint8_t, kResponseHeaderBytes> EncodeResponseHeader(
   std::array<uint8_t, kResponseHeaderBytes> out{};
   Put<uint32_t>(out.data(), kResponseMagic);
   out[4] = static_cast<uint8_t>(h.status);
-  out[5] = 0;
+  out[5] = h.local ? kResponseFlagLocal : 0;
   Put<uint16_t>(out.data() + 6, h.message_len);
   Put<uint64_t>(out.data() + 8, h.payload_len);
   Put<uint64_t>(out.data() + 16, 0);
@@ -108,11 +130,12 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
     return InvalidArgument("read response has unknown status " +
                            std::to_string(p[4]));
   }
-  if (p[5] != 0 || Get<uint64_t>(p + 16) != 0) {
+  if ((p[5] & ~kResponseFlagLocal) != 0 || Get<uint64_t>(p + 16) != 0) {
     return InvalidArgument("read response has nonzero reserved fields");
   }
   ResponseHeader h;
   h.status = static_cast<StatusCode>(p[4]);
+  h.local = (p[5] & kResponseFlagLocal) != 0;
   h.message_len = Get<uint16_t>(p + 6);
   h.payload_len = Get<uint64_t>(p + 8);
   if (h.message_len > kMaxMessageBytes) {
@@ -127,7 +150,106 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
   if (h.status == StatusCode::kOk && h.message_len != 0) {
     return InvalidArgument("successful read response carries a message");
   }
+  if (h.local) {
+    if (h.status != StatusCode::kOk) {
+      return InvalidArgument("failed read response is marked local");
+    }
+    if (h.payload_len < kLocalReplyHeaderBytes + kLocalPieceBytes ||
+        h.payload_len > kMaxLocalReplyBytes ||
+        (h.payload_len - kLocalReplyHeaderBytes) % kLocalPieceBytes != 0) {
+      return InvalidArgument("local read response has a bad length " +
+                             std::to_string(h.payload_len));
+    }
+  }
   return h;
+}
+
+std::string EncodeLocalReply(const LocalReply& reply) {
+  std::string out(
+      kLocalReplyHeaderBytes + reply.pieces.size() * kLocalPieceBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  Put<uint32_t>(p + 0, kLocalReplyMagic);
+  Put<uint32_t>(p + 4, reply.pid);
+  Put<uint32_t>(p + 8, static_cast<uint32_t>(reply.pieces.size()));
+  Put<uint32_t>(p + 12, 0);
+  p += kLocalReplyHeaderBytes;
+  for (const LocalPiece& piece : reply.pieces) {
+    Put<uint64_t>(p, piece.address);
+    Put<uint64_t>(p + 8, piece.length);
+    p += kLocalPieceBytes;
+  }
+  return out;
+}
+
+Result<LocalReply> DecodeLocalReply(const uint8_t* p, size_t size,
+                                    uint64_t read_length) {
+  if (size < kLocalReplyHeaderBytes + kLocalPieceBytes ||
+      size > kMaxLocalReplyBytes) {
+    return InvalidArgument("local reply size " + std::to_string(size) +
+                           " out of range");
+  }
+  if (Get<uint32_t>(p) != kLocalReplyMagic) {
+    return InvalidArgument("local reply has a bad magic number");
+  }
+  LocalReply reply;
+  reply.pid = Get<uint32_t>(p + 4);
+  const uint32_t count = Get<uint32_t>(p + 8);
+  if (reply.pid == 0 || reply.pid > 0x7fffffffu) {
+    return InvalidArgument("local reply names pid " + std::to_string(reply.pid));
+  }
+  if (Get<uint32_t>(p + 12) != 0) {
+    return InvalidArgument("local reply has nonzero reserved fields");
+  }
+  if (count == 0 || count > kMaxLocalPieces ||
+      size != kLocalReplyHeaderBytes + size_t{count} * kLocalPieceBytes) {
+    return InvalidArgument("local reply claims " + std::to_string(count) +
+                           " pieces in " + std::to_string(size) + " bytes");
+  }
+  reply.pieces.resize(count);
+  uint64_t total = 0;
+  const uint8_t* q = p + kLocalReplyHeaderBytes;
+  for (LocalPiece& piece : reply.pieces) {
+    piece.address = Get<uint64_t>(q);
+    piece.length = Get<uint64_t>(q + 8);
+    q += kLocalPieceBytes;
+    if (piece.address == 0 || piece.length == 0 ||
+        piece.length > read_length - total ||
+        piece.address > UINT64_MAX - piece.length) {
+      return InvalidArgument("local reply has a bad piece (address " +
+                             std::to_string(piece.address) + ", length " +
+                             std::to_string(piece.length) + ")");
+    }
+    total += piece.length;
+  }
+  if (total != read_length) {
+    return InvalidArgument("local reply pieces add up to " +
+                           std::to_string(total) + " bytes for a read of " +
+                           std::to_string(read_length));
+  }
+  return reply;
+}
+
+std::array<uint8_t, kReleaseBytes> EncodeRelease(ReleaseOutcome outcome) {
+  std::array<uint8_t, kReleaseBytes> out{};
+  Put<uint32_t>(out.data(), kReleaseMagic);
+  Put<uint32_t>(out.data() + 4, static_cast<uint32_t>(outcome));
+  Put<uint64_t>(out.data() + 8, 0);
+  return out;
+}
+
+Result<ReleaseOutcome> DecodeRelease(const uint8_t* p, size_t size) {
+  if (size < kReleaseBytes) {
+    return InvalidArgument("release shorter than 16 bytes");
+  }
+  if (Get<uint32_t>(p) != kReleaseMagic) {
+    return InvalidArgument("release has a bad magic number");
+  }
+  const uint32_t outcome = Get<uint32_t>(p + 4);
+  if (outcome > static_cast<uint32_t>(ReleaseOutcome::kNotCopied) ||
+      Get<uint64_t>(p + 8) != 0) {
+    return InvalidArgument("release has an unknown outcome or reserved bits");
+  }
+  return static_cast<ReleaseOutcome>(outcome);
 }
 
 }  // namespace tensorhub::wire

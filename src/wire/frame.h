@@ -2,12 +2,19 @@
 // version; the holder answers with a status and the bytes. Encoding only, no
 // I/O. All integers little-endian. See docs/wire.md.
 //
-//   ReadRequest  (48 bytes, then `model_len` bytes of model name)
-//     u32 magic 'THQ1' | u16 model_len | u16 flags(0) | u64 version |
+//   ReadRequest  (48 bytes, then `model_len` bytes of model name, then, if
+//                 flags has kRequestFlagLocal, 32 bytes of HostIdentity)
+//     u32 magic 'THQ1' | u16 model_len | u16 flags | u64 version |
 //     u64 epoch | u32 part | u32 reserved(0) | u64 offset | u64 length
 //   ReadResponse (24 bytes, then `message_len` bytes, then `payload_len`)
-//     u32 magic 'THP1' | u8 status | u8 reserved | u16 message_len |
+//     u32 magic 'THP1' | u8 status | u8 flags | u16 message_len |
 //     u64 payload_len | u64 reserved(0)
+//   With kResponseFlagLocal the payload is a LocalReply (the holder's pid and
+//   where the bytes are in its memory) instead of the bytes:
+//     u32 magic 'THL1' | u32 pid | u32 piece_count | u32 reserved(0) |
+//     piece_count x (u64 address | u64 length)
+//   The reader then copies them (process_vm_readv) and sends a Release:
+//     u32 magic 'THR1' | u32 outcome (0 copied, 1 not copied) | u64 reserved(0)
 //
 // Decoders never trust a length: each is bounded before anything is sized
 // from it.
@@ -18,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensorhub/status.h"
 
@@ -30,6 +38,30 @@ inline constexpr size_t kResponseHeaderBytes = 24;
 inline constexpr size_t kMaxModelNameBytes = 256;
 inline constexpr size_t kMaxMessageBytes = 1024;
 inline constexpr uint64_t kMaxReadBytes = 1ull << 30;
+
+// Intra-host reads by cross-memory attach.
+inline constexpr uint16_t kRequestFlagLocal = 0x0001;
+inline constexpr uint8_t kResponseFlagLocal = 0x01;
+inline constexpr uint32_t kLocalReplyMagic = 0x314C4854;  // "THL1"
+inline constexpr uint32_t kReleaseMagic = 0x31524854;     // "THR1"
+inline constexpr size_t kHostIdentityBytes = 32;
+inline constexpr size_t kLocalReplyHeaderBytes = 16;
+inline constexpr size_t kLocalPieceBytes = 16;
+inline constexpr size_t kMaxLocalPieces = 65536;
+inline constexpr size_t kMaxLocalReplyBytes =
+    kLocalReplyHeaderBytes + kMaxLocalPieces * kLocalPieceBytes;
+inline constexpr size_t kReleaseBytes = 16;
+
+// Which kernel, pid namespace and network namespace a process lives in. Two
+// processes with equal identities can address each other by pid, and are
+// one "host" for routing (network namespaces that emulate separate hosts
+// stay separate).
+struct HostIdentity {
+  std::array<uint8_t, 16> boot_id{};
+  uint64_t pid_ns = 0;  // inode of /proc/self/ns/pid
+  uint64_t net_ns = 0;  // inode of /proc/self/ns/net
+  bool operator==(const HostIdentity&) const = default;
+};
 
 struct ReadRequest {
   std::string model;
@@ -44,17 +76,52 @@ struct ResponseHeader {
   StatusCode status = StatusCode::kOk;
   uint16_t message_len = 0;
   uint64_t payload_len = 0;
+  // kResponseFlagLocal: the payload is a LocalReply, not the bytes.
+  bool local = false;
 };
 
-// Header followed by the model name, ready to send.
-std::string EncodeReadRequest(const ReadRequest& req);
+struct LocalPiece {
+  uint64_t address = 0;  // in the holder's address space
+  uint64_t length = 0;
+  bool operator==(const LocalPiece&) const = default;
+};
+
+struct LocalReply {
+  uint32_t pid = 0;
+  std::vector<LocalPiece> pieces;  // in the order of the requested range
+};
+
+enum class ReleaseOutcome : uint32_t { kCopied = 0, kNotCopied = 1 };
+
+// Header and model name, ready to send. With `local` (the reader's
+// identity) the request has kRequestFlagLocal and the identity follows the
+// name: the reader is willing to copy the bytes itself from the holder's
+// memory if the holder has the same identity.
+std::string EncodeReadRequest(const ReadRequest& req,
+                              const HostIdentity* local = nullptr);
 // Decodes the fixed header; fills everything but `model` and returns the
-// model name's length, which the caller reads next.
+// model name's length, which the caller reads next. A caller that handles
+// local reads passes `local`: it is set when kRequestFlagLocal is, and then
+// kHostIdentityBytes follow the name (decode them with DecodeHostIdentity).
+// Without `local` the flag is refused like any unknown flag.
 Result<size_t> DecodeReadRequestHeader(const uint8_t* bytes, size_t size,
-                                       ReadRequest* out);
+                                       ReadRequest* out, bool* local = nullptr);
+Result<HostIdentity> DecodeHostIdentity(const uint8_t* bytes, size_t size);
+
+// The body of a local response; its size is the header's payload_len.
+std::string EncodeLocalReply(const LocalReply& reply);
+// Accepts only a reply whose pieces are 1..kMaxLocalPieces non-empty,
+// non-wrapping ranges that add up to exactly `read_length`.
+Result<LocalReply> DecodeLocalReply(const uint8_t* bytes, size_t size,
+                                    uint64_t read_length);
+
+std::array<uint8_t, kReleaseBytes> EncodeRelease(ReleaseOutcome outcome);
+Result<ReleaseOutcome> DecodeRelease(const uint8_t* bytes, size_t size);
 
 std::array<uint8_t, kResponseHeaderBytes> EncodeResponseHeader(
     const ResponseHeader& h);
+// A local header is accepted only with status OK, no message and a
+// payload_len that a LocalReply of 1..kMaxLocalPieces pieces can have.
 Result<ResponseHeader> DecodeResponseHeader(const uint8_t* bytes, size_t size);
 
 }  // namespace tensorhub::wire

@@ -135,6 +135,11 @@ TEST(ReadRequestTest, Rejections) {
     auto b = good;
     Put16(b.data() + 6, static_cast<uint16_t>(1u << bit));
     expect_invalid(b, "flags");
+    // A caller that handles local reads accepts bit 0 only.
+    ReadRequest out;
+    bool local = false;
+    Status s = DecodeReadRequestHeader(b.data(), b.size(), &out, &local).status();
+    EXPECT_EQ(s.ok(), bit == 0) << "flag bit " << bit;
   }
   for (int bit = 0; bit < 32; ++bit) {
     auto b = good;
@@ -160,6 +165,177 @@ TEST(ReadRequestTest, Rejections) {
     Put64(b.data() + 32, UINT64_MAX - 16);
     EXPECT_TRUE(DecodeStatus(b).ok()) << "ends exactly at UINT64_MAX";
   }
+}
+
+TEST(ReadRequestTest, LocalFlagCarriesTheHostIdentityAfterTheName) {
+  ReadRequest r = SampleRequest();
+  HostIdentity id;
+  for (int i = 0; i < 16; ++i) id.boot_id[i] = static_cast<uint8_t>(0xF0 + i);
+  id.pid_ns = 0x4026531836ull;
+  id.net_ns = 0x4026531840ull;
+  std::string enc = EncodeReadRequest(r, &id);
+  ASSERT_EQ(enc.size(), kRequestHeaderBytes + r.model.size() + kHostIdentityBytes);
+  const auto* p = reinterpret_cast<const uint8_t*>(enc.data());
+  EXPECT_EQ(p[6], kRequestFlagLocal);
+  EXPECT_EQ(p[7], 0);
+  EXPECT_EQ(enc.substr(kRequestHeaderBytes, r.model.size()), r.model);
+  ReadRequest out;
+  bool local = false;
+  Result<size_t> n = DecodeReadRequestHeader(p, enc.size(), &out, &local);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_TRUE(local);
+  EXPECT_EQ(out.length, r.length);
+  const uint8_t* tail = p + kRequestHeaderBytes + *n;
+  Result<HostIdentity> got = DecodeHostIdentity(tail, kHostIdentityBytes);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, id);
+  EXPECT_EQ(tail[16], 0x36);  // pid_ns, little-endian
+  EXPECT_FALSE(DecodeHostIdentity(tail, kHostIdentityBytes - 1).ok());
+
+  // A caller that does not handle local reads refuses the flag.
+  EXPECT_EQ(DecodeReadRequestHeader(p, enc.size(), &out).status().code(),
+            StatusCode::kInvalidArgument);
+  // Without the flag, `local` is cleared.
+  std::string plain = EncodeReadRequest(SampleRequest());
+  ASSERT_TRUE(DecodeReadRequestHeader(
+                  reinterpret_cast<const uint8_t*>(plain.data()), plain.size(),
+                  &out, &local)
+                  .ok());
+  EXPECT_FALSE(local);
+}
+
+TEST(ResponseHeaderTest, LocalHeaderRoundTripAndBounds) {
+  ResponseHeader h;
+  h.local = true;
+  for (size_t pieces : {size_t{1}, size_t{2}, kMaxLocalPieces}) {
+    h.payload_len = kLocalReplyHeaderBytes + pieces * kLocalPieceBytes;
+    auto enc = EncodeResponseHeader(h);
+    EXPECT_EQ(enc[5], kResponseFlagLocal);
+    Result<ResponseHeader> d = DecodeResponseHeader(enc.data(), enc.size());
+    ASSERT_TRUE(d.ok()) << pieces << ": " << d.status().ToString();
+    EXPECT_TRUE(d->local);
+    EXPECT_EQ(d->payload_len, h.payload_len);
+  }
+  auto code = [](ResponseHeader x) {
+    auto e = EncodeResponseHeader(x);
+    return DecodeResponseHeader(e.data(), e.size()).status().code();
+  };
+  for (uint64_t bad : {uint64_t{0}, uint64_t{kLocalReplyHeaderBytes},
+                       uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes - 1},
+                       uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes + 1},
+                       uint64_t{kMaxLocalReplyBytes + kLocalPieceBytes},
+                       kMaxReadBytes}) {
+    h.payload_len = bad;
+    EXPECT_EQ(code(h), StatusCode::kInvalidArgument) << bad;
+  }
+  ResponseHeader refused;
+  refused.status = StatusCode::kNotFound;
+  refused.local = true;
+  EXPECT_EQ(code(refused), StatusCode::kInvalidArgument);
+  // Other flag bits stay reserved.
+  ResponseHeader ok;
+  ok.payload_len = 10;
+  for (int bit = 1; bit < 8; ++bit) {
+    auto e = EncodeResponseHeader(ok);
+    e[5] = static_cast<uint8_t>(1u << bit);
+    EXPECT_FALSE(DecodeResponseHeader(e.data(), e.size()).ok()) << bit;
+  }
+}
+
+LocalReply SampleReply() {
+  LocalReply r;
+  r.pid = 4242;
+  r.pieces = {{0x7f0000001000ull, 100}, {0x7f0000100000ull, 4000},
+              {0x1000, 1}};
+  return r;
+}
+
+TEST(LocalReplyTest, RoundTripAndLayout) {
+  LocalReply r = SampleReply();
+  std::string enc = EncodeLocalReply(r);
+  ASSERT_EQ(enc.size(), kLocalReplyHeaderBytes + 3 * kLocalPieceBytes);
+  EXPECT_EQ(enc.substr(0, 4), "THL1");
+  const auto* p = reinterpret_cast<const uint8_t*>(enc.data());
+  EXPECT_EQ(p[4], 4242 & 0xFF);
+  EXPECT_EQ(p[8], 3);
+  Result<LocalReply> d = DecodeLocalReply(p, enc.size(), 4101);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->pid, r.pid);
+  EXPECT_EQ(d->pieces, r.pieces);
+  // The largest reply.
+  LocalReply big;
+  big.pid = 1;
+  big.pieces.assign(kMaxLocalPieces, {0x1000, 2});
+  std::string benc = EncodeLocalReply(big);
+  EXPECT_EQ(benc.size(), kMaxLocalReplyBytes);
+  EXPECT_TRUE(DecodeLocalReply(reinterpret_cast<const uint8_t*>(benc.data()),
+                               benc.size(), 2 * kMaxLocalPieces)
+                  .ok());
+}
+
+TEST(LocalReplyTest, Rejections) {
+  const std::string good = EncodeLocalReply(SampleReply());
+  const uint64_t kLen = 4101;
+  auto code = [&](const std::string& b, uint64_t len = 4101) {
+    return DecodeLocalReply(reinterpret_cast<const uint8_t*>(b.data()),
+                            b.size(), len)
+        .status()
+        .code();
+  };
+  ASSERT_EQ(code(good), StatusCode::kOk);
+  for (size_t n = 0; n < good.size(); ++n) {
+    EXPECT_EQ(code(good.substr(0, n)), StatusCode::kInvalidArgument) << n;
+  }
+  EXPECT_EQ(code(good + std::string(16, '\0')), StatusCode::kInvalidArgument)
+      << "count says 3, size says 4";
+  EXPECT_EQ(code(good, kLen - 1), StatusCode::kInvalidArgument) << "too long";
+  EXPECT_EQ(code(good, kLen + 1), StatusCode::kInvalidArgument) << "too short";
+  auto with = [&](size_t at, uint64_t v, int bytes) {
+    std::string b = good;
+    for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+    return b;
+  };
+  EXPECT_EQ(code(with(0, 0x31504854, 4)), StatusCode::kInvalidArgument) << "magic";
+  EXPECT_EQ(code(with(4, 0, 4)), StatusCode::kInvalidArgument) << "pid 0";
+  EXPECT_EQ(code(with(4, 0x80000000u, 4)), StatusCode::kInvalidArgument) << "pid";
+  EXPECT_EQ(code(with(8, 0, 4)), StatusCode::kInvalidArgument) << "count 0";
+  EXPECT_EQ(code(with(8, kMaxLocalPieces + 1, 4)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(with(8, 0xFFFFFFFFu, 4)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(with(12, 1, 4)), StatusCode::kInvalidArgument) << "reserved";
+  const size_t p0 = kLocalReplyHeaderBytes;
+  EXPECT_EQ(code(with(p0, 0, 8)), StatusCode::kInvalidArgument) << "null";
+  EXPECT_EQ(code(with(p0 + 8, 0, 8)), StatusCode::kInvalidArgument) << "empty";
+  EXPECT_EQ(code(with(p0, UINT64_MAX - 50, 8)), StatusCode::kInvalidArgument)
+      << "wraps";
+  EXPECT_EQ(code(with(p0 + 8, UINT64_MAX, 8)), StatusCode::kInvalidArgument)
+      << "huge length must not wrap the running sum";
+  // Too many pieces, even if the lengths would add up.
+  LocalReply many;
+  many.pid = 1;
+  many.pieces.assign(kMaxLocalPieces + 1, {0x1000, 1});
+  std::string m = EncodeLocalReply(many);
+  EXPECT_EQ(code(m, kMaxLocalPieces + 1), StatusCode::kInvalidArgument);
+}
+
+TEST(ReleaseTest, RoundTripAndRejections) {
+  for (ReleaseOutcome o : {ReleaseOutcome::kCopied, ReleaseOutcome::kNotCopied}) {
+    auto e = EncodeRelease(o);
+    EXPECT_EQ(std::memcmp(e.data(), "THR1", 4), 0);
+    Result<ReleaseOutcome> d = DecodeRelease(e.data(), e.size());
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(*d, o);
+    EXPECT_FALSE(DecodeRelease(e.data(), e.size() - 1).ok());
+  }
+  auto e = EncodeRelease(ReleaseOutcome::kCopied);
+  auto b = e;
+  b[1] ^= 1;
+  EXPECT_FALSE(DecodeRelease(b.data(), b.size()).ok()) << "magic";
+  b = e;
+  b[4] = 2;
+  EXPECT_FALSE(DecodeRelease(b.data(), b.size()).ok()) << "outcome";
+  b = e;
+  b[15] = 1;
+  EXPECT_FALSE(DecodeRelease(b.data(), b.size()).ok()) << "reserved";
 }
 
 TEST(ResponseHeaderTest, RoundTripEveryKnownStatus) {
@@ -280,7 +456,8 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
   rh.payload_len = 5;
   const auto resp_enc = EncodeResponseHeader(rh);
   const std::vector<uint8_t> resp_seed(resp_enc.begin(), resp_enc.end());
-  int req_accepted = 0, resp_accepted = 0;
+  int req_accepted = 0, resp_accepted = 0, reply_accepted = 0;
+  const std::string reply_seed = EncodeLocalReply(SampleReply());
   for (int iter = 0; iter < 200000; ++iter) {
     // Half purely random, half a valid frame with a few bytes mutated, so
     // that the deeper checks are reached too.
@@ -298,6 +475,35 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         b[rng() % size] = static_cast<uint8_t>(rng());
       }
     }
+    {
+      // The same bytes as a local reply (and, mutated from a valid one, so
+      // that acceptance is reached), and as a release.
+      std::vector<uint8_t> rb(b);
+      if (mutate) {
+        rb.assign(reply_seed.begin(), reply_seed.end());
+        rb[rng() % rb.size()] = static_cast<uint8_t>(rng());
+      }
+      const uint64_t len = mutate ? 4101 : 1 + rng() % 8192;
+      Result<LocalReply> lr = DecodeLocalReply(rb.data(), rb.size(), len);
+      if (lr.ok()) {
+        ++reply_accepted;
+        ASSERT_GE(lr->pieces.size(), 1u);
+        ASSERT_LE(lr->pieces.size(), kMaxLocalPieces);
+        ASSERT_GT(lr->pid, 0u);
+        uint64_t sum = 0;
+        for (const LocalPiece& piece : lr->pieces) {
+          ASSERT_GT(piece.length, 0u);
+          ASSERT_NE(piece.address, 0u);
+          ASSERT_LE(piece.address, UINT64_MAX - piece.length);
+          sum += piece.length;
+        }
+        ASSERT_EQ(sum, len);
+      }
+      Result<ReleaseOutcome> rel = DecodeRelease(b.data(), b.size());
+      if (rel.ok()) {
+        ASSERT_LE(static_cast<uint32_t>(*rel), 1u);
+      }
+    }
     if (request) {
       ReadRequest out;
       Result<size_t> n = DecodeReadRequestHeader(b.data(), b.size(), &out);
@@ -309,6 +515,9 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         ASSERT_GE(out.length, 1u);
         ASSERT_LE(out.length, kMaxReadBytes);
         ASSERT_LE(out.offset, UINT64_MAX - out.length);
+        bool local = true;
+        ASSERT_TRUE(DecodeReadRequestHeader(b.data(), b.size(), &out, &local).ok());
+        ASSERT_FALSE(local) << "accepted without `local` means no flag";
       }
     } else {
       Result<ResponseHeader> h = DecodeResponseHeader(b.data(), b.size());
@@ -320,6 +529,12 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         ASSERT_NE(StatusCodeName(h->status), "UNKNOWN");
         if (h->status != StatusCode::kOk) {
           ASSERT_EQ(h->payload_len, 0u);
+          ASSERT_FALSE(h->local);
+        }
+        if (h->local) {
+          ASSERT_GE(h->payload_len, kLocalReplyHeaderBytes + kLocalPieceBytes);
+          ASSERT_LE(h->payload_len, kMaxLocalReplyBytes);
+          ASSERT_EQ((h->payload_len - kLocalReplyHeaderBytes) % kLocalPieceBytes, 0u);
         }
       }
     }
@@ -328,6 +543,7 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
   // were never exercised.
   EXPECT_GT(req_accepted, 100);
   EXPECT_GT(resp_accepted, 100);
+  EXPECT_GT(reply_accepted, 100);
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <list>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include "common/checksum.h"
@@ -16,20 +19,79 @@
 namespace tensorhub::transport {
 namespace {
 
+// Same-host (cross-memory attach) policy, shared by one transport's server
+// and connections. Thread-safe.
+class LocalReads {
+ public:
+  explicit LocalReads(const TcpTransportOptions& options)
+      : copy_(options.copy_fn ? options.copy_fn : CrossMemoryCopyFn(ProcessVmReadv)) {
+    if (!options.local_reads) return;
+    if (options.identity.has_value()) {
+      identity_ = *options.identity;
+      enabled_ = true;
+      return;
+    }
+    Result<wire::HostIdentity> id = ReadHostIdentity();
+    if (!id.ok()) {
+      TH_LOG(INFO) << "same-host reads off, every read goes over TCP: "
+                   << id.status().ToString();
+      return;
+    }
+    identity_ = *id;
+    enabled_ = true;
+  }
+
+  bool enabled() const { return enabled_; }
+  const wire::HostIdentity& identity() const { return identity_; }
+  const CrossMemoryCopyFn& copy() const { return copy_; }
+
+  // Whether copying from `holder` failed before.
+  bool Refused(const std::string& holder) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return refused_.count(holder) > 0;
+  }
+  // Remembers (up to kMaxRefused holders) that copying from `holder` failed,
+  // and says so once per holder.
+  void Refuse(const std::string& holder, const Status& why) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (refused_.size() >= kMaxRefused || !refused_.insert(holder).second) {
+        return;
+      }
+    }
+    TH_LOG(INFO) << "holder " << holder
+                 << " is on this host but its memory cannot be read ("
+                 << why.message() << "); reading it over TCP from now on";
+  }
+
+ private:
+  static constexpr size_t kMaxRefused = 4096;
+  bool enabled_ = false;
+  wire::HostIdentity identity_;
+  const CrossMemoryCopyFn copy_;
+  mutable std::mutex mu_;
+  std::set<std::string> refused_;  // guarded by mu_
+};
+
 class TcpServer final : public Server {
  public:
   TcpServer(Fd listener, std::string address, ReadSource* source,
-            ServerOptions options)
+            ServerOptions options, std::shared_ptr<const LocalReads> local)
       : listener_(std::move(listener)),
         address_(std::move(address)),
         source_(source),
-        options_(options) {
+        options_(options),
+        local_(std::move(local)),
+        pid_(static_cast<uint32_t>(::getpid())) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~TcpServer() override { Stop(); }
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
+  uint64_t bytes_served_local() const override {
+    return bytes_served_local_.load();
+  }
 
   void Stop() override {
     std::lock_guard<std::mutex> stop_lock(stop_mu_);
@@ -110,8 +172,9 @@ class TcpServer final : public Server {
         return;
       }
       wire::ReadRequest req;
+      bool local = false;
       Result<size_t> model_len =
-          wire::DecodeReadRequestHeader(header, sizeof(header), &req);
+          wire::DecodeReadRequestHeader(header, sizeof(header), &req, &local);
       if (!model_len.ok()) {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
@@ -125,10 +188,34 @@ class TcpServer final : public Server {
                .ok()) {
         return;
       }
+      // The reader's identity, if it offers to copy the bytes itself.
+      std::optional<wire::HostIdentity> reader;
+      if (local) {
+        uint8_t id[wire::kHostIdentityBytes];
+        if (!ReadExact(fd, id, sizeof(id), deadline, stall_ms).ok()) return;
+        reader = *wire::DecodeHostIdentity(id, sizeof(id));
+      }
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
         if (!SendError(fd, lease.status(), deadline).ok()) return;
         continue;
+      }
+      if (reader.has_value() && local_->enabled() &&
+          *reader == local_->identity()) {
+        std::vector<wire::LocalPiece> pieces = CoalescePieces(lease->pieces);
+        uint64_t total = 0;
+        for (const wire::LocalPiece& p : pieces) total += p.length;
+        // Else (too scattered to describe, or a source that does not cover
+        // the range) the bytes go over TCP as usual.
+        if (pieces.size() <= wire::kMaxLocalPieces && total == req.length) {
+          if (!ServeLocal(fd, req, std::move(pieces), deadline)) {
+            // Close before the lease ends, so a reader still copying sees
+            // the connection gone when it finishes and discards the bytes.
+            ::shutdown(fd, SHUT_RDWR);
+            return;
+          }
+          continue;  // the lease ends here, after the reader released it
+        }
       }
       wire::ResponseHeader h;
       h.status = StatusCode::kOk;
@@ -146,6 +233,50 @@ class TcpServer final : public Server {
     }
   }
 
+  // Hands a same-host reader the addresses of the leased bytes and waits
+  // (bounded) for its release. False: drop the connection.
+  bool ServeLocal(int fd, const wire::ReadRequest& req,
+                  std::vector<wire::LocalPiece> pieces,
+                  const Deadline& deadline) {
+    wire::LocalReply reply;
+    reply.pid = pid_;
+    reply.pieces = std::move(pieces);
+    std::string body = wire::EncodeLocalReply(reply);
+    wire::ResponseHeader h;
+    h.status = StatusCode::kOk;
+    h.local = true;
+    h.payload_len = body.size();
+    auto hdr = wire::EncodeResponseHeader(h);
+    iovec iov[2] = {{hdr.data(), hdr.size()}, {body.data(), body.size()}};
+    if (!WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms).ok()) {
+      return false;
+    }
+    uint8_t release[wire::kReleaseBytes];
+    Status s = ReadExact(fd, release, sizeof(release),
+                         Deadline::AfterMs(options_.local_release_timeout_ms));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kDeadlineExceeded) {
+        TH_LOG(WARN) << "data server " << address_
+                     << ": a same-host reader did not release its lease within "
+                     << options_.local_release_timeout_ms
+                     << " ms; dropping it";
+      }
+      return false;
+    }
+    Result<wire::ReleaseOutcome> outcome =
+        wire::DecodeRelease(release, sizeof(release));
+    if (!outcome.ok()) {
+      TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
+                   << outcome.status().ToString();
+      return false;
+    }
+    if (*outcome == wire::ReleaseOutcome::kCopied) {
+      bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
+      bytes_served_local_.fetch_add(req.length, std::memory_order_relaxed);
+    }
+    return true;
+  }
+
   Status SendError(int fd, const Status& status, const Deadline& deadline) {
     std::string msg = status.message().substr(0, wire::kMaxMessageBytes);
     wire::ResponseHeader h;
@@ -160,9 +291,12 @@ class TcpServer final : public Server {
   const std::string address_;
   ReadSource* const source_;
   const ServerOptions options_;
+  const std::shared_ptr<const LocalReads> local_;
+  const uint32_t pid_;
   std::mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
+  std::atomic<uint64_t> bytes_served_local_{0};
   std::thread accept_thread_;
   std::mutex mu_;
   std::list<Conn> conns_;  // guarded by mu_
@@ -170,8 +304,8 @@ class TcpServer final : public Server {
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(Fd fd, std::string peer)
-      : fd_(std::move(fd)), peer_(std::move(peer)) {}
+  TcpConnection(Fd fd, std::string peer, std::shared_ptr<LocalReads> local)
+      : fd_(std::move(fd)), peer_(std::move(peer)), local_(std::move(local)) {}
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
               const Deadline& deadline, uint64_t* xxh3) override {
@@ -198,16 +332,49 @@ class TcpConnection final : public Connection {
       return Internal("destination holds " + std::to_string(want) +
                       " bytes for a read of " + std::to_string(req.length));
     }
-    std::string frame = wire::EncodeReadRequest(req);
+    if (!local_->enabled() || local_declined_ || local_->Refused(peer_)) {
+      return TcpRead(req, dest, deadline, xxh3);
+    }
+    TH_RETURN_IF_ERROR(SendRequest(req, &local_->identity(), deadline));
+    TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
+    if (!h.local) {
+      // Another host (or a holder with same-host reads off): it sent the
+      // bytes, and will again, so stop asking on this connection.
+      local_declined_ = true;
+      return ReceivePayload(h, req, dest, deadline, xxh3);
+    }
+    return LocalRead(h, req, dest, deadline, xxh3);
+  }
+
+  Status TcpRead(const wire::ReadRequest& req, std::span<const iovec> dest,
+                 const Deadline& deadline, uint64_t* xxh3) {
+    TH_RETURN_IF_ERROR(SendRequest(req, nullptr, deadline));
+    TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
+    if (h.local) {
+      Abandon();
+      return DataLoss("holder " + peer_ +
+                      " answered a TCP read with a same-host reply");
+    }
+    return ReceivePayload(h, req, dest, deadline, xxh3);
+  }
+
+  Status SendRequest(const wire::ReadRequest& req,
+                     const wire::HostIdentity* local, const Deadline& deadline) {
+    std::string frame = wire::EncodeReadRequest(req, local);
     iovec out{frame.data(), frame.size()};
-    TH_RETURN_IF_ERROR(WriteAll(fd_.get(), {&out, 1}, deadline)
-                           .WithContext("holder " + peer_));
+    return WriteAll(fd_.get(), {&out, 1}, deadline)
+        .WithContext("holder " + peer_);
+  }
+
+  // The response header of a successful read; a refusal comes back as the
+  // holder's status.
+  Result<wire::ResponseHeader> ReceiveHeader(const Deadline& deadline) {
     uint8_t hdr[wire::kResponseHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
                            .WithContext("holder " + peer_));
     Result<wire::ResponseHeader> h = wire::DecodeResponseHeader(hdr, sizeof(hdr));
     if (!h.ok()) {
-      broken_ = true;
+      Abandon();
       return DataLoss("holder " + peer_ + " sent a bad frame: " +
                       h.status().message());
     }
@@ -217,10 +384,17 @@ class TcpConnection final : public Connection {
                              .WithContext("holder " + peer_));
       return Status(h->status, "holder " + peer_ + " refused: " + msg);
     }
-    if (h->payload_len != req.length) {
-      broken_ = true;
+    return h;
+  }
+
+  Status ReceivePayload(const wire::ResponseHeader& h,
+                        const wire::ReadRequest& req,
+                        std::span<const iovec> dest, const Deadline& deadline,
+                        uint64_t* xxh3) {
+    if (h.payload_len != req.length) {
+      Abandon();
       return DataLoss("holder " + peer_ + " sent " +
-                      std::to_string(h->payload_len) + " bytes for a read of " +
+                      std::to_string(h.payload_len) + " bytes for a read of " +
                       std::to_string(req.length));
     }
     if (xxh3 == nullptr) {
@@ -242,15 +416,77 @@ class TcpConnection final : public Connection {
     return Status::Ok();
   }
 
+  // The holder pinned the range and sent where it is; copy it, then release
+  // the lease. If the copy is refused, release and read over TCP instead.
+  Status LocalRead(const wire::ResponseHeader& h, const wire::ReadRequest& req,
+                   std::span<const iovec> dest, const Deadline& deadline,
+                   uint64_t* xxh3) {
+    // payload_len was bounded by the decoder (at most kMaxLocalReplyBytes).
+    std::string body(h.payload_len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+                           .WithContext("holder " + peer_));
+    Result<wire::LocalReply> reply = wire::DecodeLocalReply(
+        reinterpret_cast<const uint8_t*>(body.data()), body.size(),
+        req.length);
+    if (!reply.ok()) {
+      Abandon();  // closing the connection ends the holder's lease
+      return DataLoss("holder " + peer_ + " sent a bad same-host reply: " +
+                      reply.status().message());
+    }
+    Xxh3Stream hash;
+    Status copied =
+        CopyFromProcess(static_cast<pid_t>(reply->pid), reply->pieces, dest,
+                        kCmaSegmentBytes, xxh3 != nullptr ? &hash : nullptr,
+                        local_->copy());
+    if (copied.ok()) {
+      // The holder sends nothing until it has our release; anything to
+      // read now means it gave up the lease (timeout, Stop) and its memory
+      // may have changed under the copy.
+      if (PeerClosed()) {
+        Abandon();
+        return Unavailable("holder " + peer_ +
+                           " ended the lease before the copy finished");
+      }
+      TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
+      if (xxh3 != nullptr) *xxh3 = hash.Digest();
+      return Status::Ok();
+    }
+    TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
+    local_->Refuse(peer_, copied);
+    return TcpRead(req, dest, deadline, xxh3);
+  }
+
+  Status SendRelease(wire::ReleaseOutcome outcome, const Deadline& deadline) {
+    auto frame = wire::EncodeRelease(outcome);
+    iovec out{frame.data(), frame.size()};
+    return WriteAll(fd_.get(), {&out, 1}, deadline)
+        .WithContext("holder " + peer_);
+  }
+
+  bool PeerClosed() {
+    pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
+  }
+
+  void Abandon() {
+    broken_ = true;
+    fd_.Reset();
+  }
+
   static constexpr size_t kHashSegmentBytes = 256 << 10;
 
   Fd fd_;
   std::string peer_;
+  const std::shared_ptr<LocalReads> local_;
   bool broken_ = false;
+  bool local_declined_ = false;
 };
 
 class TcpTransport final : public Transport {
  public:
+  explicit TcpTransport(const TcpTransportOptions& options)
+      : local_(std::make_shared<LocalReads>(options)) {}
+
   std::string_view name() const override { return "tcp"; }
 
   Result<std::unique_ptr<Server>> Listen(const std::string& host_port,
@@ -266,20 +502,35 @@ class TcpTransport final : public Transport {
                                   : hp.first) +
                              ":" + std::to_string(bound.second);
     return std::unique_ptr<Server>(
-        new TcpServer(std::move(fd), advertised, source, options));
+        new TcpServer(std::move(fd), advertised, source, options, local_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(const std::string& address,
                                               const Deadline& deadline) override {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
-    return std::unique_ptr<Connection>(new TcpConnection(std::move(fd), address));
+    return std::unique_ptr<Connection>(
+        new TcpConnection(std::move(fd), address, local_));
   }
+
+ private:
+  const std::shared_ptr<LocalReads> local_;
 };
 
 }  // namespace
 
+TcpTransportOptions TcpTransportOptions::FromEnv() {
+  TcpTransportOptions o;
+  const char* no_cma = std::getenv("TENSORHUB_NO_CMA");
+  if (no_cma != nullptr && std::string(no_cma) == "1") o.local_reads = false;
+  return o;
+}
+
 std::unique_ptr<Transport> MakeTcpTransport() {
-  return std::make_unique<TcpTransport>();
+  return MakeTcpTransport(TcpTransportOptions::FromEnv());
+}
+
+std::unique_ptr<Transport> MakeTcpTransport(const TcpTransportOptions& options) {
+  return std::make_unique<TcpTransport>(options);
 }
 
 }  // namespace tensorhub::transport

@@ -102,6 +102,14 @@ class TestSource final : public ReadSource {
   Status refusal_ = NotFound("no such model");  // guarded by mu_
 };
 
+// These tests pin down the TCP byte path, so same-host reads (which would
+// otherwise take over on loopback) are off; local_read_test.cc covers them.
+std::unique_ptr<Transport> MakeTcpOnlyTransport() {
+  TcpTransportOptions o;
+  o.local_reads = false;
+  return MakeTcpTransport(o);
+}
+
 wire::ReadRequest Req(uint64_t offset, uint64_t length,
                       std::string model = "m") {
   wire::ReadRequest r;
@@ -170,7 +178,7 @@ class TcpTransportTest : public ::testing::Test {
                            source_.data().begin() + offset));
   }
 
-  std::unique_ptr<Transport> transport_ = MakeTcpTransport();
+  std::unique_ptr<Transport> transport_ = MakeTcpOnlyTransport();
   TestSource source_{8 << 20};
   std::unique_ptr<Server> server_;
 };
@@ -344,7 +352,7 @@ TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
     SendAllRaw(fd, half.data(), half.size());
     ::shutdown(fd, SHUT_RDWR);
   });
-  std::unique_ptr<Transport> t = MakeTcpTransport();
+  std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   Result<std::unique_ptr<Connection>> c =
       t->Connect(holder.address(), Deadline::AfterMs(2000));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -387,7 +395,7 @@ TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
     }
     SendAllRaw(fd, hdr.data(), hdr.size());
   });
-  std::unique_ptr<Transport> t = MakeTcpTransport();
+  std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   for (int i = 0; i < 3; ++i) {
     Result<std::unique_ptr<Connection>> c =
         t->Connect(holder.address(), Deadline::AfterMs(2000));
@@ -468,7 +476,7 @@ TEST(TcpTransportRawTest, ConnectToAClosedPortIsUnavailableQuickly) {
     ASSERT_TRUE(a.ok());
     address = *a;
   }
-  std::unique_ptr<Transport> t = MakeTcpTransport();
+  std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   auto t0 = Clock::now();
   Result<std::unique_ptr<Connection>> c =
       t->Connect(address, Deadline::AfterMs(5000));
@@ -483,7 +491,7 @@ TEST(TcpTransportRawTest, ConnectToAClosedPortIsUnavailableQuickly) {
 
 TEST(TcpTransportRawTest, SilentHolderHitsTheReadDeadline) {
   RawHolder holder([](int) {});  // accepts and never answers
-  std::unique_ptr<Transport> t = MakeTcpTransport();
+  std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   Result<std::unique_ptr<Connection>> c =
       t->Connect(holder.address(), Deadline::AfterMs(2000));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
