@@ -220,9 +220,17 @@ class Client::Impl {
         -> Result<std::vector<client::FetchSource>> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
-      TH_ASSIGN_OR_RETURN(std::vector<client::ResolvedSource> srcs,
-                          hub_.Schedule(id(), model, v, exclude, max_sources));
-      return ToSources(srcs);
+      Result<std::vector<client::ResolvedSource>> srcs =
+          hub_.Schedule(id(), model, v, exclude, max_sources);
+      if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
+          !exclude.empty()) {
+        // Every holder left has failed us once. Failures are often passing
+        // (a stall, a dropped connection): ask again without exclusions.
+        // The fetcher's per-chunk attempt bound ends a hopeless retry.
+        srcs = hub_.Schedule(id(), model, v, {}, max_sources);
+      }
+      if (!srcs.ok()) return srcs.status();
+      return ToSources(*srcs);
     };
     Result<std::vector<client::FetchSource>> sources = schedule({});
     if (!sources.ok()) {
