@@ -26,7 +26,7 @@ def main(src, dst):
             series["TensorHub" if f["mode"] == "tensorhub" else "point-to-point (pull from trainer)"][n] = float(f["seconds"])
             bound[n] = float(f["bound_seconds"])
         elif line.startswith("mpi_bcast_best"):
-            series[f"MPI_Bcast (best: alg {f['algorithm']})"][int(f["receivers"])] = float(f["seconds"])
+            series["MPI_Bcast (best of pipeline / scatter-allgather)"][int(f["receivers"])] = float(f["seconds"])
         elif line.startswith("gloo_bcast"):
             series["torch.distributed gloo broadcast"][int(f["ranks"]) - 1] = float(f["seconds"])
     fig, ax = plt.subplots(figsize=(7, 4.5))

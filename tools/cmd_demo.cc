@@ -5,6 +5,7 @@
 // rollout fetches `latest` into its own buffers (serving what it holds to
 // the others) and reports a digest that must equal the trainer's.
 #include <cinttypes>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -134,6 +135,8 @@ int CmdDemo(int argc, char** argv) {
   if (*scale <= 0 || *scale > 1) return Fail(InvalidArgument("--scale must be in (0, 1]"));
 
   SetLogPrefix("demo");
+  // The table is the output; the hub's join/leave lines would interleave.
+  if (std::getenv("TENSORHUB_LOG") == nullptr) SetLogLevel(LogLevel::kWarn);
   hub::HubServerOptions ho;
   ho.listen_address = "127.0.0.1:0";
   auto hub = hub::HubServer::Start(ho);
