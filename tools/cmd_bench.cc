@@ -147,6 +147,28 @@ Result<int> ProbeLocalPath(const std::string& address, uint64_t bytes) {
 
 }  // namespace
 
+struct HubAndHolder {
+  std::unique_ptr<Hub> hub;
+  Subprocess holder;
+  std::string digest;  // of the bytes the holder published
+};
+
+// An embedded hub and a holder process that has published `bytes`.
+Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
+                                       const std::string& holder_log) {
+  HubOptions ho;
+  ho.listen_address = "127.0.0.1:0";
+  TH_ASSIGN_OR_RETURN(std::unique_ptr<Hub> hub, Hub::Start(ho));
+  TH_ASSIGN_OR_RETURN(
+      Subprocess holder,
+      Subprocess::Spawn({"bench", "_holder", "--hub", hub->address(), "--bytes",
+                         std::to_string(bytes), "--chunk-bytes", std::to_string(chunk)},
+                        {"TENSORHUB_LOG=" + holder_log}));
+  TH_ASSIGN_OR_RETURN(std::string ready, holder.ReadLine(Deadline::AfterMs(120000)));
+  if (ready.rfind("ready ", 0) != 0) return Internal("holder: " + ready);
+  return HubAndHolder{std::move(hub), std::move(holder), ready.substr(6)};
+}
+
 // The holder side of `bench pair`, as its own process.
 int CmdBenchHolder(int argc, char** argv) {
   auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes"}, {});
@@ -209,23 +231,13 @@ int CmdBench(int argc, char** argv) {
   // switch the intra-host path off for both processes (see bench local).
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
 
-  hub::HubServerOptions ho;
-  ho.listen_address = "127.0.0.1:0";
-  auto hub = hub::HubServer::Start(ho);
-  if (!hub.ok()) return Fail(hub.status());
-  auto holder = Subprocess::Spawn({"bench", "_holder", "--hub", (*hub)->address(),
-                                   "--bytes", std::to_string(*bytes),
-                                   "--chunk-bytes", std::to_string(*chunk)},
-                                  {"TENSORHUB_LOG=warn"});
-  if (!holder.ok()) return Fail(holder.status());
-  auto ready = holder->ReadLine(Deadline::AfterMs(120000));
-  if (!ready.ok()) return Fail(ready.status().WithContext("holder"));
-  if (ready->rfind("ready ", 0) != 0) return Fail(Internal("holder: " + *ready));
-  std::string digest = ready->substr(6);
+  auto pair = StartHubAndHolder(*bytes, *chunk, "warn");
+  if (!pair.ok()) return Fail(pair.status());
+  auto& [hub, holder, digest] = *pair;
 
   SyntheticModel dest(FlatLayout(*bytes));
   ClientOptions o;
-  o.hub_address = (*hub)->address();
+  o.hub_address = hub->address();
   o.name = "bench-reader";
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
@@ -260,8 +272,8 @@ int CmdBench(int argc, char** argv) {
                 static_cast<unsigned long long>(r + 1), gbps, *a,
                 static_cast<unsigned long long>(*conns), *b, mc);
   }
-  (void)holder->Send("quit");
-  holder->Stop(5000);
+  (void)holder.Send("quit");
+  holder.Stop(5000);
   std::printf("\n%-44s %8s %10s\n", "", "GB/s", "tensorhub/x");
   std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th, "");
   std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream", raw1, th / raw1);
@@ -291,22 +303,12 @@ int CmdBenchLocal(int argc, char** argv) {
   }
   SetLogLevel(LogLevel::kWarn);
 
-  hub::HubServerOptions ho;
-  ho.listen_address = "127.0.0.1:0";
-  auto hub = hub::HubServer::Start(ho);
-  if (!hub.ok()) return Fail(hub.status());
-  auto holder = Subprocess::Spawn({"bench", "_holder", "--hub", (*hub)->address(),
-                                   "--bytes", std::to_string(*bytes),
-                                   "--chunk-bytes", std::to_string(*chunk)},
-                                  {"TENSORHUB_LOG=info"});
-  if (!holder.ok()) return Fail(holder.status());
-  auto ready = holder->ReadLine(Deadline::AfterMs(120000));
-  if (!ready.ok()) return Fail(ready.status().WithContext("holder"));
-  if (ready->rfind("ready ", 0) != 0) return Fail(Internal("holder: " + *ready));
-  std::string digest = ready->substr(6);
+  auto pair = StartHubAndHolder(*bytes, *chunk, "info");
+  if (!pair.ok()) return Fail(pair.status());
+  auto& [hub, holder, digest] = *pair;
 
   ClientOptions o;
-  o.hub_address = (*hub)->address();
+  o.hub_address = hub->address();
   o.name = "bench-reader-local";
   auto local_reader = Client::Connect(o);
   if (!local_reader.ok()) return Fail(local_reader.status());
@@ -367,8 +369,8 @@ int CmdBenchLocal(int argc, char** argv) {
     std::printf("  run %llu: intra-host %.2f GB/s, TCP %.2f GB/s, memcpy %.2f GB/s, raw process_vm_readv %.2f GB/s (intra-host/memcpy %.2f)\n",
                 static_cast<unsigned long long>(r + 1), *a, *b, m, *c, *a / m);
   }
-  (void)holder->Send("quit");
-  holder->Stop(5000);
+  (void)holder.Send("quit");
+  holder.Stop(5000);
   std::printf("\n%-52s %8s %10s\n", "", "GB/s", "x memcpy");
   std::printf("%-52s %8.2f %10.2f\n", "tensorhub fetch, intra-host (verified, 1 holder)", local, local / mc);
   std::printf("%-52s %8.2f %10.2f\n", "tensorhub fetch, forced TCP (TENSORHUB_NO_CMA=1)", tcp, tcp / mc);
