@@ -199,6 +199,7 @@ int CmdBenchHolder(int argc, char** argv) {
 int CmdBenchTrainer(int argc, char** argv);
 int CmdBenchReader(int argc, char** argv);
 int CmdBenchFanout(int argc, char** argv);
+int CmdBenchHub(int argc, char** argv);
 int CmdBenchLocal(int argc, char** argv);
 
 int CmdBench(int argc, char** argv) {
@@ -212,6 +213,7 @@ int CmdBench(int argc, char** argv) {
   if (what == "_trainer") return CmdBenchTrainer(argc - 1, argv + 1);
   if (what == "_reader") return CmdBenchReader(argc - 1, argv + 1);
   if (what == "fanout") return CmdBenchFanout(argc, argv);
+  if (what == "hub") return CmdBenchHub(argc, argv);
   if (what == "local") return CmdBenchLocal(argc, argv);
   if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
   auto args = ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {});

@@ -387,6 +387,28 @@ int HubState::Distance(const Labels& a, const Labels& b) const {
   return 2;
 }
 
+Status HubState::CheckReadable(const std::string& vname,
+                               const VersionEntry& v) {
+  switch (v.state) {
+    case VersionState::kPending: {
+      size_t have = 0;
+      for (const auto& p : v.parts) have += p.has_value() ? 1 : 0;
+      return FailedPrecondition(vname + " is not committed: " +
+                                std::to_string(have) + " of " +
+                                std::to_string(v.group_size) +
+                                " ranks have published");
+    }
+    case VersionState::kAborted:
+      return Aborted(vname + " was aborted before commit");
+    case VersionState::kUnavailable:
+      return Unavailable(vname + " is committed but no live worker holds "
+                         "all of its chunks");
+    case VersionState::kCommitted:
+      break;
+  }
+  return Status::Ok();
+}
+
 Result<Resolution> HubState::Resolve(const WorkerId& reader,
                                      const std::string& model, Version version,
                                      bool include_uncommitted) {
@@ -418,23 +440,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   VersionEntry& v = vit->second;
   const std::string vname = VersionName(model, vit->first);
   if (!include_uncommitted) {
-    switch (v.state) {
-      case VersionState::kPending: {
-        size_t have = 0;
-        for (const auto& p : v.parts) have += p.has_value() ? 1 : 0;
-        return FailedPrecondition(vname + " is not committed: " +
-                                  std::to_string(have) + " of " +
-                                  std::to_string(v.group_size) +
-                                  " ranks have published");
-      }
-      case VersionState::kAborted:
-        return Aborted(vname + " was aborted before commit");
-      case VersionState::kUnavailable:
-        return Unavailable(vname + " is committed but no live worker holds "
-                           "all of its chunks");
-      case VersionState::kCommitted:
-        break;
-    }
+    TH_RETURN_IF_ERROR(CheckReadable(vname, v));
   }
   Resolution res;
   res.version = vit->first;
@@ -510,19 +516,19 @@ Result<std::vector<HolderView>> HubState::Schedule(
   if (version.is_latest()) {
     return InvalidArgument("schedule needs a resolved version number");
   }
-  // Same checks and errors as a resolve of that exact version.
-  TH_ASSIGN_OR_RETURN(Resolution r, Resolve(reader, model, version, false));
-  VersionEntry& v = *FindVersion(model, version);
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  VersionEntry* found = FindVersion(model, version);
+  if (found == nullptr) {
+    return NotFound("model '" + model + "' has no version " +
+                    std::to_string(version.value()));
+  }
+  VersionEntry& v = *found;
+  // Same errors as a resolve of that exact version.
+  TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
   Release(v, reader);
   Labels reader_labels;
   auto rit = workers_.find(reader);
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
-  struct Candidate {
-    int distance;
-    int serving;
-    uint64_t join_seq;
-    HolderView* view;
-  };
   // A reader that serves while it fills may only read from filling holders
   // that joined before it: the pipeline is then a DAG, never a cycle of
   // readers waiting on each other.
@@ -530,39 +536,67 @@ Result<std::vector<HolderView>> HubState::Schedule(
   if (auto own = v.refs.find(reader); own != v.refs.end() && own->second.filling) {
     reader_join = own->second.join_seq;
   }
+  // One pass, no copies: this runs once per reader per version, so it must
+  // stay linear in the number of holders (bench hub measures it).
+  struct Candidate {
+    int distance;
+    int serving;
+    uint64_t join_seq;
+    const WorkerId* worker;
+    const Reference* ref;
+    const Worker* info;
+    // Nearest, then least busy, then the latest to join.
+    bool operator<(const Candidate& o) const {
+      if (distance != o.distance) return distance < o.distance;
+      if (serving != o.serving) return serving < o.serving;
+      return join_seq > o.join_seq;
+    }
+  };
   std::vector<Candidate> candidates;
-  for (HolderView& h : r.holders) {
-    if (exclude.count(h.worker) > 0) continue;
-    if (h.filling && v.refs.at(h.worker).join_seq >= reader_join) continue;
-    auto sit = v.serving.find(h.worker);
-    candidates.push_back({Distance(reader_labels, h.labels),
+  candidates.reserve(v.refs.size());
+  for (const auto& [holder, ref] : v.refs) {
+    if (holder == reader || exclude.count(holder) > 0) continue;
+    if (ref.filling && ref.join_seq >= reader_join) continue;
+    auto hit = workers_.find(holder);
+    if (hit == workers_.end()) continue;
+    auto sit = v.serving.find(holder);
+    candidates.push_back({Distance(reader_labels, hit->second.reg.labels),
                           sit == v.serving.end() ? 0 : sit->second,
-                          v.refs.at(h.worker).join_seq, &h});
+                          ref.join_seq, &holder, &ref, &hit->second});
   }
   if (candidates.empty()) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) {
-                     if (a.distance != b.distance) return a.distance < b.distance;
-                     if (a.serving != b.serving) return a.serving < b.serving;
-                     return a.join_seq > b.join_seq;
-                   });
+  auto best = std::min_element(candidates.begin(), candidates.end());
+  std::vector<Candidate> chosen = {*best};
+  // Extra stripes: idle complete holders as near as the first choice.
+  std::vector<Candidate> extras;
+  for (auto it = candidates.begin(); it != candidates.end(); ++it) {
+    if (it != best && it->distance == best->distance && it->serving == 0 &&
+        !it->ref->filling) {
+      extras.push_back(*it);
+    }
+  }
+  size_t n_extra = std::min(extras.size(), max_sources > 0 ? max_sources - 1 : 0);
+  std::partial_sort(extras.begin(), extras.begin() + static_cast<long>(n_extra),
+                    extras.end());
+  chosen.insert(chosen.end(), extras.begin(),
+                extras.begin() + static_cast<long>(n_extra));
   std::vector<HolderView> out;
   std::vector<WorkerId>& assigned = v.assignments[reader];
-  auto take = [&](const Candidate& c) {
-    out.push_back(*c.view);
-    assigned.push_back(c.view->worker);
-    ++v.serving[c.view->worker];
-  };
-  take(candidates[0]);
-  for (size_t i = 1; i < candidates.size() && out.size() < max_sources; ++i) {
-    const Candidate& c = candidates[i];
-    if (c.distance == candidates[0].distance && c.serving == 0 &&
-        !c.view->filling) {
-      take(c);
-    }
+  for (const Candidate& c : chosen) {
+    HolderView hv;
+    hv.worker = *c.worker;
+    hv.data_address = c.info->reg.data_address;
+    hv.labels = c.info->reg.labels;
+    hv.worker_class = c.info->reg.worker_class;
+    hv.epoch = c.ref->epoch;
+    hv.chunks = RangesOf(v, *c.ref);
+    hv.filling = c.ref->filling;
+    out.push_back(std::move(hv));
+    assigned.push_back(*c.worker);
+    ++v.serving[*c.worker];
   }
   return out;
 }

@@ -182,6 +182,8 @@ class HubState {
   static void Release(VersionEntry& v, const WorkerId& reader);
   VersionEntry* FindVersion(const std::string& model, Version version);
   static void UpdateAvailability(VersionEntry& v);
+  // OK if readers may fetch the version; else the error a reader gets.
+  static Status CheckReadable(const std::string& vname, const VersionEntry& v);
   static std::vector<ChunkRange> RangesOf(const VersionEntry& v,
                                           const Reference& r);
   int Distance(const Labels& a, const Labels& b) const;
