@@ -46,5 +46,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto release = tensorhub::wire::DecodeRelease(data, size);
   if (release.ok() && static_cast<uint32_t>(*release) > 1) __builtin_trap();
+  // Handshake frames: only OK or PERMISSION_DENIED verdicts are accepted.
+  (void)tensorhub::wire::DecodeChallenge(data, size);
+  (void)tensorhub::wire::DecodeProof(data, size);
+  auto verdict = tensorhub::wire::DecodeVerdict(data, size);
+  if (verdict.ok() && *verdict != tensorhub::StatusCode::kOk &&
+      *verdict != tensorhub::StatusCode::kPermissionDenied) {
+    __builtin_trap();
+  }
   return 0;
 }

@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libxxhash-dev libgtest-dev googletest
+  libxxhash-dev libssl-dev libgtest-dev googletest
   clang libclang-rt-14-dev           # libFuzzer targets
   iproute2 procps iputils-ping iperf3 # network namespaces test bed (bench/testbed.sh)
   openmpi-bin libopenmpi-dev         # the MPI_Bcast baseline

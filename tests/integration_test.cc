@@ -13,6 +13,7 @@
 #include "hub/hub_service.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
+#include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
 #include "wire/frame.h"
@@ -122,6 +123,7 @@ TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
   // until we read.
   auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
+  ASSERT_TRUE(transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000)).ok());
   wire::ReadRequest req{"d", 1, 1, 0, 0, bytes};
   std::string frame = wire::EncodeReadRequest(req);
   iovec v{frame.data(), frame.size()};
@@ -163,6 +165,7 @@ TEST_F(HubTest, UnpublishReportsDeadlineWhenAReadDoesNotDrain) {
   ASSERT_TRUE(holder->Publish("d", Version(1), src.tensors()).ok());
   auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
+  ASSERT_TRUE(transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000)).ok());
   wire::ReadRequest req{"d", 1, 1, 0, 0, 64ull << 20};
   std::string frame = wire::EncodeReadRequest(req);
   iovec v{frame.data(), frame.size()};
@@ -267,3 +270,38 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
+
+namespace tensorhub::testing {
+namespace {
+
+// One shared secret guards both planes: the hub refuses a worker without
+// it, and a holder refuses a reader without it.
+TEST(SharedSecret, BothPlanesRequireIt) {
+  auto hub = Hub::Start({"127.0.0.1:0", 5000, "k3y"});
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  auto connect = [&](const std::string& secret) {
+    ClientOptions o;
+    o.hub_address = (*hub)->address();
+    o.secret = secret;
+    o.connect_timeout_ms = 3000;
+    return Client::Connect(o);
+  };
+  auto trainer = connect("k3y");
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  SyntheticModel src(TestLayout(1 << 20));
+  src.Fill(4);
+  ASSERT_TRUE((*trainer)->Publish("s", Version(1), src.tensors()).ok());
+  auto reader = connect("k3y");
+  ASSERT_TRUE(reader.ok());
+  SyntheticModel dst(TestLayout(1 << 20));
+  ASSERT_TRUE((*reader)->Fetch("s", Version::Latest(), dst.tensors()).ok());
+  EXPECT_EQ(dst.Digest(), src.Digest());
+  auto intruder = connect("wrong");
+  EXPECT_EQ(intruder.status().code(), StatusCode::kPermissionDenied)
+      << intruder.status().ToString();
+  auto anonymous = connect("");
+  EXPECT_EQ(anonymous.status().code(), StatusCode::kPermissionDenied);
+}
+
+}  // namespace
+}  // namespace tensorhub::testing

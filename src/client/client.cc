@@ -32,7 +32,7 @@ class Client::Impl {
   explicit Impl(const ClientOptions& options)
       : options_(options),
         hub_(options.hub_address, options.secret, options.rpc_timeout_ms),
-        transport_(transport::MakeTcpTransport()) {}
+        transport_(MakeTransport(options)) {}
 
   ~Impl() {
     {
@@ -48,6 +48,13 @@ class Client::Impl {
       Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms));
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
+  }
+
+  static std::unique_ptr<transport::Transport> MakeTransport(
+      const ClientOptions& options) {
+    transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+    t.secret = options.secret;  // the data plane requires the hub's secret too
+    return transport::MakeTcpTransport(t);
   }
 
   Status Start() {

@@ -63,6 +63,8 @@ class Server {
   // Bytes served, all paths; of which copied by same-host readers.
   virtual uint64_t bytes_served() const = 0;
   virtual uint64_t bytes_served_local() const { return 0; }
+  // Connections refused because the peer did not prove the shared secret.
+  virtual uint64_t connections_refused() const { return 0; }
 };
 
 // One reader-to-holder channel. Not thread-safe: one read at a time. After

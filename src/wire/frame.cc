@@ -252,4 +252,64 @@ Result<ReleaseOutcome> DecodeRelease(const uint8_t* p, size_t size) {
   return static_cast<ReleaseOutcome>(outcome);
 }
 
+std::array<uint8_t, kChallengeBytes> EncodeChallenge(const Nonce& nonce) {
+  std::array<uint8_t, kChallengeBytes> out{};
+  Put<uint32_t>(out.data(), kChallengeMagic);
+  Put<uint32_t>(out.data() + 4, 1);
+  std::memcpy(out.data() + 8, nonce.data(), nonce.size());
+  return out;
+}
+
+Result<Nonce> DecodeChallenge(const uint8_t* p, size_t size) {
+  if (size < kChallengeBytes || Get<uint32_t>(p) != kChallengeMagic) {
+    return InvalidArgument("data-plane challenge has a bad magic number");
+  }
+  if (Get<uint32_t>(p + 4) != 1) {
+    return InvalidArgument("data-plane handshake version " +
+                           std::to_string(Get<uint32_t>(p + 4)) +
+                           " is not supported");
+  }
+  Nonce n;
+  std::memcpy(n.data(), p + 8, n.size());
+  return n;
+}
+
+std::array<uint8_t, kProofBytes> EncodeProof(const Mac& mac) {
+  std::array<uint8_t, kProofBytes> out{};
+  Put<uint32_t>(out.data(), kProofMagic);
+  std::memcpy(out.data() + 4, mac.data(), mac.size());
+  return out;
+}
+
+Result<Mac> DecodeProof(const uint8_t* p, size_t size) {
+  if (size < kProofBytes || Get<uint32_t>(p) != kProofMagic) {
+    return InvalidArgument("data-plane proof has a bad magic number");
+  }
+  Mac m;
+  std::memcpy(m.data(), p + 4, m.size());
+  return m;
+}
+
+std::array<uint8_t, kVerdictBytes> EncodeVerdict(StatusCode status) {
+  std::array<uint8_t, kVerdictBytes> out{};
+  Put<uint32_t>(out.data(), kVerdictMagic);
+  out[4] = static_cast<uint8_t>(status);
+  return out;
+}
+
+Result<StatusCode> DecodeVerdict(const uint8_t* p, size_t size) {
+  if (size < kVerdictBytes || Get<uint32_t>(p) != kVerdictMagic) {
+    return InvalidArgument("data-plane verdict has a bad magic number");
+  }
+  if (p[5] != 0 || p[6] != 0 || p[7] != 0) {
+    return InvalidArgument("data-plane verdict has nonzero reserved bytes");
+  }
+  StatusCode c = static_cast<StatusCode>(p[4]);
+  if (c != StatusCode::kOk && c != StatusCode::kPermissionDenied) {
+    return InvalidArgument("data-plane verdict has unknown status " +
+                           std::to_string(p[4]));
+  }
+  return c;
+}
+
 }  // namespace tensorhub::wire

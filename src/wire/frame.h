@@ -124,6 +124,35 @@ std::array<uint8_t, kResponseHeaderBytes> EncodeResponseHeader(
 // payload_len that a LocalReply of 1..kMaxLocalPieces pieces can have.
 Result<ResponseHeader> DecodeResponseHeader(const uint8_t* bytes, size_t size);
 
+// Connection handshake (every data-plane connection, before any request):
+//   Challenge (holder -> reader, 40 bytes): u32 magic 'THC1' | u32 version(1)
+//     | 32-byte random nonce
+//   Proof     (reader -> holder, 36 bytes): u32 magic 'THA1'
+//     | 32-byte HMAC-SHA256(shared secret, "tensorhub-data-v1" || nonce)
+//   Verdict   (holder -> reader, 8 bytes):  u32 magic 'THV1' | u8 status
+//     (OK or PERMISSION_DENIED) | 3 bytes 0
+// Without a configured secret both ends use the empty key, so a holder that
+// requires a secret refuses a reader without one, and the other way round.
+inline constexpr uint32_t kChallengeMagic = 0x31434854;  // "THC1"
+inline constexpr uint32_t kProofMagic = 0x31414854;      // "THA1"
+inline constexpr uint32_t kVerdictMagic = 0x31564854;    // "THV1"
+inline constexpr size_t kNonceBytes = 32;
+inline constexpr size_t kMacBytes = 32;
+inline constexpr size_t kChallengeBytes = 8 + kNonceBytes;
+inline constexpr size_t kProofBytes = 4 + kMacBytes;
+inline constexpr size_t kVerdictBytes = 8;
+
+using Nonce = std::array<uint8_t, kNonceBytes>;
+using Mac = std::array<uint8_t, kMacBytes>;
+
+std::array<uint8_t, kChallengeBytes> EncodeChallenge(const Nonce& nonce);
+Result<Nonce> DecodeChallenge(const uint8_t* bytes, size_t size);
+std::array<uint8_t, kProofBytes> EncodeProof(const Mac& mac);
+Result<Mac> DecodeProof(const uint8_t* bytes, size_t size);
+std::array<uint8_t, kVerdictBytes> EncodeVerdict(StatusCode status);
+// Returns the verdict's status code (OK or PERMISSION_DENIED).
+Result<StatusCode> DecodeVerdict(const uint8_t* bytes, size_t size);
+
 }  // namespace tensorhub::wire
 
 #endif  // TENSORHUB_WIRE_FRAME_H_

@@ -548,3 +548,39 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
 
 }  // namespace
 }  // namespace tensorhub::wire
+
+namespace tensorhub::wire {
+namespace {
+
+TEST(HandshakeFrameTest, RoundTripsAndRejections) {
+  Nonce n{};
+  for (size_t i = 0; i < n.size(); ++i) n[i] = static_cast<uint8_t>(i * 7);
+  auto c = EncodeChallenge(n);
+  Result<Nonce> dn = DecodeChallenge(c.data(), c.size());
+  ASSERT_TRUE(dn.ok());
+  EXPECT_EQ(*dn, n);
+  EXPECT_FALSE(DecodeChallenge(c.data(), c.size() - 1).ok());
+  c[4] = 2;  // unknown version
+  EXPECT_NE(DecodeChallenge(c.data(), c.size()).status().message().find("version"),
+            std::string::npos);
+  Mac m{};
+  m[0] = 1;
+  auto p = EncodeProof(m);
+  ASSERT_TRUE(DecodeProof(p.data(), p.size()).ok());
+  EXPECT_EQ(*DecodeProof(p.data(), p.size()), m);
+  p[0] ^= 1;
+  EXPECT_FALSE(DecodeProof(p.data(), p.size()).ok());
+  for (StatusCode code : {StatusCode::kOk, StatusCode::kPermissionDenied}) {
+    auto v = EncodeVerdict(code);
+    ASSERT_TRUE(DecodeVerdict(v.data(), v.size()).ok());
+    EXPECT_EQ(*DecodeVerdict(v.data(), v.size()), code);
+  }
+  auto bad = EncodeVerdict(StatusCode::kInternal);
+  EXPECT_FALSE(DecodeVerdict(bad.data(), bad.size()).ok());
+  auto res = EncodeVerdict(StatusCode::kOk);
+  res[6] = 1;
+  EXPECT_FALSE(DecodeVerdict(res.data(), res.size()).ok());
+}
+
+}  // namespace
+}  // namespace tensorhub::wire

@@ -24,6 +24,7 @@
 #include "common/checksum.h"
 #include "transport/tcp/cma.h"
 #include "transport/tcp/socket_util.h"
+#include "transport/tcp/auth.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub::transport {
@@ -561,6 +562,7 @@ TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
     // Leaves without releasing.
     Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(2000));
     ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(ClientHandshake(fd->get(), "", Deadline::AfterMs(2000)).ok());
     Result<wire::LocalReply> reply = AskLocal(fd->get(), 0, 1 << 20);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     EXPECT_EQ(reply->pid, static_cast<uint32_t>(::getpid()));
@@ -572,6 +574,7 @@ TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
     // closes the connection.
     Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(2000));
     ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(ClientHandshake(fd->get(), "", Deadline::AfterMs(2000)).ok());
     Result<wire::LocalReply> reply = AskLocal(fd->get(), 10, 1000);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     auto t0 = Clock::now();
@@ -584,6 +587,7 @@ TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
     // A garbage release drops the connection and ends the lease.
     Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(2000));
     ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(ClientHandshake(fd->get(), "", Deadline::AfterMs(2000)).ok());
     ASSERT_TRUE(AskLocal(fd->get(), 0, 100).ok());
     auto rel = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
     rel[0] ^= 1;
@@ -650,6 +654,7 @@ class LyingHolder {
     pollfd p{listener_.get(), POLLIN, 0};
     if (::poll(&p, 1, 3000) <= 0) return;
     Fd fd(::accept(listener_.get(), nullptr, nullptr));
+    if (!ServerHandshake(fd.get(), "", Deadline::AfterMs(2000)).ok()) return;
     uint8_t hdr[wire::kRequestHeaderBytes];
     if (!ReadExact(fd.get(), hdr, sizeof(hdr), Deadline::AfterMs(2000)).ok()) return;
     wire::ReadRequest req;

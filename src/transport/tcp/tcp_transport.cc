@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_transport.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
 
 namespace tensorhub::transport {
@@ -21,6 +24,19 @@ namespace {
 
 // Same-host (cross-memory attach) policy, shared by one transport's server
 // and connections. Thread-safe.
+std::string PeerAddress(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "a peer";
+  char host[64] = {0};
+  if (ss.ss_family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  return "an IPv6 peer";
+}
+
 class LocalReads {
  public:
   explicit LocalReads(const TcpTransportOptions& options)
@@ -76,12 +92,14 @@ class LocalReads {
 class TcpServer final : public Server {
  public:
   TcpServer(Fd listener, std::string address, ReadSource* source,
-            ServerOptions options, std::shared_ptr<const LocalReads> local)
+            ServerOptions options, std::shared_ptr<const LocalReads> local,
+            std::string secret)
       : listener_(std::move(listener)),
         address_(std::move(address)),
         source_(source),
         options_(options),
         local_(std::move(local)),
+        secret_(std::move(secret)),
         pid_(static_cast<uint32_t>(::getpid())) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
@@ -89,6 +107,7 @@ class TcpServer final : public Server {
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
+  uint64_t connections_refused() const override { return refused_.load(); }
   uint64_t bytes_served_local() const override {
     return bytes_served_local_.load();
   }
@@ -160,6 +179,15 @@ class TcpServer final : public Server {
   void Serve(int fd) {
     uint8_t header[wire::kRequestHeaderBytes];
     const int64_t stall_ms = options_.io_stall_timeout_ms;
+    // Nothing is read from or served to a peer that has not proven it knows
+    // the shared secret.
+    Status auth = ServerHandshake(fd, secret_, Deadline::AfterMs(stall_ms));
+    if (!auth.ok()) {
+      TH_LOG(WARN) << "data server " << address_ << ": refused "
+                   << PeerAddress(fd) << ": " << auth.ToString();
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     while (!stopping_.load()) {
       pollfd p{fd, POLLIN, 0};
       int rc = ::poll(&p, 1, 200);
@@ -292,6 +320,8 @@ class TcpServer final : public Server {
   ReadSource* const source_;
   const ServerOptions options_;
   const std::shared_ptr<const LocalReads> local_;
+  const std::string secret_;
+  std::atomic<uint64_t> refused_{0};
   const uint32_t pid_;
   std::mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
@@ -485,7 +515,7 @@ class TcpConnection final : public Connection {
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const TcpTransportOptions& options)
-      : local_(std::make_shared<LocalReads>(options)) {}
+      : local_(std::make_shared<LocalReads>(options)), secret_(options.secret) {}
 
   std::string_view name() const override { return "tcp"; }
 
@@ -501,19 +531,22 @@ class TcpTransport final : public Transport {
                                   ? "[" + hp.first + "]"
                                   : hp.first) +
                              ":" + std::to_string(bound.second);
-    return std::unique_ptr<Server>(
-        new TcpServer(std::move(fd), advertised, source, options, local_));
+    return std::unique_ptr<Server>(new TcpServer(
+        std::move(fd), advertised, source, options, local_, secret_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(const std::string& address,
                                               const Deadline& deadline) override {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
+    TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
+                           .WithContext("holder " + address));
     return std::unique_ptr<Connection>(
         new TcpConnection(std::move(fd), address, local_));
   }
 
  private:
   const std::shared_ptr<LocalReads> local_;
+  const std::string secret_;
 };
 
 }  // namespace

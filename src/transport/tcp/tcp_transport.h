@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "transport/tcp/cma.h"
 #include "transport/transport.h"
@@ -29,6 +30,10 @@ struct TcpTransportOptions {
   // identity (default read from /proc), e.g. to play "another host".
   CrossMemoryCopyFn copy_fn;
   std::optional<wire::HostIdentity> identity;
+  // Shared secret both ends prove they know on every new connection
+  // (transport/tcp/auth.h). Empty: the empty key, which only matches peers
+  // without a secret.
+  std::string secret;
 
   // Defaults, with local_reads off when the environment has
   // TENSORHUB_NO_CMA=1 (to measure the difference).

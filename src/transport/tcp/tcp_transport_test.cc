@@ -1,5 +1,6 @@
 // Tests of the TCP data plane over loopback: real servers and connections,
 // plus raw sockets playing a misbehaving peer on either side.
+#include "transport/tcp/auth.h"
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -122,11 +123,13 @@ wire::ReadRequest Req(uint64_t offset, uint64_t length,
   return r;
 }
 
-// A raw TCP client socket, blocking, for playing a bad peer.
+// A raw TCP client socket, past the handshake, for playing a bad peer.
 Fd RawConnect(const std::string& address) {
   Result<Fd> fd = ConnectTcp(address, Deadline::AfterMs(2000));
   EXPECT_TRUE(fd.ok()) << fd.status().ToString();
   if (!fd.ok()) return Fd();
+  Status hs = ClientHandshake(fd->get(), "", Deadline::AfterMs(2000));
+  EXPECT_TRUE(hs.ok()) << hs.ToString();
   return std::move(fd).value();
 }
 
@@ -294,7 +297,8 @@ TEST_F(TcpTransportTest, DestinationOfTheWrongSizeIsRefusedLocally) {
   EXPECT_EQ(source_.begun(), 0);
 }
 
-// A holder played by a raw socket: `serve` gets each accepted socket.
+// A holder played by a raw socket: `serve` gets each accepted socket after
+// the connection handshake.
 class RawHolder {
  public:
   explicit RawHolder(std::function<void(int)> serve) : serve_(std::move(serve)) {
@@ -311,6 +315,8 @@ class RawHolder {
         int fd = ::accept(listener_.get(), nullptr, nullptr);
         if (fd < 0) continue;
         accepted_.emplace_back(fd);
+        // Past the handshake: what is played badly is the read protocol.
+        if (!ServerHandshake(fd, "", Deadline::AfterMs(2000)).ok()) continue;
         serve_(fd);
       }
     });
@@ -551,14 +557,13 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
   ExpectGoodRead(*a, 0, 100);
   ExpectGoodRead(*b, 0, 100);
 
-  // TCP accepts the third at the kernel; the server closes it at once.
-  std::unique_ptr<Connection> c = MustConnect();
-  ASSERT_NE(c, nullptr);
+  // TCP accepts the third at the kernel; the server closes it at once, so
+  // the handshake fails and Connect says so.
+  Result<std::unique_ptr<Connection>> c =
+      transport_->Connect(server_->address(), Deadline::AfterMs(3000));
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
   std::vector<uint8_t> out(100);
   iovec v{out.data(), out.size()};
-  Status s = c->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(3000));
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_TRUE(c->broken());
   ExpectGoodRead(*a, 1, 100);
   ExpectGoodRead(*b, 2, 100);
 
@@ -567,12 +572,72 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
   Deadline d = Deadline::AfterMs(3000);
   bool served = false;
   while (!served && !d.expired()) {
-    std::unique_ptr<Connection> n = MustConnect();
-    ASSERT_NE(n, nullptr);
-    served = n->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(1000)).ok();
+    Result<std::unique_ptr<Connection>> n =
+        transport_->Connect(server_->address(), Deadline::AfterMs(1000));
+    served = n.ok() && (*n)->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(1000)).ok();
     if (!served) std::this_thread::sleep_for(milliseconds(20));  // back off
   }
   EXPECT_TRUE(served);
+}
+
+}  // namespace
+}  // namespace tensorhub::transport
+
+namespace tensorhub::transport {
+namespace {
+
+// A holder with a shared secret serves readers that prove it, and refuses
+// (and counts) readers with another secret or none; a reader with a secret
+// is refused by a holder without one. Refused connections read nothing.
+TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
+  struct Case {
+    const char* holder;
+    const char* reader;
+    bool served;
+  };
+  for (const Case& c : {Case{"s3cret", "s3cret", true}, Case{"s3cret", "other", false},
+                        Case{"s3cret", "", false}, Case{"", "s3cret", false},
+                        Case{"", "", true}}) {
+    TcpTransportOptions ho;
+    ho.local_reads = false;
+    ho.secret = c.holder;
+    auto holder_transport = MakeTcpTransport(ho);
+    Result<std::unique_ptr<Server>> server =
+        holder_transport->Listen("127.0.0.1:0", &source_, {});
+    ASSERT_TRUE(server.ok());
+    TcpTransportOptions ro;
+    ro.local_reads = false;
+    ro.secret = c.reader;
+    auto reader_transport = MakeTcpTransport(ro);
+    Result<std::unique_ptr<Connection>> conn =
+        reader_transport->Connect((*server)->address(), Deadline::AfterMs(2000));
+    if (c.served) {
+      ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+      ExpectGoodRead(**conn, 0, 1000);
+      EXPECT_EQ((*server)->connections_refused(), 0u);
+    } else {
+      EXPECT_EQ(conn.status().code(), StatusCode::kPermissionDenied)
+          << c.holder << "/" << c.reader << ": " << conn.status().ToString();
+      EXPECT_NE(conn.status().message().find("secret"), std::string::npos);
+      Deadline d = Deadline::AfterMs(2000);
+      while ((*server)->connections_refused() == 0 && !d.expired()) {
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      EXPECT_EQ((*server)->connections_refused(), 1u);
+      EXPECT_EQ((*server)->bytes_served(), 0u);
+    }
+  }
+}
+
+// A peer that skips the handshake and sends a request gets nothing.
+TEST_F(TcpTransportTest, RequestWithoutHandshakeIsRefused) {
+  StartServer();
+  Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(2000));
+  ASSERT_TRUE(fd.ok());
+  std::string frame = wire::EncodeReadRequest(Req(0, 100));
+  ASSERT_TRUE(SendAllRaw(fd->get(), frame.data(), frame.size()));
+  EXPECT_TRUE(ClosedByPeerWithin(fd->get(), 2000));
+  EXPECT_EQ(server_->bytes_served(), 0u);
 }
 
 }  // namespace
