@@ -19,15 +19,18 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 trap 'bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true' EXIT
 bench/testbed.sh up --prefix "$prefix" --net 10.79 --hosts 5 --dcs 2 --host-mbit 200 --wan-mbit 100 --force >/dev/null
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<< "$2"; }
+# Shows a command's output on stderr and prints its result line. (Not
+# `tee /dev/stderr`: reopening stderr's file would truncate a log.)
+result() { local o; o="$("$@")"; echo "$o" >&2; grep -a '^fanout ' <<< "$o" | tail -1; }
 bytes=$((16 << 20))
 
-th="$("$BIN" bench fanout --testbed "$prefix" --readers 4 --bytes "$bytes" --chunk-bytes 1MiB --mode tensorhub --repeat 1 --port 7171 | tee /dev/stderr | tail -1)"
+th="$(result "$BIN" bench fanout --testbed "$prefix" --readers 4 --bytes "$bytes" --chunk-bytes 1MiB --mode tensorhub --repeat 1 --port 7171)"
 [[ "$(field ok "$th")" == 1 ]] || fail "tensorhub fan-out: bytes did not match"
 awk -v v="$(field from_filling_per_S "$th")" 'BEGIN { exit !(v > 0) }' || fail "no bytes came from filling peers (partial-prefix serving)"
 awk -v v="$(field trainer_copies "$th")" 'BEGIN { exit !(v < 4) }' || fail "trainer sent $(field trainer_copies "$th") copies to 4 readers"
 awk -v v="$(field wan_per_S "$th")" 'BEGIN { exit !(v > 0.9 && v <= 1.10) }' || fail "WAN carried $(field wan_per_S "$th") x S, want one copy (<= 1.10 S)"
 
-p2p="$("$BIN" bench fanout --testbed "$prefix" --readers 4 --bytes "$bytes" --chunk-bytes 1MiB --mode p2p --repeat 1 --port 7172 | tee /dev/stderr | tail -1)"
+p2p="$(result "$BIN" bench fanout --testbed "$prefix" --readers 4 --bytes "$bytes" --chunk-bytes 1MiB --mode p2p --repeat 1 --port 7172)"
 [[ "$(field ok "$p2p")" == 1 ]] || fail "point-to-point fan-out: bytes did not match"
 awk -v v="$(field wan_per_S "$p2p")" 'BEGIN { exit !(v > 1.8) }' || fail "baseline WAN bytes $(field wan_per_S "$p2p") x S: the measurement is off"
 
