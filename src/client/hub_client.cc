@@ -25,6 +25,17 @@ HubClient::HubClient(const std::string& address, std::string secret,
   stub_ = v1::Hub::NewStub(channel);
 }
 
+template <typename Req, typename Resp>
+Status HubClient::Call(grpc::Status (v1::Hub::Stub::*method)(
+                           grpc::ClientContext*, const Req&, Resp*),
+                       Req& req, Resp* resp, const char* what,
+                       int64_t timeout_ms) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout_ms);
+  req.set_secret(secret_);
+  return Check((stub_.get()->*method)(&ctx, req, resp), what);
+}
+
 void HubClient::Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(timeout_ms));
@@ -66,23 +77,18 @@ Result<WorkerId> HubClient::Register(const WorkerId& old_id,
 }
 
 Status HubClient::Heartbeat(const WorkerId& id) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::HeartbeatRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(id.value());
   v1::HeartbeatResponse resp;
-  return Check(stub_->Heartbeat(&ctx, req, &resp), "heartbeat");
+  return Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
+              rpc_timeout_ms_);
 }
 
 Status HubClient::Publish(const WorkerId& id, const std::string& model,
                           Version version, uint32_t rank, uint32_t group_size,
                           uint64_t chunk_bytes, const PartLayout& part,
                           uint64_t epoch, bool rebuild, int64_t timeout_ms) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout_ms);
   v1::PublishRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(id.value());
   req.set_model(model);
   req.set_version(version.value());
@@ -93,16 +99,13 @@ Status HubClient::Publish(const WorkerId& id, const std::string& model,
   req.set_epoch(epoch);
   req.set_rebuild(rebuild);
   v1::PublishResponse resp;
-  return Check(stub_->Publish(&ctx, req, &resp), "publish");
+  return Call(&v1::Hub::Stub::Publish, req, &resp, "publish", timeout_ms);
 }
 
 Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
                             Version version, uint64_t epoch,
                             const Manifest& manifest, bool filling) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::AddHolderRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(id.value());
   req.set_model(model);
   req.set_version(version.value());
@@ -110,35 +113,32 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   req.set_filling(filling);
   wire::ToProto(manifest, req.mutable_manifest());
   v1::AddHolderResponse resp;
-  return Check(stub_->AddHolder(&ctx, req, &resp), "add holder");
+  return Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
+              rpc_timeout_ms_);
 }
 
 Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
                             Version version) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::UnpublishRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(id.value());
   req.set_model(model);
   req.set_version(version.value());
   v1::UnpublishResponse resp;
-  return Check(stub_->Unpublish(&ctx, req, &resp), "unpublish");
+  return Call(&v1::Hub::Stub::Unpublish, req, &resp, "unpublish",
+              rpc_timeout_ms_);
 }
 
 Result<Resolved> HubClient::Resolve(const WorkerId& reader,
                                     const std::string& model, Version version,
                                     bool include_uncommitted) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::ResolveRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   req.set_include_uncommitted(include_uncommitted);
   v1::ResolveResponse resp;
-  TH_RETURN_IF_ERROR(Check(stub_->Resolve(&ctx, req, &resp), "resolve"));
+  TH_RETURN_IF_ERROR(
+      Call(&v1::Hub::Stub::Resolve, req, &resp, "resolve", rpc_timeout_ms_));
   Resolved out;
   out.version = Version(resp.version());
   out.state = wire::FromProto(resp.state());
@@ -158,8 +158,8 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
   s.worker = WorkerId(h.worker_id());
   s.data_address = h.data_address();
   s.labels = wire::FromProto(h.labels());
-  s.worker_class =
-      h.worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
+  s.worker_class = h.worker_class() == v1::SPOT ? WorkerClass::kSpot
+                                                : WorkerClass::kReliable;
   s.epoch = h.epoch();
   s.filling = h.filling();
   if (h.chunk_begin_size() != h.chunk_end_size() ||
@@ -178,17 +178,15 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
 Result<std::vector<ResolvedSource>> HubClient::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::ScheduleRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   for (const WorkerId& e : exclude) req.add_exclude(e.value());
   req.set_max_sources(max_sources);
   v1::ScheduleResponse resp;
-  TH_RETURN_IF_ERROR(Check(stub_->Schedule(&ctx, req, &resp), "schedule"));
+  TH_RETURN_IF_ERROR(
+      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", rpc_timeout_ms_));
   std::vector<ResolvedSource> out;
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
@@ -199,34 +197,27 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
 
 Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
                             Version version) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::FetchDoneRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   v1::FetchDoneResponse resp;
-  return Check(stub_->FetchDone(&ctx, req, &resp), "fetch done");
+  return Call(&v1::Hub::Stub::FetchDone, req, &resp, "fetch done",
+              rpc_timeout_ms_);
 }
 
 Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout_ms);
   v1::LeaveRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(id.value());
   v1::LeaveResponse resp;
-  return Check(stub_->Leave(&ctx, req, &resp), "leave");
+  return Call(&v1::Hub::Stub::Leave, req, &resp, "leave", timeout_ms);
 }
 
 Result<std::vector<ModelInfo>> HubClient::List() {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, rpc_timeout_ms_);
   v1::ListModelsRequest req;
-  req.set_secret(secret_);
   v1::ListModelsResponse resp;
-  TH_RETURN_IF_ERROR(Check(stub_->ListModels(&ctx, req, &resp), "list"));
+  TH_RETURN_IF_ERROR(
+      Call(&v1::Hub::Stub::ListModels, req, &resp, "list", rpc_timeout_ms_));
   std::vector<ModelInfo> out;
   for (const v1::ModelSummary& m : resp.models()) {
     ModelInfo mi;

@@ -65,6 +65,11 @@ class HubClient {
 
  private:
   void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
+  // One unary call with the secret set and a deadline of timeout_ms.
+  template <typename Req, typename Resp>
+  Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*,
+                                                    const Req&, Resp*),
+              Req& req, Resp* resp, const char* what, int64_t timeout_ms);
   Status Check(const grpc::Status& s, const char* what) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
 
