@@ -19,18 +19,10 @@
 namespace tensorhub::testing {
 namespace {
 
+using cli::Hex;
+using cli::Reply;
+
 constexpr char kModel[] = "test-model";
-
-std::string Hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
-void Reply(const std::string& s) {
-  std::printf("%s\n", s.c_str());
-  std::fflush(stdout);
-}
 
 int RunHub(const cli::Args& args) {
   hub::HubServerOptions o;

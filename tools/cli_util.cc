@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -212,6 +213,17 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
 
 void ProgressBar::Finish() {
   if (drawn_) std::fprintf(stderr, "\n");
+}
+
+std::string Hex(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+void Reply(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
 }
 
 int Fail(const Status& status) {

@@ -70,6 +70,11 @@ class ProgressBar {
 
 int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
 
+// The line protocol of worker processes spawned by the demo, benchmarks and
+// tests: a digest as 16 hex digits, and one flushed line on stdout.
+std::string Hex(uint64_t v);
+void Reply(const std::string& line);
+
 }  // namespace tensorhub::cli
 
 #endif  // TENSORHUB_TOOLS_CLI_UTIL_H_

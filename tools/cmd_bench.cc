@@ -147,6 +147,27 @@ Result<int> ProbeLocalPath(const std::string& address, uint64_t bytes) {
 
 }  // namespace
 
+// Flags of the two-process benchmarks (pair, local), checked.
+struct TwoProcessFlags {
+  uint64_t bytes = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t repeat = 0;
+  uint64_t connections = 0;
+};
+
+Result<TwoProcessFlags> ParseTwoProcessFlags(int argc, char** argv) {
+  TH_ASSIGN_OR_RETURN(Args args, ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {}));
+  TwoProcessFlags f;
+  TH_ASSIGN_OR_RETURN(f.bytes, ParseBytes(args.Get("bytes", "1GiB")));
+  TH_ASSIGN_OR_RETURN(f.chunk_bytes, ParseBytes(args.Get("chunk-bytes", "4MiB")));
+  TH_ASSIGN_OR_RETURN(f.repeat, args.GetU64("repeat", 3));
+  TH_ASSIGN_OR_RETURN(f.connections, args.GetU64("connections", 4));
+  if (f.bytes < 4096 || f.bytes > (64ull << 30)) return InvalidArgument("--bytes must be in [4KiB, 64GiB]");
+  if (f.repeat < 1 || f.repeat > 100) return InvalidArgument("--repeat must be in [1, 100]");
+  if (f.connections < 1 || f.connections > 64) return InvalidArgument("--connections must be in [1, 64]");
+  return f;
+}
+
 struct HubAndHolder {
   std::unique_ptr<Hub> hub;
   Subprocess holder;
@@ -187,10 +208,7 @@ int CmdBenchHolder(int argc, char** argv) {
   po.chunk_bytes = *chunk;
   Status s = (*client)->Publish(kModel, Version(1), model.tensors(), po);
   if (!s.ok()) return Fail(s);
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "ready %016" PRIx64, model.Digest());
-  std::printf("%s\n", buf);
-  std::fflush(stdout);
+  Reply("ready " + Hex(model.Digest()));
   std::string line;
   std::getline(std::cin, line);  // any line, or EOF, ends the holder
   return 0;
@@ -216,63 +234,52 @@ int CmdBench(int argc, char** argv) {
   if (what == "hub") return CmdBenchHub(argc, argv);
   if (what == "local") return CmdBenchLocal(argc, argv);
   if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
-  auto args = ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {});
-  if (!args.ok()) return Fail(args.status());
-  auto bytes = ParseBytes(args->Get("bytes", "1GiB"));
-  auto chunk = ParseBytes(args->Get("chunk-bytes", "4MiB"));
-  auto repeat = args->GetU64("repeat", 3);
-  auto conns = args->GetU64("connections", 4);
-  for (const Status& s : {bytes.status(), chunk.status(), repeat.status(), conns.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*bytes < 4096 || *bytes > (64ull << 30)) return Fail(InvalidArgument("--bytes must be in [4KiB, 64GiB]"));
-  if (*repeat < 1 || *repeat > 100) return Fail(InvalidArgument("--repeat must be in [1, 100]"));
-  if (*conns < 1 || *conns > 64) return Fail(InvalidArgument("--connections must be in [1, 64]"));
+  auto flags = ParseTwoProcessFlags(argc, argv);
+  if (!flags.ok()) return Fail(flags.status());
+  const TwoProcessFlags& f = *flags;
   SetLogLevel(LogLevel::kWarn);
   // This benchmark measures the TCP data plane against a raw socket pair:
   // switch the intra-host path off for both processes (see bench local).
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
 
-  auto pair = StartHubAndHolder(*bytes, *chunk, "warn");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
   if (!pair.ok()) return Fail(pair.status());
   auto& [hub, holder, digest] = *pair;
 
-  SyntheticModel dest(FlatLayout(*bytes));
+  SyntheticModel dest(FlatLayout(f.bytes));
   ClientOptions o;
   o.hub_address = hub->address();
   o.name = "bench-reader";
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
-  SyntheticModel src(FlatLayout(*bytes));
+  SyntheticModel src(FlatLayout(f.bytes));
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
 
   std::printf("bench pair: TCP data plane, %s, chunks of %s, %llu repeats (best of each)\n",
-              FormatBytes(*bytes).c_str(), FormatBytes(*chunk).c_str(),
-              static_cast<unsigned long long>(*repeat));
+              FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
+              static_cast<unsigned long long>(f.repeat));
   double th = 0, raw1 = 0, rawn = 0, mc = 0;
-  for (uint64_t r = 0; r < *repeat; ++r) {
+  for (uint64_t r = 0; r < f.repeat; ++r) {
     FetchOptions fo;
     fo.serve = false;
-    fo.connections = static_cast<int>(*conns);
+    fo.connections = static_cast<int>(f.connections);
     auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
     if (!st.ok()) return Fail(st.status());
-    char d[20];
-    std::snprintf(d, sizeof(d), "%016" PRIx64, dest.Digest());
-    if (digest != d) return Fail(DataLoss("fetched bytes differ from the holder's"));
+    if (digest != Hex(dest.Digest())) return Fail(DataLoss("fetched bytes differ from the holder's"));
     double gbps = st->bytes / st->seconds / 1e9;
     th = std::max(th, gbps);
     auto a = RawTcp(src_base, dst_base, src.total_bytes(), 1);
     if (!a.ok()) return Fail(a.status());
     raw1 = std::max(raw1, *a);
-    auto b = RawTcp(src_base, dst_base, src.total_bytes(), static_cast<int>(*conns));
+    auto b = RawTcp(src_base, dst_base, src.total_bytes(), static_cast<int>(f.connections));
     if (!b.ok()) return Fail(b.status());
     rawn = std::max(rawn, *b);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
     std::printf("  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu %.2f GB/s, memcpy %.2f GB/s\n",
                 static_cast<unsigned long long>(r + 1), gbps, *a,
-                static_cast<unsigned long long>(*conns), *b, mc);
+                static_cast<unsigned long long>(f.connections), *b, mc);
   }
   (void)holder.Send("quit");
   holder.Stop(5000);
@@ -280,7 +287,7 @@ int CmdBench(int argc, char** argv) {
   std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th, "");
   std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream", raw1, th / raw1);
   char label[64];
-  std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams", static_cast<unsigned long long>(*conns));
+  std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams", static_cast<unsigned long long>(f.connections));
   std::printf("%-44s %8.2f %10.2f\n", label, rawn, th / rawn);
   std::printf("%-44s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
   std::printf("\nratio vs raw socket pair: %.2f (target >= 0.90)\n", th / raw1);
@@ -288,24 +295,15 @@ int CmdBench(int argc, char** argv) {
 }
 
 int CmdBenchLocal(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {});
-  if (!args.ok()) return Fail(args.status());
-  auto bytes = ParseBytes(args->Get("bytes", "1GiB"));
-  auto chunk = ParseBytes(args->Get("chunk-bytes", "4MiB"));
-  auto repeat = args->GetU64("repeat", 3);
-  auto conns = args->GetU64("connections", 4);
-  for (const Status& s : {bytes.status(), chunk.status(), repeat.status(), conns.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*bytes < 4096 || *bytes > (64ull << 30)) return Fail(InvalidArgument("--bytes must be in [4KiB, 64GiB]"));
-  if (*repeat < 1 || *repeat > 100) return Fail(InvalidArgument("--repeat must be in [1, 100]"));
-  if (*conns < 1 || *conns > 64) return Fail(InvalidArgument("--connections must be in [1, 64]"));
+  auto flags = ParseTwoProcessFlags(argc, argv);
+  if (!flags.ok()) return Fail(flags.status());
+  const TwoProcessFlags& f = *flags;
   if (!transport::TcpTransportOptions::FromEnv().local_reads) {
     return Fail(FailedPrecondition("TENSORHUB_NO_CMA=1 is set: unset it, this benchmark sets it itself"));
   }
   SetLogLevel(LogLevel::kWarn);
 
-  auto pair = StartHubAndHolder(*bytes, *chunk, "info");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "info");
   if (!pair.ok()) return Fail(pair.status());
   auto& [hub, holder, digest] = *pair;
 
@@ -324,38 +322,36 @@ int CmdBenchLocal(int argc, char** argv) {
   auto info = (*local_reader)->Describe(kModel, Version(1));
   if (!info.ok()) return Fail(info.status());
   if (info->holders.empty()) return Fail(Internal("the holder is not registered"));
-  auto probe = ProbeLocalPath(info->holders[0].data_address, std::min<uint64_t>(*chunk, *bytes));
+  auto probe = ProbeLocalPath(info->holders[0].data_address, std::min<uint64_t>(f.chunk_bytes, f.bytes));
   if (!probe.ok()) return Fail(probe.status().WithContext("probe read"));
 
-  SyntheticModel dest(FlatLayout(*bytes));
-  SyntheticModel src(FlatLayout(*bytes));
+  SyntheticModel dest(FlatLayout(f.bytes));
+  SyntheticModel src(FlatLayout(f.bytes));
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
   const uint64_t total = src.total_bytes();  // one contiguous buffer
 
   std::printf("bench local: %s, chunks of %s, %llu connections, %llu repeats (best of each)\n",
-              FormatBytes(*bytes).c_str(), FormatBytes(*chunk).c_str(),
-              static_cast<unsigned long long>(*conns),
-              static_cast<unsigned long long>(*repeat));
+              FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
+              static_cast<unsigned long long>(f.connections),
+              static_cast<unsigned long long>(f.repeat));
   std::printf("path check: a %s probe read from the holder took %d process_vm_readv calls%s\n",
-              FormatBytes(std::min<uint64_t>(*chunk, *bytes)).c_str(), *probe,
+              FormatBytes(std::min<uint64_t>(f.chunk_bytes, f.bytes)).c_str(), *probe,
               *probe > 0 ? "" : " (NOT the intra-host path: see the holder's log)");
   double local = 0, tcp = 0, mc = 0, raw = 0;
   std::vector<double> ratios;  // intra-host / memcpy, per run
   auto fetch = [&](Client& c) -> Result<double> {
     FetchOptions fo;
     fo.serve = false;
-    fo.connections = static_cast<int>(*conns);
+    fo.connections = static_cast<int>(f.connections);
     std::memset(dst_base, 0, total);  // so a fetch that wrote nothing fails
     auto st = c.Fetch(kModel, Version(1), dest.tensors(), fo);
     if (!st.ok()) return st.status();
-    char d[20];
-    std::snprintf(d, sizeof(d), "%016" PRIx64, dest.Digest());
-    if (digest != d) return DataLoss("fetched bytes differ from the holder's");
+    if (digest != Hex(dest.Digest())) return DataLoss("fetched bytes differ from the holder's");
     return st->bytes / st->seconds / 1e9;
   };
-  for (uint64_t r = 0; r < *repeat; ++r) {
+  for (uint64_t r = 0; r < f.repeat; ++r) {
     auto a = fetch(**local_reader);
     if (!a.ok()) return Fail(a.status().WithContext("intra-host fetch"));
     auto b = fetch(**tcp_reader);

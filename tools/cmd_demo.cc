@@ -31,17 +31,6 @@ bool NextCommand(std::string* cmd, uint64_t* arg) {
   return true;
 }
 
-void Reply(const std::string& line) {
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
-}
-
-std::string Hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
 }  // namespace
 
 int CmdDemoTrainer(int argc, char** argv) {

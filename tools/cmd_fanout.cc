@@ -36,17 +36,6 @@ std::vector<TensorSpec> BenchLayout(uint64_t bytes) {
   return specs;
 }
 
-std::string Hex(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
-void Reply(const std::string& s) {
-  std::printf("%s\n", s.c_str());
-  std::fflush(stdout);
-}
-
 Result<ClientOptions> RoleOptions(const Args& a) {
   ClientOptions o;
   o.hub_address = a.Get("hub");

@@ -451,7 +451,6 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
   struct Candidate {
     int distance;
-    size_t order;
     HolderView view;
   };
   std::vector<Candidate> candidates;
@@ -470,8 +469,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     if (!v.manifest.has_value() && ref.rank.has_value()) {
       hv.chunks = {};  // pending: chunk ids are not fixed until commit
     }
-    candidates.push_back(
-        {Distance(reader_labels, hv.labels), candidates.size(), std::move(hv)});
+    candidates.push_back({Distance(reader_labels, hv.labels), std::move(hv)});
   }
   // Nearest first; within one distance class, rotate from one resolve to
   // the next so that readers spread over equally near holders instead of

@@ -25,10 +25,14 @@
 #include "transport/tcp/cma.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/auth.h"
+#include "transport/tcp/raw_peer_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub::transport {
 namespace {
+
+using testing::ClosedByPeerWithin;
+using testing::SendAllRaw;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
@@ -514,33 +518,12 @@ TEST(LocalReadDefaultsTest, RealIdentityIsStableAndEnvTurnsItOff) {
 
 // --- Raw peers: a reader that never releases, and holders that lie. ---
 
-bool ClosedByPeerWithin(int fd, int64_t ms) {
-  Deadline d = Deadline::AfterMs(ms);
-  char buf[4096];
-  while (!d.expired()) {
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, d.remaining_ms())));
-    if (rc <= 0) continue;
-    ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (got == 0) return true;
-    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool SendAll(int fd, const void* data, size_t n) {
-  iovec v{const_cast<void*>(data), n};
-  return WriteAll(fd, {&v, 1}, Deadline::AfterMs(2000)).ok();
-}
-
 // Sends a local request as identity 1 and reads the holder's local reply.
 Result<wire::LocalReply> AskLocal(int fd, uint64_t offset, uint64_t length) {
   wire::ReadRequest r = Req(offset, length);
   wire::HostIdentity id = Identity(1);
   std::string frame = wire::EncodeReadRequest(r, &id);
-  if (!SendAll(fd, frame.data(), frame.size())) return Unavailable("send");
+  if (!SendAllRaw(fd, frame.data(), frame.size())) return Unavailable("send");
   uint8_t hdr[wire::kResponseHeaderBytes];
   TH_RETURN_IF_ERROR(ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(2000)));
   TH_ASSIGN_OR_RETURN(wire::ResponseHeader h,
@@ -591,7 +574,7 @@ TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
     ASSERT_TRUE(AskLocal(fd->get(), 0, 100).ok());
     auto rel = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
     rel[0] ^= 1;
-    ASSERT_TRUE(SendAll(fd->get(), rel.data(), rel.size()));
+    ASSERT_TRUE(SendAllRaw(fd->get(), rel.data(), rel.size()));
     EXPECT_TRUE(ClosedByPeerWithin(fd->get(), 2000));
     EXPECT_TRUE(source.WaitActive(0, 2000));
   }
@@ -668,8 +651,8 @@ class LyingHolder {
     h.local = true;
     h.payload_len = claimed_;
     auto enc = wire::EncodeResponseHeader(h);
-    SendAll(fd.get(), enc.data(), enc.size());
-    SendAll(fd.get(), body_.data(), body_.size());
+    SendAllRaw(fd.get(), enc.data(), enc.size());
+    SendAllRaw(fd.get(), body_.data(), body_.size());
     closed_.store(ClosedByPeerWithin(fd.get(), 3000));
   }
 

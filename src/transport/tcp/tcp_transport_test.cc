@@ -1,6 +1,7 @@
 // Tests of the TCP data plane over loopback: real servers and connections,
 // plus raw sockets playing a misbehaving peer on either side.
 #include "transport/tcp/auth.h"
+#include "transport/tcp/raw_peer_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
@@ -24,6 +25,9 @@
 
 namespace tensorhub::transport {
 namespace {
+
+using testing::ClosedByPeerWithin;
+using testing::SendAllRaw;
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
@@ -131,29 +135,6 @@ Fd RawConnect(const std::string& address) {
   Status hs = ClientHandshake(fd->get(), "", Deadline::AfterMs(2000));
   EXPECT_TRUE(hs.ok()) << hs.ToString();
   return std::move(fd).value();
-}
-
-// True if the peer closes `fd` within `ms` (reading and discarding whatever
-// it sends first).
-bool ClosedByPeerWithin(int fd, int64_t ms) {
-  Deadline d = Deadline::AfterMs(ms);
-  char buf[4096];
-  while (!d.expired()) {
-    pollfd p{fd, POLLIN, 0};
-    int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, d.remaining_ms())));
-    if (rc <= 0) continue;
-    ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
-    if (got == 0) return true;
-    if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-      return true;  // reset
-    }
-  }
-  return false;
-}
-
-bool SendAllRaw(int fd, const void* data, size_t n) {
-  iovec v{const_cast<void*>(data), n};
-  return WriteAll(fd, {&v, 1}, Deadline::AfterMs(2000)).ok();
 }
 
 class TcpTransportTest : public ::testing::Test {
