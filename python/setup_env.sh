@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the Python environment of TensorHub, idempotently, and says what it
 # does:
-#   1. Debian packages: python3-venv, python3-torch (the CPU build: PyPI's torch
-#      is a multi-GB CUDA build), python3-numpy, python3-pytest, pybind11-dev.
-#      The C++ build dependencies come from scripts/install-deps.sh.
+#   1. Debian packages, via scripts/install-deps.sh: among them python3-venv,
+#      python3-torch (the CPU build: PyPI's torch is a multi-GB CUDA build),
+#      python3-numpy, python3-pytest, pybind11-dev.
 #   2. A venv at .venv on /usr/bin/python3 with --system-site-packages, so it
 #      sees Debian's torch and numpy.
 #   3. pip: scikit-build-core, pybind11 (the build backend), safetensors (tests).
@@ -17,26 +17,9 @@ VENV=$ROOT/.venv
 PY=/usr/bin/python3
 say() { echo "setup_env: $*"; }
 
-PKGS=(python3-venv python3-torch python3-numpy python3-pytest python3-dev pybind11-dev)
-missing=()
-for p in "${PKGS[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  say "Debian packages present: ${PKGS[*]}"
-else
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  say "apt-get install ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
-if ! pkg-config --exists grpc++ protobuf libxxhash 2>/dev/null || ! command -v cmake >/dev/null; then
-  say "C++ build dependencies missing: run 'bash scripts/install-deps.sh' first" >&2
-  exit 1
-fi
+# The Debian packages (C++ build and Python alike) come from one list.
+say "bash scripts/install-deps.sh"
+bash "$ROOT/scripts/install-deps.sh"
 
 if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys; sys.exit(0 if sys.base_prefix == "/usr" else 1)'; then
   say "venv $VENV exists"
