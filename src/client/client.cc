@@ -465,9 +465,7 @@ class Client::Impl {
       TH_LOG(WARN) << "re-register: " << r.status().ToString();
       return;
     }
-    for (Holding& h : registry_.Snapshot()) {
-      registry_.MarkReported(h.model, h.version, h.epoch, false);
-    }
+    registry_.MarkAllUnreported();
     RetryPending(id);
   }
 
@@ -484,8 +482,7 @@ class Client::Impl {
         pending_unpublish_.insert({m, v});
       }
     }
-    for (const Holding& h : registry_.Snapshot()) {
-      if (h.reported) continue;
+    for (const Holding& h : registry_.Unreported()) {
       Status s;
       if (h.manifest.has_value()) {
         s = hub_.AddHolder(id, h.model, h.version, h.epoch, *h.manifest,

@@ -101,6 +101,20 @@ std::vector<Holding> Registry::Snapshot() const {
   return out;
 }
 
+std::vector<Holding> Registry::Unreported() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Holding> out;
+  for (const auto& [key, e] : live_) {
+    if (!e->holding.reported) out.push_back(e->holding);
+  }
+  return out;
+}
+
+void Registry::MarkAllUnreported() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, e] : live_) e->holding.reported = false;
+}
+
 void Registry::MarkReported(const std::string& model, Version version,
                             uint64_t epoch, bool reported) {
   std::lock_guard<std::mutex> lock(mu_);

@@ -60,8 +60,13 @@ class Registry final : public transport::ReadSource {
   // Live registrations whose memory overlaps [begin, end) of any range.
   std::vector<std::pair<std::string, Version>> Overlapping(
       const std::vector<std::pair<const uint8_t*, uint64_t>>& ranges) const;
-  // Copies of every live registration (for re-reporting to a hub).
+  // Copies of every live registration.
   std::vector<Holding> Snapshot() const;
+  // Copies of the live registrations the hub has not acknowledged (usually
+  // none: the heartbeat thread asks every second, so no copies then).
+  std::vector<Holding> Unreported() const;
+  // The hub forgot everything (it restarted): nothing counts as reported.
+  void MarkAllUnreported();
   void MarkReported(const std::string& model, Version version, uint64_t epoch,
                     bool reported);
   // A filling registration received and verified global chunk `chunk`:

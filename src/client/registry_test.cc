@@ -448,3 +448,36 @@ TEST(RegistryTest, NoReadSurvivesASuccessfulDrain) {
 
 }  // namespace
 }  // namespace tensorhub::client
+
+namespace tensorhub::client {
+namespace {
+
+TEST(RegistryUnreportedTest, ListsOnlyWhatTheHubHasNotAcknowledged) {
+  Registry reg;
+  std::vector<uint8_t> a(4096), b(4096);
+  auto holding = [](const std::string& model, std::vector<uint8_t>& buf) {
+    Holding h;
+    h.model = model;
+    h.version = Version(1);
+    h.chunk_bytes = 4096;
+    h.rank = 0;
+    TensorRef t{{"w", DType::kU8, {buf.size()}}, buf.data(), buf.size()};
+    h.parts[0] = *BuildPartLayout(0, {&t, 1}, 4096);
+    h.bases[0] = {buf.data()};
+    return h;
+  };
+  Result<uint64_t> ea = reg.Add(holding("a", a));
+  Result<uint64_t> eb = reg.Add(holding("b", b));
+  ASSERT_TRUE(ea.ok() && eb.ok());
+  EXPECT_EQ(reg.Unreported().size(), 2u);
+  reg.MarkReported("a", Version(1), *ea, true);
+  ASSERT_EQ(reg.Unreported().size(), 1u);
+  EXPECT_EQ(reg.Unreported()[0].model, "b");
+  reg.MarkReported("b", Version(1), *eb, true);
+  EXPECT_TRUE(reg.Unreported().empty());
+  reg.MarkAllUnreported();
+  EXPECT_EQ(reg.Unreported().size(), 2u);
+}
+
+}  // namespace
+}  // namespace tensorhub::client
