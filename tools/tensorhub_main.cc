@@ -16,6 +16,7 @@ int CmdDemo(int argc, char** argv);
 int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
+int CmdSim(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
+  if (cmd == "sim") return CmdSim(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,216 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "sim/cluster.h"
+#include "sim/engine.h"
+#include "sim/maxmin.h"
+#include "sim/workload.h"
+
+namespace tensorhub::sim {
+namespace {
+
+FlowLinks L(std::initializer_list<int32_t> ids) {
+  FlowLinks f;
+  for (int32_t i : ids) f.Add(i);
+  return f;
+}
+
+TEST(MaxMin, OneLinkSplitsEvenly) {
+  MaxMinScratch s;
+  std::vector<double> rates;
+  MaxMinFair({10}, {L({0}), L({0})}, {kNoCap, kNoCap}, &rates, &s);
+  EXPECT_DOUBLE_EQ(rates[0], 5);
+  EXPECT_DOUBLE_EQ(rates[1], 5);
+}
+
+TEST(MaxMin, BottleneckFreesCapacityForOthers) {
+  // Link 0 (10) carries f0, f1; link 1 (4) carries f1, f2.
+  // Max-min: f1 = f2 = 2 (link 1), f0 = 10 - 2 = 8.
+  MaxMinScratch s;
+  std::vector<double> rates;
+  MaxMinFair({10, 4}, {L({0}), L({0, 1}), L({1})}, {kNoCap, kNoCap, kNoCap}, &rates, &s);
+  EXPECT_DOUBLE_EQ(rates[0], 8);
+  EXPECT_DOUBLE_EQ(rates[1], 2);
+  EXPECT_DOUBLE_EQ(rates[2], 2);
+}
+
+TEST(MaxMin, CapsAndZeroCaps) {
+  MaxMinScratch s;
+  std::vector<double> rates;
+  MaxMinFair({10}, {L({0}), L({0}), L({0})}, {1, kNoCap, 0}, &rates, &s);
+  EXPECT_DOUBLE_EQ(rates[0], 1);
+  EXPECT_DOUBLE_EQ(rates[1], 9);
+  EXPECT_DOUBLE_EQ(rates[2], 0);
+  // The scratch is reusable: a second problem gives its own answer.
+  MaxMinFair({6, 6}, {L({0, 1}), L({1}), L({0})}, {kNoCap, kNoCap, kNoCap}, &rates, &s);
+  EXPECT_DOUBLE_EQ(rates[0], 3);
+  EXPECT_DOUBLE_EQ(rates[1], 3);
+  EXPECT_DOUBLE_EQ(rates[2], 3);
+}
+
+ClusterConfig Flat(double gbit) {
+  ClusterConfig c;
+  c.gpus_per_node = 1;
+  c.nodes_per_rack = 1000;
+  c.rack_oversub = 0;
+  c.nic_gbit = gbit;
+  return c;
+}
+
+TEST(Engine, OneFlowTakesSizeOverRate) {
+  Cluster cl(Flat(8), 2, 0);  // 1 GB/s NICs
+  Engine e(cl);
+  int obj = e.AddObject(3e9, 4 << 20);
+  e.SetComplete(0, obj);
+  ASSERT_TRUE(e.StartFetch(1, obj, {0}).ok());
+  ASSERT_TRUE(e.Run(1e9).ok());
+  EXPECT_NEAR(e.fetch(0).end_s, 3.0, 1e-9);
+}
+
+TEST(Engine, TwoReadersShareTheSourceNic) {
+  Cluster cl(Flat(8), 3, 0);
+  Engine e(cl);
+  int obj = e.AddObject(1e9, 4 << 20);
+  e.SetComplete(0, obj);
+  ASSERT_TRUE(e.StartFetch(1, obj, {0}).ok());
+  ASSERT_TRUE(e.StartFetch(2, obj, {0}).ok());
+  ASSERT_TRUE(e.Run(1e9).ok());
+  EXPECT_NEAR(e.fetch(0).end_s, 2.0, 1e-9);
+  EXPECT_NEAR(e.fetch(1).end_s, 2.0, 1e-9);
+}
+
+TEST(Engine, PipelineOfNReadersTakesSOverBPlusOneChunkPerHop) {
+  const int n = 16;
+  const double s = 1e9, chunk = 1e7;
+  Cluster cl(Flat(8), n + 1, 0);
+  Engine e(cl);
+  int obj = e.AddObject(s, chunk);
+  e.SetComplete(0, obj);
+  for (int i = 1; i <= n; ++i) ASSERT_TRUE(e.StartFetch(i, obj, {i - 1}).ok());
+  ASSERT_TRUE(e.Run(1e9).ok());
+  for (int i = 1; i <= n; ++i) {
+    EXPECT_NEAR(e.fetch(i - 1).end_s, s / 1e9 + (i - 1) * chunk / 1e9, 1e-6) << i;
+  }
+}
+
+TEST(Engine, ReaderFedByASlowFillingHolderIsCappedByIt) {
+  // 0 -> 1 over a 1 GB/s NIC shared with a second reader (0.5 GB/s each);
+  // 3 reads from 1 while 1 fills: it can go no faster than 1 receives.
+  Cluster cl(Flat(8), 4, 0);
+  Engine e(cl);
+  int obj = e.AddObject(1e9, 1e6);
+  e.SetComplete(0, obj);
+  ASSERT_TRUE(e.StartFetch(1, obj, {0}).ok());
+  ASSERT_TRUE(e.StartFetch(2, obj, {0}).ok());
+  ASSERT_TRUE(e.StartFetch(3, obj, {1}).ok());
+  ASSERT_TRUE(e.Run(1e9).ok());
+  EXPECT_NEAR(e.fetch(1).end_s, 2.0, 1e-6);
+  EXPECT_NEAR(e.fetch(2).end_s, 2.0 + 1e6 / 1e9, 1e-6);  // one chunk behind 1
+}
+
+TEST(Engine, LosingTheOnlySourceStopsTheFetchUntilANewOne) {
+  Cluster cl(Flat(8), 3, 0);
+  Engine e(cl);
+  int obj = e.AddObject(2e9, 1e6);
+  e.SetComplete(0, obj);
+  e.SetComplete(2, obj);
+  int lost = 0;
+  e.on_source_lost = [&](int f, int gpu) {
+    ++lost;
+    EXPECT_EQ(gpu, 0);
+    EXPECT_EQ(e.live_sources(f), 0);
+    e.At(e.now() + 0.5, [&e, f] { ASSERT_TRUE(e.AddSources(f, {2}).ok()); });
+  };
+  auto f = e.StartFetch(1, obj, {0});
+  ASSERT_TRUE(f.ok());
+  e.At(1.0, [&e, obj] { e.Drop(0, obj); });
+  ASSERT_TRUE(e.Run(1e9).ok());
+  EXPECT_EQ(lost, 1);
+  EXPECT_NEAR(e.fetch(*f).end_s, 2.5, 1e-9);  // 1 s, 0.5 s without, 1 s
+}
+
+WorkloadConfig Small() {
+  WorkloadConfig c;
+  c.cluster.gpus_per_node = 8;
+  c.cluster.nodes_per_rack = 2;
+  c.trainer_gpus = 16;
+  c.rollout_gpus = 64;
+  c.model_bytes = 8e9;
+  c.tp = 8;
+  c.chunk_bytes = 4 << 20;
+  c.rounds = 2;
+  c.step_s = 1;
+  return c;
+}
+
+TEST(Workload, TensorHubConsultsTheHubAndStaysNearTheBound) {
+  WorkloadConfig c = Small();
+  auto th = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(th.ok()) << th.status().ToString();
+  // Every reader GPU asks the hub's scheduler at least once per version.
+  EXPECT_GE(th->schedule_calls, static_cast<uint64_t>(c.rollout_gpus * c.rounds));
+  EXPECT_EQ(th->failed_fetches, 0u);
+  const double lb = c.LowerBoundS();
+  EXPECT_GE(th->update_s, lb * 0.999);
+  // Nearest first: a reader whose rack holds one filling copy reads from it
+  // even while it already feeds another rack, so some holders upload two
+  // streams: at most about 2 x the bound here, far below the trainer alone.
+  EXPECT_LT(th->update_s, lb * 2.1);
+  // Point-to-point: 8 readers per shard share one trainer NIC.
+  auto p2p = RunWorkload(c, System::kPointToPoint);
+  ASSERT_TRUE(p2p.ok()) << p2p.status().ToString();
+  EXPECT_EQ(p2p->schedule_calls, 0u);
+  EXPECT_NEAR(p2p->update_s, 8 * lb, 8 * lb * 0.01);
+  EXPECT_GT(p2p->total_stall_gpu_s(), th->total_stall_gpu_s());
+  auto ring = RunWorkload(c, System::kRing);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  EXPECT_NEAR(ring->update_s, lb + 7.0 * c.segment_bytes / (400e9 / 8), lb * 0.01);
+  auto tree = RunWorkload(c, System::kTree);
+  ASSERT_TRUE(tree.ok()) << tree.status().ToString();
+  EXPECT_GT(tree->update_s, 2.9 * lb);  // the root sends log2(9) ~ 3 copies
+}
+
+TEST(Workload, CrossDcSendsOneCopyPerShardOverTheWan) {
+  WorkloadConfig c = Small();
+  c.rollouts_remote = true;
+  c.cluster.wan_gbit = 100;
+  auto th = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(th.ok()) << th.status().ToString();
+  EXPECT_EQ(th->wan_fetches, static_cast<uint64_t>(c.tp * c.rounds));
+  auto p2p = RunWorkload(c, System::kPointToPoint);
+  ASSERT_TRUE(p2p.ok());
+  EXPECT_EQ(p2p->wan_fetches, static_cast<uint64_t>(c.rollout_gpus * c.rounds));
+  EXPECT_GT(p2p->update_s, 4 * th->update_s);
+}
+
+TEST(Workload, ElasticJoinersGetTheVersionAndLeaversAreMasked) {
+  WorkloadConfig c = Small();
+  c.rollout_gpus = 128;
+  c.spot_fraction = 0.5;
+  c.rounds = 4;
+  c.step_s = 2;
+  c.seed = 7;
+  auto th = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(th.ok()) << th.status().ToString();
+  EXPECT_GT(th->joiners, 0);
+  EXPECT_EQ(th->failed_fetches, 0u);
+  EXPECT_GT(th->joiner_wait_mean_s, 0);
+  auto again = RunWorkload(c, System::kTensorHub);  // seeded: replays
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->events, th->events);
+  EXPECT_DOUBLE_EQ(again->total_stall_gpu_s(), th->total_stall_gpu_s());
+  EXPECT_FALSE(RunWorkload(c, System::kRing).ok());  // static group: no joiners
+}
+
+TEST(Workload, BadConfigIsRefused) {
+  WorkloadConfig c = Small();
+  c.rollout_gpus = 60;  // not a multiple of tp
+  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(), StatusCode::kInvalidArgument);
+  c = Small();
+  c.cluster.nic_gbit = 0;
+  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tensorhub::sim

@@ -1,0 +1,83 @@
+// Workloads on the simulated cluster, for TensorHub (driving the hub's real
+// HubState: Publish, AddHolder, Schedule, Unpublish, Leave) and for the
+// baselines modelled on the same links (point-to-point pulls from the
+// trainer, ring and binomial-tree broadcast pipelined by segments).
+//
+// Model parallelism: a rollout instance is `tp` GPUs; GPU j of an instance
+// needs shard j (model_bytes / tp). Shard j of each version is its own hub
+// model ("policy.tp<j>"), published by trainer GPU j (group size 1), so
+// readers of shard j pull the part of that rank only.
+#ifndef TENSORHUB_SIM_WORKLOAD_H_
+#define TENSORHUB_SIM_WORKLOAD_H_
+
+#include <cstdint>
+#include <string>
+
+#include "sim/cluster.h"
+#include "tensorhub/status.h"
+
+namespace tensorhub::sim {
+
+enum class System { kTensorHub, kPointToPoint, kRing, kTree };
+const char* SystemName(System s);
+
+struct WorkloadConfig {
+  ClusterConfig cluster;
+  int trainer_gpus = 512;
+  int rollout_gpus = 512;
+  bool rollouts_remote = false;  // rollouts in datacenter 1, behind the WAN
+  // Or only the last this many rollout GPUs there (the test bed's layout).
+  int remote_rollout_gpus = 0;
+  double model_bytes = 140e9;    // 70B parameters in bf16
+  int tp = 8;                    // GPUs per rollout instance
+  uint64_t chunk_bytes = 4ull << 20;    // TensorHub's chunk (the default)
+  uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
+  int rounds = 2;                // versions published
+  double step_s = 30;            // trainer compute between publishes
+  int max_sources = 4;           // FetchOptions::max_sources
+  int trainer_copies = 1;        // TensorHub: full copies before unpublish
+  double refresh_s = 0.2;        // fetcher: between asks to the hub
+  double fetch_timeout_s = 120;  // FetchOptions::timeout_ms
+  // Elastic: this share of rollout instances are spot instances that join
+  // at seeded times during the run and leave after a seeded lifetime.
+  double spot_fraction = 0;
+  double spot_life_min_steps = 1;
+  double spot_life_max_steps = 3;
+  uint64_t seed = 1;
+
+  Status Validate() const;
+  double shard_bytes() const;
+  int remote_gpus() const { return rollouts_remote ? rollout_gpus : remote_rollout_gpus; }
+  // Bandwidth lower bound on one update: every reader receives its shard
+  // through its NIC (shard / NIC); across datacenters every shard crosses
+  // the WAN once (model / WAN).
+  double LowerBoundS() const;
+};
+
+struct RunResult {
+  System system = System::kTensorHub;
+  int rounds = 0;
+  double update_s = 0;           // mean: publish -> last regular instance holds it
+  double update_max_s = 0;
+  double trainer_blocked_s = 0;  // mean per version
+  double trainer_stall_gpu_s = 0;
+  double rollout_stall_gpu_s = 0;
+  double regular_wait_mean_s = 0;  // per instance and update
+  int joiners = 0;               // spot instances that came to hold a version
+  int joiners_left_early = 0;
+  double joiner_wait_mean_s = 0;
+  double joiner_wait_max_s = 0;
+  uint64_t schedule_calls = 0;   // HubState::Schedule calls (TensorHub)
+  uint64_t source_losses = 0;
+  uint64_t failed_fetches = 0;
+  uint64_t wan_fetches = 0;      // fetches that read across the WAN
+  uint64_t events = 0;
+  double wall_s = 0;
+  double total_stall_gpu_s() const { return trainer_stall_gpu_s + rollout_stall_gpu_s; }
+};
+
+Result<RunResult> RunWorkload(const WorkloadConfig& config, System system);
+
+}  // namespace tensorhub::sim
+
+#endif  // TENSORHUB_SIM_WORKLOAD_H_
