@@ -65,6 +65,7 @@ Status Apply(const Args& a, WorkloadConfig* c) {
   TH_RETURN_IF_ERROR(d("rack-oversub", &c->cluster.rack_oversub));
   TH_RETURN_IF_ERROR(d("wan-gbit", &c->cluster.wan_gbit));
   TH_RETURN_IF_ERROR(d("efficiency", &c->cluster.efficiency));
+  if (a.Has("no-rack-labels")) c->cluster.rack_labels = false;
   TH_RETURN_IF_ERROR(i("rounds", &c->rounds));
   TH_RETURN_IF_ERROR(d("step-s", &c->step_s));
   TH_RETURN_IF_ERROR(i("max-sources", &c->max_sources));
@@ -80,13 +81,14 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
   std::printf(
       "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB tp=%d shard=%.2f GB "
       "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink %.0f GB/s, "
-      "%d nodes/rack, rack oversubscription %.2g%s, wan=%.0f Gbit/s, efficiency %.3f\n"
+      "%d nodes/rack%s, rack oversubscription %.2g%s, wan=%.0f Gbit/s, efficiency %.3f\n"
       "#   rounds=%d step=%.1f s max_sources=%d trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64
       "\n",
       scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus, c.rollout_gpus,
       c.rollouts_remote ? ", rollouts in dc1" : "", c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
       FormatBytes(c.chunk_bytes).c_str(), FormatBytes(c.segment_bytes).c_str(), c.cluster.nic_gbit,
       c.cluster.gpus_per_node, c.cluster.nvlink_gbyte, c.cluster.nodes_per_rack,
+      c.cluster.rack_labels ? "" : " (racks not told to the hub)",
       c.cluster.rack_oversub, c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
       c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s, c.max_sources,
       c.trainer_copies, c.spot_fraction, c.seed);
@@ -355,7 +357,7 @@ int Testbed(const Args& a, bool csv) {
 
 int CmdSim(int argc, char** argv) {
   std::vector<std::string> vf(std::begin(kValueFlags), std::end(kValueFlags));
-  Result<Args> args = ParseArgs(argc, argv, 2, vf, {"csv"});
+  Result<Args> args = ParseArgs(argc, argv, 2, vf, {"csv", "no-rack-labels"});
   if (!args.ok()) {
     std::fprintf(stderr, "sim: %s\n", args.status().ToString().c_str());
     return 2;

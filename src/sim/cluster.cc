@@ -89,7 +89,9 @@ FlowLinks Cluster::Path(int src, int dst) const {
 }
 
 std::string Cluster::DcLabel(int gpu) const { return "dc" + std::to_string(dc(gpu)); }
-std::string Cluster::RackLabel(int gpu) const { return "r" + std::to_string(rack(gpu)); }
+std::string Cluster::RackLabel(int gpu) const {
+  return config_.rack_labels ? "r" + std::to_string(rack(gpu)) : "";
+}
 std::string Cluster::HostLabel(int gpu) const { return "n" + std::to_string(node(gpu)); }
 
 }  // namespace tensorhub::sim

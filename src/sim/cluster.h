@@ -24,6 +24,8 @@ struct ClusterConfig {
   // Payload share of a link's rate (framing); 1 for the cluster model, the
   // measured 0.956 for the tbf-shaped test bed.
   double efficiency = 1.0;
+  // Tell the hub each GPU's rack (its scheduler prefers same-rack holders).
+  bool rack_labels = true;
 
   Status Validate() const;
 };
