@@ -32,6 +32,8 @@ Commands:
   fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
+  sim    --scenario standalone|elastic|crossdc|scale|testbed [--csv]
+                                                  cluster-scale simulation of the hub's scheduler
 
 Common flags:
   --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)

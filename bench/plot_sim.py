@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Plots for `tensorhub sim`: docs/sim-scale.png and docs/sim-stall.png.
+
+Runs the simulator itself (build/tools/tensorhub sim ... --csv):
+  1. standalone update time / bandwidth bound versus cluster size
+     (half trainer, half rollout GPUs), every system;
+  2. total GPU stall per system for the three workloads at 1,024 GPUs.
+Needs matplotlib: .venv/bin/python bench/plot_sim.py (python/setup_env.sh).
+"""
+import csv
+import io
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorhub"
+
+
+def run(*args):
+    out = subprocess.run([BIN, "sim", "--csv", *args], check=True,
+                         capture_output=True, text=True, timeout=1800).stdout
+    return list(csv.DictReader(io.StringIO(out)))
+
+
+sizes = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+series = {}
+for n in sizes:
+    for row in run("--scenario", "standalone", "--trainer-gpus", str(n // 2),
+                   "--rollout-gpus", str(n // 2), "--rounds", "1"):
+        series.setdefault(row["system"], []).append(float(row["update_over_bound"]))
+
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for system, ys in series.items():
+    ax.plot(sizes, ys, marker="o", label=system)
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("GPUs (half trainer, half rollout; 70B bf16, TP=8)")
+ax.set_ylabel("update time / (shard / NIC)")
+ax.set_title("tensorhub sim: standalone update time vs the bandwidth bound")
+ax.grid(True, which="both", alpha=0.3)
+ax.legend()
+fig.tight_layout()
+fig.savefig("docs/sim-scale.png", dpi=110)
+
+fig, ax = plt.subplots(figsize=(7, 4.2))
+width = 0.2
+scen = ["standalone", "crossdc", "elastic"]
+systems = ["tensorhub", "p2p", "ring-bcast", "tree-bcast"]
+for i, s in enumerate(scen):
+    rows = {r["system"]: float(r["total_stall_gpu_s"]) for r in run("--scenario", s)
+            if r["scenario"] == s}
+    for j, system in enumerate(systems):
+        if system in rows:
+            ax.bar(i + (j - 1.5) * width, rows[system], width,
+                   label=system if i == 0 else None, color=f"C{j}")
+ax.set_xticks(range(len(scen)))
+ax.set_xticklabels([f"{s}\n1,024 GPUs" for s in scen])
+ax.set_yscale("log")
+ax.set_ylabel("total GPU stall (GPU-seconds, all rounds)")
+ax.set_title("tensorhub sim: stall per system")
+ax.legend()
+fig.tight_layout()
+fig.savefig("docs/sim-stall.png", dpi=110)
+print("wrote docs/sim-scale.png docs/sim-stall.png")
