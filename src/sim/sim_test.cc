@@ -200,6 +200,9 @@ TEST(Workload, ElasticJoinersGetTheVersionAndLeaversAreMasked) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->events, th->events);
   EXPECT_DOUBLE_EQ(again->total_stall_gpu_s(), th->total_stall_gpu_s());
+  auto p2p = RunWorkload(c, System::kPointToPoint);
+  ASSERT_TRUE(p2p.ok()) << p2p.status().ToString();
+  EXPECT_GT(p2p->joiner_wait_mean_s, th->joiner_wait_mean_s);
   EXPECT_FALSE(RunWorkload(c, System::kRing).ok());  // static group: no joiners
 }
 

@@ -369,19 +369,21 @@ class Driver {
 
   void OnSourceLost(int f, int lost) {
     ++result_.source_losses;
-    const SimFetch& sf = engine_.fetch(f);
-    Gpu& g = gpus_[static_cast<size_t>(sf.gpu)];
+    // Copies: callbacks below may start fetches (and move engine storage).
+    const int gpu = engine_.fetch(f).gpu;
+    const int obj = engine_.fetch(f).obj;
+    Gpu& g = gpus_[static_cast<size_t>(gpu)];
     if (g.fetch != f) return;
     g.failed.insert(lost);
     if (engine_.live_sources(f) > 0) return;  // the other streams go on
     if (!IsTh()) {
       // Point-to-point: the trainer replaced the version; start over on the newest.
-      engine_.Drop(sf.gpu, sf.obj);
       g.fetch = -1;
-      Want(InstanceOf(sf.gpu), latest_);
+      engine_.Drop(gpu, obj);
+      Want(InstanceOf(gpu), latest_);
       return;
     }
-    ScheduleRefresh(sf.gpu);
+    ScheduleRefresh(gpu);
   }
 
   void ScheduleRefresh(int gpu) {
@@ -415,8 +417,9 @@ class Driver {
     // the instance asks for the newest version again.
     ++result_.failed_fetches;
     (void)hub_.Unpublish(Id(gpu), Model(r), Version(static_cast<uint64_t>(g.fetching)), NowMs());
-    engine_.Drop(gpu, sf.obj);
+    const int obj = sf.obj;
     g.fetch = -1;
+    engine_.Drop(gpu, obj);
     Want(InstanceOf(gpu), latest_);
   }
 
