@@ -31,7 +31,7 @@ constexpr const char* kValueFlags[] = {
     "scenario", "trainer-gpus", "rollout-gpus", "model-bytes", "tp", "chunk-bytes",
     "segment-bytes", "nic-gbit", "nvlink-gbyte", "gpus-per-node", "nodes-per-rack",
     "rack-oversub", "wan-gbit", "rounds", "step-s", "max-sources", "trainer-copies",
-    "spot-fraction", "seed", "efficiency", "measured", "systems"};
+    "spot-fraction", "arrival-spread-s", "seed", "efficiency", "measured", "systems"};
 
 Status Apply(const Args& a, WorkloadConfig* c) {
   auto d = [&](const char* name, double* v) -> Status {
@@ -71,6 +71,7 @@ Status Apply(const Args& a, WorkloadConfig* c) {
   TH_RETURN_IF_ERROR(i("max-sources", &c->max_sources));
   TH_RETURN_IF_ERROR(i("trainer-copies", &c->trainer_copies));
   TH_RETURN_IF_ERROR(d("spot-fraction", &c->spot_fraction));
+  TH_RETURN_IF_ERROR(d("arrival-spread-s", &c->arrival_spread_s));
   if (a.Has("seed")) {
     TH_ASSIGN_OR_RETURN(c->seed, a.GetU64("seed", c->seed));
   }
@@ -82,7 +83,7 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB tp=%d shard=%.2f GB "
       "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink %.0f GB/s, "
       "%d nodes/rack%s, rack oversubscription %.2g%s, wan=%.0f Gbit/s, efficiency %.3f\n"
-      "#   rounds=%d step=%.1f s max_sources=%d trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64
+      "#   rounds=%d step=%.1f s arrival_spread=%.2f s max_sources=%d trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64
       "\n",
       scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus, c.rollout_gpus,
       c.rollouts_remote ? ", rollouts in dc1" : "", c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
@@ -90,7 +91,8 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       c.cluster.gpus_per_node, c.cluster.nvlink_gbyte, c.cluster.nodes_per_rack,
       c.cluster.rack_labels ? "" : " (racks not told to the hub)",
       c.cluster.rack_oversub, c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
-      c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s, c.max_sources,
+      c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s, c.arrival_spread_s,
+      c.max_sources,
       c.trainer_copies, c.spot_fraction, c.seed);
 }
 

@@ -58,6 +58,9 @@ Status WorkloadConfig::Validate() const {
   if (!(refresh_s >= 0) || !(fetch_timeout_s > 0)) {
     return InvalidArgument("refresh interval >= 0 and fetch timeout > 0");
   }
+  if (!(arrival_spread_s >= 0 && arrival_spread_s <= step_s)) {
+    return InvalidArgument("arrival spread must be in [0, step]");
+  }
   if (!(spot_fraction >= 0 && spot_fraction < 1)) {
     return InvalidArgument("spot fraction must be in [0, 1)");
   }
@@ -80,6 +83,8 @@ double WorkloadConfig::LowerBoundS() const {
 }
 
 namespace {
+
+constexpr uint64_t kMaxFailedFetches = 10000;
 
 class Driver {
  public:
@@ -160,6 +165,7 @@ class Driver {
     int target = 0;          // version it is fetching towards
     double wait_start = -1;  // -1: not waiting
     bool joining = false;    // its first fetch after joining
+    bool arriving = false;   // its batch is still running; it asks later
     double join_s = 0;
   };
   struct Round {
@@ -246,22 +252,47 @@ class Driver {
     std::vector<int> order;
     for (size_t i = 0; i < instances_.size(); ++i) {
       const Instance& in = instances_[i];
-      if (in.present && in.wait_start < 0) order.push_back(static_cast<int>(i));
+      if (in.present && in.wait_start < 0 && !in.arriving) order.push_back(static_cast<int>(i));
     }
     std::shuffle(order.begin(), order.end(), rng_);
+    // Each instance needs the version when its current batch ends.
+    std::vector<double> arrive(order.size(), 0.0);
+    if (c_.arrival_spread_s > 0) {
+      std::uniform_real_distribution<double> spread(0, c_.arrival_spread_s);
+      for (double& a : arrive) a = spread(rng_);
+    }
     Round& cur = rounds_.back();
     cur.regular_total = static_cast<int>(order.size());
     if (system_ == System::kRing || system_ == System::kTree) {
-      // A static group: chains/trees per shard over the instances in rank order.
+      // A static group: chains/trees per shard over the instances in rank
+      // order, started when the last member arrives (each waits from its
+      // own arrival on).
+      double last = 0;
+      for (size_t k = 0; k < order.size(); ++k) {
+        Instance& in = instances_[static_cast<size_t>(order[k])];
+        in.target = v;
+        in.wait_start = engine_.now() + arrive[k];
+        last = std::max(last, arrive[k]);
+      }
       std::sort(order.begin(), order.end());
-      StartCollective(v, order);
+      engine_.At(engine_.now() + last, [this, v, order] { StartCollective(v, order); });
     } else {
-      for (int i : order) {
+      for (size_t k = 0; k < order.size(); ++k) {
+        const int i = order[k];
         for (int r = 0; r < c_.tp; ++r) {
           ++cur.pending[static_cast<size_t>(r)];
           counted_.insert({instances_[static_cast<size_t>(i)].first_gpu + r, v});
         }
-        Want(i, v);
+        if (arrive[k] <= 0) {
+          Want(i, v);
+          continue;
+        }
+        instances_[static_cast<size_t>(i)].arriving = true;
+        engine_.At(engine_.now() + arrive[k], [this, i, v] {
+          Instance& in = instances_[static_cast<size_t>(i)];
+          in.arriving = false;
+          if (in.present) Want(i, v);
+        });
       }
       if (order.empty()) {
         for (int r = 0; r < c_.tp; ++r) MaybeRelease(v, r);
@@ -270,12 +301,7 @@ class Driver {
   }
 
   void StartCollective(int v, const std::vector<int>& order) {
-    Round& cur = rounds_.back();
-    for (int i : order) {
-      Instance& in = instances_[static_cast<size_t>(i)];
-      in.target = v;
-      in.wait_start = engine_.now();
-    }
+    Round& cur = rounds_[static_cast<size_t>(v - 1)];
     for (int r = 0; r < c_.tp; ++r) {
       // rank 0 = the trainer GPU of shard r, rank k = instance order[k-1].
       auto gpu_of = [&](size_t rank) {
@@ -415,7 +441,10 @@ class Driver {
     }
     // The fetch fails: the client revokes its filling registration, and
     // the instance asks for the newest version again.
-    ++result_.failed_fetches;
+    if (++result_.failed_fetches > kMaxFailedFetches) {
+      return Fail(Unavailable("sim: more than " + std::to_string(kMaxFailedFetches) +
+                              " fetches failed; no holder left?"));
+    }
     (void)hub_.Unpublish(Id(gpu), Model(r), Version(static_cast<uint64_t>(g.fetching)), NowMs());
     const int obj = sf.obj;
     g.fetch = -1;

@@ -34,6 +34,9 @@ struct WorkloadConfig {
   uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
   int rounds = 2;                // versions published
   double step_s = 30;            // trainer compute between publishes
+  // Each instance needs a new version when its batch ends: uniformly
+  // spread over [0, this] after the publish (seeded). 0: all at once.
+  double arrival_spread_s = 0;
   int max_sources = 4;           // FetchOptions::max_sources
   int trainer_copies = 1;        // TensorHub: full copies before unpublish
   double refresh_s = 0.2;        // fetcher: between asks to the hub
