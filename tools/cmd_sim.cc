@@ -27,11 +27,29 @@ using sim::RunResult;
 using sim::System;
 using sim::WorkloadConfig;
 
-constexpr const char* kValueFlags[] = {
-    "scenario", "trainer-gpus", "rollout-gpus", "model-bytes", "tp", "chunk-bytes",
-    "segment-bytes", "nic-gbit", "nvlink-gbyte", "gpus-per-node", "nodes-per-rack",
-    "rack-oversub", "wan-gbit", "rounds", "step-s", "max-sources", "trainer-copies",
-    "spot-fraction", "arrival-spread-s", "seed", "efficiency", "measured", "systems"};
+constexpr const char* kValueFlags[] = {"scenario",
+                                       "trainer-gpus",
+                                       "rollout-gpus",
+                                       "model-bytes",
+                                       "tp",
+                                       "chunk-bytes",
+                                       "segment-bytes",
+                                       "nic-gbit",
+                                       "nvlink-gbyte",
+                                       "gpus-per-node",
+                                       "nodes-per-rack",
+                                       "rack-oversub",
+                                       "wan-gbit",
+                                       "rounds",
+                                       "step-s",
+                                       "max-sources",
+                                       "trainer-copies",
+                                       "spot-fraction",
+                                       "arrival-spread-s",
+                                       "seed",
+                                       "efficiency",
+                                       "measured",
+                                       "systems"};
 
 Status Apply(const Args& a, WorkloadConfig* c) {
   auto d = [&](const char* name, double* v) -> Status {
@@ -40,7 +58,8 @@ Status Apply(const Args& a, WorkloadConfig* c) {
   };
   auto i = [&](const char* name, int* v) -> Status {
     TH_ASSIGN_OR_RETURN(uint64_t x, a.GetU64(name, static_cast<uint64_t>(*v)));
-    if (x > (1u << 30)) return InvalidArgument(std::string("--") + name + " too large");
+    if (x > (1u << 30))
+      return InvalidArgument(std::string("--") + name + " too large");
     *v = static_cast<int>(x);
     return Status::Ok();
   };
@@ -80,61 +99,82 @@ Status Apply(const Args& a, WorkloadConfig* c) {
 
 void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
   std::printf(
-      "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB tp=%d shard=%.2f GB "
-      "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink %.0f GB/s, "
-      "%d nodes/rack%s, rack oversubscription %.2g%s, wan=%.0f Gbit/s, efficiency %.3f\n"
-      "#   rounds=%d step=%.1f s arrival_spread=%.2f s max_sources=%d trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64
-      "\n",
-      scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus, c.rollout_gpus,
-      c.rollouts_remote ? ", rollouts in dc1" : "", c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
-      FormatBytes(c.chunk_bytes).c_str(), FormatBytes(c.segment_bytes).c_str(), c.cluster.nic_gbit,
-      c.cluster.gpus_per_node, c.cluster.nvlink_gbyte, c.cluster.nodes_per_rack,
+      "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB "
+      "tp=%d shard=%.2f GB "
+      "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink "
+      "%.0f GB/s, "
+      "%d nodes/rack%s, rack oversubscription %.2g%s, wan=%.0f Gbit/s, "
+      "efficiency %.3f\n"
+      "#   rounds=%d step=%.1f s arrival_spread=%.2f s max_sources=%d "
+      "trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64 "\n",
+      scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus,
+      c.rollout_gpus, c.rollouts_remote ? ", rollouts in dc1" : "",
+      c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
+      FormatBytes(c.chunk_bytes).c_str(), FormatBytes(c.segment_bytes).c_str(),
+      c.cluster.nic_gbit, c.cluster.gpus_per_node, c.cluster.nvlink_gbyte,
+      c.cluster.nodes_per_rack,
       c.cluster.rack_labels ? "" : " (racks not told to the hub)",
-      c.cluster.rack_oversub, c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
-      c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s, c.arrival_spread_s,
-      c.max_sources,
-      c.trainer_copies, c.spot_fraction, c.seed);
+      c.cluster.rack_oversub,
+      c.cluster.rack_oversub > 0 ? "" : " (no rack limit)", c.cluster.wan_gbit,
+      c.cluster.efficiency, c.rounds, c.step_s, c.arrival_spread_s,
+      c.max_sources, c.trainer_copies, c.spot_fraction, c.seed);
 }
 
 void CsvHeader() {
   std::printf(
-      "scenario,system,gpus,update_s,update_max_s,bound_s,update_over_bound,trainer_blocked_s,"
-      "trainer_stall_gpu_s,rollout_stall_gpu_s,total_stall_gpu_s,stall_ratio_vs_tensorhub,"
-      "regular_wait_mean_s,joiners,joiner_wait_mean_s,joiner_wait_max_s,schedule_calls,"
+      "scenario,system,gpus,update_s,update_max_s,bound_s,update_over_bound,"
+      "trainer_blocked_s,"
+      "trainer_stall_gpu_s,rollout_stall_gpu_s,total_stall_gpu_s,stall_ratio_"
+      "vs_tensorhub,"
+      "regular_wait_mean_s,joiners,joiner_wait_mean_s,joiner_wait_max_s,"
+      "schedule_calls,"
       "source_losses,failed_fetches,wan_fetches,events,wall_s\n");
 }
 
-void CsvRow(const std::string& scenario, const WorkloadConfig& c, const RunResult& r,
-            double th_stall) {
+void CsvRow(const std::string& scenario, const WorkloadConfig& c,
+            const RunResult& r, double th_stall) {
   double lb = c.LowerBoundS();
-  std::printf("%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.3f,%.3f,%.3f,%.4f,%.6f,%d,%.6f,%.6f,%" PRIu64
-              ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f\n",
-              scenario.c_str(), sim::SystemName(r.system), c.trainer_gpus + c.rollout_gpus,
-              r.update_s, r.update_max_s, lb, r.update_s / lb, r.trainer_blocked_s,
-              r.trainer_stall_gpu_s, r.rollout_stall_gpu_s, r.total_stall_gpu_s(),
-              th_stall > 0 ? r.total_stall_gpu_s() / th_stall : 0.0, r.regular_wait_mean_s,
-              r.joiners, r.joiner_wait_mean_s, r.joiner_wait_max_s, r.schedule_calls,
-              r.source_losses, r.failed_fetches, r.wan_fetches, r.events, r.wall_s);
+  std::printf(
+      "%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.3f,%.3f,%.3f,%.4f,%.6f,%d,%.6f,%.6f,"
+      "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f\n",
+      scenario.c_str(), sim::SystemName(r.system),
+      c.trainer_gpus + c.rollout_gpus, r.update_s, r.update_max_s, lb,
+      r.update_s / lb, r.trainer_blocked_s, r.trainer_stall_gpu_s,
+      r.rollout_stall_gpu_s, r.total_stall_gpu_s(),
+      th_stall > 0 ? r.total_stall_gpu_s() / th_stall : 0.0,
+      r.regular_wait_mean_s, r.joiners, r.joiner_wait_mean_s,
+      r.joiner_wait_max_s, r.schedule_calls, r.source_losses, r.failed_fetches,
+      r.wan_fetches, r.events, r.wall_s);
 }
 
-Result<std::vector<System>> ParseSystems(const std::string& text, bool elastic) {
+Result<std::vector<System>> ParseSystems(const std::string& text,
+                                         bool elastic) {
   std::vector<System> out;
   std::stringstream ss(text);
   std::string s;
   while (std::getline(ss, s, ',')) {
-    if (s == "tensorhub") out.push_back(System::kTensorHub);
-    else if (s == "p2p") out.push_back(System::kPointToPoint);
-    else if (s == "ring") out.push_back(System::kRing);
-    else if (s == "tree") out.push_back(System::kTree);
-    else return InvalidArgument("--systems: unknown system '" + s + "' (tensorhub,p2p,ring,tree)");
+    if (s == "tensorhub")
+      out.push_back(System::kTensorHub);
+    else if (s == "p2p")
+      out.push_back(System::kPointToPoint);
+    else if (s == "ring")
+      out.push_back(System::kRing);
+    else if (s == "tree")
+      out.push_back(System::kTree);
+    else
+      return InvalidArgument("--systems: unknown system '" + s +
+                             "' (tensorhub,p2p,ring,tree)");
   }
   if (out.empty() || out[0] != System::kTensorHub) {
-    return InvalidArgument("--systems must start with tensorhub (the ratios are against it)");
+    return InvalidArgument(
+        "--systems must start with tensorhub (the ratios are against it)");
   }
   if (elastic) {
     for (System x : out) {
       if (x == System::kRing || x == System::kTree) {
-        return InvalidArgument("elastic: a static broadcast group takes no joiners; use tensorhub,p2p");
+        return InvalidArgument(
+            "elastic: a static broadcast group takes no joiners; use "
+            "tensorhub,p2p");
       }
     }
   }
@@ -148,8 +188,8 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   for (System s : systems) {
     Result<RunResult> r = sim::RunWorkload(c, s);
     if (!r.ok()) {
-      std::fprintf(stderr, "sim %s %s: %s\n", scenario.c_str(), sim::SystemName(s),
-                   r.status().ToString().c_str());
+      std::fprintf(stderr, "sim %s %s: %s\n", scenario.c_str(),
+                   sim::SystemName(s), r.status().ToString().c_str());
       return 1;
     }
     results.push_back(*r);
@@ -159,8 +199,9 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   if (elastic) {
     WorkloadConfig quiet = c;
     quiet.spot_fraction = 0;
-    quiet.rollout_gpus = c.rollout_gpus - c.tp * static_cast<int>(std::floor(
-                                                      c.rollout_gpus / c.tp * c.spot_fraction));
+    quiet.rollout_gpus =
+        c.rollout_gpus - c.tp * static_cast<int>(std::floor(
+                                    c.rollout_gpus / c.tp * c.spot_fraction));
     for (System s : systems) {
       Result<RunResult> r = sim::RunWorkload(quiet, s);
       if (!r.ok()) {
@@ -174,39 +215,50 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   const double th_stall = results[0].total_stall_gpu_s();
   if (csv) {
     for (const RunResult& r : results) CsvRow(scenario, c, r, th_stall);
-    for (const RunResult& r : calm) CsvRow(scenario + "-nojoin", c, r, calm[0].total_stall_gpu_s());
+    for (const RunResult& r : calm)
+      CsvRow(scenario + "-nojoin", c, r, calm[0].total_stall_gpu_s());
     return 0;
   }
   PrintConfig(scenario, c);
   const double lb = c.LowerBoundS();
-  std::printf("# lower bound per update: %s = %.3f s\n",
-              c.remote_gpus() > 0 ? "max(shard / NIC, model / WAN)" : "shard / NIC", lb);
-  std::printf("%-11s %10s %8s %10s %14s %14s %14s %10s %9s %9s %8s\n", "system", "update_s",
-              "x_bound", "trainer_s", "trainer_gpu_s", "rollout_gpu_s", "stall_gpu_s",
-              "stall/TH", "schedule", "events", "wall_s");
+  std::printf(
+      "# lower bound per update: %s = %.3f s\n",
+      c.remote_gpus() > 0 ? "max(shard / NIC, model / WAN)" : "shard / NIC",
+      lb);
+  std::printf("%-11s %10s %8s %10s %14s %14s %14s %10s %9s %9s %8s\n", "system",
+              "update_s", "x_bound", "trainer_s", "trainer_gpu_s",
+              "rollout_gpu_s", "stall_gpu_s", "stall/TH", "schedule", "events",
+              "wall_s");
   for (const RunResult& r : results) {
-    std::printf("%-11s %10.3f %8.2f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64 " %9" PRIu64
-                " %8.1f\n",
-                sim::SystemName(r.system), r.update_s, r.update_s / lb, r.trainer_blocked_s,
-                r.trainer_stall_gpu_s, r.rollout_stall_gpu_s, r.total_stall_gpu_s(),
-                r.total_stall_gpu_s() / th_stall, r.schedule_calls, r.events, r.wall_s);
+    std::printf(
+        "%-11s %10.3f %8.2f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64
+        " %9" PRIu64 " %8.1f\n",
+        sim::SystemName(r.system), r.update_s, r.update_s / lb,
+        r.trainer_blocked_s, r.trainer_stall_gpu_s, r.rollout_stall_gpu_s,
+        r.total_stall_gpu_s(), r.total_stall_gpu_s() / th_stall,
+        r.schedule_calls, r.events, r.wall_s);
   }
   for (const RunResult& r : results) {
     if (r.failed_fetches > 0 || r.source_losses > 0) {
-      std::printf("# %s: %" PRIu64 " sources lost mid-fetch (masked), %" PRIu64 " fetches failed\n",
+      std::printf("# %s: %" PRIu64 " sources lost mid-fetch (masked), %" PRIu64
+                  " fetches failed\n",
                   sim::SystemName(r.system), r.source_losses, r.failed_fetches);
     }
   }
   if (elastic) {
-    std::printf("# elastic: joiner = a spot instance's time from joining to holding the newest "
-                "version (all %d GPUs)\n",
-                c.tp);
-    std::printf("%-11s %8s %12s %12s %12s %16s %16s %10s\n", "system", "joiners", "join_mean_s",
-                "join_max_s", "join/TH", "regular_wait_s", "no_joiners_s", "slowdown");
+    std::printf(
+        "# elastic: joiner = a spot instance's time from joining to holding "
+        "the newest "
+        "version (all %d GPUs)\n",
+        c.tp);
+    std::printf("%-11s %8s %12s %12s %12s %16s %16s %10s\n", "system",
+                "joiners", "join_mean_s", "join_max_s", "join/TH",
+                "regular_wait_s", "no_joiners_s", "slowdown");
     for (size_t k = 0; k < results.size(); ++k) {
       const RunResult& r = results[k];
       std::printf("%-11s %8d %12.3f %12.3f %11.2fx %16.3f %16.3f %9.2fx\n",
-                  sim::SystemName(r.system), r.joiners, r.joiner_wait_mean_s, r.joiner_wait_max_s,
+                  sim::SystemName(r.system), r.joiners, r.joiner_wait_mean_s,
+                  r.joiner_wait_max_s,
                   results[0].joiner_wait_mean_s > 0
                       ? r.joiner_wait_mean_s / results[0].joiner_wait_mean_s
                       : 0.0,
@@ -216,8 +268,11 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
                       : 0.0);
     }
   }
-  std::printf("# stall = trainer GPUs x time the trainer is blocked (until every shard it "
-              "published may be modified) + rollout GPUs x time each instance waits for weights\n");
+  std::printf(
+      "# stall = trainer GPUs x time the trainer is blocked (until every shard "
+      "it "
+      "published may be modified) + rollout GPUs x time each instance waits "
+      "for weights\n");
   return 0;
 }
 
@@ -251,7 +306,8 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
   while (std::getline(ss, item, ',')) {
     auto colon = item.rfind(':');
     if (colon == std::string::npos) {
-      return InvalidArgument("--measured wants FILE:CHUNK[,FILE:CHUNK...], got '" + item + "'");
+      return InvalidArgument(
+          "--measured wants FILE:CHUNK[,FILE:CHUNK...], got '" + item + "'");
     }
     std::string file = item.substr(0, colon);
     TH_ASSIGN_OR_RETURN(uint64_t chunk, ParseBytes(item.substr(colon + 1)));
@@ -263,7 +319,8 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
       bool xdc = line.rfind("crossdc fanout ", 0) == 0;
       if (!xdc && line.rfind("fanout ", 0) != 0) continue;
       auto kv = KeyValues(line);
-      if (kv["ok"] != "1" || (kv["mode"] != "tensorhub" && kv["mode"] != "p2p")) continue;
+      if (kv["ok"] != "1" || (kv["mode"] != "tensorhub" && kv["mode"] != "p2p"))
+        continue;
       Measured m;
       m.file = file;
       m.crossdc = xdc;
@@ -272,13 +329,16 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
       m.bytes = std::atof(kv["bytes"].c_str());
       m.seconds = std::atof(kv["seconds"].c_str());
       m.chunk = chunk;
-      if (m.readers < 1 || m.readers > 4096 || !(m.bytes > 0) || !(m.seconds > 0)) {
-        return InvalidArgument("malformed result line in " + file + ": " + line);
+      if (m.readers < 1 || m.readers > 4096 || !(m.bytes > 0) ||
+          !(m.seconds > 0)) {
+        return InvalidArgument("malformed result line in " + file + ": " +
+                               line);
       }
       out.push_back(m);
     }
   }
-  if (out.empty()) return NotFound("no fanout result lines in --measured files");
+  if (out.empty())
+    return NotFound("no fanout result lines in --measured files");
   return out;
 }
 
@@ -287,21 +347,27 @@ int Testbed(const Args& a, bool csv) {
   // WAN 100 Mbit/s, 8 hosts in 2 DCs for the cross-DC run. tbf counts
   // Ethernet framing: TCP payload gets at most 0.956 of the rate
   // (docs/benchmarks.md), which the model applies as link efficiency.
-  std::string spec = a.Get("measured",
-                           "bench/results/fanout.txt:2MiB,bench/results/fanout-16-1mib.txt:1MiB,"
-                           "bench/results/crossdc-1mib.txt:1MiB");
+  std::string spec = a.Get(
+      "measured",
+      "bench/results/fanout.txt:2MiB,bench/results/fanout-16-1mib.txt:1MiB,"
+      "bench/results/crossdc-1mib.txt:1MiB");
   Result<std::vector<Measured>> ms = ReadMeasured(spec);
   if (!ms.ok()) {
     std::fprintf(stderr, "sim testbed: %s\n", ms.status().ToString().c_str());
     return 1;
   }
   if (csv) {
-    std::printf("file,crossdc,mode,readers,chunk_bytes,measured_s,sim_s,bound_s,error\n");
+    std::printf(
+        "file,crossdc,mode,readers,chunk_bytes,measured_s,sim_s,bound_s,"
+        "error\n");
   } else {
-    std::printf("# sim scenario=testbed: host links 400 Mbit/s (x efficiency), WAN 100 Mbit/s, "
-                "one trainer; bound S/B\n");
-    std::printf("%-34s %-8s %-9s %7s %7s %10s %8s %8s %8s\n", "measured file", "run", "system",
-                "readers", "chunk", "measured", "sim_s", "bound_s", "error");
+    std::printf(
+        "# sim scenario=testbed: host links 400 Mbit/s (x efficiency), WAN 100 "
+        "Mbit/s, "
+        "one trainer; bound S/B\n");
+    std::printf("%-34s %-8s %-9s %7s %7s %10s %8s %8s %8s\n", "measured file",
+                "run", "system", "readers", "chunk", "measured", "sim_s",
+                "bound_s", "error");
   }
   double worst = 0;
   for (const Measured& m : *ms) {
@@ -343,12 +409,14 @@ int Testbed(const Args& a, bool csv) {
     double err = (sim_s - m.seconds) / m.seconds;
     worst = std::max(worst, std::fabs(err));
     if (csv) {
-      std::printf("%s,%d,%s,%d,%" PRIu64 ",%.3f,%.3f,%.3f,%.4f\n", m.file.c_str(), m.crossdc,
-                  m.mode.c_str(), m.readers, m.chunk, m.seconds, sim_s, bound, err);
+      std::printf("%s,%d,%s,%d,%" PRIu64 ",%.3f,%.3f,%.3f,%.4f\n",
+                  m.file.c_str(), m.crossdc, m.mode.c_str(), m.readers, m.chunk,
+                  m.seconds, sim_s, bound, err);
     } else {
-      std::printf("%-34s %-8s %-9s %7d %7s %9.2fs %7.2fs %7.2fs %+7.1f%%\n", m.file.c_str(),
-                  m.crossdc ? "crossdc" : "fanout", m.mode.c_str(), m.readers,
-                  FormatBytes(m.chunk).c_str(), m.seconds, sim_s, bound, err * 100);
+      std::printf("%-34s %-8s %-9s %7d %7s %9.2fs %7.2fs %7.2fs %+7.1f%%\n",
+                  m.file.c_str(), m.crossdc ? "crossdc" : "fanout",
+                  m.mode.c_str(), m.readers, FormatBytes(m.chunk).c_str(),
+                  m.seconds, sim_s, bound, err * 100);
     }
   }
   if (!csv) std::printf("# largest error %.1f%% (target 20%%)\n", worst * 100);
@@ -382,7 +450,8 @@ int CmdSim(int argc, char** argv) {
     c.rollout_gpus = 8192;
     c.rounds = 1;
   } else {
-    std::fprintf(stderr, "sim: --scenario standalone|elastic|crossdc|scale|testbed\n");
+    std::fprintf(stderr,
+                 "sim: --scenario standalone|elastic|crossdc|scale|testbed\n");
     return 2;
   }
   Status st = Apply(a, &c);
@@ -390,7 +459,8 @@ int CmdSim(int argc, char** argv) {
     std::fprintf(stderr, "sim: %s\n", st.ToString().c_str());
     return 2;
   }
-  Result<std::vector<System>> sys = ParseSystems(a.Get("systems", systems), c.spot_fraction > 0);
+  Result<std::vector<System>> sys =
+      ParseSystems(a.Get("systems", systems), c.spot_fraction > 0);
   if (!sys.ok()) {
     std::fprintf(stderr, "sim: %s\n", sys.status().ToString().c_str());
     return 2;

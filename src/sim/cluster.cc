@@ -57,10 +57,10 @@ Cluster::Cluster(const ClusterConfig& config, int gpus_dc0, int gpus_dc1)
     capacity_[g * 4 + kNvDown] = nv;
   }
   rack_link_base_ = static_cast<int32_t>(capacity_.size());
-  const double rack_rate =
-      config.rack_oversub > 0
-          ? nic_ * config.gpus_per_node * config.nodes_per_rack / config.rack_oversub
-          : 0;
+  const double rack_rate = config.rack_oversub > 0
+                               ? nic_ * config.gpus_per_node *
+                                     config.nodes_per_rack / config.rack_oversub
+                               : 0;
   for (int r = 0; r < next_rack; ++r) {
     capacity_.push_back(rack_rate);
     capacity_.push_back(rack_rate);
@@ -88,10 +88,14 @@ FlowLinks Cluster::Path(int src, int dst) const {
   return p;
 }
 
-std::string Cluster::DcLabel(int gpu) const { return "dc" + std::to_string(dc(gpu)); }
+std::string Cluster::DcLabel(int gpu) const {
+  return "dc" + std::to_string(dc(gpu));
+}
 std::string Cluster::RackLabel(int gpu) const {
   return config_.rack_labels ? "r" + std::to_string(rack(gpu)) : "";
 }
-std::string Cluster::HostLabel(int gpu) const { return "n" + std::to_string(node(gpu)); }
+std::string Cluster::HostLabel(int gpu) const {
+  return "n" + std::to_string(node(gpu));
+}
 
 }  // namespace tensorhub::sim

@@ -15,12 +15,12 @@ namespace tensorhub::sim {
 struct ClusterConfig {
   int gpus_per_node = 8;
   int nodes_per_rack = 4;
-  double nic_gbit = 400;         // per GPU, each direction
-  double nvlink_gbyte = 450;     // per GPU, each direction, inside a node
+  double nic_gbit = 400;      // per GPU, each direction
+  double nvlink_gbyte = 450;  // per GPU, each direction, inside a node
   // Rack uplink = (GPUs in the rack x NIC) / oversubscription, each
   // direction. 0: no rack link (a non-blocking fabric).
   double rack_oversub = 1.0;
-  double wan_gbit = 100;         // between the two datacenters, each direction
+  double wan_gbit = 100;  // between the two datacenters, each direction
   // Payload share of a link's rate (framing); 1 for the cluster model, the
   // measured 0.956 for the tbf-shaped test bed.
   double efficiency = 1.0;

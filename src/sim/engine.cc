@@ -33,7 +33,8 @@ bool Engine::HoldsComplete(int gpu, int obj) const {
   return it != holdings_.end() && it->second.fetch < 0;
 }
 
-Result<int> Engine::StartFetch(int gpu, int obj, const std::vector<int>& sources) {
+Result<int> Engine::StartFetch(int gpu, int obj,
+                               const std::vector<int>& sources) {
   if (obj < 0 || static_cast<size_t>(obj) >= objects_.size()) {
     return InvalidArgument("sim: unknown object " + std::to_string(obj));
   }
@@ -70,7 +71,8 @@ Status Engine::AddSources(int id, const std::vector<int>& sources) {
     bool live = false;
     for (int fl : f.flows) live |= flows_[static_cast<size_t>(fl)].src_gpu == s;
     if (live) continue;
-    if (std::find(f.used.begin(), f.used.end(), s) == f.used.end()) f.used.push_back(s);
+    if (std::find(f.used.begin(), f.used.end(), s) == f.used.end())
+      f.used.push_back(s);
     AddFlow(id, s, it->second);
   }
   dirty_ = true;
@@ -112,7 +114,8 @@ void Engine::Drop(int gpu, int obj) {
       own.in_rate = 0;
       std::vector<int> in = own.flows;
       for (int f : in) KillFlow(f);
-      active_.erase(std::remove(active_.begin(), active_.end(), h.fetch), active_.end());
+      active_.erase(std::remove(active_.begin(), active_.end(), h.fetch),
+                    active_.end());
     }
   }
   std::vector<int> lost;
@@ -124,7 +127,8 @@ void Engine::Drop(int gpu, int obj) {
   }
   // Tell readers afterwards: the callback may change the engine.
   for (int r : lost) {
-    if (on_source_lost && fetches_[static_cast<size_t>(r)].active) on_source_lost(r, gpu);
+    if (on_source_lost && fetches_[static_cast<size_t>(r)].active)
+      on_source_lost(r, gpu);
   }
   dirty_ = true;
 }
@@ -202,7 +206,8 @@ double Engine::NextFlowDt() const {
   double dt = kInf;
   for (int id : active_) {
     const SimFetch& r = fetches_[static_cast<size_t>(id)];
-    if (r.in_rate > 0) dt = std::min(dt, (r.size_bytes - r.have_bytes) / r.in_rate);
+    if (r.in_rate > 0)
+      dt = std::min(dt, (r.size_bytes - r.have_bytes) / r.in_rate);
     for (int f : r.flows) {
       const Flow& fl = flows_[static_cast<size_t>(f)];
       if (fl.src_fetch < 0) continue;
@@ -277,9 +282,12 @@ Status Engine::Run(double until_s, uint64_t max_steps) {
     }
     if (!finished.empty()) {
       for (int id : finished) Complete(id);
-      active_.erase(std::remove_if(active_.begin(), active_.end(),
-                                   [&](int id) { return !fetches_[static_cast<size_t>(id)].active; }),
-                    active_.end());
+      active_.erase(
+          std::remove_if(active_.begin(), active_.end(),
+                         [&](int id) {
+                           return !fetches_[static_cast<size_t>(id)].active;
+                         }),
+          active_.end());
       for (int id : finished) {
         if (on_done) on_done(id);
       }

@@ -36,11 +36,11 @@ struct SimFetch {
   double lag_bytes = 0;
   double start_s = 0;
   double end_s = -1;
-  double in_rate = 0;        // bytes/s, sum of its flows
-  bool active = false;       // receiving (false once done or cancelled)
+  double in_rate = 0;   // bytes/s, sum of its flows
+  bool active = false;  // receiving (false once done or cancelled)
   bool done = false;
-  std::vector<int> flows;    // live flow ids
-  std::vector<int> used;     // every source GPU it was given
+  std::vector<int> flows;  // live flow ids
+  std::vector<int> used;   // every source GPU it was given
 };
 
 class Engine {
@@ -53,7 +53,9 @@ class Engine {
   uint64_t rate_computations() const { return rate_computations_; }
 
   int AddObject(double bytes, double lag_bytes);
-  double object_bytes(int obj) const { return objects_[static_cast<size_t>(obj)].bytes; }
+  double object_bytes(int obj) const {
+    return objects_[static_cast<size_t>(obj)].bytes;
+  }
   // `gpu` holds all of `obj` (a trainer that published it).
   void SetComplete(int gpu, int obj);
   bool Holds(int gpu, int obj) const;
@@ -67,7 +69,9 @@ class Engine {
   int live_sources(int fetch) const {
     return static_cast<int>(fetches_[static_cast<size_t>(fetch)].flows.size());
   }
-  const SimFetch& fetch(int id) const { return fetches_[static_cast<size_t>(id)]; }
+  const SimFetch& fetch(int id) const {
+    return fetches_[static_cast<size_t>(id)];
+  }
 
   // `gpu` stops holding `obj` (unpublish, leave). Its own fetch of it, if
   // running, is cancelled; readers it fed lose it as a source.
@@ -89,17 +93,17 @@ class Engine {
     double lag = 0;
   };
   struct Holding {
-    int fetch = -1;         // the fetch filling it; -1 once complete
-    std::vector<int> out;   // flows it feeds (some may be dead)
+    int fetch = -1;        // the fetch filling it; -1 once complete
+    std::vector<int> out;  // flows it feeds (some may be dead)
   };
   struct Flow {
-    int reader = 0;         // fetch id
+    int reader = 0;  // fetch id
     int src_gpu = 0;
-    int src_fetch = -1;     // the source's own fetch while it fills
+    int src_fetch = -1;  // the source's own fetch while it fills
     FlowLinks links;
     double rate = 0;
     double cap = kNoCap;
-    uint8_t gate = 0;       // 0 free/ungated, 1 tied, 2 blocked
+    uint8_t gate = 0;  // 0 free/ungated, 1 tied, 2 blocked
     bool live = false;
   };
   struct Timer {

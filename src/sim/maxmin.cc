@@ -119,7 +119,8 @@ void MaxMinFair(const std::vector<double>& capacity,
     heap.pop();
     // Every unfrozen flow through the bottleneck link gets the level.
     for (int32_t j = 0; j < s->adj_len[l]; ++j) {
-      size_t f = static_cast<size_t>(s->adj[static_cast<size_t>(s->adj_begin[l] + j)]);
+      size_t f =
+          static_cast<size_t>(s->adj[static_cast<size_t>(s->adj_begin[l] + j)]);
       if (!s->frozen[f]) freeze(f, level);
     }
   }

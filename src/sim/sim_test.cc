@@ -29,7 +29,8 @@ TEST(MaxMin, BottleneckFreesCapacityForOthers) {
   // Max-min: f1 = f2 = 2 (link 1), f0 = 10 - 2 = 8.
   MaxMinScratch s;
   std::vector<double> rates;
-  MaxMinFair({10, 4}, {L({0}), L({0, 1}), L({1})}, {kNoCap, kNoCap, kNoCap}, &rates, &s);
+  MaxMinFair({10, 4}, {L({0}), L({0, 1}), L({1})}, {kNoCap, kNoCap, kNoCap},
+             &rates, &s);
   EXPECT_DOUBLE_EQ(rates[0], 8);
   EXPECT_DOUBLE_EQ(rates[1], 2);
   EXPECT_DOUBLE_EQ(rates[2], 2);
@@ -43,7 +44,8 @@ TEST(MaxMin, CapsAndZeroCaps) {
   EXPECT_DOUBLE_EQ(rates[1], 9);
   EXPECT_DOUBLE_EQ(rates[2], 0);
   // The scratch is reusable: a second problem gives its own answer.
-  MaxMinFair({6, 6}, {L({0, 1}), L({1}), L({0})}, {kNoCap, kNoCap, kNoCap}, &rates, &s);
+  MaxMinFair({6, 6}, {L({0, 1}), L({1}), L({0})}, {kNoCap, kNoCap, kNoCap},
+             &rates, &s);
   EXPECT_DOUBLE_EQ(rates[0], 3);
   EXPECT_DOUBLE_EQ(rates[1], 3);
   EXPECT_DOUBLE_EQ(rates[2], 3);
@@ -90,7 +92,8 @@ TEST(Engine, PipelineOfNReadersTakesSOverBPlusOneChunkPerHop) {
   for (int i = 1; i <= n; ++i) ASSERT_TRUE(e.StartFetch(i, obj, {i - 1}).ok());
   ASSERT_TRUE(e.Run(1e9).ok());
   for (int i = 1; i <= n; ++i) {
-    EXPECT_NEAR(e.fetch(i - 1).end_s, s / 1e9 + (i - 1) * chunk / 1e9, 1e-6) << i;
+    EXPECT_NEAR(e.fetch(i - 1).end_s, s / 1e9 + (i - 1) * chunk / 1e9, 1e-6)
+        << i;
   }
 }
 
@@ -149,7 +152,8 @@ TEST(Workload, TensorHubConsultsTheHubAndStaysNearTheBound) {
   auto th = RunWorkload(c, System::kTensorHub);
   ASSERT_TRUE(th.ok()) << th.status().ToString();
   // Every reader GPU asks the hub's scheduler at least once per version.
-  EXPECT_GE(th->schedule_calls, static_cast<uint64_t>(c.rollout_gpus * c.rounds));
+  EXPECT_GE(th->schedule_calls,
+            static_cast<uint64_t>(c.rollout_gpus * c.rounds));
   EXPECT_EQ(th->failed_fetches, 0u);
   const double lb = c.LowerBoundS();
   EXPECT_GE(th->update_s, lb * 0.999);
@@ -165,7 +169,8 @@ TEST(Workload, TensorHubConsultsTheHubAndStaysNearTheBound) {
   EXPECT_GT(p2p->total_stall_gpu_s(), th->total_stall_gpu_s());
   auto ring = RunWorkload(c, System::kRing);
   ASSERT_TRUE(ring.ok()) << ring.status().ToString();
-  EXPECT_NEAR(ring->update_s, lb + 7.0 * c.segment_bytes / (400e9 / 8), lb * 0.01);
+  EXPECT_NEAR(ring->update_s, lb + 7.0 * c.segment_bytes / (400e9 / 8),
+              lb * 0.01);
   auto tree = RunWorkload(c, System::kTree);
   ASSERT_TRUE(tree.ok()) << tree.status().ToString();
   EXPECT_GT(tree->update_s, 2.9 * lb);  // the root sends log2(9) ~ 3 copies
@@ -206,13 +211,30 @@ TEST(Workload, ElasticJoinersGetTheVersionAndLeaversAreMasked) {
   EXPECT_FALSE(RunWorkload(c, System::kRing).ok());  // static group: no joiners
 }
 
+TEST(Workload, AStaticGroupWaitsForItsLastMemberTensorHubDoesNot) {
+  WorkloadConfig c = Small();
+  c.arrival_spread_s = 0.5;
+  c.seed = 3;
+  auto th = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(th.ok()) << th.status().ToString();
+  auto ring = RunWorkload(c, System::kRing);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  // The ring starts when the last of 8 instances arrives (seeded, within
+  // 0.5 s); TensorHub's trainer is free once the first copy exists.
+  EXPECT_GT(ring->trainer_blocked_s, 0.25);
+  EXPECT_LT(th->trainer_blocked_s, 0.25);
+  EXPECT_LT(th->rollout_stall_gpu_s, ring->rollout_stall_gpu_s);
+}
+
 TEST(Workload, BadConfigIsRefused) {
   WorkloadConfig c = Small();
   c.rollout_gpus = 60;  // not a multiple of tp
-  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(),
+            StatusCode::kInvalidArgument);
   c = Small();
   c.cluster.nic_gbit = 0;
-  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunWorkload(c, System::kTensorHub).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

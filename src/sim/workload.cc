@@ -17,10 +17,14 @@ namespace tensorhub::sim {
 
 const char* SystemName(System s) {
   switch (s) {
-    case System::kTensorHub: return "tensorhub";
-    case System::kPointToPoint: return "p2p";
-    case System::kRing: return "ring-bcast";
-    case System::kTree: return "tree-bcast";
+    case System::kTensorHub:
+      return "tensorhub";
+    case System::kPointToPoint:
+      return "p2p";
+    case System::kRing:
+      return "ring-bcast";
+    case System::kTree:
+      return "tree-bcast";
   }
   return "?";
 }
@@ -29,14 +33,16 @@ Status WorkloadConfig::Validate() const {
   TH_RETURN_IF_ERROR(cluster.Validate());
   if (tp < 1 || tp > 4096) return InvalidArgument("tp must be in [1, 4096]");
   if (trainer_gpus < tp) {
-    return InvalidArgument("the trainer needs at least tp GPUs (one per shard)");
+    return InvalidArgument(
+        "the trainer needs at least tp GPUs (one per shard)");
   }
   if (rollout_gpus < tp || rollout_gpus % tp != 0) {
     return InvalidArgument("rollout GPUs must be a positive multiple of tp");
   }
   if (remote_rollout_gpus < 0 || remote_rollout_gpus > rollout_gpus ||
       remote_rollout_gpus % tp != 0) {
-    return InvalidArgument("remote rollout GPUs must be a multiple of tp, at most all of them");
+    return InvalidArgument(
+        "remote rollout GPUs must be a multiple of tp, at most all of them");
   }
   if (trainer_gpus + rollout_gpus > 1 << 20) {
     return InvalidArgument("at most 2^20 GPUs");
@@ -46,14 +52,19 @@ Status WorkloadConfig::Validate() const {
   }
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes ||
       segment_bytes < 1 || segment_bytes > kMaxChunkBytes) {
-    return InvalidArgument("chunk size must be in [4 KiB, 1 GiB], segment in [1, 1 GiB]");
+    return InvalidArgument(
+        "chunk size must be in [4 KiB, 1 GiB], segment in [1, 1 GiB]");
   }
-  if (ChunksFor(static_cast<uint64_t>(shard_bytes()), chunk_bytes) > kMaxChunksPerVersion) {
+  if (ChunksFor(static_cast<uint64_t>(shard_bytes()), chunk_bytes) >
+      kMaxChunksPerVersion) {
     return InvalidArgument("too many chunks per shard; raise the chunk size");
   }
-  if (rounds < 1 || rounds > 1000) return InvalidArgument("rounds must be in [1, 1000]");
-  if (!(step_s >= 0) || step_s > 1e6) return InvalidArgument("step must be in [0, 1e6] s");
-  if (max_sources < 1 || max_sources > 16) return InvalidArgument("max sources in [1, 16]");
+  if (rounds < 1 || rounds > 1000)
+    return InvalidArgument("rounds must be in [1, 1000]");
+  if (!(step_s >= 0) || step_s > 1e6)
+    return InvalidArgument("step must be in [0, 1e6] s");
+  if (max_sources < 1 || max_sources > 16)
+    return InvalidArgument("max sources in [1, 16]");
   if (trainer_copies < 1) return InvalidArgument("trainer copies must be >= 1");
   if (!(refresh_s >= 0) || !(fetch_timeout_s > 0)) {
     return InvalidArgument("refresh interval >= 0 and fetch timeout > 0");
@@ -64,7 +75,8 @@ Status WorkloadConfig::Validate() const {
   if (!(spot_fraction >= 0 && spot_fraction < 1)) {
     return InvalidArgument("spot fraction must be in [0, 1)");
   }
-  if (!(spot_life_min_steps > 0 && spot_life_max_steps >= spot_life_min_steps)) {
+  if (!(spot_life_min_steps > 0 &&
+        spot_life_max_steps >= spot_life_min_steps)) {
     return InvalidArgument("spot lifetime: 0 < min <= max");
   }
   return Status::Ok();
@@ -78,7 +90,8 @@ double WorkloadConfig::shard_bytes() const {
 double WorkloadConfig::LowerBoundS() const {
   Cluster c(cluster, 1, remote_gpus() > 0 ? 1 : 0);
   double lb = shard_bytes() / c.nic_bytes_per_s();
-  if (remote_gpus() > 0) lb = std::max(lb, shard_bytes() * tp / c.wan_bytes_per_s());
+  if (remote_gpus() > 0)
+    lb = std::max(lb, shard_bytes() * tp / c.wan_bytes_per_s());
   return lb;
 }
 
@@ -91,7 +104,8 @@ class Driver {
   Driver(const WorkloadConfig& c, System system)
       : c_(c),
         system_(system),
-        cluster_(c.cluster, c.trainer_gpus + c.rollout_gpus - c.remote_gpus(), c.remote_gpus()),
+        cluster_(c.cluster, c.trainer_gpus + c.rollout_gpus - c.remote_gpus(),
+                 c.remote_gpus()),
         engine_(cluster_),
         hub_(hub::HubConfig{}),
         rng_(c.seed) {}
@@ -111,12 +125,14 @@ class Driver {
       manifests_.push_back(ShardManifest());
       TH_RETURN_IF_ERROR(manifests_.back().Validate());
     }
-    for (int g = 0; g < c_.trainer_gpus; ++g) TH_RETURN_IF_ERROR(Register(g, false));
+    for (int g = 0; g < c_.trainer_gpus; ++g)
+      TH_RETURN_IF_ERROR(Register(g, false));
     const int instances = c_.rollout_gpus / c_.tp;
     const int spot = static_cast<int>(std::floor(instances * c_.spot_fraction));
-    std::uniform_real_distribution<double> join_at(0, c_.rounds * std::max(c_.step_s, 1.0));
-    std::uniform_real_distribution<double> life(c_.spot_life_min_steps * c_.step_s,
-                                                c_.spot_life_max_steps * c_.step_s);
+    std::uniform_real_distribution<double> join_at(
+        0, c_.rounds * std::max(c_.step_s, 1.0));
+    std::uniform_real_distribution<double> life(
+        c_.spot_life_min_steps * c_.step_s, c_.spot_life_max_steps * c_.step_s);
     for (int i = 0; i < instances; ++i) {
       Instance in;
       in.first_gpu = c_.trainer_gpus + i * c_.tp;
@@ -127,7 +143,8 @@ class Driver {
       Instance& in = instances_[static_cast<size_t>(i)];
       if (!in.spot) {
         in.present = true;
-        for (int j = 0; j < c_.tp; ++j) TH_RETURN_IF_ERROR(Register(in.first_gpu + j, false));
+        for (int j = 0; j < c_.tp; ++j)
+          TH_RETURN_IF_ERROR(Register(in.first_gpu + j, false));
         continue;
       }
       double join = join_at(rng_);
@@ -143,15 +160,17 @@ class Driver {
     TH_RETURN_IF_ERROR(s);
     Finish();
     result_.events = engine_.steps();
-    result_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result_.wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
     return result_;
   }
 
  private:
   struct Gpu {
-    int held = 0;        // version it holds completely (0: the initial one)
-    int fetch = -1;      // running fetch
-    int fetching = 0;    // version of the running fetch
+    int held = 0;          // version it holds completely (0: the initial one)
+    int fetch = -1;        // running fetch
+    int fetching = 0;      // version of the running fetch
     std::set<int> failed;  // sources that failed the running fetch
     double last_refresh = -1e18;
     bool refresh_pending = false;
@@ -172,8 +191,8 @@ class Driver {
     double publish_s = 0;
     int shards_released = 0;
     double released_s = 0;
-    std::vector<int> pending;      // per shard: regular fetches not done (p2p)
-    std::vector<int> root_kids;    // per shard: trainer's children not done
+    std::vector<int> pending;    // per shard: regular fetches not done (p2p)
+    std::vector<int> root_kids;  // per shard: trainer's children not done
     int regular_total = 0;
     double last_regular_done_s = 0;
   };
@@ -191,9 +210,13 @@ class Driver {
     p.chunk_xxh3.assign(ChunksFor(bytes, c_.chunk_bytes), 0);
     return Manifest(1, c_.chunk_bytes, {p});
   }
-  static std::string Model(int shard) { return "policy.tp" + std::to_string(shard); }
+  static std::string Model(int shard) {
+    return "policy.tp" + std::to_string(shard);
+  }
   static WorkerId Id(int gpu) { return WorkerId("g" + std::to_string(gpu)); }
-  static int GpuOf(const WorkerId& id) { return std::stoi(id.value().substr(1)); }
+  static int GpuOf(const WorkerId& id) {
+    return std::stoi(id.value().substr(1));
+  }
   int64_t NowMs() const { return static_cast<int64_t>(engine_.now() * 1000); }
   int ShardOf(int gpu) const { return (gpu - c_.trainer_gpus) % c_.tp; }
   int InstanceOf(int gpu) const { return (gpu - c_.trainer_gpus) / c_.tp; }
@@ -212,7 +235,8 @@ class Driver {
     hub::WorkerRegistration reg;
     reg.requested_id = Id(gpu);
     reg.data_address = "sim:" + std::to_string(gpu);
-    reg.labels = {cluster_.DcLabel(gpu), cluster_.RackLabel(gpu), cluster_.HostLabel(gpu)};
+    reg.labels = {cluster_.DcLabel(gpu), cluster_.RackLabel(gpu),
+                  cluster_.HostLabel(gpu)};
     reg.worker_class = spot ? WorkerClass::kSpot : WorkerClass::kReliable;
     Result<WorkerId> id = hub_.RegisterWorker(reg, NowMs());
     return id.ok() ? Status::Ok() : id.status();
@@ -222,7 +246,8 @@ class Driver {
   void Publish() {
     const int v = ++latest_;
     std::vector<int> objs;
-    for (int r = 0; r < c_.tp; ++r) objs.push_back(engine_.AddObject(shard_, lag_));
+    for (int r = 0; r < c_.tp; ++r)
+      objs.push_back(engine_.AddObject(shard_, lag_));
     objs_.push_back(objs);
     Round rd;
     rd.publish_s = engine_.now();
@@ -230,7 +255,8 @@ class Driver {
     rd.root_kids.assign(static_cast<size_t>(c_.tp), 0);
     rounds_.push_back(rd);
     for (int r = 0; r < c_.tp; ++r) {
-      if (v > 1 && !IsTh()) engine_.Drop(r, Obj(v - 1, r));  // replaced in place
+      if (v > 1 && !IsTh())
+        engine_.Drop(r, Obj(v - 1, r));  // replaced in place
       engine_.SetComplete(r, Obj(v, r));
       if (IsTh()) {
         hub::PublishArgs a;
@@ -244,7 +270,8 @@ class Driver {
         a.epoch = ++epoch_;
         Result<VersionState> st = hub_.Publish(a, NowMs());
         if (!st.ok()) return Fail(st.status().WithContext("sim: publish"));
-        if (*st != VersionState::kCommitted) return Fail(Internal("sim: version not committed"));
+        if (*st != VersionState::kCommitted)
+          return Fail(Internal("sim: version not committed"));
       }
     }
     // Who fetches at publish time, in a seeded order (the order in which
@@ -252,7 +279,8 @@ class Driver {
     std::vector<int> order;
     for (size_t i = 0; i < instances_.size(); ++i) {
       const Instance& in = instances_[i];
-      if (in.present && in.wait_start < 0 && !in.arriving) order.push_back(static_cast<int>(i));
+      if (in.present && in.wait_start < 0 && !in.arriving)
+        order.push_back(static_cast<int>(i));
     }
     std::shuffle(order.begin(), order.end(), rng_);
     // Each instance needs the version when its current batch ends.
@@ -275,13 +303,15 @@ class Driver {
         last = std::max(last, arrive[k]);
       }
       std::sort(order.begin(), order.end());
-      engine_.At(engine_.now() + last, [this, v, order] { StartCollective(v, order); });
+      engine_.At(engine_.now() + last,
+                 [this, v, order] { StartCollective(v, order); });
     } else {
       for (size_t k = 0; k < order.size(); ++k) {
         const int i = order[k];
         for (int r = 0; r < c_.tp; ++r) {
           ++cur.pending[static_cast<size_t>(r)];
-          counted_.insert({instances_[static_cast<size_t>(i)].first_gpu + r, v});
+          counted_.insert(
+              {instances_[static_cast<size_t>(i)].first_gpu + r, v});
         }
         if (arrive[k] <= 0) {
           Want(i, v);
@@ -305,7 +335,10 @@ class Driver {
     for (int r = 0; r < c_.tp; ++r) {
       // rank 0 = the trainer GPU of shard r, rank k = instance order[k-1].
       auto gpu_of = [&](size_t rank) {
-        return rank == 0 ? r : instances_[static_cast<size_t>(order[rank - 1])].first_gpu + r;
+        return rank == 0 ? r
+                         : instances_[static_cast<size_t>(order[rank - 1])]
+                                   .first_gpu +
+                               r;
       };
       for (size_t k = 1; k <= order.size(); ++k) {
         size_t parent = system_ == System::kRing ? k - 1 : (k & (k - 1));
@@ -346,7 +379,8 @@ class Driver {
     // from the same buffers: the version it held.
     if (g.held > 0) {
       if (IsTh()) {
-        Status s = hub_.Unpublish(Id(gpu), Model(r), Version(static_cast<uint64_t>(g.held)), NowMs());
+        Status s = hub_.Unpublish(
+            Id(gpu), Model(r), Version(static_cast<uint64_t>(g.held)), NowMs());
         if (!s.ok() && s.code() != StatusCode::kNotFound) return Fail(s);
       }
       engine_.Drop(gpu, Obj(g.held, r));
@@ -355,11 +389,13 @@ class Driver {
     g.failed.clear();
     g.last_refresh = -1e18;
     if (IsTh()) {
-      Status s = hub_.AddHolder(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
-                                manifests_[static_cast<size_t>(r)], NowMs(), /*filling=*/true);
+      Status s = hub_.AddHolder(
+          Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
+          manifests_[static_cast<size_t>(r)], NowMs(), /*filling=*/true);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder filling"));
       Result<std::vector<int>> src = Schedule(gpu, r, v, {});
-      if (!src.ok()) return Fail(src.status().WithContext("sim: first schedule"));
+      if (!src.ok())
+        return Fail(src.status().WithContext("sim: first schedule"));
       sources = *src;
       g.last_refresh = engine_.now();
     }
@@ -375,17 +411,19 @@ class Driver {
     }
   }
 
-  Result<std::vector<int>> Schedule(int gpu, int r, int v, const std::set<int>& failed) {
+  Result<std::vector<int>> Schedule(int gpu, int r, int v,
+                                    const std::set<int>& failed) {
     std::set<WorkerId> exclude;
     for (int f : failed) exclude.insert(Id(f));
     ++result_.schedule_calls;
-    auto s = hub_.Schedule(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), exclude,
-                           static_cast<size_t>(c_.max_sources));
-    if (!s.ok() && s.status().code() == StatusCode::kUnavailable && !exclude.empty()) {
+    auto s = hub_.Schedule(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)),
+                           exclude, static_cast<size_t>(c_.max_sources));
+    if (!s.ok() && s.status().code() == StatusCode::kUnavailable &&
+        !exclude.empty()) {
       // As the client does: every holder left failed once; ask again.
       ++result_.schedule_calls;
-      s = hub_.Schedule(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), {},
-                        static_cast<size_t>(c_.max_sources));
+      s = hub_.Schedule(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)),
+                        {}, static_cast<size_t>(c_.max_sources));
     }
     if (!s.ok()) return s.status();
     std::vector<int> out;
@@ -403,7 +441,8 @@ class Driver {
     g.failed.insert(lost);
     if (engine_.live_sources(f) > 0) return;  // the other streams go on
     if (!IsTh()) {
-      // Point-to-point: the trainer replaced the version; start over on the newest.
+      // Point-to-point: the trainer replaced the version; start over on the
+      // newest.
       g.fetch = -1;
       engine_.Drop(gpu, obj);
       Want(InstanceOf(gpu), latest_);
@@ -442,10 +481,12 @@ class Driver {
     // The fetch fails: the client revokes its filling registration, and
     // the instance asks for the newest version again.
     if (++result_.failed_fetches > kMaxFailedFetches) {
-      return Fail(Unavailable("sim: more than " + std::to_string(kMaxFailedFetches) +
+      return Fail(Unavailable("sim: more than " +
+                              std::to_string(kMaxFailedFetches) +
                               " fetches failed; no holder left?"));
     }
-    (void)hub_.Unpublish(Id(gpu), Model(r), Version(static_cast<uint64_t>(g.fetching)), NowMs());
+    (void)hub_.Unpublish(Id(gpu), Model(r),
+                         Version(static_cast<uint64_t>(g.fetching)), NowMs());
     const int obj = sf.obj;
     g.fetch = -1;
     engine_.Drop(gpu, obj);
@@ -461,8 +502,9 @@ class Driver {
     g.fetch = -1;
     g.held = v;
     if (IsTh()) {
-      Status s = hub_.AddHolder(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
-                                manifests_[static_cast<size_t>(r)], NowMs(), false);
+      Status s = hub_.AddHolder(
+          Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
+          manifests_[static_cast<size_t>(r)], NowMs(), false);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder full"));
       ++copies_[{v, r}];
     }
@@ -492,7 +534,8 @@ class Driver {
       in.joining = false;
     } else {
       regular_waits_.push_back(wait);
-      rd.last_regular_done_s = std::max(rd.last_regular_done_s, engine_.now() - rd.publish_s);
+      rd.last_regular_done_s =
+          std::max(rd.last_regular_done_s, engine_.now() - rd.publish_s);
     }
     in.wait_start = -1;
   }
@@ -503,17 +546,24 @@ class Driver {
     if (released_.count({v, r})) return;
     bool ok = false;
     switch (system_) {
-      case System::kTensorHub: ok = copies_[{v, r}] >= c_.trainer_copies || rd.regular_total == 0; break;
-      case System::kPointToPoint: ok = rd.pending[static_cast<size_t>(r)] == 0; break;
+      case System::kTensorHub:
+        ok = copies_[{v, r}] >= c_.trainer_copies || rd.regular_total == 0;
+        break;
+      case System::kPointToPoint:
+        ok = rd.pending[static_cast<size_t>(r)] == 0;
+        break;
       case System::kRing:
-      case System::kTree: ok = rd.root_kids[static_cast<size_t>(r)] == 0; break;
+      case System::kTree:
+        ok = rd.root_kids[static_cast<size_t>(r)] == 0;
+        break;
     }
     if (!ok) return;
     released_.insert({v, r});
     if (IsTh()) {
       // Unpublish: fence, and the hub stops routing readers here; readers
       // still reading from it move to other holders.
-      Status s = hub_.Unpublish(Id(r), Model(r), Version(static_cast<uint64_t>(v)), NowMs());
+      Status s = hub_.Unpublish(Id(r), Model(r),
+                                Version(static_cast<uint64_t>(v)), NowMs());
       if (!s.ok()) return Fail(s.WithContext("sim: trainer unpublish"));
       engine_.Drop(r, Obj(v, r));
     }
@@ -522,7 +572,8 @@ class Driver {
       double blocked = engine_.now() - rd.publish_s;
       trainer_blocked_.push_back(blocked);
       result_.trainer_stall_gpu_s += blocked * c_.trainer_gpus;
-      if (latest_ < c_.rounds) engine_.At(engine_.now() + c_.step_s, [this] { Publish(); });
+      if (latest_ < c_.rounds)
+        engine_.At(engine_.now() + c_.step_s, [this] { Publish(); });
     }
   }
 
@@ -535,8 +586,10 @@ class Driver {
       Status s = Register(in.first_gpu + j, true);
       if (!s.ok()) return Fail(s);
     }
-    if (latest_ >= 1) Want(i, latest_);
-    else in.joining = false;
+    if (latest_ >= 1)
+      Want(i, latest_);
+    else
+      in.joining = false;
   }
 
   void LeaveInstance(int i) {
@@ -570,15 +623,18 @@ class Driver {
       up += rd.last_regular_done_s;
       upmax = std::max(upmax, rd.last_regular_done_s);
     }
-    result_.update_s = rounds_.empty() ? 0 : up / static_cast<double>(rounds_.size());
+    result_.update_s =
+        rounds_.empty() ? 0 : up / static_cast<double>(rounds_.size());
     result_.update_max_s = upmax;
     result_.trainer_blocked_s = mean(trainer_blocked_);
     result_.regular_wait_mean_s = mean(regular_waits_);
     result_.joiner_wait_mean_s = mean(joiner_waits_);
-    for (double w : joiner_waits_) result_.joiner_wait_max_s = std::max(result_.joiner_wait_max_s, w);
+    for (double w : joiner_waits_)
+      result_.joiner_wait_max_s = std::max(result_.joiner_wait_max_s, w);
     if (static_cast<int>(trainer_blocked_.size()) != c_.rounds) {
-      Fail(Internal("sim: only " + std::to_string(trainer_blocked_.size()) + " of " +
-                    std::to_string(c_.rounds) + " versions released the trainer"));
+      Fail(Internal("sim: only " + std::to_string(trainer_blocked_.size()) +
+                    " of " + std::to_string(c_.rounds) +
+                    " versions released the trainer"));
     }
   }
 
@@ -597,7 +653,8 @@ class Driver {
   std::vector<std::vector<int>> objs_;
   std::map<std::pair<int, int>, int> copies_;
   std::set<std::pair<int, int>> released_;
-  std::set<std::pair<int, int>> counted_;  // (gpu, version) the trainer serves (p2p)
+  std::set<std::pair<int, int>>
+      counted_;  // (gpu, version) the trainer serves (p2p)
   std::vector<double> trainer_blocked_, regular_waits_, joiner_waits_;
   int latest_ = 0;
   uint64_t epoch_ = 0;
@@ -609,9 +666,11 @@ class Driver {
 
 Result<RunResult> RunWorkload(const WorkloadConfig& config, System system) {
   TH_RETURN_IF_ERROR(config.Validate());
-  if (config.spot_fraction > 0 && (system == System::kRing || system == System::kTree)) {
-    return InvalidArgument("a static broadcast group cannot take spot joiners; "
-                           "elastic runs compare tensorhub with p2p");
+  if (config.spot_fraction > 0 &&
+      (system == System::kRing || system == System::kTree)) {
+    return InvalidArgument(
+        "a static broadcast group cannot take spot joiners; "
+        "elastic runs compare tensorhub with p2p");
   }
   Driver d(config, system);
   return d.Run();

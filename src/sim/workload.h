@@ -28,12 +28,12 @@ struct WorkloadConfig {
   bool rollouts_remote = false;  // rollouts in datacenter 1, behind the WAN
   // Or only the last this many rollout GPUs there (the test bed's layout).
   int remote_rollout_gpus = 0;
-  double model_bytes = 140e9;    // 70B parameters in bf16
-  int tp = 8;                    // GPUs per rollout instance
+  double model_bytes = 140e9;           // 70B parameters in bf16
+  int tp = 8;                           // GPUs per rollout instance
   uint64_t chunk_bytes = 4ull << 20;    // TensorHub's chunk (the default)
   uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
-  int rounds = 2;                // versions published
-  double step_s = 30;            // trainer compute between publishes
+  int rounds = 2;                       // versions published
+  double step_s = 30;                   // trainer compute between publishes
   // Each instance needs a new version when its batch ends: uniformly
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
@@ -50,7 +50,9 @@ struct WorkloadConfig {
 
   Status Validate() const;
   double shard_bytes() const;
-  int remote_gpus() const { return rollouts_remote ? rollout_gpus : remote_rollout_gpus; }
+  int remote_gpus() const {
+    return rollouts_remote ? rollout_gpus : remote_rollout_gpus;
+  }
   // Bandwidth lower bound on one update: every reader receives its shard
   // through its NIC (shard / NIC); across datacenters every shard crosses
   // the WAN once (model / WAN).
@@ -60,23 +62,25 @@ struct WorkloadConfig {
 struct RunResult {
   System system = System::kTensorHub;
   int rounds = 0;
-  double update_s = 0;           // mean: publish -> last regular instance holds it
+  double update_s = 0;  // mean: publish -> last regular instance holds it
   double update_max_s = 0;
   double trainer_blocked_s = 0;  // mean per version
   double trainer_stall_gpu_s = 0;
   double rollout_stall_gpu_s = 0;
   double regular_wait_mean_s = 0;  // per instance and update
-  int joiners = 0;               // spot instances that came to hold a version
+  int joiners = 0;                 // spot instances that came to hold a version
   int joiners_left_early = 0;
   double joiner_wait_mean_s = 0;
   double joiner_wait_max_s = 0;
-  uint64_t schedule_calls = 0;   // HubState::Schedule calls (TensorHub)
+  uint64_t schedule_calls = 0;  // HubState::Schedule calls (TensorHub)
   uint64_t source_losses = 0;
   uint64_t failed_fetches = 0;
-  uint64_t wan_fetches = 0;      // fetches that read across the WAN
+  uint64_t wan_fetches = 0;  // fetches that read across the WAN
   uint64_t events = 0;
   double wall_s = 0;
-  double total_stall_gpu_s() const { return trainer_stall_gpu_s + rollout_stall_gpu_s; }
+  double total_stall_gpu_s() const {
+    return trainer_stall_gpu_s + rollout_stall_gpu_s;
+  }
 };
 
 Result<RunResult> RunWorkload(const WorkloadConfig& config, System system);
