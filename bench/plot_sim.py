@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Plots for `tensorhub sim`: docs/sim-scale.png and docs/sim-stall.png.
+"""Plots for `tensorhub sim`: docs/sim-scale.png, sim-stall.png, sim-validation.png.
 
 Runs the simulator itself (build/tools/tensorhub sim ... --csv):
   1. standalone update time / bandwidth bound versus cluster size
      (half trainer, half rollout GPUs), every system;
-  2. total GPU stall per system for the three workloads at 1,024 GPUs.
+  2. total GPU stall per system for the three workloads at 1,024 GPUs;
+  3. the test bed's measured fan-out times beside the simulated ones.
 Needs matplotlib: .venv/bin/python bench/plot_sim.py (python/setup_env.sh).
 """
 import csv
@@ -65,4 +66,24 @@ ax.set_title("tensorhub sim: stall per system")
 ax.legend()
 fig.tight_layout()
 fig.savefig("docs/sim-stall.png", dpi=110)
-print("wrote docs/sim-scale.png docs/sim-stall.png")
+rows = run("--scenario", "testbed")
+fig, ax = plt.subplots(figsize=(7, 4.2))
+labels = []
+for k, r in enumerate(rows):
+    mode = "TH" if r["mode"] == "tensorhub" else r["mode"]
+    run_name = ("xdc " if r["crossdc"] == "1" else "") + mode
+    chunk = int(r["chunk_bytes"]) >> 20
+    labels.append(f"{run_name}\nN={r['readers']} {chunk}MiB")
+    ax.bar(k - 0.2, float(r["measured_s"]), 0.4, color="C0", label="measured" if k == 0 else None)
+    ax.bar(k + 0.2, float(r["sim_s"]), 0.4, color="C1", label="simulated" if k == 0 else None)
+    ax.annotate(f"{100 * float(r['error']):+.0f}%", (k, max(float(r["measured_s"]), float(r["sim_s"]))),
+                ha="center", va="bottom", fontsize=7)
+ax.set_xticks(range(len(rows)))
+ax.set_xticklabels(labels, fontsize=7)
+ax.set_yscale("log")
+ax.set_ylabel("seconds until every reader holds 256 MiB")
+ax.set_title("tensorhub sim vs the namespace test bed (400 Mbit/s links)")
+ax.legend()
+fig.tight_layout()
+fig.savefig("docs/sim-validation.png", dpi=110)
+print("wrote docs/sim-scale.png docs/sim-stall.png docs/sim-validation.png")
