@@ -248,16 +248,17 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   if (elastic) {
     std::printf(
         "# elastic: joiner = a spot instance's time from joining to holding "
-        "the newest "
-        "version (all %d GPUs)\n",
+        "the newest version (all %d GPUs); left = spot instances that left "
+        "before that\n",
         c.tp);
-    std::printf("%-11s %8s %12s %12s %12s %16s %16s %10s\n", "system",
-                "joiners", "join_mean_s", "join_max_s", "join/TH",
+    std::printf("%-11s %8s %6s %12s %12s %12s %16s %16s %10s\n", "system",
+                "joiners", "left", "join_mean_s", "join_max_s", "join/TH",
                 "regular_wait_s", "no_joiners_s", "slowdown");
     for (size_t k = 0; k < results.size(); ++k) {
       const RunResult& r = results[k];
-      std::printf("%-11s %8d %12.3f %12.3f %11.2fx %16.3f %16.3f %9.2fx\n",
-                  sim::SystemName(r.system), r.joiners, r.joiner_wait_mean_s,
+      std::printf("%-11s %8d %6d %12.3f %12.3f %11.2fx %16.3f %16.3f %9.2fx\n",
+                  sim::SystemName(r.system), r.joiners, r.joiners_left_early,
+                  r.joiner_wait_mean_s,
                   r.joiner_wait_max_s,
                   results[0].joiner_wait_mean_s > 0
                       ? r.joiner_wait_mean_s / results[0].joiner_wait_mean_s

@@ -224,6 +224,7 @@ class Driver {
     return objs_[static_cast<size_t>(version - 1)][static_cast<size_t>(shard)];
   }
   bool IsTh() const { return system_ == System::kTensorHub; }
+  bool IsCollective() const { return system_ == System::kRing || system_ == System::kTree; }
   void Fail(Status s) {
     if (error_.ok()) error_ = std::move(s);
   }
@@ -394,15 +395,20 @@ class Driver {
           manifests_[static_cast<size_t>(r)], NowMs(), /*filling=*/true);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder filling"));
       Result<std::vector<int>> src = Schedule(gpu, r, v, {});
-      if (!src.ok())
-        return Fail(src.status().WithContext("sim: first schedule"));
-      sources = *src;
       g.last_refresh = engine_.now();
+      if (src.ok()) {
+        sources = *src;
+      } else if (src.status().code() != StatusCode::kUnavailable) {
+        return Fail(src.status().WithContext("sim: first schedule"));
+      }
+      // UNAVAILABLE: no full copy is left (its holders left); the fetcher
+      // asks the hub again until a holder appears or its deadline.
     }
     Result<int> f = engine_.StartFetch(gpu, obj, sources);
     if (!f.ok()) return Fail(f.status());
     g.fetch = *f;
     g.fetching = v;
+    if (IsTh() && sources.empty()) ScheduleRefresh(gpu);
     for (int s : sources) {
       if (cluster_.dc(s) != cluster_.dc(gpu)) {
         ++result_.wan_fetches;
@@ -506,7 +512,9 @@ class Driver {
           Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
           manifests_[static_cast<size_t>(r)], NowMs(), false);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder full"));
-      ++copies_[{v, r}];
+      // The retention guarantee rests on reliable holders: a spot copy
+      // does not free the trainer.
+      if (!instances_[static_cast<size_t>(InstanceOf(gpu))].spot) ++copies_[{v, r}];
     }
     const int i = InstanceOf(gpu);
     Instance& in = instances_[static_cast<size_t>(i)];
@@ -518,6 +526,12 @@ class Driver {
       }
     }
     MaybeRelease(v, r);
+    if (in.present && v < in.target && !IsCollective()) {
+      // It finished an older version while the instance moved on: fetch
+      // the one the instance waits for.
+      Want(i, in.target);
+      return;
+    }
     // Instance done when all its GPUs hold the target version.
     for (int j = 0; j < c_.tp; ++j) {
       if (gpus_[static_cast<size_t>(in.first_gpu + j)].held < in.target) return;

@@ -38,7 +38,7 @@ struct WorkloadConfig {
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
   int max_sources = 4;           // FetchOptions::max_sources
-  int trainer_copies = 1;        // TensorHub: full copies before unpublish
+  int trainer_copies = 1;        // TensorHub: full reliable copies before unpublish
   double refresh_s = 0.2;        // fetcher: between asks to the hub
   double fetch_timeout_s = 120;  // FetchOptions::timeout_ms
   // Elastic: this share of rollout instances are spot instances that join
