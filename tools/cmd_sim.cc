@@ -258,8 +258,7 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
       const RunResult& r = results[k];
       std::printf("%-11s %8d %6d %12.3f %12.3f %11.2fx %16.3f %16.3f %9.2fx\n",
                   sim::SystemName(r.system), r.joiners, r.joiners_left_early,
-                  r.joiner_wait_mean_s,
-                  r.joiner_wait_max_s,
+                  r.joiner_wait_mean_s, r.joiner_wait_max_s,
                   results[0].joiner_wait_mean_s > 0
                       ? r.joiner_wait_mean_s / results[0].joiner_wait_mean_s
                       : 0.0,

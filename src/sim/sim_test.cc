@@ -211,6 +211,29 @@ TEST(Workload, ElasticJoinersGetTheVersionAndLeaversAreMasked) {
   EXPECT_FALSE(RunWorkload(c, System::kRing).ok());  // static group: no joiners
 }
 
+TEST(Workload, ChurnFasterThanUpdatesNeverWedgesTheRun) {
+  // Spot instances live shorter than an update: holders leave mid-fetch,
+  // versions may lose their last full copy, joiners leave before holding.
+  for (uint64_t seed = 1; seed <= 5; ++seed) {
+    WorkloadConfig c = Small();
+    c.rollout_gpus = 128;
+    c.spot_fraction = 0.75;
+    c.rounds = 8;
+    c.step_s = 0.02;
+    c.spot_life_min_steps = 0.2;
+    c.spot_life_max_steps = 2;
+    c.seed = seed;
+    for (System s : {System::kTensorHub, System::kPointToPoint}) {
+      auto r = RunWorkload(c, s);
+      ASSERT_TRUE(r.ok()) << SystemName(s) << " seed " << seed << ": "
+                          << r.status().ToString();
+      EXPECT_EQ(r->joiners + r->joiners_left_early, 12)
+          << SystemName(s) << seed;
+      EXPECT_GT(r->update_s, 0);
+    }
+  }
+}
+
 TEST(Workload, AStaticGroupWaitsForItsLastMemberTensorHubDoesNot) {
   WorkloadConfig c = Small();
   c.arrival_spread_s = 0.5;

@@ -224,7 +224,9 @@ class Driver {
     return objs_[static_cast<size_t>(version - 1)][static_cast<size_t>(shard)];
   }
   bool IsTh() const { return system_ == System::kTensorHub; }
-  bool IsCollective() const { return system_ == System::kRing || system_ == System::kTree; }
+  bool IsCollective() const {
+    return system_ == System::kRing || system_ == System::kTree;
+  }
   void Fail(Status s) {
     if (error_.ok()) error_ = std::move(s);
   }
@@ -255,10 +257,14 @@ class Driver {
     rd.pending.assign(static_cast<size_t>(c_.tp), 0);
     rd.root_kids.assign(static_cast<size_t>(c_.tp), 0);
     rounds_.push_back(rd);
-    for (int r = 0; r < c_.tp; ++r) {
-      if (v > 1 && !IsTh())
+    // The new version first: dropping the old one below makes its readers
+    // start over on the newest at once.
+    for (int r = 0; r < c_.tp; ++r) engine_.SetComplete(r, Obj(v, r));
+    if (v > 1 && !IsTh()) {
+      for (int r = 0; r < c_.tp; ++r)
         engine_.Drop(r, Obj(v - 1, r));  // replaced in place
-      engine_.SetComplete(r, Obj(v, r));
+    }
+    for (int r = 0; r < c_.tp; ++r) {
       if (IsTh()) {
         hub::PublishArgs a;
         a.worker = Id(r);
@@ -358,6 +364,8 @@ class Driver {
 
   // Instance i needs version v (or the newest when it gets there).
   void Want(int i, int v) {
+    // Point-to-point pulls from the trainer, which holds only the newest.
+    if (system_ == System::kPointToPoint) v = latest_;
     Instance& in = instances_[static_cast<size_t>(i)];
     if (in.wait_start < 0) in.wait_start = engine_.now();
     in.target = v;
@@ -514,7 +522,8 @@ class Driver {
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder full"));
       // The retention guarantee rests on reliable holders: a spot copy
       // does not free the trainer.
-      if (!instances_[static_cast<size_t>(InstanceOf(gpu))].spot) ++copies_[{v, r}];
+      if (!instances_[static_cast<size_t>(InstanceOf(gpu))].spot)
+        ++copies_[{v, r}];
     }
     const int i = InstanceOf(gpu);
     Instance& in = instances_[static_cast<size_t>(i)];

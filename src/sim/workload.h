@@ -37,9 +37,9 @@ struct WorkloadConfig {
   // Each instance needs a new version when its batch ends: uniformly
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
-  int max_sources = 4;           // FetchOptions::max_sources
-  int trainer_copies = 1;        // TensorHub: full reliable copies before unpublish
-  double refresh_s = 0.2;        // fetcher: between asks to the hub
+  int max_sources = 4;     // FetchOptions::max_sources
+  int trainer_copies = 1;  // TensorHub: full reliable copies before unpublish
+  double refresh_s = 0.2;  // fetcher: between asks to the hub
   double fetch_timeout_s = 120;  // FetchOptions::timeout_ms
   // Elastic: this share of rollout instances are spot instances that join
   // at seeded times during the run and leave after a seeded lifetime.
