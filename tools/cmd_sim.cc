@@ -384,10 +384,13 @@ int Testbed(const Args& a, bool csv) {
     c.rounds = 1;
     c.step_s = 0;
     if (m.crossdc) {
-      // 8 hosts in 2 DCs: the trainer and 3 readers in dc0, 4 readers in dc1.
+      // readers + 1 hosts in 2 DCs; testbed.sh puts host i in DC
+      // i * 2 / hosts, so dc0 has ceil(hosts / 2) of them, the trainer
+      // (h0) among them (7 readers: 3 local, 4 remote).
+      const int hosts = m.readers + 1;
       c.trainer_gpus = 1;
       c.rollout_gpus = m.readers;
-      c.remote_rollout_gpus = m.readers - 3;
+      c.remote_rollout_gpus = hosts - (hosts + 1) / 2;
     } else {
       c.trainer_gpus = 1;
       c.rollout_gpus = m.readers;
