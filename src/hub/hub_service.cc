@@ -84,8 +84,23 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
-                         v1::AddHolderResponse*) override {
+                         v1::AddHolderResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (!req->has_manifest()) {
+      if (!req->has_manifest_digest()) {
+        return wire::ToGrpc(InvalidArgument(
+            "add holder: needs the manifest or its digest"));
+      }
+      // The usual report: no manifest to decode, validate or compare.
+      std::lock_guard<std::mutex> lock(mu_);
+      Result<bool> r = state_.AddHolderByDigest(
+          WorkerId(req->worker_id()), req->model(), Version(req->version()),
+          req->epoch(), ManifestDigest{req->manifest_digest()}, NowMs(),
+          req->filling());
+      if (!r.ok()) return wire::ToGrpc(r.status());
+      resp->set_need_manifest(!*r);
+      return grpc::Status::OK;
+    }
     Result<Manifest> m = wire::FromProto(req->manifest());
     if (!m.ok()) return wire::ToGrpc(m.status());
     std::lock_guard<std::mutex> lock(mu_);
@@ -118,6 +133,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     // other calls.
     resp->set_version(r->version.value());
     resp->set_state(wire::ToProto(r->state));
+    resp->set_num_holders(r->num_holders);
     if (r->manifest.has_value()) wire::ToProto(*r->manifest, resp->mutable_manifest());
     for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
     return grpc::Status::OK;
