@@ -147,7 +147,9 @@ int RunStateMachine(uint64_t workers, const PartLayout& part, const Manifest& ma
   const ManifestDigest digest = manifest.Digest();
   Latencies sched;
   for (size_t i = 1; i < ids.size(); ++i) {
-    auto r = hub.Resolve(ids[i], kModel, Version::Latest(), false);
+    // As the hub process calls it: the manifest is sent from bytes it
+    // encoded once per version, not copied per reader.
+    auto r = hub.Resolve(ids[i], kModel, Version::Latest(), false, /*copy_manifest=*/false);
     if (!r.ok()) return Fail(r.status());
     auto fill = hub.AddHolderByDigest(ids[i], kModel, r->version, 2, digest, now, true);
     if (!fill.ok() || !*fill) return Fail(fill.ok() ? Internal("hub lost the manifest") : fill.status());

@@ -152,9 +152,15 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
   out.version = Version(resp.version());
   out.state = wire::FromProto(resp.state());
   out.num_holders = resp.num_holders();
-  if (resp.has_manifest() && resp.manifest().group_size() > 0) {
-    TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(resp.manifest()));
-    out.manifest = std::move(m);
+  if (!resp.manifest().empty()) {
+    v1::VersionManifest vm;
+    if (!vm.ParseFromString(resp.manifest())) {
+      return InvalidArgument("resolve: the hub sent a malformed manifest");
+    }
+    if (vm.group_size() > 0) {
+      TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
+      out.manifest = std::move(m);
+    }
   }
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));

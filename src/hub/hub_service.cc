@@ -5,6 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -122,19 +126,36 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
                        v1::ResolveResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::shared_ptr<const std::string> encoded;
+    std::optional<Manifest> manifest;  // to encode, when not cached
     Result<Resolution> r = [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return state_.Resolve(WorkerId(req->worker_id()), req->model(),
-                            Version(req->version()),
-                            req->include_uncommitted());
+      Result<Resolution> res = state_.Resolve(
+          WorkerId(req->worker_id()), req->model(), Version(req->version()),
+          req->include_uncommitted(), /*copy_manifest=*/false);
+      if (res.ok() && res->manifest_digest.has_value()) {
+        encoded = CachedManifest(req->model(), *res);
+        if (encoded == nullptr) {
+          manifest = state_.CommittedManifest(req->model(), res->version);
+        }
+      }
+      return res;
     }();
     if (!r.ok()) return wire::ToGrpc(r.status());
     // Encoding happens outside the lock: a big manifest must not stall
-    // other calls.
+    // other calls. Every reader of a version gets the same bytes, so they
+    // are encoded once per version.
+    if (manifest.has_value()) {
+      v1::VersionManifest vm;
+      wire::ToProto(*manifest, &vm);
+      encoded = std::make_shared<const std::string>(vm.SerializeAsString());
+      std::lock_guard<std::mutex> lock(mu_);
+      CacheManifest(req->model(), *r, encoded);
+    }
     resp->set_version(r->version.value());
     resp->set_state(wire::ToProto(r->state));
     resp->set_num_holders(r->num_holders);
-    if (r->manifest.has_value()) wire::ToProto(*r->manifest, resp->mutable_manifest());
+    if (encoded != nullptr) resp->set_manifest(*encoded);
     for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
     return grpc::Status::OK;
   }
@@ -236,8 +257,34 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
   }
 
+  // The encoded manifests Resolve sends, by (model, version, digest): the
+  // digest tells a version re-created with other contents apart. At most
+  // kManifestCacheEntries, the oldest evicted first.
+  using ManifestKey = std::tuple<std::string, uint64_t, uint64_t>;
+  static constexpr size_t kManifestCacheEntries = 16;
+
+  std::shared_ptr<const std::string> CachedManifest(const std::string& model,
+                                                    const Resolution& r) {
+    auto it = manifest_cache_.find(
+        {model, r.version.value(), r.manifest_digest->value});
+    return it == manifest_cache_.end() ? nullptr : it->second;
+  }
+  void CacheManifest(const std::string& model, const Resolution& r,
+                     std::shared_ptr<const std::string> encoded) {
+    ManifestKey key{model, r.version.value(), r.manifest_digest->value};
+    if (!manifest_cache_.emplace(key, std::move(encoded)).second) return;
+    manifest_order_.push_back(key);
+    while (manifest_order_.size() > kManifestCacheEntries) {
+      manifest_cache_.erase(manifest_order_.front());
+      manifest_order_.pop_front();
+    }
+  }
+
   std::mutex mu_;
   HubState state_;  // guarded by mu_
+  std::map<ManifestKey, std::shared_ptr<const std::string>>
+      manifest_cache_;                      // guarded by mu_
+  std::deque<ManifestKey> manifest_order_;  // guarded by mu_, oldest first
   const std::string secret_;
 };
 

@@ -566,9 +566,17 @@ Status HubState::CheckReadable(const std::string& vname,
   return Status::Ok();
 }
 
+std::optional<Manifest> HubState::CommittedManifest(const std::string& model,
+                                                    Version version) {
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) return std::nullopt;
+  return v->manifest;
+}
+
 Result<Resolution> HubState::Resolve(const WorkerId& reader,
                                      const std::string& model, Version version,
-                                     bool include_uncommitted) {
+                                     bool include_uncommitted,
+                                     bool copy_manifest) {
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   auto mit = models_.find(model);
   if (mit == models_.end()) {
@@ -602,7 +610,10 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   Resolution res;
   res.version = vit->first;
   res.state = v.state;
-  res.manifest = v.manifest;
+  if (v.manifest.has_value()) {
+    res.manifest_digest = v.manifest_digest;
+    if (copy_manifest) res.manifest = v.manifest;
+  }
   res.num_holders =
       static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
   Labels reader_labels;

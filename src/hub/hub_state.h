@@ -66,7 +66,9 @@ inline constexpr size_t kMaxResolveHolders = 64;
 struct Resolution {
   Version version;
   VersionState state = VersionState::kPending;
-  std::optional<Manifest> manifest;  // set once committed
+  // Set once committed (unless Resolve was asked not to copy it).
+  std::optional<Manifest> manifest;
+  std::optional<ManifestDigest> manifest_digest;  // set once committed
   // The nearest holders (at most kMaxResolveHolders), nearest first; within
   // one distance the order Schedule prefers (least busy, latest joined),
   // rotated by one on each Resolve so that readers spread over them.
@@ -157,8 +159,14 @@ class HubState {
                    Version version, int64_t now_ms);
   // Version::Latest() resolves to the highest committed version that still
   // has a live holder. Lists at most kMaxResolveHolders holders.
+  // `copy_manifest` false leaves Resolution::manifest empty (the RPC layer
+  // sends a copy it encoded once per version, found by manifest_digest).
   Result<Resolution> Resolve(const WorkerId& reader, const std::string& model,
-                             Version version, bool include_uncommitted);
+                             Version version, bool include_uncommitted,
+                             bool copy_manifest = true);
+  // The committed manifest of a version, if there is one.
+  std::optional<Manifest> CommittedManifest(const std::string& model,
+                                            Version version);
   std::vector<ModelSummary> List() const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and
