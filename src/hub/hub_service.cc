@@ -259,9 +259,10 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   // The encoded manifests Resolve sends, by (model, version, digest): the
   // digest tells a version re-created with other contents apart. At most
-  // kManifestCacheEntries, the oldest evicted first.
+  // kManifestCacheEntries and kManifestCacheBytes, the oldest evicted first.
   using ManifestKey = std::tuple<std::string, uint64_t, uint64_t>;
   static constexpr size_t kManifestCacheEntries = 16;
+  static constexpr size_t kManifestCacheBytes = 256u << 20;
 
   std::shared_ptr<const std::string> CachedManifest(const std::string& model,
                                                     const Resolution& r) {
@@ -272,10 +273,15 @@ class HubServiceImpl final : public v1::Hub::Service {
   void CacheManifest(const std::string& model, const Resolution& r,
                      std::shared_ptr<const std::string> encoded) {
     ManifestKey key{model, r.version.value(), r.manifest_digest->value};
+    const size_t bytes = encoded->size();
     if (!manifest_cache_.emplace(key, std::move(encoded)).second) return;
     manifest_order_.push_back(key);
-    while (manifest_order_.size() > kManifestCacheEntries) {
-      manifest_cache_.erase(manifest_order_.front());
+    manifest_cache_bytes_ += bytes;
+    while (manifest_order_.size() > kManifestCacheEntries ||
+           manifest_cache_bytes_ > kManifestCacheBytes) {
+      auto oldest = manifest_cache_.find(manifest_order_.front());
+      manifest_cache_bytes_ -= oldest->second->size();
+      manifest_cache_.erase(oldest);
       manifest_order_.pop_front();
     }
   }
@@ -285,6 +291,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   std::map<ManifestKey, std::shared_ptr<const std::string>>
       manifest_cache_;                      // guarded by mu_
   std::deque<ManifestKey> manifest_order_;  // guarded by mu_, oldest first
+  size_t manifest_cache_bytes_ = 0;         // guarded by mu_
   const std::string secret_;
 };
 
