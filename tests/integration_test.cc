@@ -72,7 +72,8 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
 // version from the holder alone. A different manifest is refused by digest.
 TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
   client::HubClient hc(hub_->address(), "", 5000);
-  auto w = hc.Register(WorkerId(), "holder", "127.0.0.1:1", {}, WorkerClass::kReliable, 5000);
+  auto w = hc.Register(WorkerId(), "holder", "127.0.0.1:1", {},
+                       WorkerClass::kReliable, 5000);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   SyntheticModel src(TestLayout(1 << 20));
   src.Fill(3);
@@ -87,13 +88,16 @@ TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
   EXPECT_TRUE(*r->manifest == m);
   EXPECT_EQ(r->num_holders, 1u);
   // Now the hub has it: a second holder reports by digest alone.
-  auto w2 = hc.Register(WorkerId(), "holder2", "127.0.0.1:2", {}, WorkerClass::kReliable, 5000);
+  auto w2 = hc.Register(WorkerId(), "holder2", "127.0.0.1:2", {},
+                        WorkerClass::kReliable, 5000);
   ASSERT_TRUE(w2.ok());
   ASSERT_TRUE(hc.AddHolder(*w2, "m", Version(4), 1, m, /*filling=*/true).ok());
   std::vector<PartLayout> other = m.parts();
   other[0].chunk_xxh3[0] ^= 1;
-  EXPECT_EQ(hc.AddHolder(*w2, "m", Version(4), 1, Manifest(1, kMinChunkBytes, other)).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      hc.AddHolder(*w2, "m", Version(4), 1, Manifest(1, kMinChunkBytes, other))
+          .code(),
+      StatusCode::kInvalidArgument);
   r = hc.Resolve(WorkerId("reader"), "m", Version(4), false);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->num_holders, 2u);

@@ -84,17 +84,20 @@ Labels LabelsOf(uint64_t i) {
           "host" + std::to_string(i / 8)};
 }
 std::string AddressOf(uint64_t i) {
-  return "10." + std::to_string(i / 65536 % 256) + "." + std::to_string(i / 256 % 256) + "." +
-         std::to_string(i % 256) + ":7000";
+  return "10." + std::to_string(i / 65536 % 256) + "." +
+         std::to_string(i / 256 % 256) + "." + std::to_string(i % 256) +
+         ":7000";
 }
 
 struct Latencies {
   std::vector<double> us;
-  double Pct(double p) const { return us[static_cast<size_t>(p * (us.size() - 1))]; }
+  double Pct(double p) const {
+    return us[static_cast<size_t>(p * (us.size() - 1))];
+  }
   void Print(const char* what) {
     std::sort(us.begin(), us.end());
-    std::printf("  %s latency: p50 %.1f us, p99 %.1f us, max %.1f us\n", what, Pct(0.5),
-                Pct(0.99), us.back());
+    std::printf("  %s latency: p50 %.1f us, p99 %.1f us, max %.1f us\n", what,
+                Pct(0.5), Pct(0.99), us.back());
   }
 };
 
@@ -103,15 +106,20 @@ void PrintPhase(const char* what, double cpu_s) {
 }
 
 void PrintVerdict(uint64_t readers, double fetch_cpu_s) {
-  std::printf("  => hub CPU for one version to %llu readers: %.3f s; target < %.1f s; "
-              "ratio %.2fx of the target (%.1f us per reader)\n",
-              static_cast<unsigned long long>(readers), fetch_cpu_s, kTargetSeconds,
-              fetch_cpu_s / kTargetSeconds, fetch_cpu_s / static_cast<double>(readers) * 1e6);
+  std::printf(
+      "  => hub CPU for one version to %llu readers: %.3f s; target < %.1f s; "
+      "ratio %.2fx of the target (%.1f us per reader)\n",
+      static_cast<unsigned long long>(readers), fetch_cpu_s, kTargetSeconds,
+      fetch_cpu_s / kTargetSeconds,
+      fetch_cpu_s / static_cast<double>(readers) * 1e6);
 }
 
 // (1) The state machine in this thread.
-int RunStateMachine(uint64_t workers, const PartLayout& part, const Manifest& manifest) {
-  std::printf("\n(1) state machine alone (hub/hub_state.h in this process; this thread's CPU)\n");
+int RunStateMachine(uint64_t workers, const PartLayout& part,
+                    const Manifest& manifest) {
+  std::printf(
+      "\n(1) state machine alone (hub/hub_state.h in this process; this "
+      "thread's CPU)\n");
   hub::HubConfig config;
   config.lease_ms = 600000;
   hub::HubState hub(config);
@@ -149,17 +157,24 @@ int RunStateMachine(uint64_t workers, const PartLayout& part, const Manifest& ma
   for (size_t i = 1; i < ids.size(); ++i) {
     // As the hub process calls it: the manifest is sent from bytes it
     // encoded once per version, not copied per reader.
-    auto r = hub.Resolve(ids[i], kModel, Version::Latest(), false, /*copy_manifest=*/false);
+    auto r = hub.Resolve(ids[i], kModel, Version::Latest(), false,
+                         /*copy_manifest=*/false);
     if (!r.ok()) return Fail(r.status());
-    auto fill = hub.AddHolderByDigest(ids[i], kModel, r->version, 2, digest, now, true);
-    if (!fill.ok() || !*fill) return Fail(fill.ok() ? Internal("hub lost the manifest") : fill.status());
+    auto fill =
+        hub.AddHolderByDigest(ids[i], kModel, r->version, 2, digest, now, true);
+    if (!fill.ok() || !*fill)
+      return Fail(fill.ok() ? Internal("hub lost the manifest")
+                            : fill.status());
     double s0 = ThreadCpuSeconds();
     auto srcs = hub.Schedule(ids[i], kModel, r->version, {}, 4);
     double s1 = ThreadCpuSeconds();
     if (!srcs.ok()) return Fail(srcs.status());
     sched.us.push_back((s1 - s0) * 1e6);
-    auto done = hub.AddHolderByDigest(ids[i], kModel, r->version, 2, digest, now);
-    if (!done.ok() || !*done) return Fail(done.ok() ? Internal("hub lost the manifest") : done.status());
+    auto done =
+        hub.AddHolderByDigest(ids[i], kModel, r->version, 2, digest, now);
+    if (!done.ok() || !*done)
+      return Fail(done.ok() ? Internal("hub lost the manifest")
+                            : done.status());
   }
   double t4 = ThreadCpuSeconds();
   // After a hub restart every holder re-reports with its full manifest.
@@ -169,15 +184,20 @@ int RunStateMachine(uint64_t workers, const PartLayout& part, const Manifest& ma
     reg.requested_id = ids[i];
     reg.data_address = AddressOf(i);
     reg.labels = LabelsOf(i);
-    if (auto id = fresh.RegisterWorker(reg, now); !id.ok()) return Fail(id.status());
+    if (auto id = fresh.RegisterWorker(reg, now); !id.ok())
+      return Fail(id.status());
   }
   double t5 = ThreadCpuSeconds();
   for (size_t i = 1; i < ids.size(); ++i) {
-    if (Status s = fresh.AddHolder(ids[i], kModel, Version(1), 2, manifest, now); !s.ok()) return Fail(s);
+    if (Status s =
+            fresh.AddHolder(ids[i], kModel, Version(1), 2, manifest, now);
+        !s.ok())
+      return Fail(s);
   }
   double t6 = ThreadCpuSeconds();
   const uint64_t readers = workers - 1;
-  PrintPhase(("register " + std::to_string(workers) + " workers").c_str(), t1 - t0);
+  PrintPhase(("register " + std::to_string(workers) + " workers").c_str(),
+             t1 - t0);
   PrintPhase("one heartbeat each", t2 - t1);
   PrintPhase("publish the version", t3 - t2);
   PrintPhase("fetch by every reader (resolve, fill, schedule, done)", t4 - t3);
@@ -188,16 +208,20 @@ int RunStateMachine(uint64_t workers, const PartLayout& part, const Manifest& ma
 }
 
 // (2) The real hub process, over gRPC.
-int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const Manifest& manifest) {
-  std::printf("\n(2) real hub: `tensorhub serve` child process over gRPC, %llu client threads "
-              "(hub CPU from /proc/PID/stat, 10 ms ticks)\n",
-              static_cast<unsigned long long>(threads));
+int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
+               const Manifest& manifest) {
+  std::printf(
+      "\n(2) real hub: `tensorhub serve` child process over gRPC, %llu client "
+      "threads "
+      "(hub CPU from /proc/PID/stat, 10 ms ticks)\n",
+      static_cast<unsigned long long>(threads));
   Result<int> port = FreePort();
   if (!port.ok()) return Fail(port.status());
   const std::string address = "127.0.0.1:" + std::to_string(*port);
   // Logging each of 10,000 joins is not what is measured here.
-  auto hub = Subprocess::Spawn({"serve", "--listen", address, "--lease-ms", "600000"},
-                               {"TENSORHUB_LOG=warn"});
+  auto hub =
+      Subprocess::Spawn({"serve", "--listen", address, "--lease-ms", "600000"},
+                        {"TENSORHUB_LOG=warn"});
   if (!hub.ok()) return Fail(hub.status());
   auto cpu = [&]() -> double {
     Result<double> c = ProcessCpuSeconds(hub->pid());
@@ -208,7 +232,8 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const
     clients.push_back(std::make_unique<client::HubClient>(address, "", 10000));
   }
   // The first call waits (bounded) for the hub to listen; not timed.
-  if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {}, WorkerClass::kReliable, 10000);
+  if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {},
+                                        WorkerClass::kReliable, 10000);
       !first.ok()) {
     return Fail(first.status().WithContext("hub did not come up"));
   } else if (Status s = clients[0]->Leave(*first, 5000); !s.ok()) {
@@ -239,19 +264,22 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const
 
   double c0 = cpu();
   parallel(0, [&](client::HubClient& c, uint64_t i, uint64_t) -> Status {
-    auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i), LabelsOf(i),
-                         WorkerClass::kReliable, 10000);
+    auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i),
+                         LabelsOf(i), WorkerClass::kReliable, 10000);
     if (!id.ok()) return id.status();
     ids[i] = *id;
     return Status::Ok();
   });
   double c1 = cpu();
   if (failed) return Fail(first_error.WithContext("register"));
-  parallel(0, [&](client::HubClient& c, uint64_t i, uint64_t) { return c.Heartbeat(ids[i]); });
+  parallel(0, [&](client::HubClient& c, uint64_t i, uint64_t) {
+    return c.Heartbeat(ids[i]);
+  });
   double c2 = cpu();
   if (failed) return Fail(first_error.WithContext("heartbeat"));
-  if (Status s = clients[0]->Publish(ids[0], kModel, Version(1), 0, 1, manifest.chunk_bytes(), part,
-                                     1, false, 10000);
+  if (Status s =
+          clients[0]->Publish(ids[0], kModel, Version(1), 0, 1,
+                              manifest.chunk_bytes(), part, 1, false, 10000);
       !s.ok()) {
     return Fail(s);
   }
@@ -262,7 +290,8 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const
   std::vector<Latencies> sched(threads);
   auto wall0 = std::chrono::steady_clock::now();
   parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) -> Status {
-    TH_ASSIGN_OR_RETURN(resolved[i], c.Resolve(ids[i], kModel, Version::Latest(), false));
+    TH_ASSIGN_OR_RETURN(resolved[i],
+                        c.Resolve(ids[i], kModel, Version::Latest(), false));
     if (!resolved[i].manifest.has_value() ||
         resolved[i].manifest->num_chunks() != manifest.num_chunks()) {
       return Internal("resolve returned another manifest");
@@ -271,7 +300,8 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const
   });
   double c4 = cpu();
   parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) {
-    return c.AddHolder(ids[i], kModel, resolved[i].version, 2, *resolved[i].manifest, true);
+    return c.AddHolder(ids[i], kModel, resolved[i].version, 2,
+                       *resolved[i].manifest, true);
   });
   double c5 = cpu();
   parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t t) -> Status {
@@ -280,60 +310,80 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part, const
     auto s1 = std::chrono::steady_clock::now();
     if (!srcs.ok()) return srcs.status();
     if (srcs->empty()) return Internal("schedule returned no source");
-    sched[t].us.push_back(std::chrono::duration<double, std::micro>(s1 - s0).count());
+    sched[t].us.push_back(
+        std::chrono::duration<double, std::micro>(s1 - s0).count());
     return Status::Ok();
   });
   double c6 = cpu();
   parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) {
-    return c.AddHolder(ids[i], kModel, resolved[i].version, 2, *resolved[i].manifest);
+    return c.AddHolder(ids[i], kModel, resolved[i].version, 2,
+                       *resolved[i].manifest);
   });
   double c7 = cpu();
-  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0)
+          .count();
   if (failed) return Fail(first_error.WithContext("fetch"));
   int code = hub->Stop(5000);
-  if (c0 < 0 || c7 < 0) return Fail(Internal("could not read the hub's CPU time"));
+  if (c0 < 0 || c7 < 0)
+    return Fail(Internal("could not read the hub's CPU time"));
 
   const uint64_t readers = workers - 1;
   const double hb_us = (c2 - c1) / static_cast<double>(workers) * 1e6;
   auto per_rpc = [&](double cpu_s) {
-    return " (" + std::to_string(static_cast<int>(cpu_s / static_cast<double>(readers) * 1e6)) +
+    return " (" +
+           std::to_string(
+               static_cast<int>(cpu_s / static_cast<double>(readers) * 1e6)) +
            " us/RPC)";
   };
-  PrintPhase(("register " + std::to_string(workers) + " workers").c_str(), c1 - c0);
+  PrintPhase(("register " + std::to_string(workers) + " workers").c_str(),
+             c1 - c0);
   PrintPhase(("one heartbeat each" + per_rpc(c2 - c1)).c_str(), c2 - c1);
   PrintPhase("publish the version", c3 - c2);
   PrintPhase(("every reader: Resolve" + per_rpc(c4 - c3)).c_str(), c4 - c3);
-  PrintPhase(("every reader: AddHolder filling" + per_rpc(c5 - c4)).c_str(), c5 - c4);
+  PrintPhase(("every reader: AddHolder filling" + per_rpc(c5 - c4)).c_str(),
+             c5 - c4);
   PrintPhase(("every reader: Schedule" + per_rpc(c6 - c5)).c_str(), c6 - c5);
-  PrintPhase(("every reader: AddHolder complete" + per_rpc(c7 - c6)).c_str(), c7 - c6);
+  PrintPhase(("every reader: AddHolder complete" + per_rpc(c7 - c6)).c_str(),
+             c7 - c6);
   const double fetch_us = (c7 - c3) / static_cast<double>(4 * readers) * 1e6;
-  std::printf("  hub CPU per fetch RPC %.1f us vs per heartbeat (the cheapest RPC) %.1f us: "
-              "ratio %.2f; fetch phases took %.2f s wall\n", fetch_us, hb_us, fetch_us / hb_us, wall);
+  std::printf(
+      "  hub CPU per fetch RPC %.1f us vs per heartbeat (the cheapest RPC) "
+      "%.1f us: "
+      "ratio %.2f; fetch phases took %.2f s wall\n",
+      fetch_us, hb_us, fetch_us / hb_us, wall);
   PrintVerdict(readers, c7 - c3);
   Latencies all;
-  for (Latencies& l : sched) all.us.insert(all.us.end(), l.us.begin(), l.us.end());
+  for (Latencies& l : sched)
+    all.us.insert(all.us.end(), l.us.begin(), l.us.end());
   all.Print("Schedule RPC (client wall clock)");
-  if (code != 0) std::printf("  (hub exited with status %d after SIGTERM)\n", code);
+  if (code != 0)
+    std::printf("  (hub exited with status %d after SIGTERM)\n", code);
   return 0;
 }
 
 }  // namespace
 
 int CmdBenchHub(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 3, {"workers", "tensors", "chunks", "threads"}, {"no-rpc"});
+  auto args = ParseArgs(
+      argc, argv, 3, {"workers", "tensors", "chunks", "threads"}, {"no-rpc"});
   if (!args.ok()) return Fail(args.status());
   auto workers = args->GetU64("workers", 10000);
   auto tensors = args->GetU64("tensors", 1000);
   auto chunks = args->GetU64("chunks", 4096);
   auto threads = args->GetU64("threads", 4);
-  for (const Status& s : {workers.status(), tensors.status(), chunks.status(), threads.status()}) {
+  for (const Status& s : {workers.status(), tensors.status(), chunks.status(),
+                          threads.status()}) {
     if (!s.ok()) return Fail(s);
   }
-  if (*workers < 2 || *workers > 100000) return Fail(InvalidArgument("--workers must be in [2, 100000]"));
-  if (*tensors < 1 || *tensors > 100000 || *chunks < *tensors || *chunks > 1000000) {
+  if (*workers < 2 || *workers > 100000)
+    return Fail(InvalidArgument("--workers must be in [2, 100000]"));
+  if (*tensors < 1 || *tensors > 100000 || *chunks < *tensors ||
+      *chunks > 1000000) {
     return Fail(InvalidArgument("need 1 <= --tensors <= --chunks <= 1000000"));
   }
-  if (*threads < 1 || *threads > 64) return Fail(InvalidArgument("--threads must be in [1, 64]"));
+  if (*threads < 1 || *threads > 64)
+    return Fail(InvalidArgument("--threads must be in [1, 64]"));
 
   // A manifest of `tensors` tensors cut into `chunks` chunks of 64 MiB
   // (checksums are arbitrary: the hub never sees bytes).
@@ -341,18 +391,24 @@ int CmdBenchHub(int argc, char** argv) {
   PartLayout part;
   uint64_t per_tensor = *chunks / *tensors * chunk_bytes;
   for (uint64_t i = 0; i < *tensors; ++i) {
-    part.tensors.push_back({{"t" + std::to_string(i), DType::kU8, {per_tensor}}, part.part_bytes, per_tensor});
+    part.tensors.push_back({{"t" + std::to_string(i), DType::kU8, {per_tensor}},
+                            part.part_bytes,
+                            per_tensor});
     part.part_bytes += per_tensor;
   }
-  for (uint64_t c = 0; c < ChunksFor(part.part_bytes, chunk_bytes); ++c) part.chunk_xxh3.push_back(c * 2654435761u);
+  for (uint64_t c = 0; c < ChunksFor(part.part_bytes, chunk_bytes); ++c)
+    part.chunk_xxh3.push_back(c * 2654435761u);
   Manifest manifest(1, chunk_bytes, {part});
   if (Status s = manifest.Validate(); !s.ok()) return Fail(s);
 
-  std::printf("bench hub: %llu workers (8 per host, 16 hosts per rack, 4 racks per datacenter), "
-              "one version of %zu tensors in %llu chunks (%s); the CPU is shared with other jobs\n",
-              static_cast<unsigned long long>(*workers), part.tensors.size(),
-              static_cast<unsigned long long>(manifest.num_chunks()),
-              FormatBytes(manifest.total_bytes()).c_str());
+  std::printf(
+      "bench hub: %llu workers (8 per host, 16 hosts per rack, 4 racks per "
+      "datacenter), "
+      "one version of %zu tensors in %llu chunks (%s); the CPU is shared with "
+      "other jobs\n",
+      static_cast<unsigned long long>(*workers), part.tensors.size(),
+      static_cast<unsigned long long>(manifest.num_chunks()),
+      FormatBytes(manifest.total_bytes()).c_str());
   if (int rc = RunStateMachine(*workers, part, manifest); rc != 0) return rc;
   if (args->Has("no-rpc")) return 0;
   return RunRealHub(*workers, *threads, part, manifest);

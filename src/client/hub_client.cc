@@ -115,8 +115,8 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   // it there), and comparing 8 bytes keeps a report O(1) for the hub.
   req.set_manifest_digest(manifest.Digest().value);
   v1::AddHolderResponse resp;
-  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::AddHolder, req, &resp,
-                          "add holder", rpc_timeout_ms_));
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
+                          rpc_timeout_ms_));
   if (!resp.need_manifest()) return Status::Ok();
   // The hub restarted (or has the version only pending): it rebuilds the
   // version from the full manifest.

@@ -428,18 +428,26 @@ TEST(ManifestTest, DigestFollowsEquality) {
   Tensors t0, t1, u0, u1;
   Manifest a = TwoParts(&t0, &t1);
   EXPECT_EQ(a.Digest(), TwoParts(&u0, &u1).Digest());
-  std::vector<std::pair<const char*, std::function<void(std::vector<PartLayout>&)>>> edits = {
-      {"checksum", [](auto& p) { p[1].chunk_xxh3[0] ^= 1; }},
-      {"name", [](auto& p) { p[0].tensors[0].spec.name += "x"; }},
-      {"dtype", [](auto& p) { p[0].tensors[0].spec.dtype = DType::kI8; }},
-      {"shape", [](auto& p) { p[0].tensors[0].spec.shape.push_back(1); }},
-      {"offset", [](auto& p) { p[0].tensors[0].offset += 1; }},
-      {"bytes", [](auto& p) { p[0].tensors[0].bytes += 1; }},
-      {"part bytes", [](auto& p) { p[1].part_bytes += 1; }},
-      {"rank", [](auto& p) { p[1].rank = 7; }},
-      {"metadata", [](auto& p) { p[0].metadata.push_back({"k", "v"}); }},
-      {"metadata split", [](auto& p) { p[0].metadata.push_back({"kv", ""}); }},
-  };
+  std::vector<
+      std::pair<const char*, std::function<void(std::vector<PartLayout>&)>>>
+      edits = {
+          {"checksum", [](auto& p) { p[1].chunk_xxh3[0] ^= 1; }},
+          {"name", [](auto& p) { p[0].tensors[0].spec.name += "x"; }},
+          {"dtype", [](auto& p) { p[0].tensors[0].spec.dtype = DType::kI8; }},
+          {"shape", [](auto& p) { p[0].tensors[0].spec.shape.push_back(1); }},
+          {"offset", [](auto& p) { p[0].tensors[0].offset += 1; }},
+          {"bytes", [](auto& p) { p[0].tensors[0].bytes += 1; }},
+          {"part bytes", [](auto& p) { p[1].part_bytes += 1; }},
+          {"rank", [](auto& p) { p[1].rank = 7; }},
+          {"metadata",
+           [](auto& p) {
+             p[0].metadata.push_back({"k", "v"});
+           }},
+          {"metadata split",
+           [](auto& p) {
+             p[0].metadata.push_back({"kv", ""});
+           }},
+      };
   std::set<uint64_t> seen = {a.Digest().value};
   for (auto& [what, edit] : edits) {
     std::vector<PartLayout> parts = a.parts();

@@ -8,10 +8,10 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <tuple>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "common/deadline.h"
 #include "common/log.h"
@@ -92,8 +92,8 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     if (!req->has_manifest()) {
       if (!req->has_manifest_digest()) {
-        return wire::ToGrpc(InvalidArgument(
-            "add holder: needs the manifest or its digest"));
+        return wire::ToGrpc(
+            InvalidArgument("add holder: needs the manifest or its digest"));
       }
       // The usual report: no manifest to decode, validate or compare.
       std::lock_guard<std::mutex> lock(mu_);

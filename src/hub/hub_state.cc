@@ -307,7 +307,8 @@ Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
   }
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
   TH_RETURN_IF_ERROR(ValidateModelName(model));
-  if (version.value() == 0) return InvalidArgument("version numbers start at 1");
+  if (version.value() == 0)
+    return InvalidArgument("version numbers start at 1");
   const std::string vname = VersionName(model, version);
   VersionEntry* v = FindVersion(model, version);
   if (v != nullptr && v->state == VersionState::kAborted) {
@@ -614,8 +615,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     res.manifest_digest = v.manifest_digest;
     if (copy_manifest) res.manifest = v.manifest;
   }
-  res.num_holders =
-      static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
+  res.num_holders = static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
   Labels reader_labels;
   auto rit = workers_.find(reader);
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
@@ -708,7 +708,8 @@ Result<std::vector<HolderView>> HubState::Schedule(
   // The best usable holder of a group: the first in order. Skips only the
   // reader and excluded holders, and jumps over filling holders that joined
   // after the reader with one search per serving count.
-  auto first_complete = [&](const std::set<HolderKey>& set) -> const HolderKey* {
+  auto first_complete =
+      [&](const std::set<HolderKey>& set) -> const HolderKey* {
     for (const HolderKey& k : set) {
       if (usable(k)) return &k;
     }
@@ -720,7 +721,8 @@ Result<std::vector<HolderView>> HubState::Schedule(
       if (it->join_seq >= reader_join) {
         // Keys run by serving, then join_seq downwards: the first holder
         // with this serving count that joined before the reader.
-        it = set.lower_bound(HolderKey{it->serving, reader_join - 1, WorkerId()});
+        it = set.lower_bound(
+            HolderKey{it->serving, reader_join - 1, WorkerId()});
       } else if (usable(*it)) {
         return &*it;
       } else {

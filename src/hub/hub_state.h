@@ -227,8 +227,10 @@ class HubState {
   struct HolderIndex {
     HolderSet all;
     std::map<std::string, HolderSet> by_dc;
-    std::map<std::pair<std::string, std::string>, HolderSet> by_rack;  // (dc, rack)
-    std::map<std::pair<std::string, std::string>, HolderSet> by_host;  // (dc, host)
+    std::map<std::pair<std::string, std::string>, HolderSet>
+        by_rack;  // (dc, rack)
+    std::map<std::pair<std::string, std::string>, HolderSet>
+        by_host;                                // (dc, host)
     std::map<uint32_t, WorkerId> rank_holders;  // trainer rank -> its worker
     size_t full_complete = 0;  // holders of every chunk that are not filling
   };

@@ -1131,7 +1131,6 @@ TEST_F(HubStateTest, ScheduleOfUncommittedOrUnknownVersionFailsLikeResolve) {
             StatusCode::kInvalidArgument);
 }
 
-
 // A report by digest: accepted when it names the committed manifest; a
 // hub without a committed manifest to compare with asks for the manifest
 // (false) and changes nothing; a wrong digest is refused like a wrong
@@ -1141,29 +1140,34 @@ TEST_F(HubStateTest, AddHolderByDigest) {
   WorkerId r = Register("r");
   auto g = Group("m", 1, 9);
   const Manifest m = ManifestOf(g);
-  EXPECT_EQ(hub_.AddHolderByDigest(WorkerId("w7-99"), "m", Version(1), 1, m.Digest(), 0)
+  EXPECT_EQ(hub_.AddHolderByDigest(WorkerId("w7-99"), "m", Version(1), 1,
+                                   m.Digest(), 0)
                 .status()
                 .code(),
             StatusCode::kNotFound);
   // Unknown version (a restarted hub): asks for the manifest.
-  Result<bool> unknown = hub_.AddHolderByDigest(r, "m", Version(1), 1, m.Digest(), 0);
+  Result<bool> unknown =
+      hub_.AddHolderByDigest(r, "m", Version(1), 1, m.Digest(), 0);
   ASSERT_TRUE(unknown.ok()) << unknown.status().ToString();
   EXPECT_FALSE(*unknown);
   EXPECT_TRUE(hub_.List().empty());
   ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
   ManifestDigest wrong = m.Digest();
   wrong.value ^= 1;
-  EXPECT_EQ(hub_.AddHolderByDigest(r, "m", Version(1), 1, wrong, 0).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      hub_.AddHolderByDigest(r, "m", Version(1), 1, wrong, 0).status().code(),
+      StatusCode::kInvalidArgument);
   EXPECT_EQ(hub_.List()[0].versions[0].holders, 1u);
-  Result<bool> ok = hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0, true);
+  Result<bool> ok =
+      hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0, true);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_TRUE(*ok);
   EXPECT_EQ(hub_.List()[0].versions[0].holders, 2u);
   // The filling copy is no copy yet; the complete one is.
   ASSERT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
   EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
-  ASSERT_TRUE(hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0).ok());
+  ASSERT_TRUE(
+      hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0).ok());
   EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
   // Pending here (rank re-reported after a restart): asks for the manifest.
   auto g2 = Group("p", 2, 10);
@@ -1173,10 +1177,11 @@ TEST_F(HubStateTest, AddHolderByDigest) {
   ASSERT_TRUE(pending.ok());
   EXPECT_FALSE(*pending);
   ASSERT_TRUE(hub_.Unpublish(t, "p", Version(1), 0).ok());  // aborts it
-  EXPECT_EQ(hub_.AddHolderByDigest(r, "p", Version(1), 1, ManifestOf(g2).Digest(), 0)
-                .status()
-                .code(),
-            StatusCode::kAborted);
+  EXPECT_EQ(
+      hub_.AddHolderByDigest(r, "p", Version(1), 1, ManifestOf(g2).Digest(), 0)
+          .status()
+          .code(),
+      StatusCode::kAborted);
 }
 
 // With more holders than the bound, Resolve lists the nearest
@@ -1189,7 +1194,8 @@ TEST_F(HubStateTest, ResolveListsTheNearestHoldersUpToTheBound) {
   ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
   const size_t far = 2 * kMaxResolveHolders, near = 3;
   for (size_t i = 0; i < far; ++i) {
-    WorkerId w = Register("far" + std::to_string(i), L("dc2", "r2", "h" + std::to_string(i)));
+    WorkerId w = Register("far" + std::to_string(i),
+                          L("dc2", "r2", "h" + std::to_string(i)));
     ASSERT_TRUE(hub_.AddHolder(w, "m", Version(1), 1, m, 0).ok());
   }
   std::set<std::string> nearest;
@@ -1225,7 +1231,9 @@ class ReferenceScheduler {
   };
 
   void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
-  void Publish(const WorkerId& w, uint32_t rank) { refs_[w] = Ref{rank, false, 0}; }
+  void Publish(const WorkerId& w, uint32_t rank) {
+    refs_[w] = Ref{rank, false, 0};
+  }
   // Mirrors AddHolder on success.
   void AddHolder(const WorkerId& w, bool filling) {
     Ref& r = refs_[w];
@@ -1279,14 +1287,15 @@ class ReferenceScheduler {
   }
 
   // The old scan; nullopt when no holder is left to read from.
-  std::optional<std::vector<WorkerId>> Schedule(const WorkerId& reader,
-                                                const std::set<WorkerId>& exclude,
-                                                size_t max_sources) {
+  std::optional<std::vector<WorkerId>> Schedule(
+      const WorkerId& reader, const std::set<WorkerId>& exclude,
+      size_t max_sources) {
     Release(reader);
     Labels rl;
     if (auto it = labels_.find(reader); it != labels_.end()) rl = it->second;
     uint64_t reader_join = UINT64_MAX;
-    if (auto own = refs_.find(reader); own != refs_.end() && own->second.filling) {
+    if (auto own = refs_.find(reader);
+        own != refs_.end() && own->second.filling) {
       reader_join = own->second.join_seq;
     }
     struct Candidate {
@@ -1307,16 +1316,20 @@ class ReferenceScheduler {
       if (w == reader || exclude.count(w) > 0) continue;
       if (r.filling && r.join_seq >= reader_join) continue;
       auto s = serving_.find(w);
-      cands.push_back({Distance(rl, labels_.at(w)), s == serving_.end() ? 0 : s->second,
-                       r.join_seq, w, r.filling});
+      cands.push_back({Distance(rl, labels_.at(w)),
+                       s == serving_.end() ? 0 : s->second, r.join_seq, w,
+                       r.filling});
     }
     if (cands.empty()) return std::nullopt;
     std::sort(cands.begin(), cands.end());
     const Candidate best = cands[0];
     std::vector<WorkerId> out = {best.worker};
-    for (size_t i = 1; i < cands.size() && out.size() < std::max<size_t>(max_sources, 1); ++i) {
+    for (size_t i = 1;
+         i < cands.size() && out.size() < std::max<size_t>(max_sources, 1);
+         ++i) {
       const Candidate& c = cands[i];
-      if (c.distance == best.distance && c.serving == 0 && !c.filling) out.push_back(c.worker);
+      if (c.distance == best.distance && c.serving == 0 && !c.filling)
+        out.push_back(c.worker);
     }
     for (const WorkerId& w : out) {
       assignments_[reader].push_back(w);
@@ -1351,27 +1364,32 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     std::mt19937 rng(seed);
     auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
     auto random_labels = [&] {
-      return L(dcs[pick(dcs.size())], racks[pick(racks.size())], hosts[pick(hosts.size())]);
+      return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
+               hosts[pick(hosts.size())]);
     };
     auto g = Group("m" + std::to_string(seed), 2, static_cast<uint8_t>(seed));
     const Manifest m = ManifestOf(g);
-    std::vector<uint64_t> base = {m.chunk_base(0), m.chunk_base(1), m.chunk_base(2)};
+    std::vector<uint64_t> base = {m.chunk_base(0), m.chunk_base(1),
+                                  m.chunk_base(2)};
     std::vector<WorkerId> ws;
-    std::set<WorkerId> gone;  // left the hub; may re-join
+    std::set<WorkerId> gone;                // left the hub; may re-join
     std::map<WorkerId, std::string> names;  // the name gives the address
-    auto join = [&](const std::string& name, Labels l, const WorkerId& id = WorkerId()) {
+    auto join = [&](const std::string& name, Labels l,
+                    const WorkerId& id = WorkerId()) {
       WorkerId w = Register(hub, name, l, id);
       ref.SetLabels(w, std::move(l));
       names[w] = name;
       return w;
     };
-    for (int i = 0; i < 40; ++i) ws.push_back(join("w" + std::to_string(i), random_labels()));
+    for (int i = 0; i < 40; ++i)
+      ws.push_back(join("w" + std::to_string(i), random_labels()));
     for (uint32_t r = 0; r < 2; ++r) {
       ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
       ref.Publish(ws[r], r);
     }
     for (int step = 0; step < 2500; ++step) {
-      SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step));
+      SCOPED_TRACE("seed " + std::to_string(seed) + " step " +
+                   std::to_string(step));
       const WorkerId w = ws[pick(ws.size())];
       const int op = static_cast<int>(pick(100));
       if (gone.count(w) > 0) {
@@ -1386,7 +1404,8 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         if (pick(2) == 0) {
           s = hub.AddHolder(w, "m", Version(1), 1, m, 0, filling);
         } else {
-          Result<bool> r = hub.AddHolderByDigest(w, "m", Version(1), 1, m.Digest(), 0, filling);
+          Result<bool> r = hub.AddHolderByDigest(w, "m", Version(1), 1,
+                                                 m.Digest(), 0, filling);
           s = r.status();
           if (r.ok()) {
             EXPECT_TRUE(*r);  // the hub has the committed manifest
@@ -1400,7 +1419,8 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         }
       } else if (op < 70) {  // schedules, sometimes excluding holders
         std::set<WorkerId> exclude;
-        for (size_t k = pick(4); k > 0; --k) exclude.insert(ws[pick(ws.size())]);
+        for (size_t k = pick(4); k > 0; --k)
+          exclude.insert(ws[pick(ws.size())]);
         size_t max_sources = 1 + pick(4);
         auto got = hub.Schedule(w, "m", Version(1), exclude, max_sources);
         if (!ref.Readable(base)) {
@@ -1451,7 +1471,8 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         for (const HolderView& h : r->holders) {
           listed.insert(h.worker);
           int d = ReferenceScheduler::Distance(
-              gone.count(reader) > 0 ? Labels{} : ref.LabelsOf(reader), h.labels);
+              gone.count(reader) > 0 ? Labels{} : ref.LabelsOf(reader),
+              h.labels);
           EXPECT_GE(d, last);
           last = d;
         }
