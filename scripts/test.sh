@@ -23,6 +23,9 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
      ctest --output-on-failure --timeout 900)
 fi
 
+step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
+build/tools/tensorhub bench hub --workers 500
+
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"

@@ -8,7 +8,9 @@
 #include <future>
 #include <thread>
 
+#include "client/hub_client.h"
 #include "common/deadline.h"
+#include "common/manifest.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "tensorhub/client.h"
@@ -62,6 +64,43 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->state, VersionState::kCommitted);
   EXPECT_EQ(info->num_holders, 1u);  // a (b itself is excluded from its view)
+}
+
+// AddHolder over gRPC names the manifest by digest; a hub that lacks the
+// committed manifest (here: it never saw the version, as after a restart)
+// asks for it, and the client sends it whole, so the hub rebuilds the
+// version from the holder alone. A different manifest is refused by digest.
+TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
+  client::HubClient hc(hub_->address(), "", 5000);
+  auto w = hc.Register(WorkerId(), "holder", "127.0.0.1:1", {},
+                       WorkerClass::kReliable, 5000);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  SyntheticModel src(TestLayout(1 << 20));
+  src.Fill(3);
+  auto part = BuildPartLayout(0, src.tensors(), kMinChunkBytes);
+  ASSERT_TRUE(part.ok());
+  Manifest m(1, kMinChunkBytes, {*part});
+  ASSERT_TRUE(hc.AddHolder(*w, "m", Version(4), 1, m).ok());
+  auto r = hc.Resolve(WorkerId("reader"), "m", Version::Latest(), false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->version, Version(4));
+  ASSERT_TRUE(r->manifest.has_value());
+  EXPECT_TRUE(*r->manifest == m);
+  EXPECT_EQ(r->num_holders, 1u);
+  // Now the hub has it: a second holder reports by digest alone.
+  auto w2 = hc.Register(WorkerId(), "holder2", "127.0.0.1:2", {},
+                        WorkerClass::kReliable, 5000);
+  ASSERT_TRUE(w2.ok());
+  ASSERT_TRUE(hc.AddHolder(*w2, "m", Version(4), 1, m, /*filling=*/true).ok());
+  std::vector<PartLayout> other = m.parts();
+  other[0].chunk_xxh3[0] ^= 1;
+  EXPECT_EQ(
+      hc.AddHolder(*w2, "m", Version(4), 1, Manifest(1, kMinChunkBytes, other))
+          .code(),
+      StatusCode::kInvalidArgument);
+  r = hc.Resolve(WorkerId("reader"), "m", Version(4), false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->num_holders, 2u);
 }
 
 TEST_F(HubTest, GroupCommitIsAtomicAndUncommittedFetchFailsCleanly) {

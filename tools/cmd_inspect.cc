@@ -61,7 +61,12 @@ int CmdShow(int argc, char** argv) {
                 static_cast<unsigned long long>(v->num_chunks),
                 FormatBytes(v->chunk_bytes).c_str(), v->group_size);
   }
-  std::printf("\nholders (%zu):\n", v->holders.size());
+  if (v->holders.size() < v->num_holders) {
+    std::printf("\nholders (%u, the nearest %zu listed):\n", v->num_holders,
+                v->holders.size());
+  } else {
+    std::printf("\nholders (%zu):\n", v->holders.size());
+  }
   for (const HolderInfo& h : v->holders) {
     std::printf("  %-12s %-22s %-7s dc=%s rack=%s host=%s chunks=%llu\n",
                 h.worker.value().c_str(), h.data_address.c_str(),

@@ -126,7 +126,9 @@ struct VersionInfo {
   std::vector<TensorInfo> tensors;  // filled by Describe, in layout order
   // Every part's metadata, rank 0's first; filled by Describe.
   std::vector<std::pair<std::string, std::string>> metadata;
-  std::vector<HolderInfo> holders;  // filled by Describe
+  // Filled by Describe: the nearest holders, at most 64 (num_holders
+  // counts them all).
+  std::vector<HolderInfo> holders;
 };
 
 struct ModelInfo {

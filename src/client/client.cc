@@ -323,7 +323,7 @@ class Client::Impl {
       for (const auto& [b, e] : s.chunks) h.chunks += e - b;
       vi.holders.push_back(std::move(h));
     }
-    vi.num_holders = static_cast<uint32_t>(vi.holders.size());
+    vi.num_holders = r.num_holders;
     return vi;
   }
 

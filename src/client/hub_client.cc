@@ -111,8 +111,17 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   req.set_version(version.value());
   req.set_epoch(epoch);
   req.set_filling(filling);
-  wire::ToProto(manifest, req.mutable_manifest());
+  // By digest first: the hub usually has the manifest (the reader resolved
+  // it there), and comparing 8 bytes keeps a report O(1) for the hub.
+  req.set_manifest_digest(manifest.Digest().value);
   v1::AddHolderResponse resp;
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
+                          rpc_timeout_ms_));
+  if (!resp.need_manifest()) return Status::Ok();
+  // The hub restarted (or has the version only pending): it rebuilds the
+  // version from the full manifest.
+  wire::ToProto(manifest, req.mutable_manifest());
+  resp.Clear();
   return Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
               rpc_timeout_ms_);
 }
@@ -142,9 +151,16 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
   Resolved out;
   out.version = Version(resp.version());
   out.state = wire::FromProto(resp.state());
-  if (resp.has_manifest() && resp.manifest().group_size() > 0) {
-    TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(resp.manifest()));
-    out.manifest = std::move(m);
+  out.num_holders = resp.num_holders();
+  if (!resp.manifest().empty()) {
+    v1::VersionManifest vm;
+    if (!vm.ParseFromString(resp.manifest())) {
+      return InvalidArgument("resolve: the hub sent a malformed manifest");
+    }
+    if (vm.group_size() > 0) {
+      TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
+      out.manifest = std::move(m);
+    }
   }
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));

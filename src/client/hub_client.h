@@ -29,7 +29,8 @@ struct Resolved {
   Version version;
   VersionState state = VersionState::kPending;
   std::optional<Manifest> manifest;
-  std::vector<ResolvedSource> sources;
+  std::vector<ResolvedSource> sources;  // the nearest (the hub bounds them)
+  uint32_t num_holders = 0;             // all holders but this worker
 };
 
 class HubClient {
@@ -46,6 +47,8 @@ class HubClient {
                  uint32_t rank, uint32_t group_size, uint64_t chunk_bytes,
                  const PartLayout& part, uint64_t epoch, bool rebuild,
                  int64_t timeout_ms);
+  // Names the manifest by its digest; sends it whole only when the hub asks
+  // (need_manifest: it restarted), so a report costs the hub O(1).
   Status AddHolder(const WorkerId& id, const std::string& model,
                    Version version, uint64_t epoch, const Manifest& manifest,
                    bool filling = false);

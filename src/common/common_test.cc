@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -418,6 +420,43 @@ TEST(ManifestTest, Equality) {
   parts[1].chunk_xxh3[0] ^= 1;
   EXPECT_FALSE(a == Manifest(2, kMinChunkBytes, parts));
   EXPECT_FALSE(a == Manifest(2, 2 * kMinChunkBytes, a.parts()));
+}
+
+// The digest follows equality: every field operator== compares changes it,
+// and moving bytes between two adjacent strings does too (length prefixes).
+TEST(ManifestTest, DigestFollowsEquality) {
+  Tensors t0, t1, u0, u1;
+  Manifest a = TwoParts(&t0, &t1);
+  EXPECT_EQ(a.Digest(), TwoParts(&u0, &u1).Digest());
+  std::vector<
+      std::pair<const char*, std::function<void(std::vector<PartLayout>&)>>>
+      edits = {
+          {"checksum", [](auto& p) { p[1].chunk_xxh3[0] ^= 1; }},
+          {"name", [](auto& p) { p[0].tensors[0].spec.name += "x"; }},
+          {"dtype", [](auto& p) { p[0].tensors[0].spec.dtype = DType::kI8; }},
+          {"shape", [](auto& p) { p[0].tensors[0].spec.shape.push_back(1); }},
+          {"offset", [](auto& p) { p[0].tensors[0].offset += 1; }},
+          {"bytes", [](auto& p) { p[0].tensors[0].bytes += 1; }},
+          {"part bytes", [](auto& p) { p[1].part_bytes += 1; }},
+          {"rank", [](auto& p) { p[1].rank = 7; }},
+          {"metadata",
+           [](auto& p) {
+             p[0].metadata.push_back({"k", "v"});
+           }},
+          {"metadata split",
+           [](auto& p) {
+             p[0].metadata.push_back({"kv", ""});
+           }},
+      };
+  std::set<uint64_t> seen = {a.Digest().value};
+  for (auto& [what, edit] : edits) {
+    std::vector<PartLayout> parts = a.parts();
+    edit(parts);
+    Manifest b(2, kMinChunkBytes, parts);
+    EXPECT_FALSE(a == b) << what;
+    EXPECT_TRUE(seen.insert(b.Digest().value).second) << what;
+  }
+  EXPECT_NE(a.Digest(), Manifest(2, 2 * kMinChunkBytes, a.parts()).Digest());
 }
 
 // Rebuilds `m` after `edit` changes its parts (and maybe its header).

@@ -47,6 +47,54 @@ ChunkLoc Manifest::Chunk(uint64_t global_chunk) const {
   return loc;
 }
 
+namespace {
+
+// Feeds fixed-width integers and length-prefixed strings to one stream.
+class DigestWriter {
+ public:
+  void U64(uint64_t v) { stream_.Update(&v, sizeof(v)); }
+  void Str(const std::string& s) {
+    U64(s.size());
+    stream_.Update(s.data(), s.size());
+  }
+  void U64s(const std::vector<uint64_t>& v) {
+    U64(v.size());
+    stream_.Update(v.data(), v.size() * sizeof(uint64_t));
+  }
+  uint64_t Digest() const { return stream_.Digest(); }
+
+ private:
+  Xxh3Stream stream_;
+};
+
+}  // namespace
+
+ManifestDigest Manifest::Digest() const {
+  DigestWriter w;
+  w.U64(group_size_);
+  w.U64(chunk_bytes_);
+  w.U64(parts_.size());
+  for (const PartLayout& p : parts_) {
+    w.U64(p.rank);
+    w.U64(p.tensors.size());
+    for (const TensorLayout& t : p.tensors) {
+      w.Str(t.spec.name);
+      w.U64(static_cast<uint64_t>(t.spec.dtype));
+      w.U64s(t.spec.shape);
+      w.U64(t.offset);
+      w.U64(t.bytes);
+    }
+    w.U64(p.part_bytes);
+    w.U64s(p.chunk_xxh3);
+    w.U64(p.metadata.size());
+    for (const auto& [k, v] : p.metadata) {
+      w.Str(k);
+      w.Str(v);
+    }
+  }
+  return ManifestDigest{w.Digest()};
+}
+
 Status Manifest::Validate() const {
   if (group_size_ == 0 || group_size_ > kMaxGroupSize) {
     return InvalidArgument("manifest: group size " +

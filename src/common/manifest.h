@@ -53,6 +53,14 @@ struct PartLayout {
   bool operator==(const PartLayout&) const = default;
 };
 
+// A 64-bit digest of a whole manifest (Manifest::Digest): equal manifests
+// have equal digests; different ones differ except with probability about
+// 2^-64. It lets a worker name the manifest it holds without sending it.
+struct ManifestDigest {
+  uint64_t value = 0;
+  bool operator==(const ManifestDigest&) const = default;
+};
+
 struct ChunkLoc {
   uint32_t part = 0;
   uint64_t offset = 0;  // inside the part
@@ -80,6 +88,10 @@ class Manifest {
   // Checks every claim against the bounds above and against itself (offsets
   // tile each part, chunk counts match sizes, names unique per version).
   Status Validate() const;
+
+  // XXH3-64 over every field that operator== compares, each length-prefixed
+  // so that no two different manifests share one encoding. O(manifest).
+  ManifestDigest Digest() const;
 
   bool operator==(const Manifest& o) const {
     return group_size_ == o.group_size_ && chunk_bytes_ == o.chunk_bytes_ &&

@@ -5,9 +5,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "common/deadline.h"
 #include "common/log.h"
@@ -84,8 +88,23 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
-                         v1::AddHolderResponse*) override {
+                         v1::AddHolderResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (!req->has_manifest()) {
+      if (!req->has_manifest_digest()) {
+        return wire::ToGrpc(
+            InvalidArgument("add holder: needs the manifest or its digest"));
+      }
+      // The usual report: no manifest to decode, validate or compare.
+      std::lock_guard<std::mutex> lock(mu_);
+      Result<bool> r = state_.AddHolderByDigest(
+          WorkerId(req->worker_id()), req->model(), Version(req->version()),
+          req->epoch(), ManifestDigest{req->manifest_digest()}, NowMs(),
+          req->filling());
+      if (!r.ok()) return wire::ToGrpc(r.status());
+      resp->set_need_manifest(!*r);
+      return grpc::Status::OK;
+    }
     Result<Manifest> m = wire::FromProto(req->manifest());
     if (!m.ok()) return wire::ToGrpc(m.status());
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,18 +126,36 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
                        v1::ResolveResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    std::shared_ptr<const std::string> encoded;
+    std::optional<Manifest> manifest;  // to encode, when not cached
     Result<Resolution> r = [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return state_.Resolve(WorkerId(req->worker_id()), req->model(),
-                            Version(req->version()),
-                            req->include_uncommitted());
+      Result<Resolution> res = state_.Resolve(
+          WorkerId(req->worker_id()), req->model(), Version(req->version()),
+          req->include_uncommitted(), /*copy_manifest=*/false);
+      if (res.ok() && res->manifest_digest.has_value()) {
+        encoded = CachedManifest(req->model(), *res);
+        if (encoded == nullptr) {
+          manifest = state_.CommittedManifest(req->model(), res->version);
+        }
+      }
+      return res;
     }();
     if (!r.ok()) return wire::ToGrpc(r.status());
     // Encoding happens outside the lock: a big manifest must not stall
-    // other calls.
+    // other calls. Every reader of a version gets the same bytes, so they
+    // are encoded once per version.
+    if (manifest.has_value()) {
+      v1::VersionManifest vm;
+      wire::ToProto(*manifest, &vm);
+      encoded = std::make_shared<const std::string>(vm.SerializeAsString());
+      std::lock_guard<std::mutex> lock(mu_);
+      CacheManifest(req->model(), *r, encoded);
+    }
     resp->set_version(r->version.value());
     resp->set_state(wire::ToProto(r->state));
-    if (r->manifest.has_value()) wire::ToProto(*r->manifest, resp->mutable_manifest());
+    resp->set_num_holders(r->num_holders);
+    if (encoded != nullptr) resp->set_manifest(*encoded);
     for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
     return grpc::Status::OK;
   }
@@ -220,8 +257,41 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
   }
 
+  // The encoded manifests Resolve sends, by (model, version, digest): the
+  // digest tells a version re-created with other contents apart. At most
+  // kManifestCacheEntries and kManifestCacheBytes, the oldest evicted first.
+  using ManifestKey = std::tuple<std::string, uint64_t, uint64_t>;
+  static constexpr size_t kManifestCacheEntries = 16;
+  static constexpr size_t kManifestCacheBytes = 256u << 20;
+
+  std::shared_ptr<const std::string> CachedManifest(const std::string& model,
+                                                    const Resolution& r) {
+    auto it = manifest_cache_.find(
+        {model, r.version.value(), r.manifest_digest->value});
+    return it == manifest_cache_.end() ? nullptr : it->second;
+  }
+  void CacheManifest(const std::string& model, const Resolution& r,
+                     std::shared_ptr<const std::string> encoded) {
+    ManifestKey key{model, r.version.value(), r.manifest_digest->value};
+    const size_t bytes = encoded->size();
+    if (!manifest_cache_.emplace(key, std::move(encoded)).second) return;
+    manifest_order_.push_back(key);
+    manifest_cache_bytes_ += bytes;
+    while (manifest_order_.size() > kManifestCacheEntries ||
+           manifest_cache_bytes_ > kManifestCacheBytes) {
+      auto oldest = manifest_cache_.find(manifest_order_.front());
+      manifest_cache_bytes_ -= oldest->second->size();
+      manifest_cache_.erase(oldest);
+      manifest_order_.pop_front();
+    }
+  }
+
   std::mutex mu_;
   HubState state_;  // guarded by mu_
+  std::map<ManifestKey, std::shared_ptr<const std::string>>
+      manifest_cache_;                      // guarded by mu_
+  std::deque<ManifestKey> manifest_order_;  // guarded by mu_, oldest first
+  size_t manifest_cache_bytes_ = 0;         // guarded by mu_
   const std::string secret_;
 };
 

@@ -54,9 +54,21 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
     std::set<std::pair<std::string, Version>> refs = w.refs;
     for (const auto& [model, version] : refs) DropReference(model, version, id);
   }
+  const Labels old = w.reg.labels;
   w.reg = reg;
   w.reg.requested_id = id;
   w.lease_expiry_ms = now_ms + config_.lease_ms;
+  if (old.datacenter != reg.labels.datacenter || old.rack != reg.labels.rack ||
+      old.host != reg.labels.host) {
+    // The same process, moved: file what it holds under its new place.
+    for (const auto& [model, version] : w.refs) {
+      VersionEntry* v = FindVersion(model, version);
+      assert(v != nullptr && v->refs.count(id) > 0);
+      Reference& r = v->refs.at(id);
+      Unfile(*v, r);
+      File(*v, id, r, w.reg.labels);
+    }
+  }
   return id;
 }
 
@@ -172,13 +184,19 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
     }
   }
   // A rank's part is held by exactly one worker.
-  for (const auto& [holder, ref] : v.refs) {
-    if (ref.rank == a.rank && holder != a.worker) {
-      return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
-                           " is already held by worker " + holder.value());
-    }
+  if (auto h = v.index.rank_holders.find(a.rank);
+      h != v.index.rank_holders.end() && h->second != a.worker) {
+    return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
+                         " is already held by worker " + h->second.value());
   }
-  v.refs[a.worker] = Reference{a.epoch, a.rank};
+  Reference& ref = v.refs[a.worker];
+  Unfile(v, ref);
+  const int serving = ref.serving;  // readers it serves keep counting
+  ref = Reference{};
+  ref.epoch = a.epoch;
+  ref.rank = a.rank;
+  ref.serving = serving;
+  File(v, a.worker, ref, wit->second.reg.labels);
   wit->second.refs.insert({a.model, a.version});
   TryCommit(v);
   UpdateAvailability(v);
@@ -194,9 +212,14 @@ void HubState::TryCommit(VersionEntry& v) {
   }
   Manifest manifest(v.group_size, v.chunk_bytes, std::move(parts));
   assert(manifest.Validate().ok());
-  v.manifest = std::move(manifest);
+  SetManifest(v, std::move(manifest));
   v.parts.clear();
   v.state = VersionState::kCommitted;
+}
+
+void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
+  v.manifest_digest = manifest.Digest();
+  v.manifest = std::move(manifest);
 }
 
 Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
@@ -211,7 +234,13 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   if (version.value() == 0) return InvalidArgument("version numbers start at 1");
-  TH_RETURN_IF_ERROR(manifest.Validate());
+  // The usual report repeats the committed manifest, which was validated
+  // when it was stored: one comparison instead of a validation.
+  const VersionEntry* known = FindVersion(model, version);
+  const bool same_as_committed = known != nullptr &&
+                                 known->manifest.has_value() &&
+                                 *known->manifest == manifest;
+  if (!same_as_committed) TH_RETURN_IF_ERROR(manifest.Validate());
   const std::string vname = VersionName(model, version);
   auto mit = models_.find(model);
   if (mit == models_.end()) {
@@ -231,7 +260,7 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
     v.state = VersionState::kCommitted;
     v.group_size = manifest.group_size();
     v.chunk_bytes = manifest.chunk_bytes();
-    v.manifest = manifest;
+    SetManifest(v, manifest);
     vit = m.versions.emplace(version, std::move(v)).first;
     m.highest = std::max(m.highest, version);
   }
@@ -256,30 +285,68 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
       }
     }
     v.parts.clear();
-    v.manifest = manifest;
+    SetManifest(v, manifest);
     v.state = VersionState::kCommitted;
   }
-  if (!(*v.manifest == manifest)) {
+  if (!same_as_committed && !(*v.manifest == manifest)) {
     return InvalidArgument("manifest of " + vname +
                            " differs from the committed one");
   }
+  return AttachHolder(wit->second, worker, model, version, v, epoch, filling);
+}
+
+Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
+                                         const std::string& model,
+                                         Version version, uint64_t epoch,
+                                         ManifestDigest digest, int64_t now_ms,
+                                         bool filling) {
+  auto wit = workers_.find(worker);
+  if (wit == workers_.end()) {
+    return NotFound("hub does not know worker " + worker.value() +
+                    "; register again");
+  }
+  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  if (version.value() == 0)
+    return InvalidArgument("version numbers start at 1");
+  const std::string vname = VersionName(model, version);
+  VersionEntry* v = FindVersion(model, version);
+  if (v != nullptr && v->state == VersionState::kAborted) {
+    return Aborted(vname + " was aborted");
+  }
+  // Nothing to compare with: the caller must send the manifest itself.
+  if (v == nullptr || !v->manifest.has_value()) return false;
+  if (!(v->manifest_digest == digest)) {
+    return InvalidArgument("manifest of " + vname +
+                           " differs from the committed one (digest " +
+                           std::to_string(digest.value) + ", committed " +
+                           std::to_string(v->manifest_digest.value) + ")");
+  }
+  TH_RETURN_IF_ERROR(
+      AttachHolder(wit->second, worker, model, version, *v, epoch, filling));
+  return true;
+}
+
+Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
+                              const std::string& model, Version version,
+                              VersionEntry& v, uint64_t epoch, bool filling) {
   auto rit = v.refs.find(worker);
-  if (rit != v.refs.end() && rit->second.rank.has_value()) {
-    if (filling) {
-      return FailedPrecondition("worker " + worker.value() + " holds rank " +
-                                std::to_string(*rit->second.rank) + " of " +
-                                vname + " already");
-    }
-    // The trainer rank itself fetched the rest: it now holds everything.
-    rit->second.rank.reset();
+  if (rit != v.refs.end() && rit->second.rank.has_value() && filling) {
+    return FailedPrecondition("worker " + worker.value() + " holds rank " +
+                              std::to_string(*rit->second.rank) + " of " +
+                              VersionName(model, version) + " already");
   }
   Reference& ref = v.refs[worker];
-  if (ref.join_seq == 0 && !ref.rank.has_value()) ref.join_seq = v.next_join++;
+  Unfile(v, ref);
+  // A trainer rank that fetched the rest now holds everything.
+  ref.rank.reset();
+  if (ref.join_seq == 0) ref.join_seq = v.next_join++;
   ref.epoch = epoch;
   ref.filling = filling;
+  File(v, worker, ref, w.reg.labels);
   if (!filling) Release(v, worker);
   UpdateAvailability(v);
-  wit->second.refs.insert({model, version});
+  w.refs.insert({model, version});
   return Status::Ok();
 }
 
@@ -310,11 +377,11 @@ void HubState::DropReference(const std::string& model, Version version,
   VersionEntry& v = vit->second;
   auto rit = v.refs.find(worker);
   if (rit == v.refs.end()) return;
+  // Readers that had it as a source find out on their next read and ask
+  // for new sources; its serving count goes with it.
+  Unfile(v, rit->second);
   v.refs.erase(rit);
   Release(v, worker);
-  // Readers that had it as a source find out on their next read and ask
-  // for new sources; it stops counting as busy now.
-  v.serving.erase(worker);
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
     // complete. Abort it and drop the other ranks' references.
@@ -325,6 +392,7 @@ void HubState::DropReference(const std::string& model, Version version,
       if (oit != workers_.end()) oit->second.refs.erase({model, version});
     }
     v.refs.clear();
+    v.index = HolderIndex{};
   } else {
     UpdateAvailability(v);
   }
@@ -336,20 +404,16 @@ void HubState::UpdateAvailability(VersionEntry& v) {
       v.state != VersionState::kUnavailable) {
     return;
   }
-  // Committed and readable only while every chunk has a live holder.
-  std::vector<ChunkRange> ranges;
-  for (const auto& [holder, ref] : v.refs) {
-    if (ref.filling) continue;  // not a copy yet
-    for (const ChunkRange& r : RangesOf(v, ref)) ranges.push_back(r);
-  }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const ChunkRange& a, const ChunkRange& b) {
-              return a.begin < b.begin;
-            });
-  uint64_t covered = 0;
-  for (const ChunkRange& r : ranges) {
-    if (r.begin > covered) break;
-    covered = std::max(covered, r.end);
+  // Committed and readable only while every chunk has a live holder that
+  // is not filling (a filling holder is no copy yet). Any complete full
+  // holder covers everything; else the trainer ranks' parts must, and
+  // those come in rank order, which is chunk order.
+  const uint64_t n = v.manifest->num_chunks();
+  uint64_t covered = v.index.full_complete > 0 ? n : 0;
+  for (auto it = v.index.rank_holders.begin();
+       covered < n && it != v.index.rank_holders.end(); ++it) {
+    if (v.manifest->chunk_base(it->first) > covered) break;
+    covered = std::max(covered, v.manifest->chunk_base(it->first + 1));
   }
   v.state = covered >= v.manifest->num_chunks() ? VersionState::kCommitted
                                                 : VersionState::kUnavailable;
@@ -380,11 +444,105 @@ std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
            v.manifest->chunk_base(*r.rank + 1)}};
 }
 
-int HubState::Distance(const Labels& a, const Labels& b) const {
-  if (a.datacenter != b.datacenter) return 3;
-  if (!a.host.empty() && a.host == b.host) return 0;
-  if (!a.rack.empty() && a.rack == b.rack) return 1;
-  return 2;
+void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
+                    const Labels& labels) {
+  assert(!r.filed.has_value());
+  Filed f{HolderKey{r.serving, r.join_seq, id}, r.filling, r.rank, labels};
+  HolderIndex& x = v.index;
+  auto add = [&](HolderSet& set) {
+    bool fresh = (f.filling ? set.filling : set.complete).insert(f.key).second;
+    assert(fresh);
+    (void)fresh;
+  };
+  add(x.all);
+  add(x.by_dc[labels.datacenter]);
+  if (!labels.rack.empty()) add(x.by_rack[{labels.datacenter, labels.rack}]);
+  if (!labels.host.empty()) add(x.by_host[{labels.datacenter, labels.host}]);
+  if (f.rank.has_value()) {
+    bool fresh = x.rank_holders.emplace(*f.rank, id).second;
+    assert(fresh);  // Publish lets one worker hold each rank
+    (void)fresh;
+  } else if (!f.filling) {
+    ++x.full_complete;
+  }
+  r.filed = std::move(f);
+}
+
+void HubState::Unfile(VersionEntry& v, Reference& r) {
+  if (!r.filed.has_value()) return;
+  const Filed& f = *r.filed;
+  HolderIndex& x = v.index;
+  auto remove = [&](HolderSet& set) {
+    size_t erased = (f.filling ? set.filling : set.complete).erase(f.key);
+    assert(erased == 1);
+    (void)erased;
+  };
+  // Groups are erased when they empty, so the index stays as large as the
+  // set of holders.
+  auto remove_from = [&](auto& groups, const auto& group) {
+    auto it = groups.find(group);
+    assert(it != groups.end());
+    remove(it->second);
+    if (it->second.empty()) groups.erase(it);
+  };
+  remove(x.all);
+  remove_from(x.by_dc, f.labels.datacenter);
+  if (!f.labels.rack.empty()) {
+    remove_from(x.by_rack, std::make_pair(f.labels.datacenter, f.labels.rack));
+  }
+  if (!f.labels.host.empty()) {
+    remove_from(x.by_host, std::make_pair(f.labels.datacenter, f.labels.host));
+  }
+  if (f.rank.has_value()) {
+    x.rank_holders.erase(*f.rank);
+  } else if (!f.filling) {
+    --x.full_complete;
+  }
+  r.filed.reset();
+}
+
+void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) {
+  assert(r.filed.has_value());
+  Labels labels = r.filed->labels;
+  Unfile(v, r);
+  File(v, id, r, labels);
+}
+
+// Distance from the reader: 0 same host, 1 same rack, 2 same datacenter, 3
+// another datacenter (an empty host or rack label matches nothing). Each
+// group below holds every holder at its distance, and possibly nearer ones;
+// a search that reaches a group has found no usable nearer holder, so the
+// nearer ones it meets there are unusable too and are skipped.
+std::vector<HubState::Level> HubState::LevelsFor(const VersionEntry& v,
+                                                 const Labels& reader) {
+  std::vector<Level> out;
+  const HolderIndex& x = v.index;
+  if (!reader.host.empty()) {
+    auto it = x.by_host.find({reader.datacenter, reader.host});
+    if (it != x.by_host.end()) out.push_back({&it->second, 0});
+  }
+  if (!reader.rack.empty()) {
+    auto it = x.by_rack.find({reader.datacenter, reader.rack});
+    if (it != x.by_rack.end()) out.push_back({&it->second, 1});
+  }
+  auto it = x.by_dc.find(reader.datacenter);
+  if (it != x.by_dc.end()) out.push_back({&it->second, 2});
+  out.push_back({&x.all, 3});
+  return out;
+}
+
+HolderView HubState::ViewOf(const VersionEntry& v, const WorkerId& id) const {
+  const Reference& ref = v.refs.at(id);
+  const Worker& w = workers_.at(id);  // a worker's references leave with it
+  HolderView hv;
+  hv.worker = id;
+  hv.data_address = w.reg.data_address;
+  hv.labels = w.reg.labels;
+  hv.worker_class = w.reg.worker_class;
+  hv.epoch = ref.epoch;
+  hv.chunks = RangesOf(v, ref);  // empty while pending: ids not fixed yet
+  hv.filling = ref.filling;
+  return hv;
 }
 
 Status HubState::CheckReadable(const std::string& vname,
@@ -409,9 +567,17 @@ Status HubState::CheckReadable(const std::string& vname,
   return Status::Ok();
 }
 
+std::optional<Manifest> HubState::CommittedManifest(const std::string& model,
+                                                    Version version) {
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) return std::nullopt;
+  return v->manifest;
+}
+
 Result<Resolution> HubState::Resolve(const WorkerId& reader,
                                      const std::string& model, Version version,
-                                     bool include_uncommitted) {
+                                     bool include_uncommitted,
+                                     bool copy_manifest) {
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   auto mit = models_.find(model);
   if (mit == models_.end()) {
@@ -445,48 +611,47 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   Resolution res;
   res.version = vit->first;
   res.state = v.state;
-  res.manifest = v.manifest;
+  if (v.manifest.has_value()) {
+    res.manifest_digest = v.manifest_digest;
+    if (copy_manifest) res.manifest = v.manifest;
+  }
+  res.num_holders = static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
   Labels reader_labels;
   auto rit = workers_.find(reader);
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
-  struct Candidate {
+  // The nearest holders, group by group; within a group complete and
+  // filling holders merged in Schedule's order. Everything nearer than a
+  // group was listed before it (or the list is full), so what is listed
+  // already is skipped: at most kMaxResolveHolders steps of that kind.
+  struct Listed {
     int distance;
-    HolderView view;
+    const WorkerId* worker;
   };
-  std::vector<Candidate> candidates;
-  for (const auto& [holder, ref] : v.refs) {
-    if (holder == reader) continue;
-    auto hit = workers_.find(holder);
-    if (hit == workers_.end()) continue;
-    HolderView hv;
-    hv.worker = holder;
-    hv.data_address = hit->second.reg.data_address;
-    hv.labels = hit->second.reg.labels;
-    hv.worker_class = hit->second.reg.worker_class;
-    hv.epoch = ref.epoch;
-    hv.chunks = RangesOf(v, ref);
-    hv.filling = ref.filling;
-    if (!v.manifest.has_value() && ref.rank.has_value()) {
-      hv.chunks = {};  // pending: chunk ids are not fixed until commit
+  std::vector<Listed> listed;
+  std::set<WorkerId> seen;
+  for (const Level& level : LevelsFor(v, reader_labels)) {
+    auto c = level.set->complete.begin();
+    auto f = level.set->filling.begin();
+    while (listed.size() < kMaxResolveHolders &&
+           (c != level.set->complete.end() || f != level.set->filling.end())) {
+      bool take_c = f == level.set->filling.end() ||
+                    (c != level.set->complete.end() && *c < *f);
+      const HolderKey& k = take_c ? *c++ : *f++;
+      if (k.worker == reader || !seen.insert(k.worker).second) continue;
+      listed.push_back({level.distance, &k.worker});
     }
-    candidates.push_back({Distance(reader_labels, hv.labels), std::move(hv)});
   }
-  // Nearest first; within one distance class, rotate from one resolve to
-  // the next so that readers spread over equally near holders instead of
-  // all picking the first.
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const Candidate& a, const Candidate& b) {
-                     return a.distance < b.distance;
-                   });
+  // Within one distance, rotate from one resolve to the next so that
+  // readers that use this list spread over equally near holders.
   uint64_t shift = v.resolve_count++;
-  for (auto begin = candidates.begin(); begin != candidates.end();) {
-    auto end = std::find_if(begin, candidates.end(), [&](const Candidate& c) {
-      return c.distance != begin->distance;
+  for (auto begin = listed.begin(); begin != listed.end();) {
+    auto end = std::find_if(begin, listed.end(), [&](const Listed& l) {
+      return l.distance != begin->distance;
     });
     std::rotate(begin, begin + static_cast<long>(shift % (end - begin)), end);
     begin = end;
   }
-  for (Candidate& c : candidates) res.holders.push_back(std::move(c.view));
+  for (const Listed& l : listed) res.holders.push_back(ViewOf(v, *l.worker));
   return res;
 }
 
@@ -494,8 +659,11 @@ void HubState::Release(VersionEntry& v, const WorkerId& reader) {
   auto it = v.assignments.find(reader);
   if (it == v.assignments.end()) return;
   for (const WorkerId& src : it->second) {
-    auto s = v.serving.find(src);
-    if (s != v.serving.end() && --s->second <= 0) v.serving.erase(s);
+    auto r = v.refs.find(src);  // it may have left since
+    if (r != v.refs.end() && r->second.serving > 0) {
+      --r->second.serving;
+      Refile(v, src, r->second);
+    }
   }
   v.assignments.erase(it);
 }
@@ -534,67 +702,66 @@ Result<std::vector<HolderView>> HubState::Schedule(
   if (auto own = v.refs.find(reader); own != v.refs.end() && own->second.filling) {
     reader_join = own->second.join_seq;
   }
-  // One pass, no copies: this runs once per reader per version, so it must
-  // stay linear in the number of holders (bench hub measures it).
-  struct Candidate {
-    int distance;
-    int serving;
-    uint64_t join_seq;
-    const WorkerId* worker;
-    const Reference* ref;
-    const Worker* info;
-    // Nearest, then least busy, then the latest to join.
-    bool operator<(const Candidate& o) const {
-      if (distance != o.distance) return distance < o.distance;
-      if (serving != o.serving) return serving < o.serving;
-      return join_seq > o.join_seq;
-    }
+  auto usable = [&](const HolderKey& k) {
+    return k.worker != reader && exclude.count(k.worker) == 0;
   };
-  std::vector<Candidate> candidates;
-  candidates.reserve(v.refs.size());
-  for (const auto& [holder, ref] : v.refs) {
-    if (holder == reader || exclude.count(holder) > 0) continue;
-    if (ref.filling && ref.join_seq >= reader_join) continue;
-    auto hit = workers_.find(holder);
-    if (hit == workers_.end()) continue;
-    auto sit = v.serving.find(holder);
-    candidates.push_back({Distance(reader_labels, hit->second.reg.labels),
-                          sit == v.serving.end() ? 0 : sit->second,
-                          ref.join_seq, &holder, &ref, &hit->second});
+  // The best usable holder of a group: the first in order. Skips only the
+  // reader and excluded holders, and jumps over filling holders that joined
+  // after the reader with one search per serving count.
+  auto first_complete =
+      [&](const std::set<HolderKey>& set) -> const HolderKey* {
+    for (const HolderKey& k : set) {
+      if (usable(k)) return &k;
+    }
+    return nullptr;
+  };
+  auto first_filling = [&](const std::set<HolderKey>& set) -> const HolderKey* {
+    if (reader_join == 0) return nullptr;
+    for (auto it = set.begin(); it != set.end();) {
+      if (it->join_seq >= reader_join) {
+        // Keys run by serving, then join_seq downwards: the first holder
+        // with this serving count that joined before the reader.
+        it = set.lower_bound(
+            HolderKey{it->serving, reader_join - 1, WorkerId()});
+      } else if (usable(*it)) {
+        return &*it;
+      } else {
+        ++it;
+      }
+    }
+    return nullptr;
+  };
+  const HolderKey* best = nullptr;
+  const HolderSet* group = nullptr;
+  for (const Level& level : LevelsFor(v, reader_labels)) {
+    const HolderKey* c = first_complete(level.set->complete);
+    const HolderKey* f = first_filling(level.set->filling);
+    if (c == nullptr && f == nullptr) continue;
+    best = f == nullptr || (c != nullptr && *c < *f) ? c : f;
+    group = level.set;
+    break;
   }
-  if (candidates.empty()) {
+  if (best == nullptr) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
-  auto best = std::min_element(candidates.begin(), candidates.end());
-  std::vector<Candidate> chosen = {*best};
-  // Extra stripes: idle complete holders as near as the first choice.
-  std::vector<Candidate> extras;
-  for (auto it = candidates.begin(); it != candidates.end(); ++it) {
-    if (it != best && it->distance == best->distance && it->serving == 0 &&
-        !it->ref->filling) {
-      extras.push_back(*it);
-    }
+  std::vector<WorkerId> chosen = {best->worker};
+  // Extra stripes: idle complete holders as near as the first choice, the
+  // latest joined first. Idle ones lead the group's order.
+  const size_t want = max_sources > 0 ? max_sources : 1;
+  for (auto it = group->complete.begin();
+       it != group->complete.end() && it->serving == 0 && chosen.size() < want;
+       ++it) {
+    if (it->worker != best->worker && usable(*it)) chosen.push_back(it->worker);
   }
-  size_t n_extra = std::min(extras.size(), max_sources > 0 ? max_sources - 1 : 0);
-  std::partial_sort(extras.begin(), extras.begin() + static_cast<long>(n_extra),
-                    extras.end());
-  chosen.insert(chosen.end(), extras.begin(),
-                extras.begin() + static_cast<long>(n_extra));
   std::vector<HolderView> out;
   std::vector<WorkerId>& assigned = v.assignments[reader];
-  for (const Candidate& c : chosen) {
-    HolderView hv;
-    hv.worker = *c.worker;
-    hv.data_address = c.info->reg.data_address;
-    hv.labels = c.info->reg.labels;
-    hv.worker_class = c.info->reg.worker_class;
-    hv.epoch = c.ref->epoch;
-    hv.chunks = RangesOf(v, *c.ref);
-    hv.filling = c.ref->filling;
-    out.push_back(std::move(hv));
-    assigned.push_back(*c.worker);
-    ++v.serving[*c.worker];
+  for (const WorkerId& id : chosen) {
+    out.push_back(ViewOf(v, id));
+    assigned.push_back(id);
+    Reference& ref = v.refs.at(id);
+    ++ref.serving;
+    Refile(v, id, ref);
   }
   return out;
 }
@@ -658,10 +825,7 @@ void HubState::RemoveWorker(const WorkerId& id) {
   for (const auto& [model, version] : refs) DropReference(model, version, id);
   // A reader that served nothing may still have sources assigned.
   for (auto& [name, m] : models_) {
-    for (auto& [version, v] : m.versions) {
-      Release(v, id);
-      v.serving.erase(id);
-    }
+    for (auto& [version, v] : m.versions) Release(v, id);
   }
   workers_.erase(id);
 }

@@ -58,11 +58,22 @@ struct HolderView {
   bool filling = false;
 };
 
+// Resolve lists at most this many holders: a reader needs a few to fall
+// back on, and listing all of 10,000 per reader would cost the hub O(N) per
+// reader (O(N^2) per version).
+inline constexpr size_t kMaxResolveHolders = 64;
+
 struct Resolution {
   Version version;
   VersionState state = VersionState::kPending;
-  std::optional<Manifest> manifest;  // set once committed
-  std::vector<HolderView> holders;   // nearest to the reader first
+  // Set once committed (unless Resolve was asked not to copy it).
+  std::optional<Manifest> manifest;
+  std::optional<ManifestDigest> manifest_digest;  // set once committed
+  // The nearest holders (at most kMaxResolveHolders), nearest first; within
+  // one distance the order Schedule prefers (least busy, latest joined),
+  // rotated by one on each Resolve so that readers spread over them.
+  std::vector<HolderView> holders;
+  uint32_t num_holders = 0;  // all holders but the reader, listed or not
 };
 
 struct PublishArgs {
@@ -108,9 +119,22 @@ class HubState {
   // A worker holds a committed version: all of it, or (filling) it is
   // receiving it now and serves the chunks it has verified. A full report
   // ends the worker's fetch: its assigned sources are released.
+  // O(manifest): the manifest is validated and compared (skipped when it
+  // equals the committed one). A report to a hub that does not know the
+  // version (it restarted) re-creates it from this manifest.
   Status AddHolder(const WorkerId& worker, const std::string& model,
                    Version version, uint64_t epoch, const Manifest& manifest,
                    int64_t now_ms, bool filling = false);
+  // The same report naming the manifest by its digest (Manifest::Digest()),
+  // O(log N) with no manifest work: what a reader sends after it resolved the
+  // version. Returns false and changes nothing when the hub has no committed
+  // manifest of the version to compare with (it restarted, or the version is
+  // pending here): the caller then reports with the full manifest. A digest
+  // other than the committed one's is INVALID_ARGUMENT.
+  Result<bool> AddHolderByDigest(const WorkerId& worker,
+                                 const std::string& model, Version version,
+                                 uint64_t epoch, ManifestDigest digest,
+                                 int64_t now_ms, bool filling = false);
   // Chooses the sources a reader pulls a committed version from, and counts
   // them as busy until the reader's fetch ends (FetchDone, a full AddHolder,
   // or the reader leaving). Nearest first; among equally near holders the
@@ -119,7 +143,9 @@ class HubState {
   // to one reader at a time. Idle complete holders as near as the first
   // choice are added as extra stripes, up to `max_sources`. `exclude`
   // names holders that failed this reader. Calling it again replaces the
-  // reader's previous assignment.
+  // reader's previous assignment. Cost: O((|exclude| + s) log N) for N
+  // holders and s distinct serving counts among filling holders (an index,
+  // not a scan; see HolderIndex).
   Result<std::vector<HolderView>> Schedule(const WorkerId& reader,
                                            const std::string& model,
                                            Version version,
@@ -132,11 +158,19 @@ class HubState {
   Status Unpublish(const WorkerId& worker, const std::string& model,
                    Version version, int64_t now_ms);
   // Version::Latest() resolves to the highest committed version that still
-  // has a live holder.
+  // has a live holder. Lists at most kMaxResolveHolders holders.
+  // `copy_manifest` false leaves Resolution::manifest empty (the RPC layer
+  // sends a copy it encoded once per version, found by manifest_digest).
   Result<Resolution> Resolve(const WorkerId& reader, const std::string& model,
-                             Version version, bool include_uncommitted);
+                             Version version, bool include_uncommitted,
+                             bool copy_manifest = true);
+  // The committed manifest of a version, if there is one.
+  std::optional<Manifest> CommittedManifest(const std::string& model,
+                                            Version version);
   std::vector<ModelSummary> List() const;
-  // Drops workers whose lease ended, with all their references.
+  // Drops workers whose lease ended, with all their references. A scan of
+  // all workers: it runs a few times per lease, not once per request, and
+  // costs less than keeping an expiry order current on every heartbeat.
   void ExpireLeases(int64_t now_ms);
   // A worker leaves on purpose: the same as its lease ending now.
   Status Leave(const WorkerId& worker);
@@ -150,11 +184,55 @@ class HubState {
     int64_t lease_expiry_ms = 0;
     std::set<std::pair<std::string, Version>> refs;  // what it holds
   };
+  // Schedule's preference among equally near holders: the least busy, then
+  // the latest to join, then the id (trainer ranks all joined at 0).
+  struct HolderKey {
+    int serving = 0;
+    uint64_t join_seq = 0;
+    WorkerId worker;
+    bool operator<(const HolderKey& o) const {
+      if (serving != o.serving) return serving < o.serving;
+      if (join_seq != o.join_seq) return join_seq > o.join_seq;
+      return worker < o.worker;
+    }
+  };
+  // The holders of one version in one topology group, in preference order.
+  // Filling holders are kept apart: they feed only readers that joined
+  // after them, and only complete holders become extra stripes.
+  struct HolderSet {
+    std::set<HolderKey> complete;
+    std::set<HolderKey> filling;
+    bool empty() const { return complete.empty() && filling.empty(); }
+  };
+  // How a reference is filed in its version's index, kept so that it can be
+  // unfiled after the fields it was filed by change.
+  struct Filed {
+    HolderKey key;
+    bool filling = false;
+    std::optional<uint32_t> rank;
+    Labels labels;
+  };
   struct Reference {
     uint64_t epoch = 0;
     std::optional<uint32_t> rank;  // set for a trainer rank's part
     bool filling = false;
     uint64_t join_seq = 0;  // order in which holders joined (trainers: 0)
+    int serving = 0;        // readers Schedule() assigned it, still fetching
+    std::optional<Filed> filed;  // set while it is in the version's index
+  };
+  // Every reference of a version, filed by where its worker is: Schedule and
+  // Resolve walk the reader's host, rack, datacenter and then all holders,
+  // nearest first, and stop at the first usable holder instead of scanning
+  // every holder (which made one version for N readers cost O(N^2)).
+  struct HolderIndex {
+    HolderSet all;
+    std::map<std::string, HolderSet> by_dc;
+    std::map<std::pair<std::string, std::string>, HolderSet>
+        by_rack;  // (dc, rack)
+    std::map<std::pair<std::string, std::string>, HolderSet>
+        by_host;                                // (dc, host)
+    std::map<uint32_t, WorkerId> rank_holders;  // trainer rank -> its worker
+    size_t full_complete = 0;  // holders of every chunk that are not filling
   };
   struct VersionEntry {
     VersionState state = VersionState::kPending;
@@ -162,16 +240,23 @@ class HubState {
     uint64_t chunk_bytes = 0;
     std::vector<std::optional<PartLayout>> parts;  // while pending
     std::optional<Manifest> manifest;              // once committed
-    std::map<WorkerId, Reference> refs;
+    ManifestDigest manifest_digest;                // of *manifest
+    std::map<WorkerId, Reference> refs;            // each one filed in index
+    HolderIndex index;
     uint64_t resolve_count = 0;  // rotates equally near holders
     uint64_t next_join = 1;
-    // Reader -> the sources Schedule() gave it; holder -> readers assigned.
+    // Reader -> the sources Schedule() gave it (each counted in the source's
+    // Reference::serving until released).
     std::map<WorkerId, std::vector<WorkerId>> assignments;
-    std::map<WorkerId, int> serving;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
     Version highest;  // highest version number ever seen
+  };
+  // One topology group to search, at its distance from the reader.
+  struct Level {
+    const HolderSet* set;
+    int distance;
   };
 
   void RemoveWorker(const WorkerId& id);
@@ -179,14 +264,27 @@ class HubState {
                      const WorkerId& worker);
   void Prune(Model& m);
   static void TryCommit(VersionEntry& v);
+  static void SetManifest(VersionEntry& v, Manifest manifest);
+  // The part of AddHolder after the manifest is settled: file the holder.
+  Status AttachHolder(Worker& w, const WorkerId& worker,
+                      const std::string& model, Version version,
+                      VersionEntry& v, uint64_t epoch, bool filling);
   static void Release(VersionEntry& v, const WorkerId& reader);
+  static void File(VersionEntry& v, const WorkerId& id, Reference& r,
+                   const Labels& labels);
+  static void Unfile(VersionEntry& v, Reference& r);
+  // Files `r` again after its serving count changed.
+  static void Refile(VersionEntry& v, const WorkerId& id, Reference& r);
+  // The reader's groups, nearest first; the last one is every holder.
+  static std::vector<Level> LevelsFor(const VersionEntry& v,
+                                      const Labels& reader);
   VersionEntry* FindVersion(const std::string& model, Version version);
   static void UpdateAvailability(VersionEntry& v);
   // OK if readers may fetch the version; else the error a reader gets.
   static Status CheckReadable(const std::string& vname, const VersionEntry& v);
   static std::vector<ChunkRange> RangesOf(const VersionEntry& v,
                                           const Reference& r);
-  int Distance(const Labels& a, const Labels& b) const;
+  HolderView ViewOf(const VersionEntry& v, const WorkerId& id) const;
 
   HubConfig config_;
   uint64_t next_worker_ = 1;

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
+#include <map>
+#include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -1127,5 +1131,359 @@ TEST_F(HubStateTest, ScheduleOfUncommittedOrUnknownVersionFailsLikeResolve) {
             StatusCode::kInvalidArgument);
 }
 
+// A report by digest: accepted when it names the committed manifest; a
+// hub without a committed manifest to compare with asks for the manifest
+// (false) and changes nothing; a wrong digest is refused like a wrong
+// manifest.
+TEST_F(HubStateTest, AddHolderByDigest) {
+  WorkerId t = Register("t");
+  WorkerId r = Register("r");
+  auto g = Group("m", 1, 9);
+  const Manifest m = ManifestOf(g);
+  EXPECT_EQ(hub_.AddHolderByDigest(WorkerId("w7-99"), "m", Version(1), 1,
+                                   m.Digest(), 0)
+                .status()
+                .code(),
+            StatusCode::kNotFound);
+  // Unknown version (a restarted hub): asks for the manifest.
+  Result<bool> unknown =
+      hub_.AddHolderByDigest(r, "m", Version(1), 1, m.Digest(), 0);
+  ASSERT_TRUE(unknown.ok()) << unknown.status().ToString();
+  EXPECT_FALSE(*unknown);
+  EXPECT_TRUE(hub_.List().empty());
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  ManifestDigest wrong = m.Digest();
+  wrong.value ^= 1;
+  EXPECT_EQ(
+      hub_.AddHolderByDigest(r, "m", Version(1), 1, wrong, 0).status().code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 1u);
+  Result<bool> ok =
+      hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0, true);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(*ok);
+  EXPECT_EQ(hub_.List()[0].versions[0].holders, 2u);
+  // The filling copy is no copy yet; the complete one is.
+  ASSERT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kUnavailable);
+  ASSERT_TRUE(
+      hub_.AddHolderByDigest(r, "m", Version(1), 5, m.Digest(), 0).ok());
+  EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  // Pending here (rank re-reported after a restart): asks for the manifest.
+  auto g2 = Group("p", 2, 10);
+  ASSERT_EQ(*Pub(t, "p", 1, g2, 0), VersionState::kPending);
+  Result<bool> pending =
+      hub_.AddHolderByDigest(r, "p", Version(1), 1, ManifestOf(g2).Digest(), 0);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_FALSE(*pending);
+  ASSERT_TRUE(hub_.Unpublish(t, "p", Version(1), 0).ok());  // aborts it
+  EXPECT_EQ(
+      hub_.AddHolderByDigest(r, "p", Version(1), 1, ManifestOf(g2).Digest(), 0)
+          .status()
+          .code(),
+      StatusCode::kAborted);
+}
+
+// With more holders than the bound, Resolve lists the nearest
+// kMaxResolveHolders, still nearest first, and counts them all.
+TEST_F(HubStateTest, ResolveListsTheNearestHoldersUpToTheBound) {
+  WorkerId reader = Register("reader", L("dc1", "r1", "h1"));
+  auto g = Group("m", 1, 11);
+  const Manifest m = ManifestOf(g);
+  WorkerId t = Register("t", L("dc2", "r9", "h9"));
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  const size_t far = 2 * kMaxResolveHolders, near = 3;
+  for (size_t i = 0; i < far; ++i) {
+    WorkerId w = Register("far" + std::to_string(i),
+                          L("dc2", "r2", "h" + std::to_string(i)));
+    ASSERT_TRUE(hub_.AddHolder(w, "m", Version(1), 1, m, 0).ok());
+  }
+  std::set<std::string> nearest;
+  for (size_t i = 0; i < near; ++i) {
+    WorkerId w = Register("near" + std::to_string(i), L("dc1", "r1", "h1"));
+    ASSERT_TRUE(hub_.AddHolder(w, "m", Version(1), 1, m, 0, i % 2 == 1).ok());
+    nearest.insert(w.value());
+  }
+  Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->num_holders, far + near + 1);
+  ASSERT_EQ(r->holders.size(), kMaxResolveHolders);
+  std::vector<std::string> ids = Ids(*r);
+  EXPECT_EQ(std::set<std::string>(ids.begin(), ids.begin() + near), nearest);
+  for (size_t i = near; i < ids.size(); ++i) {
+    EXPECT_EQ(r->holders[i].labels.datacenter, "dc2") << i;
+  }
+}
+
+// ------------------------------------------------- index vs reference scan
+
+// The scheduler as it was before the index: every call scans every holder.
+// Pure logic over its own copy of the bookkeeping (who holds what, who joined
+// when, who serves how many readers), replayed from the same calls the test
+// makes on the hub. Ties the old scan left unspecified (equal keys among the
+// extra stripes, trainer ranks that all joined at 0) go by worker id.
+class ReferenceScheduler {
+ public:
+  struct Ref {
+    std::optional<uint32_t> rank;
+    bool filling = false;
+    uint64_t join_seq = 0;
+  };
+
+  void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
+  void Publish(const WorkerId& w, uint32_t rank) {
+    refs_[w] = Ref{rank, false, 0};
+  }
+  // Mirrors AddHolder on success.
+  void AddHolder(const WorkerId& w, bool filling) {
+    Ref& r = refs_[w];
+    r.rank.reset();
+    if (r.join_seq == 0) r.join_seq = next_join_++;
+    r.filling = filling;
+    if (!filling) Release(w);
+  }
+  bool HoldsRank(const WorkerId& w) const {
+    auto it = refs_.find(w);
+    return it != refs_.end() && it->second.rank.has_value();
+  }
+  void Drop(const WorkerId& w) {
+    refs_.erase(w);
+    Release(w);
+    serving_.erase(w);
+  }
+  void Release(const WorkerId& reader) {
+    auto it = assignments_.find(reader);
+    if (it == assignments_.end()) return;
+    for (const WorkerId& src : it->second) {
+      auto s = serving_.find(src);
+      if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
+    }
+    assignments_.erase(it);
+  }
+  // Every chunk held by a complete holder: a full one, or the trainer ranks'
+  // parts (rank r holds chunks [base[r], base[r + 1])).
+  bool Readable(const std::vector<uint64_t>& base) const {
+    std::vector<uint64_t> covered_by_rank(base.size() - 1, 0);
+    std::vector<bool> have(base.size() - 1, false);
+    for (const auto& [w, r] : refs_) {
+      if (r.filling) continue;
+      if (!r.rank.has_value()) return true;
+      have[*r.rank] = true;
+    }
+    uint64_t covered = 0;
+    for (size_t r = 0; r + 1 < base.size(); ++r) {
+      if (!have[r]) continue;
+      if (base[r] > covered) break;
+      covered = std::max(covered, base[r + 1]);
+    }
+    return covered >= base.back();
+  }
+
+  static int Distance(const Labels& a, const Labels& b) {
+    if (a.datacenter != b.datacenter) return 3;
+    if (!a.host.empty() && a.host == b.host) return 0;
+    if (!a.rack.empty() && a.rack == b.rack) return 1;
+    return 2;
+  }
+
+  // The old scan; nullopt when no holder is left to read from.
+  std::optional<std::vector<WorkerId>> Schedule(
+      const WorkerId& reader, const std::set<WorkerId>& exclude,
+      size_t max_sources) {
+    Release(reader);
+    Labels rl;
+    if (auto it = labels_.find(reader); it != labels_.end()) rl = it->second;
+    uint64_t reader_join = UINT64_MAX;
+    if (auto own = refs_.find(reader);
+        own != refs_.end() && own->second.filling) {
+      reader_join = own->second.join_seq;
+    }
+    struct Candidate {
+      int distance;
+      int serving;
+      uint64_t join_seq;
+      WorkerId worker;
+      bool filling;
+      bool operator<(const Candidate& o) const {
+        if (distance != o.distance) return distance < o.distance;
+        if (serving != o.serving) return serving < o.serving;
+        if (join_seq != o.join_seq) return join_seq > o.join_seq;
+        return worker < o.worker;
+      }
+    };
+    std::vector<Candidate> cands;
+    for (const auto& [w, r] : refs_) {
+      if (w == reader || exclude.count(w) > 0) continue;
+      if (r.filling && r.join_seq >= reader_join) continue;
+      auto s = serving_.find(w);
+      cands.push_back({Distance(rl, labels_.at(w)),
+                       s == serving_.end() ? 0 : s->second, r.join_seq, w,
+                       r.filling});
+    }
+    if (cands.empty()) return std::nullopt;
+    std::sort(cands.begin(), cands.end());
+    const Candidate best = cands[0];
+    std::vector<WorkerId> out = {best.worker};
+    for (size_t i = 1;
+         i < cands.size() && out.size() < std::max<size_t>(max_sources, 1);
+         ++i) {
+      const Candidate& c = cands[i];
+      if (c.distance == best.distance && c.serving == 0 && !c.filling)
+        out.push_back(c.worker);
+    }
+    for (const WorkerId& w : out) {
+      assignments_[reader].push_back(w);
+      ++serving_[w];
+    }
+    return out;
+  }
+
+  const std::map<WorkerId, Ref>& refs() const { return refs_; }
+  const Labels& LabelsOf(const WorkerId& w) const { return labels_.at(w); }
+
+ private:
+  std::map<WorkerId, Labels> labels_;
+  std::map<WorkerId, Ref> refs_;
+  std::map<WorkerId, std::vector<WorkerId>> assignments_;
+  std::map<WorkerId, int> serving_;
+  uint64_t next_join_ = 1;
+};
+
+// Random joins, fills, schedules (with exclusions), completions, fetch ends,
+// unpublishes, departures, re-joins and moves between racks: after every
+// step the hub's indexed Schedule must answer exactly what the scan does,
+// and Resolve must list every holder nearest first. Seeded: a failure names
+// its seed and step, and replays.
+TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
+  const std::vector<std::string> dcs = {"a", "b"};
+  const std::vector<std::string> racks = {"", "r1", "r2"};
+  const std::vector<std::string> hosts = {"", "h1", "h2", "h3"};
+  for (uint32_t seed = 1; seed <= 12; ++seed) {
+    HubState hub(DefaultConfig());
+    ReferenceScheduler ref;
+    std::mt19937 rng(seed);
+    auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+    auto random_labels = [&] {
+      return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
+               hosts[pick(hosts.size())]);
+    };
+    auto g = Group("m" + std::to_string(seed), 2, static_cast<uint8_t>(seed));
+    const Manifest m = ManifestOf(g);
+    std::vector<uint64_t> base = {m.chunk_base(0), m.chunk_base(1),
+                                  m.chunk_base(2)};
+    std::vector<WorkerId> ws;
+    std::set<WorkerId> gone;                // left the hub; may re-join
+    std::map<WorkerId, std::string> names;  // the name gives the address
+    auto join = [&](const std::string& name, Labels l,
+                    const WorkerId& id = WorkerId()) {
+      WorkerId w = Register(hub, name, l, id);
+      ref.SetLabels(w, std::move(l));
+      names[w] = name;
+      return w;
+    };
+    for (int i = 0; i < 40; ++i)
+      ws.push_back(join("w" + std::to_string(i), random_labels()));
+    for (uint32_t r = 0; r < 2; ++r) {
+      ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
+      ref.Publish(ws[r], r);
+    }
+    for (int step = 0; step < 2500; ++step) {
+      SCOPED_TRACE("seed " + std::to_string(seed) + " step " +
+                   std::to_string(step));
+      const WorkerId w = ws[pick(ws.size())];
+      const int op = static_cast<int>(pick(100));
+      if (gone.count(w) > 0) {
+        // Back under its old id and address, possibly somewhere else.
+        join(names.at(w), random_labels(), w);
+        gone.erase(w);
+        continue;
+      }
+      if (op < 30) {  // joins or finishes a fetch
+        bool filling = pick(3) != 0;
+        Status s;
+        if (pick(2) == 0) {
+          s = hub.AddHolder(w, "m", Version(1), 1, m, 0, filling);
+        } else {
+          Result<bool> r = hub.AddHolderByDigest(w, "m", Version(1), 1,
+                                                 m.Digest(), 0, filling);
+          s = r.status();
+          if (r.ok()) {
+            EXPECT_TRUE(*r);  // the hub has the committed manifest
+          }
+        }
+        if (filling && ref.HoldsRank(w)) {
+          EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+        } else {
+          ASSERT_TRUE(s.ok()) << s.ToString();
+          ref.AddHolder(w, filling);
+        }
+      } else if (op < 70) {  // schedules, sometimes excluding holders
+        std::set<WorkerId> exclude;
+        for (size_t k = pick(4); k > 0; --k)
+          exclude.insert(ws[pick(ws.size())]);
+        size_t max_sources = 1 + pick(4);
+        auto got = hub.Schedule(w, "m", Version(1), exclude, max_sources);
+        if (!ref.Readable(base)) {
+          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+          continue;
+        }
+        auto want = ref.Schedule(w, exclude, max_sources);
+        if (!want.has_value()) {
+          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+          continue;
+        }
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        std::vector<WorkerId> got_ids;
+        for (const HolderView& h : *got) got_ids.push_back(h.worker);
+        ASSERT_EQ(got_ids, *want);
+      } else if (op < 82) {  // a fetch ends without a copy
+        hub.FetchDone(w, "m", Version(1));
+        ref.Release(w);
+      } else if (op < 90) {  // stops serving
+        Status s = hub.Unpublish(w, "m", Version(1), 0);
+        EXPECT_EQ(s.ok(), ref.refs().count(w) > 0) << s.ToString();
+        if (s.ok()) ref.Drop(w);
+      } else if (op < 95) {  // leaves (or its lease ends)
+        ASSERT_TRUE(hub.Leave(w).ok());
+        ref.Drop(w);
+        gone.insert(w);
+      } else {  // moves: same process, new labels, keeps what it holds
+        WorkerRegistration reg;
+        reg.requested_id = w;
+        reg.name = names.at(w);
+        reg.data_address = "tcp://" + names.at(w) + ":9000";
+        reg.labels = random_labels();
+        ASSERT_TRUE(hub.RegisterWorker(reg, 0).ok());
+        ref.SetLabels(w, reg.labels);
+      }
+      // Resolve lists every holder but the reader (fewer than the bound
+      // here), nearest first.
+      if (ref.Readable(base)) {
+        const WorkerId reader = ws[pick(ws.size())];
+        Result<Resolution> r = hub.Resolve(reader, "m", Version(1), false);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        std::set<WorkerId> want;
+        for (const auto& [h, unused] : ref.refs()) {
+          if (h != reader) want.insert(h);
+        }
+        std::set<WorkerId> listed;
+        int last = 0;
+        for (const HolderView& h : r->holders) {
+          listed.insert(h.worker);
+          int d = ReferenceScheduler::Distance(
+              gone.count(reader) > 0 ? Labels{} : ref.LabelsOf(reader),
+              h.labels);
+          EXPECT_GE(d, last);
+          last = d;
+        }
+        EXPECT_EQ(listed, want);
+        EXPECT_EQ(r->num_holders, want.size());
+      } else {
+        EXPECT_EQ(hub.Resolve(w, "m", Version(1), false).status().code(),
+                  StatusCode::kUnavailable);
+      }
+    }
+  }
+}
 }  // namespace
 }  // namespace tensorhub::hub
