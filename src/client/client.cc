@@ -287,6 +287,7 @@ class Client::Impl {
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
     return st;
   }
 
