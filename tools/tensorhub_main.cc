@@ -16,6 +16,8 @@ int CmdDemo(int argc, char** argv);
 int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
+int CmdChaos(int argc, char** argv);
+int CmdChaosWorker(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -31,6 +33,10 @@ Commands:
   fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
+  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow,
+         [--bytes 4MiB] [--verbose]              hub restart) on loopback processes; checks
+                                                  bytes, deadlines, availability; exit 1 on
+                                                  any violation
 
 Common flags:
   --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)
@@ -61,6 +67,8 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
+  if (cmd == "chaos") return CmdChaos(argc, argv);
+  if (cmd == "_chaos-worker") return CmdChaosWorker(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

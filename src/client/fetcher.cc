@@ -108,13 +108,17 @@ class FetchRun {
     return !error_.ok() || done_chunks_ == total_chunks_;
   }
 
-  // The error at the deadline. UNAVAILABLE when no source that could still
-  // answer was left (every one known failed: killed, cut off, stopped), so
-  // the caller knows no holder was reachable; DEADLINE_EXCEEDED when live
-  // sources were still moving bytes, only too slowly.
+  // The error at the deadline. UNAVAILABLE when no holder was reachable:
+  // every source known failed (killed, cut off, stopped), or none delivered
+  // a chunk for the last kNoProgressMs (or since the fetch began). So the
+  // caller can tell "nobody answers" from DEADLINE_EXCEEDED, "bytes were
+  // still arriving, only too slowly".
   Status DeadlineErrorLocked() const {
+    static constexpr int64_t kNoProgressMs = 2000;
     bool any_live = false;
     for (const SourceState& k : sources_) any_live = any_live || !k.dead;
+    const int64_t now = NowMs();
+    if (now - last_chunk_ms_ >= std::min(kNoProgressMs, now - start_ms_)) any_live = false;
     std::string what = "fetch of '" + job_.model + "@" + std::to_string(job_.version.value()) +
                        "' did not finish in time: " + std::to_string(done_chunks_) + " of " +
                        std::to_string(total_chunks_) + " chunks done; last error: " +
@@ -211,6 +215,7 @@ class FetchRun {
         const double took_ms = static_cast<double>(NowMs() - start_ms);
         chunk_ms_avg_ = chunks_timed_ == 0 ? took_ms : 0.8 * chunk_ms_avg_ + 0.2 * took_ms;
         ++chunks_timed_;
+        last_chunk_ms_ = NowMs();
         // Each chunk completes exactly once; the count of done chunks is
         // what ends the fetch.
         assert(!done_[chunk]);
@@ -365,6 +370,8 @@ class FetchRun {
   double chunk_ms_avg_ = 0;  // moving average of chunk read times; guarded by mu_
   uint64_t chunks_timed_ = 0;  // guarded by mu_
   uint32_t steals_ = 0;        // guarded by mu_
+  const int64_t start_ms_ = NowMs();
+  int64_t last_chunk_ms_ = start_ms_;  // guarded by mu_
   uint64_t total_chunks_ = 0;
   uint64_t done_chunks_ = 0;   // guarded by mu_
   uint64_t bytes_done_ = 0;    // guarded by mu_
