@@ -4,6 +4,8 @@
 # UndefinedBehaviorSanitizer, the libFuzzer targets for a bounded time, and
 # the Python package's pytest suite.
 #   SKIP_ASAN=1  skip the sanitizer build      FUZZ_SECONDS=N  per target (30)
+#   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run (default: a new seed each run,
+#                printed, 20 rounds; replay a failure with its seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -22,6 +24,9 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure --timeout 900)
 fi
+
+step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
+build/tools/tensorhub chaos --seed "${CHAOS_SEED:-$(date +%s)}" --rounds "${CHAOS_ROUNDS:-20}"
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
