@@ -30,6 +30,8 @@ build/tools/tensorhub chaos --seed "${CHAOS_SEED:-$(date +%s)}" --rounds "${CHAO
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
+step "failure masking on the test bed (a holder cut off / slowed mid-fetch)"
+bash tests/testbed/failover_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
 

@@ -92,9 +92,10 @@ std::vector<std::string> Words(const std::string& line) {
 
 // ---------------------------------------------------------------------------
 // The worker process. Every reply starts with its word and the call's time:
-//   publish V RANK GROUP TIMEOUT_MS      -> ok MS | error MS CODE: message
+//   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE: message
 //   unpublish V TIMEOUT_MS               -> ok MS | error MS ...
-//   fetch V|latest TIMEOUT_MS SERVE      -> fetched MS V DIGEST | error MS ...
+//   fetch V|latest TIMEOUT_MS SERVE      -> fetched MS V DIGEST RETRIES STOLEN SOURCES
+//                                           | error MS ...
 //   describe V                           -> state MS NAME | error MS ...
 int RunChaosWorker(const Args& args) {
   std::string name = args.Get("name", "worker");
@@ -110,6 +111,7 @@ int RunChaosWorker(const Args& args) {
   o.heartbeat_interval_ms = 200;
   o.rpc_timeout_ms = 1000;
   o.connect_timeout_ms = 20000;
+  o.data_listen_address = args.Get("data-listen", "127.0.0.1:0");
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready");
@@ -129,7 +131,7 @@ int RunChaosWorker(const Args& args) {
       po.timeout_ms = std::stoll(w[4]);
       po.chunk_bytes = *chunk;
       Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
-      s.ok() ? Reply("ok " + ms()) : error(s);
+      s.ok() ? Reply("ok " + ms() + " " + Hex(model.Digest())) : error(s);
     } else if (w[0] == "unpublish" && w.size() == 3) {
       Status s = (*client)->Unpublish(kModel, Version(std::stoull(w[1])), std::stoll(w[2]));
       s.ok() ? Reply("ok " + ms()) : error(s);
@@ -140,7 +142,8 @@ int RunChaosWorker(const Args& args) {
       Version v = w[1] == "latest" ? Version::Latest() : Version(std::stoull(w[1]));
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
       st.ok() ? Reply("fetched " + ms() + " " + std::to_string(st->version.value()) + " " +
-                      Hex(model.Digest()))
+                      Hex(model.Digest()) + " " + std::to_string(st->chunk_retries) + " " +
+                      std::to_string(st->chunks_stolen) + " " + std::to_string(st->sources_used))
               : error(st.status());
     } else if (w[0] == "describe" && w.size() == 2) {
       auto info = (*client)->Describe(kModel, Version(std::stoull(w[1])));
@@ -334,9 +337,9 @@ class Chaos {
     return digests_[v] = m.Digest();
   }
 
-  // Checks a "fetched MS V DIGEST" reply; returns the version or nullopt.
+  // Checks a "fetched MS V DIGEST ..." reply; returns the version or nullopt.
   std::optional<uint64_t> CheckFetched(const Proc& p, const Reply_& r) {
-    if (r.words.size() != 4) {
+    if (r.words.size() < 4) {
       Violation(p.name + ": bad fetch reply");
       return std::nullopt;
     }
@@ -742,7 +745,7 @@ class Chaos {
 }  // namespace
 
 int CmdChaosWorker(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name"}, {});
+  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
   if (!args.ok()) return Fail(args.status());
   return RunChaosWorker(*args);
 }
