@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -40,6 +41,30 @@ std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 1200
   if (!s.ok()) return "error " + s.ToString();
   auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
   return line.ok() ? *line : "error " + line.status().ToString();
+}
+
+// SIGSTOP, then waits until the kernel reports the process stopped (the
+// signal is delivered asynchronously).
+void StopProcess(pid_t pid) {
+  ::kill(pid, SIGSTOP);
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  Deadline d = Deadline::AfterMs(5000);
+  while (!d.expired()) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    char state = '?';
+    if (f != nullptr) {
+      // "pid (comm) S ...": the state follows the last ')'.
+      std::string line(512, '\0');
+      size_t n = std::fread(line.data(), 1, line.size(), f);
+      std::fclose(f);
+      line.resize(n);
+      size_t close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size()) state = line[close + 2];
+    }
+    if (state == 'T') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "process " << pid << " did not stop";
 }
 
 // Starts a hub process on `port`; returns once it listens.
@@ -251,7 +276,7 @@ TEST(FailureModes, OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
   ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
   // The hub still lists the stopped holder (lease 10 s): it is there but
   // unreachable, and the fetch must say so by its deadline.
-  ::kill(trainer.pid(), SIGSTOP);
+  StopProcess(trainer.pid());
   std::string got = Ask(reader, "fetchx 1 3000 0 0 0");
   ::kill(trainer.pid(), SIGCONT);
   ASSERT_EQ(Word(got, 0), "failed") << got;
@@ -312,6 +337,50 @@ TEST(FailureModes, TrainerKilledBeforeCommitAbortsTheVersion) {
       << st.status().ToString();
   auto latest = (*observer)->Fetch("test-model", Version::Latest(), dest.tensors(), fo);
   EXPECT_EQ(latest.status().code(), StatusCode::kNotFound) << latest.status().ToString();
+}
+
+TEST(FailureModes, HubStoppedEveryCallEndsByItsOwnDeadline) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  Subprocess hub = StartHub(port, /*lease_ms=*/10000);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "4194304"});
+  ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
+  ClientOptions o;
+  o.hub_address = addr;
+  o.name = "caller";
+  o.rpc_timeout_ms = 5000;  // longer than every call's own deadline below
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  cli::SyntheticModel model(TestLayout(4194304));
+  ASSERT_TRUE((*client)->Fetch("test-model", Version(1), model.tensors()).ok());
+  // A hub that accepts connections but never answers.
+  StopProcess(hub.pid());
+  constexpr int64_t kTimeoutMs = 1000, kSlackMs = 400;
+  FetchOptions fo;
+  fo.timeout_ms = kTimeoutMs;
+  int64_t t0 = NowMs();
+  auto f = (*client)->Fetch("test-model", Version(1), model.tensors(), fo);
+  int64_t fetch_ms = NowMs() - t0;
+  t0 = NowMs();
+  Status u = (*client)->Unpublish("test-model", Version(1), kTimeoutMs);
+  int64_t unpublish_ms = NowMs() - t0;
+  model.Fill(2);
+  PublishOptions po;
+  po.timeout_ms = kTimeoutMs;
+  t0 = NowMs();
+  Status p = (*client)->Publish("test-model", Version(2), model.tensors(), po);
+  int64_t publish_ms = NowMs() - t0;
+  ::kill(hub.pid(), SIGCONT);
+  EXPECT_FALSE(f.ok());
+  EXPECT_TRUE(f.status().code() == StatusCode::kUnavailable ||
+              f.status().code() == StatusCode::kDeadlineExceeded)
+      << f.status().ToString();
+  EXPECT_LT(fetch_ms, kTimeoutMs + kSlackMs) << f.status().ToString();
+  // The local fence and drain need no hub; telling it is retried later.
+  EXPECT_TRUE(u.ok()) << u.ToString();
+  EXPECT_LT(unpublish_ms, kTimeoutMs + kSlackMs);
+  EXPECT_FALSE(p.ok());
+  EXPECT_LT(publish_ms, kTimeoutMs + kSlackMs) << p.ToString();
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 //                   process neither answers reads nor renews its lease)
 //   slow            SIGSTOP/SIGCONT duty cycle (40 ms of every 60) for 1-2.5 s
 //   hub-restart     SIGKILL of the hub, a new hub on the same port 0.2-1 s later
+//   hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts connections
+//                   but answers nothing; every call must still keep its deadline
 //
 // After each round it checks:
 //   * every fetch that succeeded returned exactly the published bytes (the
@@ -159,9 +161,18 @@ int RunChaosWorker(const Args& args) {
 // ---------------------------------------------------------------------------
 // The driver.
 
-enum Fault { kKillHolder, kKillReader, kKillTrainer, kStop, kSlow, kHubRestart, kNumFaults };
-const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer",
-                                   "stop",        "slow",        "hub-restart"};
+enum Fault {
+  kKillHolder,
+  kKillReader,
+  kKillTrainer,
+  kStop,
+  kSlow,
+  kHubRestart,
+  kHubStop,
+  kNumFaults
+};
+const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer", "stop",
+                                   "slow",        "hub-restart", "hub-stop"};
 
 struct Proc {
   std::string name;
@@ -552,6 +563,13 @@ class Chaos {
         hub_->Stop(1000);
         std::this_thread::sleep_for(std::chrono::milliseconds(200 + duration_ms % 800));
         StartHub();
+        return;
+      }
+      case kHubStop: {
+        ++faults_[f];
+        ::kill(hub_->pid(), SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(duration_ms));
+        ::kill(hub_->pid(), SIGCONT);
         return;
       }
       case kNumFaults:

@@ -33,8 +33,8 @@ Commands:
   fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
-  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow,
-         [--bytes 4MiB] [--verbose]              hub restart) on loopback processes; checks
+  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow, hub
+         [--bytes 4MiB] [--verbose]              stop/restart) on loopback processes; checks
                                                   bytes, deadlines, availability; exit 1 on
                                                   any violation
 
