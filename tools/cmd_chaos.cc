@@ -70,6 +70,39 @@ constexpr int64_t kMaxFaultMs = 2500;
 // its table, a stopped holder renewing its lease).
 constexpr int64_t kSettleMs = 20000;
 
+// The processes this run started, so that an interrupted run (SIGINT,
+// SIGTERM) leaves none behind: workers end on their own when their stdin
+// closes, but the hub waits for a signal and a stopped worker would stay
+// stopped. Slots are cleared once a process is reaped (its pid may be reused).
+constexpr int kMaxTracked = 128;
+std::atomic<pid_t> g_children[kMaxTracked];
+
+void Track(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void Untrack(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t want = pid;
+    if (slot.compare_exchange_strong(want, 0)) return;
+  }
+}
+
+extern "C" void KillChildrenAndExit(int sig) {
+  for (auto& slot : g_children) {
+    pid_t pid = slot.load();
+    if (pid > 0) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+    }
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
 std::vector<TensorSpec> ChaosLayout(uint64_t bytes) {
   std::vector<TensorSpec> specs;
   for (int i = 0; i < 16; ++i) specs.push_back({"norm." + std::to_string(i), DType::kBF16, {512}});
@@ -268,7 +301,9 @@ class Chaos {
       Violation("hub did not start: " + hub.status().ToString());
       return false;
     }
+    if (hub_) Untrack(hub_->pid());
     hub_ = std::make_unique<Subprocess>(std::move(hub).value());
+    Track(hub_->pid());
     Deadline d = Deadline::AfterMs(15000);
     while (!d.expired()) {
       if (Listening(port_)) return true;
@@ -291,6 +326,7 @@ class Chaos {
       return p;
     }
     p->sub = std::make_unique<Subprocess>(std::move(sub).value());
+    Track(p->sub->pid());
     auto ready = p->sub->ReadLine(Deadline::AfterMs(30000));
     if (!ready.ok() || *ready != "ready") {
       Violation(p->name + " did not come up: " + (ready.ok() ? *ready : ready.status().ToString()));
@@ -613,11 +649,13 @@ class Chaos {
     // Replace what was killed (a fresh process holds nothing).
     if (trainer_->killed.load()) {
       trainer_->sub->Stop(1000);
+      Untrack(trainer_->sub->pid());
       trainer_ = Spawn(false);
     }
     for (auto& r : readers_) {
       if (r->killed.load()) {
         r->sub->Stop(1000);
+        Untrack(r->sub->pid());
         r = Spawn(true);
       }
     }
@@ -784,6 +822,8 @@ int CmdChaos(int argc, char** argv) {
         "--rounds in [1, 100000], --readers in [1, 32], --bytes in [64KiB, 1GiB]"));
   }
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, KillChildrenAndExit);
+  ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
   Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers), *bytes,
               args->Has("verbose"));
