@@ -706,7 +706,11 @@ class Chaos {
         Reply_ r = Call(*auditor_, "describe " + std::to_string(v), 1000);
         if (!r.answered) break;
         state = r.words.size() > 2 ? r.words[2] : "?";
-        if (r.words[0] == "state" && state == "PENDING") {
+        // Still pending (the lease of the dead rank has not run out), or the
+        // hub not answering yet (restarting, stopped): ask again.
+        if ((r.words[0] == "state" && state == "PENDING") ||
+            (r.words[0] == "error" &&
+             (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           continue;
         }
