@@ -76,7 +76,11 @@ round() {
   ((retries > 0)) || fail "no read from the trainer failed over after '$fault'"
   ((ms > 400)) || fail "the fetch ended before the fault ($ms ms): nothing was tested"
   ((ms < limit_ms)) || fail "the fetch took $ms ms after '$fault' (limit $limit_ms ms)"
-  echo "failover_smoke: '$fault' mid-fetch: the reader got version $v exactly, in $ms ms ($retries reads moved, $stolen by work stealing)" >&2
+  # The bandwidth lower bound of this fetch: S over the reader's own link.
+  local bound_ms=$((bytes * 8 / 400000))  # 400 Mbit/s = 400,000 bit/ms
+  echo "failover_smoke: '$fault' mid-fetch: the reader got version $v exactly in $ms ms;" \
+    "S/B at its 400 Mbit/s link $bound_ms ms, ratio $(awk -v a="$ms" -v b="$bound_ms" 'BEGIN { printf "%.2f", a / b }');" \
+    "$retries reads moved, $stolen by work stealing" >&2
 }
 round 1 "ip -n $prefix-h0 link set eth0 down"
 ip -n "$prefix-h0" link set eth0 up
