@@ -217,7 +217,7 @@ struct Proc {
   std::optional<uint64_t> holds;       // committed version it serves
   // A version whose unpublish ran out of time: fenced (no longer served),
   // still draining; the trainer unpublishes it again before publishing.
-  std::optional<uint64_t> draining;    // trainer thread only
+  std::optional<uint64_t> draining;  // trainer thread only
 };
 
 struct Reply_ {
@@ -267,8 +267,7 @@ class Chaos {
   void Violation(const std::string& what) {
     ++violations_;
     std::lock_guard<std::mutex> l(print_mu_);
-    std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_, round_,
-                what.c_str());
+    std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_, round_, what.c_str());
     std::fflush(stdout);
   }
 
@@ -317,10 +316,10 @@ class Chaos {
     auto p = std::make_unique<Proc>();
     p->reader = reader;
     p->name = name.empty() ? (reader ? "reader-" : "trainer-") + std::to_string(++spawned_) : name;
-    auto sub = Subprocess::Spawn({"_chaos-worker", "--hub", hub_address_, "--bytes",
-                                  std::to_string(bytes_), "--seed", std::to_string(seed_),
-                                  "--name", p->name},
-                                 env_);
+    auto sub = Subprocess::Spawn(
+        {"_chaos-worker", "--hub", hub_address_, "--bytes", std::to_string(bytes_), "--seed",
+         std::to_string(seed_), "--name", p->name},
+        env_);
     if (!sub.ok()) {
       Violation("could not start " + p->name + ": " + sub.status().ToString());
       return p;
@@ -458,9 +457,9 @@ class Chaos {
     }
     if (!held) held = t.draining;
     if (held) {
-      Reply_ r = Call(t, "unpublish " + std::to_string(*held) + " " +
-                             std::to_string(kUnpublishTimeoutMs),
-                      kUnpublishTimeoutMs);
+      Reply_ r =
+          Call(t, "unpublish " + std::to_string(*held) + " " + std::to_string(kUnpublishTimeoutMs),
+               kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
       // Refused or not, the registration is fenced: it serves no more.
       SetHolds(t, std::nullopt);
@@ -498,17 +497,17 @@ class Chaos {
       held = p.holds;
       p.holds.reset();  // the fetch unpublishes what the buffer served
     }
-    Reply_ r = Call(p, "fetch " + which + " " + std::to_string(kFetchTimeoutMs) + " 1",
-                    kFetchTimeoutMs);
+    Reply_ r =
+        Call(p, "fetch " + which + " " + std::to_string(kFetchTimeoutMs) + " 1", kFetchTimeoutMs);
     Count(r, &fetch_ok_, &fetch_failed_, "fetched");
     if (!r.answered) return;
     if (r.words[0] == "fetched") {
       std::optional<uint64_t> v = CheckFetched(p, r);
       SetHolds(p, v);
       if (unpublish && v) {
-        Reply_ u = Call(p, "unpublish " + std::to_string(*v) + " " +
-                               std::to_string(kUnpublishTimeoutMs),
-                        kUnpublishTimeoutMs);
+        Reply_ u =
+            Call(p, "unpublish " + std::to_string(*v) + " " + std::to_string(kUnpublishTimeoutMs),
+                 kUnpublishTimeoutMs);
         Count(u, &unpublish_ok_, &unpublish_failed_);
         SetHolds(p, std::nullopt);  // fenced even if the drain ran out of time
       }
@@ -640,10 +639,10 @@ class Chaos {
     if (plan.trainer_group && !trainer_->killed.load() && trainer_->sub) {
       // The kill did not happen (the publish failed or came too late): end
       // the group's version the ordinary way, which aborts it too.
-      Reply_ r = Call(*trainer_,
-                      "unpublish " + std::to_string(next_version_) + " " +
-                          std::to_string(kUnpublishTimeoutMs),
-                      kUnpublishTimeoutMs);
+      Reply_ r = Call(
+          *trainer_,
+          "unpublish " + std::to_string(next_version_) + " " + std::to_string(kUnpublishTimeoutMs),
+          kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
     }
     // Replace what was killed (a fresh process holds nothing).
@@ -709,8 +708,7 @@ class Chaos {
         // Still pending (the lease of the dead rank has not run out), or the
         // hub not answering yet (restarting, stopped): ask again.
         if ((r.words[0] == "state" && state == "PENDING") ||
-            (r.words[0] == "error" &&
-             (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
+            (r.words[0] == "error" && (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           continue;
         }
@@ -753,13 +751,15 @@ class Chaos {
     std::printf("chaos: faults %d:", TotalFaults());
     for (int f = 0; f < kNumFaults; ++f) std::printf(" %s %d", kFaultNames[f], faults_[f].load());
     std::printf("\n");
-    std::printf("chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed cleanly %d; "
-                "unpublishes ok %d, failed cleanly %d; calls cut by a kill %d\n",
-                fetch_ok_.load(), fetch_failed_.load(), publish_ok_.load(), publish_failed_.load(),
-                unpublish_ok_.load(), unpublish_failed_.load(), calls_lost_to_kill_.load());
-    std::printf("chaos: audits: %d held versions fetched after their round, %d aborted "
-                "versions refused\n",
-                audits_ok_, aborted_refused_);
+    std::printf(
+        "chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed cleanly %d; "
+        "unpublishes ok %d, failed cleanly %d; calls cut by a kill %d\n",
+        fetch_ok_.load(), fetch_failed_.load(), publish_ok_.load(), publish_failed_.load(),
+        unpublish_ok_.load(), unpublish_failed_.load(), calls_lost_to_kill_.load());
+    std::printf(
+        "chaos: audits: %d held versions fetched after their round, %d aborted "
+        "versions refused\n",
+        audits_ok_, aborted_refused_);
     std::printf("chaos: clean failures by code:");
     for (auto& [code, n] : errors_by_code_) std::printf(" %s %d", code.c_str(), n);
     std::printf("\nchaos: longest call beyond its deadline %" PRId64 " ms (allowed %" PRId64
@@ -793,19 +793,20 @@ class Chaos {
 
   std::mutex stats_mu_;
   std::condition_variable pending_cv_;
-  bool pending_published_ = false;          // guarded by stats_mu_
-  std::set<uint64_t> aborted_;              // guarded by stats_mu_
+  bool pending_published_ = false;             // guarded by stats_mu_
+  std::set<uint64_t> aborted_;                 // guarded by stats_mu_
   std::map<std::string, int> errors_by_code_;  // guarded by stats_mu_
-  int64_t max_over_ms_ = 0;                 // guarded by stats_mu_
+  int64_t max_over_ms_ = 0;                    // guarded by stats_mu_
   std::mutex digest_mu_;
-  std::map<uint64_t, uint64_t> digests_;    // guarded by digest_mu_
+  std::map<uint64_t, uint64_t> digests_;  // guarded by digest_mu_
   std::mutex print_mu_;
 };
 
 }  // namespace
 
 int CmdChaosWorker(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
+  auto args =
+      ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
   if (!args.ok()) return Fail(args.status());
   return RunChaosWorker(*args);
 }
@@ -822,8 +823,8 @@ int CmdChaos(int argc, char** argv) {
   }
   if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 || *bytes < (64 << 10) ||
       *bytes > (1ull << 30)) {
-    return Fail(InvalidArgument(
-        "--rounds in [1, 100000], --readers in [1, 32], --bytes in [64KiB, 1GiB]"));
+    return Fail(
+        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], --bytes in [64KiB, 1GiB]"));
   }
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGINT, KillChildrenAndExit);
