@@ -1,9 +1,11 @@
 #include "test_roles.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "common/deadline.h"
 #include "common/log.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
@@ -60,7 +63,9 @@ int RunTrainer(const cli::Args& args) {
     in >> cmd >> v;
     if (cmd == "publish") {
       model.Fill(v);
-      Status s = (*client)->Publish(kModel, Version(v), model.tensors());
+      PublishOptions po;
+      if (!(in >> po.rank >> po.group_size)) po = PublishOptions{};
+      Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
       Reply(s.ok() ? "published " + std::to_string(v) + " " + Hex(model.Digest())
                    : "error " + s.ToString());
     } else if (cmd == "unpublish") {
@@ -84,14 +89,40 @@ int RunReader(const cli::Args& args) {
     std::istringstream in(line);
     std::string cmd, which;
     in >> cmd >> which;
-    if (cmd != "fetch") break;
+    if (cmd != "fetch" && cmd != "fetchx") break;
     Version v = which == "latest" ? Version::Latest() : Version(std::stoull(which));
     FetchOptions fo;
     fo.timeout_ms = 60000;
+    if (cmd == "fetch") {
+      auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+      Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
+                          Hex(model.Digest())
+                    : "error " + st.status().ToString());
+      continue;
+    }
+    // fetchx V TIMEOUT_MS SIGNAL PID PERCENT: sends SIGNAL to PID (0: this
+    // process) once PERCENT of the bytes have arrived, so a test can fail a
+    // holder (or this reader) in the middle of a transfer, deterministically.
+    int sig = 0, pid = 0, percent = 0;
+    in >> fo.timeout_ms >> sig >> pid >> percent;
+    std::atomic<bool> sent{false};
+    std::atomic<int> sent_at_percent{-1};
+    fo.on_progress = [&](const FetchProgress& p) {
+      if (sig != 0 && p.bytes_done * 100 >= p.bytes_total * static_cast<uint64_t>(percent) &&
+          !sent.exchange(true)) {
+        sent_at_percent = static_cast<int>(p.bytes_done * 100 / std::max<uint64_t>(1, p.bytes_total));
+        ::kill(pid == 0 ? ::getpid() : pid, sig);
+      }
+    };
+    int64_t t0 = NowMs();
     auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
-    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
-                        Hex(model.Digest())
-                  : "error " + st.status().ToString());
+    std::string ms = std::to_string(NowMs() - t0);
+    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " + Hex(model.Digest()) +
+                        " " + std::to_string(st->chunk_retries) + " " +
+                        std::to_string(st->chunks_stolen) + " " + ms + " " +
+                        std::to_string(sent_at_percent.load()) + " " +
+                        std::to_string(st->sources_used)
+                  : "failed " + ms + " " + st.status().ToString());
   }
   return 0;
 }

@@ -17,6 +17,8 @@ int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
 int CmdSim(int argc, char** argv);
+int CmdChaos(int argc, char** argv);
+int CmdChaosWorker(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -34,6 +36,10 @@ Commands:
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
   sim    --scenario standalone|elastic|crossdc|scale|testbed [--csv]
                                                   cluster-scale simulation of the hub's scheduler
+  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow, hub
+         [--bytes 4MiB] [--verbose]              stop/restart) on loopback processes; checks
+                                                  bytes, deadlines, availability; exit 1 on
+                                                  any violation
 
 Common flags:
   --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)
@@ -65,6 +71,8 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);
+  if (cmd == "chaos") return CmdChaos(argc, argv);
+  if (cmd == "_chaos-worker") return CmdChaosWorker(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

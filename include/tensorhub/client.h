@@ -96,6 +96,9 @@ struct FetchStats {
   double resolve_seconds = 0;  // the hub round trip
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
+  // Chunks taken back from a holder that had become far slower than the
+  // others and read from another one (included in chunk_retries).
+  uint32_t chunks_stolen = 0;
   std::vector<FetchSourceStats> sources;
 };
 

@@ -226,6 +226,7 @@ class PyClient {
     d["resolve_seconds"] = st.resolve_seconds;
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
+    d["chunks_stolen"] = st.chunks_stolen;
     return d;
   }
 

@@ -133,6 +133,7 @@ class FetchStats:
     resolve_seconds: float  #: the hub round trip
     sources_used: int
     chunk_retries: int
+    chunks_stolen: int = 0  #: chunks moved away from a holder that became very slow
 
 
 @dataclass
@@ -520,6 +521,7 @@ class Client:
                 resolve_seconds=float(stats["resolve_seconds"]),
                 sources_used=int(stats["sources_used"]),
                 chunk_retries=int(stats["chunk_retries"]),
+                chunks_stolen=int(stats["chunks_stolen"]),
             )
         return got
 

@@ -104,7 +104,8 @@ Status HubClient::Publish(const WorkerId& id, const std::string& model,
 
 Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
                             Version version, uint64_t epoch,
-                            const Manifest& manifest, bool filling) {
+                            const Manifest& manifest, bool filling,
+                            int64_t timeout_ms) {
   v1::AddHolderRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -123,23 +124,24 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   wire::ToProto(manifest, req.mutable_manifest());
   resp.Clear();
   return Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
-              rpc_timeout_ms_);
+              Within(timeout_ms));
 }
 
 Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
-                            Version version) {
+                            Version version, int64_t timeout_ms) {
   v1::UnpublishRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
   req.set_version(version.value());
   v1::UnpublishResponse resp;
   return Call(&v1::Hub::Stub::Unpublish, req, &resp, "unpublish",
-              rpc_timeout_ms_);
+              Within(timeout_ms));
 }
 
 Result<Resolved> HubClient::Resolve(const WorkerId& reader,
                                     const std::string& model, Version version,
-                                    bool include_uncommitted) {
+                                    bool include_uncommitted,
+                                    int64_t timeout_ms) {
   v1::ResolveRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -147,7 +149,7 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
   req.set_include_uncommitted(include_uncommitted);
   v1::ResolveResponse resp;
   TH_RETURN_IF_ERROR(
-      Call(&v1::Hub::Stub::Resolve, req, &resp, "resolve", rpc_timeout_ms_));
+      Call(&v1::Hub::Stub::Resolve, req, &resp, "resolve", Within(timeout_ms)));
   Resolved out;
   out.version = Version(resp.version());
   out.state = wire::FromProto(resp.state());
@@ -193,7 +195,8 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
 
 Result<std::vector<ResolvedSource>> HubClient::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
-    const std::vector<WorkerId>& exclude, uint32_t max_sources) {
+    const std::vector<WorkerId>& exclude, uint32_t max_sources,
+    int64_t timeout_ms) {
   v1::ScheduleRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -202,7 +205,7 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
   req.set_max_sources(max_sources);
   v1::ScheduleResponse resp;
   TH_RETURN_IF_ERROR(
-      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", rpc_timeout_ms_));
+      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", Within(timeout_ms)));
   std::vector<ResolvedSource> out;
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
@@ -212,14 +215,14 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
 }
 
 Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
-                            Version version) {
+                            Version version, int64_t timeout_ms) {
   v1::FetchDoneRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   v1::FetchDoneResponse resp;
   return Call(&v1::Hub::Stub::FetchDone, req, &resp, "fetch done",
-              rpc_timeout_ms_);
+              Within(timeout_ms));
 }
 
 Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms) {

@@ -4,6 +4,7 @@
 #ifndef TENSORHUB_CLIENT_HUB_CLIENT_H_
 #define TENSORHUB_CLIENT_HUB_CLIENT_H_
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,20 +48,25 @@ class HubClient {
                  uint32_t rank, uint32_t group_size, uint64_t chunk_bytes,
                  const PartLayout& part, uint64_t epoch, bool rebuild,
                  int64_t timeout_ms);
-  // Names the manifest by its digest; sends it whole only when the hub asks
-  // (need_manifest: it restarted), so a report costs the hub O(1).
+  // `timeout_ms` below: the caller's time left; the call waits at most the
+  // smaller of it and rpc_timeout_ms (-1: rpc_timeout_ms), so a call made
+  // on behalf of a fetch or unpublish never outlives that call's deadline.
+  // AddHolder names the manifest by its digest; sends it whole only when the
+  // hub asks (need_manifest: it restarted), so a report costs the hub O(1).
   Status AddHolder(const WorkerId& id, const std::string& model,
                    Version version, uint64_t epoch, const Manifest& manifest,
-                   bool filling = false);
+                   bool filling = false, int64_t timeout_ms = -1);
   Result<std::vector<ResolvedSource>> Schedule(
       const WorkerId& reader, const std::string& model, Version version,
-      const std::vector<WorkerId>& exclude, uint32_t max_sources);
+      const std::vector<WorkerId>& exclude, uint32_t max_sources,
+      int64_t timeout_ms = -1);
   Status FetchDone(const WorkerId& reader, const std::string& model,
-                   Version version);
+                   Version version, int64_t timeout_ms = -1);
   Status Unpublish(const WorkerId& id, const std::string& model,
-                   Version version);
+                   Version version, int64_t timeout_ms = -1);
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
-                           Version version, bool include_uncommitted);
+                           Version version, bool include_uncommitted,
+                           int64_t timeout_ms = -1);
   Result<std::vector<ModelInfo>> List();
   Status Leave(const WorkerId& id, int64_t timeout_ms);
 
@@ -68,6 +74,9 @@ class HubClient {
 
  private:
   void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
+  int64_t Within(int64_t timeout_ms) const {
+    return timeout_ms < 0 ? rpc_timeout_ms_ : std::min(timeout_ms, rpc_timeout_ms_);
+  }
   // One unary call with the secret set and a deadline of timeout_ms.
   template <typename Req, typename Resp>
   Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*,

@@ -15,6 +15,7 @@
 
 #include "common/deadline.h"
 #include "common/log.h"
+#include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
 #include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
@@ -349,6 +350,14 @@ class HubServerImpl final : public HubServer {
 };
 
 }  // namespace
+
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret) {
+  return std::make_unique<HubServiceImpl>(config, std::move(secret));
+}
+
+void ExpireLeases(v1::Hub::Service* service) {
+  static_cast<HubServiceImpl*>(service)->Expire();
+}
 
 }  // namespace tensorhub::hub
 

@@ -37,6 +37,12 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   if (reg.name.size() > 256 || reg.requested_id.value().size() > 128) {
     return InvalidArgument("worker name or id too long");
   }
+  // Labels are kept per worker and copied into every answer that lists the
+  // worker: bounded like the name.
+  if (reg.labels.datacenter.size() > 256 || reg.labels.rack.size() > 256 ||
+      reg.labels.host.size() > 256) {
+    return InvalidArgument("worker labels (datacenter, rack, host) must be at most 256 characters");
+  }
   WorkerId id = reg.requested_id;
   auto it = workers_.find(id);
   if (it == workers_.end() && workers_.size() >= config_.max_workers) {
