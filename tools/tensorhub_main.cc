@@ -16,6 +16,8 @@ int CmdDemo(int argc, char** argv);
 int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
+int CmdRetain(int argc, char** argv);
+int CmdKeeper(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -24,11 +26,15 @@ const char kUsage[] = R"(usage: tensorhub COMMAND [flags]
 
 Commands:
   serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
+         [--keep-latest K]                        retain the latest K versions per model
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version
   publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)
          [--rank R --group-size G]                until interrupted
-  fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
+  fetch  MODEL[@VERSION|@latest] -o OUT.safetensors
+         [--group ID --step N]                    reader group: one `latest` per step
+  retain MODEL@VERSION / unretain MODEL@VERSION   pin a version / withdraw the pin
+  keeper [--memory-limit BYTES]                   hold retained versions in host memory
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
 
@@ -61,6 +67,8 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
+  if (cmd == "retain" || cmd == "unretain") return CmdRetain(argc, argv);
+  if (cmd == "keeper") return CmdKeeper(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

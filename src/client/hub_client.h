@@ -30,6 +30,18 @@ struct Resolved {
   VersionState state = VersionState::kPending;
   std::optional<Manifest> manifest;
   std::vector<ResolvedSource> sources;
+  bool retained = false;
+};
+
+// A keeper's work from KeeperPoll: (model, version, total bytes).
+struct KeeperItem {
+  std::string model;
+  Version version;
+  uint64_t total_bytes = 0;
+};
+struct KeeperPollResult {
+  std::vector<KeeperItem> fetch;
+  std::vector<KeeperItem> release;
 };
 
 class HubClient {
@@ -54,12 +66,23 @@ class HubClient {
       const std::vector<WorkerId>& exclude, uint32_t max_sources);
   Status FetchDone(const WorkerId& reader, const std::string& model,
                    Version version);
+  // wait_ms: how long the hub may hold the call waiting for a reliable
+  // copy of a retained version (the call's deadline is wait_ms plus the
+  // usual RPC timeout). force: drop the reference even so.
   Status Unpublish(const WorkerId& id, const std::string& model,
-                   Version version);
+                   Version version, int64_t wait_ms = 0, bool force = false);
+  // group non-empty with Version::Latest(): the reader group's pinned
+  // version for group_step.
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
-                           Version version, bool include_uncommitted);
+                           Version version, bool include_uncommitted,
+                           const std::string& group = "",
+                           uint64_t group_step = 0, int64_t timeout_ms = 0);
   Result<std::vector<ModelInfo>> List();
-  Status Leave(const WorkerId& id, int64_t timeout_ms);
+  // wait_ms: as for Unpublish, for every retained version it holds the
+  // last copy of; it leaves all the same.
+  Status Leave(const WorkerId& id, int64_t timeout_ms, int64_t wait_ms = 0);
+  Status Retain(const std::string& model, Version version, bool retain);
+  Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper, int64_t wait_ms);
 
   const std::string& address() const { return address_; }
 
