@@ -46,8 +46,11 @@ class Client::Impl {
     // effort: if the hub does not answer, our lease expiring has the same
     // effect (minus that protection).
     if (!id_.empty()) {
+      // Only a worker that holds something can hold a last copy.
+      const int64_t wait_ms =
+          registry_.Snapshot().empty() ? 0 : options_.leave_timeout_ms;
       Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms),
-                            options_.leave_timeout_ms);
+                            wait_ms);
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
     if (server_) server_->Stop();
