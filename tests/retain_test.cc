@@ -5,15 +5,11 @@
 #include <signal.h>
 
 #include <chrono>
-#include <cstring>
-#include <iostream>
 #include <sstream>
 #include <thread>
 
-#include "cli_util.h"
 #include "client/keeper.h"
 #include "common/deadline.h"
-#include "common/log.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "subprocess.h"
@@ -342,33 +338,10 @@ TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   EXPECT_LT(NowMs() - t0, 4000);
 }
 
-// The keeper role: "ready ID" once registered, then runs until killed or
-// its stdin closes.
-int RunKeeperRole(int argc, char** argv) {
-  auto args = cli::ParseArgs(argc, argv, 2, {"hub", "memory-limit"}, {});
-  if (!args.ok()) return cli::Fail(args.status());
-  SetLogPrefix("keeper");
-  KeeperOptions ko;
-  ko.client.hub_address = args->Get("hub");
-  ko.client.heartbeat_interval_ms = 200;
-  ko.client.rpc_timeout_ms = 2000;
-  ko.poll_wait_ms = 500;
-  auto keeper = Keeper::Start(ko);
-  if (!keeper.ok()) return cli::Fail(keeper.status());
-  cli::Reply("ready " + (*keeper)->id().value());
-  std::string line;
-  while (std::getline(std::cin, line)) {
-  }
-  return 0;
-}
-
 }  // namespace
 }  // namespace tensorhub::testing
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "--role=keeper") == 0) {
-    return tensorhub::testing::RunKeeperRole(argc, argv);
-  }
   int rc = tensorhub::testing::MaybeRunRole(argc, argv);
   if (rc >= 0) return rc;
   ::testing::InitGoogleTest(&argc, argv);

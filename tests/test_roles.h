@@ -6,6 +6,8 @@
 //                                        "unpublish V" -> "unpublished V"
 //   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
 //                                        or "error CODE: message"
+//   keeper   --hub A                     prints "ready ID", keeps retained
+//                                        versions until killed
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_
 #define TENSORHUB_TESTS_TEST_ROLES_H_
 
