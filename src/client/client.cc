@@ -153,7 +153,10 @@ class Client::Impl {
     const int64_t left_ms = deadline.remaining_ms();
     const int64_t wait_ms =
         std::max<int64_t>(0, left_ms - std::min<int64_t>(left_ms / 4, 2000));
-    Status hs = hub_.Unpublish(id(), model, version, wait_ms, force);
+    // The call itself ends by our deadline even if the hub is unreachable.
+    const int64_t call_ms = std::max<int64_t>(
+        1, std::min(left_ms, wait_ms + options_.rpc_timeout_ms));
+    Status hs = hub_.Unpublish(id(), model, version, wait_ms, force, call_ms);
     if (hs.code() == StatusCode::kFailedPrecondition) return hs;  // kept
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Revoke(model, version));
     if (!hs.ok() && hs.code() != StatusCode::kNotFound) {

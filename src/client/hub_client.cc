@@ -119,7 +119,8 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
 }
 
 Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
-                            Version version, int64_t wait_ms, bool force) {
+                            Version version, int64_t wait_ms, bool force,
+                            int64_t timeout_ms) {
   v1::UnpublishRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -129,7 +130,7 @@ Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
   req.set_force(force);
   v1::UnpublishResponse resp;
   return Call(&v1::Hub::Stub::Unpublish, req, &resp, "unpublish",
-              rpc_timeout_ms_ + wait_ms);
+              timeout_ms > 0 ? timeout_ms : rpc_timeout_ms_ + wait_ms);
 }
 
 Result<Resolved> HubClient::Resolve(const WorkerId& reader,

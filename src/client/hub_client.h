@@ -67,10 +67,11 @@ class HubClient {
   Status FetchDone(const WorkerId& reader, const std::string& model,
                    Version version);
   // wait_ms: how long the hub may hold the call waiting for a reliable
-  // copy of a retained version (the call's deadline is wait_ms plus the
-  // usual RPC timeout). force: drop the reference even so.
+  // copy of a retained version. force: drop the reference even so. The
+  // call's deadline is timeout_ms if > 0, else wait_ms plus the RPC timeout.
   Status Unpublish(const WorkerId& id, const std::string& model,
-                   Version version, int64_t wait_ms = 0, bool force = false);
+                   Version version, int64_t wait_ms = 0, bool force = false,
+                   int64_t timeout_ms = 0);
   // group non-empty with Version::Latest(): the reader group's pinned
   // version for group_step.
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
