@@ -338,6 +338,49 @@ TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   EXPECT_LT(NowMs() - t0, 4000);
 }
 
+TEST_F(RetainE2E, RetainedVersionSurvivesAHubRestart) {
+  const int port = FreePort();
+  const std::string addr = "127.0.0.1:" + std::to_string(port);
+  const std::string bytes = std::to_string(kBytes);
+  auto start_hub = [&] {
+    Subprocess h = MustSpawn({"--role=hub", "--port", std::to_string(port),
+                              "--lease-ms", "2000"});
+    auto ready = h.ReadLine(Deadline::AfterMs(30000));
+    EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready");
+    return h;
+  };
+  Subprocess hub = start_hub();
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess keeper = MustSpawn({"--role=keeper", "--hub", addr});
+  auto ready = keeper.ReadLine(Deadline::AfterMs(30000));
+  ASSERT_TRUE(ready.ok() && Word(*ready, 0) == "ready");
+  std::string pub = Ask(trainer, "publish 1");
+  ASSERT_EQ(Word(pub, 0), "published") << pub;
+  ClientOptions o;
+  o.hub_address = addr;
+  o.name = "observer";
+  o.heartbeat_interval_ms = 200;
+  o.leave_timeout_ms = 0;
+  auto observer = Client::Connect(o);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  ASSERT_TRUE((*observer)->Retain("test-model", Version(1)).ok());
+  ASSERT_EQ(Ask(trainer, "unpublish 1"), "unpublished 1");  // keeper copied
+  // The hub dies and comes back: it forgot the pin; the keeper re-reports
+  // its copy and pins it again instead of dropping it.
+  ::kill(hub.pid(), SIGKILL);
+  hub.Stop(1000);
+  Subprocess hub2 = start_hub();
+  auto info = WaitFor(**observer, "test-model", Version(1), [](const VersionInfo& v) {
+    return v.state == VersionState::kCommitted && v.retained;
+  });
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kCommitted);
+  EXPECT_TRUE(info->retained);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  EXPECT_EQ(Ask(reader, "fetch 1"), "fetched 1 " + Word(pub, 2));
+}
+
 }  // namespace
 }  // namespace tensorhub::testing
 

@@ -253,6 +253,10 @@ Result<KeeperPollResult> HubClient::KeeperPoll(const WorkerId& keeper,
   for (const v1::KeeperTask& t : resp.release()) {
     out.release.push_back({t.model(), Version(t.version()), t.total_bytes()});
   }
+  for (const v1::KeeperTask& t : resp.pinned()) {
+    out.pinned.push_back({t.model(), Version(t.version()), t.total_bytes()});
+  }
+  out.hub_incarnation = resp.hub_incarnation();
   return out;
 }
 

@@ -42,6 +42,8 @@ struct KeeperItem {
 struct KeeperPollResult {
   std::vector<KeeperItem> fetch;
   std::vector<KeeperItem> release;
+  std::vector<KeeperItem> pinned;
+  uint64_t hub_incarnation = 0;
 };
 
 class HubClient {

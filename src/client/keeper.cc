@@ -6,6 +6,7 @@
 #include <chrono>
 #include <new>
 
+#include "common/deadline.h"
 #include "common/log.h"
 
 namespace tensorhub::client {
@@ -81,20 +82,51 @@ KeeperStats Keeper::stats() const {
 
 void Keeper::Loop() {
   while (!Stopping()) {
-    Result<KeeperPollResult> work = hub_.KeeperPoll(id(), options_.poll_wait_ms);
     bool progress = false;
-    if (!work.ok()) {
+    if (!repin_.empty() && !Repin()) {
+      // Not everything is pinned again yet (the hub has not heard of some
+      // versions from our heartbeat thread): do not poll, or it would tell
+      // us to release them.
+    } else if (Result<KeeperPollResult> work =
+                   hub_.KeeperPoll(id(), options_.poll_wait_ms);
+               !work.ok()) {
       // NOT_FOUND: the hub forgot us (restart); the client's heartbeat
       // thread registers again. Else the hub is unreachable for now.
       TH_LOG(DEBUG) << "keeper poll: " << work.status().ToString();
+    } else if (incarnation_ != 0 && work->hub_incarnation != incarnation_) {
+      // The hub restarted and forgot every Retain pin. Restore the pins of
+      // what we hold before acting on any answer.
+      incarnation_ = work->hub_incarnation;
+      for (const Key& k : pinned_) {
+        if (held_.count(k) > 0) repin_.insert(k);
+      }
+      repin_deadline_ms_ = NowMs() + 30000;
+      release_after_ms_ = NowMs() + 10000;
+      TH_LOG(WARN) << "hub restarted: pinning " << repin_.size()
+                   << " retained version(s) again";
+      progress = true;
     } else {
+      incarnation_ = work->hub_incarnation;
+      // Pins of what we hold, as the hub sees them now.
+      pinned_.clear();
+      for (const KeeperItem& p : work->pinned) {
+        if (held_.count({p.model, p.version}) > 0) pinned_.insert({p.model, p.version});
+      }
       for (const KeeperItem& item : work->release) {
         if (Stopping()) break;
+        if (NowMs() < release_after_ms_) break;  // hub still rebuilding
         progress |= Drop(item);
       }
       for (const KeeperItem& item : work->fetch) {
         if (Stopping()) break;
-        progress |= Keep(item);
+        if (Keep(item)) {
+          progress = true;
+          for (const KeeperItem& p : work->pinned) {
+            if (p.model == item.model && p.version == item.version) {
+              pinned_.insert({p.model, p.version});
+            }
+          }
+        }
       }
       if (work->fetch.empty() && work->release.empty()) progress = true;
     }
@@ -166,6 +198,28 @@ bool Keeper::Keep(const KeeperItem& item) {
   stats_.versions_held = held_.size();
   stats_.bytes_held += item.total_bytes;
   return true;
+}
+
+bool Keeper::Repin() {
+  for (auto it = repin_.begin(); it != repin_.end();) {
+    Status s = hub_.Retain(it->first, it->second, true);
+    if (s.ok()) {
+      pinned_.insert(*it);
+      it = repin_.erase(it);
+    } else {
+      TH_LOG(DEBUG) << "keeper re-pin '" << it->first << "@"
+                    << it->second.value() << "': " << s.ToString();
+      ++it;
+    }
+  }
+  if (!repin_.empty() && NowMs() > repin_deadline_ms_) {
+    for (const Key& k : repin_) {
+      TH_LOG(ERROR) << "keeper could not pin '" << k.first << "@"
+                    << k.second.value() << "' again after a hub restart";
+    }
+    repin_.clear();
+  }
+  return repin_.empty();
 }
 
 bool Keeper::Drop(const KeeperItem& item) {

@@ -75,6 +75,8 @@ class Keeper {
   // Both return whether they made progress.
   bool Keep(const KeeperItem& item);
   bool Drop(const KeeperItem& item);
+  // After a hub restart: pins again what was pinned before (true when done).
+  bool Repin();
   bool Stopping();
 
   const KeeperOptions options_;
@@ -84,6 +86,15 @@ class Keeper {
   std::map<Key, Held> held_;           // loop thread only
   std::vector<Held> undrained_;        // loop thread only; freed at exit
   std::set<Key> refused_;              // loop thread only: logged once
+  // Hub restarts (loop thread only): the hub's incarnation last seen, the
+  // Retain pins of versions we hold as the hub last reported them, the pins
+  // still to restore after a restart, and until when releases wait (the
+  // restarted hub is still hearing from the other workers).
+  uint64_t incarnation_ = 0;
+  std::set<Key> pinned_;
+  std::set<Key> repin_;
+  int64_t repin_deadline_ms_ = 0;
+  int64_t release_after_ms_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -175,6 +175,8 @@ class HubServiceImpl final : public v1::Hub::Service {
     lock.unlock();
     for (const KeeperTask& t : work.fetch) ToProto(t, resp->add_fetch());
     for (const KeeperTask& t : work.release) ToProto(t, resp->add_release());
+    for (const KeeperTask& t : work.pinned) ToProto(t, resp->add_pinned());
+    resp->set_hub_incarnation(state_.config().incarnation);
     return grpc::Status::OK;
   }
 

@@ -826,6 +826,7 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
       auto own = v.refs.find(keeper);
       if (own != v.refs.end()) {
         if (!retained && !own->second.filling) work.release.push_back(task);
+        if (v.retained && !own->second.filling) work.pinned.push_back(task);
         continue;
       }
       if (!retained || v.state != VersionState::kCommitted) continue;
@@ -842,7 +843,10 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
           break;
         }
       }
-      if (!copying) work.fetch.push_back(task);
+      if (!copying) {
+        work.fetch.push_back(task);
+        if (v.retained) work.pinned.push_back(task);
+      }
     }
   }
   return work;

@@ -108,6 +108,10 @@ struct KeeperTask {
 struct KeeperWork {
   std::vector<KeeperTask> fetch;    // retained, no reliable copy: copy it
   std::vector<KeeperTask> release;  // held by this keeper, not retained
+  // Of the versions this keeper holds or is asked to fetch, those with a
+  // Retain pin (so it can restore the pins after a hub restart).
+  std::vector<KeeperTask> pinned;
+  // Whether there is work (pinned is information, not work).
   bool empty() const { return fetch.empty() && release.empty(); }
 };
 

@@ -180,6 +180,7 @@ TEST_F(RetainTest, UnpublishOfLastReliableCopyIsBlockedUntilAKeeperCopies) {
   KeeperWork w = hub_.KeeperTasks(k);
   ASSERT_EQ(w.fetch.size(), 1u);
   EXPECT_EQ(w.fetch[0], (KeeperTask{"m", Version(1), kMinChunkBytes + 7}));
+  EXPECT_EQ(w.pinned, w.fetch);  // a Retain pin, not keep-latest
   // The keeper's copy in progress does not count yet, but is not asked
   // for twice.
   Hold(k, "m", 1, p, /*filling=*/true);
@@ -190,9 +191,12 @@ TEST_F(RetainTest, UnpublishOfLastReliableCopyIsBlockedUntilAKeeperCopies) {
   EXPECT_TRUE(hub_.CheckDeparture(t, "m", Version(1)).ok());
   EXPECT_TRUE(hub_.Unpublish(t, "m", Version(1), 0).ok());
   EXPECT_EQ(hub_.Resolve(t, "m", Version(1), false)->holders.size(), 1u);
-  // Now the keeper holds the last reliable copy.
+  // Now the keeper holds the last reliable copy; it is told of the pin (to
+  // restore it after a hub restart).
   EXPECT_FALSE(hub_.CheckDeparture(k, "m", Version(1)).ok());
   EXPECT_TRUE(hub_.KeeperTasks(k).empty());
+  ASSERT_EQ(hub_.KeeperTasks(k).pinned.size(), 1u);
+  EXPECT_EQ(hub_.KeeperTasks(k).pinned[0].version, Version(1));
   // Unretained: the keeper is told to release it, and may.
   ASSERT_TRUE(hub_.Retain("m", Version(1), false).ok());
   w = hub_.KeeperTasks(k);
