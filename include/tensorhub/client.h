@@ -186,8 +186,8 @@ class Client {
   // as long as one reliable copy lives, because the last reliable holder
   // cannot unpublish or leave before a keeper (`tensorhub keeper`) has
   // copied it. A retained version is lost only if its last reliable copy
-  // dies; it is then UNAVAILABLE. Retention lives in the hub: a restarted
-  // hub keeps only its --keep-latest policy, not these pins.
+  // dies; it is then UNAVAILABLE. Pins live in the hub: after a hub restart,
+  // keepers pin the versions they hold again; others must be pinned again.
   Status Retain(std::string_view model, Version version);
   // Withdraws a Retain pin (NOT_FOUND if there is none).
   Status Unretain(std::string_view model, Version version);

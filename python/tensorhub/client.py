@@ -625,8 +625,8 @@ class Client:
         A retained version stays fetchable while one reliable copy lives:
         its last reliable holder cannot unpublish or leave before a keeper
         (``tensorhub keeper``) has copied it. It is lost only if that copy
-        dies (then UNAVAILABLE). Pins live in the hub; a restarted hub keeps
-        only its ``keep_latest`` policy.
+        dies (then UNAVAILABLE). Pins live in the hub: after a hub restart,
+        keepers pin the versions they hold again; pin others again.
 
         Raises:
             NotFoundError: unknown version.
