@@ -127,7 +127,8 @@ TEST_F(RetainE2E, RetainedVersionSurvivesTheTrainerUnpublishing) {
   auto t0 = NowMs();
   Status s = trainer->Unpublish("m", Version(1), 1500);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
-  EXPECT_NE(s.message().find("tensorhub keeper"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("tensorhub keeper"), std::string::npos)
+      << s.ToString();
   EXPECT_GE(NowMs() - t0, 1000);
   EXPECT_LT(NowMs() - t0, 3000);
   auto reader = NewClient("reader");
@@ -147,7 +148,8 @@ TEST_F(RetainE2E, RetainedVersionSurvivesTheTrainerUnpublishing) {
   EXPECT_EQ(info->state, VersionState::kCommitted);
   EXPECT_TRUE(info->retained);
   bool keeper_holds = false;
-  for (const HolderInfo& h : info->holders) keeper_holds |= h.worker == keeper->id();
+  for (const HolderInfo& h : info->holders)
+    keeper_holds |= h.worker == keeper->id();
   EXPECT_TRUE(keeper_holds);
 
   // Unretained: the keeper drops its copy.
@@ -199,7 +201,8 @@ TEST_F(RetainE2E, SpotReaderLeavingWaitsForTheKeeper) {
 
 TEST_F(RetainE2E, KeepLatestRetainsNewestAndKeeperReleasesOlder) {
   StartHub(/*keep_latest=*/1);
-  SyntheticModel a(TestLayout(kBytes)), b(TestLayout(kBytes));  // outlive clients
+  SyntheticModel a(TestLayout(kBytes)),
+      b(TestLayout(kBytes));  // outlive clients
   auto keeper = NewKeeper();
   auto trainer = NewClient("trainer");
   a.Fill(1);
@@ -245,13 +248,15 @@ TEST_F(RetainE2E, KeeperRefusesWhatDoesNotFitItsMemoryLimit) {
 
 TEST_F(RetainE2E, ReaderGroupRanksFetchTheSameVersion) {
   StartHub();
-  SyntheticModel v1(TestLayout(kBytes)), v2(TestLayout(kBytes));  // outlive clients
+  SyntheticModel v1(TestLayout(kBytes)),
+      v2(TestLayout(kBytes));  // outlive clients
   auto trainer = NewClient("trainer");
   v1.Fill(1);
   v2.Fill(2);
   ASSERT_TRUE(trainer->Publish("m", Version(1), v1.tensors()).ok());
   std::vector<std::unique_ptr<Client>> ranks;
-  for (int r = 0; r < 3; ++r) ranks.push_back(NewClient("rank" + std::to_string(r)));
+  for (int r = 0; r < 3; ++r)
+    ranks.push_back(NewClient("rank" + std::to_string(r)));
   auto solo = NewClient("solo");
   Version got;
   EXPECT_EQ(FetchDigest(*ranks[0], "m", Version::Latest(), &got, "inst-a", 10),
@@ -260,16 +265,18 @@ TEST_F(RetainE2E, ReaderGroupRanksFetchTheSameVersion) {
   // Version 2 commits between rank 0's fetch and the others'.
   ASSERT_TRUE(trainer->Publish("m", Version(2), v2.tensors()).ok());
   for (int r = 1; r < 3; ++r) {
-    EXPECT_EQ(FetchDigest(*ranks[r], "m", Version::Latest(), &got, "inst-a", 10),
-              v1.Digest());
+    EXPECT_EQ(
+        FetchDigest(*ranks[r], "m", Version::Latest(), &got, "inst-a", 10),
+        v1.Digest());
     EXPECT_EQ(got, Version(1)) << "rank " << r;
   }
   // Without a group, latest is version 2; the group's next step too.
   EXPECT_EQ(FetchDigest(*solo, "m", Version::Latest(), &got), v2.Digest());
   EXPECT_EQ(got, Version(2));
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(FetchDigest(*ranks[r], "m", Version::Latest(), &got, "inst-a", 11),
-              v2.Digest());
+    EXPECT_EQ(
+        FetchDigest(*ranks[r], "m", Version::Latest(), &got, "inst-a", 11),
+        v2.Digest());
     EXPECT_EQ(got, Version(2));
   }
   // Describe with the group reports the pin (the CLI resolves this way).
@@ -304,17 +311,20 @@ TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   StartHub(/*keep_latest=*/0, /*lease_ms=*/1000);
   const std::string addr = hub_->address();
   const std::string bytes = std::to_string(kBytes);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
   Subprocess keeper = MustSpawn({"--role=keeper", "--hub", addr});
   auto ready = keeper.ReadLine(Deadline::AfterMs(30000));
-  ASSERT_TRUE(ready.ok() && Word(*ready, 0) == "ready") << ready.status().ToString();
+  ASSERT_TRUE(ready.ok() && Word(*ready, 0) == "ready")
+      << ready.status().ToString();
   std::string pub = Ask(trainer, "publish 1");
   ASSERT_EQ(Word(pub, 0), "published") << pub;
   auto observer = NewClient("observer");
   ASSERT_TRUE(observer->Retain("test-model", Version(1)).ok());
   // The trainer process unpublishes: the keeper process copies first.
   ASSERT_EQ(Ask(trainer, "unpublish 1"), "unpublished 1");
-  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  Subprocess reader =
+      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
   EXPECT_EQ(Ask(reader, "fetch 1"), "fetched 1 " + Word(pub, 2));
   // The reader (reliable) also holds it now; it leaves first, waiting for
   // nothing (the keeper has a reliable copy).
@@ -323,9 +333,10 @@ TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   // the version is reported UNAVAILABLE, never silently dropped.
   ::kill(keeper.pid(), SIGKILL);
   keeper.Stop(1000);
-  auto info = WaitFor(*observer, "test-model", Version(1), [](const VersionInfo& v) {
-    return v.state == VersionState::kUnavailable;
-  });
+  auto info =
+      WaitFor(*observer, "test-model", Version(1), [](const VersionInfo& v) {
+        return v.state == VersionState::kUnavailable;
+      });
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->state, VersionState::kUnavailable);
   EXPECT_TRUE(info->retained);
@@ -334,7 +345,8 @@ TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   fo.timeout_ms = 3000;
   auto t0 = NowMs();
   auto st = observer->Fetch("test-model", Version(1), dst.tensors(), fo);
-  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable)
+      << st.status().ToString();
   EXPECT_LT(NowMs() - t0, 4000);
 }
 
@@ -343,14 +355,15 @@ TEST_F(RetainE2E, RetainedVersionSurvivesAHubRestart) {
   const std::string addr = "127.0.0.1:" + std::to_string(port);
   const std::string bytes = std::to_string(kBytes);
   auto start_hub = [&] {
-    Subprocess h = MustSpawn({"--role=hub", "--port", std::to_string(port),
-                              "--lease-ms", "2000"});
+    Subprocess h = MustSpawn(
+        {"--role=hub", "--port", std::to_string(port), "--lease-ms", "2000"});
     auto ready = h.ReadLine(Deadline::AfterMs(30000));
     EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready");
     return h;
   };
   Subprocess hub = start_hub();
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
   Subprocess keeper = MustSpawn({"--role=keeper", "--hub", addr});
   auto ready = keeper.ReadLine(Deadline::AfterMs(30000));
   ASSERT_TRUE(ready.ok() && Word(*ready, 0) == "ready");
@@ -370,14 +383,16 @@ TEST_F(RetainE2E, RetainedVersionSurvivesAHubRestart) {
   ::kill(hub.pid(), SIGKILL);
   hub.Stop(1000);
   Subprocess hub2 = start_hub();
-  auto info = WaitFor(**observer, "test-model", Version(1), [](const VersionInfo& v) {
-    return v.state == VersionState::kCommitted && v.retained;
-  });
+  auto info =
+      WaitFor(**observer, "test-model", Version(1), [](const VersionInfo& v) {
+        return v.state == VersionState::kCommitted && v.retained;
+      });
   ASSERT_TRUE(info.ok()) << info.status().ToString();
   EXPECT_EQ(info->state, VersionState::kCommitted);
   EXPECT_TRUE(info->retained);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  Subprocess reader =
+      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
   EXPECT_EQ(Ask(reader, "fetch 1"), "fetched 1 " + Word(pub, 2));
 }
 

@@ -9,7 +9,8 @@ namespace tensorhub::cli {
 
 int CmdRetain(int argc, char** argv) {
   const bool retain = std::string(argv[1]) == "retain";
-  auto args = ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args =
+      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
     return Fail(InvalidArgument(std::string("usage: tensorhub ") + argv[1] +
@@ -35,11 +36,11 @@ int CmdRetain(int argc, char** argv) {
 }
 
 int CmdKeeper(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        {"hub", "secret-file", "name", "datacenter", "rack",
-                         "host-label", "data-listen", "advertise-host",
-                         "memory-limit", "leave-timeout-ms"},
-                        {});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      {"hub", "secret-file", "name", "datacenter", "rack", "host-label",
+       "data-listen", "advertise-host", "memory-limit", "leave-timeout-ms"},
+      {});
   if (!args.ok()) return Fail(args.status());
   if (args->Has("spot")) {
     return Fail(InvalidArgument("a keeper is a reliable worker; no --spot"));
@@ -70,10 +71,10 @@ int CmdKeeper(int argc, char** argv) {
   std::fflush(stdout);
   int sig = WaitForStopSignal();
   client::KeeperStats st = (*keeper)->stats();
-  TH_LOG(INFO) << "signal " << sig << ": stopping; holding "
-               << st.versions_held << " version(s), " << st.bytes_held
-               << " bytes; copied " << st.fetched << ", released "
-               << st.released << ", refused " << st.refused;
+  TH_LOG(INFO) << "signal " << sig << ": stopping; holding " << st.versions_held
+               << " version(s), " << st.bytes_held << " bytes; copied "
+               << st.fetched << ", released " << st.released << ", refused "
+               << st.refused;
   // Leaving waits (--leave-timeout-ms) for another keeper to copy what
   // only we hold.
   keeper->reset();

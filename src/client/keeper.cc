@@ -110,7 +110,8 @@ void Keeper::Loop() {
       // Pins of what we hold, as the hub sees them now.
       pinned_.clear();
       for (const KeeperItem& p : work->pinned) {
-        if (held_.count({p.model, p.version}) > 0) pinned_.insert({p.model, p.version});
+        if (held_.count({p.model, p.version}) > 0)
+          pinned_.insert({p.model, p.version});
       }
       for (const KeeperItem& item : work->release) {
         if (Stopping()) break;
@@ -147,9 +148,9 @@ bool Keeper::Keep(const KeeperItem& item) {
   for (const auto& [k, h] : held_) used += h.size;
   if (item.total_bytes > limit_bytes_ - std::min(used, limit_bytes_)) {
     if (refused_.insert(key).second) {
-      TH_LOG(ERROR) << "keeper memory full: cannot keep " << Name(item)
-                    << " (" << item.total_bytes << " bytes; holding " << used
-                    << " of " << limit_bytes_ << "). Start another keeper "
+      TH_LOG(ERROR) << "keeper memory full: cannot keep " << Name(item) << " ("
+                    << item.total_bytes << " bytes; holding " << used << " of "
+                    << limit_bytes_ << "). Start another keeper "
                     << "or raise --memory-limit";
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.refused;
@@ -187,8 +188,9 @@ bool Keeper::Keep(const KeeperItem& item) {
   auto t0 = std::chrono::steady_clock::now();
   Result<FetchStats> st = client_->Fetch(item.model, item.version, dest, fo);
   if (!st.ok()) return fail(st.status());
-  double secs = std::chrono::duration<double>(
-                    std::chrono::steady_clock::now() - t0).count();
+  double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
   TH_LOG(INFO) << "keeper holds " << Name(item) << " (" << h.size
                << " bytes, copied in " << secs << " s)";
   held_[key] = std::move(h);

@@ -33,7 +33,7 @@ struct KeeperOptions {
   // with room, or this one after a release, can take it). 0: half of the
   // machine's physical memory.
   uint64_t memory_limit_bytes = 0;
-  int64_t poll_wait_ms = 1000;      // long-poll length (at most 30000)
+  int64_t poll_wait_ms = 1000;  // long-poll length (at most 30000)
   int64_t fetch_timeout_ms = 300000;
   int connections = 4;
 };
@@ -83,9 +83,9 @@ class Keeper {
   uint64_t limit_bytes_ = 0;
   std::unique_ptr<Client> client_;
   HubClient hub_;
-  std::map<Key, Held> held_;           // loop thread only
-  std::vector<Held> undrained_;        // loop thread only; freed at exit
-  std::set<Key> refused_;              // loop thread only: logged once
+  std::map<Key, Held> held_;     // loop thread only
+  std::vector<Held> undrained_;  // loop thread only; freed at exit
+  std::set<Key> refused_;        // loop thread only: logged once
   // Hub restarts (loop thread only): the hub's incarnation last seen, the
   // Retain pins of versions we hold as the hub last reported them, the pins
   // still to restore after a restart, and until when releases wait (the

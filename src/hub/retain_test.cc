@@ -46,7 +46,8 @@ class RetainTest : public ::testing::Test {
         buf[i] = static_cast<uint8_t>(seed * 31 + r * 7 + i);
       }
       std::vector<TensorRef> t = {
-          {{"w" + std::to_string(r), DType::kU8, {buf.size()}}, buf.data(),
+          {{"w" + std::to_string(r), DType::kU8, {buf.size()}},
+           buf.data(),
            buf.size()}};
       Result<PartLayout> p = BuildPartLayout(r, t, kMinChunkBytes);
       EXPECT_TRUE(p.ok());
@@ -170,7 +171,8 @@ TEST_F(RetainTest, UnpublishOfLastReliableCopyIsBlockedUntilAKeeperCopies) {
   ASSERT_TRUE(hub_.Retain("m", Version(1), true).ok());
   Status s = hub_.CheckDeparture(t, "m", Version(1));
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(s.message().find("tensorhub keeper"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("tensorhub keeper"), std::string::npos)
+      << s.ToString();
   EXPECT_EQ(hub_.BlockedDepartures(t),
             (std::vector<std::pair<std::string, Version>>{{"m", Version(1)}}));
   // The trainer is a reliable copy until it starts to leave: then the
@@ -347,8 +349,8 @@ TEST_F(RetainTest, GroupPinsAreBounded) {
   EXPECT_TRUE(hub_.ResolveForGroup(t, "m", "g", 3, 0).ok());
   // In all: at most 4 groups, the one unused for longest goes first.
   for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(hub_.ResolveForGroup(t, "m", "h" + std::to_string(i), 1,
-                                     10 + i).ok());
+    ASSERT_TRUE(
+        hub_.ResolveForGroup(t, "m", "h" + std::to_string(i), 1, 10 + i).ok());
   }
   EXPECT_EQ(hub_.num_group_pins(), 4u);  // "g" (3 pins) was evicted
   // Unused groups expire.
@@ -359,10 +361,9 @@ TEST_F(RetainTest, GroupPinsAreBounded) {
   // Bad input changes nothing.
   EXPECT_EQ(hub_.ResolveForGroup(t, "m", "", 1, 0).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(hub_.ResolveForGroup(t, "m", std::string(300, 'x'), 1, 0)
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      hub_.ResolveForGroup(t, "m", std::string(300, 'x'), 1, 0).status().code(),
+      StatusCode::kInvalidArgument);
   EXPECT_EQ(hub_.ResolveForGroup(t, "nope", "g", 1, 0).status().code(),
             StatusCode::kNotFound);
   EXPECT_EQ(hub_.num_group_pins(), 0u);
