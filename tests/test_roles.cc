@@ -14,6 +14,7 @@
 
 #include "cli_util.h"
 #include "common/deadline.h"
+#include "client/keeper.h"
 #include "common/log.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
@@ -127,6 +128,24 @@ int RunReader(const cli::Args& args) {
   return 0;
 }
 
+// A keeper (client/keeper.h): "ready ID" once registered, then runs until
+// killed or its stdin closes.
+int RunKeeper(const cli::Args& args) {
+  SetLogPrefix("keeper");
+  client::KeeperOptions ko;
+  ko.client.hub_address = args.Get("hub");
+  ko.client.heartbeat_interval_ms = 200;
+  ko.client.rpc_timeout_ms = 2000;
+  ko.poll_wait_ms = 500;
+  auto keeper = client::Keeper::Start(ko);
+  if (!keeper.ok()) return cli::Fail(keeper.status());
+  Reply("ready " + (*keeper)->id().value());
+  std::string line;
+  while (std::getline(std::cin, line)) {
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::vector<TensorSpec> TestLayout(uint64_t bytes) {
@@ -166,6 +185,7 @@ int MaybeRunRole(int argc, char** argv) {
   if (role == "hub") return RunHub(*args);
   if (role == "trainer") return RunTrainer(*args);
   if (role == "reader") return RunReader(*args);
+  if (role == "keeper") return RunKeeper(*args);
   std::fprintf(stderr, "unknown role %s\n", role.c_str());
   return 2;
 }

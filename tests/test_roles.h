@@ -12,6 +12,8 @@
 //            (SIGNAL_PERCENT: how far the fetch was when the signal went, -1
 //            if it did not; progress is reported about every 50 ms)
 //            or "failed MS CODE: message"
+//   keeper   --hub A                     prints "ready ID", keeps retained
+//                                        versions until killed
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_
 #define TENSORHUB_TESTS_TEST_ROLES_H_
 

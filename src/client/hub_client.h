@@ -32,6 +32,20 @@ struct Resolved {
   std::optional<Manifest> manifest;
   std::vector<ResolvedSource> sources;  // the nearest (the hub bounds them)
   uint32_t num_holders = 0;             // all holders but this worker
+  bool retained = false;
+};
+
+// A keeper's work from KeeperPoll: (model, version, total bytes).
+struct KeeperItem {
+  std::string model;
+  Version version;
+  uint64_t total_bytes = 0;
+};
+struct KeeperPollResult {
+  std::vector<KeeperItem> fetch;
+  std::vector<KeeperItem> release;
+  std::vector<KeeperItem> pinned;
+  uint64_t hub_incarnation = 0;
 };
 
 class HubClient {
@@ -62,13 +76,24 @@ class HubClient {
       int64_t timeout_ms = -1);
   Status FetchDone(const WorkerId& reader, const std::string& model,
                    Version version, int64_t timeout_ms = -1);
+  // wait_ms: how long the hub may hold the call waiting for a reliable
+  // copy of a retained version. force: drop the reference even so. The
+  // call waits at most the smaller of timeout_ms and rpc_timeout_ms + wait_ms.
   Status Unpublish(const WorkerId& id, const std::string& model,
-                   Version version, int64_t timeout_ms = -1);
+                   Version version, int64_t wait_ms = 0, bool force = false,
+                   int64_t timeout_ms = -1);
+  // group non-empty with Version::Latest(): the reader group's pinned
+  // version for group_step.
   Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
                            Version version, bool include_uncommitted,
-                           int64_t timeout_ms = -1);
+                           const std::string& group = "",
+                           uint64_t group_step = 0, int64_t timeout_ms = -1);
   Result<std::vector<ModelInfo>> List();
-  Status Leave(const WorkerId& id, int64_t timeout_ms);
+  // wait_ms: as for Unpublish, for every retained version it holds the
+  // last copy of; it leaves all the same.
+  Status Leave(const WorkerId& id, int64_t timeout_ms, int64_t wait_ms = 0);
+  Status Retain(const std::string& model, Version version, bool retain);
+  Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper, int64_t wait_ms);
 
   const std::string& address() const { return address_; }
 
