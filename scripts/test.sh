@@ -27,6 +27,8 @@ step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
+step "rollout workloads (standalone, elastic, cross-DC) on small test beds"
+bash tests/testbed/workload_smoke.sh
 
 step "fuzz targets"
 bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"

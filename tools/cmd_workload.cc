@@ -111,6 +111,7 @@ struct Round {
 
 struct SystemRun {
   std::string system, note;
+  double wan_per_round_S = 0;  // bytes out of the trainer's DC onto the WAN
   std::vector<Round> rounds;
   std::vector<Join> joins;
   bool ok = true;
@@ -525,6 +526,10 @@ SystemRun RunMpi(const Testbed& tb, const Config& c, const std::string& script,
 void PrintResult(const SystemRun& r, const Config& c, double bound_s, double bound_host_s) {
   std::printf("\n%s%s%s:\n", r.system.c_str(), r.note.empty() ? "" : " ", r.note.empty() ? "" : ("(" + r.note + ")").c_str());
   if (!r.ok) std::printf("  FAILED: %s\n", r.error.c_str());
+  if (r.wan_per_round_S > 0) {
+    std::printf("  WAN out of the trainer's datacenter: %.3f S per round (framing included)\n",
+                r.wan_per_round_S);
+  }
   for (size_t i = 0; i < r.rounds.size(); ++i) {
     const Round& x = r.rounds[i];
     std::printf("  round %zu: trainer blocked %.2f s, rollout wait %.2f GPU-s (%zu fetches), "
@@ -656,17 +661,21 @@ int CmdBenchWorkload(int argc, char** argv) {
 
   std::vector<SystemRun> results;
   int port_next = c.port;
-  if (want.count("tensorhub")) results.push_back(RunPeerToPeerOrHub(*tb, c, false, port_next++));
-  if (!results.empty()) PrintResult(results.back(), c, bound, bound_host), std::fflush(stdout);
-  if (want.count("p2p")) {
-    results.push_back(RunPeerToPeerOrHub(*tb, c, true, port_next++));
+  for (const char* system : {"tensorhub", "p2p", "mpi"}) {
+    if (!want.count(system)) continue;
+    uint64_t wan0 = remote ? WanTxBytes(*tb, tb->dcs[0]) : 0;
+    if (std::string(system) == "mpi") {
+      results.push_back(RunMpi(*tb, c, args->Get("mpi-script", "bench/mpi_bcast.sh"),
+                               args->Get("mpi-algorithms", "3 9")));
+    } else {
+      results.push_back(RunPeerToPeerOrHub(*tb, c, std::string(system) == "p2p", port_next++));
+    }
+    if (remote) {
+      results.back().wan_per_round_S =
+          static_cast<double>(WanTxBytes(*tb, tb->dcs[0]) - wan0) / c.bytes / c.rounds;
+    }
     PrintResult(results.back(), c, bound, bound_host);
     std::fflush(stdout);
-  }
-  if (want.count("mpi")) {
-    results.push_back(RunMpi(*tb, c, args->Get("mpi-script", "bench/mpi_bcast.sh"),
-                             args->Get("mpi-algorithms", "3 9")));
-    PrintResult(results.back(), c, bound, bound_host);
   }
 
   // The table, the way the published results state them.
@@ -715,12 +724,12 @@ int CmdBenchWorkload(int argc, char** argv) {
     std::printf("workload_result workload=%s system=%s ok=%d stall_gpu_s=%.3f trainer_blocked_s=%.3f "
                 "rollout_wait_s=%.3f update_s_mean=%.3f bound_s=%.3f bound_host_s=%.3f "
                 "update_per_bound=%.3f trainer_sent_per_round_S=%.2f join_s_mean=%.3f "
-                "slowdown=%.3f %s\n",
+                "slowdown=%.3f wan_per_round_S=%.3f %s\n",
                 c.workload.c_str(), r.system == "MPI_Bcast" ? "mpi" : r.system.c_str(), r.ok ? 1 : 0,
                 r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(), bound, bound_host,
                 r.MeanUpdate() / bound,
                 r.system == "MPI_Bcast" ? 0.0 : static_cast<double>(from_trainer) / c.bytes / c.rounds,
-                r.MeanJoin(), slowdown(r), r.note.empty() ? "" : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1)).c_str());
+                r.MeanJoin(), slowdown(r), r.wan_per_round_S, r.note.empty() ? "" : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1)).c_str());
   }
   return all_ok ? 0 : 1;
 }
