@@ -129,10 +129,15 @@ struct SystemRun {
     return s;
   }
   double Stall() const { return Blocked() + Waits(); }
+  // Over the versions some steady rollout fetched (one that fell behind
+  // skips to the newest, so a version may have none).
   double MeanUpdate() const {
     double s = 0;
-    for (const Round& r : rounds) s += r.update_s;
-    return rounds.empty() ? 0 : s / rounds.size();
+    size_t n = 0;
+    for (const Round& r : rounds) {
+      if (r.update_s > 0) { s += r.update_s; ++n; }
+    }
+    return n ? s / n : 0;
   }
   double MeanJoin() const {
     double s = 0;
