@@ -8,14 +8,18 @@
 #
 #   bench/workload.sh [--only "standalone elastic crossdc"] [--hosts 9]
 #                     [--host-mbit 400] [--wan-mbit 100] [--bytes 128MiB]
-#                     [--chunk-bytes 2MiB] [--step-ms 4000] [--batch-ms 4000]
-#                     [--rounds 4] [--crossdc-rounds 3] [--spot 3] [--seed 1]
-#                     [--prefix thwl]
+#                     [--chunk-bytes 2MiB] [--step-ms 8000] [--batch-ms 2000]
+#                     [--rounds 4] [--crossdc-rounds 3] [--crossdc-step-ms 16000]
+#                     [--spot 3] [--seed 1] [--prefix thwl]
+#
+# The trainer's step is longer than a rollout's batch plus its update, so
+# rollouts keep up and fetch every version (a rollout that falls behind
+# skips to the newest; the per-round figures then get harder to read).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TENSORHUB_BIN:-build/tools/tensorhub}
 only="standalone elastic crossdc" hosts=9 host_mbit=400 wan_mbit=100 bytes=128MiB chunk=2MiB
-step=4000 batch=4000 rounds=4 xrounds=3 spot=3 seed=1 prefix=thwl
+step=8000 batch=2000 rounds=4 xrounds=3 xstep=16000 spot=3 seed=1 prefix=thwl
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) only="$2"; shift 2 ;;
@@ -28,6 +32,7 @@ while [[ $# -gt 0 ]]; do
     --batch-ms) batch="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
     --crossdc-rounds) xrounds="$2"; shift 2 ;;
+    --crossdc-step-ms) xstep="$2"; shift 2 ;;
     --spot) spot="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
     --prefix) prefix="$2"; shift 2 ;;
@@ -37,12 +42,12 @@ done
 [[ -x "$BIN" ]] || { echo "workload.sh: build first (bash scripts/build.sh)" >&2; exit 1; }
 mkdir -p bench/results
 trap 'bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true' EXIT
-common=(--testbed "$prefix" --bytes "$bytes" --chunk-bytes "$chunk" --step-ms "$step" --batch-ms "$batch" --seed "$seed")
+common=(--testbed "$prefix" --bytes "$bytes" --chunk-bytes "$chunk" --batch-ms "$batch" --seed "$seed")
 rc=0
 for w in $only; do
-  dcs=1 extra=(--rounds "$rounds")
+  dcs=1 extra=(--rounds "$rounds" --step-ms "$step")
   case "$w" in
-    crossdc) dcs=2 extra=(--rounds "$xrounds") ;;
+    crossdc) dcs=2 extra=(--rounds "$xrounds" --step-ms "$xstep") ;;
     elastic) extra+=(--spot "$spot") ;;
     standalone) ;;
     *) echo "workload.sh: unknown workload $w" >&2; exit 2 ;;
@@ -50,7 +55,7 @@ for w in $only; do
   out=bench/results/workload-$w.txt
   bench/testbed.sh up --prefix "$prefix" --hosts "$hosts" --dcs "$dcs" --host-mbit "$host_mbit" --wan-mbit "$wan_mbit" --force >/dev/null
   {
-    echo "# bench/workload.sh --only $w --hosts $hosts --host-mbit $host_mbit --wan-mbit $wan_mbit --bytes $bytes --chunk-bytes $chunk --step-ms $step --batch-ms $batch --rounds $rounds --crossdc-rounds $xrounds --spot $spot --seed $seed"
+    echo "# bench/workload.sh --only $w --hosts $hosts --host-mbit $host_mbit --wan-mbit $wan_mbit --bytes $bytes --chunk-bytes $chunk --step-ms $step --batch-ms $batch --rounds $rounds --crossdc-rounds $xrounds --crossdc-step-ms $xstep --spot $spot --seed $seed"
     echo "# test bed: $hosts hosts, $dcs DC(s), host links ${host_mbit} Mbit/s (tbf, both directions)$([[ $dcs -gt 1 ]] && echo ", WAN ${wan_mbit} Mbit/s")"
     echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), $(date -u +%FT%TZ), load average before: $(cut -d' ' -f1-3 /proc/loadavg); the 2 CPU cores were shared with other jobs"
   } > "$out"
