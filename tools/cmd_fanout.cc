@@ -67,8 +67,8 @@ int CmdBenchTrainer(int argc, char** argv) {
   uint64_t last = 0;
   // "publish V [COPIES [TIMEOUT_MS]]": before the buffers are overwritten
   // with V, wait until COPIES other workers hold all of the previous
-  // version (the trainer's upload obligation; holders still filling do not
-  // count), then unpublish it (drain).
+  // version and none is still filling (the trainer's upload obligation),
+  // then unpublish it (drain).
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string cmd;
@@ -92,10 +92,11 @@ int CmdBenchTrainer(int argc, char** argv) {
           full += !h.filling && h.chunks == info->num_chunks;
           filling += h.filling;
         }
-        // A filling holder does not count: it may still need chunks that
-        // only this trainer has. Readers still filling fail over to the
-        // complete copies once the trainer withdraws.
-        if (full >= copies) break;
+        // A filling holder does not count as a copy, and none may be left:
+        // the complete copies are readers that drop this version when they
+        // fetch the next one, so a reader still filling (a joiner that
+        // resolved this version late) could be left with no source at all.
+        if (full >= copies && filling == 0) break;
         if (deadline.expired()) {
           s = DeadlineExceeded(std::to_string(full) + " of " + std::to_string(copies) +
                                " copies of version " + std::to_string(last) + ", " +

@@ -11,8 +11,9 @@
 //
 //  * trainer blocked (round v) = time from the end of step v+1 until the
 //    trainer may overwrite version v's buffers, plus the Publish call of v.
-//    TensorHub: until --copies other workers hold all of v (read from the
-//    hub's Describe), then Unpublish(v), which drains reads in flight.
+//    TensorHub: until --copies other workers hold all of v and no worker is
+//    still filling it (read from the hub's Describe), then Unpublish(v),
+//    which drains reads in flight.
 //    Point-to-point: nobody else serves, so until every rollout holds v.
 //    MPI_Bcast: the root's time inside MPI_Bcast.
 //  * rollout wait = time from max(end of its batch, publish of the version)
@@ -587,7 +588,7 @@ int CmdBenchWorkload(int argc, char** argv) {
   auto seed = args->GetU64("seed", 1);
   auto spot = args->GetU64("spot", c.workload == "elastic" ? 3 : 0);
   auto stay = args->GetU64("stay-max", 2);
-  auto timeout_s = args->GetU64("timeout-s", 900);
+  auto timeout_s = args->GetU64("timeout-s", 300);
   for (const Status& st : {bytes.status(), chunk.status(), rounds.status(), step.status(),
                            batch.status(), copies.status(), conns.status(), port.status(),
                            seed.status(), spot.status(), stay.status(), timeout_s.status()}) {

@@ -38,7 +38,7 @@ check_common() {  # $1: results, $2: most copies the trainer may send per round
   awk -v a="$(field stall_gpu_s "$th")" -v b="$(field stall_gpu_s "$p2p")" 'BEGIN { exit !(a < b) }' ||
     fail "tensorhub stall $(field stall_gpu_s "$th") not below point-to-point $(field stall_gpu_s "$p2p")"
 }
-common=(--bytes 8MiB --chunk-bytes 1MiB --step-ms 1000 --batch-ms 1000 --timeout-s 120)
+common=(--bytes 8MiB --chunk-bytes 1MiB --step-ms 1500 --batch-ms 500 --timeout-s 120)
 
 bench/testbed.sh up --prefix "$prefix" --net 10.83 --hosts 6 --dcs 1 --host-mbit 200 --force >/dev/null
 st="$(results "$BIN" bench workload standalone --testbed "$prefix" --rounds 2 --port 7470 "${common[@]}")"
