@@ -16,7 +16,8 @@
  * workload` instead (ITERS rounds): in round r the root computes a step
  * (writes version r into its buffer, then sleeps out the rest of STEP_MS)
  * while every receiver generates a batch (sleeps BATCH_MS); then all enter
- * MPI_Bcast. Per round it reports the root's time inside MPI_Bcast (the
+ * MPI_Bcast (a receiver idles, rather than spins in MPI_Bcast, until 200 ms
+ * before the root's step ends). Per round it reports the root's time inside MPI_Bcast (the
  * trainer is blocked: its buffer is in use), the receivers' summed wait
  * (from max(own entry, root's entry) to own return: a receiver that
  * finished its batch early does not count the root's compute), and the
@@ -95,7 +96,13 @@ static int Workload(unsigned char* buf, size_t bytes, int rounds, const char* la
       Fill(buf, bytes, seed + (uint64_t)r); /* the optimizer writes version r */
       SleepUntil(round_start + (double)step_ms / 1e3);
     } else {
-      SleepUntil(round_start + (double)batch_ms / 1e3);
+      /* After its batch a receiver would spin inside MPI_Bcast (TCP BTL
+       * progress busy-polls) until the root arrives, taking the 2 shared
+       * cores from everyone. It idles instead until shortly before the
+       * root's step ends (its round started no earlier than the root's).
+       * Only time after max(own entry, root's entry) counts as a wait. */
+      long idle_ms = batch_ms > step_ms - 200 ? batch_ms : step_ms - 200;
+      SleepUntil(round_start + (double)idle_ms / 1e3);
     }
     enter[r] = Now();
     MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
