@@ -18,7 +18,8 @@ Result<Testbed> LoadTestbed(const std::string& prefix) {
   std::ifstream in(path);
   if (!in) {
     return NotFound("no test bed '" + prefix + "' (" + path +
-                    "); start one with: bench/testbed.sh up --prefix " + prefix);
+                    "); start one with: bench/testbed.sh up --prefix " +
+                    prefix);
   }
   std::map<std::string, std::string> kv;
   std::string line;
@@ -26,7 +27,8 @@ Result<Testbed> LoadTestbed(const std::string& prefix) {
     size_t eq = line.find('=');
     if (eq == std::string::npos || line[0] == '#') continue;
     std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-    if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'')) v = v.substr(1, v.size() - 2);
+    if (v.size() >= 2 && (v.front() == '"' || v.front() == '\''))
+      v = v.substr(1, v.size() - 2);
     kv[k] = v;
   }
   auto split = [](const std::string& s) {
@@ -44,8 +46,8 @@ Result<Testbed> LoadTestbed(const std::string& prefix) {
   t.host_mbit = std::atof(kv["TB_HOST_MBIT"].c_str());
   t.wan_mbit = std::atof(kv["TB_WAN_MBIT"].c_str());
   t.num_dcs = std::atoi(kv["TB_DCS"].c_str());
-  if (t.names.empty() || t.names.size() != t.ips.size() || t.names.size() != t.dcs.size() ||
-      t.host_mbit <= 0) {
+  if (t.names.empty() || t.names.size() != t.ips.size() ||
+      t.names.size() != t.dcs.size() || t.host_mbit <= 0) {
     return InvalidArgument("test bed file " + path + " is incomplete");
   }
   return t;
@@ -53,9 +55,10 @@ Result<Testbed> LoadTestbed(const std::string& prefix) {
 
 uint64_t WanTxBytes(const Testbed& t, const std::string& dc) {
   std::string d = dc;
-  while (!d.empty() && !std::isdigit(static_cast<unsigned char>(d[0]))) d.erase(0, 1);
-  std::string cmd = "ip netns exec " + t.switch_ns + " cat /sys/class/net/up" + d +
-                    "/statistics/tx_bytes 2>/dev/null";
+  while (!d.empty() && !std::isdigit(static_cast<unsigned char>(d[0])))
+    d.erase(0, 1);
+  std::string cmd = "ip netns exec " + t.switch_ns + " cat /sys/class/net/up" +
+                    d + "/statistics/tx_bytes 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return 0;
   unsigned long long v = 0;
@@ -69,24 +72,30 @@ std::vector<std::string> RoleEnv() {
   return {std::string("TENSORHUB_LOG=") + (level != nullptr ? level : "warn")};
 }
 
-Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port, std::string* address) {
+Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,
+                            std::string* address) {
   *address = t.ips[0] + ":" + port;
-  return Subprocess::Spawn({"serve", "--listen", *address}, RoleEnv(), t.Exec(0));
+  return Subprocess::Spawn({"serve", "--listen", *address}, RoleEnv(),
+                           t.Exec(0));
 }
 
 Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms) {
   auto ready = role.ReadLine(Deadline::AfterMs(timeout_ms));
-  if (!ready.ok()) return Unavailable("role did not start: " + ready.status().ToString());
-  if (ready->rfind("ready ", 0) != 0) return Unavailable("role did not start: " + *ready);
+  if (!ready.ok())
+    return Unavailable("role did not start: " + ready.status().ToString());
+  if (ready->rfind("ready ", 0) != 0)
+    return Unavailable("role did not start: " + *ready);
   return ready->substr(6);
 }
 
-Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub, uint64_t bytes,
-                                uint64_t chunk_bytes, std::string* worker_id) {
+Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
+                                uint64_t bytes, uint64_t chunk_bytes,
+                                std::string* worker_id) {
   auto trainer = Subprocess::Spawn(
-      {"bench", "_trainer", "--hub", hub, "--bytes", std::to_string(bytes), "--chunk-bytes",
-       std::to_string(chunk_bytes), "--name", "trainer", "--datacenter", t.dcs[0],
-       "--host-label", t.names[0], "--data-listen", t.ips[0] + ":0"},
+      {"bench", "_trainer", "--hub", hub, "--bytes", std::to_string(bytes),
+       "--chunk-bytes", std::to_string(chunk_bytes), "--name", "trainer",
+       "--datacenter", t.dcs[0], "--host-label", t.names[0], "--data-listen",
+       t.ips[0] + ":0"},
       RoleEnv(), t.Exec(0));
   if (!trainer.ok()) return trainer.status();
   auto id = WaitReady(*trainer, 60000);
@@ -95,14 +104,17 @@ Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub, uint64
   return trainer;
 }
 
-Result<Subprocess> SpawnReader(const Testbed& t, size_t host, const std::string& hub,
-                               const std::string& name, uint64_t bytes, bool serve,
-                               int connections) {
-  std::vector<std::string> a = {"bench", "_reader", "--hub", hub, "--bytes",
-                                std::to_string(bytes), "--name", name, "--datacenter",
-                                t.dcs[host], "--host-label", t.names[host], "--data-listen",
-                                t.ips[host] + ":0", "--connections",
-                                std::to_string(connections)};
+Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
+                               const std::string& hub, const std::string& name,
+                               uint64_t bytes, bool serve, int connections) {
+  std::vector<std::string> a = {"bench",         "_reader",
+                                "--hub",         hub,
+                                "--bytes",       std::to_string(bytes),
+                                "--name",        name,
+                                "--datacenter",  t.dcs[host],
+                                "--host-label",  t.names[host],
+                                "--data-listen", t.ips[host] + ":0",
+                                "--connections", std::to_string(connections)};
   if (!serve) a.push_back("--no-serve");
   return Subprocess::Spawn(a, RoleEnv(), t.Exec(host));
 }
@@ -122,15 +134,18 @@ Result<FetchedReply> ParseFetched(const std::string& line) {
   std::istringstream in(line);
   std::string word;
   FetchedReply r;
-  if (!(in >> word >> r.version >> r.digest >> r.seconds >> r.retries) || word != "fetched") {
+  if (!(in >> word >> r.version >> r.digest >> r.seconds >> r.retries) ||
+      word != "fetched") {
     return Internal("reader: " + line);
   }
   for (std::string src; in >> src;) {
     size_t c1 = src.find(':'), c2 = src.rfind(':');
-    if (c1 == std::string::npos || c2 == c1) return Internal("reader: bad source '" + src + "'");
+    if (c1 == std::string::npos || c2 == c1)
+      return Internal("reader: bad source '" + src + "'");
     FetchedReply::Source s;
     s.worker = src.substr(0, c1);
-    s.bytes = std::strtoull(src.substr(c1 + 1, c2 - c1 - 1).c_str(), nullptr, 10);
+    s.bytes =
+        std::strtoull(src.substr(c1 + 1, c2 - c1 - 1).c_str(), nullptr, 10);
     s.was_filling = src.substr(c2 + 1) == "f";
     r.sources.push_back(std::move(s));
   }

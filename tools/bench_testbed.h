@@ -36,19 +36,21 @@ uint64_t WanTxBytes(const Testbed& t, const std::string& dc);
 std::vector<std::string> RoleEnv();
 
 // `tensorhub serve` on host 0 at `port`; returns HOST:PORT in *address.
-Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port, std::string* address);
+Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,
+                            std::string* address);
 
 // `bench _trainer` on host 0, waited for until it has registered (its
 // worker id in *worker_id). Deadline: 60 s.
-Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub, uint64_t bytes,
-                                uint64_t chunk_bytes, std::string* worker_id);
+Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
+                                uint64_t bytes, uint64_t chunk_bytes,
+                                std::string* worker_id);
 
 // `bench _reader` named `name` on host `host`; `serve` false is the
 // point-to-point baseline (it never serves what it fetched). Does not wait:
 // call WaitReady.
-Result<Subprocess> SpawnReader(const Testbed& t, size_t host, const std::string& hub,
-                               const std::string& name, uint64_t bytes, bool serve,
-                               int connections);
+Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
+                               const std::string& hub, const std::string& name,
+                               uint64_t bytes, bool serve, int connections);
 // Reads the role's "ready ID" line; returns ID.
 Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms);
 
@@ -57,7 +59,7 @@ Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms);
 struct PublishedReply {
   uint64_t version = 0;
   std::string digest;
-  double wait_s = 0;       // until COPIES other workers held the previous version
+  double wait_s = 0;  // until COPIES other workers held the previous version
   double unpublish_s = 0;  // Unpublish of the previous version (drain)
   double fill_s = 0;       // writing the new version into the buffers
   double publish_s = 0;    // the Publish call

@@ -49,11 +49,14 @@ namespace tensorhub::cli {
 namespace {
 
 using Clock = SteadyClock;
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double Seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 struct Config {
   std::string workload;
-  uint64_t bytes = 0, chunk_bytes = 0, rounds = 0, step_ms = 0, batch_ms = 0, copies = 1;
+  uint64_t bytes = 0, chunk_bytes = 0, rounds = 0, step_ms = 0, batch_ms = 0,
+           copies = 1;
   uint64_t seed = 1, spot = 0, stay_max = 2;
   int connections = 4;
   int64_t timeout_ms = 900000;
@@ -63,9 +66,9 @@ struct Config {
 
 struct Join {
   size_t host = 0;
-  uint64_t round = 0;     // joins during this round's step
+  uint64_t round = 0;      // joins during this round's step
   uint64_t offset_ms = 0;  // after the round's start
-  uint64_t stay = 1;      // rounds it then runs as a rollout
+  uint64_t stay = 1;       // rounds it then runs as a rollout
   // Measured:
   uint64_t version = 0;
   uint64_t from_trainer = 0;
@@ -101,11 +104,11 @@ struct Fetch {
 };
 
 struct Round {
-  double blocked_s = 0;           // trainer blocked for this version
-  double update_s = 0;            // first steady rollout ready -> last holds it
-  double steady_wait_s = 0;       // sum over steady rollouts
-  double spot_wait_s = 0;         // running spot rollouts (not their first fetch)
-  uint64_t from_trainer = 0;      // bytes of this version the trainer sent
+  double blocked_s = 0;       // trainer blocked for this version
+  double update_s = 0;        // first steady rollout ready -> last holds it
+  double steady_wait_s = 0;   // sum over steady rollouts
+  double spot_wait_s = 0;     // running spot rollouts (not their first fetch)
+  uint64_t from_trainer = 0;  // bytes of this version the trainer sent
   size_t fetches = 0, bad = 0;
   bool with_joiner = false;
 };
@@ -136,14 +139,21 @@ struct SystemRun {
     double s = 0;
     size_t n = 0;
     for (const Round& r : rounds) {
-      if (r.update_s > 0) { s += r.update_s; ++n; }
+      if (r.update_s > 0) {
+        s += r.update_s;
+        ++n;
+      }
     }
     return n ? s / n : 0;
   }
   double MeanJoin() const {
     double s = 0;
     size_t n = 0;
-    for (const Join& j : joins) if (j.ok) { s += j.fetch_s; ++n; }
+    for (const Join& j : joins)
+      if (j.ok) {
+        s += j.fetch_s;
+        ++n;
+      }
     return n ? s / n : 0;
   }
 };
@@ -152,12 +162,13 @@ struct SystemRun {
 struct Shared {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Clock::time_point> published_at, round_start;  // by version / round
+  std::vector<Clock::time_point> published_at,
+      round_start;  // by version / round
   std::vector<std::string> digest;
   uint64_t newest = 0, retiring = 0;
-  std::vector<uint64_t> held;        // steady rollouts, then spot hosts
-  std::vector<bool> present;         // spot hosts currently in the run
-  std::map<uint64_t, int> fetching;  // version -> fetches in flight
+  std::vector<uint64_t> held;               // steady rollouts, then spot hosts
+  std::vector<bool> present;                // spot hosts currently in the run
+  std::map<uint64_t, int> fetching;         // version -> fetches in flight
   std::vector<std::vector<Fetch>> fetches;  // by version
   std::vector<std::vector<Fetch>> spot_fetches;
   std::vector<Clock::time_point> last_steady_hold, first_steady_ready;
@@ -174,7 +185,8 @@ struct Shared {
 
 // Waits under `l` until pred() or failure, at most `timeout_ms`.
 template <typename Pred>
-bool WaitFor(Shared& s, std::unique_lock<std::mutex>& l, int64_t timeout_ms, Pred pred) {
+bool WaitFor(Shared& s, std::unique_lock<std::mutex>& l, int64_t timeout_ms,
+             Pred pred) {
   bool ok = s.cv.wait_for(l, std::chrono::milliseconds(timeout_ms),
                           [&] { return s.failed || pred(); });
   return ok && !s.failed;
@@ -192,16 +204,19 @@ void Quit(Subprocess& role) {
 }
 
 // One fetch of `v` by a reader role; updates the shared counters.
-bool DoFetch(Shared& s, Subprocess& reader, uint64_t v, const std::string& trainer_id,
-             int64_t timeout_ms, FetchedReply* out) {
+bool DoFetch(Shared& s, Subprocess& reader, uint64_t v,
+             const std::string& trainer_id, int64_t timeout_ms,
+             FetchedReply* out) {
   if (!reader.Send("fetch " + std::to_string(v)).ok()) {
     s.Fail("a reader's pipe closed");
     return false;
   }
   auto line = reader.ReadLine(Deadline::AfterMs(timeout_ms));
-  auto fetched = line.ok() ? ParseFetched(*line) : ::tensorhub::Result<FetchedReply>(line.status());
+  auto fetched = line.ok() ? ParseFetched(*line)
+                           : ::tensorhub::Result<FetchedReply>(line.status());
   if (!fetched.ok()) {
-    s.Fail("fetch of version " + std::to_string(v) + ": " + fetched.status().ToString());
+    s.Fail("fetch of version " + std::to_string(v) + ": " +
+           fetched.status().ToString());
     return false;
   }
   *out = std::move(fetched).value();
@@ -209,14 +224,16 @@ bool DoFetch(Shared& s, Subprocess& reader, uint64_t v, const std::string& train
   return true;
 }
 
-SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int port) {
+SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p,
+                             int port) {
   SystemRun res;
   res.system = p2p ? "point-to-point" : "tensorhub";
   std::string hub;
   auto hub_proc = SpawnHub(tb, std::to_string(port), &hub);
   std::string trainer_id;
-  auto trainer = hub_proc.ok() ? SpawnTrainer(tb, hub, c.bytes, c.chunk_bytes, &trainer_id)
-                               : ::tensorhub::Result<Subprocess>(hub_proc.status());
+  auto trainer =
+      hub_proc.ok() ? SpawnTrainer(tb, hub, c.bytes, c.chunk_bytes, &trainer_id)
+                    : ::tensorhub::Result<Subprocess>(hub_proc.status());
   if (!trainer.ok()) {
     res.ok = false;
     res.error = trainer.status().ToString();
@@ -224,16 +241,25 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
   }
   std::vector<Subprocess> steady;
   for (size_t i = 1; i <= c.steady; ++i) {
-    auto r = SpawnReader(tb, i, hub, "rollout-" + std::to_string(i), c.bytes, !p2p,
-                         c.connections);
-    if (!r.ok()) { res.ok = false; res.error = r.status().ToString(); return res; }
+    auto r = SpawnReader(tb, i, hub, "rollout-" + std::to_string(i), c.bytes,
+                         !p2p, c.connections);
+    if (!r.ok()) {
+      res.ok = false;
+      res.error = r.status().ToString();
+      return res;
+    }
     steady.push_back(std::move(r).value());
   }
   for (Subprocess& r : steady) {
     auto id = WaitReady(r, 60000);
-    if (!id.ok()) { res.ok = false; res.error = id.status().ToString(); return res; }
+    if (!id.ok()) {
+      res.ok = false;
+      res.error = id.status().ToString();
+      return res;
+    }
   }
-  std::vector<Join> joins = c.workload == "elastic" ? SpotSchedule(c) : std::vector<Join>{};
+  std::vector<Join> joins =
+      c.workload == "elastic" ? SpotSchedule(c) : std::vector<Join>{};
 
   Shared s;
   const uint64_t R = c.rounds;
@@ -263,7 +289,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
         // get R first. Not counted: the trainer would be computing anyway.
         std::unique_lock<std::mutex> l(s.mu);
         if (!WaitFor(s, l, c.timeout_ms, [&] {
-              for (uint64_t h : s.held) if (h < R) return false;
+              for (uint64_t h : s.held)
+                if (h < R) return false;
               return true;
             })) {
           l.unlock();
@@ -282,24 +309,38 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
         // rollout present holds it and no fetch of it is in flight.
         std::unique_lock<std::mutex> l(s.mu);
         bool ok = WaitFor(s, l, c.timeout_ms, [&] {
-          for (uint64_t h : s.held) if (h < v - 1) return false;
+          for (uint64_t h : s.held)
+            if (h < v - 1) return false;
           return s.fetching[v - 1] == 0;
         });
-        if (!ok) { l.unlock(); s.Fail("trainer: rollouts did not get version " + std::to_string(v - 1)); return; }
+        if (!ok) {
+          l.unlock();
+          s.Fail("trainer: rollouts did not get version " +
+                 std::to_string(v - 1));
+          return;
+        }
         s.retiring = v - 1;
       }
       uint64_t copies = p2p ? 0 : c.copies;
-      Status sent = trainer->Send("publish " + std::to_string(v) + " " + std::to_string(copies) +
-                                  " " + std::to_string(c.timeout_ms));
-      auto line = sent.ok() ? trainer->ReadLine(Deadline::AfterMs(c.timeout_ms + 130000))
-                            : ::tensorhub::Result<std::string>(sent);
-      auto pub = line.ok() ? ParsePublished(*line) : ::tensorhub::Result<PublishedReply>(line.status());
-      if (!pub.ok()) { s.Fail(pub.status().ToString()); return; }
+      Status sent = trainer->Send("publish " + std::to_string(v) + " " +
+                                  std::to_string(copies) + " " +
+                                  std::to_string(c.timeout_ms));
+      auto line =
+          sent.ok()
+              ? trainer->ReadLine(Deadline::AfterMs(c.timeout_ms + 130000))
+              : ::tensorhub::Result<std::string>(sent);
+      auto pub = line.ok() ? ParsePublished(*line)
+                           : ::tensorhub::Result<PublishedReply>(line.status());
+      if (!pub.ok()) {
+        s.Fail(pub.status().ToString());
+        return;
+      }
       auto done = Clock::now();
       std::lock_guard<std::mutex> l(s.mu);
       // Until its buffers are free for v: the driver-side wait (p2p), the
       // copies wait and the drain; the fill is the optimizer's own work.
-      if (v > 1) blocked[v - 1] += Seconds(done - ready) - pub->fill_s - pub->publish_s;
+      if (v > 1)
+        blocked[v - 1] += Seconds(done - ready) - pub->fill_s - pub->publish_s;
       if (v <= R) blocked[v] += pub->publish_s;
       s.published_at[v] = done;
       s.digest[v] = pub->digest;
@@ -310,8 +351,9 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
 
   // A rollout: batch, fetch the newest version, until it holds `last`.
   // Returns false on failure. `slot` indexes s.held (steady) or -1 (spot).
-  auto rollout = [&](Subprocess& reader, Clock::time_point batch_end, uint64_t held, uint64_t last,
-                     int slot, bool skip_retiring) -> uint64_t {
+  auto rollout = [&](Subprocess& reader, Clock::time_point batch_end,
+                     uint64_t held, uint64_t last, int slot,
+                     bool skip_retiring) -> uint64_t {
     while (held < last) {
       std::this_thread::sleep_until(batch_end);
       uint64_t v;
@@ -319,7 +361,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
       {
         std::unique_lock<std::mutex> l(s.mu);
         if (!WaitFor(s, l, c.timeout_ms, [&] {
-              return s.newest > held && !(skip_retiring && s.newest == s.retiring);
+              return s.newest > held &&
+                     !(skip_retiring && s.newest == s.retiring);
             })) {
           return held;
         }
@@ -336,7 +379,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
         std::lock_guard<std::mutex> l(s.mu);
         --s.fetching[v];
         if (!ok) return held;
-        Fetch rec{Seconds(now - ready), f.BytesFrom(trainer_id), f.digest == s.digest[v]};
+        Fetch rec{Seconds(now - ready), f.BytesFrom(trainer_id),
+                  f.digest == s.digest[v]};
         if (slot >= 0) {
           s.held[slot] = v;
           s.fetches[v].push_back(rec);
@@ -356,8 +400,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
   std::vector<std::thread> threads;
   for (size_t i = 0; i < c.steady; ++i) {
     threads.emplace_back([&, i] {
-      rollout(steady[i], start + std::chrono::milliseconds(c.batch_ms), 0, R, static_cast<int>(i),
-              true);
+      rollout(steady[i], start + std::chrono::milliseconds(c.batch_ms), 0, R,
+              static_cast<int>(i), true);
     });
   }
   // One thread per spot host walks its joins in order.
@@ -374,15 +418,24 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
               })) {
             return;
           }
-          auto at = s.round_start[j->round] + std::chrono::milliseconds(j->offset_ms);
+          auto at =
+              s.round_start[j->round] + std::chrono::milliseconds(j->offset_ms);
           l.unlock();
           std::this_thread::sleep_until(at);
         }
         auto t_spawn = Clock::now();
-        auto reader = SpawnReader(tb, host, hub, "spot-" + std::to_string(host) + "-" +
-                                  std::to_string(++n), c.bytes, !p2p, c.connections);
-        if (!reader.ok()) { s.Fail(reader.status().ToString()); return; }
-        if (auto id = WaitReady(*reader, 60000); !id.ok()) { s.Fail(id.status().ToString()); return; }
+        auto reader = SpawnReader(
+            tb, host, hub,
+            "spot-" + std::to_string(host) + "-" + std::to_string(++n), c.bytes,
+            !p2p, c.connections);
+        if (!reader.ok()) {
+          s.Fail(reader.status().ToString());
+          return;
+        }
+        if (auto id = WaitReady(*reader, 60000); !id.ok()) {
+          s.Fail(id.status().ToString());
+          return;
+        }
         j->ready_s = Seconds(Clock::now() - t_spawn);
         uint64_t v;
         {
@@ -414,8 +467,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
           j->ok = f.digest == s.digest[v];
           j->from_trainer = f.BytesFrom(trainer_id);
         }
-        rollout(*reader, Clock::now() + std::chrono::milliseconds(c.batch_ms), v,
-                std::min<uint64_t>(R, v + j->stay), -1, true);
+        rollout(*reader, Clock::now() + std::chrono::milliseconds(c.batch_ms),
+                v, std::min<uint64_t>(R, v + j->stay), -1, true);
         Quit(*reader);
       }
     });
@@ -453,7 +506,8 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
       if (!j.ok && j.version == 0) continue;
       if (j.version == v) r.from_trainer += j.from_trainer;
       // The join overlapped this version's update.
-      if (j.t0 < s.last_steady_hold[v] && j.t1 > s.published_at[v]) r.with_joiner = true;
+      if (j.t0 < s.last_steady_hold[v] && j.t1 > s.published_at[v])
+        r.with_joiner = true;
     }
     if (r.bad > 0) {
       res.ok = false;
@@ -471,19 +525,25 @@ SystemRun RunPeerToPeerOrHub(const Testbed& tb, const Config& c, bool p2p, int p
 }
 
 // Runs bench/mpi_bcast.sh in workload mode and parses its best line:
-// "mpi_workload_best ... algorithm=A blocked_s=a,b update_s=.. wait_s=.. verified=1".
+// "mpi_workload_best ... algorithm=A blocked_s=a,b update_s=.. wait_s=..
+// verified=1".
 SystemRun RunMpi(const Testbed& tb, const Config& c, const std::string& script,
-              const std::string& algorithms) {
+                 const std::string& algorithms) {
   SystemRun res;
   res.system = "MPI_Bcast";
-  std::string cmd = "bash " + script + " --prefix " + tb.prefix + " --bytes " +
-                    std::to_string(c.bytes) + " --receivers " + std::to_string(c.steady) +
-                    " --iters " + std::to_string(c.rounds) + " --algorithms '" + algorithms +
-                    "' --step-ms " + std::to_string(c.step_ms) + " --batch-ms " +
-                    std::to_string(c.batch_ms) + " --timeout-s " +
-                    std::to_string(c.timeout_ms / 1000) + " 2>&1";
+  std::string cmd =
+      "bash " + script + " --prefix " + tb.prefix + " --bytes " +
+      std::to_string(c.bytes) + " --receivers " + std::to_string(c.steady) +
+      " --iters " + std::to_string(c.rounds) + " --algorithms '" + algorithms +
+      "' --step-ms " + std::to_string(c.step_ms) + " --batch-ms " +
+      std::to_string(c.batch_ms) + " --timeout-s " +
+      std::to_string(c.timeout_ms / 1000) + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) { res.ok = false; res.error = "cannot run " + script; return res; }
+  if (p == nullptr) {
+    res.ok = false;
+    res.error = "cannot run " + script;
+    return res;
+  }
   std::string best;
   char buf[4096];
   while (std::fgets(buf, sizeof buf, p) != nullptr) {
@@ -495,7 +555,8 @@ SystemRun RunMpi(const Testbed& tb, const Config& c, const std::string& script,
   int rc = ::pclose(p);
   if (best.empty()) {
     res.ok = false;
-    res.error = "mpi_bcast.sh printed no result (exit " + std::to_string(rc) + ")";
+    res.error =
+        "mpi_bcast.sh printed no result (exit " + std::to_string(rc) + ")";
     return res;
   }
   auto field = [&](const std::string& k) {
@@ -507,12 +568,14 @@ SystemRun RunMpi(const Testbed& tb, const Config& c, const std::string& script,
   auto list = [&](const std::string& k) {
     std::vector<double> v;
     std::stringstream ss(field(k));
-    for (std::string x; std::getline(ss, x, ',');) v.push_back(std::atof(x.c_str()));
+    for (std::string x; std::getline(ss, x, ',');)
+      v.push_back(std::atof(x.c_str()));
     return v;
   };
-  std::vector<double> blocked = list("blocked_s"), update = list("update_s"), wait = list("wait_s");
-  if (blocked.size() != c.rounds || update.size() != c.rounds || wait.size() != c.rounds ||
-      field("verified") != "1") {
+  std::vector<double> blocked = list("blocked_s"), update = list("update_s"),
+                      wait = list("wait_s");
+  if (blocked.size() != c.rounds || update.size() != c.rounds ||
+      wait.size() != c.rounds || field("verified") != "1") {
     res.ok = false;
     res.error = "bad mpi_workload_best line: " + best;
     return res;
@@ -529,51 +592,65 @@ SystemRun RunMpi(const Testbed& tb, const Config& c, const std::string& script,
   return res;
 }
 
-void PrintResult(const SystemRun& r, const Config& c, double bound_s, double bound_host_s) {
-  std::printf("\n%s%s%s:\n", r.system.c_str(), r.note.empty() ? "" : " ", r.note.empty() ? "" : ("(" + r.note + ")").c_str());
+void PrintResult(const SystemRun& r, const Config& c, double bound_s,
+                 double bound_host_s) {
+  std::printf("\n%s%s%s:\n", r.system.c_str(), r.note.empty() ? "" : " ",
+              r.note.empty() ? "" : ("(" + r.note + ")").c_str());
   if (!r.ok) std::printf("  FAILED: %s\n", r.error.c_str());
   if (r.wan_per_round_S > 0) {
-    std::printf("  WAN out of the trainer's datacenter: %.3f S per round (framing included)\n",
-                r.wan_per_round_S);
+    std::printf(
+        "  WAN out of the trainer's datacenter: %.3f S per round (framing "
+        "included)\n",
+        r.wan_per_round_S);
   }
   for (size_t i = 0; i < r.rounds.size(); ++i) {
     const Round& x = r.rounds[i];
-    std::printf("  round %zu: trainer blocked %.2f s, rollout wait %.2f GPU-s (%zu fetches), "
-                "update %.2f s = %.2f x bound",
-                i + 1, x.blocked_s, x.steady_wait_s + x.spot_wait_s, x.fetches, x.update_s,
-                x.update_s / bound_s);
+    std::printf(
+        "  round %zu: trainer blocked %.2f s, rollout wait %.2f GPU-s (%zu "
+        "fetches), "
+        "update %.2f s = %.2f x bound",
+        i + 1, x.blocked_s, x.steady_wait_s + x.spot_wait_s, x.fetches,
+        x.update_s, x.update_s / bound_s);
     if (r.system != "MPI_Bcast") {
-      std::printf(", trainer sent %.2f S", static_cast<double>(x.from_trainer) / c.bytes);
+      std::printf(", trainer sent %.2f S",
+                  static_cast<double>(x.from_trainer) / c.bytes);
     }
-    if (c.workload == "elastic") std::printf("%s", x.with_joiner ? ", joiner active" : "");
+    if (c.workload == "elastic")
+      std::printf("%s", x.with_joiner ? ", joiner active" : "");
     std::printf("\n");
   }
   for (const Join& j : r.joins) {
-    std::printf("  join: h%zu in round %" PRIu64 " at +%" PRIu64 " ms, stays %" PRIu64
-                " rounds: started in %.2f s, held version %" PRIu64 " after %.2f s = %.2f x S/B%s\n",
-                j.host, j.round, j.offset_ms, j.stay, j.ready_s, j.version, j.fetch_s,
-                j.fetch_s / bound_host_s, j.ok ? "" : " (FAILED)");
+    std::printf("  join: h%zu in round %" PRIu64 " at +%" PRIu64
+                " ms, stays %" PRIu64
+                " rounds: started in %.2f s, held version %" PRIu64
+                " after %.2f s = %.2f x S/B%s\n",
+                j.host, j.round, j.offset_ms, j.stay, j.ready_s, j.version,
+                j.fetch_s, j.fetch_s / bound_host_s, j.ok ? "" : " (FAILED)");
   }
 }
 
 }  // namespace
 
 int CmdBenchWorkload(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 3,
-                        {"testbed", "bytes", "chunk-bytes", "rounds", "step-ms", "batch-ms",
-                         "copies", "connections", "port", "seed", "spot", "stay-max", "systems",
-                         "mpi-script", "mpi-algorithms", "timeout-s"},
-                        {});
+  auto args = ParseArgs(
+      argc, argv, 3,
+      {"testbed", "bytes", "chunk-bytes", "rounds", "step-ms", "batch-ms",
+       "copies", "connections", "port", "seed", "spot", "stay-max", "systems",
+       "mpi-script", "mpi-algorithms", "timeout-s"},
+      {});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
-    return Fail(InvalidArgument("usage: tensorhub bench workload standalone|elastic|crossdc "
-                                "--testbed PREFIX [--bytes 128MiB] [--rounds 4] ..."));
+    return Fail(InvalidArgument(
+        "usage: tensorhub bench workload standalone|elastic|crossdc "
+        "--testbed PREFIX [--bytes 128MiB] [--rounds 4] ..."));
   }
   Config c;
   c.workload = args->positional[0];
-  if (c.workload != "standalone" && c.workload != "elastic" && c.workload != "crossdc") {
-    return Fail(InvalidArgument("workload is standalone, elastic or crossdc, not '" +
-                                c.workload + "'"));
+  if (c.workload != "standalone" && c.workload != "elastic" &&
+      c.workload != "crossdc") {
+    return Fail(
+        InvalidArgument("workload is standalone, elastic or crossdc, not '" +
+                        c.workload + "'"));
   }
   auto tb = LoadTestbed(args->Get("testbed", "thwl"));
   if (!tb.ok()) return Fail(tb.status());
@@ -589,9 +666,10 @@ int CmdBenchWorkload(int argc, char** argv) {
   auto spot = args->GetU64("spot", c.workload == "elastic" ? 3 : 0);
   auto stay = args->GetU64("stay-max", 2);
   auto timeout_s = args->GetU64("timeout-s", 300);
-  for (const Status& st : {bytes.status(), chunk.status(), rounds.status(), step.status(),
-                           batch.status(), copies.status(), conns.status(), port.status(),
-                           seed.status(), spot.status(), stay.status(), timeout_s.status()}) {
+  for (const Status& st :
+       {bytes.status(), chunk.status(), rounds.status(), step.status(),
+        batch.status(), copies.status(), conns.status(), port.status(),
+        seed.status(), spot.status(), stay.status(), timeout_s.status()}) {
     if (!st.ok()) return Fail(st);
   }
   c.bytes = *bytes;
@@ -607,38 +685,54 @@ int CmdBenchWorkload(int argc, char** argv) {
   c.stay_max = *stay;
   c.timeout_ms = static_cast<int64_t>(*timeout_s) * 1000;
   const size_t hosts = tb->names.size();
-  if (c.rounds < 1 || c.rounds > 50) return Fail(InvalidArgument("--rounds must be in [1, 50]"));
-  if (c.step_ms > 600000 || c.batch_ms > 600000) return Fail(InvalidArgument("--step-ms and --batch-ms at most 600000"));
-  if (c.step_ms < 100) return Fail(InvalidArgument("--step-ms must be at least 100"));
-  if (c.copies < 1 || c.copies + 1 > hosts) return Fail(InvalidArgument("--copies must be in [1, hosts - 1]"));
-  if (c.connections < 1 || c.connections > 64) return Fail(InvalidArgument("--connections in [1, 64]"));
-  if (c.stay_max < 1 || c.stay_max > 10) return Fail(InvalidArgument("--stay-max in [1, 10]"));
-  if (c.timeout_ms < 10000 || c.timeout_ms > 3600000) return Fail(InvalidArgument("--timeout-s in [10, 3600]"));
-  if (c.bytes < (1 << 20) || c.bytes > (8ull << 30)) return Fail(InvalidArgument("--bytes in [1 MiB, 8 GiB]"));
-  if (c.spot + 2 > hosts) return Fail(InvalidArgument("--spot leaves no steady rollout"));
-  if (c.workload != "elastic" && c.spot != 0) return Fail(InvalidArgument("--spot is for elastic"));
+  if (c.rounds < 1 || c.rounds > 50)
+    return Fail(InvalidArgument("--rounds must be in [1, 50]"));
+  if (c.step_ms > 600000 || c.batch_ms > 600000)
+    return Fail(InvalidArgument("--step-ms and --batch-ms at most 600000"));
+  if (c.step_ms < 100)
+    return Fail(InvalidArgument("--step-ms must be at least 100"));
+  if (c.copies < 1 || c.copies + 1 > hosts)
+    return Fail(InvalidArgument("--copies must be in [1, hosts - 1]"));
+  if (c.connections < 1 || c.connections > 64)
+    return Fail(InvalidArgument("--connections in [1, 64]"));
+  if (c.stay_max < 1 || c.stay_max > 10)
+    return Fail(InvalidArgument("--stay-max in [1, 10]"));
+  if (c.timeout_ms < 10000 || c.timeout_ms > 3600000)
+    return Fail(InvalidArgument("--timeout-s in [10, 3600]"));
+  if (c.bytes < (1 << 20) || c.bytes > (8ull << 30))
+    return Fail(InvalidArgument("--bytes in [1 MiB, 8 GiB]"));
+  if (c.spot + 2 > hosts)
+    return Fail(InvalidArgument("--spot leaves no steady rollout"));
+  if (c.workload != "elastic" && c.spot != 0)
+    return Fail(InvalidArgument("--spot is for elastic"));
   if (c.workload == "crossdc" && tb->num_dcs < 2) {
-    return Fail(InvalidArgument("crossdc needs a test bed with --dcs 2 (bench/testbed.sh up --dcs 2)"));
+    return Fail(InvalidArgument(
+        "crossdc needs a test bed with --dcs 2 (bench/testbed.sh up --dcs 2)"));
   }
   if (c.workload != "crossdc" && tb->num_dcs != 1) {
-    return Fail(InvalidArgument(c.workload + " needs a one-datacenter test bed"));
+    return Fail(
+        InvalidArgument(c.workload + " needs a one-datacenter test bed"));
   }
   c.steady = hosts - 1 - c.spot;
-  if (c.copies > c.steady) return Fail(InvalidArgument("--copies exceeds the steady rollouts"));
-  std::string systems = args->Get("systems", c.workload == "elastic" ? "tensorhub p2p"
-                                                                      : "tensorhub p2p mpi");
+  if (c.copies > c.steady)
+    return Fail(InvalidArgument("--copies exceeds the steady rollouts"));
+  std::string systems =
+      args->Get("systems", c.workload == "elastic" ? "tensorhub p2p"
+                                                   : "tensorhub p2p mpi");
   std::set<std::string> want;
   {
     std::istringstream ss(systems);
     for (std::string w; ss >> w;) {
       if (w != "tensorhub" && w != "p2p" && w != "mpi") {
-        return Fail(InvalidArgument("--systems takes tensorhub, p2p, mpi; not '" + w + "'"));
+        return Fail(InvalidArgument(
+            "--systems takes tensorhub, p2p, mpi; not '" + w + "'"));
       }
       want.insert(w);
     }
   }
   if (want.count("mpi") && c.workload == "elastic") {
-    return Fail(InvalidArgument("elastic has no MPI baseline: a static group cannot admit joiners"));
+    return Fail(InvalidArgument(
+        "elastic has no MPI baseline: a static group cannot admit joiners"));
   }
   SetLogLevel(LogLevel::kWarn);
 
@@ -646,21 +740,30 @@ int CmdBenchWorkload(int argc, char** argv) {
   const double bound_host = c.bytes / link_Bps;
   size_t remote = 0;
   for (size_t i = 1; i < hosts; ++i) remote += tb->dcs[i] != tb->dcs[0];
-  const double bound_wan = remote && tb->wan_mbit > 0 ? c.bytes / (tb->wan_mbit * 1e6 / 8) : 0;
+  const double bound_wan =
+      remote && tb->wan_mbit > 0 ? c.bytes / (tb->wan_mbit * 1e6 / 8) : 0;
   const double bound = std::max(bound_host, bound_wan);
-  std::printf("workload %s: config hosts=%zu dcs=%d trainer=h0 rollouts=%zu remote_rollouts=%zu "
-              "spot=%" PRIu64 " host_mbit=%.0f wan_mbit=%.0f bytes=%" PRIu64 " chunk_bytes=%" PRIu64
-              " step_ms=%" PRIu64 " batch_ms=%" PRIu64 " rounds=%" PRIu64 " copies=%" PRIu64
-              " connections=%d seed=%" PRIu64 "\n",
-              c.workload.c_str(), hosts, tb->num_dcs, c.steady, remote, c.spot, tb->host_mbit,
-              remote ? tb->wan_mbit : 0.0, c.bytes, c.chunk_bytes, c.step_ms, c.batch_ms, c.rounds,
-              c.copies, c.connections, c.seed);
-  std::printf("bounds: S/B = %.2f s%s; every host counts as one GPU\n", bound_host,
-              remote ? (", S/W = " + std::to_string(bound_wan).substr(0, 5) + " s (one copy must cross the WAN)").c_str() : "");
+  std::printf(
+      "workload %s: config hosts=%zu dcs=%d trainer=h0 rollouts=%zu "
+      "remote_rollouts=%zu "
+      "spot=%" PRIu64 " host_mbit=%.0f wan_mbit=%.0f bytes=%" PRIu64
+      " chunk_bytes=%" PRIu64 " step_ms=%" PRIu64 " batch_ms=%" PRIu64
+      " rounds=%" PRIu64 " copies=%" PRIu64 " connections=%d seed=%" PRIu64
+      "\n",
+      c.workload.c_str(), hosts, tb->num_dcs, c.steady, remote, c.spot,
+      tb->host_mbit, remote ? tb->wan_mbit : 0.0, c.bytes, c.chunk_bytes,
+      c.step_ms, c.batch_ms, c.rounds, c.copies, c.connections, c.seed);
+  std::printf("bounds: S/B = %.2f s%s; every host counts as one GPU\n",
+              bound_host,
+              remote ? (", S/W = " + std::to_string(bound_wan).substr(0, 5) +
+                        " s (one copy must cross the WAN)")
+                           .c_str()
+                     : "");
   if (c.workload == "elastic") {
     for (const Join& j : SpotSchedule(c)) {
-      std::printf("schedule: h%zu joins in round %" PRIu64 " at +%" PRIu64 " ms, stays %" PRIu64
-                  " round(s)\n", j.host, j.round, j.offset_ms, j.stay);
+      std::printf("schedule: h%zu joins in round %" PRIu64 " at +%" PRIu64
+                  " ms, stays %" PRIu64 " round(s)\n",
+                  j.host, j.round, j.offset_ms, j.stay);
     }
   }
   std::fflush(stdout);
@@ -671,36 +774,47 @@ int CmdBenchWorkload(int argc, char** argv) {
     if (!want.count(system)) continue;
     uint64_t wan0 = remote ? WanTxBytes(*tb, tb->dcs[0]) : 0;
     if (std::string(system) == "mpi") {
-      results.push_back(RunMpi(*tb, c, args->Get("mpi-script", "bench/mpi_bcast.sh"),
+      results.push_back(RunMpi(*tb, c,
+                               args->Get("mpi-script", "bench/mpi_bcast.sh"),
                                args->Get("mpi-algorithms", "3 9")));
     } else {
-      results.push_back(RunPeerToPeerOrHub(*tb, c, std::string(system) == "p2p", port_next++));
+      results.push_back(RunPeerToPeerOrHub(*tb, c, std::string(system) == "p2p",
+                                           port_next++));
     }
     if (remote) {
       results.back().wan_per_round_S =
-          static_cast<double>(WanTxBytes(*tb, tb->dcs[0]) - wan0) / c.bytes / c.rounds;
+          static_cast<double>(WanTxBytes(*tb, tb->dcs[0]) - wan0) / c.bytes /
+          c.rounds;
     }
     PrintResult(results.back(), c, bound, bound_host);
     std::fflush(stdout);
   }
 
   // The table, the way the published results state them.
-  std::printf("\n%s: %zu GPUs (1 trainer + %zu rollouts%s), S = %s, bound %.2f s\n",
-              c.workload.c_str(), hosts, hosts - 1,
-              c.spot ? (", " + std::to_string(c.spot) + " of them spot").c_str() : "",
-              FormatBytes(c.bytes).c_str(), bound);
-  std::printf("%-16s %12s %12s %12s %14s %8s", "system", "stall GPU-s", "trainer s", "rollouts s",
-              "update s/round", "x bound");
+  std::printf(
+      "\n%s: %zu GPUs (1 trainer + %zu rollouts%s), S = %s, bound %.2f s\n",
+      c.workload.c_str(), hosts, hosts - 1,
+      c.spot ? (", " + std::to_string(c.spot) + " of them spot").c_str() : "",
+      FormatBytes(c.bytes).c_str(), bound);
+  std::printf("%-16s %12s %12s %12s %14s %8s", "system", "stall GPU-s",
+              "trainer s", "rollouts s", "update s/round", "x bound");
   if (c.workload == "elastic") std::printf(" %10s %12s", "join s", "slowdown");
   std::printf("\n");
   const SystemRun* ours = nullptr;
-  for (const SystemRun& r : results) if (r.system == "tensorhub" && r.ok) ours = &r;
+  for (const SystemRun& r : results)
+    if (r.system == "tensorhub" && r.ok) ours = &r;
   auto slowdown = [](const SystemRun& r) {
     double with = 0, without = 0;
     size_t nw = 0, nn = 0;
     for (const Round& x : r.rounds) {
       double per = x.fetches ? x.steady_wait_s : 0;
-      if (x.with_joiner) { with += per; ++nw; } else { without += per; ++nn; }
+      if (x.with_joiner) {
+        with += per;
+        ++nw;
+      } else {
+        without += per;
+        ++nn;
+      }
     }
     if (!nw || !nn || without <= 0) return 0.0;
     return (with / nw) / (without / nn);
@@ -708,18 +822,22 @@ int CmdBenchWorkload(int argc, char** argv) {
   bool all_ok = true;
   for (const SystemRun& r : results) {
     all_ok = all_ok && r.ok;
-    std::printf("%-16s %12.2f %12.2f %12.2f %14.2f %8.2f", r.system.c_str(), r.Stall(),
-                r.Blocked(), r.Waits(), r.MeanUpdate(), r.MeanUpdate() / bound);
-    if (c.workload == "elastic") std::printf(" %10.2f %12.2f", r.MeanJoin(), slowdown(r));
+    std::printf("%-16s %12.2f %12.2f %12.2f %14.2f %8.2f", r.system.c_str(),
+                r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(),
+                r.MeanUpdate() / bound);
+    if (c.workload == "elastic")
+      std::printf(" %10.2f %12.2f", r.MeanJoin(), slowdown(r));
     std::printf("%s\n", r.ok ? "" : "  FAILED");
   }
   if (ours != nullptr) {
     for (const SystemRun& r : results) {
       if (&r == ours || !r.ok) continue;
-      std::printf("ratio %s / tensorhub: stall %.2fx, update time %.2fx", r.system.c_str(),
-                  r.Stall() / ours->Stall(), r.MeanUpdate() / ours->MeanUpdate());
+      std::printf("ratio %s / tensorhub: stall %.2fx, update time %.2fx",
+                  r.system.c_str(), r.Stall() / ours->Stall(),
+                  r.MeanUpdate() / ours->MeanUpdate());
       if (c.workload == "elastic" && ours->MeanJoin() > 0) {
-        std::printf(", joiner time to hold %.2fx", r.MeanJoin() / ours->MeanJoin());
+        std::printf(", joiner time to hold %.2fx",
+                    r.MeanJoin() / ours->MeanJoin());
       }
       std::printf("\n");
     }
@@ -727,15 +845,23 @@ int CmdBenchWorkload(int argc, char** argv) {
   for (const SystemRun& r : results) {
     uint64_t from_trainer = 0;
     for (const Round& x : r.rounds) from_trainer += x.from_trainer;
-    std::printf("workload_result workload=%s system=%s ok=%d stall_gpu_s=%.3f trainer_blocked_s=%.3f "
-                "rollout_wait_s=%.3f update_s_mean=%.3f bound_s=%.3f bound_host_s=%.3f "
-                "update_per_bound=%.3f trainer_sent_per_round_S=%.2f join_s_mean=%.3f "
-                "slowdown=%.3f wan_per_round_S=%.3f %s\n",
-                c.workload.c_str(), r.system == "MPI_Bcast" ? "mpi" : r.system.c_str(), r.ok ? 1 : 0,
-                r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(), bound, bound_host,
-                r.MeanUpdate() / bound,
-                r.system == "MPI_Bcast" ? 0.0 : static_cast<double>(from_trainer) / c.bytes / c.rounds,
-                r.MeanJoin(), slowdown(r), r.wan_per_round_S, r.note.empty() ? "" : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1)).c_str());
+    std::printf(
+        "workload_result workload=%s system=%s ok=%d stall_gpu_s=%.3f "
+        "trainer_blocked_s=%.3f "
+        "rollout_wait_s=%.3f update_s_mean=%.3f bound_s=%.3f bound_host_s=%.3f "
+        "update_per_bound=%.3f trainer_sent_per_round_S=%.2f join_s_mean=%.3f "
+        "slowdown=%.3f wan_per_round_S=%.3f %s\n",
+        c.workload.c_str(), r.system == "MPI_Bcast" ? "mpi" : r.system.c_str(),
+        r.ok ? 1 : 0, r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(), bound,
+        bound_host, r.MeanUpdate() / bound,
+        r.system == "MPI_Bcast"
+            ? 0.0
+            : static_cast<double>(from_trainer) / c.bytes / c.rounds,
+        r.MeanJoin(), slowdown(r), r.wan_per_round_S,
+        r.note.empty()
+            ? ""
+            : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1))
+                  .c_str());
   }
   return all_ok ? 0 : 1;
 }
