@@ -6,7 +6,12 @@
 #
 #   mpi_bcast.sh [--prefix th] [--bytes S] [--receivers N] [--iters K]
 #                [--algorithms "default 2 3 9"] [--segment-bytes 1048576]
-#                [--timeout-s 300]
+#                [--timeout-s 300] [--step-ms T --batch-ms T]
+#
+# With --step-ms and --batch-ms it runs the rollout loop of `tensorhub bench
+# workload` (--iters rounds of step, broadcast, batch; see mpi_bcast.c) and
+# prints mpi_workload lines, then mpi_workload_best (least total stall):
+#   mpi_workload_best algorithm=.. blocked_s=.. wait_s=.. update_s=.. stall_gpu_s=..
 #
 # Output, one line per algorithm, then one summary line:
 #   mpi_bcast bytes=.. ranks=.. algorithm=.. seconds=.. ... bound_seconds=.. ratio=..
@@ -17,7 +22,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 prefix="th" bytes=268435456 receivers="" iters=1 algorithms="default 2 3 9"
-segment_bytes=1048576 timeout_s=300 seed=42
+segment_bytes=1048576 timeout_s=300 seed=42 step_ms="" batch_ms=""
 die() { echo "mpi_bcast.sh: $*" >&2; exit 1; }
 
 while (($#)); do
@@ -30,7 +35,9 @@ while (($#)); do
     --segment-bytes) segment_bytes="$2"; shift 2 ;;
     --timeout-s) timeout_s="$2"; shift 2 ;;
     --seed) seed="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --step-ms) step_ms="$2"; shift 2 ;;
+    --batch-ms) batch_ms="$2"; shift 2 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
 done
@@ -46,6 +53,11 @@ read -r -a dcs <<<"$TB_HOST_DCS"
 ((TB_HOSTS >= 2)) || die "need at least 2 hosts in the test bed"
 receivers="${receivers:-$((TB_HOSTS - 1))}"
 [[ "$receivers" =~ ^[0-9]+$ ]] && ((receivers >= 1)) || die "--receivers must be >= 1"
+workload=()
+if [[ -n "$step_ms$batch_ms" ]]; then
+  [[ "$step_ms" =~ ^[0-9]+$ && "$batch_ms" =~ ^[0-9]+$ ]] || die "--step-ms and --batch-ms go together, in ms"
+  workload=("$step_ms" "$batch_ms")
+fi
 
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
   echo "mpi_bcast.sh: installing openmpi-bin libopenmpi-dev" >&2
@@ -116,10 +128,25 @@ for alg in $algorithms; do
       --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
       --mca pml ob1 --mca btl tcp,self \
       --mca btl_tcp_if_include "$TB_SUBNET" --mca oob_tcp_if_include "$TB_SUBNET" \
-      "${mca[@]}" "$bin" "$bytes" "$iters" "$alg" "$seed" 2>"$log")"; then
+      "${mca[@]}" "$bin" "$bytes" "$iters" "$alg" "$seed" "${workload[@]}" 2>"$log")"; then
     echo "mpi_bcast.sh: algorithm $alg failed; log:" >&2
     tail -n 30 "$log" >&2
     failed=1
+    continue
+  fi
+  if ((${#workload[@]})); then
+    line="$(grep '^mpi_workload ' <<<"$out" | tail -n 1)"
+    if [[ -z "$line" || "$line" != *"verified=1"* ]]; then
+      echo "mpi_bcast.sh: algorithm $alg: no verified result; output: $out" >&2
+      tail -n 30 "$log" >&2
+      failed=1
+      continue
+    fi
+    echo "$line link_mbit=$link_mbit bound_seconds=$bound_s"
+    s="$(sed -E 's/.* stall_gpu_s=([0-9.]+).*/\1/' <<<"$line")"
+    if [[ -z "$best_s" ]] || awk -v a="$s" -v b="$best_s" 'BEGIN { exit !(a < b) }'; then
+      best_s="$s" best_alg="$alg" best_line="$line"
+    fi
     continue
   fi
   line="$(grep '^mpi_bcast ' <<<"$out" | tail -n 1)"
@@ -136,7 +163,9 @@ for alg in $algorithms; do
   fi
 done
 
-if [[ -n "$best_s" ]]; then
+if [[ -n "$best_s" ]] && ((${#workload[@]})); then
+  echo "mpi_workload_best ${best_line#mpi_workload } link_mbit=$link_mbit bound_seconds=$bound_s"
+elif [[ -n "$best_s" ]]; then
   echo "mpi_bcast_best bytes=$bytes receivers=$receivers algorithm=$best_alg seconds=$best_s bound_seconds=$bound_s ratio=$(awk -v s="$best_s" -v b="$bound_s" 'BEGIN { printf "%.2f", s / b }')"
 fi
 exit $failed

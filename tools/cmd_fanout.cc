@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
+#include "bench_testbed.h"
 #include "cli_util.h"
 #include "common/log.h"
 #include "demo_model.h"
@@ -47,66 +47,6 @@ Result<ClientOptions> RoleOptions(const Args& a) {
   return o;
 }
 
-// Test bed description written by bench/testbed.sh up.
-struct Testbed {
-  std::string prefix, switch_ns;
-  std::vector<std::string> names, ips, dcs;
-  double host_mbit = 0, wan_mbit = 0;
-  int num_dcs = 1;
-};
-
-Result<Testbed> LoadTestbed(const std::string& prefix) {
-  std::string path = "/run/tensorhub-testbed-" + prefix + ".env";
-  std::ifstream in(path);
-  if (!in) {
-    return NotFound("no test bed '" + prefix + "' (" + path +
-                    "); start one with: bench/testbed.sh up --prefix " + prefix);
-  }
-  std::map<std::string, std::string> kv;
-  std::string line;
-  while (std::getline(in, line)) {
-    size_t eq = line.find('=');
-    if (eq == std::string::npos || line[0] == '#') continue;
-    std::string k = line.substr(0, eq), v = line.substr(eq + 1);
-    if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'')) v = v.substr(1, v.size() - 2);
-    kv[k] = v;
-  }
-  auto split = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::istringstream ss(s);
-    for (std::string w; ss >> w;) out.push_back(w);
-    return out;
-  };
-  Testbed t;
-  t.prefix = prefix;
-  t.switch_ns = kv["TB_SWITCH_NS"];
-  t.names = split(kv["TB_HOST_NAMES"]);
-  t.ips = split(kv["TB_HOST_IPS"]);
-  t.dcs = split(kv["TB_HOST_DCS"]);
-  t.host_mbit = std::atof(kv["TB_HOST_MBIT"].c_str());
-  t.wan_mbit = std::atof(kv["TB_WAN_MBIT"].c_str());
-  t.num_dcs = std::atoi(kv["TB_DCS"].c_str());
-  if (t.names.empty() || t.names.size() != t.ips.size() || t.names.size() != t.dcs.size() ||
-      t.host_mbit <= 0) {
-    return InvalidArgument("test bed file " + path + " is incomplete");
-  }
-  return t;
-}
-
-// Bytes that left datacenter `dc` towards the wide-area link so far.
-uint64_t WanTxBytes(const Testbed& t, const std::string& dc) {
-  std::string d = dc;
-  while (!d.empty() && !std::isdigit(static_cast<unsigned char>(d[0]))) d.erase(0, 1);
-  std::string cmd = "ip netns exec " + t.switch_ns + " cat /sys/class/net/up" + d +
-                    "/statistics/tx_bytes 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return 0;
-  unsigned long long v = 0;
-  if (std::fscanf(p, "%llu", &v) != 1) v = 0;
-  ::pclose(p);
-  return v;
-}
-
 }  // namespace
 
 int CmdBenchTrainer(int argc, char** argv) {
@@ -122,23 +62,68 @@ int CmdBenchTrainer(int argc, char** argv) {
   Reply("ready " + (*client)->id().value());
   PublishOptions po;
   po.chunk_bytes = std::stoull(args->Get("chunk-bytes", std::to_string(4 << 20)));
+  const std::string self = (*client)->id().value();
   std::string line;
   uint64_t last = 0;
+  // "publish V [COPIES [TIMEOUT_MS]]": before the buffers are overwritten
+  // with V, wait until COPIES other workers hold all of the previous
+  // version and none is still filling (the trainer's upload obligation),
+  // then unpublish it (drain).
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
     std::string cmd;
-    uint64_t v = 0;
-    in >> cmd >> v;
+    uint64_t v = 0, copies = 0;
+    int64_t timeout_ms = 600000;
+    in >> cmd >> v >> copies >> timeout_ms;
     if (cmd != "publish") break;
+    auto t0 = SteadyClock::now();
+    auto since = [](SteadyClock::time_point t) {
+      return std::chrono::duration<double>(SteadyClock::now() - t).count();
+    };
+    if (last && copies > 0) {
+      Deadline deadline = Deadline::AfterMs(timeout_ms);
+      Status s = Status::Ok();
+      for (;;) {
+        auto info = (*client)->Describe(kModel, Version(last));
+        if (!info.ok()) { s = info.status(); break; }
+        uint64_t full = 0, filling = 0;
+        for (const HolderInfo& h : info->holders) {
+          if (h.worker.value() == self) continue;
+          full += !h.filling && h.chunks == info->num_chunks;
+          filling += h.filling;
+        }
+        // A filling holder does not count as a copy, and none may be left:
+        // the complete copies are readers that drop this version when they
+        // fetch the next one, so a reader still filling (a joiner that
+        // resolved this version late) could be left with no source at all.
+        if (full >= copies && filling == 0) break;
+        if (deadline.expired()) {
+          s = DeadlineExceeded(std::to_string(full) + " of " + std::to_string(copies) +
+                               " copies of version " + std::to_string(last) + ", " +
+                               std::to_string(filling) + " holders still filling");
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (!s.ok()) { Reply("error " + s.ToString()); continue; }
+    }
+    double wait_s = since(t0);
+    auto t1 = SteadyClock::now();
     if (last) {
       Status s = (*client)->Unpublish(kModel, Version(last), 120000);
       if (!s.ok()) { Reply("error " + s.ToString()); continue; }
     }
+    double unpublish_s = since(t1);
+    auto t2 = SteadyClock::now();
     model.Fill(v);
+    double fill_s = since(t2);
+    auto t3 = SteadyClock::now();
     Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
     if (!s.ok()) { Reply("error " + s.ToString()); continue; }
     last = v;
-    Reply("published " + std::to_string(v) + " " + Hex(model.Digest()));
+    Reply("published " + std::to_string(v) + " " + Hex(model.Digest()) + " " +
+          std::to_string(wait_s) + " " + std::to_string(unpublish_s) + " " +
+          std::to_string(fill_s) + " " + std::to_string(since(t3)));
   }
   return 0;
 }
@@ -200,38 +185,22 @@ int CmdBenchFanout(int argc, char** argv) {
   }
   if (*repeat < 1 || *repeat > 20) return Fail(InvalidArgument("--repeat must be in [1, 20]"));
   SetLogLevel(LogLevel::kWarn);
-  auto ns = [&](size_t i) { return std::vector<std::string>{"ip", "netns", "exec", tb->names[i]}; };
-  const std::vector<std::string> env = {"TENSORHUB_LOG=warn"};
-  std::string hub = tb->ips[0] + ":" + args->Get("port", "7070");
-  auto hub_proc = Subprocess::Spawn({"serve", "--listen", hub}, env, ns(0));
+  std::string hub;
+  auto hub_proc = SpawnHub(*tb, args->Get("port", "7070"), &hub);
   if (!hub_proc.ok()) return Fail(hub_proc.status());
-  std::string sbytes = std::to_string(*bytes);
-  auto trainer = Subprocess::Spawn({"bench", "_trainer", "--hub", hub, "--bytes", sbytes,
-                                    "--chunk-bytes", std::to_string(*chunk), "--name", "trainer",
-                                    "--datacenter", tb->dcs[0], "--host-label", tb->names[0],
-                                    "--data-listen", tb->ips[0] + ":0"},
-                                   env, ns(0));
+  std::string trainer_id;
+  auto trainer = SpawnTrainer(*tb, hub, *bytes, *chunk, &trainer_id);
   if (!trainer.ok()) return Fail(trainer.status());
-  auto ready = trainer->ReadLine(Deadline::AfterMs(60000));
-  if (!ready.ok() || ready->rfind("ready ", 0) != 0) {
-    return Fail(Unavailable("trainer did not start: " + (ready.ok() ? *ready : ready.status().ToString())));
-  }
-  std::string trainer_id = ready->substr(6);
   std::vector<Subprocess> rs;
   for (uint64_t i = 1; i <= *readers; ++i) {
-    std::vector<std::string> a = {"bench", "_reader", "--hub", hub, "--bytes", sbytes,
-                                  "--name", "reader-" + std::to_string(i), "--datacenter",
-                                  tb->dcs[i], "--host-label", tb->names[i], "--data-listen",
-                                  tb->ips[i] + ":0", "--connections",
-                                  args->Get("connections", "4")};
-    if (mode == "p2p") a.push_back("--no-serve");
-    auto r = Subprocess::Spawn(a, env, ns(i));
+    auto r = SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), *bytes, mode != "p2p",
+                         std::stoi(args->Get("connections", "4")));
     if (!r.ok()) return Fail(r.status());
     rs.push_back(std::move(r).value());
   }
   for (Subprocess& r : rs) {
-    auto line = r.ReadLine(Deadline::AfterMs(60000));
-    if (!line.ok() || line->rfind("ready", 0) != 0) return Fail(Unavailable("a reader did not start"));
+    auto id = WaitReady(r, 60000);
+    if (!id.ok()) return Fail(id.status());
   }
   // The lower bound: every reader must download S through its own link.
   const double link_bytes_per_s = tb->host_mbit * 1e6 / 8;
@@ -254,10 +223,10 @@ int CmdBenchFanout(int argc, char** argv) {
   for (uint64_t r = 1; r <= *repeat; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
     auto pub = s.ok() ? trainer->ReadLine(Deadline::AfterMs(600000)) : Result<std::string>(s);
-    if (!pub.ok() || pub->rfind("published", 0) != 0) {
-      return Fail(Internal("trainer: " + (pub.ok() ? *pub : pub.status().ToString())));
-    }
-    std::string digest = pub->substr(pub->rfind(' ') + 1);
+    if (!pub.ok()) return Fail(pub.status());
+    auto published = ParsePublished(*pub);
+    if (!published.ok()) return Fail(published.status());
+    const std::string digest = published->digest;
     uint64_t wan0 = WanTxBytes(*tb, tb->dcs[0]);
     auto t0 = SteadyClock::now();
     for (Subprocess& rd : rs) (void)rd.Send("fetch " + std::to_string(r));
@@ -272,19 +241,12 @@ int CmdBenchFanout(int argc, char** argv) {
         all_ok = false;
         continue;
       }
-      std::istringstream in(*line);
-      std::string w, ver, dig;
-      double secs = 0;
-      uint64_t rt = 0;
-      in >> w >> ver >> dig >> secs >> rt;
-      retries += rt;
-      matched += dig == digest;
-      for (std::string src; in >> src;) {
-        size_t c1 = src.find(':'), c2 = src.rfind(':');
-        uint64_t b = std::stoull(src.substr(c1 + 1, c2 - c1 - 1));
-        if (src.substr(0, c1) == trainer_id) from_trainer += b;
-        if (src.substr(c2 + 1) == "f") from_filling += b;
-      }
+      auto fetched = ParseFetched(*line);
+      if (!fetched.ok()) return Fail(fetched.status());
+      retries += fetched->retries;
+      matched += fetched->digest == digest;
+      from_trainer += fetched->BytesFrom(trainer_id);
+      from_filling += fetched->BytesFromFilling();
       last = std::max(last, at);
       first = std::min(first, at);
     }

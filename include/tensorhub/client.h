@@ -126,6 +126,9 @@ struct HolderInfo {
   Labels labels;
   WorkerClass worker_class = WorkerClass::kReliable;
   uint64_t chunks = 0;  // how many of the version's chunks it holds
+  // Still receiving the version: it serves the chunks it has verified, and
+  // may depend on other holders for the rest.
+  bool filling = false;
 };
 
 struct VersionInfo {

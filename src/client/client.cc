@@ -365,6 +365,7 @@ class Client::Impl {
       h.labels = s.labels;
       h.worker_class = s.worker_class;
       for (const auto& [b, e] : s.chunks) h.chunks += e - b;
+      h.filling = s.filling;
       vi.holders.push_back(std::move(h));
     }
     vi.num_holders = r.num_holders;
