@@ -1,8 +1,6 @@
 #include "test_roles.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +16,7 @@
 #include "common/log.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "subprocess.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub::testing {
@@ -165,15 +164,12 @@ std::vector<TensorSpec> TestLayout(uint64_t bytes) {
 }
 
 int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  Result<int> port = cli::FreeLoopbackPort();
+  if (!port.ok()) {
+    std::fprintf(stderr, "%s\n", port.status().ToString().c_str());
+    std::abort();
+  }
+  return *port;
 }
 
 int MaybeRunRole(int argc, char** argv) {

@@ -34,6 +34,8 @@ int MaybeRunRole(int argc, char** argv);
 std::vector<TensorSpec> TestLayout(uint64_t bytes);
 
 // A free TCP port on 127.0.0.1 (bound, then released).
+// A loopback port that was free a moment ago (aborts the test binary if the
+// kernel gives none).
 int FreePort();
 
 }  // namespace tensorhub::testing

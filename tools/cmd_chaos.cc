@@ -235,7 +235,9 @@ class Chaos {
 
   int Run() {
     int64_t t0 = NowMs();
-    port_ = PickPort();
+    Result<int> port = FreeLoopbackPort();
+    if (!port.ok()) return Fail(port.status());
+    port_ = *port;
     hub_address_ = "127.0.0.1:" + std::to_string(port_);
     if (!StartHub()) return 1;
     trainer_ = Spawn(false);
@@ -269,18 +271,6 @@ class Chaos {
     std::lock_guard<std::mutex> l(print_mu_);
     std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_, round_, what.c_str());
     std::fflush(stdout);
-  }
-
-  static int PickPort() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return ntohs(a.sin_port);
   }
 
   static bool Listening(int port) {

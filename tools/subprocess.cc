@@ -1,9 +1,12 @@
 #include "subprocess.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -142,6 +145,23 @@ int Subprocess::Stop(int64_t grace_ms) {
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
   return status;
+}
+
+Result<int> FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Internal(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    Status s = Internal(std::string("choosing a loopback port: ") + std::strerror(errno));
+    ::close(fd);
+    return s;
+  }
+  ::close(fd);
+  return static_cast<int>(ntohs(a.sin_port));
 }
 
 }  // namespace tensorhub::cli

@@ -42,6 +42,10 @@ class Subprocess {
   std::string buffer_;
 };
 
+// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice),
+// for a child process to listen on; another process may take it first.
+Result<int> FreeLoopbackPort();
+
 }  // namespace tensorhub::cli
 
 #endif  // TENSORHUB_TOOLS_SUBPROCESS_H_
