@@ -531,6 +531,14 @@ std::vector<HubState::Level> HubState::LevelsFor(const VersionEntry& v,
   return out;
 }
 
+int HubState::Distance(const Labels& reader, const Labels& holder) {
+  // The levels LevelsFor walks: host, rack, datacenter, everything.
+  if (reader.datacenter != holder.datacenter) return 3;
+  if (!reader.host.empty() && reader.host == holder.host) return 0;
+  if (!reader.rack.empty() && reader.rack == holder.rack) return 1;
+  return 2;
+}
+
 HolderView HubState::ViewOf(const VersionEntry& v, const WorkerId& id) const {
   const Reference& ref = v.refs.at(id);
   const Worker& w = workers_.at(id);  // a worker's references leave with it
@@ -753,6 +761,66 @@ Result<std::vector<HolderView>> HubState::Schedule(
        it != group->complete.end() && it->serving == 0 && chosen.size() < want;
        ++it) {
     if (it->worker != best->worker && usable(*it)) chosen.push_back(it->worker);
+  }
+  // Coverage: a trainer rank holds one part, so the sources chosen so far
+  // may miss parts, and a reader must never be left without a source for a
+  // chunk that some holder has. Each part that none of them holds gets its
+  // best holder by the same ranking (nearest, then least busy, then latest
+  // joined): that rank's worker, or the best holder of every chunk if it
+  // ranks first (which then covers the rest). A group of G ranks may thus
+  // give up to max_sources + G - 1 sources. O(G log N).
+  auto holds_all = [&](const WorkerId& id) {
+    return !v.refs.at(id).rank.has_value();
+  };
+  if (std::none_of(chosen.begin(), chosen.end(), holds_all)) {
+    std::set<uint32_t> have;
+    for (const WorkerId& id : chosen) have.insert(*v.refs.at(id).rank);
+    // The best usable holder of every chunk: found once, when first needed.
+    bool searched = false;
+    const HolderKey* full = nullptr;
+    int full_distance = 0;
+    auto find_full = [&] {
+      searched = true;
+      for (const Level& level : LevelsFor(v, reader_labels)) {
+        const HolderKey* c = nullptr;
+        for (const HolderKey& k : level.set->complete) {
+          if (usable(k) && holds_all(k.worker)) {
+            c = &k;
+            break;
+          }
+        }
+        const HolderKey* f = first_filling(level.set->filling);
+        if (c == nullptr && f == nullptr) continue;
+        full = f == nullptr || (c != nullptr && *c < *f) ? c : f;
+        full_distance = level.distance;
+        return;
+      }
+    };
+    const Manifest& manifest = *v.manifest;
+    for (uint32_t r = 0; r < v.group_size; ++r) {
+      if (have.count(r) > 0) continue;
+      if (manifest.chunk_base(r) == manifest.chunk_base(r + 1)) continue;
+      const HolderKey* part = nullptr;
+      int part_distance = 0;
+      if (auto rh = v.index.rank_holders.find(r);
+          rh != v.index.rank_holders.end()) {
+        const Reference& ref = v.refs.at(rh->second);
+        if (ref.filed.has_value() && usable(ref.filed->key)) {
+          part = &ref.filed->key;
+          part_distance = Distance(reader_labels, ref.filed->labels);
+        }
+      }
+      if (!searched) find_full();
+      if (full != nullptr &&
+          (part == nullptr || full_distance < part_distance ||
+           (full_distance == part_distance && *full < *part))) {
+        chosen.push_back(full->worker);
+        break;
+      }
+      // No holder but the reader or excluded ones has this part: the
+      // reader's fetcher asks again once its other sources are done.
+      if (part != nullptr) chosen.push_back(part->worker);
+    }
   }
   std::vector<HolderView> out;
   std::vector<WorkerId>& assigned = v.assignments[reader];

@@ -141,11 +141,15 @@ class HubState {
   // least busy, then the latest to join, so that readers arriving together
   // form a pipeline (trainer -> r1 -> r2 ...) in which every holder uploads
   // to one reader at a time. Idle complete holders as near as the first
-  // choice are added as extra stripes, up to `max_sources`. `exclude`
+  // choice are added as extra stripes, up to `max_sources`. The sources
+  // cover every chunk that a usable holder has: a part of a group's version
+  // that none of them holds (trainer ranks hold one part each) adds its
+  // best holder by the same ranking, so a version of G parts may give up to
+  // max_sources + G - 1 sources. `exclude`
   // names holders that failed this reader. Calling it again replaces the
-  // reader's previous assignment. Cost: O((|exclude| + s) log N) for N
-  // holders and s distinct serving counts among filling holders (an index,
-  // not a scan; see HolderIndex).
+  // reader's previous assignment. Cost: O((|exclude| + s + G) log N) for N
+  // holders, s distinct serving counts among filling holders and G parts
+  // (an index, not a scan; see HolderIndex).
   Result<std::vector<HolderView>> Schedule(const WorkerId& reader,
                                            const std::string& model,
                                            Version version,
@@ -278,6 +282,8 @@ class HubState {
   // The reader's groups, nearest first; the last one is every holder.
   static std::vector<Level> LevelsFor(const VersionEntry& v,
                                       const Labels& reader);
+  // The distance of the level in which LevelsFor(reader) finds `holder`.
+  static int Distance(const Labels& reader, const Labels& holder);
   VersionEntry* FindVersion(const std::string& model, Version version);
   static void UpdateAvailability(VersionEntry& v);
   // OK if readers may fetch the version; else the error a reader gets.

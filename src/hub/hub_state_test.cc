@@ -1100,6 +1100,78 @@ TEST_F(HubStateTest, ScheduleStripesOverIdleCompleteHoldersAndReleases) {
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
 }
 
+// The chunks [begin, end) that a set of sources holds, merged.
+std::vector<ChunkRange> Covered(const std::vector<HolderView>& sources) {
+  std::vector<ChunkRange> all;
+  for (const HolderView& h : sources)
+    all.insert(all.end(), h.chunks.begin(), h.chunks.end());
+  std::sort(all.begin(), all.end(), [](const ChunkRange& a, const ChunkRange& b) {
+    return a.begin < b.begin;
+  });
+  std::vector<ChunkRange> out;
+  for (const ChunkRange& r : all) {
+    if (!out.empty() && r.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, r.end);
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+// A group of 8 ranks, each holding one part, and max_sources 4: the sources
+// must still cover every chunk (a reader once got the same 4 ranks on every
+// call and waited for the rest until its deadline).
+TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
+  constexpr uint32_t kRanks = 8;
+  auto g = Group("m", kRanks, 9);
+  Manifest m = ManifestOf(g);
+  const std::vector<ChunkRange> everything = {{0, m.num_chunks()}};
+  std::vector<WorkerId> ranks;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    ranks.push_back(Register("t" + std::to_string(r), L("a", "r1", "h" + std::to_string(r))));
+    ASSERT_TRUE(Pub(ranks.back(), "m", 1, g, r).ok());
+  }
+  ASSERT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  WorkerId r1 = Register("r1", L("a", "r2", "h20"));
+  ASSERT_TRUE(hub_.AddHolder(r1, "m", Version(1), 1, m, 0, true).ok());
+  for (int call = 0; call < 3; ++call) {  // the same answer on every call
+    auto s = hub_.Schedule(r1, "m", Version(1), {}, 4);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->size(), kRanks);  // one per part: max_sources is exceeded
+    EXPECT_EQ(Covered(*s), everything);
+  }
+  // Without rank 3 (it failed this reader) nobody has its part: the others
+  // are still given, and a retry without the exclusion covers everything.
+  auto s = hub_.Schedule(r1, "m", Version(1), {ranks[3]}, 4);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->size(), kRanks - 1);
+  uint64_t part3 = m.chunk_base(3), part4 = m.chunk_base(4);
+  EXPECT_EQ(Covered(*s), (std::vector<ChunkRange>{{0, part3}, {part4, m.num_chunks()}}));
+  ASSERT_TRUE(hub_.Schedule(r1, "m", Version(1), {}, 4).ok());
+  // A second reader that joins while r1 fills reads from r1 alone: r1 will
+  // hold every chunk and is idle, so the ranks upload each part once.
+  WorkerId r2 = Register("r2", L("a", "r2", "h21"));
+  ASSERT_TRUE(hub_.AddHolder(r2, "m", Version(1), 1, m, 0, true).ok());
+  auto s2 = hub_.Schedule(r2, "m", Version(1), {}, 4);
+  ASSERT_TRUE(s2.ok());
+  ASSERT_EQ(s2->size(), 1u);
+  EXPECT_EQ((*s2)[0].worker, r1);
+  // Excluding r1, r2 falls back to the ranks, and again gets all of them.
+  auto s3 = hub_.Schedule(r2, "m", Version(1), {r1}, 4);
+  ASSERT_TRUE(s3.ok());
+  EXPECT_EQ(Covered(*s3), everything);
+  // Once r1 holds everything, a reader with max_sources 1 gets r1 and no
+  // rank: one holder of every chunk covers the version.
+  ASSERT_TRUE(hub_.AddHolder(r1, "m", Version(1), 1, m, 0, false).ok());
+  ASSERT_TRUE(hub_.Unpublish(r2, "m", Version(1), 0).ok());
+  WorkerId r3 = Register("r3", L("a", "r2", "h22"));
+  auto s4 = hub_.Schedule(r3, "m", Version(1), {}, 1);
+  ASSERT_TRUE(s4.ok());
+  ASSERT_EQ(s4->size(), 1u);
+  EXPECT_EQ((*s4)[0].worker, r1);
+}
+
 TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
   WorkerId t = Register("t", L("a", "r1", "h1"));
   auto g = Group("m", 1, 7);
@@ -1230,6 +1302,9 @@ class ReferenceScheduler {
     uint64_t join_seq = 0;
   };
 
+  // Rank r holds chunks [base[r], base[r + 1]).
+  explicit ReferenceScheduler(std::vector<uint64_t> base)
+      : base_(std::move(base)) {}
   void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
   void Publish(const WorkerId& w, uint32_t rank) {
     refs_[w] = Ref{rank, false, 0};
@@ -1331,6 +1406,23 @@ class ReferenceScheduler {
       if (c.distance == best.distance && c.serving == 0 && !c.filling)
         out.push_back(c.worker);
     }
+    // Coverage: each part (in rank order) that no source holds yet gets the
+    // first candidate in the same order that holds it; a holder of
+    // everything covers the rest.
+    auto full = [&](const WorkerId& w) { return !refs_.at(w).rank.has_value(); };
+    if (std::none_of(out.begin(), out.end(), full)) {
+      std::set<uint32_t> have;
+      for (const WorkerId& w : out) have.insert(*refs_.at(w).rank);
+      for (uint32_t part = 0; part + 1 < base_.size(); ++part) {
+        if (have.count(part) > 0 || base_[part] == base_[part + 1]) continue;
+        auto c = std::find_if(cands.begin(), cands.end(), [&](const Candidate& k) {
+          return full(k.worker) || refs_.at(k.worker).rank == part;
+        });
+        if (c == cands.end()) continue;
+        out.push_back(c->worker);
+        if (full(c->worker)) break;
+      }
+    }
     for (const WorkerId& w : out) {
       assignments_[reader].push_back(w);
       ++serving_[w];
@@ -1342,6 +1434,7 @@ class ReferenceScheduler {
   const Labels& LabelsOf(const WorkerId& w) const { return labels_.at(w); }
 
  private:
+  std::vector<uint64_t> base_;
   std::map<WorkerId, Labels> labels_;
   std::map<WorkerId, Ref> refs_;
   std::map<WorkerId, std::vector<WorkerId>> assignments_;
@@ -1360,17 +1453,21 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
   const std::vector<std::string> hosts = {"", "h1", "h2", "h3"};
   for (uint32_t seed = 1; seed <= 12; ++seed) {
     HubState hub(DefaultConfig());
-    ReferenceScheduler ref;
     std::mt19937 rng(seed);
     auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
     auto random_labels = [&] {
       return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
                hosts[pick(hosts.size())]);
     };
-    auto g = Group("m" + std::to_string(seed), 2, static_cast<uint8_t>(seed));
+    // Four ranks: more parts than max_sources at times, so the chosen
+    // sources must be completed to cover every part.
+    constexpr uint32_t kRanks = 4;
+    auto g = Group("m" + std::to_string(seed), kRanks,
+                   static_cast<uint8_t>(seed));
     const Manifest m = ManifestOf(g);
-    std::vector<uint64_t> base = {m.chunk_base(0), m.chunk_base(1),
-                                  m.chunk_base(2)};
+    std::vector<uint64_t> base;
+    for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
+    ReferenceScheduler ref(base);
     std::vector<WorkerId> ws;
     std::set<WorkerId> gone;                // left the hub; may re-join
     std::map<WorkerId, std::string> names;  // the name gives the address
@@ -1383,7 +1480,7 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     };
     for (int i = 0; i < 40; ++i)
       ws.push_back(join("w" + std::to_string(i), random_labels()));
-    for (uint32_t r = 0; r < 2; ++r) {
+    for (uint32_t r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
       ref.Publish(ws[r], r);
     }
@@ -1436,6 +1533,12 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         std::vector<WorkerId> got_ids;
         for (const HolderView& h : *got) got_ids.push_back(h.worker);
         ASSERT_EQ(got_ids, *want);
+        // With nothing excluded, a reader that holds no part and serves
+        // nothing yet may read every chunk from what it got.
+        if (exclude.empty() && ref.refs().count(w) == 0) {
+          EXPECT_EQ(Covered(*got),
+                    (std::vector<ChunkRange>{{0, m.num_chunks()}}));
+        }
       } else if (op < 82) {  // a fetch ends without a copy
         hub.FetchDone(w, "m", Version(1));
         ref.Release(w);
