@@ -7,7 +7,8 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file"}, {});
+  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file"},
+                        {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
@@ -17,6 +18,7 @@ int CmdServe(int argc, char** argv) {
     return Fail(InvalidArgument("--lease-ms must be in [100, 3600000]"));
   }
   o.lease_ms = static_cast<int64_t>(*lease);
+  o.racks_oversubscribed = args->Has("oversubscribed-racks");
   auto secret = Secret(*args);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;

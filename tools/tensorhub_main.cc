@@ -25,6 +25,7 @@ const char kUsage[] = R"(usage: tensorhub COMMAND [flags]
 
 Commands:
   serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
+         [--oversubscribed-racks]                 rack uplinks are the bottleneck
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version
   publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)

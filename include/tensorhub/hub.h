@@ -20,6 +20,10 @@ struct HubOptions {
   int64_t lease_ms = 5000;
   // Shared secret every worker must present (empty: none).
   std::string secret;
+  // Rack uplinks are oversubscribed: readers then prefer a busy holder in
+  // their rack to an idle one in another rack (see docs/design.md,
+  // "Scheduling"). Leave false on a full-bisection fabric.
+  bool racks_oversubscribed = false;
 };
 
 class Hub {

@@ -361,6 +361,7 @@ using hub::HubServerImpl;
 Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
+  config.racks_oversubscribed = options.racks_oversubscribed;
   config.incarnation = std::random_device{}() ^
                        static_cast<uint64_t>(NowMs());
   auto service = std::make_unique<HubServiceImpl>(config, options.secret);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <set>
+#include <tuple>
 
 namespace tensorhub::hub {
 namespace {
@@ -714,12 +715,14 @@ Result<std::vector<HolderView>> HubState::Schedule(
     return k.worker != reader && exclude.count(k.worker) == 0;
   };
   // The best usable holder of a group: the first in order. Skips only the
-  // reader and excluded holders, and jumps over filling holders that joined
-  // after the reader with one search per serving count.
-  auto first_complete =
-      [&](const std::set<HolderKey>& set) -> const HolderKey* {
+  // reader and excluded holders (and, with `full_only`, trainer ranks that
+  // hold one part), and jumps over filling holders that joined after the
+  // reader with one search per serving count.
+  auto first_complete = [&](const std::set<HolderKey>& set,
+                            bool full_only) -> const HolderKey* {
     for (const HolderKey& k : set) {
-      if (usable(k)) return &k;
+      if (usable(k) && (!full_only || !v.refs.at(k.worker).rank.has_value()))
+        return &k;
     }
     return nullptr;
   };
@@ -739,20 +742,43 @@ Result<std::vector<HolderView>> HubState::Schedule(
     }
     return nullptr;
   };
-  const HolderKey* best = nullptr;
-  const HolderSet* group = nullptr;
-  for (const Level& level : LevelsFor(v, reader_labels)) {
-    const HolderKey* c = first_complete(level.set->complete);
-    const HolderKey* f = first_filling(level.set->filling);
-    if (c == nullptr && f == nullptr) continue;
-    best = f == nullptr || (c != nullptr && *c < *f) ? c : f;
-    group = level.set;
-    break;
-  }
+  const std::vector<Level> levels = LevelsFor(v, reader_labels);
+  struct Pick {
+    const HolderKey* key = nullptr;
+    const Level* level = nullptr;
+  };
+  // The ranking: an idle holder in the reader's datacenter, nearest first;
+  // else the nearest holder, least busy first. A busy holder in the
+  // reader's rack thus ranks after an idle one elsewhere in its datacenter:
+  // every holder uploads to one reader at a time, so a reader that lands
+  // in a rack whose only holder already feeds another rack extends the
+  // pipeline instead of halving that holder's upload. Across datacenters
+  // distance still comes first, so each chunk crosses the WAN once per
+  // datacenter. With racks_oversubscribed the first pass is skipped:
+  // nearest first, since crossing a rack uplink costs more than sharing a
+  // holder's NIC there.
+  const int first_pass = config_.racks_oversubscribed ? 1 : 0;
+  auto best_of = [&](bool full_only) -> Pick {
+    for (int pass = first_pass; pass < 2; ++pass) {
+      for (const Level& level : levels) {
+        if (pass == 0 && level.distance > kDatacenterDistance) break;
+        const HolderKey* c = first_complete(level.set->complete, full_only);
+        const HolderKey* f = first_filling(level.set->filling);
+        if (c == nullptr && f == nullptr) continue;
+        const HolderKey* k = f == nullptr || (c != nullptr && *c < *f) ? c : f;
+        if (pass == 0 && k->serving > 0) continue;  // no idle one here
+        return {k, &level};
+      }
+    }
+    return {};
+  };
+  const Pick first = best_of(/*full_only=*/false);
+  const HolderKey* best = first.key;
   if (best == nullptr) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
+  const HolderSet* group = first.level->set;
   std::vector<WorkerId> chosen = {best->worker};
   // Extra stripes: idle complete holders as near as the first choice, the
   // latest joined first. Idle ones lead the group's order.
@@ -777,25 +803,7 @@ Result<std::vector<HolderView>> HubState::Schedule(
     for (const WorkerId& id : chosen) have.insert(*v.refs.at(id).rank);
     // The best usable holder of every chunk: found once, when first needed.
     bool searched = false;
-    const HolderKey* full = nullptr;
-    int full_distance = 0;
-    auto find_full = [&] {
-      searched = true;
-      for (const Level& level : LevelsFor(v, reader_labels)) {
-        const HolderKey* c = nullptr;
-        for (const HolderKey& k : level.set->complete) {
-          if (usable(k) && holds_all(k.worker)) {
-            c = &k;
-            break;
-          }
-        }
-        const HolderKey* f = first_filling(level.set->filling);
-        if (c == nullptr && f == nullptr) continue;
-        full = f == nullptr || (c != nullptr && *c < *f) ? c : f;
-        full_distance = level.distance;
-        return;
-      }
-    };
+    Pick full;
     const Manifest& manifest = *v.manifest;
     for (uint32_t r = 0; r < v.group_size; ++r) {
       if (have.count(r) > 0) continue;
@@ -810,11 +818,25 @@ Result<std::vector<HolderView>> HubState::Schedule(
           part_distance = Distance(reader_labels, ref.filed->labels);
         }
       }
-      if (!searched) find_full();
-      if (full != nullptr &&
-          (part == nullptr || full_distance < part_distance ||
-           (full_distance == part_distance && *full < *part))) {
-        chosen.push_back(full->worker);
+      if (!searched) {
+        full = best_of(/*full_only=*/true);
+        searched = true;
+      }
+      // The same ranking as best_of: (not idle in the datacenter, distance,
+      // key).
+      auto rank_of = [&](const HolderKey& k, int distance) {
+        return std::make_tuple(first_pass == 1 || k.serving > 0 ||
+                                   distance > kDatacenterDistance,
+                               distance);
+      };
+      if (full.key != nullptr &&
+          (part == nullptr ||
+           rank_of(*full.key, full.level->distance) <
+               rank_of(*part, part_distance) ||
+           (rank_of(*full.key, full.level->distance) ==
+                rank_of(*part, part_distance) &&
+            *full.key < *part))) {
+        chosen.push_back(full.key->worker);
         break;
       }
       // No holder but the reader or excluded ones has this part: the

@@ -30,6 +30,12 @@ struct HubConfig {
   size_t max_workers = 100000;
   size_t max_models = 10000;
   size_t max_dead_versions_per_model = 64;  // aborted/unavailable kept for ls
+  // How Schedule weighs a busy holder in the reader's rack against an idle
+  // one elsewhere in its datacenter. false (rack uplinks at full bisection):
+  // the idle one, so that every holder uploads to one reader at a time.
+  // true (rack uplinks oversubscribed, crossing them is the bottleneck):
+  // the busy one in the rack, nearest first.
+  bool racks_oversubscribed = false;
 };
 
 struct WorkerRegistration {
@@ -257,6 +263,8 @@ class HubState {
     std::map<Version, VersionEntry> versions;
     Version highest;  // highest version number ever seen
   };
+  // Distances: same host 0, same rack 1, same datacenter 2, elsewhere 3.
+  static constexpr int kDatacenterDistance = 2;
   // One topology group to search, at its distance from the reader.
   struct Level {
     const HolderSet* set;

@@ -1172,6 +1172,46 @@ TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
   EXPECT_EQ((*s4)[0].worker, r1);
 }
 
+// Readers of one version arrive in random racks. r1 (rack 1) reads from the
+// trainer, r2 (rack 2) from r1; r3 lands in rack 1, whose only holder r1
+// already uploads to r2. On a full-bisection fabric r3 reads from r2 (idle,
+// another rack) so that r1 uploads once; with oversubscribed racks it shares
+// r1 rather than cross a rack uplink. Another datacenter's idle holder never
+// beats a busy one in the reader's datacenter.
+TEST_F(HubStateTest, ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) {
+  for (bool oversubscribed : {false, true}) {
+    SCOPED_TRACE(oversubscribed ? "oversubscribed" : "full bisection");
+    HubConfig config = DefaultConfig();
+    config.racks_oversubscribed = oversubscribed;
+    HubState hub(config);
+    WorkerId t = Register(hub, "t", L("a", "r0", "h0"));
+    auto g = Group("m", 1, 11);
+    Manifest m = ManifestOf(g);
+    ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g, 0), 0).ok());
+    auto join_and_schedule = [&](const std::string& name, Labels l) {
+      WorkerId w = Register(hub, name, std::move(l));
+      EXPECT_TRUE(hub.AddHolder(w, "m", Version(1), 1, m, 0, true).ok());
+      auto s = hub.Schedule(w, "m", Version(1), {}, 4);
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_EQ(s.ok() ? s->size() : 0u, 1u);
+      return std::make_pair(w, s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
+    };
+    auto [r1, src1] = join_and_schedule("r1", L("a", "r1", "h1"));
+    EXPECT_EQ(src1, t);
+    auto [r2, src2] = join_and_schedule("r2", L("a", "r2", "h2"));
+    EXPECT_EQ(src2, r1);
+    auto [r3, src3] = join_and_schedule("r3", L("a", "r1", "h3"));
+    EXPECT_EQ(src3, oversubscribed ? r1 : r2);
+    // An idle complete holder in datacenter b: a reader in a, in a rack
+    // with no holder, still reads inside a.
+    auto b = join_and_schedule("b1", L("b", "r9", "h9"));
+    EXPECT_TRUE(hub.AddHolder(b.first, "m", Version(1), 1, m, 0, false).ok());
+    auto r4 = join_and_schedule("r4", L("a", "r4", "h4"));
+    EXPECT_NE(r4.second, b.first);
+    EXPECT_EQ(r4.second, r3);  // idle in a, and the latest to join
+  }
+}
+
 TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
   WorkerId t = Register("t", L("a", "r1", "h1"));
   auto g = Group("m", 1, 7);
@@ -1303,8 +1343,8 @@ class ReferenceScheduler {
   };
 
   // Rank r holds chunks [base[r], base[r + 1]).
-  explicit ReferenceScheduler(std::vector<uint64_t> base)
-      : base_(std::move(base)) {}
+  ReferenceScheduler(std::vector<uint64_t> base, bool racks_oversubscribed)
+      : base_(std::move(base)), racks_oversubscribed_(racks_oversubscribed) {}
   void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
   void Publish(const WorkerId& w, uint32_t rank) {
     refs_[w] = Ref{rank, false, 0};
@@ -1373,13 +1413,22 @@ class ReferenceScheduler {
         own != refs_.end() && own->second.filling) {
       reader_join = own->second.join_seq;
     }
+    // Idle holders in the reader's datacenter first (nearest first), then
+    // the rest nearest first; only nearest first if racks are
+    // oversubscribed.
+    const bool oversubscribed = racks_oversubscribed_;
     struct Candidate {
       int distance;
       int serving;
       uint64_t join_seq;
       WorkerId worker;
       bool filling;
+      bool oversubscribed;
+      bool idle_near() const {
+        return !oversubscribed && distance <= 2 && serving == 0;
+      }
       bool operator<(const Candidate& o) const {
+        if (idle_near() != o.idle_near()) return idle_near();
         if (distance != o.distance) return distance < o.distance;
         if (serving != o.serving) return serving < o.serving;
         if (join_seq != o.join_seq) return join_seq > o.join_seq;
@@ -1393,7 +1442,7 @@ class ReferenceScheduler {
       auto s = serving_.find(w);
       cands.push_back({Distance(rl, labels_.at(w)),
                        s == serving_.end() ? 0 : s->second, r.join_seq, w,
-                       r.filling});
+                       r.filling, oversubscribed});
     }
     if (cands.empty()) return std::nullopt;
     std::sort(cands.begin(), cands.end());
@@ -1435,6 +1484,7 @@ class ReferenceScheduler {
 
  private:
   std::vector<uint64_t> base_;
+  bool racks_oversubscribed_;
   std::map<WorkerId, Labels> labels_;
   std::map<WorkerId, Ref> refs_;
   std::map<WorkerId, std::vector<WorkerId>> assignments_;
@@ -1452,7 +1502,9 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
   const std::vector<std::string> racks = {"", "r1", "r2"};
   const std::vector<std::string> hosts = {"", "h1", "h2", "h3"};
   for (uint32_t seed = 1; seed <= 12; ++seed) {
-    HubState hub(DefaultConfig());
+    HubConfig config = DefaultConfig();
+    config.racks_oversubscribed = seed % 2 == 0;  // both rankings
+    HubState hub(config);
     std::mt19937 rng(seed);
     auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
     auto random_labels = [&] {
@@ -1467,7 +1519,7 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     const Manifest m = ManifestOf(g);
     std::vector<uint64_t> base;
     for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
-    ReferenceScheduler ref(base);
+    ReferenceScheduler ref(base, config.racks_oversubscribed);
     std::vector<WorkerId> ws;
     std::set<WorkerId> gone;                // left the hub; may re-join
     std::map<WorkerId, std::string> names;  // the name gives the address

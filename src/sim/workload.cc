@@ -99,6 +99,14 @@ namespace {
 
 constexpr uint64_t kMaxFailedFetches = 10000;
 
+// The hub is told what its operator would tell it: whether the racks'
+// uplinks are oversubscribed.
+hub::HubConfig HubConfigFor(const WorkloadConfig& c) {
+  hub::HubConfig config;
+  config.racks_oversubscribed = c.cluster.rack_oversub > 1;
+  return config;
+}
+
 class Driver {
  public:
   Driver(const WorkloadConfig& c, System system)
@@ -107,7 +115,7 @@ class Driver {
         cluster_(c.cluster, c.trainer_gpus + c.rollout_gpus - c.remote_gpus(),
                  c.remote_gpus()),
         engine_(cluster_),
-        hub_(hub::HubConfig{}),
+        hub_(HubConfigFor(c)),
         rng_(c.seed) {}
 
   Result<RunResult> Run() {
