@@ -383,6 +383,9 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
                << options.lease_ms << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
+               << (options.racks_oversubscribed
+                       ? ", racks oversubscribed: sources nearest first"
+                       : ", sources idle first within a datacenter")
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
       std::move(service), std::move(server), address, options.lease_ms));
