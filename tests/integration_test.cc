@@ -149,7 +149,9 @@ TEST_F(HubTest, GroupOfMoreRanksThanMaxSourcesIsFetchedWhole) {
     o.group_size = kRanks;
     o.rank = r;
     o.chunk_bytes = kMinChunkBytes;
-    ASSERT_TRUE(ranks.back()->Publish("g", Version(1), parts.back()->tensors(), o).ok());
+    ASSERT_TRUE(ranks.back()
+                    ->Publish("g", Version(1), parts.back()->tensors(), o)
+                    .ok());
   }
   auto check = [&](const SyntheticModel& dst) {
     for (uint32_t r = 0; r < kRanks; ++r) {

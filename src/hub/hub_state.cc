@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cassert>
 #include <set>
-#include <tuple>
 
 namespace tensorhub::hub {
 namespace {
@@ -822,20 +821,20 @@ Result<std::vector<HolderView>> HubState::Schedule(
         full = best_of(/*full_only=*/true);
         searched = true;
       }
-      // The same ranking as best_of: (not idle in the datacenter, distance,
-      // key).
-      auto rank_of = [&](const HolderKey& k, int distance) {
-        return std::make_tuple(first_pass == 1 || k.serving > 0 ||
-                                   distance > kDatacenterDistance,
-                               distance);
+      // The same ranking as best_of: idle in the reader's datacenter (unless
+      // racks are oversubscribed), then distance, then the key.
+      auto before = [&](const HolderKey& x, int dx, const HolderKey& y,
+                        int dy) {
+        auto later = [&](const HolderKey& k, int d) {
+          return first_pass == 1 || k.serving > 0 || d > kDatacenterDistance;
+        };
+        if (later(x, dx) != later(y, dy)) return !later(x, dx);
+        if (dx != dy) return dx < dy;
+        return x < y;
       };
       if (full.key != nullptr &&
           (part == nullptr ||
-           rank_of(*full.key, full.level->distance) <
-               rank_of(*part, part_distance) ||
-           (rank_of(*full.key, full.level->distance) ==
-                rank_of(*part, part_distance) &&
-            *full.key < *part))) {
+           before(*full.key, full.level->distance, *part, part_distance))) {
         chosen.push_back(full.key->worker);
         break;
       }

@@ -1105,9 +1105,10 @@ std::vector<ChunkRange> Covered(const std::vector<HolderView>& sources) {
   std::vector<ChunkRange> all;
   for (const HolderView& h : sources)
     all.insert(all.end(), h.chunks.begin(), h.chunks.end());
-  std::sort(all.begin(), all.end(), [](const ChunkRange& a, const ChunkRange& b) {
-    return a.begin < b.begin;
-  });
+  std::sort(all.begin(), all.end(),
+            [](const ChunkRange& a, const ChunkRange& b) {
+              return a.begin < b.begin;
+            });
   std::vector<ChunkRange> out;
   for (const ChunkRange& r : all) {
     if (!out.empty() && r.begin <= out.back().end) {
@@ -1129,7 +1130,8 @@ TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
   const std::vector<ChunkRange> everything = {{0, m.num_chunks()}};
   std::vector<WorkerId> ranks;
   for (uint32_t r = 0; r < kRanks; ++r) {
-    ranks.push_back(Register("t" + std::to_string(r), L("a", "r1", "h" + std::to_string(r))));
+    ranks.push_back(Register("t" + std::to_string(r),
+                             L("a", "r1", "h" + std::to_string(r))));
     ASSERT_TRUE(Pub(ranks.back(), "m", 1, g, r).ok());
   }
   ASSERT_EQ(ResolveCode("m", 1), StatusCode::kOk);
@@ -1147,7 +1149,8 @@ TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->size(), kRanks - 1);
   uint64_t part3 = m.chunk_base(3), part4 = m.chunk_base(4);
-  EXPECT_EQ(Covered(*s), (std::vector<ChunkRange>{{0, part3}, {part4, m.num_chunks()}}));
+  EXPECT_EQ(Covered(*s),
+            (std::vector<ChunkRange>{{0, part3}, {part4, m.num_chunks()}}));
   ASSERT_TRUE(hub_.Schedule(r1, "m", Version(1), {}, 4).ok());
   // A second reader that joins while r1 fills reads from r1 alone: r1 will
   // hold every chunk and is idle, so the ranks upload each part once.
@@ -1178,7 +1181,8 @@ TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
 // another rack) so that r1 uploads once; with oversubscribed racks it shares
 // r1 rather than cross a rack uplink. Another datacenter's idle holder never
 // beats a busy one in the reader's datacenter.
-TEST_F(HubStateTest, ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) {
+TEST_F(HubStateTest,
+       ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) {
   for (bool oversubscribed : {false, true}) {
     SCOPED_TRACE(oversubscribed ? "oversubscribed" : "full bisection");
     HubConfig config = DefaultConfig();
@@ -1194,7 +1198,8 @@ TEST_F(HubStateTest, ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) 
       auto s = hub.Schedule(w, "m", Version(1), {}, 4);
       EXPECT_TRUE(s.ok()) << s.status().ToString();
       EXPECT_EQ(s.ok() ? s->size() : 0u, 1u);
-      return std::make_pair(w, s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
+      return std::make_pair(
+          w, s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
     };
     auto [r1, src1] = join_and_schedule("r1", L("a", "r1", "h1"));
     EXPECT_EQ(src1, t);
@@ -1458,15 +1463,18 @@ class ReferenceScheduler {
     // Coverage: each part (in rank order) that no source holds yet gets the
     // first candidate in the same order that holds it; a holder of
     // everything covers the rest.
-    auto full = [&](const WorkerId& w) { return !refs_.at(w).rank.has_value(); };
+    auto full = [&](const WorkerId& w) {
+      return !refs_.at(w).rank.has_value();
+    };
     if (std::none_of(out.begin(), out.end(), full)) {
       std::set<uint32_t> have;
       for (const WorkerId& w : out) have.insert(*refs_.at(w).rank);
       for (uint32_t part = 0; part + 1 < base_.size(); ++part) {
         if (have.count(part) > 0 || base_[part] == base_[part + 1]) continue;
-        auto c = std::find_if(cands.begin(), cands.end(), [&](const Candidate& k) {
-          return full(k.worker) || refs_.at(k.worker).rank == part;
-        });
+        auto c =
+            std::find_if(cands.begin(), cands.end(), [&](const Candidate& k) {
+              return full(k.worker) || refs_.at(k.worker).rank == part;
+            });
         if (c == cands.end()) continue;
         out.push_back(c->worker);
         if (full(c->worker)) break;
@@ -1514,8 +1522,8 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     // Four ranks: more parts than max_sources at times, so the chosen
     // sources must be completed to cover every part.
     constexpr uint32_t kRanks = 4;
-    auto g = Group("m" + std::to_string(seed), kRanks,
-                   static_cast<uint8_t>(seed));
+    auto g =
+        Group("m" + std::to_string(seed), kRanks, static_cast<uint8_t>(seed));
     const Manifest m = ManifestOf(g);
     std::vector<uint64_t> base;
     for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
