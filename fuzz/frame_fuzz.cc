@@ -16,6 +16,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ln.ok() && local && (data[6] & tensorhub::wire::kRequestFlagLocal) == 0) {
     __builtin_trap();
   }
+  // The same-host identity that follows a local read request.
+  auto id = tensorhub::wire::DecodeHostIdentity(data, size);
+  if (id.ok() && size < tensorhub::wire::kHostIdentityBytes) __builtin_trap();
   auto h = tensorhub::wire::DecodeResponseHeader(data, size);
   if (h.ok() && h->payload_len > tensorhub::wire::kMaxReadBytes) {
     __builtin_trap();

@@ -4,6 +4,8 @@
 # UndefinedBehaviorSanitizer, the libFuzzer targets for a bounded time, and
 # the Python package's pytest suite.
 #   SKIP_ASAN=1  skip the sanitizer build      FUZZ_SECONDS=N  per target (30)
+#   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run (default: a new seed each run,
+#                printed, 20 rounds; replay a failure with its seed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -25,9 +27,13 @@ fi
 
 step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
 build/tools/tensorhub bench hub --workers 500
+step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
+build/tools/tensorhub chaos --seed "${CHAOS_SEED:-$(date +%s)}" --rounds "${CHAOS_ROUNDS:-20}"
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
+step "failure masking on the test bed (a holder cut off / slowed mid-fetch)"
+bash tests/testbed/failover_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdio>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -39,6 +41,30 @@ std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 1200
   if (!s.ok()) return "error " + s.ToString();
   auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
   return line.ok() ? *line : "error " + line.status().ToString();
+}
+
+// SIGSTOP, then waits until the kernel reports the process stopped (the
+// signal is delivered asynchronously).
+void StopProcess(pid_t pid) {
+  ::kill(pid, SIGSTOP);
+  std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  Deadline d = Deadline::AfterMs(5000);
+  while (!d.expired()) {
+    FILE* f = std::fopen(path.c_str(), "r");
+    char state = '?';
+    if (f != nullptr) {
+      // "pid (comm) S ...": the state follows the last ')'.
+      std::string line(512, '\0');
+      size_t n = std::fread(line.data(), 1, line.size(), f);
+      std::fclose(f);
+      line.resize(n);
+      size_t close = line.rfind(')');
+      if (close != std::string::npos && close + 2 < line.size()) state = line[close + 2];
+    }
+    if (state == 'T') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ADD_FAILURE() << "process " << pid << " did not stop";
 }
 
 // Starts a hub process on `port`; returns once it listens.
@@ -170,6 +196,191 @@ TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
   auto st = (*observer)->Fetch("test-model", Version(1), dest.tensors(), fo);
   EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
   EXPECT_LT(NowMs() - t0, 4000);
+}
+
+// ---------------------------------------------------------------------------
+// One deterministic test per failure mode. A reader fails a holder with a
+// signal once a fixed share of the bytes has arrived (fetchx), so the fault
+// always lands mid-transfer.
+
+// 64 chunks of 4 MiB: long enough over loopback TCP that a fault sent at
+// 25% (progress is reported every 50 ms) lands well before the end.
+constexpr uint64_t kFaultBytes = 256ull << 20;
+
+struct TwoHolders {
+  explicit TwoHolders(int lease_ms) : port(FreePort()) {
+    addr = "127.0.0.1:" + std::to_string(port);
+    hub.emplace(StartHub(port, lease_ms));
+    std::string bytes = std::to_string(kFaultBytes);
+    trainer.emplace(MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes}));
+    first.emplace(MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "first"}));
+    // Over TCP, as between hosts: a same-host reader would copy straight
+    // from the holder's memory, which a stopped holder does not prevent.
+    auto r = Subprocess::Spawn({"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "r"},
+                               {"TENSORHUB_LOG=warn", "TENSORHUB_NO_CMA=1"});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    reader.emplace(std::move(r).value());
+    std::string pub = Ask(*trainer, "publish 1");
+    EXPECT_EQ(Word(pub, 0), "published") << pub;
+    digest = Word(pub, 2);
+    // The first reader becomes the second complete holder.
+    EXPECT_EQ(Ask(*first, "fetch 1"), "fetched 1 " + digest);
+  }
+  int port;
+  std::string addr, digest;
+  std::optional<Subprocess> hub, trainer, first, reader;
+};
+
+TEST(FailureModes, HolderKilledMidTransferIsMaskedByTheOtherHolder) {
+  TwoHolders t(/*lease_ms=*/10000);
+  // SIGKILL of the trainer at 25%: the hub still lists it (its lease runs
+  // 10 s), so only the reader's own failover can save the fetch.
+  std::string got = Ask(*t.reader, "fetchx 1 30000 9 " + std::to_string(t.trainer->pid()) + " 25");
+  ASSERT_EQ(Word(got, 0), "fetched") << got;
+  EXPECT_EQ(Word(got, 2), t.digest);  // exactly the published bytes
+  // The fault landed mid-transfer, not at the end.
+  EXPECT_GE(std::stoi(Word(got, 6)), 25) << got;
+  EXPECT_LT(std::stoi(Word(got, 6)), 90) << got;
+  // Bounded extra time: a failed read is retried at once elsewhere.
+  EXPECT_LT(std::stoll(Word(got, 5)), 15000) << got;
+  EXPECT_GT(std::stoll(Word(got, 3)), 0) << "no read failed over: " << got;
+  std::printf("killed holder: %s\n", got.c_str());
+  t.trainer->Stop(1000);
+}
+
+TEST(FailureModes, HolderStoppedMidTransferLosesItsChunksToTheOtherHolder) {
+  TwoHolders t(/*lease_ms=*/10000);
+  // SIGSTOP: a holder that stops answering while its sockets stay open (cut
+  // off, or as slow as can be). Its reads would wait for the 30 s read
+  // timeout; work stealing moves them to the other holder.
+  pid_t stopped = t.trainer->pid();
+  std::string got = Ask(*t.reader, "fetchx 1 30000 19 " + std::to_string(stopped) + " 25");
+  ::kill(stopped, SIGCONT);
+  ASSERT_EQ(Word(got, 0), "fetched") << got;
+  EXPECT_EQ(Word(got, 2), t.digest);
+  // The fault landed mid-transfer, not at the end.
+  EXPECT_GE(std::stoi(Word(got, 6)), 25) << got;
+  EXPECT_LT(std::stoi(Word(got, 6)), 90) << got;
+  EXPECT_LT(std::stoll(Word(got, 5)), 15000) << got;
+  EXPECT_GE(std::stoll(Word(got, 4)), 1) << "no read was moved away: " << got;
+  std::printf("stopped holder: %s\n", got.c_str());
+}
+
+TEST(FailureModes, OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  Subprocess hub = StartHub(port, /*lease_ms=*/10000);
+  std::string bytes = std::to_string(kFaultBytes);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
+  // The hub still lists the stopped holder (lease 10 s): it is there but
+  // unreachable, and the fetch must say so by its deadline.
+  StopProcess(trainer.pid());
+  std::string got = Ask(reader, "fetchx 1 3000 0 0 0");
+  ::kill(trainer.pid(), SIGCONT);
+  ASSERT_EQ(Word(got, 0), "failed") << got;
+  EXPECT_EQ(Word(got, 2), "UNAVAILABLE:") << got;
+  EXPECT_LT(std::stoll(Word(got, 1)), 3000 + 1500) << got;
+}
+
+TEST(FailureModes, ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
+  TwoHolders t(/*lease_ms=*/2000);
+  // The reader kills itself at 40%: its reads in flight and its place in the
+  // hub's schedule must not hold anybody up.
+  std::string bytes = std::to_string(kFaultBytes);
+  std::string died = Ask(*t.reader, "fetchx 1 30000 9 0 40", 30000);
+  EXPECT_EQ(Word(died, 0), "error") << died;  // EOF: the process is gone
+  t.reader->Stop(1000);
+  Subprocess other = MustSpawn({"--role=reader", "--hub", t.addr, "--bytes", bytes,
+                                "--name", "other"});
+  int64_t t0 = NowMs();
+  EXPECT_EQ(Ask(other, "fetch 1", 20000), "fetched 1 " + t.digest);
+  // Unpublish drains reads in flight; the dead reader's are over.
+  EXPECT_EQ(Ask(*t.trainer, "unpublish 1", 20000), "unpublished 1");
+  EXPECT_EQ(Ask(*t.first, "fetch 1", 20000), "fetched 1 " + t.digest);  // refetch, served by other
+  EXPECT_LT(NowMs() - t0, 20000);
+}
+
+TEST(FailureModes, TrainerKilledBeforeCommitAbortsTheVersion) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  Subprocess hub = StartHub(port, /*lease_ms=*/1000);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
+  // Rank 0 of a group of 2 publishes; rank 1 never will.
+  ASSERT_EQ(Word(Ask(trainer, "publish 1 0 2"), 0), "published");
+  ClientOptions o;
+  o.hub_address = addr;
+  o.name = "observer";
+  auto observer = Client::Connect(o);
+  ASSERT_TRUE(observer.ok()) << observer.status().ToString();
+  auto info = (*observer)->Describe("test-model", Version(1));
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kPending);
+  ::kill(trainer.pid(), SIGKILL);
+  trainer.Stop(1000);
+  Deadline d = Deadline::AfterMs(10000);
+  while (!d.expired()) {
+    info = (*observer)->Describe("test-model", Version(1));
+    if (info.ok() && info->state == VersionState::kAborted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kAborted);
+  // Never visible: neither by number nor as latest, and the error is clear.
+  cli::SyntheticModel dest(TestLayout(1048576));
+  FetchOptions fo;
+  fo.timeout_ms = 3000;
+  auto st = (*observer)->Fetch("test-model", Version(1), dest.tensors(), fo);
+  EXPECT_EQ(st.status().code(), StatusCode::kAborted) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("aborted before commit"), std::string::npos)
+      << st.status().ToString();
+  auto latest = (*observer)->Fetch("test-model", Version::Latest(), dest.tensors(), fo);
+  EXPECT_EQ(latest.status().code(), StatusCode::kNotFound) << latest.status().ToString();
+}
+
+TEST(FailureModes, HubStoppedEveryCallEndsByItsOwnDeadline) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  Subprocess hub = StartHub(port, /*lease_ms=*/10000);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "4194304"});
+  ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
+  ClientOptions o;
+  o.hub_address = addr;
+  o.name = "caller";
+  o.rpc_timeout_ms = 5000;  // longer than every call's own deadline below
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  cli::SyntheticModel model(TestLayout(4194304));
+  ASSERT_TRUE((*client)->Fetch("test-model", Version(1), model.tensors()).ok());
+  // A hub that accepts connections but never answers.
+  StopProcess(hub.pid());
+  constexpr int64_t kTimeoutMs = 1000, kSlackMs = 400;
+  FetchOptions fo;
+  fo.timeout_ms = kTimeoutMs;
+  int64_t t0 = NowMs();
+  auto f = (*client)->Fetch("test-model", Version(1), model.tensors(), fo);
+  int64_t fetch_ms = NowMs() - t0;
+  t0 = NowMs();
+  Status u = (*client)->Unpublish("test-model", Version(1), kTimeoutMs);
+  int64_t unpublish_ms = NowMs() - t0;
+  model.Fill(2);
+  PublishOptions po;
+  po.timeout_ms = kTimeoutMs;
+  t0 = NowMs();
+  Status p = (*client)->Publish("test-model", Version(2), model.tensors(), po);
+  int64_t publish_ms = NowMs() - t0;
+  ::kill(hub.pid(), SIGCONT);
+  EXPECT_FALSE(f.ok());
+  EXPECT_TRUE(f.status().code() == StatusCode::kUnavailable ||
+              f.status().code() == StatusCode::kDeadlineExceeded)
+      << f.status().ToString();
+  EXPECT_LT(fetch_ms, kTimeoutMs + kSlackMs) << f.status().ToString();
+  // The local fence and drain need no hub; telling it is retried later.
+  EXPECT_TRUE(u.ok()) << u.ToString();
+  EXPECT_LT(unpublish_ms, kTimeoutMs + kSlackMs);
+  EXPECT_FALSE(p.ok());
+  EXPECT_LT(publish_ms, kTimeoutMs + kSlackMs) << p.ToString();
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 #include "test_roles.h"
 
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +13,8 @@
 #include <sstream>
 
 #include "cli_util.h"
+#include "common/deadline.h"
+#include "client/keeper.h"
 #include "common/log.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
@@ -60,7 +64,9 @@ int RunTrainer(const cli::Args& args) {
     in >> cmd >> v;
     if (cmd == "publish") {
       model.Fill(v);
-      Status s = (*client)->Publish(kModel, Version(v), model.tensors());
+      PublishOptions po;
+      if (!(in >> po.rank >> po.group_size)) po = PublishOptions{};
+      Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
       Reply(s.ok() ? "published " + std::to_string(v) + " " + Hex(model.Digest())
                    : "error " + s.ToString());
     } else if (cmd == "unpublish") {
@@ -84,14 +90,58 @@ int RunReader(const cli::Args& args) {
     std::istringstream in(line);
     std::string cmd, which;
     in >> cmd >> which;
-    if (cmd != "fetch") break;
+    if (cmd != "fetch" && cmd != "fetchx") break;
     Version v = which == "latest" ? Version::Latest() : Version(std::stoull(which));
     FetchOptions fo;
     fo.timeout_ms = 60000;
+    if (cmd == "fetch") {
+      auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+      Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
+                          Hex(model.Digest())
+                    : "error " + st.status().ToString());
+      continue;
+    }
+    // fetchx V TIMEOUT_MS SIGNAL PID PERCENT: sends SIGNAL to PID (0: this
+    // process) once PERCENT of the bytes have arrived, so a test can fail a
+    // holder (or this reader) in the middle of a transfer, deterministically.
+    int sig = 0, pid = 0, percent = 0;
+    in >> fo.timeout_ms >> sig >> pid >> percent;
+    std::atomic<bool> sent{false};
+    std::atomic<int> sent_at_percent{-1};
+    fo.on_progress = [&](const FetchProgress& p) {
+      if (sig != 0 && p.bytes_done * 100 >= p.bytes_total * static_cast<uint64_t>(percent) &&
+          !sent.exchange(true)) {
+        sent_at_percent = static_cast<int>(p.bytes_done * 100 / std::max<uint64_t>(1, p.bytes_total));
+        ::kill(pid == 0 ? ::getpid() : pid, sig);
+      }
+    };
+    int64_t t0 = NowMs();
     auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
-    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
-                        Hex(model.Digest())
-                  : "error " + st.status().ToString());
+    std::string ms = std::to_string(NowMs() - t0);
+    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " + Hex(model.Digest()) +
+                        " " + std::to_string(st->chunk_retries) + " " +
+                        std::to_string(st->chunks_stolen) + " " + ms + " " +
+                        std::to_string(sent_at_percent.load()) + " " +
+                        std::to_string(st->sources_used)
+                  : "failed " + ms + " " + st.status().ToString());
+  }
+  return 0;
+}
+
+// A keeper (client/keeper.h): "ready ID" once registered, then runs until
+// killed or its stdin closes.
+int RunKeeper(const cli::Args& args) {
+  SetLogPrefix("keeper");
+  client::KeeperOptions ko;
+  ko.client.hub_address = args.Get("hub");
+  ko.client.heartbeat_interval_ms = 200;
+  ko.client.rpc_timeout_ms = 2000;
+  ko.poll_wait_ms = 500;
+  auto keeper = client::Keeper::Start(ko);
+  if (!keeper.ok()) return cli::Fail(keeper.status());
+  Reply("ready " + (*keeper)->id().value());
+  std::string line;
+  while (std::getline(std::cin, line)) {
   }
   return 0;
 }
@@ -135,6 +185,7 @@ int MaybeRunRole(int argc, char** argv) {
   if (role == "hub") return RunHub(*args);
   if (role == "trainer") return RunTrainer(*args);
   if (role == "reader") return RunReader(*args);
+  if (role == "keeper") return RunKeeper(*args);
   std::fprintf(stderr, "unknown role %s\n", role.c_str());
   return 2;
 }

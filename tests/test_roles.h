@@ -2,10 +2,18 @@
 // the test binary itself (Subprocess spawns /proc/self/exe --role=NAME ...).
 // Each role speaks a line protocol on stdin/stdout:
 //   hub      --port P [--lease-ms N]     prints "ready ADDR", runs until killed
-//   trainer  --hub A --bytes N           "publish V" -> "published V DIGEST"
+//   trainer  --hub A --bytes N           "publish V [RANK GROUP]" -> "published V DIGEST"
 //                                        "unpublish V" -> "unpublished V"
 //   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
 //                                        or "error CODE: message"
+//            "fetchx V|latest TIMEOUT_MS SIGNAL PID PERCENT": sends SIGNAL to
+//            PID (0: itself) once PERCENT of the bytes arrived ->
+//            "fetched V DIGEST RETRIES STOLEN MS SIGNAL_PERCENT SOURCES"
+//            (SIGNAL_PERCENT: how far the fetch was when the signal went, -1
+//            if it did not; progress is reported about every 50 ms)
+//            or "failed MS CODE: message"
+//   keeper   --hub A                     prints "ready ID", keeps retained
+//                                        versions until killed
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_
 #define TENSORHUB_TESTS_TEST_ROLES_H_
 

@@ -89,7 +89,7 @@ int CmdPublish(int argc, char** argv) {
 }
 
 int CmdFetch(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, With(kCommonFlags, {"o", "output", "connections"}),
+  auto args = ParseArgs(argc, argv, 2, With(kCommonFlags, {"o", "output", "connections", "group", "step"}),
                         {"spot"});
   if (!args.ok()) return Fail(args.status());
   std::string out = args->Get("o", args->Get("output"));
@@ -119,7 +119,17 @@ int CmdFetch(int argc, char** argv) {
   auto client = Client::Connect(*options);
   if (!client.ok()) return Fail(client.status());
 
-  auto info = (*client)->Describe(ref->model, ref->version);
+  if (args->Has("step") && !args->Has("group")) {
+    return Fail(InvalidArgument("--step needs --group"));
+  }
+  auto step = args->GetU64("step", 0);
+  if (!step.ok()) return Fail(step.status());
+  // A reader group resolves `latest` to the version its first rank got for
+  // this step (pinning it, if this is the first).
+  auto info = args->Has("group")
+                  ? (*client)->Describe(ref->model, ref->version,
+                                        args->Get("group"), *step)
+                  : (*client)->Describe(ref->model, ref->version);
   if (!info.ok()) return Fail(info.status());
   if (info->state != VersionState::kCommitted) {
     return Fail(FailedPrecondition(

@@ -25,16 +25,17 @@ int CmdLs(int argc, char** argv) {
     std::printf("no models\n");
     return 0;
   }
-  std::printf("%-32s %10s  %-11s %7s %8s %12s\n", "MODEL", "VERSION", "STATE",
-              "RANKS", "HOLDERS", "BYTES");
+  std::printf("%-32s %10s  %-11s %7s %8s %12s  %s\n", "MODEL", "VERSION",
+              "STATE", "RANKS", "HOLDERS", "BYTES", "RETAINED");
   for (const ModelInfo& m : *models) {
     for (const VersionInfo& v : m.versions) {
       char ranks[32];
       std::snprintf(ranks, sizeof(ranks), "%u/%u", v.parts_published, v.group_size);
-      std::printf("%-32s %10llu  %-11s %7s %8u %12s\n", m.model.c_str(),
+      std::printf("%-32s %10llu  %-11s %7s %8u %12s  %s\n", m.model.c_str(),
                   static_cast<unsigned long long>(v.version.value()),
                   std::string(VersionStateName(v.state)).c_str(), ranks,
-                  v.num_holders, FormatBytes(v.total_bytes).c_str());
+                  v.num_holders, FormatBytes(v.total_bytes).c_str(),
+                  v.retained ? "yes" : "-");
     }
   }
   return 0;
@@ -52,9 +53,10 @@ int CmdShow(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   auto v = (*client)->Describe(ref->model, ref->version);
   if (!v.ok()) return Fail(v.status());
-  std::printf("%s@%llu  %s\n", v->model.c_str(),
+  std::printf("%s@%llu  %s%s\n", v->model.c_str(),
               static_cast<unsigned long long>(v->version.value()),
-              std::string(VersionStateName(v->state)).c_str());
+              std::string(VersionStateName(v->state)).c_str(),
+              v->retained ? "  retained" : "");
   if (v->num_chunks > 0) {
     std::printf("  %s in %zu tensors, %llu chunks of %s, %u rank(s)\n",
                 FormatBytes(v->total_bytes).c_str(), v->tensors.size(),

@@ -7,7 +7,7 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file"},
+  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest"},
                         {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
@@ -19,6 +19,10 @@ int CmdServe(int argc, char** argv) {
   }
   o.lease_ms = static_cast<int64_t>(*lease);
   o.racks_oversubscribed = args->Has("oversubscribed-racks");
+  auto keep = args->GetU64("keep-latest", 0);
+  if (!keep.ok()) return Fail(keep.status());
+  if (*keep > 1024) return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));
+  o.keep_latest = static_cast<uint32_t>(*keep);
   auto secret = Secret(*args);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;

@@ -17,6 +17,10 @@ int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
 int CmdSim(int argc, char** argv);
+int CmdChaos(int argc, char** argv);
+int CmdChaosWorker(int argc, char** argv);
+int CmdRetain(int argc, char** argv);
+int CmdKeeper(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -26,15 +30,23 @@ const char kUsage[] = R"(usage: tensorhub COMMAND [flags]
 Commands:
   serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
          [--oversubscribed-racks]                 rack uplinks are the bottleneck
+         [--keep-latest K]                        retain the latest K versions per model
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version
   publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)
          [--rank R --group-size G]                until interrupted
-  fetch  MODEL[@VERSION|@latest] -o OUT.safetensors [--serve]
+  fetch  MODEL[@VERSION|@latest] -o OUT.safetensors
+         [--group ID --step N]                    reader group: one `latest` per step
+  retain MODEL@VERSION / unretain MODEL@VERSION   pin a version / withdraw the pin
+  keeper [--memory-limit BYTES]                   hold retained versions in host memory
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
   sim    --scenario standalone|elastic|crossdc|scale|testbed [--csv]
                                                   cluster-scale simulation of the hub's scheduler
+  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow, hub
+         [--bytes 4MiB] [--verbose]              stop/restart) on loopback processes; checks
+                                                  bytes, deadlines, availability; exit 1 on
+                                                  any violation
 
 Common flags:
   --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)
@@ -66,6 +78,10 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);
+  if (cmd == "chaos") return CmdChaos(argc, argv);
+  if (cmd == "_chaos-worker") return CmdChaosWorker(argc, argv);
+  if (cmd == "retain" || cmd == "unretain") return CmdRetain(argc, argv);
+  if (cmd == "keeper") return CmdKeeper(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
   return 2;
 }

@@ -48,6 +48,10 @@ struct ClientOptions {
   size_t max_serving_connections = 256;
   // Shared secret for the hub (empty: none).
   std::string secret;
+  // On destruction, if this worker holds the last reliable copy of a
+  // retained version (or, as a spot worker, its last copy), wait up to this
+  // long, still serving, for a keeper to copy it before leaving.
+  int64_t leave_timeout_ms = 10000;
 };
 
 struct PublishOptions {
@@ -77,6 +81,14 @@ struct FetchOptions {
   bool serve = true;
   // Called from a fetch thread, at most every few milliseconds.
   std::function<void(const FetchProgress&)> on_progress;
+  // Reader group (the ranks of one model-parallel inference instance):
+  // with Version::Latest(), every call naming the same `group` and
+  // `group_step` gets the version the group's first call resolved, even if
+  // a newer one has committed since. All ranks pass the same id and the
+  // same step for the same update (e.g. the rollout iteration). Ignored
+  // for an explicit version; empty: no group.
+  std::string group;
+  uint64_t group_step = 0;
 };
 
 // How much one holder contributed to a fetch.
@@ -97,6 +109,9 @@ struct FetchStats {
   double resolve_seconds = 0;  // the hub round trip
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
+  // Chunks taken back from a holder that had become far slower than the
+  // others and read from another one (included in chunk_retries).
+  uint32_t chunks_stolen = 0;
   std::vector<FetchSourceStats> sources;
 };
 
@@ -124,6 +139,8 @@ struct VersionInfo {
   uint64_t chunk_bytes = 0;
   uint64_t num_chunks = 0;
   uint32_t num_holders = 0;
+  // Retained (Client::Retain, or the hub's --keep-latest policy).
+  bool retained = false;
   std::vector<TensorInfo> tensors;  // filled by Describe, in layout order
   // Every part's metadata, rank 0's first; filled by Describe.
   std::vector<std::pair<std::string, std::string>> metadata;
@@ -142,8 +159,10 @@ class Client {
   // Registers with the hub and starts serving. Fails with UNAVAILABLE or
   // DEADLINE_EXCEEDED if the hub does not answer within connect_timeout_ms.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
-  // Stops serving at once (reads in flight fail over to other holders) and
-  // leaves the hub. Call Unpublish first for a graceful exit.
+  // Leaves the hub (first waiting, up to leave_timeout_ms and still
+  // serving, for keepers to copy retained versions only this worker holds),
+  // then stops serving (reads in flight fail over to other holders). Call
+  // Unpublish first for a graceful exit.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -159,8 +178,25 @@ class Client {
   // it have finished; afterwards the memory may be reused. Reads that arrive
   // later are refused. DEADLINE_EXCEEDED if reads are still running at the
   // deadline (new reads are refused all the same).
+  //
+  // Retained versions: if this worker holds the last reliable copy, the
+  // call first waits (still serving, within the timeout) until a keeper or
+  // another reliable worker has copied it. If none has by then, it fails
+  // with FAILED_PRECONDITION and nothing changes (still published), unless
+  // `force` is set: then the reference is dropped and the version may be
+  // lost.
   Status Unpublish(std::string_view model, Version version,
-                   int64_t timeout_ms = 30000);
+                   int64_t timeout_ms = 30000, bool force = false);
+
+  // Pins a version (pending or committed) as retained: it stays fetchable
+  // as long as one reliable copy lives, because the last reliable holder
+  // cannot unpublish or leave before a keeper (`tensorhub keeper`) has
+  // copied it. A retained version is lost only if its last reliable copy
+  // dies; it is then UNAVAILABLE. Pins live in the hub: after a hub restart,
+  // keepers pin the versions they hold again; others must be pinned again.
+  Status Retain(std::string_view model, Version version);
+  // Withdraws a Retain pin (NOT_FOUND if there is none).
+  Status Unretain(std::string_view model, Version version);
 
   // Resolves `version` (Version::Latest() for the highest committed one),
   // pulls every chunk from holders into `destination`, verifies each
@@ -175,6 +211,11 @@ class Client {
   // Manifest and holders of one version (Latest() allowed). Uncommitted
   // versions are described too, with their state.
   Result<VersionInfo> Describe(std::string_view model, Version version);
+  // The same for a reader group (FetchOptions::group): Latest() resolves to
+  // the version the group pinned for `group_step`, pinning the newest
+  // committed one if this is the group's first call for the step.
+  Result<VersionInfo> Describe(std::string_view model, Version version,
+                               std::string_view group, uint64_t group_step);
 
   const WorkerId& id() const;
   std::string data_address() const;

@@ -121,6 +121,7 @@ py::dict VersionDict(const VersionInfo& v) {
     }
   }
   d["metadata"] = metadata;
+  d["retained"] = v.retained;
   py::list holders;
   for (const HolderInfo& h : v.holders) {
     py::dict hd;
@@ -149,7 +150,7 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret) {
+      std::string secret, int64_t leave_timeout_ms) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -162,6 +163,7 @@ class PyClient {
     o.heartbeat_interval_ms = heartbeat_interval_ms;
     o.max_serving_connections = max_serving_connections;
     o.secret = std::move(secret);
+    o.leave_timeout_ms = leave_timeout_ms;
     Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -192,12 +194,12 @@ class PyClient {
   }
 
   void Unpublish(const std::string& model, uint64_t version,
-                 int64_t timeout_ms) {
+                 int64_t timeout_ms, bool force) {
     std::shared_ptr<Client> c = Get();
     Status s;
     {
       py::gil_scoped_release nogil;
-      s = c->Unpublish(model, Version(version), timeout_ms);
+      s = c->Unpublish(model, Version(version), timeout_ms, force);
       c.reset();
     }
     Check(s);
@@ -205,13 +207,16 @@ class PyClient {
 
   py::dict Fetch(const std::string& model, uint64_t version,
                  const std::vector<TensorTuple>& tensors, int64_t timeout_ms,
-                 int connections, bool serve) {
+                 int connections, bool serve, std::string group,
+                 uint64_t group_step) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     FetchOptions fo;
     fo.timeout_ms = timeout_ms;
     fo.connections = connections;
     fo.serve = serve;
+    fo.group = std::move(group);
+    fo.group_step = group_step;
     Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -226,6 +231,7 @@ class PyClient {
     d["resolve_seconds"] = st.resolve_seconds;
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
+    d["chunks_stolen"] = st.chunks_stolen;
     return d;
   }
 
@@ -250,15 +256,29 @@ class PyClient {
     return out;
   }
 
-  py::dict Describe(const std::string& model, uint64_t version) {
+  py::dict Describe(const std::string& model, uint64_t version,
+                    const std::string& group, uint64_t group_step) {
     std::shared_ptr<Client> c = Get();
     Result<VersionInfo> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = c->Describe(model, Version(version));
+      r = group.empty() ? c->Describe(model, Version(version))
+                        : c->Describe(model, Version(version), group, group_step);
       c.reset();
     }
     return VersionDict(Take(std::move(r)));
+  }
+
+  void Retain(const std::string& model, uint64_t version, bool retain) {
+    std::shared_ptr<Client> c = Get();
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = retain ? c->Retain(model, Version(version))
+                 : c->Unretain(model, Version(version));
+      c.reset();
+    }
+    Check(s);
   }
 
   std::string Id() { return Get()->id().value(); }
@@ -296,8 +316,9 @@ class PyClient {
 class PyHub {
  public:
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
-                                      std::string secret) {
+                                      std::string secret, uint32_t keep_latest) {
     HubOptions o;
+    o.keep_latest = keep_latest;
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
@@ -369,17 +390,21 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("reliable"), py::arg("data_listen"),
                   py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
                   py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
-                  py::arg("max_serving_connections"), py::arg("secret"))
+                  py::arg("max_serving_connections"), py::arg("secret"),
+                  py::arg("leave_timeout_ms"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
       .def("unpublish", &PyClient::Unpublish, py::arg("model"),
-           py::arg("version"), py::arg("timeout_ms"))
+           py::arg("version"), py::arg("timeout_ms"), py::arg("force"))
       .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
-           py::arg("serve"))
+           py::arg("serve"), py::arg("group"), py::arg("group_step"))
       .def("list", &PyClient::List)
-      .def("describe", &PyClient::Describe, py::arg("model"), py::arg("version"))
+      .def("describe", &PyClient::Describe, py::arg("model"), py::arg("version"),
+           py::arg("group"), py::arg("group_step"))
+      .def("retain", &PyClient::Retain, py::arg("model"), py::arg("version"),
+           py::arg("retain"))
       .def("close", &PyClient::Close)
       .def_property_readonly("closed", &PyClient::Closed)
       .def_property_readonly("id", &PyClient::Id)
@@ -387,7 +412,7 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyHub>(m, "Hub")
       .def_static("start", &PyHub::Start, py::arg("listen"), py::arg("lease_ms"),
-                  py::arg("secret"))
+                  py::arg("secret"), py::arg("keep_latest"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);

@@ -83,6 +83,7 @@ class VersionSummary:
     total_bytes: int
     group_size: int
     parts_published: int
+    retained: bool = False  #: pinned by retain() or the hub's keep_latest policy
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class VersionInfo:
     holders: List[Holder] = field(default_factory=list)
     #: Every part's metadata; on a key given by several ranks the lowest rank wins.
     metadata: Dict[str, Union[str, bytes]] = field(default_factory=dict)
+    retained: bool = False  #: pinned by retain() or the hub's keep_latest policy
 
     @property
     def committed(self) -> bool:
@@ -133,6 +135,7 @@ class FetchStats:
     resolve_seconds: float  #: the hub round trip
     sources_used: int
     chunk_retries: int
+    chunks_stolen: int = 0  #: chunks moved away from a holder that became very slow
 
 
 @dataclass
@@ -175,6 +178,18 @@ def _model(model: Any) -> str:
     return model
 
 
+def _group(group: Optional[str], step: Any) -> Tuple[str, int]:
+    if group is None:
+        if step:
+            raise InvalidArgumentError("step= needs group=")
+        return "", 0
+    if not isinstance(group, str) or not 0 < len(group) <= 256:
+        raise InvalidArgumentError(f"group must be a string of 1-256 characters, not {group!r}")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**64:
+        raise InvalidArgumentError(f"step must be an integer in [0, 2**64), not {step!r}")
+    return group, step
+
+
 def _version_info(d: Dict[str, Any]) -> VersionInfo:
     metadata: Dict[str, Union[str, bytes]] = {}
     for k, v in d["metadata"]:
@@ -197,6 +212,7 @@ def _version_info(d: Dict[str, Any]) -> VersionInfo:
             for h in d["holders"]
         ],
         metadata=metadata,
+        retained=bool(d["retained"]),
     )
 
 
@@ -229,10 +245,12 @@ class Client:
     # -- lifecycle ---------------------------------------------------------
 
     def close(self) -> None:
-        """Stops serving at once and leaves the hub; idempotent.
+        """Leaves the hub and stops serving; idempotent.
 
-        Reads in flight from this worker fail over to other holders. For a
-        graceful exit, :meth:`unpublish` first. Held references are dropped
+        If this worker holds the last reliable copy of a retained version,
+        leaving first waits (``leave_timeout``, still serving) for a keeper
+        to copy it. Reads in flight from this worker then fail over to other
+        holders. For a graceful exit, :meth:`unpublish` first. Held references are dropped
         only after the C++ client is gone, so no memory is freed while it
         could still be read.
         """
@@ -365,7 +383,9 @@ class Client:
             self._drop(model, v, held)
             raise
 
-    def unpublish(self, model: str, version: int, timeout: Optional[float] = 30.0) -> None:
+    def unpublish(
+        self, model: str, version: int, timeout: Optional[float] = 30.0, *, force: bool = False
+    ) -> None:
         """Withdraws this worker's reference to ``model@version`` and drains.
 
         Returns once reads in flight from this worker's memory have finished;
@@ -373,8 +393,15 @@ class Client:
         its references to them. Works for published versions and for
         versions this worker holds because it fetched them with ``serve=True``.
 
+        Retained versions: if this worker holds the last reliable copy, the
+        call first waits (still serving, within ``timeout``) until a keeper
+        (``tensorhub keeper``) or another reliable worker has copied it.
+
         Raises:
             NotFoundError: this worker does not hold that version.
+            FailedPreconditionError: the version is retained, this is its last
+                reliable copy, and nobody copied it within ``timeout``; it is
+                still published. ``force=True`` drops it anyway.
             DeadlineExceededError: reads were still running after ``timeout``
                 seconds (new reads are refused all the same; the client keeps
                 its references, since the memory may still be read).
@@ -383,7 +410,7 @@ class Client:
         model = _model(model)
         v = _version_number(version, allow_latest=False)
         try:
-            self._core.unpublish(model, v, _ms(timeout, 30.0, "timeout"))
+            self._core.unpublish(model, v, _ms(timeout, 30.0, "timeout"), bool(force))
         except DeadlineExceededError:
             raise
         except NotFoundError:
@@ -418,6 +445,8 @@ class Client:
         *,
         allow_bitcast: bool = ...,
         return_stats: Literal[False] = ...,
+        group: Optional[str] = ...,
+        step: int = ...,
     ) -> int: ...
 
     @overload
@@ -432,6 +461,8 @@ class Client:
         *,
         allow_bitcast: bool = ...,
         return_stats: Literal[True],
+        group: Optional[str] = ...,
+        step: int = ...,
     ) -> FetchStats: ...
 
     def fetch(
@@ -445,6 +476,8 @@ class Client:
         *,
         allow_bitcast: bool = False,
         return_stats: bool = False,
+        group: Optional[str] = None,
+        step: int = 0,
     ) -> Union[int, FetchStats]:
         """Pulls ``model@version`` into ``into``, in place, and returns the version.
 
@@ -470,6 +503,11 @@ class Client:
                 but has the same element size (e.g. numpy uint16 from BF16)
                 with the raw bytes. Costs one extra hub round trip.
             return_stats: return a :class:`FetchStats` instead of the version.
+            group, step: reader group (the ranks of one model-parallel
+                inference instance). With "latest", every call naming the
+                same ``group`` and ``step`` gets the version the group's
+                first call resolved, even if a newer one has committed since.
+                All ranks pass the same id and step for the same update.
 
         Raises:
             InvalidArgumentError: names, dtypes or shapes do not match, or
@@ -490,14 +528,17 @@ class Client:
         if not isinstance(connections, int) or connections < 1:
             raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
         timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")
+        group_id, step = _group(group, step)
         dtypes = None
         if allow_bitcast:
-            info = self.describe(model, "latest" if v == 0 else v)
+            info = self.describe(model, "latest" if v == 0 else v, group=group, step=step)
             v = info.version  # fetch what was described, even if "latest" moves
             dtypes = {t.name: t.dtype for t in info.tensors if t.name in into}
         tuples = _tensors.to_tuples(into, writable=True, dtypes=dtypes)
         spans = _tensors.spans(tuples)
-        stats = self._core.fetch(model, v, tuples, timeout_ms, connections, bool(serve))
+        stats = self._core.fetch(
+            model, v, tuples, timeout_ms, connections, bool(serve), group_id, step
+        )
         got = int(stats["version"])
         with self._lock:
             # The C++ client withdrew every registration overlapping `into`
@@ -520,6 +561,7 @@ class Client:
                 resolve_seconds=float(stats["resolve_seconds"]),
                 sources_used=int(stats["sources_used"]),
                 chunk_retries=int(stats["chunk_retries"]),
+                chunks_stolen=int(stats["chunks_stolen"]),
             )
         return got
 
@@ -548,14 +590,24 @@ class Client:
                         total_bytes=d["total_bytes"],
                         group_size=d["group_size"],
                         parts_published=d["parts_published"],
+                        retained=bool(d["retained"]),
                     )
                 )
         return out
 
-    def describe(self, model: str, version: VersionArg = "latest") -> VersionInfo:
+    def describe(
+        self,
+        model: str,
+        version: VersionArg = "latest",
+        *,
+        group: Optional[str] = None,
+        step: int = 0,
+    ) -> VersionInfo:
         """Manifest, holders, metadata and state of one version.
 
-        Uncommitted versions are described too (see ``.state``).
+        Uncommitted versions are described too (see ``.state``). With a
+        reader ``group`` (see :meth:`fetch`), "latest" is the group's version
+        for ``step`` (pinned now if this is the group's first call for it).
 
         Raises:
             NotFoundError: unknown model or version (or no committed version
@@ -564,7 +616,31 @@ class Client:
         self._check_process()
         model = _model(model)
         v = _version_number(version, allow_latest=True)
-        return _version_info(self._core.describe(model, v))
+        group_id, step = _group(group, step)
+        return _version_info(self._core.describe(model, v, group_id, step))
+
+    # -- retention -------------------------------------------------------------
+
+    def retain(self, model: str, version: int) -> None:
+        """Pins ``model@version`` (pending or committed) as retained.
+
+        A retained version stays fetchable while one reliable copy lives:
+        its last reliable holder cannot unpublish or leave before a keeper
+        (``tensorhub keeper``) has copied it. It is lost only if that copy
+        dies (then UNAVAILABLE). Pins live in the hub: after a hub restart,
+        keepers pin the versions they hold again; pin others again.
+
+        Raises:
+            NotFoundError: unknown version.
+            FailedPreconditionError: the version is aborted or unavailable.
+        """
+        self._check_process()
+        self._core.retain(_model(model), _version_number(version, allow_latest=False), True)
+
+    def unretain(self, model: str, version: int) -> None:
+        """Withdraws a :meth:`retain` pin (NotFoundError if there is none)."""
+        self._check_process()
+        self._core.retain(_model(model), _version_number(version, allow_latest=False), False)
 
     def held(self) -> Dict[Tuple[str, int], int]:
         """(model, version) -> number of arrays the client keeps alive for it."""
@@ -581,6 +657,7 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "heartbeat_interval": 1.0,
     "max_serving_connections": 256,
     "secret": None,
+    "leave_timeout": 10.0,
 }
 
 
@@ -605,7 +682,10 @@ def connect(
         **options: ``data_listen`` ("127.0.0.1:0"), ``advertise_host``,
             ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
             ``heartbeat_interval`` (1 s), ``max_serving_connections`` (256),
-            ``secret`` (shared secret; default ``$TENSORHUB_SECRET``).
+            ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
+            ``leave_timeout`` (10 s: on close, how long to wait, still
+            serving, for a keeper to copy retained versions only this worker
+            holds).
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
@@ -640,5 +720,6 @@ def connect(
         heartbeat_interval_ms=max(1, _ms(opts["heartbeat_interval"], 1.0, "heartbeat_interval")),
         max_serving_connections=int(opts["max_serving_connections"]),
         secret=secret,
+        leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
     )
     return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _core
+from .errors import InvalidArgumentError
 
 
 class Hub:
@@ -44,7 +45,12 @@ class Hub:
         raise TypeError("a tensorhub.Hub cannot be pickled; pass hub.address instead")
 
 
-def serve_hub(listen: str = "127.0.0.1:0", lease_ms: int = 5000, secret: Optional[str] = None) -> Hub:
+def serve_hub(
+    listen: str = "127.0.0.1:0",
+    lease_ms: int = 5000,
+    secret: Optional[str] = None,
+    keep_latest: int = 0,
+) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
     Args:
@@ -52,8 +58,16 @@ def serve_hub(listen: str = "127.0.0.1:0", lease_ms: int = 5000, secret: Optiona
         lease_ms: a worker that sends no heartbeat for this long is dropped
             and its references with it.
         secret: shared secret that clients must present (default: none).
+        keep_latest: retain the latest K committed versions of every model
+            (0: only versions pinned with :meth:`Client.retain`).
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
     """
-    return Hub(_core.Hub.start(listen=listen, lease_ms=int(lease_ms), secret=secret or ""))
+    if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
+        raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
+    return Hub(
+        _core.Hub.start(
+            listen=listen, lease_ms=int(lease_ms), secret=secret or "", keep_latest=keep_latest
+        )
+    )

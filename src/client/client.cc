@@ -41,13 +41,19 @@ class Client::Impl {
     }
     cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
-    if (server_) server_->Stop();
-    // Best effort, briefly: if the hub does not answer, our lease expiring
-    // has the same effect.
+    // Leave while still serving: the hub may hold the call (renewing our
+    // lease) until keepers copied retained versions only we hold. Best
+    // effort: if the hub does not answer, our lease expiring has the same
+    // effect (minus that protection).
     if (!id_.empty()) {
-      Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms));
+      // Only a worker that holds something can hold a last copy.
+      const int64_t wait_ms =
+          registry_.Snapshot().empty() ? 0 : options_.leave_timeout_ms;
+      Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms),
+                            wait_ms);
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
+    if (server_) server_->Stop();
   }
 
   static std::unique_ptr<transport::Transport> MakeTransport(
@@ -134,11 +140,25 @@ class Client::Impl {
   }
 
   Status Unpublish(std::string_view model_sv, Version version,
-                   int64_t timeout_ms) {
+                   int64_t timeout_ms, bool force) {
     std::string model(model_sv);
     Deadline deadline = Deadline::AfterMs(timeout_ms);
+    if (!registry_.Contains(model, version)) {
+      return NotFound("this worker does not publish '" + model + "@" +
+                      std::to_string(version.value()) + "'");
+    }
+    // The hub first: if we hold the last reliable copy of a retained
+    // version it holds the call while a keeper copies from us (we still
+    // serve), and refuses if none does in time. Leave time for the drain.
+    const int64_t left_ms = deadline.remaining_ms();
+    const int64_t wait_ms =
+        std::max<int64_t>(0, left_ms - std::min<int64_t>(left_ms / 4, 2000));
+    // The call itself ends by our deadline even if the hub is unreachable.
+    const int64_t call_ms = std::max<int64_t>(
+        1, std::min(left_ms, wait_ms + options_.rpc_timeout_ms));
+    Status hs = hub_.Unpublish(id(), model, version, wait_ms, force, call_ms);
+    if (hs.code() == StatusCode::kFailedPrecondition) return hs;  // kept
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Revoke(model, version));
-    Status hs = hub_.Unpublish(id(), model, version);
     if (!hs.ok() && hs.code() != StatusCode::kNotFound) {
       // The hub is unreachable: it keeps routing readers here until it
       // hears from us; they are refused (the epoch is fenced) and move on.
@@ -158,8 +178,17 @@ class Client::Impl {
     std::string model(model_sv);
     auto t0 = SteadyClock::now();
     Deadline deadline = Deadline::AfterMs(opts.timeout_ms);
-    TH_ASSIGN_OR_RETURN(client::Resolved r,
-                        ResolveWithin(model, version, deadline));
+    if (opts.group.size() > 256) {
+      return InvalidArgument("reader group id must be at most 256 characters");
+    }
+    // The last tenth of the time (at most 250 ms) is kept for the cleanup of
+    // a failed fetch (fence and drain the partial copy, tell the hub), so
+    // that even a failing fetch returns by its deadline.
+    const int64_t reserve_ms = std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
+    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms);
+    TH_ASSIGN_OR_RETURN(
+        client::Resolved r,
+        ResolveWithin(model, version, work, opts.group, opts.group_step));
     auto t1 = SteadyClock::now();
     if (!r.manifest.has_value()) {
       return Internal("hub resolved a version without a manifest");
@@ -212,29 +241,29 @@ class Client::Impl {
     // The mutability contract on the reader's side: memory we are about to
     // overwrite must stop serving its old version first.
     for (const auto& [m, v] : registry_.Overlapping(ranges)) {
-      TH_RETURN_IF_ERROR(Unpublish(m, v, deadline.remaining_ms())
+      TH_RETURN_IF_ERROR(Unpublish(m, v, work.remaining_ms(), false)
                              .WithContext("fetch: releasing the destination"));
     }
     // Serve chunks onward while still receiving the rest (partial-prefix
     // serving): register the destination as a filling holder first.
     std::optional<uint64_t> fill_epoch;
-    if (opts.serve) fill_epoch = BeginFill(model, r.version, manifest, job);
+    if (opts.serve) fill_epoch = BeginFill(model, r.version, manifest, job, work);
     const Version v = r.version;
     const uint32_t max_sources =
         static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
     client::SourceRefresher schedule =
-        [this, model, v, max_sources](const std::vector<std::string>& failed)
+        [this, model, v, max_sources, work](const std::vector<std::string>& failed)
         -> Result<std::vector<client::FetchSource>> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
       Result<std::vector<client::ResolvedSource>> srcs =
-          hub_.Schedule(id(), model, v, exclude, max_sources);
+          hub_.Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
         // Every holder left has failed us once. Failures are often passing
         // (a stall, a dropped connection): ask again without exclusions.
         // The fetcher's per-chunk attempt bound ends a hopeless retry.
-        srcs = hub_.Schedule(id(), model, v, {}, max_sources);
+        srcs = hub_.Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
       return ToSources(*srcs);
@@ -243,7 +272,7 @@ class Client::Impl {
     if (!sources.ok()) {
       StatusCode c = sources.status().code();
       if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
-        AbortFill(model, v, fill_epoch);
+        AbortFill(model, v, fill_epoch, deadline);
         return sources.status();
       }
       // The hub may be restarting: start from the holders it listed a
@@ -253,7 +282,7 @@ class Client::Impl {
       sources = ToSources(r.sources);
     }
     if (sources->empty()) {
-      AbortFill(model, v, fill_epoch);
+      AbortFill(model, v, fill_epoch, deadline);
       return Unavailable(vname + " has no holder other than this worker");
     }
     client::FetcherOptions fo;
@@ -266,17 +295,17 @@ class Client::Impl {
     }
     Result<client::FetchReport> rep =
         client::RunFetch(*transport_, job, std::move(sources).value(),
-                         schedule, fo, deadline);
+                         schedule, fo, work);
     auto t2 = SteadyClock::now();
     if (!rep.ok()) {
-      AbortFill(model, v, fill_epoch);
-      (void)hub_.FetchDone(id(), model, v);
+      AbortFill(model, v, fill_epoch, deadline);
+      (void)hub_.FetchDone(id(), model, v, deadline.remaining_ms());
       return rep.status();
     }
     if (fill_epoch.has_value()) {
-      EndFill(model, v, manifest, *fill_epoch);  // also releases the sources
+      EndFill(model, v, manifest, *fill_epoch, deadline);  // also releases the sources
     } else {
-      Status done = hub_.FetchDone(id(), model, v);
+      Status done = hub_.FetchDone(id(), model, v, deadline.remaining_ms());
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
     FetchStats st;
@@ -287,18 +316,33 @@ class Client::Impl {
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
     return st;
   }
 
   Result<std::vector<ModelInfo>> List() { return hub_.List(); }
 
-  Result<VersionInfo> DescribeVersion(std::string_view model, Version version) {
+  Status Retain(std::string_view model, Version version, bool retain) {
+    if (version.is_latest()) {
+      return InvalidArgument("retain needs a version number, not latest");
+    }
+    return hub_.Retain(std::string(model), version, retain);
+  }
+
+  Result<VersionInfo> DescribeVersion(std::string_view model, Version version,
+                                      const std::string& group = "",
+                                      uint64_t group_step = 0) {
+    if (group.size() > 256) {
+      return InvalidArgument("reader group id must be at most 256 characters");
+    }
     TH_ASSIGN_OR_RETURN(client::Resolved r,
-                        hub_.Resolve(id(), std::string(model), version, true));
+                        hub_.Resolve(id(), std::string(model), version, true,
+                                     group, group_step));
     VersionInfo vi;
     vi.model = std::string(model);
     vi.version = r.version;
     vi.state = r.state;
+    vi.retained = r.retained;
     if (r.manifest.has_value()) {
       const Manifest& m = *r.manifest;
       vi.group_size = m.group_size();
@@ -358,9 +402,13 @@ class Client::Impl {
   // until the deadline.
   Result<client::Resolved> ResolveWithin(const std::string& model,
                                          Version version,
-                                         const Deadline& deadline) {
+                                         const Deadline& deadline,
+                                         const std::string& group,
+                                         uint64_t group_step) {
     while (true) {
-      Result<client::Resolved> r = hub_.Resolve(id(), model, version, false);
+      Result<client::Resolved> r =
+          hub_.Resolve(id(), model, version, false, group, group_step,
+                       std::max<int64_t>(1, deadline.remaining_ms()));
       if (r.ok()) return r;
       StatusCode c = r.status().code();
       if ((c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) ||
@@ -375,7 +423,8 @@ class Client::Impl {
   // chunk once verified. Best effort: without it we only fetch.
   std::optional<uint64_t> BeginFill(const std::string& model, Version version,
                                     const Manifest& manifest,
-                                    const client::FetchJob& job) {
+                                    const client::FetchJob& job,
+                                    const Deadline& deadline) {
     Holding h;
     h.model = model;
     h.version = version;
@@ -394,7 +443,7 @@ class Client::Impl {
       return std::nullopt;
     }
     Status s = hub_.AddHolder(id(), model, version, *epoch, manifest,
-                              /*filling=*/true);
+                              /*filling=*/true, deadline.remaining_ms());
     if (s.ok()) {
       registry_.MarkReported(model, version, *epoch, true);
     } else {
@@ -405,9 +454,10 @@ class Client::Impl {
 
   // The fetch finished: serve the whole copy and tell the hub.
   void EndFill(const std::string& model, Version version,
-               const Manifest& manifest, uint64_t epoch) {
+               const Manifest& manifest, uint64_t epoch, const Deadline& deadline) {
     registry_.FinishFill(model, version, epoch);
-    Status s = hub_.AddHolder(id(), model, version, epoch, manifest);
+    Status s = hub_.AddHolder(id(), model, version, epoch, manifest, false,
+                              deadline.remaining_ms());
     registry_.MarkReported(model, version, epoch, s.ok());
     if (!s.ok()) {
       // The fetch itself succeeded; the heartbeat thread reports the copy
@@ -420,14 +470,19 @@ class Client::Impl {
   // The fetch failed: stop serving the partial copy (its memory may be
   // overwritten by the caller as soon as we return).
   void AbortFill(const std::string& model, Version version,
-                 std::optional<uint64_t> epoch) {
+                 std::optional<uint64_t> epoch, const Deadline& deadline) {
     if (!epoch.has_value()) return;
     Result<uint64_t> revoked = registry_.Revoke(model, version);
     if (revoked.ok()) {
-      Status d = registry_.Drain(model, version, *revoked, Deadline::AfterMs(5000));
+      // Fenced at once; reads already admitted get until the deadline. One
+      // still running then reads memory the caller may overwrite: the
+      // reader's chunk checksum catches that and it reads elsewhere.
+      Status d = registry_.Drain(model, version, *revoked, deadline);
       if (!d.ok()) TH_LOG(WARN) << "abandoned fetch: " << d.ToString();
     }
-    Status s = hub_.Unpublish(id(), model, version);
+    // A filling copy never counts as a copy to keep: no wait, force.
+    Status s = hub_.Unpublish(id(), model, version, 0, /*force=*/true,
+                              std::max<int64_t>(1, deadline.remaining_ms()));
     if (!s.ok() && s.code() != StatusCode::kNotFound) {
       std::lock_guard<std::mutex> lock(mu_);
       pending_unpublish_.insert({model, version});
@@ -476,7 +531,9 @@ class Client::Impl {
       unpub.swap(pending_unpublish_);
     }
     for (const auto& [m, v] : unpub) {
-      Status s = hub_.Unpublish(id, m, v);
+      // Revoked here already: the bytes are no longer served, so the hub
+      // must drop the reference even if it was a retained version's last.
+      Status s = hub_.Unpublish(id, m, v, 0, /*force=*/true);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         std::lock_guard<std::mutex> lock(mu_);
         pending_unpublish_.insert({m, v});
@@ -532,8 +589,16 @@ Status Client::Publish(std::string_view model, Version version,
 }
 
 Status Client::Unpublish(std::string_view model, Version version,
-                         int64_t timeout_ms) {
-  return impl_->Unpublish(model, version, timeout_ms);
+                         int64_t timeout_ms, bool force) {
+  return impl_->Unpublish(model, version, timeout_ms, force);
+}
+
+Status Client::Retain(std::string_view model, Version version) {
+  return impl_->Retain(model, version, true);
+}
+
+Status Client::Unretain(std::string_view model, Version version) {
+  return impl_->Retain(model, version, false);
 }
 
 Result<FetchStats> Client::Fetch(std::string_view model, Version version,
@@ -546,6 +611,13 @@ Result<std::vector<ModelInfo>> Client::List() { return impl_->List(); }
 
 Result<VersionInfo> Client::Describe(std::string_view model, Version version) {
   return impl_->DescribeVersion(model, version);
+}
+
+Result<VersionInfo> Client::Describe(std::string_view model, Version version,
+                                     std::string_view group,
+                                     uint64_t group_step) {
+  if (group.empty()) return InvalidArgument("reader group id is empty");
+  return impl_->DescribeVersion(model, version, std::string(group), group_step);
 }
 
 const WorkerId& Client::id() const { return impl_->id_ref(); }

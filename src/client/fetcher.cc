@@ -44,7 +44,6 @@ class FetchRun {
     total_chunks_ = job.manifest->num_chunks();
     attempts_.assign(total_chunks_, 0);
     done_.assign(total_chunks_, 0);
-    in_flight_.assign(total_chunks_, 0);
     for (uint64_t c = 0; c < total_chunks_; ++c) pending_.push_back(c);
   }
 
@@ -61,6 +60,7 @@ class FetchRun {
     FetchReport r;
     r.bytes = bytes_done_;
     r.chunk_retries = retries_;
+    r.chunks_stolen = steals_;
     for (const SourceState& s : sources_) {
       if (s.chunks_served == 0) continue;
       ++r.sources_used;
@@ -108,23 +108,77 @@ class FetchRun {
     return !error_.ok() || done_chunks_ == total_chunks_;
   }
 
+  // The error at the deadline. UNAVAILABLE when no holder was reachable:
+  // every source known failed (killed, cut off, stopped), or none delivered
+  // a chunk for the last kNoProgressMs (or since the fetch began). So the
+  // caller can tell "nobody answers" from DEADLINE_EXCEEDED, "bytes were
+  // still arriving, only too slowly".
+  Status DeadlineErrorLocked() const {
+    static constexpr int64_t kNoProgressMs = 2000;
+    bool any_live = false;
+    for (const SourceState& k : sources_) any_live = any_live || !k.dead;
+    const int64_t now = NowMs();
+    if (now - last_chunk_ms_ >= std::min(kNoProgressMs, now - start_ms_)) any_live = false;
+    std::string what = "fetch of '" + job_.model + "@" + std::to_string(job_.version.value()) +
+                       "' did not finish in time: " + std::to_string(done_chunks_) + " of " +
+                       std::to_string(total_chunks_) + " chunks done; last error: " +
+                       last_error_.ToString();
+    if (!any_live) return Unavailable("no reachable holder: " + what);
+    return DeadlineExceeded(what);
+  }
+
+  // Work stealing, called by a stream that has nothing to start: cancels the
+  // oldest read that has run far longer than a chunk normally takes, if
+  // another live, complete source holds that chunk. The cancelled stream
+  // puts the chunk back in the queue. Returns true if it cancelled one.
+  bool MaybeStealLocked() {
+    if (options_.steal_min_ms <= 0 || chunks_timed_ == 0) return false;
+    const int64_t now = NowMs();
+    const int64_t threshold_ms =
+        std::max<int64_t>(options_.steal_min_ms,
+                          static_cast<int64_t>(options_.steal_factor * chunk_ms_avg_));
+    uint64_t victim = 0;
+    InFlight* oldest = nullptr;
+    for (auto& [chunk, f] : in_flight_) {
+      if (f.conn == nullptr || f.stolen || now - f.start_ms < threshold_ms) continue;
+      if (oldest != nullptr && f.start_ms >= oldest->start_ms) continue;
+      bool elsewhere = false;
+      for (size_t i = 0; i < sources_.size() && !elsewhere; ++i) {
+        const SourceState& k = sources_[i];
+        elsewhere = static_cast<int>(i) != f.src && !k.dead && !k.source.filling && k.Has(chunk);
+      }
+      if (!elsewhere) continue;
+      victim = chunk;
+      oldest = &f;
+    }
+    if (oldest == nullptr) return false;
+    SourceState& slow = sources_[oldest->src];
+    TH_LOG(INFO) << "fetch " << job_.model << "@" << job_.version.value() << ": chunk " << victim
+                 << " from " << slow.source.address << " has taken " << now - oldest->start_ms
+                 << " ms (typical " << static_cast<int64_t>(chunk_ms_avg_)
+                 << " ms): moving it to another holder and dropping this one as too slow";
+    oldest->stolen = true;
+    // The source is dropped now so that no stream picks it again; a
+    // refresh from the hub revives it if nothing else holds a chunk.
+    slow.dead = true;
+    oldest->conn->Cancel();
+    ++steals_;
+    return true;
+  }
+
   void Stream() {
     std::map<std::string, std::unique_ptr<transport::Connection>> conns;
     std::vector<iovec> pieces;
     std::unique_lock<std::mutex> lock(mu_);
     while (!FinishedLocked()) {
       if (deadline_.expired()) {
-        FailLocked(DeadlineExceeded(
-            "fetch of '" + job_.model + "@" +
-            std::to_string(job_.version.value()) + "' did not finish in time: " +
-            std::to_string(done_chunks_) + " of " +
-            std::to_string(total_chunks_) + " chunks done; last error: " +
-            last_error_.ToString()));
+        FailLocked(DeadlineErrorLocked());
         break;
       }
       if (pending_.empty()) {
-        // Others hold the remaining chunks; one may come back on failure.
-        cv_.wait_for(lock, std::chrono::milliseconds(50));
+        // Others hold the remaining chunks; one may come back on failure,
+        // or be taken from a source that became very slow.
+        if (!MaybeStealLocked()) cv_.wait_for(lock, std::chrono::milliseconds(50));
         continue;
       }
       uint64_t chunk = pending_.front();
@@ -138,8 +192,9 @@ class FetchRun {
         continue;
       }
       pending_.pop_front();
-      assert(!in_flight_[chunk] && !done_[chunk]);
-      in_flight_[chunk] = 1;
+      assert(in_flight_.count(chunk) == 0 && !done_[chunk]);
+      const int64_t start_ms = NowMs();
+      in_flight_[chunk] = InFlight{src, start_ms, nullptr, false};
       SourceState& s = sources_[src];
       ++s.active;
       std::string address = s.source.address;
@@ -147,13 +202,20 @@ class FetchRun {
       lock.unlock();
 
       ChunkLoc loc = job_.manifest->Chunk(chunk);
-      Status st = ReadChunk(conns, address, epoch, loc, &pieces);
+      Status st = ReadChunk(conns, address, epoch, chunk, loc, &pieces);
 
       lock.lock();
       SourceState& s2 = sources_[src];  // the vector may have grown
       --s2.active;
-      in_flight_[chunk] = 0;
+      const bool stolen = in_flight_[chunk].stolen;
+      in_flight_.erase(chunk);
       if (st.ok()) {
+        // A read that won against its cancel still counts: its bytes were
+        // verified.
+        const double took_ms = static_cast<double>(NowMs() - start_ms);
+        chunk_ms_avg_ = chunks_timed_ == 0 ? took_ms : 0.8 * chunk_ms_avg_ + 0.2 * took_ms;
+        ++chunks_timed_;
+        last_chunk_ms_ = NowMs();
         // Each chunk completes exactly once; the count of done chunks is
         // what ends the fetch.
         assert(!done_[chunk]);
@@ -175,6 +237,12 @@ class FetchRun {
       s2.dead = true;
       conns.erase(address);
       ++retries_;
+      if (stolen) {
+        // Not the chunk's fault: it goes straight to another source.
+        pending_.push_front(chunk);
+        cv_.notify_all();
+        continue;
+      }
       if (++attempts_[chunk] >= options_.max_attempts_per_chunk) {
         FailLocked(Unavailable("chunk " + std::to_string(chunk) + " of '" +
                                job_.model + "@" +
@@ -225,7 +293,7 @@ class FetchRun {
   }
 
   Status ReadChunk(std::map<std::string, std::unique_ptr<transport::Connection>>& conns,
-                   const std::string& address, uint64_t epoch,
+                   const std::string& address, uint64_t epoch, uint64_t chunk,
                    const ChunkLoc& loc, std::vector<iovec>* pieces) {
     auto it = conns.find(address);
     if (it == conns.end() || it->second->broken()) {
@@ -233,6 +301,12 @@ class FetchRun {
           address, deadline_.Cap(options_.connect_timeout_ms));
       if (!c.ok()) return c.status();
       it = conns.insert_or_assign(address, std::move(c).value()).first;
+    }
+    {
+      // From here until the stream erases the entry (under mu_, before the
+      // connection can be destroyed) a stealing stream may Cancel it.
+      std::lock_guard<std::mutex> l(mu_);
+      in_flight_[chunk].conn = it->second.get();
     }
     pieces->clear();
     AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
@@ -285,7 +359,19 @@ class FetchRun {
   std::deque<uint64_t> pending_;      // guarded by mu_
   std::vector<int> attempts_;         // guarded by mu_
   std::vector<uint8_t> done_;         // guarded by mu_
-  std::vector<uint8_t> in_flight_;    // guarded by mu_
+  struct InFlight {
+    int src = -1;
+    int64_t start_ms = 0;
+    transport::Connection* conn = nullptr;  // set once connected
+    bool stolen = false;
+  };
+  // At most one entry per stream.
+  std::map<uint64_t, InFlight> in_flight_;  // guarded by mu_
+  double chunk_ms_avg_ = 0;  // moving average of chunk read times; guarded by mu_
+  uint64_t chunks_timed_ = 0;  // guarded by mu_
+  uint32_t steals_ = 0;        // guarded by mu_
+  const int64_t start_ms_ = NowMs();
+  int64_t last_chunk_ms_ = start_ms_;  // guarded by mu_
   uint64_t total_chunks_ = 0;
   uint64_t done_chunks_ = 0;   // guarded by mu_
   uint64_t bytes_done_ = 0;    // guarded by mu_

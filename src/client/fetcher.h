@@ -5,9 +5,12 @@
 // striped across holders. Every chunk is verified (XXH3-64 against the
 // manifest) before it counts. A source that fails (connection error,
 // refusal, bad checksum, stall past the read timeout) is dropped and its
-// chunk goes back to the queue for another source; when no live source has a
-// chunk, the sources are refreshed from the hub. Everything ends by the
-// deadline.
+// chunk goes back to the queue for another source; a source far slower than
+// the others loses its chunk to an idle stream (work stealing, see
+// FetcherOptions); when no live source has a chunk, the sources are
+// refreshed from the hub. Everything ends by the deadline: UNAVAILABLE if by
+// then no source was left that answered, DEADLINE_EXCEEDED if sources were
+// still live but too slow.
 #ifndef TENSORHUB_CLIENT_FETCHER_H_
 #define TENSORHUB_CLIENT_FETCHER_H_
 
@@ -45,6 +48,17 @@ struct FetcherOptions {
   int64_t connect_timeout_ms = 5000;
   int64_t refresh_interval_ms = 200;  // between asks to the hub
   int max_attempts_per_chunk = 32;
+  // Work stealing: when a stream has nothing left to start, it takes back a
+  // chunk that has been in flight from one source for longer than
+  // steal_factor times the typical chunk time (an average over the chunks
+  // done so far) and at least steal_min_ms: the read is cancelled, the
+  // source is dropped as too slow, and the chunk is read again from another
+  // live source that holds it completely. So a holder that turns very slow
+  // (or stops answering while its connection stays open) costs about
+  // max(steal_min_ms, steal_factor x chunk time) at the end of a fetch, not
+  // read_timeout_ms. 0 turns it off.
+  int64_t steal_min_ms = 1000;
+  int steal_factor = 4;
   std::function<void(const FetchProgress&)> on_progress;
   // Called once per chunk right after it was verified (from a stream
   // thread, no lock held): the caller may serve it onward from then on.
@@ -55,6 +69,7 @@ struct FetchReport {
   uint64_t bytes = 0;
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
+  uint32_t chunks_stolen = 0;  // reads moved away from a slow source
   std::vector<FetchSourceStats> per_source;  // those that served a chunk
 };
 

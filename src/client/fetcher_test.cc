@@ -193,10 +193,24 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
     ASSERT_GE(v.manifest.num_chunks(), 12u);
     std::vector<std::unique_ptr<Holder>> holders;
     std::vector<FetchSource> sources;
+    // Each holder's first read waits (bounded) until all three have one, so
+    // that on a fast loopback one stream cannot take every chunk before the
+    // others have connected.
+    std::atomic<int> started{0};
     for (int i = 0; i < 3; ++i) {
       holders.push_back(std::make_unique<Holder>(*tcp_, v,
                                                  std::vector<uint32_t>{0, 1},
                                                  "m", 9));
+      holders.back()->source.hook_ = [&started](int n) {
+        if (n == 1) {
+          started.fetch_add(1);
+          Deadline all = Deadline::AfterMs(2000);
+          while (started.load() < 3 && !all.expired()) {
+            std::this_thread::sleep_for(milliseconds(1));
+          }
+        }
+        return Status::Ok();
+      };
       sources.push_back(holders.back()->Source());
     }
     Destination d(v);
@@ -206,10 +220,19 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
     EXPECT_EQ(d.data, v.data);
     EXPECT_EQ(r->bytes, v.manifest.total_bytes());
     EXPECT_EQ(r->chunk_retries, 0u);
-    EXPECT_GT(r->sources_used, 1u);
-    uint64_t served = 0;
-    for (auto& h : holders) served += h->server->bytes_served();
-    EXPECT_EQ(served, v.manifest.total_bytes());
+    EXPECT_EQ(r->sources_used, 3u);
+    // A server counts a read after its last byte left, which may be just
+    // after the reader got it: wait (bounded) for the counts to settle.
+    auto served = [&] {
+      uint64_t n = 0;
+      for (auto& h : holders) n += h->server->bytes_served();
+      return n;
+    };
+    Deadline settle = Deadline::AfterMs(2000);
+    while (served() < v.manifest.total_bytes() && !settle.expired()) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    EXPECT_EQ(served(), v.manifest.total_bytes());
   }
 }
 
@@ -489,6 +512,97 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
   EXPECT_GE(r->chunk_retries, 1u);
   EXPECT_GE(calls.load(), 1);
   EXPECT_LT(Clock::now() - t0, milliseconds(2000));
+}
+
+// A holder that turns very slow (here: stops answering while its connection
+// stays open, like a SIGSTOPped or overloaded process) loses its chunks to
+// the other holder by work stealing, long before the per-read timeout.
+TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
+  TestVersion v = MakeVersion(21, 2, 4096, 60);
+  ASSERT_GE(v.manifest.num_chunks(), 20u);
+  Holder slow(*tcp_, v, {0, 1}, "m", 1);
+  Holder fast(*tcp_, v, {0, 1}, "m", 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  // From its 3rd read on, `slow` holds each read until the test ends.
+  slow.source.hook_ = [&](int n) {
+    if (n >= 3) {
+      std::unique_lock<std::mutex> l(mu);
+      cv.wait_for(l, milliseconds(20000), [&] { return release; });
+    }
+    return Status::Ok();
+  };
+  FetcherOptions o = TestOptions();
+  o.read_timeout_ms = 20000;  // far beyond the test: only stealing can help
+  o.steal_min_ms = 300;
+  Destination d(v);
+  auto t0 = Clock::now();
+  // `slow` first, so streams are sure to start reads on it.
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {slow.Source(), fast.Source()},
+                                   nullptr, o, Deadline::AfterMs(30000));
+  auto took = Clock::now() - t0;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+    cv.notify_all();
+  }
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GE(r->chunks_stolen, 1u);
+  EXPECT_GE(slow.source.reads_.load(), 3);
+  // Bounded extra time: the steal threshold plus a little, not 20 s.
+  EXPECT_LT(took, milliseconds(5000));
+}
+
+// Stealing needs somewhere to go: with the slow holder the only one, its
+// reads are left alone (no cancel-and-retry loop) and the fetch completes.
+TEST_F(FetcherTest, WorkStealingLeavesTheOnlyHolderAlone) {
+  TestVersion v = MakeVersion(22, 1, 4096, 24);
+  Holder only(*tcp_, v, {0}, "m", 1);
+  only.source.hook_ = [&](int n) {
+    if (n % 4 == 0) std::this_thread::sleep_for(milliseconds(400));
+    return Status::Ok();
+  };
+  FetcherOptions o = TestOptions();
+  o.steal_min_ms = 50;
+  Destination d(v);
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {only.Source()}, nullptr, o,
+                                   Deadline::AfterMs(30000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_EQ(r->chunks_stolen, 0u);
+  EXPECT_EQ(r->chunk_retries, 0u);
+}
+
+// No source that answers: the fetch ends by its deadline with UNAVAILABLE
+// (not DEADLINE_EXCEEDED, which means "reachable but too slow").
+TEST_F(FetcherTest, StoppedOnlyHolderFailsUnavailableByTheDeadline) {
+  TestVersion v = MakeVersion(23, 1, 4096, 8);
+  Holder stopped(*tcp_, v, {0}, "m", 1);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  stopped.source.hook_ = [&](int) {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait_for(l, milliseconds(20000), [&] { return release; });
+    return Status::Ok();
+  };
+  FetcherOptions o = TestOptions();
+  o.read_timeout_ms = 20000;
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {stopped.Source()}, nullptr, o,
+                                   Deadline::AfterMs(1000));
+  auto took = Clock::now() - t0;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    release = true;
+    cv.notify_all();
+  }
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_LT(took, milliseconds(2500));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "wire/proto_convert.h"
@@ -104,7 +105,8 @@ Status HubClient::Publish(const WorkerId& id, const std::string& model,
 
 Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
                             Version version, uint64_t epoch,
-                            const Manifest& manifest, bool filling) {
+                            const Manifest& manifest, bool filling,
+                            int64_t timeout_ms) {
   v1::AddHolderRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -123,35 +125,45 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
   wire::ToProto(manifest, req.mutable_manifest());
   resp.Clear();
   return Call(&v1::Hub::Stub::AddHolder, req, &resp, "add holder",
-              rpc_timeout_ms_);
+              Within(timeout_ms));
 }
 
 Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
-                            Version version) {
+                            Version version, int64_t wait_ms, bool force,
+                            int64_t timeout_ms) {
   v1::UnpublishRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
   req.set_version(version.value());
+  wait_ms = std::clamp<int64_t>(wait_ms, 0, 600000);
+  req.set_wait_ms(static_cast<uint32_t>(wait_ms));
+  req.set_force(force);
   v1::UnpublishResponse resp;
   return Call(&v1::Hub::Stub::Unpublish, req, &resp, "unpublish",
-              rpc_timeout_ms_);
+              timeout_ms < 0 ? rpc_timeout_ms_ + wait_ms
+                             : std::min(timeout_ms, rpc_timeout_ms_ + wait_ms));
 }
 
 Result<Resolved> HubClient::Resolve(const WorkerId& reader,
                                     const std::string& model, Version version,
-                                    bool include_uncommitted) {
+                                    bool include_uncommitted,
+                                    const std::string& group,
+                                    uint64_t group_step, int64_t timeout_ms) {
   v1::ResolveRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   req.set_include_uncommitted(include_uncommitted);
+  req.set_group(group);
+  req.set_group_step(group_step);
   v1::ResolveResponse resp;
   TH_RETURN_IF_ERROR(
-      Call(&v1::Hub::Stub::Resolve, req, &resp, "resolve", rpc_timeout_ms_));
+      Call(&v1::Hub::Stub::Resolve, req, &resp, "resolve", Within(timeout_ms)));
   Resolved out;
   out.version = Version(resp.version());
   out.state = wire::FromProto(resp.state());
   out.num_holders = resp.num_holders();
+  out.retained = resp.retained();
   if (!resp.manifest().empty()) {
     v1::VersionManifest vm;
     if (!vm.ParseFromString(resp.manifest())) {
@@ -193,7 +205,8 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
 
 Result<std::vector<ResolvedSource>> HubClient::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
-    const std::vector<WorkerId>& exclude, uint32_t max_sources) {
+    const std::vector<WorkerId>& exclude, uint32_t max_sources,
+    int64_t timeout_ms) {
   v1::ScheduleRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -202,7 +215,7 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
   req.set_max_sources(max_sources);
   v1::ScheduleResponse resp;
   TH_RETURN_IF_ERROR(
-      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", rpc_timeout_ms_));
+      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", Within(timeout_ms)));
   std::vector<ResolvedSource> out;
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
@@ -212,21 +225,58 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
 }
 
 Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
-                            Version version) {
+                            Version version, int64_t timeout_ms) {
   v1::FetchDoneRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());
   v1::FetchDoneResponse resp;
   return Call(&v1::Hub::Stub::FetchDone, req, &resp, "fetch done",
-              rpc_timeout_ms_);
+              Within(timeout_ms));
 }
 
-Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms) {
+Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms,
+                        int64_t wait_ms) {
   v1::LeaveRequest req;
   req.set_worker_id(id.value());
+  wait_ms = std::clamp<int64_t>(wait_ms, 0, 600000);
+  req.set_wait_ms(static_cast<uint32_t>(wait_ms));
   v1::LeaveResponse resp;
-  return Call(&v1::Hub::Stub::Leave, req, &resp, "leave", timeout_ms);
+  return Call(&v1::Hub::Stub::Leave, req, &resp, "leave", timeout_ms + wait_ms);
+}
+
+Status HubClient::Retain(const std::string& model, Version version,
+                         bool retain) {
+  v1::RetainRequest req;
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_unretain(!retain);
+  v1::RetainResponse resp;
+  return Call(&v1::Hub::Stub::Retain, req, &resp,
+              retain ? "retain" : "unretain", rpc_timeout_ms_);
+}
+
+Result<KeeperPollResult> HubClient::KeeperPoll(const WorkerId& keeper,
+                                               int64_t wait_ms) {
+  v1::KeeperPollRequest req;
+  req.set_worker_id(keeper.value());
+  wait_ms = std::clamp<int64_t>(wait_ms, 0, 30000);
+  req.set_wait_ms(static_cast<uint32_t>(wait_ms));
+  v1::KeeperPollResponse resp;
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::KeeperPoll, req, &resp,
+                          "keeper poll", rpc_timeout_ms_ + wait_ms));
+  KeeperPollResult out;
+  for (const v1::KeeperTask& t : resp.fetch()) {
+    out.fetch.push_back({t.model(), Version(t.version()), t.total_bytes()});
+  }
+  for (const v1::KeeperTask& t : resp.release()) {
+    out.release.push_back({t.model(), Version(t.version()), t.total_bytes()});
+  }
+  for (const v1::KeeperTask& t : resp.pinned()) {
+    out.pinned.push_back({t.model(), Version(t.version()), t.total_bytes()});
+  }
+  out.hub_incarnation = resp.hub_incarnation();
+  return out;
 }
 
 Result<std::vector<ModelInfo>> HubClient::List() {
@@ -247,6 +297,7 @@ Result<std::vector<ModelInfo>> HubClient::List() {
       vi.parts_published = v.parts_published();
       vi.total_bytes = v.total_bytes();
       vi.num_holders = v.holders();
+      vi.retained = v.retained();
       mi.versions.push_back(std::move(vi));
     }
     out.push_back(std::move(mi));

@@ -54,6 +54,11 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
   return epoch;
 }
 
+bool Registry::Contains(const std::string& model, Version version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.count({model, version}) > 0;
+}
+
 Status Registry::Drain(const std::string& model, Version version,
                        uint64_t epoch, const Deadline& deadline) {
   std::unique_lock<std::mutex> lock(mu_);

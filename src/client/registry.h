@@ -60,6 +60,8 @@ class Registry final : public transport::ReadSource {
   // Live registrations whose memory overlaps [begin, end) of any range.
   std::vector<std::pair<std::string, Version>> Overlapping(
       const std::vector<std::pair<const uint8_t*, uint64_t>>& ranges) const;
+  // Whether a live (not revoked) registration of the version exists.
+  bool Contains(const std::string& model, Version version) const;
   // Copies of every live registration.
   std::vector<Holding> Snapshot() const;
   // Copies of the live registrations the hub has not acknowledged (usually

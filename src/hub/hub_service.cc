@@ -15,6 +15,7 @@
 
 #include "common/deadline.h"
 #include "common/log.h"
+#include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
 #include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
@@ -78,6 +79,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     a.rebuild = req->rebuild();
     std::lock_guard<std::mutex> lock(mu_);
     Result<VersionState> st = state_.Publish(a, NowMs());
+    changed_.notify_all();
     if (!st.ok()) return wire::ToGrpc(st.status());
     if (*st == VersionState::kCommitted) {
       TH_LOG(DEBUG) << "'" << a.model << "@" << a.version.value()
@@ -108,19 +110,94 @@ class HubServiceImpl final : public v1::Hub::Service {
     Result<Manifest> m = wire::FromProto(req->manifest());
     if (!m.ok()) return wire::ToGrpc(m.status());
     std::lock_guard<std::mutex> lock(mu_);
-    return wire::ToGrpc(state_.AddHolder(WorkerId(req->worker_id()),
-                                         req->model(), Version(req->version()),
-                                         req->epoch(), *m, NowMs(),
-                                         req->filling()));
+    Status s = state_.AddHolder(WorkerId(req->worker_id()), req->model(),
+                                Version(req->version()), req->epoch(), *m,
+                                NowMs(), req->filling());
+    changed_.notify_all();
+    return wire::ToGrpc(s);
   }
 
   grpc::Status Unpublish(ServerContext* ctx, const v1::UnpublishRequest* req,
                          v1::UnpublishResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (req->wait_ms() > kMaxWaitMs) {
+      return wire::ToGrpc(InvalidArgument("unpublish: wait_ms must be at most " +
+                                          std::to_string(kMaxWaitMs)));
+    }
+    const WorkerId worker(req->worker_id());
+    const Version version(req->version());
+    std::unique_lock<std::mutex> lock(mu_);
+    // The last reliable copy of a retained version: wait (the worker still
+    // serves) until a keeper or another reliable holder has copied it.
+    Status keep = state_.CheckDeparture(worker, req->model(), version);
+    if (!keep.ok() && !req->force()) {
+      TH_LOG(INFO) << "unpublish by " << worker.value() << " waits up to "
+                   << req->wait_ms() << " ms for a reliable copy: "
+                   << keep.message();
+      const int64_t deadline = NowMs() + req->wait_ms();
+      state_.SetDeparting(worker, req->model(), version, true);
+      changed_.notify_all();  // keepers polling learn of the work
+      while (!keep.ok() && NowMs() < deadline && !ctx->IsCancelled()) {
+        WaitChange(lock, deadline);
+        (void)state_.Heartbeat(worker, NowMs());
+        keep = state_.CheckDeparture(worker, req->model(), version);
+      }
+      state_.SetDeparting(worker, req->model(), version, false);
+      if (!keep.ok()) {
+        changed_.notify_all();
+        return wire::ToGrpc(keep.WithContext(
+            "unpublish refused after waiting " +
+            std::to_string(req->wait_ms()) + " ms; the reference stays"));
+      }
+    } else if (!keep.ok()) {
+      TH_LOG(WARN) << "forced unpublish by " << worker.value() << ": "
+                   << keep.message();
+    }
+    Status s = state_.Unpublish(worker, req->model(), version, NowMs());
+    changed_.notify_all();
+    return wire::ToGrpc(s);
+  }
+
+  grpc::Status Retain(ServerContext* ctx, const v1::RetainRequest* req,
+                      v1::RetainResponse*) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     std::lock_guard<std::mutex> lock(mu_);
-    return wire::ToGrpc(state_.Unpublish(WorkerId(req->worker_id()),
-                                         req->model(), Version(req->version()),
-                                         NowMs()));
+    Status s = state_.Retain(req->model(), Version(req->version()),
+                             !req->unretain());
+    if (s.ok()) {
+      TH_LOG(INFO) << "'" << req->model() << "@" << req->version() << "' "
+                   << (req->unretain() ? "unretained" : "retained");
+      changed_.notify_all();
+    }
+    return wire::ToGrpc(s);
+  }
+
+  grpc::Status KeeperPoll(ServerContext* ctx, const v1::KeeperPollRequest* req,
+                          v1::KeeperPollResponse* resp) override {
+    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (req->wait_ms() > kMaxPollMs) {
+      return wire::ToGrpc(InvalidArgument(
+          "keeper poll: wait_ms must be at most " + std::to_string(kMaxPollMs)));
+    }
+    const WorkerId keeper(req->worker_id());
+    const int64_t deadline = NowMs() + req->wait_ms();
+    std::unique_lock<std::mutex> lock(mu_);
+    KeeperWork work;
+    while (true) {
+      // Also renews the keeper's lease while it waits here.
+      if (Status s = state_.Heartbeat(keeper, NowMs()); !s.ok()) {
+        return wire::ToGrpc(s);
+      }
+      work = state_.KeeperTasks(keeper);
+      if (!work.empty() || NowMs() >= deadline || ctx->IsCancelled()) break;
+      WaitChange(lock, deadline);
+    }
+    lock.unlock();
+    for (const KeeperTask& t : work.fetch) ToProto(t, resp->add_fetch());
+    for (const KeeperTask& t : work.release) ToProto(t, resp->add_release());
+    for (const KeeperTask& t : work.pinned) ToProto(t, resp->add_pinned());
+    resp->set_hub_incarnation(state_.config().incarnation);
+    return grpc::Status::OK;
   }
 
   grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
@@ -130,9 +207,15 @@ class HubServiceImpl final : public v1::Hub::Service {
     std::optional<Manifest> manifest;  // to encode, when not cached
     Result<Resolution> r = [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      Result<Resolution> res = state_.Resolve(
-          WorkerId(req->worker_id()), req->model(), Version(req->version()),
-          req->include_uncommitted(), /*copy_manifest=*/false);
+      Result<Resolution> res =
+          !req->group().empty() && req->version() == 0
+              ? state_.ResolveForGroup(WorkerId(req->worker_id()), req->model(),
+                                       req->group(), req->group_step(), NowMs(),
+                                       /*copy_manifest=*/false)
+              : state_.Resolve(WorkerId(req->worker_id()), req->model(),
+                               Version(req->version()),
+                               req->include_uncommitted(),
+                               /*copy_manifest=*/false);
       if (res.ok() && res->manifest_digest.has_value()) {
         encoded = CachedManifest(req->model(), *res);
         if (encoded == nullptr) {
@@ -156,6 +239,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     resp->set_state(wire::ToProto(r->state));
     resp->set_num_holders(r->num_holders);
     if (encoded != nullptr) resp->set_manifest(*encoded);
+    resp->set_retained(r->retained);
     for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
     return grpc::Status::OK;
   }
@@ -210,6 +294,7 @@ class HubServiceImpl final : public v1::Hub::Service {
         vs->set_total_bytes(v.total_bytes);
         vs->set_holders(v.holders);
         vs->set_tensors(v.tensors);
+        vs->set_retained(v.retained);
       }
     }
     return grpc::Status::OK;
@@ -218,9 +303,38 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Leave(ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
-    Status s = state_.Leave(WorkerId(req->worker_id()));
+    if (req->wait_ms() > kMaxWaitMs) {
+      return wire::ToGrpc(InvalidArgument("leave: wait_ms must be at most " +
+                                          std::to_string(kMaxWaitMs)));
+    }
+    const WorkerId worker(req->worker_id());
+    std::unique_lock<std::mutex> lock(mu_);
+    // Retained versions this worker holds the last (reliable) copy of: wait,
+    // still serving, for keepers to copy them. It leaves in any case.
+    auto blocked = state_.BlockedDepartures(worker);
+    if (!blocked.empty() && req->wait_ms() > 0) {
+      TH_LOG(INFO) << "worker " << worker.value() << " leaving: waiting up to "
+                   << req->wait_ms() << " ms for reliable copies of "
+                   << blocked.size() << " retained version(s)";
+      const int64_t deadline = NowMs() + req->wait_ms();
+      auto marked = blocked;
+      for (const auto& [m, v] : marked) state_.SetDeparting(worker, m, v, true);
+      changed_.notify_all();
+      while (!blocked.empty() && NowMs() < deadline && !ctx->IsCancelled()) {
+        WaitChange(lock, deadline);
+        (void)state_.Heartbeat(worker, NowMs());
+        blocked = state_.BlockedDepartures(worker);
+      }
+      for (const auto& [m, v] : marked) state_.SetDeparting(worker, m, v, false);
+    }
+    for (const auto& [m, v] : blocked) {
+      TH_LOG(ERROR) << "worker " << worker.value() << " left with the last "
+                    << "reliable copy of retained '" << m << "@" << v.value()
+                    << "' (no keeper copied it in time)";
+    }
+    Status s = state_.Leave(worker);
     if (s.ok()) TH_LOG(INFO) << "worker " << req->worker_id() << " left";
+    changed_.notify_all();
     return wire::ToGrpc(s);
   }
 
@@ -231,6 +345,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (state_.num_workers() < before) {
       TH_LOG(INFO) << (before - state_.num_workers())
                    << " worker(s) lost their lease";
+      changed_.notify_all();
     }
   }
 
@@ -241,6 +356,22 @@ class HubServiceImpl final : public v1::Hub::Service {
                  << ": wrong or missing secret";
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         "wrong or missing shared secret");
+  }
+
+  static constexpr uint32_t kMaxWaitMs = 600000;
+  static constexpr uint32_t kMaxPollMs = 30000;
+
+  // Waits until the state changes or `deadline_ms`, whichever is first, at
+  // most 200 ms at a time so that cancelled callers are noticed.
+  void WaitChange(std::unique_lock<std::mutex>& lock, int64_t deadline_ms) {
+    int64_t slice = std::min<int64_t>(200, deadline_ms - NowMs());
+    if (slice > 0) changed_.wait_for(lock, std::chrono::milliseconds(slice));
+  }
+
+  static void ToProto(const KeeperTask& t, v1::KeeperTask* out) {
+    out->set_model(t.model);
+    out->set_version(t.version.value());
+    out->set_total_bytes(t.total_bytes);
   }
 
   static void ToProto(const HolderView& h, v1::Holder* out) {
@@ -287,6 +418,9 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   std::mutex mu_;
+  // Signalled (under mu_) when references or retention change: departing
+  // holders and polling keepers wait on it.
+  std::condition_variable changed_;
   HubState state_;  // guarded by mu_
   std::map<ManifestKey, std::shared_ptr<const std::string>>
       manifest_cache_;                      // guarded by mu_
@@ -350,6 +484,14 @@ class HubServerImpl final : public HubServer {
 
 }  // namespace
 
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret) {
+  return std::make_unique<HubServiceImpl>(config, std::move(secret));
+}
+
+void ExpireLeases(v1::Hub::Service* service) {
+  static_cast<HubServiceImpl*>(service)->Expire();
+}
+
 }  // namespace tensorhub::hub
 
 namespace tensorhub {
@@ -362,6 +504,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
   config.racks_oversubscribed = options.racks_oversubscribed;
+  config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^
                        static_cast<uint64_t>(NowMs());
   auto service = std::make_unique<HubServiceImpl>(config, options.secret);
@@ -386,6 +529,10 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                << (options.racks_oversubscribed
                        ? ", racks oversubscribed: sources nearest first"
                        : ", sources idle first within a datacenter")
+               << (options.keep_latest > 0
+                       ? ", keeping the latest " +
+                             std::to_string(options.keep_latest) + " retained"
+                       : std::string())
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
       std::move(service), std::move(server), address, options.lease_ms));

@@ -37,6 +37,12 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   if (reg.name.size() > 256 || reg.requested_id.value().size() > 128) {
     return InvalidArgument("worker name or id too long");
   }
+  // Labels are kept per worker and copied into every answer that lists the
+  // worker: bounded like the name.
+  if (reg.labels.datacenter.size() > 256 || reg.labels.rack.size() > 256 ||
+      reg.labels.host.size() > 256) {
+    return InvalidArgument("worker labels (datacenter, rack, host) must be at most 256 characters");
+  }
   WorkerId id = reg.requested_id;
   auto it = workers_.find(id);
   if (it == workers_.end() && workers_.size() >= config_.max_workers) {
@@ -381,6 +387,7 @@ void HubState::DropReference(const std::string& model, Version version,
   // for new sources; its serving count goes with it.
   Unfile(v, rit->second);
   v.refs.erase(rit);
+  v.departing.erase(worker);
   Release(v, worker);
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
@@ -624,6 +631,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     if (copy_manifest) res.manifest = v.manifest;
   }
   res.num_holders = static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
+  res.retained = IsRetained(m, vit->first, v);
   Labels reader_labels;
   auto rit = workers_.find(reader);
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
@@ -872,6 +880,7 @@ std::vector<ModelSummary> HubState::List() const {
       s.state = v.state;
       s.group_size = v.group_size;
       s.holders = static_cast<uint32_t>(v.refs.size());
+      s.retained = IsRetained(m, version, v);
       if (v.manifest.has_value()) {
         s.parts_published = v.group_size;
         s.total_bytes = v.manifest->total_bytes();
@@ -897,6 +906,7 @@ void HubState::ExpireLeases(int64_t now_ms) {
     if (w.lease_expiry_ms <= now_ms) expired.push_back(id);
   }
   for (const WorkerId& id : expired) RemoveWorker(id);
+  ExpireGroups(now_ms);
 }
 
 Status HubState::Leave(const WorkerId& worker) {
@@ -917,6 +927,264 @@ void HubState::RemoveWorker(const WorkerId& id) {
     for (auto& [version, v] : m.versions) Release(v, id);
   }
   workers_.erase(id);
+}
+
+// ---- Retention ----
+
+bool HubState::IsRetained(const Model& m, Version version,
+                          const VersionEntry& v) const {
+  if (v.retained) return true;
+  if (config_.keep_latest == 0 || !v.manifest.has_value()) return false;
+  // Among the latest keep_latest versions that committed (a version lost
+  // since still counts: the policy does not reach back to older ones).
+  uint32_t newer = 0;
+  for (auto it = m.versions.rbegin(); it != m.versions.rend(); ++it) {
+    if (it->first == version) return true;
+    if (it->second.manifest.has_value() && ++newer >= config_.keep_latest) {
+      return false;
+    }
+  }
+  return false;
+}
+
+bool HubState::IsRetained(const std::string& model, Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return false;
+  auto vit = mit->second.versions.find(version);
+  return vit != mit->second.versions.end() &&
+         IsRetained(mit->second, version, vit->second);
+}
+
+Status HubState::Retain(const std::string& model, Version version,
+                        bool retain) {
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  if (version.is_latest()) {
+    return InvalidArgument("retain needs a version number, not latest");
+  }
+  auto mit = models_.find(model);
+  VersionEntry* v = FindVersion(model, version);
+  const std::string vname = VersionName(model, version);
+  if (v == nullptr) return NotFound("the hub knows no version " + vname);
+  if (!retain) {
+    if (!v->retained) {
+      return NotFound(vname + " is not retained by a Retain call" +
+                      (IsRetained(mit->second, version, *v)
+                           ? std::string(" (it is kept by --keep-latest)")
+                           : std::string()));
+    }
+    v->retained = false;
+    return Status::Ok();
+  }
+  if (v->state == VersionState::kAborted) {
+    return FailedPrecondition(vname + " was aborted; nothing to retain");
+  }
+  if (v->state == VersionState::kUnavailable) {
+    return FailedPrecondition(vname + " is unavailable (no live holder of "
+                              "some chunk); it cannot be retained");
+  }
+  if (v->retained) return Status::Ok();
+  size_t pinned = 0;
+  for (const auto& [ver, e] : mit->second.versions) pinned += e.retained;
+  if (pinned >= config_.max_retained_per_model) {
+    return ResourceExhausted("model '" + model + "' already has " +
+                             std::to_string(pinned) + " retained versions");
+  }
+  v->retained = true;
+  return Status::Ok();
+}
+
+bool HubState::IsReliable(const WorkerId& worker) const {
+  auto it = workers_.find(worker);
+  return it != workers_.end() &&
+         it->second.reg.worker_class == WorkerClass::kReliable;
+}
+
+template <typename Pred>
+bool HubState::Covers(const VersionEntry& v, Pred keep) const {
+  if (!v.manifest.has_value()) return false;
+  std::vector<ChunkRange> ranges;
+  for (const auto& [holder, ref] : v.refs) {
+    if (ref.filling || !keep(holder)) continue;
+    for (const ChunkRange& r : RangesOf(v, ref)) ranges.push_back(r);
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const ChunkRange& a, const ChunkRange& b) {
+              return a.begin < b.begin;
+            });
+  uint64_t covered = 0;
+  for (const ChunkRange& r : ranges) {
+    if (r.begin > covered) break;
+    covered = std::max(covered, r.end);
+  }
+  return covered >= v.manifest->num_chunks();
+}
+
+Status HubState::CheckDeparture(const WorkerId& worker,
+                                const std::string& model,
+                                Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return Status::Ok();
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return Status::Ok();
+  const VersionEntry& v = vit->second;
+  auto own = v.refs.find(worker);
+  // Only a committed version has bytes to keep; a filling copy is not one.
+  if (v.state != VersionState::kCommitted || own == v.refs.end() ||
+      own->second.filling || !IsRetained(mit->second, version, v)) {
+    return Status::Ok();
+  }
+  auto others = [&](const WorkerId& h) {
+    return h != worker && v.departing.count(h) == 0;
+  };
+  if (Covers(v, [&](const WorkerId& h) { return others(h) && IsReliable(h); })) {
+    return Status::Ok();
+  }
+  const bool spot = !IsReliable(worker);
+  // A spot worker is not a reliable copy itself: it only has to wait if it
+  // is (part of) the last copy of all.
+  if (spot && Covers(v, others)) return Status::Ok();
+  return FailedPrecondition(
+      VersionName(model, version) + " is retained and worker " +
+      worker.value() + " holds " +
+      (spot ? "its last copy" : "its last reliable copy") +
+      "; no reliable holder has copied it yet. Start a keeper "
+      "(`tensorhub keeper --hub ADDR`), unretain the version, or force it");
+}
+
+std::vector<std::pair<std::string, Version>> HubState::BlockedDepartures(
+    const WorkerId& worker) const {
+  std::vector<std::pair<std::string, Version>> out;
+  auto wit = workers_.find(worker);
+  if (wit == workers_.end()) return out;
+  for (const auto& [model, version] : wit->second.refs) {
+    if (!CheckDeparture(worker, model, version).ok()) {
+      out.emplace_back(model, version);
+    }
+  }
+  return out;
+}
+
+void HubState::SetDeparting(const WorkerId& worker, const std::string& model,
+                            Version version, bool departing) {
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) return;
+  if (departing && v->refs.count(worker) > 0) {
+    v->departing.insert(worker);
+  } else {
+    v->departing.erase(worker);
+  }
+}
+
+KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
+  KeeperWork work;
+  for (const auto& [name, m] : models_) {
+    for (const auto& [version, v] : m.versions) {
+      if (!v.manifest.has_value()) continue;
+      const bool retained = IsRetained(m, version, v);
+      KeeperTask task{name, version, v.manifest->total_bytes()};
+      auto own = v.refs.find(keeper);
+      if (own != v.refs.end()) {
+        if (!retained && !own->second.filling) work.release.push_back(task);
+        if (v.retained && !own->second.filling) work.pinned.push_back(task);
+        continue;
+      }
+      if (!retained || v.state != VersionState::kCommitted) continue;
+      auto reliable = [&](const WorkerId& h) {
+        return v.departing.count(h) == 0 && IsReliable(h);
+      };
+      if (Covers(v, reliable)) continue;
+      // A reliable copy in progress (another keeper, or a reliable reader)
+      // is given its chance first; if it fails, its reference goes away.
+      bool copying = false;
+      for (const auto& [holder, ref] : v.refs) {
+        if (ref.filling && !ref.rank.has_value() && reliable(holder)) {
+          copying = true;
+          break;
+        }
+      }
+      if (!copying) {
+        work.fetch.push_back(task);
+        if (v.retained) work.pinned.push_back(task);
+      }
+    }
+  }
+  return work;
+}
+
+// ---- Reader groups ----
+
+Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
+                                             const std::string& model,
+                                             const std::string& group,
+                                             uint64_t step, int64_t now_ms,
+                                             bool copy_manifest) {
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  if (group.empty() || group.size() > 256) {
+    return InvalidArgument("reader group id must be 1-256 characters");
+  }
+  const std::string gname = "reader group '" + group + "' step " +
+                            std::to_string(step);
+  auto key = std::make_pair(model, group);
+  auto git = groups_.find(key);
+  if (git != groups_.end()) {
+    GroupPins& g = git->second;
+    g.last_used_ms = now_ms;
+    auto sit = g.steps.find(step);
+    if (sit != g.steps.end()) {
+      Result<Resolution> r =
+          Resolve(reader, model, sit->second, false, copy_manifest);
+      if (!r.ok()) {
+        return r.status().WithContext(
+            gname + " is pinned to " + VersionName(model, sit->second));
+      }
+      return r;
+    }
+    if (step < g.forgot_below) {
+      return FailedPrecondition(
+          gname + " is older than the " +
+          std::to_string(config_.max_steps_per_group) +
+          " newest steps the hub keeps for the group (from step " +
+          std::to_string(g.forgot_below) + "); its ranks might disagree");
+    }
+  }
+  TH_ASSIGN_OR_RETURN(Resolution res,
+                      Resolve(reader, model, Version::Latest(), false,
+                              copy_manifest));
+  if (git == groups_.end()) {
+    if (groups_.size() >= config_.max_groups) {
+      // Forget the group unused for longest.
+      auto oldest = std::min_element(
+          groups_.begin(), groups_.end(), [](const auto& a, const auto& b) {
+            return a.second.last_used_ms < b.second.last_used_ms;
+          });
+      groups_.erase(oldest);
+    }
+    git = groups_.emplace(key, GroupPins{}).first;
+    git->second.last_used_ms = now_ms;
+  }
+  GroupPins& g = git->second;
+  g.steps[step] = res.version;
+  while (g.steps.size() > config_.max_steps_per_group) {
+    g.forgot_below = std::max(g.forgot_below, g.steps.begin()->first + 1);
+    g.steps.erase(g.steps.begin());
+  }
+  return res;
+}
+
+size_t HubState::num_group_pins() const {
+  size_t n = 0;
+  for (const auto& [key, g] : groups_) n += g.steps.size();
+  return n;
+}
+
+void HubState::ExpireGroups(int64_t now_ms) {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    if (now_ms - it->second.last_used_ms >= config_.group_ttl_ms) {
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace tensorhub::hub

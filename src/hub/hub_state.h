@@ -36,6 +36,15 @@ struct HubConfig {
   // true (rack uplinks oversubscribed, crossing them is the bottleneck):
   // the busy one in the rack, nearest first.
   bool racks_oversubscribed = false;
+  // Retention: the latest `keep_latest` committed versions of every model
+  // are retained without a Retain call (0: none).
+  uint32_t keep_latest = 0;
+  size_t max_retained_per_model = 1024;  // explicit Retain pins
+  // Reader groups: pins kept per group (the newest steps), groups kept in
+  // all, and how long an unused group's pins live.
+  size_t max_steps_per_group = 8;
+  size_t max_groups = 10000;
+  int64_t group_ttl_ms = 600000;
 };
 
 struct WorkerRegistration {
@@ -80,6 +89,7 @@ struct Resolution {
   // rotated by one on each Resolve so that readers spread over them.
   std::vector<HolderView> holders;
   uint32_t num_holders = 0;  // all holders but the reader, listed or not
+  bool retained = false;
 };
 
 struct PublishArgs {
@@ -102,6 +112,24 @@ struct VersionSummary {
   uint64_t total_bytes = 0;
   uint32_t holders = 0;
   uint32_t tensors = 0;
+  bool retained = false;
+};
+
+// What a keeper should do (KeeperTasks).
+struct KeeperTask {
+  std::string model;
+  Version version;
+  uint64_t total_bytes = 0;
+  bool operator==(const KeeperTask&) const = default;
+};
+struct KeeperWork {
+  std::vector<KeeperTask> fetch;    // retained, no reliable copy: copy it
+  std::vector<KeeperTask> release;  // held by this keeper, not retained
+  // Of the versions this keeper holds or is asked to fetch, those with a
+  // Retain pin (so it can restore the pins after a hub restart).
+  std::vector<KeeperTask> pinned;
+  // Whether there is work (pinned is information, not work).
+  bool empty() const { return fetch.empty() && release.empty(); }
 };
 
 struct ModelSummary {
@@ -185,6 +213,50 @@ class HubState {
   // A worker leaves on purpose: the same as its lease ending now.
   Status Leave(const WorkerId& worker);
 
+  // ---- Retention (docs/design.md, "Retain and the keeper") ----
+  // A retained version keeps a reliable copy: the last reliable holder
+  // (class reliable, complete copy) may not drop its reference until
+  // another reliable holder has the bytes (CheckDeparture); a keeper is
+  // asked to copy retained versions that lack one (KeeperTasks). Explicit
+  // pins (Retain) plus the latest `keep_latest` committed versions.
+  // Retain needs a pending or committed version; unretain of a version not
+  // pinned is NOT_FOUND. Versions kept by keep_latest cannot be unretained.
+  Status Retain(const std::string& model, Version version, bool retain);
+  bool IsRetained(const std::string& model, Version version) const;
+  // OK if the worker may drop its reference to the version now. Else
+  // FAILED_PRECONDITION: the version is retained and committed, and without
+  // this worker (and other departing ones) no reliable worker holds all of
+  // its chunks -- or, for a spot worker, no other worker does either.
+  Status CheckDeparture(const WorkerId& worker, const std::string& model,
+                        Version version) const;
+  // The versions CheckDeparture refuses for each of the worker's
+  // references (what its Leave would lose).
+  std::vector<std::pair<std::string, Version>> BlockedDepartures(
+      const WorkerId& worker) const;
+  // A departing holder waits for a reliable copy before it drops its
+  // reference: it still serves, but no longer counts as a reliable copy,
+  // so keepers are asked to copy the version.
+  void SetDeparting(const WorkerId& worker, const std::string& model,
+                    Version version, bool departing);
+  // What `keeper` should fetch (retained committed versions with neither a
+  // reliable complete copy nor a reliable copy in progress, that it does
+  // not hold) and release (its complete copies of versions not retained).
+  KeeperWork KeeperTasks(const WorkerId& keeper) const;
+
+  // ---- Reader groups ----
+  // Resolves `latest` once per (model, group, step): the first rank's call
+  // pins the highest committed version, every later call with the same key
+  // gets that version (or a clear error if it became unreadable), even if a
+  // newer one committed since. A step older than the pins the group still
+  // keeps is refused (FAILED_PRECONDITION) rather than re-pinned.
+  Result<Resolution> ResolveForGroup(const WorkerId& reader,
+                                     const std::string& model,
+                                     const std::string& group, uint64_t step,
+                                     int64_t now_ms, bool copy_manifest = true);
+  size_t num_group_pins() const;
+  // Forgets groups unused for group_ttl_ms (also done by ExpireLeases).
+  void ExpireGroups(int64_t now_ms);
+
   const HubConfig& config() const { return config_; }
   size_t num_workers() const { return workers_.size(); }
 
@@ -258,6 +330,8 @@ class HubState {
     // Reader -> the sources Schedule() gave it (each counted in the source's
     // Reference::serving until released).
     std::map<WorkerId, std::vector<WorkerId>> assignments;
+    bool retained = false;             // an explicit Retain pin
+    std::set<WorkerId> departing;      // holders waiting to leave it
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -271,6 +345,19 @@ class HubState {
     int distance;
   };
 
+  struct GroupPins {
+    std::map<uint64_t, Version> steps;  // step -> pinned version
+    uint64_t forgot_below = 0;          // older steps were evicted
+    int64_t last_used_ms = 0;
+  };
+
+  bool IsRetained(const Model& m, Version version,
+                  const VersionEntry& v) const;
+  // Whether the complete (non-filling) references of workers accepted by
+  // `keep` cover every chunk of a committed version.
+  template <typename Pred>
+  bool Covers(const VersionEntry& v, Pred keep) const;
+  bool IsReliable(const WorkerId& worker) const;
   void RemoveWorker(const WorkerId& id);
   void DropReference(const std::string& model, Version version,
                      const WorkerId& worker);
@@ -304,6 +391,8 @@ class HubState {
   uint64_t next_worker_ = 1;
   std::map<WorkerId, Worker> workers_;
   std::map<std::string, Model> models_;
+  // (model, group) -> pins; bounded by config_.max_groups.
+  std::map<std::pair<std::string, std::string>, GroupPins> groups_;
 };
 
 }  // namespace tensorhub::hub

@@ -205,6 +205,13 @@ TEST_F(HubStateTest, RegisterRejectsBadRegistrations) {
   reg.requested_id = WorkerId(std::string(129, 'i'));
   EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
             StatusCode::kInvalidArgument);
+  reg.requested_id = WorkerId("");
+  // Labels come from the network too and are stored per worker.
+  for (std::string* label : {&reg.labels.datacenter, &reg.labels.rack, &reg.labels.host}) {
+    *label = std::string(257, 'l');
+    EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(), StatusCode::kInvalidArgument);
+    label->clear();
+  }
   EXPECT_EQ(hub_.num_workers(), 0u);
 }
 

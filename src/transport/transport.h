@@ -81,6 +81,11 @@ class Connection {
                       const Deadline& deadline, uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
+  // Makes a Read running on another thread end soon with an error, and
+  // breaks the connection. The one method that may be called while another
+  // thread is inside Read (the reader uses it to move a read away from a
+  // holder that became very slow); a no-op on a connection already broken.
+  virtual void Cancel() = 0;
 };
 
 class Transport {

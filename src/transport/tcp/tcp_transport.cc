@@ -341,6 +341,12 @@ class TcpConnection final : public Connection {
               const Deadline& deadline, uint64_t* xxh3) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     Status s = DoRead(req, dest, deadline, xxh3);
+    if (cancelled_.load()) {
+      broken_ = true;
+      if (s.ok()) return s;  // it finished before the cancel landed
+      return Unavailable("read from holder " + peer_ + " was cancelled (" +
+                         s.message() + ")");
+    }
     if (!s.ok() && s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kAborted &&
         s.code() != StatusCode::kInvalidArgument &&
@@ -352,6 +358,13 @@ class TcpConnection final : public Connection {
   }
   bool broken() const override { return broken_; }
   const std::string& peer() const override { return peer_; }
+  void Cancel() override {
+    // Under fd_mu_ so that the descriptor cannot be closed (and its number
+    // reused by another socket) between the check and the shutdown.
+    std::lock_guard<std::mutex> l(fd_mu_);
+    cancelled_.store(true);
+    if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
+  }
 
  private:
   Status DoRead(const wire::ReadRequest& req, std::span<const iovec> dest,
@@ -500,12 +513,17 @@ class TcpConnection final : public Connection {
 
   void Abandon() {
     broken_ = true;
+    std::lock_guard<std::mutex> l(fd_mu_);
     fd_.Reset();
   }
 
   static constexpr size_t kHashSegmentBytes = 256 << 10;
 
+  // Written only by the reading thread, under fd_mu_; Cancel reads it under
+  // fd_mu_ from another thread.
   Fd fd_;
+  std::mutex fd_mu_;
+  std::atomic<bool> cancelled_{false};
   std::string peer_;
   const std::shared_ptr<LocalReads> local_;
   bool broken_ = false;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Failure masking on the multi-host test bed (network namespaces, shaped
+# links): a reader fetching from two holders finishes from the other one,
+# with the published bytes, in bounded time, when one holder
+#  1. is cut off mid-transfer: its link is set down (no reset reaches the
+#     reader; its reads just stop);
+#  2. turns very slow mid-transfer: its link is shaped from 400 to 4 Mbit/s.
+# Either way the reads stuck on that holder would last until the 30 s read
+# timeout; work stealing moves them to the other holder, so the fetch must
+# end within 12 s (a full copy at 400 Mbit/s takes about 1.4 s).
+# Hosts: h0 trainer, h1 first reader (second holder), h2 the reader under
+# test, h3 the hub. Needs root. About half a minute.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN=$(realpath "${TENSORHUB_BIN:-build/tools/tensorhub}")
+prefix=thch
+bytes=$((64 << 20))
+limit_ms=12000
+work=$(mktemp -d)
+pids=()
+fail() { echo "failover_smoke: FAIL: $*" >&2; exit 1; }
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+bench/testbed.sh up --prefix "$prefix" --net 10.83 --hosts 4 --host-mbit 400 --force >/dev/null
+source "/run/tensorhub-testbed-${prefix}.env"
+read -r -a ips <<< "$TB_HOST_IPS"
+hub="${ips[3]}:7300"
+
+ip netns exec "$prefix-h3" env TENSORHUB_LOG=warn "$BIN" serve --listen "$hub" --lease-ms 2000 &
+pids+=($!)
+disown
+
+# Starts a worker in host $2 named $1, talking on fds opened on two FIFOs.
+start() {
+  local name=$1 host=$2
+  mkfifo "$work/$name.in" "$work/$name.out"
+  ip netns exec "$prefix-h$host" env TENSORHUB_LOG=warn "$BIN" _chaos-worker --hub "$hub" \
+    --bytes "$bytes" --chunk-bytes 1048576 --name "$name" --data-listen "${ips[$host]}:0" \
+    < "$work/$name.in" > "$work/$name.out" &
+  pids+=($!)
+  disown
+}
+start trainer 0; exec 3> "$work/trainer.in" 4< "$work/trainer.out"
+start first 1;   exec 5> "$work/first.in"   6< "$work/first.out"
+start reader 2;  exec 7> "$work/reader.in"  8< "$work/reader.out"
+expect_line() {  # fd, what, timeout_s
+  local line
+  read -r -t "$3" -u "$1" line || fail "no answer from $2"
+  echo "$line"
+}
+for fd in 4 6 8; do [[ "$(expect_line $fd worker 30)" == ready ]] || fail "a worker did not start"; done
+
+# Round: publish version $1, the first reader fetches it, the reader under
+# test fetches it and $2 is done to the trainer's link 0.4 s in.
+round() {
+  local v=$1 fault=$2 pub got
+  echo "publish $v 0 1 10000" >&3
+  pub=$(expect_line 4 "trainer publish" 30)
+  [[ $pub == ok* ]] || fail "publish $v: $pub"
+  local digest=${pub##* }
+  echo "fetch $v 30000 1" >&5
+  got=$(expect_line 6 "first fetch" 40)
+  [[ $got == "fetched "*" $v $digest "* ]] || fail "first reader: $got"
+  echo "fetch $v 30000 1" >&7
+  sleep 0.4
+  eval "$fault"
+  got=$(expect_line 8 "reader fetch" 40)
+  [[ $got == "fetched "*" $v $digest "* ]] || fail "reader under test ($fault): $got"
+  local ms retries stolen sources
+  read -r _ ms _ _ retries stolen sources <<< "$got"
+  ((sources == 2)) || fail "the reader used $sources holder(s), not both: nothing was tested"
+  ((retries > 0)) || fail "no read from the trainer failed over after '$fault'"
+  ((ms > 400)) || fail "the fetch ended before the fault ($ms ms): nothing was tested"
+  ((ms < limit_ms)) || fail "the fetch took $ms ms after '$fault' (limit $limit_ms ms)"
+  # The bandwidth lower bound of this fetch: S over the reader's own link.
+  local bound_ms=$((bytes * 8 / 400000))  # 400 Mbit/s = 400,000 bit/ms
+  echo "failover_smoke: '$fault' mid-fetch: the reader got version $v exactly in $ms ms;" \
+    "S/B at its 400 Mbit/s link $bound_ms ms, ratio $(awk -v a="$ms" -v b="$bound_ms" 'BEGIN { printf "%.2f", a / b }');" \
+    "$retries reads moved, $stolen by work stealing" >&2
+}
+round 1 "ip -n $prefix-h0 link set eth0 down"
+ip -n "$prefix-h0" link set eth0 up
+# The trainer lost its lease while cut off; give its heartbeat time to
+# register again before the next round.
+sleep 3
+echo "unpublish 1 10000" >&3; expect_line 4 "trainer unpublish" 20 >/dev/null
+round 2 "tc -n $prefix-h0 qdisc replace dev eth0 root tbf rate 4mbit burst 65536 latency 20ms"
+echo "failover_smoke: OK"

@@ -1,0 +1,838 @@
+// `tensorhub chaos`: a seeded fault-injection run against real processes on
+// loopback. One hub process (`tensorhub serve`), one trainer, several reader
+// processes and an auditor (all `tensorhub _chaos-worker`), each a real
+// Client with its own data-plane server. Every round the trainer unpublishes
+// its old version and publishes a new one while the readers fetch (latest or
+// an older version) and sometimes unpublish, and the driver injects faults:
+//
+//   kill-holder     SIGKILL of a worker that holds a version
+//   kill-reader     SIGKILL of a reader, usually in the middle of its fetch
+//   kill-trainer    the trainer publishes rank 0 of a group of 2 and is
+//                   SIGKILLed before rank 1 could: the version must never be
+//                   visible and must end ABORTED
+//   stop            SIGSTOP for 0.5-2.5 s, then SIGCONT (a partition: the
+//                   process neither answers reads nor renews its lease)
+//   slow            SIGSTOP/SIGCONT duty cycle (40 ms of every 60) for 1-2.5 s
+//   hub-restart     SIGKILL of the hub, a new hub on the same port 0.2-1 s later
+//   hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts connections
+//                   but answers nothing; every call must still keep its deadline
+//
+// After each round it checks:
+//   * every fetch that succeeded returned exactly the published bytes (the
+//     content of version V is derived from (seed, V), so the driver knows its
+//     digest without a copy), and never a version that was aborted;
+//   * every committed version that a live worker holds can be fetched by the
+//     auditor once the faults are over (after a hub restart too: the hub
+//     rebuilds its table from the workers);
+//   * no call outlived its deadline: each worker measures its own calls, and a
+//     call may exceed its timeout only by a fixed slack plus the time its own
+//     process was stopped; a call that never answers is a violation.
+// The schedule (which fault, when, on whom, how long) is drawn from the seed
+// before each round, so a failing seed replays the same schedule (thread
+// timing on a loaded machine still varies).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <condition_variable>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cli_util.h"
+#include "common/log.h"
+#include "demo_model.h"
+#include "subprocess.h"
+
+namespace tensorhub::cli {
+namespace {
+
+constexpr char kModel[] = "chaos-model";
+constexpr int64_t kFetchTimeoutMs = 6000;
+constexpr int64_t kPublishTimeoutMs = 5000;
+constexpr int64_t kUnpublishTimeoutMs = 4000;
+// Allowed beyond a call's own timeout: scheduling on a loaded 2-core machine.
+constexpr int64_t kSlackMs = 1500;
+// The longest a fault keeps a process stopped.
+constexpr int64_t kMaxFaultMs = 2500;
+// How long the auditor keeps trying after a round (the hub may be rebuilding
+// its table, a stopped holder renewing its lease).
+constexpr int64_t kSettleMs = 20000;
+
+// The processes this run started, so that an interrupted run (SIGINT,
+// SIGTERM) leaves none behind: workers end on their own when their stdin
+// closes, but the hub waits for a signal and a stopped worker would stay
+// stopped. Slots are cleared once a process is reaped (its pid may be reused).
+constexpr int kMaxTracked = 128;
+std::atomic<pid_t> g_children[kMaxTracked];
+
+void Track(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t empty = 0;
+    if (slot.compare_exchange_strong(empty, pid)) return;
+  }
+}
+
+void Untrack(pid_t pid) {
+  for (auto& slot : g_children) {
+    pid_t want = pid;
+    if (slot.compare_exchange_strong(want, 0)) return;
+  }
+}
+
+extern "C" void KillChildrenAndExit(int sig) {
+  for (auto& slot : g_children) {
+    pid_t pid = slot.load();
+    if (pid > 0) {
+      ::kill(pid, SIGCONT);
+      ::kill(pid, SIGKILL);
+    }
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+std::vector<TensorSpec> ChaosLayout(uint64_t bytes) {
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 16; ++i) specs.push_back({"norm." + std::to_string(i), DType::kBF16, {512}});
+  uint64_t left = bytes > 16 * 1024 ? bytes - 16 * 1024 : 2;
+  for (int i = 0; left >= 2; ++i) {
+    uint64_t n = std::min<uint64_t>(left, 1ull << 20) / 2;
+    specs.push_back({"w." + std::to_string(i), DType::kBF16, {n}});
+    left -= n * 2;
+  }
+  return specs;
+}
+
+// The content of version `v` in a run of `seed`.
+uint64_t ContentKey(uint64_t seed, uint64_t v) { return seed * 0x9E3779B97F4A7C15ull + v; }
+
+std::vector<std::string> Words(const std::string& line) {
+  std::istringstream in(line);
+  std::vector<std::string> w;
+  for (std::string s; in >> s;) w.push_back(s);
+  return w;
+}
+
+// ---------------------------------------------------------------------------
+// The worker process. Every reply starts with its word and the call's time:
+//   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE: message
+//   unpublish V TIMEOUT_MS               -> ok MS | error MS ...
+//   fetch V|latest TIMEOUT_MS SERVE      -> fetched MS V DIGEST RETRIES STOLEN SOURCES
+//                                           | error MS ...
+//   describe V                           -> state MS NAME | error MS ...
+int RunChaosWorker(const Args& args) {
+  std::string name = args.Get("name", "worker");
+  SetLogPrefix(name.c_str());
+  auto bytes = args.GetU64("bytes", 4 << 20);
+  auto chunk = args.GetU64("chunk-bytes", 64 << 10);
+  auto seed = args.GetU64("seed", 1);
+  if (!bytes.ok() || !chunk.ok() || !seed.ok()) return Fail(InvalidArgument("bad flags"));
+  SyntheticModel model(ChaosLayout(*bytes));
+  ClientOptions o;
+  o.hub_address = args.Get("hub");
+  o.name = name;
+  o.heartbeat_interval_ms = 200;
+  o.rpc_timeout_ms = 1000;
+  o.connect_timeout_ms = 20000;
+  o.data_listen_address = args.Get("data-listen", "127.0.0.1:0");
+  auto client = Client::Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  Reply("ready");
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::vector<std::string> w = Words(line);
+    if (w.empty()) continue;
+    int64_t t0 = NowMs();
+    auto ms = [&] { return std::to_string(NowMs() - t0); };
+    auto error = [&](const Status& s) { Reply("error " + ms() + " " + s.ToString()); };
+    if (w[0] == "publish" && w.size() == 5) {
+      uint64_t v = std::stoull(w[1]);
+      model.Fill(ContentKey(*seed, v));
+      PublishOptions po;
+      po.rank = static_cast<uint32_t>(std::stoul(w[2]));
+      po.group_size = static_cast<uint32_t>(std::stoul(w[3]));
+      po.timeout_ms = std::stoll(w[4]);
+      po.chunk_bytes = *chunk;
+      Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
+      s.ok() ? Reply("ok " + ms() + " " + Hex(model.Digest())) : error(s);
+    } else if (w[0] == "unpublish" && w.size() == 3) {
+      Status s = (*client)->Unpublish(kModel, Version(std::stoull(w[1])), std::stoll(w[2]));
+      s.ok() ? Reply("ok " + ms()) : error(s);
+    } else if (w[0] == "fetch" && w.size() == 4) {
+      FetchOptions fo;
+      fo.timeout_ms = std::stoll(w[2]);
+      fo.serve = w[3] == "1";
+      Version v = w[1] == "latest" ? Version::Latest() : Version(std::stoull(w[1]));
+      auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+      st.ok() ? Reply("fetched " + ms() + " " + std::to_string(st->version.value()) + " " +
+                      Hex(model.Digest()) + " " + std::to_string(st->chunk_retries) + " " +
+                      std::to_string(st->chunks_stolen) + " " + std::to_string(st->sources_used))
+              : error(st.status());
+    } else if (w[0] == "describe" && w.size() == 2) {
+      auto info = (*client)->Describe(kModel, Version(std::stoull(w[1])));
+      info.ok() ? Reply("state " + ms() + " " + std::string(VersionStateName(info->state)))
+                : error(info.status());
+    } else {
+      Reply("error 0 INVALID_ARGUMENT: unknown command '" + line + "'");
+    }
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// The driver.
+
+enum Fault {
+  kKillHolder,
+  kKillReader,
+  kKillTrainer,
+  kStop,
+  kSlow,
+  kHubRestart,
+  kHubStop,
+  kNumFaults
+};
+const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer", "stop",
+                                   "slow",        "hub-restart", "hub-stop"};
+
+struct Proc {
+  std::string name;
+  bool reader = true;
+  std::unique_ptr<Subprocess> sub;
+  std::atomic<bool> killed{false};
+  std::atomic<int64_t> stopped_ms{0};  // total time it was kept stopped
+  std::mutex mu;                       // guards holds
+  std::optional<uint64_t> holds;       // committed version it serves
+  // A version whose unpublish ran out of time: fenced (no longer served),
+  // still draining; the trainer unpublishes it again before publishing.
+  std::optional<uint64_t> draining;  // trainer thread only
+};
+
+struct Reply_ {
+  bool answered = false;
+  std::vector<std::string> words;
+  int64_t call_ms = 0;
+};
+
+class Chaos {
+ public:
+  Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose)
+      : seed_(seed), rounds_(rounds), num_readers_(readers), bytes_(bytes), rng_(seed) {
+    env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
+  }
+
+  int Run() {
+    int64_t t0 = NowMs();
+    port_ = PickPort();
+    hub_address_ = "127.0.0.1:" + std::to_string(port_);
+    if (!StartHub()) return 1;
+    trainer_ = Spawn(false);
+    auditor_ = Spawn(true, "auditor");
+    for (int i = 0; i < num_readers_; ++i) readers_.push_back(Spawn(true));
+    if (!trainer_->sub || !auditor_->sub) return Fatal("could not start the workers");
+    for (int r = 1; r <= rounds_; ++r) {
+      round_ = r;
+      RunRound();
+      Audit();
+      if (r % 10 == 0 || r == rounds_) {
+        std::printf("chaos: round %d/%d, %d faults, %d violations (%.0f s)\n", r, rounds_,
+                    TotalFaults(), violations_.load(), (NowMs() - t0) / 1000.0);
+        std::fflush(stdout);
+      }
+    }
+    Shutdown();
+    PrintSummary((NowMs() - t0) / 1000.0);
+    return violations_.load() == 0 ? 0 : 1;
+  }
+
+ private:
+  int Fatal(const std::string& why) {
+    std::fprintf(stderr, "chaos: %s\n", why.c_str());
+    Shutdown();
+    return 1;
+  }
+
+  void Violation(const std::string& what) {
+    ++violations_;
+    std::lock_guard<std::mutex> l(print_mu_);
+    std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_, round_, what.c_str());
+    std::fflush(stdout);
+  }
+
+  static int PickPort() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+  }
+
+  static bool Listening(int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    return ok;
+  }
+
+  bool StartHub() {
+    auto hub = Subprocess::Spawn({"serve", "--listen", hub_address_, "--lease-ms", "2000"}, env_);
+    if (!hub.ok()) {
+      Violation("hub did not start: " + hub.status().ToString());
+      return false;
+    }
+    if (hub_) Untrack(hub_->pid());
+    hub_ = std::make_unique<Subprocess>(std::move(hub).value());
+    Track(hub_->pid());
+    Deadline d = Deadline::AfterMs(15000);
+    while (!d.expired()) {
+      if (Listening(port_)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    Violation("hub did not listen within 15 s");
+    return false;
+  }
+
+  std::unique_ptr<Proc> Spawn(bool reader, std::string name = "") {
+    auto p = std::make_unique<Proc>();
+    p->reader = reader;
+    p->name = name.empty() ? (reader ? "reader-" : "trainer-") + std::to_string(++spawned_) : name;
+    auto sub = Subprocess::Spawn(
+        {"_chaos-worker", "--hub", hub_address_, "--bytes", std::to_string(bytes_), "--seed",
+         std::to_string(seed_), "--name", p->name},
+        env_);
+    if (!sub.ok()) {
+      Violation("could not start " + p->name + ": " + sub.status().ToString());
+      return p;
+    }
+    p->sub = std::make_unique<Subprocess>(std::move(sub).value());
+    Track(p->sub->pid());
+    auto ready = p->sub->ReadLine(Deadline::AfterMs(30000));
+    if (!ready.ok() || *ready != "ready") {
+      Violation(p->name + " did not come up: " + (ready.ok() ? *ready : ready.status().ToString()));
+      p->sub.reset();
+    }
+    return p;
+  }
+
+  // Sends one command and waits for its reply; checks the call's time.
+  Reply_ Call(Proc& p, const std::string& cmd, int64_t timeout_ms) {
+    Reply_ r;
+    if (!p.sub || p.killed.load()) return r;
+    int64_t stopped0 = p.stopped_ms.load();
+    if (!p.sub->Send(cmd).ok()) return r;
+    // The driver's own bound: the worker's deadline, the slack, and the
+    // longest its process can be stopped by one fault, twice.
+    auto line = p.sub->ReadLine(Deadline::AfterMs(timeout_ms + kSlackMs + 2 * kMaxFaultMs));
+    if (!line.ok()) {
+      if (!p.killed.load()) {
+        Violation(p.name + ": '" + cmd + "' did not answer (" + line.status().ToString() + ")");
+      }
+      return r;
+    }
+    r.answered = true;
+    r.words = Words(*line);
+    if (r.words.size() < 2) {
+      Violation(p.name + ": bad reply '" + *line + "' to '" + cmd + "'");
+      r.answered = false;
+      return r;
+    }
+    r.call_ms = std::stoll(r.words[1]);
+    int64_t allowed = timeout_ms + kSlackMs + (p.stopped_ms.load() - stopped0);
+    {
+      std::lock_guard<std::mutex> l(stats_mu_);
+      max_over_ms_ = std::max(max_over_ms_, r.call_ms - timeout_ms);
+    }
+    if (r.call_ms > allowed) {
+      Violation(p.name + ": '" + cmd + "' took " + std::to_string(r.call_ms) + " ms, deadline " +
+                std::to_string(timeout_ms) + " ms (+" + std::to_string(allowed - timeout_ms) +
+                " allowed): " + *line);
+    }
+    if (r.words[0] == "error") {
+      std::lock_guard<std::mutex> l(stats_mu_);
+      ++errors_by_code_[r.words.size() > 2 ? r.words[2] : "?"];
+    }
+    return r;
+  }
+
+  uint64_t ExpectedDigest(uint64_t v) {
+    std::lock_guard<std::mutex> l(digest_mu_);
+    auto it = digests_.find(v);
+    if (it != digests_.end()) return it->second;
+    SyntheticModel m(ChaosLayout(bytes_));
+    m.Fill(ContentKey(seed_, v));
+    return digests_[v] = m.Digest();
+  }
+
+  // Checks a "fetched MS V DIGEST ..." reply; returns the version or nullopt.
+  std::optional<uint64_t> CheckFetched(const Proc& p, const Reply_& r) {
+    if (r.words.size() < 4) {
+      Violation(p.name + ": bad fetch reply");
+      return std::nullopt;
+    }
+    uint64_t v = std::stoull(r.words[2]);
+    if (r.words[3] != Hex(ExpectedDigest(v))) {
+      Violation(p.name + " fetched version " + std::to_string(v) + " with digest " + r.words[3] +
+                ", published " + Hex(ExpectedDigest(v)));
+    }
+    std::lock_guard<std::mutex> l(stats_mu_);
+    if (aborted_.count(v)) {
+      Violation(p.name + " fetched version " + std::to_string(v) +
+                " whose trainer died before commit");
+    }
+    return v;
+  }
+
+  void SetHolds(Proc& p, std::optional<uint64_t> v) {
+    std::lock_guard<std::mutex> l(p.mu);
+    p.holds = v;
+  }
+
+  struct Plan {
+    std::vector<std::pair<Fault, int64_t>> faults;  // kind, start (ms into the round)
+    std::vector<int64_t> reader_delay_ms;
+    std::vector<int> reader_pick;  // 0 latest, 1 an older held version
+    std::vector<bool> reader_unpublish;
+    std::vector<uint64_t> targets;   // raw draws for picking victims
+    std::vector<int64_t> durations;  // per fault
+    bool trainer_group = false;
+  };
+
+  Plan Draw() {
+    Plan p;
+    int n = 1 + static_cast<int>(rng_() % 3 == 0);
+    for (int i = 0; i < n; ++i) {
+      Fault f = static_cast<Fault>(rng_() % kNumFaults);
+      if (f == kKillTrainer) p.trainer_group = true;
+      p.faults.push_back({f, static_cast<int64_t>(rng_() % 400)});
+      p.targets.push_back(rng_());
+      p.durations.push_back(500 + static_cast<int64_t>(rng_() % (kMaxFaultMs - 500)));
+    }
+    std::sort(p.faults.begin(), p.faults.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    for (int i = 0; i < num_readers_; ++i) {
+      p.reader_delay_ms.push_back(static_cast<int64_t>(rng_() % 300));
+      p.reader_pick.push_back(rng_() % 5 == 0 ? 1 : 0);
+      p.reader_unpublish.push_back(rng_() % 6 == 0);
+    }
+    return p;
+  }
+
+  std::vector<std::pair<uint64_t, std::string>> HeldVersions() {
+    std::vector<std::pair<uint64_t, std::string>> out;
+    auto add = [&](Proc& p) {
+      std::lock_guard<std::mutex> l(p.mu);
+      if (p.sub && !p.killed.load() && p.holds) out.push_back({*p.holds, p.name});
+    };
+    add(*trainer_);
+    for (auto& r : readers_) add(*r);
+    return out;
+  }
+
+  void TrainerTraffic(bool group) {
+    Proc& t = *trainer_;
+    std::optional<uint64_t> held;
+    {
+      std::lock_guard<std::mutex> l(t.mu);
+      held = t.holds;
+    }
+    if (!held) held = t.draining;
+    if (held) {
+      Reply_ r =
+          Call(t, "unpublish " + std::to_string(*held) + " " + std::to_string(kUnpublishTimeoutMs),
+               kUnpublishTimeoutMs);
+      Count(r, &unpublish_ok_, &unpublish_failed_);
+      // Refused or not, the registration is fenced: it serves no more.
+      SetHolds(t, std::nullopt);
+      if (!r.answered || r.words[0] != "ok") {
+        t.draining = held;  // publishing into it would be refused
+        return;
+      }
+      t.draining.reset();
+    }
+    uint64_t v = ++next_version_;
+    Reply_ r = Call(t,
+                    "publish " + std::to_string(v) + " 0 " + (group ? "2 " : "1 ") +
+                        std::to_string(kPublishTimeoutMs),
+                    kPublishTimeoutMs);
+    Count(r, &publish_ok_, &publish_failed_);
+    if (r.answered && r.words[0] == "ok") {
+      if (group) {
+        std::lock_guard<std::mutex> l(stats_mu_);
+        aborted_.insert(v);
+        pending_published_ = true;
+        pending_cv_.notify_all();
+      } else {
+        SetHolds(t, v);
+      }
+    }
+  }
+
+  void ReaderTraffic(Proc& p, int64_t delay_ms, int pick, bool unpublish,
+                     std::optional<uint64_t> older) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    std::string which = pick == 1 && older ? std::to_string(*older) : "latest";
+    std::optional<uint64_t> held;
+    {
+      std::lock_guard<std::mutex> l(p.mu);
+      held = p.holds;
+      p.holds.reset();  // the fetch unpublishes what the buffer served
+    }
+    Reply_ r =
+        Call(p, "fetch " + which + " " + std::to_string(kFetchTimeoutMs) + " 1", kFetchTimeoutMs);
+    Count(r, &fetch_ok_, &fetch_failed_, "fetched");
+    if (!r.answered) return;
+    if (r.words[0] == "fetched") {
+      std::optional<uint64_t> v = CheckFetched(p, r);
+      SetHolds(p, v);
+      if (unpublish && v) {
+        Reply_ u =
+            Call(p, "unpublish " + std::to_string(*v) + " " + std::to_string(kUnpublishTimeoutMs),
+                 kUnpublishTimeoutMs);
+        Count(u, &unpublish_ok_, &unpublish_failed_);
+        SetHolds(p, std::nullopt);  // fenced even if the drain ran out of time
+      }
+    }
+    (void)held;
+  }
+
+  void Count(const Reply_& r, std::atomic<int>* ok, std::atomic<int>* failed,
+             const char* ok_word = "ok") {
+    if (!r.answered) {
+      ++calls_lost_to_kill_;
+    } else if (r.words[0] == ok_word) {
+      ++*ok;
+    } else {
+      ++*failed;
+    }
+  }
+
+  Proc* PickTarget(uint64_t draw, bool holders_only) {
+    std::vector<Proc*> c;
+    auto consider = [&](Proc& p) {
+      if (!p.sub || p.killed.load()) return;
+      std::lock_guard<std::mutex> l(p.mu);
+      if (!holders_only || p.holds) c.push_back(&p);
+    };
+    consider(*trainer_);
+    for (auto& r : readers_) consider(*r);
+    if (c.empty()) return nullptr;
+    return c[draw % c.size()];
+  }
+
+  void Kill(Proc& p) {
+    p.killed.store(true);
+    ::kill(p.sub->pid(), SIGCONT);  // a stopped process dies only once it runs
+    ::kill(p.sub->pid(), SIGKILL);
+  }
+
+  void StopFor(Proc& p, int64_t ms, bool duty_cycle) {
+    Deadline d = Deadline::AfterMs(ms);
+    while (!d.expired() && !p.killed.load()) {
+      int64_t t = NowMs();
+      ::kill(p.sub->pid(), SIGSTOP);
+      int64_t stop = duty_cycle ? 40 : std::max<int64_t>(d.remaining_ms(), 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(stop));
+      ::kill(p.sub->pid(), SIGCONT);
+      p.stopped_ms += NowMs() - t;
+      if (duty_cycle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  void Inject(Fault f, uint64_t draw, int64_t duration_ms) {
+    switch (f) {
+      case kKillHolder:
+      case kStop:
+      case kSlow: {
+        Proc* p = PickTarget(draw, /*holders_only=*/true);
+        if (p == nullptr) p = PickTarget(draw, false);
+        if (p == nullptr) return;
+        ++faults_[f];
+        if (f == kKillHolder) {
+          Kill(*p);
+        } else {
+          StopFor(*p, duration_ms, f == kSlow);
+        }
+        return;
+      }
+      case kKillReader: {
+        Proc& p = *readers_[draw % readers_.size()];
+        if (!p.sub || p.killed.load()) return;
+        ++faults_[f];
+        Kill(p);
+        return;
+      }
+      case kKillTrainer: {
+        // Wait for rank 0 of the group to be published, then kill it.
+        std::unique_lock<std::mutex> l(stats_mu_);
+        pending_cv_.wait_for(l, std::chrono::milliseconds(kPublishTimeoutMs + kSlackMs),
+                             [&] { return pending_published_; });
+        if (!pending_published_) return;
+        l.unlock();
+        ++faults_[f];
+        Kill(*trainer_);
+        return;
+      }
+      case kHubRestart: {
+        ++faults_[f];
+        ::kill(hub_->pid(), SIGKILL);
+        hub_->Stop(1000);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200 + duration_ms % 800));
+        StartHub();
+        return;
+      }
+      case kHubStop: {
+        ++faults_[f];
+        ::kill(hub_->pid(), SIGSTOP);
+        std::this_thread::sleep_for(std::chrono::milliseconds(duration_ms));
+        ::kill(hub_->pid(), SIGCONT);
+        return;
+      }
+      case kNumFaults:
+        return;
+    }
+  }
+
+  void RunRound() {
+    Plan plan = Draw();
+    {
+      std::lock_guard<std::mutex> l(stats_mu_);
+      pending_published_ = false;
+    }
+    std::vector<std::pair<uint64_t, std::string>> held = HeldVersions();
+    std::vector<std::thread> traffic;
+    traffic.emplace_back([this, g = plan.trainer_group] { TrainerTraffic(g); });
+    for (int i = 0; i < num_readers_; ++i) {
+      std::optional<uint64_t> older;
+      if (!held.empty()) older = held[plan.targets[0] % held.size()].first;
+      traffic.emplace_back([this, i, &plan, older] {
+        ReaderTraffic(*readers_[i], plan.reader_delay_ms[i], plan.reader_pick[i],
+                      plan.reader_unpublish[i], older);
+      });
+    }
+    int64_t start = NowMs();
+    for (size_t i = 0; i < plan.faults.size(); ++i) {
+      int64_t wait = plan.faults[i].second - (NowMs() - start);
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+      Inject(plan.faults[i].first, plan.targets[i], plan.durations[i]);
+    }
+    for (std::thread& t : traffic) t.join();
+    if (plan.trainer_group && !trainer_->killed.load() && trainer_->sub) {
+      // The kill did not happen (the publish failed or came too late): end
+      // the group's version the ordinary way, which aborts it too.
+      Reply_ r = Call(
+          *trainer_,
+          "unpublish " + std::to_string(next_version_) + " " + std::to_string(kUnpublishTimeoutMs),
+          kUnpublishTimeoutMs);
+      Count(r, &unpublish_ok_, &unpublish_failed_);
+    }
+    // Replace what was killed (a fresh process holds nothing).
+    if (trainer_->killed.load()) {
+      trainer_->sub->Stop(1000);
+      Untrack(trainer_->sub->pid());
+      trainer_ = Spawn(false);
+    }
+    for (auto& r : readers_) {
+      if (r->killed.load()) {
+        r->sub->Stop(1000);
+        Untrack(r->sub->pid());
+        r = Spawn(true);
+      }
+    }
+    for (Proc* p : std::vector<Proc*>{trainer_.get(), auditor_.get()}) {
+      if (!p->sub) Violation("a worker could not be restarted");
+    }
+  }
+
+  // After the faults: every committed version a live worker holds is
+  // fetchable with the right bytes; every aborted version stays invisible.
+  void Audit() {
+    std::map<uint64_t, std::vector<std::string>> held;
+    for (auto& [v, who] : HeldVersions()) held[v].push_back(who);
+    Deadline settle = Deadline::AfterMs(kSettleMs);
+    for (auto& [v, who] : held) {
+      std::string last;
+      bool ok = false;
+      while (!ok && !settle.expired()) {
+        Reply_ r = Call(*auditor_, "fetch " + std::to_string(v) + " 8000 0", 8000);
+        if (!r.answered) break;
+        if (r.words[0] == "fetched") {
+          CheckFetched(*auditor_, r);
+          ok = true;
+        } else {
+          last.clear();
+          for (size_t i = 2; i < r.words.size(); ++i) last += r.words[i] + " ";
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+      }
+      if (ok) {
+        ++audits_ok_;
+      } else {
+        std::string names;
+        for (auto& n : who) names += n + " ";
+        Violation("committed version " + std::to_string(v) + " held by live " + names +
+                  "could not be fetched within " + std::to_string(kSettleMs) + " ms: " + last);
+      }
+    }
+    std::set<uint64_t> aborted;
+    {
+      std::lock_guard<std::mutex> l(stats_mu_);
+      aborted = aborted_;
+    }
+    for (uint64_t v : aborted) {
+      if (audited_aborted_.count(v)) continue;
+      std::string state;
+      while (!settle.expired()) {
+        Reply_ r = Call(*auditor_, "describe " + std::to_string(v), 1000);
+        if (!r.answered) break;
+        state = r.words.size() > 2 ? r.words[2] : "?";
+        // Still pending (the lease of the dead rank has not run out), or the
+        // hub not answering yet (restarting, stopped): ask again.
+        if ((r.words[0] == "state" && state == "PENDING") ||
+            (r.words[0] == "error" && (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          continue;
+        }
+        break;
+      }
+      // Aborted, or forgotten by a restarted hub (NOT_FOUND): never visible.
+      if (state != "ABORTED" && state != "NOT_FOUND:") {
+        Violation("version " + std::to_string(v) + " whose trainer died before commit is '" +
+                  state + "', not aborted");
+      }
+      Reply_ f = Call(*auditor_, "fetch " + std::to_string(v) + " 2000 0", 2000);
+      if (f.answered && f.words[0] == "fetched") {
+        Violation("version " + std::to_string(v) + " whose trainer died before commit was fetched");
+      } else if (f.answered) {
+        ++aborted_refused_;
+      }
+      audited_aborted_.insert(v);
+    }
+  }
+
+  int TotalFaults() const {
+    int n = 0;
+    for (const auto& f : faults_) n += f.load();
+    return n;
+  }
+
+  void Shutdown() {
+    auto stop = [](std::unique_ptr<Proc>& p) {
+      if (p && p->sub) p->sub->Stop(3000);
+    };
+    stop(trainer_);
+    stop(auditor_);
+    for (auto& r : readers_) stop(r);
+    if (hub_) hub_->Stop(3000);
+  }
+
+  void PrintSummary(double seconds) {
+    std::printf("chaos: seed %" PRIu64 ", %d rounds, %d readers, %s per version, %.0f s\n", seed_,
+                rounds_, num_readers_, FormatBytes(bytes_).c_str(), seconds);
+    std::printf("chaos: faults %d:", TotalFaults());
+    for (int f = 0; f < kNumFaults; ++f) std::printf(" %s %d", kFaultNames[f], faults_[f].load());
+    std::printf("\n");
+    std::printf(
+        "chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed cleanly %d; "
+        "unpublishes ok %d, failed cleanly %d; calls cut by a kill %d\n",
+        fetch_ok_.load(), fetch_failed_.load(), publish_ok_.load(), publish_failed_.load(),
+        unpublish_ok_.load(), unpublish_failed_.load(), calls_lost_to_kill_.load());
+    std::printf(
+        "chaos: audits: %d held versions fetched after their round, %d aborted "
+        "versions refused\n",
+        audits_ok_, aborted_refused_);
+    std::printf("chaos: clean failures by code:");
+    for (auto& [code, n] : errors_by_code_) std::printf(" %s %d", code.c_str(), n);
+    std::printf("\nchaos: longest call beyond its deadline %" PRId64 " ms (allowed %" PRId64
+                " ms + time its process was stopped)\n",
+                std::max<int64_t>(max_over_ms_, 0), kSlackMs);
+    std::printf("chaos: violations %d\n", violations_.load());
+    std::fflush(stdout);
+  }
+
+  const uint64_t seed_;
+  const int rounds_;
+  const int num_readers_;
+  const uint64_t bytes_;
+  std::mt19937_64 rng_;
+  std::vector<std::string> env_;
+  int port_ = 0;
+  std::string hub_address_;
+  std::unique_ptr<Subprocess> hub_;
+  std::unique_ptr<Proc> trainer_, auditor_;
+  std::vector<std::unique_ptr<Proc>> readers_;
+  int spawned_ = 0;
+  int round_ = 0;
+  uint64_t next_version_ = 0;
+
+  std::atomic<int> violations_{0};
+  std::atomic<int> faults_[kNumFaults] = {};
+  std::atomic<int> fetch_ok_{0}, fetch_failed_{0}, publish_ok_{0}, publish_failed_{0};
+  std::atomic<int> unpublish_ok_{0}, unpublish_failed_{0}, calls_lost_to_kill_{0};
+  int audits_ok_ = 0, aborted_refused_ = 0;
+  std::set<uint64_t> audited_aborted_;
+
+  std::mutex stats_mu_;
+  std::condition_variable pending_cv_;
+  bool pending_published_ = false;             // guarded by stats_mu_
+  std::set<uint64_t> aborted_;                 // guarded by stats_mu_
+  std::map<std::string, int> errors_by_code_;  // guarded by stats_mu_
+  int64_t max_over_ms_ = 0;                    // guarded by stats_mu_
+  std::mutex digest_mu_;
+  std::map<uint64_t, uint64_t> digests_;  // guarded by digest_mu_
+  std::mutex print_mu_;
+};
+
+}  // namespace
+
+int CmdChaosWorker(int argc, char** argv) {
+  auto args =
+      ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
+  if (!args.ok()) return Fail(args.status());
+  return RunChaosWorker(*args);
+}
+
+int CmdChaos(int argc, char** argv) {
+  auto args = ParseArgs(argc, argv, 2, {"seed", "rounds", "readers", "bytes"}, {"verbose"});
+  if (!args.ok()) return Fail(args.status());
+  auto seed = args->GetU64("seed", 1);
+  auto rounds = args->GetU64("rounds", 30);
+  auto readers = args->GetU64("readers", 4);
+  auto bytes = ParseBytes(args->Get("bytes", "4MiB"));
+  if (!seed.ok() || !rounds.ok() || !readers.ok() || !bytes.ok()) {
+    return Fail(InvalidArgument("--seed, --rounds, --readers, --bytes take numbers"));
+  }
+  if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 || *bytes < (64 << 10) ||
+      *bytes > (1ull << 30)) {
+    return Fail(
+        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], --bytes in [64KiB, 1GiB]"));
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, KillChildrenAndExit);
+  ::signal(SIGTERM, KillChildrenAndExit);
+  SetLogPrefix("chaos");
+  Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers), *bytes,
+              args->Has("verbose"));
+  return chaos.Run();
+}
+
+}  // namespace tensorhub::cli
