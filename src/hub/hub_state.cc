@@ -798,10 +798,11 @@ Result<std::vector<HolderView>> HubState::Schedule(
   // Coverage: a trainer rank holds one part, so the sources chosen so far
   // may miss parts, and a reader must never be left without a source for a
   // chunk that some holder has. Each part that none of them holds gets its
-  // best holder by the same ranking (nearest, then least busy, then latest
-  // joined): that rank's worker, or the best holder of every chunk if it
-  // ranks first (which then covers the rest). A group of G ranks may thus
-  // give up to max_sources + G - 1 sources. O(G log N).
+  // best holder by the same ranking as best_of: that rank's worker, or the
+  // best holder of every chunk if it ranks first (which then covers the
+  // rest). A group of G ranks may thus give up to max_sources + G - 1
+  // sources. O(G log N), plus O(G) rank holders skipped in the search for a
+  // holder of every chunk.
   auto holds_all = [&](const WorkerId& id) {
     return !v.refs.at(id).rank.has_value();
   };
@@ -847,7 +848,7 @@ Result<std::vector<HolderView>> HubState::Schedule(
         break;
       }
       // No holder but the reader or excluded ones has this part: the
-      // reader's fetcher asks again once its other sources are done.
+      // reader's fetcher asks again when it finds no source for a chunk.
       if (part != nullptr) chosen.push_back(part->worker);
     }
   }
