@@ -103,7 +103,7 @@ constexpr uint64_t kMaxFailedFetches = 10000;
 // uplinks are oversubscribed.
 hub::HubConfig HubConfigFor(const WorkloadConfig& c) {
   hub::HubConfig config;
-  config.racks_oversubscribed = c.cluster.rack_oversub > 1;
+  config.racks_oversubscribed = c.cluster.rack_oversub > 1 && !c.hub_idle_first;
   return config;
 }
 
