@@ -36,7 +36,11 @@ for n in sizes:
 
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for system, ys in series.items():
-    ax.plot(sizes, ys, marker="o", label=system)
+    # TensorHub and the ring may coincide: draw TensorHub last, hollow.
+    if system != "tensorhub":
+        ax.plot(sizes, ys, marker="o", label=system)
+ax.plot(sizes, series["tensorhub"], marker="o", markerfacecolor="none",
+        markersize=10, linestyle="--", color="black", label="tensorhub")
 ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("GPUs (half trainer, half rollout; 70B bf16, TP=8)")

@@ -128,6 +128,52 @@ TEST_F(HubTest, GroupCommitIsAtomicAndUncommittedFetchFailsCleanly) {
   EXPECT_EQ(std::memcmp(dst.tensors()[1].data, p1.tensors()[0].data, 12000), 0);
 }
 
+// A group of more ranks than a reader's max_sources (4 by default): each
+// rank holds one part, and a reader with default options must still get a
+// source for every part (it once got the same 4 ranks on every call and
+// waited for the rest until its deadline).
+TEST_F(HubTest, GroupOfMoreRanksThanMaxSourcesIsFetchedWhole) {
+  constexpr uint32_t kRanks = 6;
+  std::vector<std::unique_ptr<Client>> ranks;
+  std::vector<std::unique_ptr<SyntheticModel>> parts;
+  std::vector<TensorSpec> all;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    // Parts of different sizes, several chunks each.
+    std::vector<TensorSpec> spec = {
+        {"layer" + std::to_string(r) + ".w", DType::kF32, {3000 + 700 * r}}};
+    all.push_back(spec[0]);
+    parts.push_back(std::make_unique<SyntheticModel>(spec));
+    parts.back()->Fill(20 + r);
+    ranks.push_back(NewClient("rank" + std::to_string(r)));
+    PublishOptions o;
+    o.group_size = kRanks;
+    o.rank = r;
+    o.chunk_bytes = kMinChunkBytes;
+    ASSERT_TRUE(ranks.back()
+                    ->Publish("g", Version(1), parts.back()->tensors(), o)
+                    .ok());
+  }
+  auto check = [&](const SyntheticModel& dst) {
+    for (uint32_t r = 0; r < kRanks; ++r) {
+      const TensorRef& want = parts[r]->tensors()[0];
+      ASSERT_EQ(std::memcmp(dst.tensors()[r].data, want.data, want.bytes), 0)
+          << "part " << r;
+    }
+  };
+  auto reader = NewClient("reader");
+  SyntheticModel dst(all);
+  auto st = reader->Fetch("g", Version(1), dst.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->sources_used, kRanks);  // every rank served its own part
+  check(dst);
+  // A second reader reads it all from the first (idle, holds every chunk).
+  auto reader2 = NewClient("reader2");
+  SyntheticModel dst2(all);
+  st = reader2->Fetch("g", Version(1), dst2.tensors());
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  check(dst2);
+}
+
 TEST_F(HubTest, RankLeavingBeforeCommitAbortsTheVersion) {
   auto r0 = NewClient("rank0");
   SyntheticModel p0({{"w", DType::kF32, {1000}}});

@@ -7,7 +7,8 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest"}, {});
+  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest"},
+                        {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
@@ -17,6 +18,7 @@ int CmdServe(int argc, char** argv) {
     return Fail(InvalidArgument("--lease-ms must be in [100, 3600000]"));
   }
   o.lease_ms = static_cast<int64_t>(*lease);
+  o.racks_oversubscribed = args->Has("oversubscribed-racks");
   auto keep = args->GetU64("keep-latest", 0);
   if (!keep.ok()) return Fail(keep.status());
   if (*keep > 1024) return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));

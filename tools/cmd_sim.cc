@@ -85,6 +85,7 @@ Status Apply(const Args& a, WorkloadConfig* c) {
   TH_RETURN_IF_ERROR(d("wan-gbit", &c->cluster.wan_gbit));
   TH_RETURN_IF_ERROR(d("efficiency", &c->cluster.efficiency));
   if (a.Has("no-rack-labels")) c->cluster.rack_labels = false;
+  if (a.Has("hub-idle-first")) c->hub_idle_first = true;
   TH_RETURN_IF_ERROR(i("rounds", &c->rounds));
   TH_RETURN_IF_ERROR(d("step-s", &c->step_s));
   TH_RETURN_IF_ERROR(i("max-sources", &c->max_sources));
@@ -103,7 +104,7 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       "tp=%d shard=%.2f GB "
       "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink "
       "%.0f GB/s, "
-      "%d nodes/rack%s, rack oversubscription %.2g%s, wan=%.0f Gbit/s, "
+      "%d nodes/rack%s, rack oversubscription %.2g%s%s, wan=%.0f Gbit/s, "
       "efficiency %.3f\n"
       "#   rounds=%d step=%.1f s arrival_spread=%.2f s max_sources=%d "
       "trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64 "\n",
@@ -115,9 +116,13 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       c.cluster.nodes_per_rack,
       c.cluster.rack_labels ? "" : " (racks not told to the hub)",
       c.cluster.rack_oversub,
-      c.cluster.rack_oversub > 0 ? "" : " (no rack limit)", c.cluster.wan_gbit,
-      c.cluster.efficiency, c.rounds, c.step_s, c.arrival_spread_s,
-      c.max_sources, c.trainer_copies, c.spot_fraction, c.seed);
+      c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
+      c.cluster.rack_oversub <= 1 ? ""
+      : c.hub_idle_first          ? " (hub not told: idle first)"
+                                  : " (hub told: nearest first)",
+      c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s,
+      c.arrival_spread_s, c.max_sources, c.trainer_copies, c.spot_fraction,
+      c.seed);
 }
 
 void CsvHeader() {
@@ -430,7 +435,8 @@ int Testbed(const Args& a, bool csv) {
 
 int CmdSim(int argc, char** argv) {
   std::vector<std::string> vf(std::begin(kValueFlags), std::end(kValueFlags));
-  Result<Args> args = ParseArgs(argc, argv, 2, vf, {"csv", "no-rack-labels"});
+  Result<Args> args =
+      ParseArgs(argc, argv, 2, vf, {"csv", "no-rack-labels", "hub-idle-first"});
   if (!args.ok()) {
     std::fprintf(stderr, "sim: %s\n", args.status().ToString().c_str());
     return 2;

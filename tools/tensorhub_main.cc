@@ -29,6 +29,7 @@ const char kUsage[] = R"(usage: tensorhub COMMAND [flags]
 
 Commands:
   serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
+         [--oversubscribed-racks]                 rack uplinks are the bottleneck
          [--keep-latest K]                        retain the latest K versions per model
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version

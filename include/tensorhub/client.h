@@ -73,7 +73,8 @@ struct FetchOptions {
   int64_t timeout_ms = 120000;
   // Parallel data-plane streams; each may go to a different holder.
   int connections = 4;
-  // At most this many holders to stripe over (the hub picks them).
+  // Holders to stripe over (the hub picks them): at most this many, plus
+  // what it takes to cover every part of a group publish of more parts.
   int max_sources = 4;
   // Serve what we fetch: each chunk as soon as it is verified (so readers
   // arriving together form a pipeline), and the whole version afterwards.

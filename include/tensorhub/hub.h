@@ -23,6 +23,10 @@ struct HubOptions {
   // Retain the latest K committed versions of every model (0: only what
   // Retain() pins). See Client::Retain.
   uint32_t keep_latest = 0;
+  // Rack uplinks are oversubscribed: readers then prefer a busy holder in
+  // their rack to an idle one in another rack (see docs/design.md,
+  // "Scheduling"). Leave false on a full-bisection fabric.
+  bool racks_oversubscribed = false;
 };
 
 class Hub {

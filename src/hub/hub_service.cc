@@ -503,6 +503,7 @@ using hub::HubServerImpl;
 Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
+  config.racks_oversubscribed = options.racks_oversubscribed;
   config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^
                        static_cast<uint64_t>(NowMs());
@@ -525,6 +526,9 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
                << options.lease_ms << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
+               << (options.racks_oversubscribed
+                       ? ", racks oversubscribed: sources nearest first"
+                       : ", sources idle first within a datacenter")
                << (options.keep_latest > 0
                        ? ", keeping the latest " +
                              std::to_string(options.keep_latest) + " retained"

@@ -538,6 +538,14 @@ std::vector<HubState::Level> HubState::LevelsFor(const VersionEntry& v,
   return out;
 }
 
+int HubState::Distance(const Labels& reader, const Labels& holder) {
+  // The levels LevelsFor walks: host, rack, datacenter, everything.
+  if (reader.datacenter != holder.datacenter) return 3;
+  if (!reader.host.empty() && reader.host == holder.host) return 0;
+  if (!reader.rack.empty() && reader.rack == holder.rack) return 1;
+  return 2;
+}
+
 HolderView HubState::ViewOf(const VersionEntry& v, const WorkerId& id) const {
   const Reference& ref = v.refs.at(id);
   const Worker& w = workers_.at(id);  // a worker's references leave with it
@@ -714,12 +722,14 @@ Result<std::vector<HolderView>> HubState::Schedule(
     return k.worker != reader && exclude.count(k.worker) == 0;
   };
   // The best usable holder of a group: the first in order. Skips only the
-  // reader and excluded holders, and jumps over filling holders that joined
-  // after the reader with one search per serving count.
-  auto first_complete =
-      [&](const std::set<HolderKey>& set) -> const HolderKey* {
+  // reader and excluded holders (and, with `full_only`, trainer ranks that
+  // hold one part), and jumps over filling holders that joined after the
+  // reader with one search per serving count.
+  auto first_complete = [&](const std::set<HolderKey>& set,
+                            bool full_only) -> const HolderKey* {
     for (const HolderKey& k : set) {
-      if (usable(k)) return &k;
+      if (usable(k) && (!full_only || !v.refs.at(k.worker).rank.has_value()))
+        return &k;
     }
     return nullptr;
   };
@@ -739,20 +749,43 @@ Result<std::vector<HolderView>> HubState::Schedule(
     }
     return nullptr;
   };
-  const HolderKey* best = nullptr;
-  const HolderSet* group = nullptr;
-  for (const Level& level : LevelsFor(v, reader_labels)) {
-    const HolderKey* c = first_complete(level.set->complete);
-    const HolderKey* f = first_filling(level.set->filling);
-    if (c == nullptr && f == nullptr) continue;
-    best = f == nullptr || (c != nullptr && *c < *f) ? c : f;
-    group = level.set;
-    break;
-  }
+  const std::vector<Level> levels = LevelsFor(v, reader_labels);
+  struct Pick {
+    const HolderKey* key = nullptr;
+    const Level* level = nullptr;
+  };
+  // The ranking: an idle holder in the reader's datacenter, nearest first;
+  // else the nearest holder, least busy first. A busy holder in the
+  // reader's rack thus ranks after an idle one elsewhere in its datacenter:
+  // every holder uploads to one reader at a time, so a reader that lands
+  // in a rack whose only holder already feeds another rack extends the
+  // pipeline instead of halving that holder's upload. Across datacenters
+  // distance still comes first, so each chunk crosses the WAN once per
+  // datacenter. With racks_oversubscribed the first pass is skipped:
+  // nearest first, since crossing a rack uplink costs more than sharing a
+  // holder's NIC there.
+  const int first_pass = config_.racks_oversubscribed ? 1 : 0;
+  auto best_of = [&](bool full_only) -> Pick {
+    for (int pass = first_pass; pass < 2; ++pass) {
+      for (const Level& level : levels) {
+        if (pass == 0 && level.distance > kDatacenterDistance) break;
+        const HolderKey* c = first_complete(level.set->complete, full_only);
+        const HolderKey* f = first_filling(level.set->filling);
+        if (c == nullptr && f == nullptr) continue;
+        const HolderKey* k = f == nullptr || (c != nullptr && *c < *f) ? c : f;
+        if (pass == 0 && k->serving > 0) continue;  // no idle one here
+        return {k, &level};
+      }
+    }
+    return {};
+  };
+  const Pick first = best_of(/*full_only=*/false);
+  const HolderKey* best = first.key;
   if (best == nullptr) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
+  const HolderSet* group = first.level->set;
   std::vector<WorkerId> chosen = {best->worker};
   // Extra stripes: idle complete holders as near as the first choice, the
   // latest joined first. Idle ones lead the group's order.
@@ -761,6 +794,63 @@ Result<std::vector<HolderView>> HubState::Schedule(
        it != group->complete.end() && it->serving == 0 && chosen.size() < want;
        ++it) {
     if (it->worker != best->worker && usable(*it)) chosen.push_back(it->worker);
+  }
+  // Coverage: a trainer rank holds one part, so the sources chosen so far
+  // may miss parts, and a reader must never be left without a source for a
+  // chunk that some holder has. Each part that none of them holds gets its
+  // best holder by the same ranking as best_of: that rank's worker, or the
+  // best holder of every chunk if it ranks first (which then covers the
+  // rest). A group of G ranks may thus give up to max_sources + G - 1
+  // sources. O(G log N), plus O(G) rank holders skipped in the search for a
+  // holder of every chunk.
+  auto holds_all = [&](const WorkerId& id) {
+    return !v.refs.at(id).rank.has_value();
+  };
+  if (std::none_of(chosen.begin(), chosen.end(), holds_all)) {
+    std::set<uint32_t> have;
+    for (const WorkerId& id : chosen) have.insert(*v.refs.at(id).rank);
+    // The best usable holder of every chunk: found once, when first needed.
+    bool searched = false;
+    Pick full;
+    const Manifest& manifest = *v.manifest;
+    for (uint32_t r = 0; r < v.group_size; ++r) {
+      if (have.count(r) > 0) continue;
+      if (manifest.chunk_base(r) == manifest.chunk_base(r + 1)) continue;
+      const HolderKey* part = nullptr;
+      int part_distance = 0;
+      if (auto rh = v.index.rank_holders.find(r);
+          rh != v.index.rank_holders.end()) {
+        const Reference& ref = v.refs.at(rh->second);
+        if (ref.filed.has_value() && usable(ref.filed->key)) {
+          part = &ref.filed->key;
+          part_distance = Distance(reader_labels, ref.filed->labels);
+        }
+      }
+      if (!searched) {
+        full = best_of(/*full_only=*/true);
+        searched = true;
+      }
+      // The same ranking as best_of: idle in the reader's datacenter (unless
+      // racks are oversubscribed), then distance, then the key.
+      auto before = [&](const HolderKey& x, int dx, const HolderKey& y,
+                        int dy) {
+        auto later = [&](const HolderKey& k, int d) {
+          return first_pass == 1 || k.serving > 0 || d > kDatacenterDistance;
+        };
+        if (later(x, dx) != later(y, dy)) return !later(x, dx);
+        if (dx != dy) return dx < dy;
+        return x < y;
+      };
+      if (full.key != nullptr &&
+          (part == nullptr ||
+           before(*full.key, full.level->distance, *part, part_distance))) {
+        chosen.push_back(full.key->worker);
+        break;
+      }
+      // No holder but the reader or excluded ones has this part: the
+      // reader's fetcher asks again when it finds no source for a chunk.
+      if (part != nullptr) chosen.push_back(part->worker);
+    }
   }
   std::vector<HolderView> out;
   std::vector<WorkerId>& assigned = v.assignments[reader];

@@ -30,6 +30,12 @@ struct HubConfig {
   size_t max_workers = 100000;
   size_t max_models = 10000;
   size_t max_dead_versions_per_model = 64;  // aborted/unavailable kept for ls
+  // How Schedule weighs a busy holder in the reader's rack against an idle
+  // one elsewhere in its datacenter. false (rack uplinks at full bisection):
+  // the idle one, so that every holder uploads to one reader at a time.
+  // true (rack uplinks oversubscribed, crossing them is the bottleneck):
+  // the busy one in the rack, nearest first.
+  bool racks_oversubscribed = false;
   // Retention: the latest `keep_latest` committed versions of every model
   // are retained without a Retain call (0: none).
   uint32_t keep_latest = 0;
@@ -169,11 +175,15 @@ class HubState {
   // least busy, then the latest to join, so that readers arriving together
   // form a pipeline (trainer -> r1 -> r2 ...) in which every holder uploads
   // to one reader at a time. Idle complete holders as near as the first
-  // choice are added as extra stripes, up to `max_sources`. `exclude`
+  // choice are added as extra stripes, up to `max_sources`. The sources
+  // cover every chunk that a usable holder has: a part of a group's version
+  // that none of them holds (trainer ranks hold one part each) adds its
+  // best holder by the same ranking, so a version of G parts may give up to
+  // max_sources + G - 1 sources. `exclude`
   // names holders that failed this reader. Calling it again replaces the
-  // reader's previous assignment. Cost: O((|exclude| + s) log N) for N
-  // holders and s distinct serving counts among filling holders (an index,
-  // not a scan; see HolderIndex).
+  // reader's previous assignment. Cost: O((|exclude| + s + G) log N) for N
+  // holders, s distinct serving counts among filling holders and G parts
+  // (an index, not a scan; see HolderIndex).
   Result<std::vector<HolderView>> Schedule(const WorkerId& reader,
                                            const std::string& model,
                                            Version version,
@@ -327,6 +337,8 @@ class HubState {
     std::map<Version, VersionEntry> versions;
     Version highest;  // highest version number ever seen
   };
+  // Distances: same host 0, same rack 1, same datacenter 2, elsewhere 3.
+  static constexpr int kDatacenterDistance = 2;
   // One topology group to search, at its distance from the reader.
   struct Level {
     const HolderSet* set;
@@ -365,6 +377,8 @@ class HubState {
   // The reader's groups, nearest first; the last one is every holder.
   static std::vector<Level> LevelsFor(const VersionEntry& v,
                                       const Labels& reader);
+  // The distance of the level in which LevelsFor(reader) finds `holder`.
+  static int Distance(const Labels& reader, const Labels& holder);
   VersionEntry* FindVersion(const std::string& model, Version version);
   static void UpdateAvailability(VersionEntry& v);
   // OK if readers may fetch the version; else the error a reader gets.

@@ -1107,6 +1107,123 @@ TEST_F(HubStateTest, ScheduleStripesOverIdleCompleteHoldersAndReleases) {
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
 }
 
+// The chunks [begin, end) that a set of sources holds, merged.
+std::vector<ChunkRange> Covered(const std::vector<HolderView>& sources) {
+  std::vector<ChunkRange> all;
+  for (const HolderView& h : sources)
+    all.insert(all.end(), h.chunks.begin(), h.chunks.end());
+  std::sort(all.begin(), all.end(),
+            [](const ChunkRange& a, const ChunkRange& b) {
+              return a.begin < b.begin;
+            });
+  std::vector<ChunkRange> out;
+  for (const ChunkRange& r : all) {
+    if (!out.empty() && r.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, r.end);
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+// A group of 8 ranks, each holding one part, and max_sources 4: the sources
+// must still cover every chunk (a reader once got the same 4 ranks on every
+// call and waited for the rest until its deadline).
+TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
+  constexpr uint32_t kRanks = 8;
+  auto g = Group("m", kRanks, 9);
+  Manifest m = ManifestOf(g);
+  const std::vector<ChunkRange> everything = {{0, m.num_chunks()}};
+  std::vector<WorkerId> ranks;
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    ranks.push_back(Register("t" + std::to_string(r),
+                             L("a", "r1", "h" + std::to_string(r))));
+    ASSERT_TRUE(Pub(ranks.back(), "m", 1, g, r).ok());
+  }
+  ASSERT_EQ(ResolveCode("m", 1), StatusCode::kOk);
+  WorkerId r1 = Register("r1", L("a", "r2", "h20"));
+  ASSERT_TRUE(hub_.AddHolder(r1, "m", Version(1), 1, m, 0, true).ok());
+  for (int call = 0; call < 3; ++call) {  // the same answer on every call
+    auto s = hub_.Schedule(r1, "m", Version(1), {}, 4);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s->size(), kRanks);  // one per part: max_sources is exceeded
+    EXPECT_EQ(Covered(*s), everything);
+  }
+  // Without rank 3 (it failed this reader) nobody has its part: the others
+  // are still given, and a retry without the exclusion covers everything.
+  auto s = hub_.Schedule(r1, "m", Version(1), {ranks[3]}, 4);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->size(), kRanks - 1);
+  uint64_t part3 = m.chunk_base(3), part4 = m.chunk_base(4);
+  EXPECT_EQ(Covered(*s),
+            (std::vector<ChunkRange>{{0, part3}, {part4, m.num_chunks()}}));
+  ASSERT_TRUE(hub_.Schedule(r1, "m", Version(1), {}, 4).ok());
+  // A second reader that joins while r1 fills reads from r1 alone: r1 will
+  // hold every chunk and is idle, so the ranks upload each part once.
+  WorkerId r2 = Register("r2", L("a", "r2", "h21"));
+  ASSERT_TRUE(hub_.AddHolder(r2, "m", Version(1), 1, m, 0, true).ok());
+  auto s2 = hub_.Schedule(r2, "m", Version(1), {}, 4);
+  ASSERT_TRUE(s2.ok());
+  ASSERT_EQ(s2->size(), 1u);
+  EXPECT_EQ((*s2)[0].worker, r1);
+  // Excluding r1, r2 falls back to the ranks, and again gets all of them.
+  auto s3 = hub_.Schedule(r2, "m", Version(1), {r1}, 4);
+  ASSERT_TRUE(s3.ok());
+  EXPECT_EQ(Covered(*s3), everything);
+  // Once r1 holds everything, a reader with max_sources 1 gets r1 and no
+  // rank: one holder of every chunk covers the version.
+  ASSERT_TRUE(hub_.AddHolder(r1, "m", Version(1), 1, m, 0, false).ok());
+  ASSERT_TRUE(hub_.Unpublish(r2, "m", Version(1), 0).ok());
+  WorkerId r3 = Register("r3", L("a", "r2", "h22"));
+  auto s4 = hub_.Schedule(r3, "m", Version(1), {}, 1);
+  ASSERT_TRUE(s4.ok());
+  ASSERT_EQ(s4->size(), 1u);
+  EXPECT_EQ((*s4)[0].worker, r1);
+}
+
+// Readers of one version arrive in random racks. r1 (rack 1) reads from the
+// trainer, r2 (rack 2) from r1; r3 lands in rack 1, whose only holder r1
+// already uploads to r2. On a full-bisection fabric r3 reads from r2 (idle,
+// another rack) so that r1 uploads once; with oversubscribed racks it shares
+// r1 rather than cross a rack uplink. Another datacenter's idle holder never
+// beats a busy one in the reader's datacenter.
+TEST_F(HubStateTest,
+       ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) {
+  for (bool oversubscribed : {false, true}) {
+    SCOPED_TRACE(oversubscribed ? "oversubscribed" : "full bisection");
+    HubConfig config = DefaultConfig();
+    config.racks_oversubscribed = oversubscribed;
+    HubState hub(config);
+    WorkerId t = Register(hub, "t", L("a", "r0", "h0"));
+    auto g = Group("m", 1, 11);
+    Manifest m = ManifestOf(g);
+    ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g, 0), 0).ok());
+    auto join_and_schedule = [&](const std::string& name, Labels l) {
+      WorkerId w = Register(hub, name, std::move(l));
+      EXPECT_TRUE(hub.AddHolder(w, "m", Version(1), 1, m, 0, true).ok());
+      auto s = hub.Schedule(w, "m", Version(1), {}, 4);
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      EXPECT_EQ(s.ok() ? s->size() : 0u, 1u);
+      return std::make_pair(
+          w, s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
+    };
+    auto [r1, src1] = join_and_schedule("r1", L("a", "r1", "h1"));
+    EXPECT_EQ(src1, t);
+    auto [r2, src2] = join_and_schedule("r2", L("a", "r2", "h2"));
+    EXPECT_EQ(src2, r1);
+    auto [r3, src3] = join_and_schedule("r3", L("a", "r1", "h3"));
+    EXPECT_EQ(src3, oversubscribed ? r1 : r2);
+    // An idle complete holder in datacenter b: a reader in a, in a rack
+    // with no holder, still reads inside a.
+    auto b = join_and_schedule("b1", L("b", "r9", "h9"));
+    EXPECT_TRUE(hub.AddHolder(b.first, "m", Version(1), 1, m, 0, false).ok());
+    auto r4 = join_and_schedule("r4", L("a", "r4", "h4"));
+    EXPECT_NE(r4.second, b.first);
+    EXPECT_EQ(r4.second, r3);  // idle in a, and the latest to join
+  }
+}
+
 TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
   WorkerId t = Register("t", L("a", "r1", "h1"));
   auto g = Group("m", 1, 7);
@@ -1237,6 +1354,9 @@ class ReferenceScheduler {
     uint64_t join_seq = 0;
   };
 
+  // Rank r holds chunks [base[r], base[r + 1]).
+  ReferenceScheduler(std::vector<uint64_t> base, bool racks_oversubscribed)
+      : base_(std::move(base)), racks_oversubscribed_(racks_oversubscribed) {}
   void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
   void Publish(const WorkerId& w, uint32_t rank) {
     refs_[w] = Ref{rank, false, 0};
@@ -1305,13 +1425,22 @@ class ReferenceScheduler {
         own != refs_.end() && own->second.filling) {
       reader_join = own->second.join_seq;
     }
+    // Idle holders in the reader's datacenter first (nearest first), then
+    // the rest nearest first; only nearest first if racks are
+    // oversubscribed.
+    const bool oversubscribed = racks_oversubscribed_;
     struct Candidate {
       int distance;
       int serving;
       uint64_t join_seq;
       WorkerId worker;
       bool filling;
+      bool oversubscribed;
+      bool idle_near() const {
+        return !oversubscribed && distance <= 2 && serving == 0;
+      }
       bool operator<(const Candidate& o) const {
+        if (idle_near() != o.idle_near()) return idle_near();
         if (distance != o.distance) return distance < o.distance;
         if (serving != o.serving) return serving < o.serving;
         if (join_seq != o.join_seq) return join_seq > o.join_seq;
@@ -1325,7 +1454,7 @@ class ReferenceScheduler {
       auto s = serving_.find(w);
       cands.push_back({Distance(rl, labels_.at(w)),
                        s == serving_.end() ? 0 : s->second, r.join_seq, w,
-                       r.filling});
+                       r.filling, oversubscribed});
     }
     if (cands.empty()) return std::nullopt;
     std::sort(cands.begin(), cands.end());
@@ -1338,6 +1467,26 @@ class ReferenceScheduler {
       if (c.distance == best.distance && c.serving == 0 && !c.filling)
         out.push_back(c.worker);
     }
+    // Coverage: each part (in rank order) that no source holds yet gets the
+    // first candidate in the same order that holds it; a holder of
+    // everything covers the rest.
+    auto full = [&](const WorkerId& w) {
+      return !refs_.at(w).rank.has_value();
+    };
+    if (std::none_of(out.begin(), out.end(), full)) {
+      std::set<uint32_t> have;
+      for (const WorkerId& w : out) have.insert(*refs_.at(w).rank);
+      for (uint32_t part = 0; part + 1 < base_.size(); ++part) {
+        if (have.count(part) > 0 || base_[part] == base_[part + 1]) continue;
+        auto c =
+            std::find_if(cands.begin(), cands.end(), [&](const Candidate& k) {
+              return full(k.worker) || refs_.at(k.worker).rank == part;
+            });
+        if (c == cands.end()) continue;
+        out.push_back(c->worker);
+        if (full(c->worker)) break;
+      }
+    }
     for (const WorkerId& w : out) {
       assignments_[reader].push_back(w);
       ++serving_[w];
@@ -1349,6 +1498,8 @@ class ReferenceScheduler {
   const Labels& LabelsOf(const WorkerId& w) const { return labels_.at(w); }
 
  private:
+  std::vector<uint64_t> base_;
+  bool racks_oversubscribed_;
   std::map<WorkerId, Labels> labels_;
   std::map<WorkerId, Ref> refs_;
   std::map<WorkerId, std::vector<WorkerId>> assignments_;
@@ -1366,18 +1517,24 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
   const std::vector<std::string> racks = {"", "r1", "r2"};
   const std::vector<std::string> hosts = {"", "h1", "h2", "h3"};
   for (uint32_t seed = 1; seed <= 12; ++seed) {
-    HubState hub(DefaultConfig());
-    ReferenceScheduler ref;
+    HubConfig config = DefaultConfig();
+    config.racks_oversubscribed = seed % 2 == 0;  // both rankings
+    HubState hub(config);
     std::mt19937 rng(seed);
     auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
     auto random_labels = [&] {
       return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
                hosts[pick(hosts.size())]);
     };
-    auto g = Group("m" + std::to_string(seed), 2, static_cast<uint8_t>(seed));
+    // Four ranks: more parts than max_sources at times, so the chosen
+    // sources must be completed to cover every part.
+    constexpr uint32_t kRanks = 4;
+    auto g =
+        Group("m" + std::to_string(seed), kRanks, static_cast<uint8_t>(seed));
     const Manifest m = ManifestOf(g);
-    std::vector<uint64_t> base = {m.chunk_base(0), m.chunk_base(1),
-                                  m.chunk_base(2)};
+    std::vector<uint64_t> base;
+    for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
+    ReferenceScheduler ref(base, config.racks_oversubscribed);
     std::vector<WorkerId> ws;
     std::set<WorkerId> gone;                // left the hub; may re-join
     std::map<WorkerId, std::string> names;  // the name gives the address
@@ -1390,7 +1547,7 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     };
     for (int i = 0; i < 40; ++i)
       ws.push_back(join("w" + std::to_string(i), random_labels()));
-    for (uint32_t r = 0; r < 2; ++r) {
+    for (uint32_t r = 0; r < kRanks; ++r) {
       ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
       ref.Publish(ws[r], r);
     }
@@ -1443,6 +1600,12 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         std::vector<WorkerId> got_ids;
         for (const HolderView& h : *got) got_ids.push_back(h.worker);
         ASSERT_EQ(got_ids, *want);
+        // With nothing excluded, a reader that holds no part and serves
+        // nothing yet may read every chunk from what it got.
+        if (exclude.empty() && ref.refs().count(w) == 0) {
+          EXPECT_EQ(Covered(*got),
+                    (std::vector<ChunkRange>{{0, m.num_chunks()}}));
+        }
       } else if (op < 82) {  // a fetch ends without a copy
         hub.FetchDone(w, "m", Version(1));
         ref.Release(w);

@@ -99,6 +99,14 @@ namespace {
 
 constexpr uint64_t kMaxFailedFetches = 10000;
 
+// The hub is told what its operator would tell it: whether the racks'
+// uplinks are oversubscribed.
+hub::HubConfig HubConfigFor(const WorkloadConfig& c) {
+  hub::HubConfig config;
+  config.racks_oversubscribed = c.cluster.rack_oversub > 1 && !c.hub_idle_first;
+  return config;
+}
+
 class Driver {
  public:
   Driver(const WorkloadConfig& c, System system)
@@ -107,7 +115,7 @@ class Driver {
         cluster_(c.cluster, c.trainer_gpus + c.rollout_gpus - c.remote_gpus(),
                  c.remote_gpus()),
         engine_(cluster_),
-        hub_(hub::HubConfig{}),
+        hub_(HubConfigFor(c)),
         rng_(c.seed) {}
 
   Result<RunResult> Run() {
@@ -124,6 +132,7 @@ class Driver {
     for (int r = 0; r < c_.tp; ++r) {
       manifests_.push_back(ShardManifest());
       TH_RETURN_IF_ERROR(manifests_.back().Validate());
+      digests_.push_back(manifests_.back().Digest());
     }
     for (int g = 0; g < c_.trainer_gpus; ++g)
       TH_RETURN_IF_ERROR(Register(g, false));
@@ -398,9 +407,7 @@ class Driver {
     g.failed.clear();
     g.last_refresh = -1e18;
     if (IsTh()) {
-      Status s = hub_.AddHolder(
-          Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
-          manifests_[static_cast<size_t>(r)], NowMs(), /*filling=*/true);
+      Status s = Report(gpu, r, v, /*filling=*/true);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder filling"));
       Result<std::vector<int>> src = Schedule(gpu, r, v, {});
       g.last_refresh = engine_.now();
@@ -423,6 +430,21 @@ class Driver {
         break;
       }
     }
+  }
+
+  // What the real client reports after it resolved the version: the
+  // manifest by its digest (O(log N) at the hub), the whole manifest only
+  // when the hub has none to compare with.
+  Status Report(int gpu, int r, int v, bool filling) {
+    const uint64_t epoch = ++epoch_;
+    Result<bool> by_digest = hub_.AddHolderByDigest(
+        Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), epoch,
+        digests_[static_cast<size_t>(r)], NowMs(), filling);
+    if (!by_digest.ok()) return by_digest.status();
+    if (*by_digest) return Status::Ok();
+    return hub_.AddHolder(Id(gpu), Model(r), Version(static_cast<uint64_t>(v)),
+                          epoch, manifests_[static_cast<size_t>(r)], NowMs(),
+                          filling);
   }
 
   Result<std::vector<int>> Schedule(int gpu, int r, int v,
@@ -516,9 +538,7 @@ class Driver {
     g.fetch = -1;
     g.held = v;
     if (IsTh()) {
-      Status s = hub_.AddHolder(
-          Id(gpu), Model(r), Version(static_cast<uint64_t>(v)), ++epoch_,
-          manifests_[static_cast<size_t>(r)], NowMs(), false);
+      Status s = Report(gpu, r, v, /*filling=*/false);
       if (!s.ok()) return Fail(s.WithContext("sim: AddHolder full"));
       // The retention guarantee rests on reliable holders: a spot copy
       // does not free the trainer.
@@ -670,6 +690,7 @@ class Driver {
   double shard_ = 0;
   double lag_ = 0;
   std::vector<Manifest> manifests_;
+  std::vector<ManifestDigest> digests_;  // manifests_[r].Digest()
   std::vector<Gpu> gpus_;
   std::vector<Instance> instances_;
   std::vector<Round> rounds_;

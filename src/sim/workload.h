@@ -38,6 +38,10 @@ struct WorkloadConfig {
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
   int max_sources = 4;     // FetchOptions::max_sources
+  // The hub is told that racks are oversubscribed (serve
+  // --oversubscribed-racks) when rack_oversub > 1, unless this is set: then
+  // it ranks idle holders first anyway, as a hub not told would.
+  bool hub_idle_first = false;
   int trainer_copies = 1;  // TensorHub: full reliable copies before unpublish
   double refresh_s = 0.2;  // fetcher: between asks to the hub
   double fetch_timeout_s = 120;  // FetchOptions::timeout_ms
