@@ -6,7 +6,8 @@ Runs the simulator itself (build/tools/tensorhub sim ... --csv):
      (half trainer, half rollout GPUs), every system;
   2. total GPU stall per system for the three workloads at 1,024 GPUs;
   3. the test bed's measured fan-out times beside the simulated ones.
-Needs matplotlib: .venv/bin/python bench/plot_sim.py (python/setup_env.sh).
+Needs matplotlib (Debian's python3-matplotlib):
+  apt-get install -y python3-matplotlib && /usr/bin/python3 bench/plot_sim.py
 """
 import csv
 import io
