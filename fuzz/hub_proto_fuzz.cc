@@ -93,9 +93,11 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data, size_t
       v1::ResolveRequest req;
       v1::ResolveResponse resp;
       if (!Parse(&req, data, size, f, worker)) return;
-      if (s->Resolve(&ctx, &req, &resp).ok() && resp.has_manifest()) {
+      if (s->Resolve(&ctx, &req, &resp).ok() && !resp.manifest().empty()) {
         // What the hub hands to readers must itself be a valid manifest.
-        if (!wire::FromProto(resp.manifest()).ok()) __builtin_trap();
+        v1::VersionManifest vm;
+        if (!vm.ParseFromString(resp.manifest())) __builtin_trap();
+        if (!wire::FromProto(vm).ok()) __builtin_trap();
       }
       return;
     }

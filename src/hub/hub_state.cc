@@ -1090,8 +1090,9 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
         continue;
       }
       if (!retained || v.state != VersionState::kCommitted) continue;
+      const VersionEntry& entry = v;  // a lambda may not capture a binding (C++20)
       auto reliable = [&](const WorkerId& h) {
-        return v.departing.count(h) == 0 && IsReliable(h);
+        return entry.departing.count(h) == 0 && IsReliable(h);
       };
       if (Covers(v, reliable)) continue;
       // A reliable copy in progress (another keeper, or a reliable reader)
