@@ -181,8 +181,16 @@ class FetchRun {
         if (!MaybeStealLocked()) cv_.wait_for(lock, std::chrono::milliseconds(50));
         continue;
       }
-      uint64_t chunk = pending_.front();
-      int src = PickLocked(chunk);
+      // The first pending chunk some live source holds: a chunk nobody has
+      // yet (its rank's holder is not known, or failed) must not hold up
+      // the chunks others can serve now.
+      uint64_t chunk = 0;
+      int src = -1;
+      auto it = pending_.begin();
+      for (; it != pending_.end(); ++it) {
+        src = PickLocked(*it);
+        if (src >= 0) break;
+      }
       if (src < 0) {
         // MaybeRefreshLocked may drop the lock, and other streams may take
         // chunks meanwhile: start over from the queue as it is then.
@@ -191,7 +199,8 @@ class FetchRun {
         if (!refreshed) cv_.wait_for(lock, std::chrono::milliseconds(50));
         continue;
       }
-      pending_.pop_front();
+      chunk = *it;
+      pending_.erase(it);
       assert(in_flight_.count(chunk) == 0 && !done_[chunk]);
       const int64_t start_ms = NowMs();
       in_flight_[chunk] = InFlight{src, start_ms, nullptr, false};

@@ -1,8 +1,9 @@
 // Pulls the chunks of one version from its holders into destination memory.
 //
-// Several streams run in parallel; each takes the next missing chunk and
-// reads it from the least busy live source that holds it, so one version is
-// striped across holders. Every chunk is verified (XXH3-64 against the
+// Several streams run in parallel; each takes the next missing chunk that
+// some live source holds (a chunk with no source yet does not hold up the
+// others) and reads it from the least busy live source that holds it, so one
+// version is striped across holders. Every chunk is verified (XXH3-64 against the
 // manifest) before it counts. A source that fails (connection error,
 // refusal, bad checksum, stall past the read timeout) is dropped and its
 // chunk goes back to the queue for another source; a source far slower than

@@ -462,6 +462,42 @@ TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
   EXPECT_GE(calls.load(), 1);
 }
 
+// Rank 0's holder is unknown until every chunk of rank 1 is done: streams
+// must take rank 1's chunks (which have a source) instead of all waiting on
+// the first pending chunk, which has none. Before the fix this waited out
+// the deadline.
+TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
+  TestVersion v = MakeVersion(18, 2, 4096, 16);
+  Holder r0(*tcp_, v, {0}, "m", 3);
+  Holder r1(*tcp_, v, {1}, "m", 3);
+  const uint64_t part1_chunks = v.manifest.chunk_base(2) - v.manifest.chunk_base(1);
+  ASSERT_GE(part1_chunks, 4u);
+  std::atomic<uint64_t> part1_done{0};
+  std::atomic<int> empty_answers{0};
+  FetcherOptions o = TestOptions();
+  o.on_chunk = [&](uint64_t c) {
+    if (c >= v.manifest.chunk_base(1)) part1_done.fetch_add(1);
+  };
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+    if (part1_done.load() < part1_chunks) {
+      empty_answers.fetch_add(1);
+      return std::vector<FetchSource>{r1.Source()};
+    }
+    return std::vector<FetchSource>{r0.Source(), r1.Source()};
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 3), {r1.Source()}, refresh, o,
+                                   Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_EQ(part1_done.load(), part1_chunks);
+  EXPECT_EQ(r->sources_used, 2u);
+  EXPECT_EQ(r->chunk_retries, 0u);
+  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
+}
+
 TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
   TestVersion v = MakeVersion(16, 3, 4096, 16);
   Holder r0(*tcp_, v, {0}, "m", 2);
