@@ -253,10 +253,10 @@ class Client::Impl {
         static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
     client::SourceRefresher schedule =
         [this, model, v, max_sources, work](const std::vector<std::string>& failed)
-        -> Result<std::vector<client::FetchSource>> {
+        -> Result<client::SourceUpdate> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
-      Result<std::vector<client::ResolvedSource>> srcs =
+      Result<client::Scheduled> srcs =
           hub_.Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
@@ -266,9 +266,21 @@ class Client::Impl {
         srcs = hub_.Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
-      return ToSources(*srcs);
+      client::SourceUpdate update(ToSources(srcs->sources));
+      update.unavailable = std::move(srcs->unavailable);
+      return update;
     };
-    Result<std::vector<client::FetchSource>> sources = schedule({});
+    Result<client::SourceUpdate> first = schedule({});
+    Result<std::vector<client::FetchSource>> sources =
+        first.ok() ? Result<std::vector<client::FetchSource>>(std::move(first->sources))
+                   : Result<std::vector<client::FetchSource>>(first.status());
+    if (first.ok() && first->unavailable.has_value()) {
+      // Resolve listed holders a moment ago: some may still have chunks
+      // (filling ones). The fetcher confirms with the hub before giving up.
+      TH_LOG(INFO) << "schedule " << vname << ": the hub says " << *first->unavailable
+                   << "; trying the holders from resolve";
+      sources = ToSources(r.sources);
+    }
     if (!sources.ok()) {
       StatusCode c = sources.status().code();
       if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
