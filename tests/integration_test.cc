@@ -291,6 +291,32 @@ TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
   EXPECT_TRUE(!info.ok() || info->num_holders == 0) << info.status().ToString();
 }
 
+// A version whose only holder left before the fetch began: the hub answers
+// the resolve itself with UNAVAILABLE (not an RPC error), and the fetch
+// fails at once after one confirming answer instead of retrying until its
+// deadline as if the hub were unreachable.
+TEST_F(HubTest, FetchOfAVersionWithNoHolderLeftFailsPromptly) {
+  SyntheticModel src({{"w", DType::kU8, {1 << 20}}});
+  src.Fill(6);
+  auto holder = NewClient("holder");
+  ASSERT_TRUE(holder->Publish("gone", Version(1), src.tensors()).ok());
+  ASSERT_TRUE(holder->Unpublish("gone", Version(1)).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel dst({{"w", DType::kU8, {1 << 20}}});
+  FetchOptions fo;
+  fo.timeout_ms = 20000;
+  const int64_t t0 = NowMs();
+  auto st = reader->Fetch("gone", Version(1), dst.tensors(), fo);
+  const int64_t took_ms = NowMs() - t0;
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("no live worker holds all of its chunks"),
+            std::string::npos)
+      << st.status().ToString();
+  EXPECT_NE(st.status().message().find("twice"), std::string::npos) << st.status().ToString();
+  EXPECT_LT(took_ms, fo.timeout_ms / 2) << st.status().ToString();
+}
+
 TEST_F(HubTest, UnpublishReportsDeadlineWhenAReadDoesNotDrain) {
   SyntheticModel src({{"w", DType::kU8, {64ull << 20}}});
   auto holder = NewClient("holder");

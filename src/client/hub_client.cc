@@ -47,8 +47,10 @@ Status HubClient::Check(const grpc::Status& s, const char* what) const {
   Status st = wire::FromGrpc(s);
   if (st.code() == StatusCode::kUnavailable ||
       st.code() == StatusCode::kDeadlineExceeded) {
+    // The hub unreachable, or reachable and saying "try again" (it is
+    // rebuilding its state after a start): both are worth a retry.
     return Status(st.code(), std::string(what) + ": hub at " + address_ +
-                                 " did not answer (" + st.message() + ")");
+                                 " did not answer, or asked to try again (" + st.message() + ")");
   }
   return st;
 }

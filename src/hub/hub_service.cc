@@ -219,6 +219,15 @@ class HubServiceImpl final : public v1::Hub::Service {
                                Version(req->version()),
                                req->include_uncommitted(),
                                /*copy_manifest=*/false);
+      if (!res.ok() && res.status().code() == StatusCode::kUnavailable && req->version() != 0 &&
+          state_.StateOf(req->model(), Version(req->version())) == VersionState::kUnavailable &&
+          !Rebuilding()) {
+        // A considered answer, as for Schedule: the version with its state
+        // UNAVAILABLE, its manifest and the (filling) holders left, so the
+        // reader can tell it from an unreachable hub and stop waiting.
+        res = state_.Resolve(WorkerId(req->worker_id()), req->model(), Version(req->version()),
+                             /*include_uncommitted=*/true, /*copy_manifest=*/false);
+      }
       if (res.ok() && res->manifest_digest.has_value()) {
         encoded = CachedManifest(req->model(), *res);
         if (encoded == nullptr) {
