@@ -28,7 +28,13 @@ using cli::SyntheticModel;
 class HubTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+    // A hub that has been up for a while: no rebuild window, so that an
+    // unknown version is NOT_FOUND at once (HubOptions::rebuild_ms).
+    HubOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.lease_ms = 5000;
+    o.rebuild_ms = 0;
+    auto hub = hub::HubServer::Start(o);
     ASSERT_TRUE(hub.ok()) << hub.status().ToString();
     hub_ = std::move(hub).value();
   }
@@ -242,6 +248,73 @@ TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
   EXPECT_EQ(std::memcmp(sink.data(), src.tensors()[0].data, bytes), 0);
   Status s = unpub.get();
   EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// The only complete holder unpublishes while a reader is mid-fetch from it.
+// The reader, a filling holder, is then the only one left: the hub marks the
+// version UNAVAILABLE and says so; the fetch fails with that reason at once
+// (after one confirming answer), not at its deadline.
+TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
+  const uint64_t bytes = 64ull << 20;
+  SyntheticModel src({{"w", DType::kU8, {bytes}}});
+  src.Fill(5);
+  auto holder = NewClient("holder");
+  PublishOptions po;
+  po.chunk_bytes = 1 << 20;
+  ASSERT_TRUE(holder->Publish("u", Version(1), src.tensors(), po).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel dst({{"w", DType::kU8, {bytes}}});
+  FetchOptions fo;
+  fo.timeout_ms = 20000;
+  // One stream, so the holder unpublishes between two reads: after the
+  // first chunk, from inside the progress callback (no read in flight).
+  fo.connections = 1;
+  std::atomic<bool> unpublished{false};
+  Status unpublish = Status::Ok();
+  fo.on_progress = [&](const FetchProgress& p) {
+    if (p.bytes_done == 0 || p.bytes_done == p.bytes_total || unpublished.exchange(true)) return;
+    unpublish = holder->Unpublish("u", Version(1), 10000);
+  };
+  const int64_t t0 = NowMs();
+  auto st = reader->Fetch("u", Version(1), dst.tensors(), fo);
+  const int64_t took_ms = NowMs() - t0;
+  ASSERT_TRUE(unpublished.load()) << "the fetch ended before the holder left";
+  ASSERT_TRUE(unpublish.ok()) << unpublish.ToString();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("no live worker holds all of its chunks"),
+            std::string::npos)
+      << st.status().ToString();
+  EXPECT_LT(took_ms, fo.timeout_ms / 2) << st.status().ToString();
+  // The reader's partial copy was withdrawn: the hub has no holder left.
+  auto info = reader->Describe("u", Version(1));
+  EXPECT_TRUE(!info.ok() || info->num_holders == 0) << info.status().ToString();
+}
+
+// A version whose only holder left before the fetch began: the hub answers
+// the resolve itself with UNAVAILABLE (not an RPC error), and the fetch
+// fails at once after one confirming answer instead of retrying until its
+// deadline as if the hub were unreachable.
+TEST_F(HubTest, FetchOfAVersionWithNoHolderLeftFailsPromptly) {
+  SyntheticModel src({{"w", DType::kU8, {1 << 20}}});
+  src.Fill(6);
+  auto holder = NewClient("holder");
+  ASSERT_TRUE(holder->Publish("gone", Version(1), src.tensors()).ok());
+  ASSERT_TRUE(holder->Unpublish("gone", Version(1)).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel dst({{"w", DType::kU8, {1 << 20}}});
+  FetchOptions fo;
+  fo.timeout_ms = 20000;
+  const int64_t t0 = NowMs();
+  auto st = reader->Fetch("gone", Version(1), dst.tensors(), fo);
+  const int64_t took_ms = NowMs() - t0;
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_NE(st.status().message().find("no live worker holds all of its chunks"),
+            std::string::npos)
+      << st.status().ToString();
+  EXPECT_NE(st.status().message().find("twice"), std::string::npos) << st.status().ToString();
+  EXPECT_LT(took_ms, fo.timeout_ms / 2) << st.status().ToString();
 }
 
 TEST_F(HubTest, UnpublishReportsDeadlineWhenAReadDoesNotDrain) {

@@ -163,6 +163,33 @@ TEST(MultiProcess, HubKilledAndRestartedMidRunCompletes) {
   EXPECT_EQ(Ask(reader, "fetch latest"), "fetched 2 " + Word(pub2, 2));
 }
 
+// A fetch issued to a freshly restarted hub, before the only holder has
+// re-reported (it is stopped across the restart), is answered "rebuilding"
+// (UNAVAILABLE, retried) instead of NOT_FOUND (final), and succeeds once the
+// holder is back and re-reports, within the hub's rebuild window.
+TEST(MultiProcess, NewFetchRightAfterAHubRestartWaitsForTheHolderToReReport) {
+  int port = FreePort();
+  std::string addr = "127.0.0.1:" + std::to_string(port);
+  std::string bytes = std::to_string(16 << 20);
+  Subprocess hub = StartHub(port);
+  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  std::string pub = Ask(trainer, "publish 1");
+  ASSERT_EQ(Word(pub, 0), "published") << pub;
+  StopProcess(trainer.pid());
+  ::kill(hub.pid(), SIGKILL);
+  hub.Stop(1000);
+  Subprocess hub2 = StartHub(port);  // rebuild window: its lease, 2 s
+  ASSERT_TRUE(reader.Send("fetch 1").ok());
+  // The hub cannot know version 1 yet: its only holder is stopped. Before
+  // the rebuild window, this fetch failed NOT_FOUND at once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(trainer.pid(), SIGCONT);
+  auto fetched = reader.ReadLine(Deadline::AfterMs(60000));
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  EXPECT_EQ(*fetched, "fetched 1 " + Word(pub, 2));
+}
+
 TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
   int port = FreePort();
   std::string addr = "127.0.0.1:" + std::to_string(port);

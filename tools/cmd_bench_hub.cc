@@ -309,7 +309,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
     auto srcs = c.Schedule(ids[i], kModel, resolved[i].version, {}, 4);
     auto s1 = std::chrono::steady_clock::now();
     if (!srcs.ok()) return srcs.status();
-    if (srcs->empty()) return Internal("schedule returned no source");
+    if (srcs->sources.empty()) return Internal("schedule returned no source");
     sched[t].us.push_back(
         std::chrono::duration<double, std::micro>(s1 - s0).count());
     return Status::Ok();

@@ -7,7 +7,7 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest"},
+  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms"},
                         {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
@@ -19,6 +19,12 @@ int CmdServe(int argc, char** argv) {
   }
   o.lease_ms = static_cast<int64_t>(*lease);
   o.racks_oversubscribed = args->Has("oversubscribed-racks");
+  if (args->Has("rebuild-ms")) {
+    auto rebuild = args->GetU64("rebuild-ms", 0);
+    if (!rebuild.ok()) return Fail(rebuild.status());
+    if (*rebuild > 3600000) return Fail(InvalidArgument("--rebuild-ms must be in [0, 3600000]"));
+    o.rebuild_ms = static_cast<int64_t>(*rebuild);
+  }
   auto keep = args->GetU64("keep-latest", 0);
   if (!keep.ok()) return Fail(keep.status());
   if (*keep > 1024) return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));

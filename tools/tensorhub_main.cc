@@ -31,6 +31,8 @@ Commands:
   serve  [--listen HOST:PORT] [--lease-ms N]     run the hub (default 127.0.0.1:7070)
          [--oversubscribed-racks]                 rack uplinks are the bottleneck
          [--keep-latest K]                        retain the latest K versions per model
+         [--rebuild-ms N]                         after a start, answer unknown versions
+                                                  UNAVAILABLE for N ms (default: the lease)
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version
   publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)

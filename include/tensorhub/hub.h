@@ -27,6 +27,13 @@ struct HubOptions {
   // their rack to an idle one in another rack (see docs/design.md,
   // "Scheduling"). Leave false on a full-bisection fabric.
   bool racks_oversubscribed = false;
+  // The hub keeps no state on disk: after a (re)start it learns versions
+  // from the workers' re-registrations and reports, within about a lease.
+  // For this long after it starts, a version it does not know (or knows
+  // with no complete holder) is answered UNAVAILABLE ("rebuilding"), which
+  // callers retry within their deadline, instead of NOT_FOUND, which is
+  // final. -1: lease_ms. 0: answer from the table at once.
+  int64_t rebuild_ms = -1;
 };
 
 class Hub {

@@ -316,9 +316,12 @@ class PyClient {
 class PyHub {
  public:
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
-                                      std::string secret, uint32_t keep_latest) {
+                                      std::string secret, uint32_t keep_latest,
+                                      bool oversubscribed_racks, int64_t rebuild_ms) {
     HubOptions o;
     o.keep_latest = keep_latest;
+    o.racks_oversubscribed = oversubscribed_racks;
+    o.rebuild_ms = rebuild_ms;
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
@@ -412,7 +415,8 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<PyHub>(m, "Hub")
       .def_static("start", &PyHub::Start, py::arg("listen"), py::arg("lease_ms"),
-                  py::arg("secret"), py::arg("keep_latest"))
+                  py::arg("secret"), py::arg("keep_latest"),
+                  py::arg("oversubscribed_racks"), py::arg("rebuild_ms"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);

@@ -38,7 +38,14 @@ class Client:
 
 class Hub:
     @staticmethod
-    def start(listen: str, lease_ms: int, secret: str, keep_latest: int) -> "Hub": ...
+    def start(
+        listen: str,
+        lease_ms: int,
+        secret: str,
+        keep_latest: int,
+        oversubscribed_racks: bool,
+        rebuild_ms: int,
+    ) -> "Hub": ...
     @property
     def address(self) -> str: ...
     @property

@@ -50,6 +50,8 @@ def serve_hub(
     lease_ms: int = 5000,
     secret: Optional[str] = None,
     keep_latest: int = 0,
+    oversubscribed_racks: bool = False,
+    rebuild_ms: Optional[int] = None,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -60,14 +62,40 @@ def serve_hub(
         secret: shared secret that clients must present (default: none).
         keep_latest: retain the latest K committed versions of every model
             (0: only versions pinned with :meth:`Client.retain`).
+        oversubscribed_racks: rack uplinks are the bottleneck: readers then
+            prefer a busy holder in their rack to an idle one in another
+            rack (``tensorhub serve --oversubscribed-racks``). Leave False on
+            a full-bisection fabric.
+        rebuild_ms: for this long after it starts, the hub answers a version
+            it does not know (or knows with no complete holder) as
+            UNAVAILABLE, "rebuilding", which fetches retry within their
+            timeout, rather than NOT_FOUND: a restarted hub learns versions
+            from the workers' reports within about a lease. None: lease_ms;
+            0: answer from its table at once.
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
     """
     if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
         raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
+    if not isinstance(oversubscribed_racks, bool):
+        raise InvalidArgumentError(
+            f"oversubscribed_racks must be a bool, not {oversubscribed_racks!r}"
+        )
+    if rebuild_ms is not None and (
+        not isinstance(rebuild_ms, int) or isinstance(rebuild_ms, bool)
+        or not 0 <= rebuild_ms <= 3600000
+    ):
+        raise InvalidArgumentError(
+            f"rebuild_ms must be None or an integer in [0, 3600000], not {rebuild_ms!r}"
+        )
     return Hub(
         _core.Hub.start(
-            listen=listen, lease_ms=int(lease_ms), secret=secret or "", keep_latest=keep_latest
+            listen=listen,
+            lease_ms=int(lease_ms),
+            secret=secret or "",
+            keep_latest=keep_latest,
+            oversubscribed_racks=oversubscribed_racks,
+            rebuild_ms=-1 if rebuild_ms is None else rebuild_ms,
         )
     )

@@ -253,10 +253,10 @@ class Client::Impl {
         static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
     client::SourceRefresher schedule =
         [this, model, v, max_sources, work](const std::vector<std::string>& failed)
-        -> Result<std::vector<client::FetchSource>> {
+        -> Result<client::SourceUpdate> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
-      Result<std::vector<client::ResolvedSource>> srcs =
+      Result<client::Scheduled> srcs =
           hub_.Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
@@ -266,9 +266,21 @@ class Client::Impl {
         srcs = hub_.Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
-      return ToSources(*srcs);
+      client::SourceUpdate update(ToSources(srcs->sources));
+      update.unavailable = std::move(srcs->unavailable);
+      return update;
     };
-    Result<std::vector<client::FetchSource>> sources = schedule({});
+    Result<client::SourceUpdate> first = schedule({});
+    Result<std::vector<client::FetchSource>> sources =
+        first.ok() ? Result<std::vector<client::FetchSource>>(std::move(first->sources))
+                   : Result<std::vector<client::FetchSource>>(first.status());
+    if (first.ok() && first->unavailable.has_value()) {
+      // Resolve listed holders a moment ago: some may still have chunks
+      // (filling ones). The fetcher confirms with the hub before giving up.
+      TH_LOG(INFO) << "schedule " << vname << ": the hub says " << *first->unavailable
+                   << "; trying the holders from resolve";
+      sources = ToSources(r.sources);
+    }
     if (!sources.ok()) {
       StatusCode c = sources.status().code();
       if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
@@ -399,6 +411,8 @@ class Client::Impl {
     return out;
   }
 
+  static constexpr int64_t kUnavailableConfirmMs = 200;
+
   // Resolve, retrying while the hub is unreachable (it may be restarting),
   // until the deadline.
   Result<client::Resolved> ResolveWithin(const std::string& model,
@@ -406,10 +420,32 @@ class Client::Impl {
                                          const Deadline& deadline,
                                          const std::string& group,
                                          uint64_t group_step) {
+    int unavailable_answers = 0;
     while (true) {
       Result<client::Resolved> r =
           hub_.Resolve(id(), model, version, false, group, group_step,
                        std::max<int64_t>(1, deadline.remaining_ms()));
+      if (r.ok() && r->state == VersionState::kUnavailable) {
+        // The hub's own answer (not an unreachable hub): committed, but no
+        // complete holder is left. Filling holders may still have chunks:
+        // the fetch tries them and gives up when they cannot finish. With
+        // none, asking once more (a passing moment of the hub's table must
+        // not end a fetch) is all that is worth doing.
+        const std::string why = "'" + model + "@" + std::to_string(r->version.value()) +
+                                "' is committed but no live worker holds all of its chunks";
+        if (!r->sources.empty()) {
+          TH_LOG(INFO) << "fetch: the hub says " << why << "; trying the " << r->sources.size()
+                       << " partial holder(s) it lists";
+          return r;
+        }
+        if (++unavailable_answers >= 2 || deadline.remaining_ms() < 400) {
+          return Unavailable(why + ": the hub said so twice, " +
+                             std::to_string(kUnavailableConfirmMs) +
+                             " ms apart, and lists no holder to try");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(kUnavailableConfirmMs));
+        continue;
+      }
       if (r.ok()) return r;
       StatusCode c = r.status().code();
       if ((c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) ||

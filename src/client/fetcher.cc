@@ -181,8 +181,16 @@ class FetchRun {
         if (!MaybeStealLocked()) cv_.wait_for(lock, std::chrono::milliseconds(50));
         continue;
       }
-      uint64_t chunk = pending_.front();
-      int src = PickLocked(chunk);
+      // The first pending chunk some live source holds: a chunk nobody has
+      // yet (its rank's holder is not known, or failed) must not hold up
+      // the chunks others can serve now.
+      uint64_t chunk = 0;
+      int src = -1;
+      auto it = pending_.begin();
+      for (; it != pending_.end(); ++it) {
+        src = PickLocked(*it);
+        if (src >= 0) break;
+      }
       if (src < 0) {
         // MaybeRefreshLocked may drop the lock, and other streams may take
         // chunks meanwhile: start over from the queue as it is then.
@@ -191,7 +199,8 @@ class FetchRun {
         if (!refreshed) cv_.wait_for(lock, std::chrono::milliseconds(50));
         continue;
       }
-      pending_.pop_front();
+      chunk = *it;
+      pending_.erase(it);
       assert(in_flight_.count(chunk) == 0 && !done_[chunk]);
       const int64_t start_ms = NowMs();
       in_flight_[chunk] = InFlight{src, start_ms, nullptr, false};
@@ -272,7 +281,7 @@ class FetchRun {
       if (k.dead && !k.source.worker.empty()) failed.push_back(k.source.worker);
     }
     lock.unlock();
-    Result<std::vector<FetchSource>> fresh = refresh_(failed);
+    Result<SourceUpdate> fresh = refresh_(failed);
     lock.lock();
     refreshing_ = false;
     if (!fresh.ok()) {
@@ -287,9 +296,44 @@ class FetchRun {
       last_error_ = fresh.status();
       return true;
     }
-    for (FetchSource& s : *fresh) AddSourceLocked(std::move(s));
+    if (fresh->unavailable.has_value()) return OnUnavailableLocked(*fresh->unavailable);
+    unavailable_answers_ = 0;
+    for (FetchSource& s : fresh->sources) AddSourceLocked(std::move(s));
     *refreshed = true;
     return true;
+  }
+
+  // The hub answered that the version has no complete holder left. Waiting
+  // is in vain only if some missing chunk has no live source we know of:
+  // then, on the second such answer in a row (a refresh interval later, so
+  // one passing moment of the hub's table does not end the fetch), the
+  // fetch fails now rather than at its deadline. Returns false if it ended.
+  bool OnUnavailableLocked(const std::string& why) {
+    last_error_ = Unavailable("the hub says: " + why);
+    std::optional<uint64_t> orphan;
+    for (uint64_t c : pending_) {
+      if (PickLocked(c) < 0) {
+        orphan = c;
+        break;
+      }
+    }
+    if (!orphan.has_value()) {
+      unavailable_answers_ = 0;
+      return true;
+    }
+    if (++unavailable_answers_ < 2) {
+      TH_LOG(INFO) << "fetch " << job_.model << "@" << job_.version.value()
+                   << ": the hub says " << why << "; asking once more before giving up";
+      return true;
+    }
+    FailLocked(Unavailable(
+        "fetch of '" + job_.model + "@" + std::to_string(job_.version.value()) +
+        "' cannot finish: the hub answered twice, " +
+        std::to_string(options_.refresh_interval_ms) + "+ ms apart, that " + why +
+        "; no live source known to this fetch holds chunk " + std::to_string(*orphan) + " (" +
+        std::to_string(total_chunks_ - done_chunks_) + " of " + std::to_string(total_chunks_) +
+        " chunks missing)"));
+    return false;
   }
 
   Status ReadChunk(std::map<std::string, std::unique_ptr<transport::Connection>>& conns,
@@ -380,6 +424,7 @@ class FetchRun {
   Status last_error_ = Unavailable("no holder was tried");  // guarded by mu_
   bool refreshing_ = false;    // guarded by mu_
   int64_t last_refresh_ms_ = 0;  // guarded by mu_
+  int unavailable_answers_ = 0;  // in a row from the hub; guarded by mu_
 
   std::mutex progress_mu_;
   int64_t last_progress_ms_ = 0;  // guarded by progress_mu_

@@ -1,8 +1,9 @@
 // Pulls the chunks of one version from its holders into destination memory.
 //
-// Several streams run in parallel; each takes the next missing chunk and
-// reads it from the least busy live source that holds it, so one version is
-// striped across holders. Every chunk is verified (XXH3-64 against the
+// Several streams run in parallel; each takes the next missing chunk that
+// some live source holds (a chunk with no source yet does not hold up the
+// others) and reads it from the least busy live source that holds it, so one
+// version is striped across holders. Every chunk is verified (XXH3-64 against the
 // manifest) before it counts. A source that fails (connection error,
 // refusal, bad checksum, stall past the read timeout) is dropped and its
 // chunk goes back to the queue for another source; a source far slower than
@@ -10,12 +11,15 @@
 // FetcherOptions); when no live source has a chunk, the sources are
 // refreshed from the hub. Everything ends by the deadline: UNAVAILABLE if by
 // then no source was left that answered, DEADLINE_EXCEEDED if sources were
-// still live but too slow.
+// still live but too slow; or earlier with UNAVAILABLE when the hub says the
+// version has no complete holder left and no known source has the chunks
+// still missing (see SourceUpdate::unavailable).
 #ifndef TENSORHUB_CLIENT_FETCHER_H_
 #define TENSORHUB_CLIENT_FETCHER_H_
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,10 +77,28 @@ struct FetchReport {
   std::vector<FetchSourceStats> per_source;  // those that served a chunk
 };
 
+// What the hub answered when asked again for sources.
+struct SourceUpdate {
+  SourceUpdate() = default;
+  explicit SourceUpdate(std::vector<FetchSource> s) : sources(std::move(s)) {}
+  std::vector<FetchSource> sources;
+  // Set (with the hub's reason) when the hub itself answered that the
+  // version is committed but no live worker holds all of its chunks: a
+  // considered answer, not a transport error nor a hub still rebuilding its
+  // state after a restart. `sources` is then empty. Two such answers at
+  // least refresh_interval_ms apart, with no live source known for some
+  // missing chunk, end the fetch with UNAVAILABLE at once instead of at its
+  // deadline.
+  std::optional<std::string> unavailable;
+};
+
 // Asks the hub again for sources of the same version; `failed` names the
-// workers that failed this fetch so far (the hub should avoid them).
-using SourceRefresher = std::function<Result<std::vector<FetchSource>>(
-    const std::vector<std::string>& failed)>;
+// workers that failed this fetch so far (the hub should avoid them). An
+// error is final if NOT_FOUND, ABORTED, INVALID_ARGUMENT or
+// PERMISSION_DENIED; any other (the hub unreachable or restarting) is
+// retried at the next refresh.
+using SourceRefresher =
+    std::function<Result<SourceUpdate>(const std::vector<std::string>& failed)>;
 
 Result<FetchReport> RunFetch(transport::Transport& transport,
                              const FetchJob& job,

@@ -288,8 +288,8 @@ TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
   };
   // Only `a` is known at first, so it serves reads until the revoke; `b`
   // comes from the hub once `a` failed.
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
-    return std::vector<FetchSource>{b.Source()};
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    return SourceUpdate(std::vector<FetchSource>{b.Source()});
   };
   Destination d(v);
   Result<FetchReport> r =
@@ -328,8 +328,8 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
     cv.wait_for(l, milliseconds(4000), [&] { return stop_now; });
     a.server->Stop();
   });
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
-    return std::vector<FetchSource>{b.Source()};
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    return SourceUpdate(std::vector<FetchSource>{b.Source()});
   };
   Destination d(v);
   Result<FetchReport> r =
@@ -385,9 +385,9 @@ TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   Holder bad(*tcp_, v, {0, 1}, "m", 1);
   bad.Corrupt(1000);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
-    return std::vector<FetchSource>{bad.Source()};
+    return SourceUpdate(std::vector<FetchSource>{bad.Source()});
   };
   FetcherOptions o = TestOptions();
   o.max_attempts_per_chunk = 5;
@@ -407,11 +407,11 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
   TestVersion v = MakeVersion(13, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     int n = calls.fetch_add(1) + 1;
-    if (n == 1) return std::vector<FetchSource>{};
+    if (n == 1) return SourceUpdate(std::vector<FetchSource>{});
     if (n == 2) return Unavailable("hub restarting");  // keep trying
-    return std::vector<FetchSource>{h.Source()};
+    return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
@@ -424,7 +424,7 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
 
 TEST_F(FetcherTest, RefresherNotFoundEndsTheFetch) {
   TestVersion v = MakeVersion(14, 2, 8192, 8);
-  SourceRefresher refresh = [](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [](const std::vector<std::string>&) -> Result<SourceUpdate> {
     return NotFound("version is gone");
   };
   Destination d(v);
@@ -445,9 +445,9 @@ TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
                                {{0, v.manifest.num_chunks()}}});
   }
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
-    return dead;
+    return SourceUpdate(dead);
   };
   Destination d(v);
   auto t0 = Clock::now();
@@ -460,6 +460,92 @@ TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
       << r.status().ToString();
   EXPECT_LT(took, milliseconds(2000));
   EXPECT_GE(calls.load(), 1);
+}
+
+// Rank 0's holder is unknown until every chunk of rank 1 is done: streams
+// must take rank 1's chunks (which have a source) instead of all waiting on
+// the first pending chunk, which has none. Before the fix this waited out
+// the deadline.
+TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
+  TestVersion v = MakeVersion(18, 2, 4096, 16);
+  Holder r0(*tcp_, v, {0}, "m", 3);
+  Holder r1(*tcp_, v, {1}, "m", 3);
+  const uint64_t part1_chunks = v.manifest.chunk_base(2) - v.manifest.chunk_base(1);
+  ASSERT_GE(part1_chunks, 4u);
+  std::atomic<uint64_t> part1_done{0};
+  FetcherOptions o = TestOptions();
+  o.on_chunk = [&](uint64_t c) {
+    if (c >= v.manifest.chunk_base(1)) part1_done.fetch_add(1);
+  };
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    if (part1_done.load() < part1_chunks) {
+      return SourceUpdate(std::vector<FetchSource>{r1.Source()});
+    }
+    return SourceUpdate(std::vector<FetchSource>{r0.Source(), r1.Source()});
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 3), {r1.Source()}, refresh, o,
+                                   Deadline::AfterMs(4000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_EQ(part1_done.load(), part1_chunks);
+  EXPECT_EQ(r->sources_used, 2u);
+  EXPECT_EQ(r->chunk_retries, 0u);
+  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
+}
+
+// The hub says the version has no complete holder left, and no source this
+// fetch knows holds rank 0's chunks: the fetch ends UNAVAILABLE after the
+// second such answer, long before its deadline, with the hub's reason.
+TEST_F(FetcherTest, HubSayingUnavailableEndsAFetchNoSourceCanFinish) {
+  TestVersion v = MakeVersion(19, 2, 4096, 16);
+  Holder r1(*tcp_, v, {1}, "m", 4);
+  std::atomic<int> calls{0};
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    calls.fetch_add(1);
+    SourceUpdate u;
+    u.unavailable = "'m@4' is committed but no live worker holds all of its chunks";
+    return u;
+  };
+  Destination d(v);
+  auto t0 = Clock::now();
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 4), {r1.Source()}, refresh,
+                                   TestOptions(), Deadline::AfterMs(10000));
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("no live worker holds all of its chunks"),
+            std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("answered twice"), std::string::npos);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_LT(took, milliseconds(5000));
+}
+
+// One such answer is not final: the next one lists a holder again (its
+// report reached the hub in between) and the fetch completes.
+TEST_F(FetcherTest, OneUnavailableAnswerIsNotFinal) {
+  TestVersion v = MakeVersion(20, 2, 4096, 16);
+  Holder h(*tcp_, v, {0, 1}, "m", 5);
+  std::atomic<int> calls{0};
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    if (calls.fetch_add(1) % 2 == 0) {
+      SourceUpdate u;
+      u.unavailable = "no complete holder";
+      return u;
+    }
+    return SourceUpdate(std::vector<FetchSource>{h.Source()});
+  };
+  Destination d(v);
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 5), {}, refresh, TestOptions(),
+                                   Deadline::AfterMs(10000));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  EXPECT_GE(calls.load(), 2);
 }
 
 TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
@@ -499,9 +585,9 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
     return n == 3 ? ResourceExhausted("too many reads in flight") : Status::Ok();
   };
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<std::vector<FetchSource>> {
+  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
-    return std::vector<FetchSource>{h.Source()};
+    return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
   auto t0 = Clock::now();
@@ -624,9 +710,9 @@ TEST_F(FetcherTest, StreamsRefreshingTogetherFetchEveryChunkExactlyOnce) {
     // dropped) the others put their chunks back at the front of the queue.
     FetchSource dead{"dead", DeadAddress(*tcp_), 1, {{0, v.manifest.num_chunks()}}};
     SourceRefresher refresh = [&](const std::vector<std::string>&)
-        -> Result<std::vector<FetchSource>> {
+        -> Result<SourceUpdate> {
       std::this_thread::sleep_for(milliseconds(30));
-      return std::vector<FetchSource>{h.Source()};
+      return SourceUpdate(std::vector<FetchSource>{h.Source()});
     };
     FetcherOptions o = TestOptions();
     o.streams = 8;

@@ -47,8 +47,10 @@ Status HubClient::Check(const grpc::Status& s, const char* what) const {
   Status st = wire::FromGrpc(s);
   if (st.code() == StatusCode::kUnavailable ||
       st.code() == StatusCode::kDeadlineExceeded) {
+    // The hub unreachable, or reachable and saying "try again" (it is
+    // rebuilding its state after a start): both are worth a retry.
     return Status(st.code(), std::string(what) + ": hub at " + address_ +
-                                 " did not answer (" + st.message() + ")");
+                                 " did not answer, or asked to try again (" + st.message() + ")");
   }
   return st;
 }
@@ -203,7 +205,7 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
   return s;
 }
 
-Result<std::vector<ResolvedSource>> HubClient::Schedule(
+Result<Scheduled> HubClient::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources,
     int64_t timeout_ms) {
@@ -216,10 +218,18 @@ Result<std::vector<ResolvedSource>> HubClient::Schedule(
   v1::ScheduleResponse resp;
   TH_RETURN_IF_ERROR(
       Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", Within(timeout_ms)));
-  std::vector<ResolvedSource> out;
+  Scheduled out;
+  if (resp.state() == v1::UNAVAILABLE) {
+    if (resp.holders_size() > 0) {
+      return InvalidArgument("schedule: the hub sent holders of an unavailable version");
+    }
+    out.unavailable = resp.detail().empty() ? "the version has no complete holder"
+                                            : resp.detail();
+    return out;
+  }
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
-    out.push_back(std::move(src));
+    out.sources.push_back(std::move(src));
   }
   return out;
 }

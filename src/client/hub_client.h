@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,17 @@ struct Resolved {
   std::vector<ResolvedSource> sources;  // the nearest (the hub bounds them)
   uint32_t num_holders = 0;             // all holders but this worker
   bool retained = false;
+};
+
+// A Schedule answer. `unavailable` is set (with the hub's reason, and no
+// sources) when the hub itself answered that the version is committed but
+// no live worker holds all of its chunks. The hub gives that answer only
+// past its rebuild window after a start; while rebuilding, and when it
+// cannot be reached, Schedule returns an UNAVAILABLE error instead, so the
+// caller can tell a considered answer from a passing one.
+struct Scheduled {
+  std::vector<ResolvedSource> sources;
+  std::optional<std::string> unavailable;
 };
 
 // A keeper's work from KeeperPoll: (model, version, total bytes).
@@ -70,7 +82,7 @@ class HubClient {
   Status AddHolder(const WorkerId& id, const std::string& model,
                    Version version, uint64_t epoch, const Manifest& manifest,
                    bool filling = false, int64_t timeout_ms = -1);
-  Result<std::vector<ResolvedSource>> Schedule(
+  Result<Scheduled> Schedule(
       const WorkerId& reader, const std::string& model, Version version,
       const std::vector<WorkerId>& exclude, uint32_t max_sources,
       int64_t timeout_ms = -1);

@@ -27,8 +27,11 @@ using grpc::ServerContext;
 
 class HubServiceImpl final : public v1::Hub::Service {
  public:
-  HubServiceImpl(HubConfig config, std::string secret)
-      : state_(config), secret_(std::move(secret)) {}
+  HubServiceImpl(HubConfig config, std::string secret, int64_t rebuild_ms, int64_t started_ms)
+      : state_(config),
+        secret_(std::move(secret)),
+        rebuild_ms_(rebuild_ms),
+        started_ms_(started_ms) {}
 
   grpc::Status RegisterWorker(ServerContext* ctx,
                               const v1::RegisterWorkerRequest* req,
@@ -216,6 +219,15 @@ class HubServiceImpl final : public v1::Hub::Service {
                                Version(req->version()),
                                req->include_uncommitted(),
                                /*copy_manifest=*/false);
+      if (!res.ok() && res.status().code() == StatusCode::kUnavailable && req->version() != 0 &&
+          state_.StateOf(req->model(), Version(req->version())) == VersionState::kUnavailable &&
+          !Rebuilding()) {
+        // A considered answer, as for Schedule: the version with its state
+        // UNAVAILABLE, its manifest and the (filling) holders left, so the
+        // reader can tell it from an unreachable hub and stop waiting.
+        res = state_.Resolve(WorkerId(req->worker_id()), req->model(), Version(req->version()),
+                             /*include_uncommitted=*/true, /*copy_manifest=*/false);
+      }
       if (res.ok() && res->manifest_digest.has_value()) {
         encoded = CachedManifest(req->model(), *res);
         if (encoded == nullptr) {
@@ -224,7 +236,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       }
       return res;
     }();
-    if (!r.ok()) return wire::ToGrpc(r.status());
+    if (!r.ok()) return wire::ToGrpc(DuringRebuild(r.status()));
     // Encoding happens outside the lock: a big manifest must not stall
     // other calls. Every reader of a version gets the same bytes, so they
     // are encoded once per version.
@@ -254,14 +266,26 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     std::set<WorkerId> exclude;
     for (const std::string& e : req->exclude()) exclude.insert(WorkerId(e));
+    bool version_unavailable = false;
     Result<std::vector<HolderView>> r = [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return state_.Schedule(WorkerId(req->worker_id()), req->model(),
-                             Version(req->version()), exclude,
-                             req->max_sources());
+      Result<std::vector<HolderView>> res =
+          state_.Schedule(WorkerId(req->worker_id()), req->model(), Version(req->version()),
+                          exclude, req->max_sources());
+      version_unavailable =
+          !res.ok() && res.status().code() == StatusCode::kUnavailable &&
+          state_.StateOf(req->model(), Version(req->version())) == VersionState::kUnavailable;
+      return res;
     }();
-    if (!r.ok()) return wire::ToGrpc(r.status());
+    if (version_unavailable && !Rebuilding()) {
+      // A considered answer, not an RPC error: the reader may stop waiting.
+      resp->set_state(v1::UNAVAILABLE);
+      resp->set_detail(r.status().message());
+      return grpc::Status::OK;
+    }
+    if (!r.ok()) return wire::ToGrpc(DuringRebuild(r.status()));
     for (const HolderView& h : *r) ToProto(h, resp->add_holders());
+    resp->set_state(v1::COMMITTED);
     return grpc::Status::OK;
   }
 
@@ -358,6 +382,22 @@ class HubServiceImpl final : public v1::Hub::Service {
                         "wrong or missing shared secret");
   }
 
+  // A hub keeps no state on disk: after a (re)start it learns versions
+  // from the workers as they re-register and re-report, within about a
+  // lease. Until rebuild_ms_ have passed, "unknown" (NOT_FOUND) and "no
+  // holder" (UNAVAILABLE) may only mean "not re-reported yet", so both are
+  // answered as an UNAVAILABLE error that says so: callers retry within
+  // their deadline, and no reader takes them for final.
+  bool Rebuilding() const { return NowMs() - started_ms_ < rebuild_ms_; }
+  Status DuringRebuild(const Status& s) const {
+    if (s.code() != StatusCode::kNotFound && s.code() != StatusCode::kUnavailable) return s;
+    const int64_t age_ms = NowMs() - started_ms_;
+    if (age_ms >= rebuild_ms_) return s;
+    return Unavailable("hub started " + std::to_string(age_ms) +
+                       " ms ago and is rebuilding its state from the workers' reports (for " +
+                       std::to_string(rebuild_ms_) + " ms): " + s.message());
+  }
+
   static constexpr uint32_t kMaxWaitMs = 600000;
   static constexpr uint32_t kMaxPollMs = 30000;
 
@@ -427,6 +467,8 @@ class HubServiceImpl final : public v1::Hub::Service {
   std::deque<ManifestKey> manifest_order_;  // guarded by mu_, oldest first
   size_t manifest_cache_bytes_ = 0;         // guarded by mu_
   const std::string secret_;
+  const int64_t rebuild_ms_;
+  const int64_t started_ms_;
 };
 
 class HubServerImpl final : public HubServer {
@@ -484,8 +526,10 @@ class HubServerImpl final : public HubServer {
 
 }  // namespace
 
-std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret) {
-  return std::make_unique<HubServiceImpl>(config, std::move(secret));
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret,
+                                                int64_t rebuild_ms, int64_t started_ms) {
+  return std::make_unique<HubServiceImpl>(config, std::move(secret), rebuild_ms,
+                                          started_ms < 0 ? NowMs() : started_ms);
 }
 
 void ExpireLeases(v1::Hub::Service* service) {
@@ -507,7 +551,8 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^
                        static_cast<uint64_t>(NowMs());
-  auto service = std::make_unique<HubServiceImpl>(config, options.secret);
+  const int64_t rebuild_ms = options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
+  auto service = std::make_unique<HubServiceImpl>(config, options.secret, rebuild_ms, NowMs());
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address,
@@ -524,7 +569,8 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
       0, options.listen_address.rfind(':'));
   std::string address = host + ":" + std::to_string(port);
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
-               << options.lease_ms << " ms"
+               << options.lease_ms << " ms, rebuilding from the workers' reports for "
+               << rebuild_ms << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
                << (options.racks_oversubscribed
                        ? ", racks oversubscribed: sources nearest first"

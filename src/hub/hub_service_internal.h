@@ -5,6 +5,7 @@
 #ifndef TENSORHUB_HUB_HUB_SERVICE_INTERNAL_H_
 #define TENSORHUB_HUB_HUB_SERVICE_INTERNAL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -15,7 +16,10 @@ namespace tensorhub::hub {
 
 // Every method is safe to call with a default-constructed ServerContext when
 // `secret` is empty (the context is only read to log a refused peer).
-std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret);
+// rebuild_ms: the window after `started_ms` (-1: now) in which an unknown
+// or unheld version is answered UNAVAILABLE, "rebuilding" (HubOptions).
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret,
+                                                int64_t rebuild_ms = 0, int64_t started_ms = -1);
 
 // Runs the lease-expiry pass of a service made by NewHubService.
 void ExpireLeases(v1::Hub::Service* service);

@@ -589,6 +589,12 @@ std::optional<Manifest> HubState::CommittedManifest(const std::string& model,
   return v->manifest;
 }
 
+std::optional<VersionState> HubState::StateOf(const std::string& model, Version version) {
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) return std::nullopt;
+  return v->state;
+}
+
 Result<Resolution> HubState::Resolve(const WorkerId& reader,
                                      const std::string& model, Version version,
                                      bool include_uncommitted,

@@ -205,6 +205,8 @@ class HubState {
   // The committed manifest of a version, if there is one.
   std::optional<Manifest> CommittedManifest(const std::string& model,
                                             Version version);
+  // The state of a version the hub knows (nullopt: unknown).
+  std::optional<VersionState> StateOf(const std::string& model, Version version);
   std::vector<ModelSummary> List() const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and

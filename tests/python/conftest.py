@@ -13,7 +13,8 @@ import tensorhub
 
 @pytest.fixture(scope="session")
 def hub():
-    with tensorhub.serve_hub("127.0.0.1:0", lease_ms=3000) as h:
+    # rebuild_ms=0: tests ask about unknown models and expect NOT_FOUND at once.
+    with tensorhub.serve_hub("127.0.0.1:0", lease_ms=3000, rebuild_ms=0) as h:
         yield h
 
 

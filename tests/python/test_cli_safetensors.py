@@ -60,7 +60,7 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0) -> int:
 def cli_hub():
     port = free_port()
     env = dict(os.environ, TENSORHUB_LOG="warn")
-    proc = subprocess.Popen([str(BIN), "serve", "--listen", f"127.0.0.1:{port}"],
+    proc = subprocess.Popen([str(BIN), "serve", "--listen", f"127.0.0.1:{port}", "--rebuild-ms", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_port(port, proc)

@@ -1,0 +1,80 @@
+"""serve_hub's options beyond the address: oversubscribed_racks and the
+rebuild window after a start (rebuild_ms)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import tensorhub
+
+
+def test_oversubscribed_racks_reaches_the_hub(capfd):
+    # The hub logs its scheduling policy when it starts (at info level).
+    tensorhub.set_log_level("info")
+    try:
+        with tensorhub.serve_hub(oversubscribed_racks=True, rebuild_ms=0) as hub:
+            pass
+        with tensorhub.serve_hub(rebuild_ms=0) as hub2:
+            pass
+    finally:
+        tensorhub.set_log_level("warn")
+    err = capfd.readouterr().err
+    assert f"hub listening on {hub.address}" in err
+    lines = [line for line in err.splitlines() if "hub listening on" in line]
+    assert len(lines) == 2, err
+    assert "racks oversubscribed: sources nearest first" in lines[0], lines[0]
+    assert "sources idle first within a datacenter" in lines[1], lines[1]
+    assert hub2.address in lines[1]
+
+
+def test_oversubscribed_hub_moves_bytes_between_racks():
+    with tensorhub.serve_hub(oversubscribed_racks=True, rebuild_ms=0) as hub:
+        trainer = tensorhub.connect(hub.address, labels={"datacenter": "d", "rack": "a"})
+        near = tensorhub.connect(hub.address, labels={"datacenter": "d", "rack": "a"})
+        far = tensorhub.connect(hub.address, labels={"datacenter": "d", "rack": "b"})
+        try:
+            src = {"w": np.arange(1 << 18, dtype=np.float32)}
+            trainer.publish("m", 1, src)
+            for reader in (near, far):
+                out = {"w": np.zeros(1 << 18, dtype=np.float32)}
+                assert reader.fetch("m", 1, into=out, timeout=20.0) == 1
+                assert np.array_equal(out["w"], src["w"])
+        finally:
+            for c in (trainer, near, far):
+                c.close()
+
+
+def test_bad_serve_hub_options():
+    with pytest.raises(tensorhub.InvalidArgumentError, match="oversubscribed_racks"):
+        tensorhub.serve_hub(oversubscribed_racks="yes")  # type: ignore[arg-type]
+    with pytest.raises(tensorhub.InvalidArgumentError, match="rebuild_ms"):
+        tensorhub.serve_hub(rebuild_ms=-5)
+    with pytest.raises(tensorhub.InvalidArgumentError, match="rebuild_ms"):
+        tensorhub.serve_hub(rebuild_ms=1.5)  # type: ignore[arg-type]
+
+
+def test_unknown_model_is_unavailable_while_the_hub_rebuilds():
+    # Rebuilding for a minute: "unknown" may only mean "not re-reported yet",
+    # so the fetch retries until its timeout and says why.
+    with tensorhub.serve_hub(rebuild_ms=60000) as hub:
+        c = tensorhub.connect(hub.address)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(tensorhub.UnavailableError, match="rebuilding its state"):
+                c.fetch("never-published", 1, into={"w": np.zeros(4, np.float32)}, timeout=1.0)
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            c.close()
+    # Without the window the same question is NOT_FOUND, final, at once.
+    with tensorhub.serve_hub(rebuild_ms=0) as hub:
+        c = tensorhub.connect(hub.address)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(tensorhub.NotFoundError):
+                c.fetch("never-published", 1, into={"w": np.zeros(4, np.float32)}, timeout=10.0)
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            c.close()
