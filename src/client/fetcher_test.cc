@@ -619,6 +619,17 @@ TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
     }
     return Status::Ok();
   };
+  // `fast` serves nothing until `slow` has a read stuck (bounded), so that on
+  // a loaded machine `fast` cannot take every chunk before that happens.
+  fast.source.hook_ = [&](int n) {
+    if (n == 1) {
+      Deadline stuck = Deadline::AfterMs(5000);
+      while (slow.source.reads_.load() < 3 && !stuck.expired()) {
+        std::this_thread::sleep_for(milliseconds(1));
+      }
+    }
+    return Status::Ok();
+  };
   FetcherOptions o = TestOptions();
   o.read_timeout_ms = 20000;  // far beyond the test: only stealing can help
   o.steal_min_ms = 300;
