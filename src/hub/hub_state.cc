@@ -228,10 +228,10 @@ void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
   v.manifest = std::move(manifest);
 }
 
-Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
-                           Version version, uint64_t epoch,
-                           const Manifest& manifest, int64_t now_ms,
-                           bool filling) {
+Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
+                                                   const std::string& model,
+                                                   Version version,
+                                                   int64_t now_ms) {
   auto wit = workers_.find(worker);
   if (wit == workers_.end()) {
     return NotFound("hub does not know worker " + worker.value() +
@@ -240,6 +240,15 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   if (version.value() == 0) return InvalidArgument("version numbers start at 1");
+  return &wit->second;
+}
+
+Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
+                           Version version, uint64_t epoch,
+                           const Manifest& manifest, int64_t now_ms,
+                           bool filling) {
+  TH_ASSIGN_OR_RETURN(Worker * reporter,
+                      ReportingWorker(worker, model, version, now_ms));
   // The usual report repeats the committed manifest, which was validated
   // when it was stored: one comparison instead of a validation.
   const VersionEntry* known = FindVersion(model, version);
@@ -298,7 +307,7 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
     return InvalidArgument("manifest of " + vname +
                            " differs from the committed one");
   }
-  return AttachHolder(wit->second, worker, model, version, v, epoch, filling);
+  return AttachHolder(*reporter, worker, model, version, v, epoch, filling);
 }
 
 Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
@@ -306,15 +315,8 @@ Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
                                          Version version, uint64_t epoch,
                                          ManifestDigest digest, int64_t now_ms,
                                          bool filling) {
-  auto wit = workers_.find(worker);
-  if (wit == workers_.end()) {
-    return NotFound("hub does not know worker " + worker.value() +
-                    "; register again");
-  }
-  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
-  TH_RETURN_IF_ERROR(ValidateModelName(model));
-  if (version.value() == 0)
-    return InvalidArgument("version numbers start at 1");
+  TH_ASSIGN_OR_RETURN(Worker * reporter,
+                      ReportingWorker(worker, model, version, now_ms));
   const std::string vname = VersionName(model, version);
   VersionEntry* v = FindVersion(model, version);
   if (v != nullptr && v->state == VersionState::kAborted) {
@@ -329,7 +331,7 @@ Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
                            std::to_string(v->manifest_digest.value) + ")");
   }
   TH_RETURN_IF_ERROR(
-      AttachHolder(wit->second, worker, model, version, *v, epoch, filling));
+      AttachHolder(*reporter, worker, model, version, *v, epoch, filling));
   return true;
 }
 

@@ -361,6 +361,11 @@ class HubState {
   bool Covers(const VersionEntry& v, Pred keep) const;
   bool IsReliable(const WorkerId& worker) const;
   void RemoveWorker(const WorkerId& id);
+  // The worker behind a holder report, its lease renewed, once the model
+  // name and version number are valid.
+  Result<Worker*> ReportingWorker(const WorkerId& worker,
+                                  const std::string& model, Version version,
+                                  int64_t now_ms);
   void DropReference(const std::string& model, Version version,
                      const WorkerId& worker);
   void Prune(Model& m);
