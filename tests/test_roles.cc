@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "cli_util.h"
 #include "common/deadline.h"
 #include "client/keeper.h"
 #include "common/log.h"
+#include "common/test_point.h"
+#include "fetch_pause.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "subprocess.h"
@@ -89,7 +92,7 @@ int RunReader(const cli::Args& args) {
     std::istringstream in(line);
     std::string cmd, which;
     in >> cmd >> which;
-    if (cmd != "fetch" && cmd != "fetchx") break;
+    if (cmd != "fetch" && cmd != "fetchx" && cmd != "fetchwait") break;
     Version v = which == "latest" ? Version::Latest() : Version(std::stoull(which));
     FetchOptions fo;
     fo.timeout_ms = 60000;
@@ -100,28 +103,49 @@ int RunReader(const cli::Args& args) {
                     : "error " + st.status().ToString());
       continue;
     }
-    // fetchx V TIMEOUT_MS SIGNAL PID PERCENT: sends SIGNAL to PID (0: this
-    // process) once PERCENT of the bytes have arrived, so a test can fail a
-    // holder (or this reader) in the middle of a transfer, deterministically.
-    int sig = 0, pid = 0, percent = 0;
-    in >> fo.timeout_ms >> sig >> pid >> percent;
-    std::atomic<bool> sent{false};
-    std::atomic<int> sent_at_percent{-1};
-    fo.on_progress = [&](const FetchProgress& p) {
-      if (sig != 0 && p.bytes_done * 100 >= p.bytes_total * static_cast<uint64_t>(percent) &&
-          !sent.exchange(true)) {
-        sent_at_percent = static_cast<int>(p.bytes_done * 100 / std::max<uint64_t>(1, p.bytes_total));
-        ::kill(pid == 0 ? ::getpid() : pid, sig);
-      }
-    };
+    // fetchx V TIMEOUT_MS PAUSE_AFTER: with PAUSE_AFTER > 0 the fetch stops
+    // pulling once that many chunks are verified, says "paused N" and waits
+    // for the line "go" (see FetchPause), so that the test injects its fault
+    // at that known point. "fetchwait V TIMEOUT_MS" says "waiting" the first
+    // time the hub answers UNAVAILABLE (e.g. "rebuilding") and the fetch
+    // retries.
+    uint64_t pause_after = 0;
+    if (cmd == "fetchx") in >> fo.timeout_ms >> pause_after;
+    if (cmd == "fetchwait") {
+      in >> fo.timeout_ms;
+      std::atomic<bool> said{false};
+      testpoint::Arm("fetch.hub_unavailable", [&said](uint64_t) {
+        if (!said.exchange(true)) Reply("waiting");
+      });
+      int64_t t0 = NowMs();
+      auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+      testpoint::Disarm("fetch.hub_unavailable");
+      Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
+                          Hex(model.Digest()) + (said.load() ? " waited" : " at-once")
+                    : "failed " + std::to_string(NowMs() - t0) + " " + st.status().ToString());
+      continue;
+    }
+    std::optional<cli::FetchPause> pause;
+    if (pause_after > 0) {
+      pause.emplace(
+          pause_after, [](uint64_t n) { Reply("paused " + std::to_string(n)); },
+          [] {
+            std::string go;
+            // Blocks until the test answers; EOF (the test went away) also
+            // releases the fetch.
+            while (std::getline(std::cin, go) && go != "go") {
+            }
+          });
+    }
     int64_t t0 = NowMs();
     auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
     std::string ms = std::to_string(NowMs() - t0);
+    uint64_t paused_at = pause.has_value() ? pause->paused_at() : 0;
+    pause.reset();
     Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " + Hex(model.Digest()) +
                         " " + std::to_string(st->chunk_retries) + " " +
                         std::to_string(st->chunks_stolen) + " " + ms + " " +
-                        std::to_string(sent_at_percent.load()) + " " +
-                        std::to_string(st->sources_used)
+                        std::to_string(paused_at) + " " + std::to_string(st->sources_used)
                   : "failed " + ms + " " + st.status().ToString());
   }
   return 0;

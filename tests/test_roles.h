@@ -6,12 +6,15 @@
 //                                        "unpublish V" -> "unpublished V"
 //   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
 //                                        or "error CODE: message"
-//            "fetchx V|latest TIMEOUT_MS SIGNAL PID PERCENT": sends SIGNAL to
-//            PID (0: itself) once PERCENT of the bytes arrived ->
-//            "fetched V DIGEST RETRIES STOLEN MS SIGNAL_PERCENT SOURCES"
-//            (SIGNAL_PERCENT: how far the fetch was when the signal went, -1
-//            if it did not; progress is reported about every 50 ms)
+//            "fetchx V|latest TIMEOUT_MS PAUSE_AFTER": with PAUSE_AFTER > 0,
+//            stops pulling once that many chunks are verified, prints
+//            "paused N" and waits for the line "go" (the test injects its
+//            fault meanwhile) ->
+//            "fetched V DIGEST RETRIES STOLEN MS PAUSED_AT SOURCES"
 //            or "failed MS CODE: message"
+//            "fetchwait V|latest TIMEOUT_MS": prints "waiting" the first time
+//            the hub answers a retryable UNAVAILABLE, then
+//            "fetched V DIGEST waited|at-once" or "failed MS CODE: message"
 //   keeper   --hub A                     prints "ready ID", keeps retained
 //                                        versions until killed
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_

@@ -53,6 +53,7 @@
 #include "cli_util.h"
 #include "common/log.h"
 #include "demo_model.h"
+#include "fetch_pause.h"
 #include "subprocess.h"
 
 namespace tensorhub::cli {
@@ -129,8 +130,12 @@ std::vector<std::string> Words(const std::string& line) {
 // The worker process. Every reply starts with its word and the call's time:
 //   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE: message
 //   unpublish V TIMEOUT_MS               -> ok MS | error MS ...
-//   fetch V|latest TIMEOUT_MS SERVE      -> fetched MS V DIGEST RETRIES STOLEN SOURCES
+//   fetch V|latest TIMEOUT_MS SERVE [PAUSE_AFTER]
+//                                        -> fetched MS V DIGEST RETRIES STOLEN SOURCES
 //                                           | error MS ...
+//                                        With PAUSE_AFTER > 0, first "paused N"
+//                                        once N >= PAUSE_AFTER chunks are in;
+//                                        the fetch goes on at the line "go".
 //   describe V                           -> state MS NAME | error MS ...
 int RunChaosWorker(const Args& args) {
   std::string name = args.Get("name", "worker");
@@ -170,12 +175,24 @@ int RunChaosWorker(const Args& args) {
     } else if (w[0] == "unpublish" && w.size() == 3) {
       Status s = (*client)->Unpublish(kModel, Version(std::stoull(w[1])), std::stoll(w[2]));
       s.ok() ? Reply("ok " + ms()) : error(s);
-    } else if (w[0] == "fetch" && w.size() == 4) {
+    } else if (w[0] == "fetch" && (w.size() == 4 || w.size() == 5)) {
       FetchOptions fo;
       fo.timeout_ms = std::stoll(w[2]);
       fo.serve = w[3] == "1";
       Version v = w[1] == "latest" ? Version::Latest() : Version(std::stoull(w[1]));
+      // PAUSE_AFTER: stop pulling after that many chunks, say "paused N" and
+      // wait for "go" (the test bed injects its fault meanwhile).
+      std::optional<FetchPause> pause;
+      if (w.size() == 5 && std::stoull(w[4]) > 0) {
+        pause.emplace(
+            std::stoull(w[4]), [](uint64_t n) { Reply("paused " + std::to_string(n)); },
+            [] {
+              for (std::string go; std::getline(std::cin, go) && go != "go";) {
+              }
+            });
+      }
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
+      pause.reset();
       st.ok() ? Reply("fetched " + ms() + " " + std::to_string(st->version.value()) + " " +
                       Hex(model.Digest()) + " " + std::to_string(st->chunk_retries) + " " +
                       std::to_string(st->chunks_stolen) + " " + std::to_string(st->sources_used))

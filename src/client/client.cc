@@ -19,6 +19,7 @@
 #include "client/registry.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/test_point.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
@@ -421,6 +422,7 @@ class Client::Impl {
                                          const std::string& group,
                                          uint64_t group_step) {
     int unavailable_answers = 0;
+    uint64_t retryable_answers = 0;
     while (true) {
       Result<client::Resolved> r =
           hub_.Resolve(id(), model, version, false, group, group_step,
@@ -452,6 +454,7 @@ class Client::Impl {
           deadline.remaining_ms() < 200) {
         return r.status();
       }
+      testpoint::Hit("fetch.hub_unavailable", ++retryable_answers);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }

@@ -12,6 +12,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/test_point.h"
 
 namespace tensorhub::client {
 namespace {
@@ -234,8 +235,10 @@ class FetchRun {
         ++done_chunks_;
         bytes_done_ += loc.bytes;
         if (done_chunks_ == total_chunks_) cv_.notify_all();
+        const uint64_t done_now = done_chunks_;
         lock.unlock();
         if (options_.on_chunk) options_.on_chunk(chunk);
+        testpoint::Hit("fetcher.chunk_done", done_now);
         Progress(false);
         lock.lock();
         continue;

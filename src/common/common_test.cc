@@ -186,6 +186,25 @@ TEST(TensorSpecTest, ByteSizeOverflowIsAnError) {
   EXPECT_FALSE(bad.ByteSize().ok());
 }
 
+// Regression: a 0 dimension before the overflowing ones used to hide the
+// overflow (0 * anything), while the same dimensions in another order were
+// refused. A shape is valid or not whatever the order of its dimensions.
+TEST(TensorSpecTest, ByteSizeOverflowDoesNotDependOnWhereTheZeroIs) {
+  const std::vector<std::vector<uint64_t>> orders = {
+      {0, 1ull << 32, 1ull << 32}, {1ull << 32, 0, 1ull << 32}, {1ull << 32, 1ull << 32, 0}};
+  for (const auto& shape : orders) {
+    TensorSpec t{"t", DType::kU8, shape};
+    EXPECT_EQ(t.ByteSize().status().code(), StatusCode::kInvalidArgument)
+        << shape[0] << "x" << shape[1] << "x" << shape[2];
+  }
+  // Without an overflow, a 0 anywhere means no bytes.
+  for (const auto& shape : std::vector<std::vector<uint64_t>>{{0, 1ull << 40}, {1ull << 40, 0}}) {
+    TensorSpec t{"t", DType::kF32, shape};
+    ASSERT_TRUE(t.ByteSize().ok());
+    EXPECT_EQ(*t.ByteSize(), 0u);
+  }
+}
+
 // ---------------------------------------------------------------- Xxh3
 
 TEST(Xxh3Test, PiecesEqualConcatenation) {

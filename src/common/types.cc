@@ -48,13 +48,21 @@ size_t DTypeBytes(DType dtype) {
 Result<uint64_t> TensorSpec::ByteSize() const {
   uint64_t n = DTypeBytes(dtype);
   if (n == 0) return InvalidArgument("tensor '" + name + "': bad dtype");
+  // The product of the non-zero dimensions must fit, whatever their order
+  // and whether some dimension is 0: a shape is valid or not by itself, not
+  // by where its zero happens to stand.
+  bool empty = false;
   for (uint64_t d : shape) {
-    if (d != 0 && n > UINT64_MAX / d) {
-      return InvalidArgument("tensor '" + name + "': byte size overflows");
+    if (d == 0) {
+      empty = true;
+      continue;
+    }
+    if (n > UINT64_MAX / d) {
+      return InvalidArgument("tensor '" + name + "': byte size overflows 64 bits");
     }
     n *= d;
   }
-  return n;
+  return empty ? 0 : n;
 }
 
 std::string_view VersionStateName(VersionState state) {

@@ -153,8 +153,15 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
                            std::to_string(a.chunk_bytes));
   }
   // The hub keeps one reference per worker and version: a second rank from
-  // the same worker would replace the first and leave its part unheld.
+  // the same worker would replace the first and leave its part unheld, and
+  // a rank from a worker that holds the whole version (it fetched it) would
+  // replace its full reference with one part.
   auto own = v.refs.find(a.worker);
+  if (own != v.refs.end() && !own->second.rank.has_value()) {
+    return AlreadyExists("worker " + a.worker.value() + " already holds all of " + vname +
+                         " (it fetched it); publishing rank " + std::to_string(a.rank) +
+                         " would replace that with one part: unpublish it first");
+  }
   if (own != v.refs.end() && own->second.rank.has_value() &&
       *own->second.rank != a.rank) {
     return InvalidArgument("worker " + a.worker.value() + " already publishes "

@@ -522,6 +522,35 @@ TEST_F(HubStateTest, OneWorkerCannotHoldTwoRanksOfAGroup) {
             (std::vector<ChunkRange>{{0, r->manifest->chunk_base(1)}}));
 }
 
+// Regression: a worker that fetched a whole version and then published a
+// rank of it lost its full reference (the hub replaced it with the one part),
+// so the version had one complete holder fewer than it seemed.
+TEST_F(HubStateTest, FullHolderPublishingARankKeepsItsFullReference) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  WorkerId f = Register("f");
+  auto g = Group("m", 2);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
+  ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
+  ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 7, ManifestOf(g), 0).ok());
+  const std::string before = Dump(hub_.List());
+  Result<VersionState> s = Pub(f, "m", 1, g, 0);
+  EXPECT_EQ(s.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(s.status().message().find("already holds all of"), std::string::npos)
+      << s.status().ToString();
+  EXPECT_EQ(Dump(hub_.List()), before);
+  // f still serves every chunk: with both trainer ranks gone it is the one
+  // complete holder.
+  ASSERT_TRUE(hub_.Unpublish(a, "m", Version(1), 0).ok());
+  ASSERT_TRUE(hub_.Unpublish(b, "m", Version(1), 0).ok());
+  Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->state, VersionState::kCommitted);
+  ASSERT_EQ(Ids(*r), std::vector<std::string>{f.value()});
+  EXPECT_EQ(r->holders[0].chunks,
+            (std::vector<ChunkRange>{{0, r->manifest->num_chunks()}}));
+}
+
 TEST_F(HubStateTest, TensorNamePublishedByTwoRanksRejected) {
   WorkerId a = Register("a");
   WorkerId b = Register("b");

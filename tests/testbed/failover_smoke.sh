@@ -6,8 +6,10 @@
 #     reader; its reads just stop);
 #  2. turns very slow mid-transfer: its link is shaped from 400 to 4 Mbit/s.
 # Either way the reads stuck on that holder would last until the 30 s read
-# timeout; work stealing moves them to the other holder, so the fetch must
-# end within 12 s (a full copy at 400 Mbit/s takes about 1.4 s).
+# timeout, past the fetch's 20 s deadline; work stealing moves them to the
+# other holder, so the fetch succeeds (a full copy at 400 Mbit/s takes about
+# 1.4 s; the time is printed beside that bound, not judged: a loaded machine
+# is slower, and speed belongs to the benchmarks).
 # Hosts: h0 trainer, h1 first reader (second holder), h2 the reader under
 # test, h3 the hub. Needs root. About half a minute.
 set -euo pipefail
@@ -15,7 +17,9 @@ cd "$(dirname "$0")/../.."
 BIN=$(realpath "${TENSORHUB_BIN:-build/tools/tensorhub}")
 prefix=thch
 bytes=$((64 << 20))
-limit_ms=12000
+chunks=64      # of 1 MiB (--chunk-bytes below)
+pause_after=8
+limit_ms=20000
 work=$(mktemp -d)
 pids=()
 fail() { echo "failover_smoke: FAIL: $*" >&2; exit 1; }
@@ -55,27 +59,39 @@ expect_line() {  # fd, what, timeout_s
 for fd in 4 6 8; do [[ "$(expect_line $fd worker 30)" == ready ]] || fail "a worker did not start"; done
 
 # Round: publish version $1, the first reader fetches it, the reader under
-# test fetches it and $2 is done to the trainer's link 0.4 s in.
+# test fetches it and pauses after $pause_after of its $chunks chunks (it
+# pulls nothing more until told "go"), $2 is done to the trainer's link,
+# and the reader goes on: the fault lands mid-transfer on a fast idle
+# machine and on a slow loaded one alike.
 round() {
   local v=$1 fault=$2 pub got
-  echo "publish $v 0 1 10000" >&3
-  pub=$(expect_line 4 "trainer publish" 30)
-  [[ $pub == ok* ]] || fail "publish $v: $pub"
+  # The trainer may still be registering again with the hub (after a link
+  # cut its lease ran out): publish until the hub takes it, bounded.
+  local tries=0
+  while :; do
+    echo "publish $v 0 1 10000" >&3
+    pub=$(expect_line 4 "trainer publish" 30)
+    [[ $pub == ok* ]] && break
+    ((++tries < 100)) || fail "publish $v: $pub"
+    sleep 0.2
+  done
   local digest=${pub##* }
   echo "fetch $v 30000 1" >&5
   got=$(expect_line 6 "first fetch" 40)
   [[ $got == "fetched "*" $v $digest "* ]] || fail "first reader: $got"
-  echo "fetch $v 30000 1" >&7
-  sleep 0.4
+  echo "fetch $v $limit_ms 1 $pause_after" >&7
+  local paused
+  paused=$(expect_line 8 "reader pause" 40)
+  [[ $paused == "paused "* ]] || fail "reader under test did not pause: $paused"
   eval "$fault"
-  got=$(expect_line 8 "reader fetch" 40)
+  echo go >&7
+  got=$(expect_line 8 "reader fetch" 60)
   [[ $got == "fetched "*" $v $digest "* ]] || fail "reader under test ($fault): $got"
   local ms retries stolen sources
   read -r _ ms _ _ retries stolen sources <<< "$got"
+  ((${paused#paused } < chunks)) || fail "the fault came after the last chunk ($paused)"
   ((sources == 2)) || fail "the reader used $sources holder(s), not both: nothing was tested"
   ((retries > 0)) || fail "no read from the trainer failed over after '$fault'"
-  ((ms > 400)) || fail "the fetch ended before the fault ($ms ms): nothing was tested"
-  ((ms < limit_ms)) || fail "the fetch took $ms ms after '$fault' (limit $limit_ms ms)"
   # The bandwidth lower bound of this fetch: S over the reader's own link.
   local bound_ms=$((bytes * 8 / 400000))  # 400 Mbit/s = 400,000 bit/ms
   echo "failover_smoke: '$fault' mid-fetch: the reader got version $v exactly in $ms ms;" \
@@ -84,9 +100,6 @@ round() {
 }
 round 1 "ip -n $prefix-h0 link set eth0 down"
 ip -n "$prefix-h0" link set eth0 up
-# The trainer lost its lease while cut off; give its heartbeat time to
-# register again before the next round.
-sleep 3
 echo "unpublish 1 10000" >&3; expect_line 4 "trainer unpublish" 20 >/dev/null
 round 2 "tc -n $prefix-h0 qdisc replace dev eth0 root tbf rate 4mbit burst 65536 latency 20ms"
 echo "failover_smoke: OK"

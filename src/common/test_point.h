@@ -1,0 +1,52 @@
+// Test points: named places in production code where a test may run code of
+// its own (block until released, count, fail), so that a fault lands at a
+// known point of a transfer, never "after N ms" or "at 25% progress", which a
+// fast idle machine jumps over and a loaded one reaches late. In the spirit
+// of FoundationDB's BUGGIFY, without the randomness: nothing fires unless a
+// test arms it.
+//
+// Cost when nothing is armed: one relaxed atomic load per Hit().
+//
+// Points (name: where, and what `arg` is):
+//   fetcher.chunk_done     a fetch stream, right after a chunk was verified
+//                          and counted, no lock held; arg = chunks done so
+//                          far in this fetch (1, 2, ...)
+//   fetch.hub_unavailable  a fetch got a retryable UNAVAILABLE from the hub
+//                          (e.g. "rebuilding" after a hub restart) and will
+//                          ask again; arg = attempts so far
+//
+// Thread-safety: Arm/Disarm/Hit may be called from any thread. An action runs
+// on the thread that hit the point, with no lock of this module held, so it
+// may block (a test's barrier) and may Disarm itself.
+#ifndef TENSORHUB_COMMON_TEST_POINT_H_
+#define TENSORHUB_COMMON_TEST_POINT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace tensorhub::testpoint {
+
+using Action = std::function<void(uint64_t arg)>;
+
+// Arms `name` with `action`, replacing any action armed there before.
+void Arm(const std::string& name, Action action);
+// Disarms `name`; a no-op if it is not armed. An action already running
+// finishes.
+void Disarm(const std::string& name);
+
+namespace internal {
+extern std::atomic<int> armed_points;
+void Fire(const char* name, uint64_t arg);
+}  // namespace internal
+
+inline void Hit(const char* name, uint64_t arg = 0) {
+  if (internal::armed_points.load(std::memory_order_relaxed) > 0) {
+    internal::Fire(name, arg);
+  }
+}
+
+}  // namespace tensorhub::testpoint
+
+#endif  // TENSORHUB_COMMON_TEST_POINT_H_

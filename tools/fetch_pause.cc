@@ -1,0 +1,41 @@
+#include "fetch_pause.h"
+
+#include "common/test_point.h"
+
+namespace tensorhub::cli {
+
+constexpr char kPoint[] = "fetcher.chunk_done";
+
+FetchPause::FetchPause(uint64_t after_chunks, std::function<void(uint64_t)> paused,
+                       std::function<void()> resume)
+    : after_chunks_(after_chunks), paused_(std::move(paused)), resume_(std::move(resume)) {
+  testpoint::Arm(kPoint, [this](uint64_t n) { OnChunk(n); });
+}
+
+FetchPause::~FetchPause() { testpoint::Disarm(kPoint); }
+
+uint64_t FetchPause::paused_at() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return paused_at_;
+}
+
+void FetchPause::OnChunk(uint64_t chunks_done) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (phase_ == Phase::kReleased || chunks_done < after_chunks_) return;
+  if (phase_ == Phase::kPaused) {
+    // Another stream is waiting for the test: this one waits with it, as
+    // long as resume_() blocks (which the caller bounds, e.g. by EOF).
+    released_.wait(l, [this] { return phase_ == Phase::kReleased; });
+    return;
+  }
+  phase_ = Phase::kPaused;
+  paused_at_ = chunks_done;
+  l.unlock();
+  paused_(chunks_done);
+  resume_();
+  l.lock();
+  phase_ = Phase::kReleased;
+  released_.notify_all();
+}
+
+}  // namespace tensorhub::cli

@@ -1,0 +1,48 @@
+// Stops a fetch in this process at a known point so that a test can inject
+// a fault there: once `after_chunks` chunks of the fetch are verified, the
+// stream that got there announces it (`paused(n)`, e.g. a line "paused N" on
+// stdout) and then calls `resume()`, which blocks until the test says go
+// (e.g. reads the line "go" from stdin); every other stream that finishes a
+// chunk meanwhile waits too, so the reader pulls nothing while the test
+// kills, stops or cuts off a holder. Built on the test point
+// "fetcher.chunk_done" (common/test_point.h). Fires once; disarmed when
+// destroyed, which must come after the fetch returned (its streams call
+// into this object). One FetchPause per process at a time. `resume` must
+// return in bounded time (a reply, or EOF when the test goes away): the
+// streams wait as long as it blocks.
+#ifndef TENSORHUB_TOOLS_FETCH_PAUSE_H_
+#define TENSORHUB_TOOLS_FETCH_PAUSE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+
+namespace tensorhub::cli {
+
+class FetchPause {
+ public:
+  FetchPause(uint64_t after_chunks, std::function<void(uint64_t chunks_done)> paused,
+             std::function<void()> resume);
+  ~FetchPause();
+  FetchPause(const FetchPause&) = delete;
+  FetchPause& operator=(const FetchPause&) = delete;
+
+  // How many chunks were done when the fetch paused; 0 if it never did.
+  uint64_t paused_at() const;
+
+ private:
+  void OnChunk(uint64_t chunks_done);
+
+  const uint64_t after_chunks_;
+  const std::function<void(uint64_t)> paused_;
+  const std::function<void()> resume_;
+  mutable std::mutex mu_;
+  std::condition_variable released_;
+  enum class Phase { kRunning, kPaused, kReleased } phase_ = Phase::kRunning;  // guarded by mu_
+  uint64_t paused_at_ = 0;                                                   // guarded by mu_
+};
+
+}  // namespace tensorhub::cli
+
+#endif  // TENSORHUB_TOOLS_FETCH_PAUSE_H_
