@@ -67,12 +67,6 @@ void StopProcess(pid_t pid) {
   ADD_FAILURE() << "process " << pid << " did not stop";
 }
 
-// A call must end by its own deadline. The slack covers process scheduling
-// on a loaded 2-core machine; every fallback a missed deadline would land on
-// (an RPC or read timeout) is several times longer, so the check still tells
-// "ended by its deadline" from "ended by some other timeout".
-constexpr int64_t kDeadlineSlackMs = 2000;
-
 // How far a fetch of kFaultBytes gets before a test injects its fault: the
 // reader pulls nothing more until the test says "go" (FetchPause).
 constexpr uint64_t kPauseAfterChunks = 8;

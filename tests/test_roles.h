@@ -28,6 +28,12 @@
 
 namespace tensorhub::testing {
 
+// A call must end by its own deadline. The slack covers process scheduling
+// on a loaded 2-core machine; every fallback a missed deadline would land on
+// (an RPC or read timeout) is several times longer, so a check with it still
+// tells "ended by its deadline" from "ended by some other timeout".
+constexpr int64_t kDeadlineSlackMs = 2000;
+
 // Runs the role named by argv ("--role=NAME") and returns its exit code, or
 // -1 if argv names no role.
 int MaybeRunRole(int argc, char** argv);

@@ -14,6 +14,11 @@
 //   fetch.hub_unavailable  a fetch got a retryable UNAVAILABLE from the hub
 //                          (e.g. "rebuilding" after a hub restart) and will
 //                          ask again; arg = attempts so far
+//   hub.departure_held     the hub holds an Unpublish or Leave of the last
+//                          reliable copy of a retained version until a
+//                          keeper copies it; arg = versions held. Runs with
+//                          the hub's lock held: the action must not call
+//                          the hub.
 //
 // Thread-safety: Arm/Disarm/Hit may be called from any thread. An action runs
 // on the thread that hit the point, with no lock of this module held, so it

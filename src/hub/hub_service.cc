@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/test_point.h"
 #include "common/deadline.h"
 #include "common/log.h"
 #include "hub/hub_service_internal.h"
@@ -140,6 +141,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       const int64_t deadline = NowMs() + req->wait_ms();
       state_.SetDeparting(worker, req->model(), version, true);
       changed_.notify_all();  // keepers polling learn of the work
+      testpoint::Hit("hub.departure_held", 1);
       while (!keep.ok() && NowMs() < deadline && !ctx->IsCancelled()) {
         WaitChange(lock, deadline);
         (void)state_.Heartbeat(worker, NowMs());
@@ -344,6 +346,8 @@ class HubServiceImpl final : public v1::Hub::Service {
       auto marked = blocked;
       for (const auto& [m, v] : marked) state_.SetDeparting(worker, m, v, true);
       changed_.notify_all();
+      // Runs with the hub's lock held: a test's action must not call the hub.
+      testpoint::Hit("hub.departure_held", blocked.size());
       while (!blocked.empty() && NowMs() < deadline && !ctx->IsCancelled()) {
         WaitChange(lock, deadline);
         (void)state_.Heartbeat(worker, NowMs());
