@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the GoogleTest suite (unit, integration and
-# multi-process tests) in a release build and again under AddressSanitizer +
-# UndefinedBehaviorSanitizer, the libFuzzer targets for a bounded time, and
+# multi-process tests) in a release build, again under AddressSanitizer +
+# UndefinedBehaviorSanitizer and under ThreadSanitizer, the libFuzzer targets for a bounded time, and
 # the Python package's pytest suite.
-#   SKIP_ASAN=1  skip the sanitizer build      FUZZ_SECONDS=N  per target (30)
+#   SKIP_ASAN=1  skip the ASan+UBSan build     FUZZ_SECONDS=N  per target (30)
+#   SKIP_TSAN=1  skip the ThreadSanitizer build
 #   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run (default: seed 20261122, 20
 #                rounds, so that CI replays the same fault schedule; set a
 #                new seed to explore, and replay a failure with its seed)
@@ -23,6 +24,15 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
   step "GoogleTest suite (ASan + UBSan)"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ctest --output-on-failure --timeout 900)
+fi
+
+if [ "${SKIP_TSAN:-0}" != "1" ]; then
+  step "ThreadSanitizer build"
+  bash scripts/build.sh build-tsan -DTH_BUILD_TESTS=ON -DTH_TSAN=ON
+  step "GoogleTest suite (ThreadSanitizer)"
+  # Suppressions name third-party code only, each with its reason.
+  (cd build-tsan && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/../scripts/tsan.supp" \
      ctest --output-on-failure --timeout 900)
 fi
 
