@@ -318,7 +318,14 @@ TEST(FailureModes, HolderStoppedMidTransferLosesItsChunksToTheOtherHolder) {
   EXPECT_EQ(Word(got, 2), t.digest);
   EXPECT_GE(std::stoull(Word(got, 6)), kPauseAfterChunks) << got;
   EXPECT_LT(std::stoull(Word(got, 6)), kFaultChunks) << got;
-  EXPECT_GE(std::stoll(Word(got, 4)), 1) << "no read was moved away: " << got;
+  // Reads were moved away from the stopped holder: a read in flight on an
+  // open connection by work stealing (STOLEN), a stream that had to open a
+  // new connection by the connect deadline (5 s: a stopped process's kernel
+  // still accepts, but the handshake never answers). Which one depends on
+  // which streams had connected before the pause; both count in RETRIES.
+  // That the read timeout (30 s) did not do it follows from success within
+  // the fetch's 20 s deadline.
+  EXPECT_GE(std::stoll(Word(got, 3)), 1) << "no read was moved away: " << got;
   std::printf("stopped holder: %s\n", got.c_str());
 }
 
