@@ -77,8 +77,11 @@ th_hash=$( { git ls-files -s python src include proto CMakeLists.txt pyproject.t
 if [ -f "$TH_STAMP" ] && [ "$(cat "$TH_STAMP")" = "$th_hash" ]; then
   say "tensorhub package up to date"
 else
-  say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python/)"
-  CMAKE_BUILD_PARALLEL_LEVEL=2 "${PIP[@]}" --no-build-isolation -c "$VENV/constraints.txt" "$ROOT"
+  # Its own build directory: sharing build-python/ with .venv (another
+  # interpreter path and pybind11) would rebuild the whole tree on every switch.
+  say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python-vllm/)"
+  CMAKE_BUILD_PARALLEL_LEVEL=2 "${PIP[@]}" --no-build-isolation -c "$VENV/constraints.txt" \
+    -C "build-dir=build-python-vllm/{wheel_tag}" "$ROOT"
   echo "$th_hash" > "$TH_STAMP"
 fi
 "$VENV/bin/python" -c 'import importlib.metadata as m, tensorhub
