@@ -131,15 +131,20 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     info = c.describe(name, req["version"], group=req.get("group"), step=int(req.get("step", 0)))
     if not info.committed:
         raise FailedPreconditionError(f"{LOADER}: {name}@{info.version} is {info.state}")
-    out = info.empty("torch")
-    stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
-                    connections=int(req.get("connections", 4)), return_stats=True)
+    key = (req["hub"], name)
+    with _lock:
+        held = _held.get(key)
+    if held is not None and held[0] == info.version:
+        out, stats = held[1], None  # this process holds (and serves) it already
+    else:
+        out = info.empty("torch")
+        stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
+                        connections=int(req.get("connections", 4)), return_stats=True)
     t1 = time.monotonic()
     raw = info.metadata.get(ALIASES_KEY, "{}")
     aliases = json.loads(raw) if isinstance(raw, str) else {}
     weights = list(out.items()) + [(a, out[n]) for a, n in aliases.items()]
     model.load_weights(weights)
-    key = (req["hub"], name)
     with _lock:
         old = _held.get(key)
         _held[key] = (info.version, out)

@@ -386,6 +386,12 @@ class TensorHubWeightTransferEngine(
                 raise InvalidArgumentError(
                     f"tensorhub: {staged.model}@{info.version} has malformed {ALIASES_KEY}"
                 ) from None
+            with self._lock:
+                held = self._held
+            if held is not None and (held[0], held[1]) == (staged.model, info.version):
+                # Already held (and served) here: a fetch would read from itself.
+                staged.version, staged.tensors = info.version, held[2]
+                return
             out = info.empty("torch")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -406,6 +412,9 @@ class TensorHubWeightTransferEngine(
             staged.done.set()
 
     def _drop(self, staged: _Staged) -> None:
+        with self._lock:
+            if self._held is not None and staged.tensors is self._held[2]:
+                return  # the version in use, not a separate stage
         if staged.version is not None and staged.tensors is not None and self._client:
             try:
                 self._client.unpublish(staged.model, staged.version)
