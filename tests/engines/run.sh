@@ -15,7 +15,7 @@ bash python/setup_vllm_env.sh
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 .venv-vllm/bin/python -m pytest -q -s -p no:cacheprovider \
-  tests/engines/test_vllm_e2e.py tests/engines/test_hf_checkpoint.py "$@"
+  tests/engines/test_vllm_backend_unit.py tests/engines/test_vllm_e2e.py tests/engines/test_hf_checkpoint.py "$@"
 if [ "${SKIP_VERL:-0}" != "1" ]; then
   bash python/setup_verl_env.sh
   .venv-verl/bin/python -m pytest -q -p no:cacheprovider tests/engines/test_verl_backend.py "$@"

@@ -113,3 +113,14 @@ def test_loader_misuse_is_clear(hub, model_name):
     bad = [(ths.REQUEST_NAME, torch.tensor(list(b"not json"), dtype=torch.uint8))]
     with pytest.raises(tensorhub.InvalidArgumentError, match="malformed"):
         ths.load_weights(StandInModel(), bad)
+
+
+def test_importing_tensorhub_needs_no_engine_package():
+    import subprocess
+    import sys
+
+    code = ("import sys, tensorhub, tensorhub.vllm, tensorhub.sglang; "
+            "bad = [m for m in ('vllm', 'verl', 'sglang') if m in sys.modules]; "
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
