@@ -107,8 +107,11 @@ def test_two_vllm_engines_follow_the_trainer(tmp_path, monkeypatch):
                     for i, s in enumerate(stats)
                 )
             )
-            # Peer serving: the second engine's bytes come at least partly from the first.
-            assert from_first > 0, f"version {v}: engine1 read nothing from engine0: {second['sources']}"
+            # Peer serving: when engine1 loads after engine0 holds v, its bytes come
+            # at least partly from engine0. (Prefetched, both stage at once, and
+            # the hub may give engine1 the trainer alone: reported, not asserted.)
+            if rec["mode"] == "load":
+                assert from_first > 0, f"version {v}: engine1 read nothing from engine0: {second['sources']}"
             if rec["mode"] == "prefetch":
                 assert all(s["staged"] for s in stats)
                 print(
