@@ -88,7 +88,7 @@ def test_verl_checkpoint_engine_syncs_actor_to_rollouts():
 
                 # The version is global_steps; after finalize the actor no longer
                 # holds it, and every rollout engine does (and serves it).
-                c = rollouts[0].client
+                c = actor.client  # describe leaves the asking worker out of the holders
                 info = c.describe("policy", step)
                 holders = {h.worker for h in info.holders}
                 assert holders == {r.client.worker_id for r in rollouts}, holders
