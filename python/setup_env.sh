@@ -7,8 +7,9 @@
 #   2. A venv at .venv on /usr/bin/python3 with --system-site-packages, so it
 #      sees Debian's torch and numpy.
 #   3. pip: scikit-build-core, pybind11 (the build backend), safetensors (tests).
-#   4. pip install . : builds tensorhub._core from the project's CMake tree
-#      (incrementally, in build-python/) with 2 jobs, and installs the package.
+#   4. pip wheel . : builds tensorhub._core from the project's CMake tree
+#      (incrementally, in build-python/) with 2 jobs into build-python/dist/,
+#      and installs that wheel.
 # Usage: bash python/setup_env.sh [--test]   (--test also runs the pytest suite)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,9 +43,15 @@ fi
 
 # The build dependencies are in the venv already: no isolated build env (which
 # would download them again on every install).
-say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python/)"
-CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" install -q --disable-pip-version-check \
-  --no-build-isolation "$ROOT"
+# One wheel, kept in build-python/dist/: python/setup_vllm_env.sh installs the
+# same wheel into the vLLM venv (same /usr/bin/python3, same ABI) instead of
+# building the C++ tree a second time.
+say "pip wheel --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python/)"
+rm -rf "$ROOT/build-python/dist"
+CMAKE_BUILD_PARALLEL_LEVEL=2 "$VENV/bin/pip" wheel -q --disable-pip-version-check \
+  --no-build-isolation --no-deps -w "$ROOT/build-python/dist" "$ROOT"
+"$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
+  "$ROOT"/build-python/dist/tensorhub-*.whl
 "$VENV/bin/python" -c 'import tensorhub, tensorhub._core; print("setup_env: tensorhub", tensorhub.__version__, "from", tensorhub.__file__)'
 
 if [ "${1:-}" = "--test" ]; then

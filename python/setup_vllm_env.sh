@@ -71,19 +71,16 @@ EOF
   echo "$RECIPE" > "$STAMP"
 fi
 
-# tensorhub itself: re-installed when the files that build it changed.
-th_hash=$( { git ls-files -s python src include proto CMakeLists.txt pyproject.toml cmake 2>/dev/null;
-             git diff HEAD -- python src include proto CMakeLists.txt pyproject.toml cmake 2>/dev/null; } | sha1sum | cut -d' ' -f1)
-if [ -f "$TH_STAMP" ] && [ "$(cat "$TH_STAMP")" = "$th_hash" ]; then
-  say "tensorhub package up to date"
-else
-  # Its own build directory: sharing build-python/ with .venv (another
-  # interpreter path and pybind11) would rebuild the whole tree on every switch.
-  say "pip install --no-build-isolation $ROOT  (C++ build with 2 jobs in build-python-vllm/)"
-  CMAKE_BUILD_PARALLEL_LEVEL=2 "${PIP[@]}" --no-build-isolation -c "$VENV/constraints.txt" \
-    -C "build-dir=build-python-vllm/{wheel_tag}" "$ROOT"
-  echo "$th_hash" > "$TH_STAMP"
+# tensorhub itself: the wheel python/setup_env.sh built for .venv (the same
+# /usr/bin/python3, so the same ABI), not a second C++ build.
+whl=$(ls "$ROOT"/build-python/dist/tensorhub-*.whl 2>/dev/null | head -1 || true)
+if [ -z "$whl" ] || [ "${TH_REBUILD_WHEEL:-0}" = "1" ]; then
+  say "bash python/setup_env.sh  (builds the tensorhub wheel)"
+  bash "$ROOT/python/setup_env.sh"
+  whl=$(ls "$ROOT"/build-python/dist/tensorhub-*.whl | head -1)
 fi
+say "pip install --no-deps $whl"
+"${PIP[@]}" --no-deps --force-reinstall "$whl"
 "$VENV/bin/python" -c 'import importlib.metadata as m, tensorhub
 eps = [e.value for e in m.entry_points(group="vllm.general_plugins") if e.name == "tensorhub"]
 assert eps, "the vllm.general_plugins entry point tensorhub is not installed"

@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
+bash python/setup_env.sh        # the tensorhub wheel (incremental), used by both venvs
 bash python/setup_vllm_env.sh
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
