@@ -21,6 +21,28 @@ using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 using Bytes = std::vector<uint8_t>;
 
+// Timing in these tests (issue 10: the same verdict on an idle fast machine
+// and a loaded slow one). A fetch that must succeed, or must end early for a
+// reason, gets kGenerousMs: it only matters if the fetch hangs, and the test
+// checks the reason (a status, a counter), never how fast it went. Waits for
+// another thread are bounded by kGenerousMs too and fail loudly.
+constexpr int64_t kGenerousMs = 30000;
+// A fetch that must end by its own deadline may overrun it by scheduling
+// delays on a loaded machine; this much is far more than those and far less
+// than any other timeout in play (the read timeout, kGenerousMs).
+constexpr milliseconds kOverrunSlack(5000);
+
+// Polls `done` (every millisecond) until it holds; false after `ms`.
+template <typename F>
+bool WaitUntil(F done, int64_t ms = kGenerousMs) {
+  Deadline d = Deadline::AfterMs(ms);
+  while (!done()) {
+    if (d.expired()) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
+}
+
 // A version of random bytes: group_size parts of several tensors each.
 struct TestVersion {
   std::vector<std::vector<Bytes>> data;  // [part][tensor]
@@ -157,12 +179,18 @@ struct Destination {
   std::vector<std::vector<Bytes>> data;
 };
 
+// No test here relies on a read or a connect timing out, and a loaded
+// machine can make a loopback read take seconds: those timeouts are far
+// away (a read is still cut at the fetch's deadline). Work stealing is off
+// but where a test is about it: under load any read can look slow next to
+// the average, and a steal counts as a retry.
 FetcherOptions TestOptions() {
   FetcherOptions o;
   o.streams = 4;
-  o.read_timeout_ms = 2000;
-  o.connect_timeout_ms = 1000;
+  o.read_timeout_ms = 60000;
+  o.connect_timeout_ms = 10000;
   o.refresh_interval_ms = 20;
+  o.steal_min_ms = 0;
   return o;
 }
 
@@ -193,21 +221,21 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
     ASSERT_GE(v.manifest.num_chunks(), 12u);
     std::vector<std::unique_ptr<Holder>> holders;
     std::vector<FetchSource> sources;
-    // Each holder's first read waits (bounded) until all three have one, so
-    // that on a fast loopback one stream cannot take every chunk before the
-    // others have connected.
+    // Each holder's first read waits until all three have one, so that on a
+    // fast loopback one stream cannot take every chunk before the others
+    // have connected. The first three streams pick three different holders
+    // (least busy first), so this always comes true; if it does not, the
+    // test says so rather than go on without its premise.
     std::atomic<int> started{0};
+    std::atomic<bool> premise_broken{false};
     for (int i = 0; i < 3; ++i) {
       holders.push_back(std::make_unique<Holder>(*tcp_, v,
                                                  std::vector<uint32_t>{0, 1},
                                                  "m", 9));
-      holders.back()->source.hook_ = [&started](int n) {
+      holders.back()->source.hook_ = [&started, &premise_broken](int n) {
         if (n == 1) {
           started.fetch_add(1);
-          Deadline all = Deadline::AfterMs(2000);
-          while (started.load() < 3 && !all.expired()) {
-            std::this_thread::sleep_for(milliseconds(1));
-          }
+          if (!WaitUntil([&] { return started.load() >= 3; })) premise_broken = true;
         }
         return Status::Ok();
       };
@@ -215,7 +243,8 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
     }
     Destination d(v);
     Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 9), sources, nullptr,
-                                     TestOptions(), Deadline::AfterMs(4000));
+                                     TestOptions(), Deadline::AfterMs(kGenerousMs));
+    ASSERT_FALSE(premise_broken.load()) << "not every holder got a first read";
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(d.data, v.data);
     EXPECT_EQ(r->bytes, v.manifest.total_bytes());
@@ -228,10 +257,7 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
       for (auto& h : holders) n += h->server->bytes_served();
       return n;
     };
-    Deadline settle = Deadline::AfterMs(2000);
-    while (served() < v.manifest.total_bytes() && !settle.expired()) {
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    WaitUntil([&] { return served() >= v.manifest.total_bytes(); });
     EXPECT_EQ(served(), v.manifest.total_bytes());
   }
 }
@@ -248,7 +274,7 @@ TEST_F(FetcherTest, ProgressReachesTheTotal) {
     seen.push_back(p);
   };
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
-                                   nullptr, o, Deadline::AfterMs(4000));
+                                   nullptr, o, Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   ASSERT_FALSE(seen.empty());
@@ -270,7 +296,7 @@ TEST_F(FetcherTest, FailsOverFromAHolderRevokedBeforeTheFetch) {
   // `a` comes first, so the first stream is sure to try it.
   Result<FetchReport> r =
       RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source(), b.Source()}, nullptr,
-               TestOptions(), Deadline::AfterMs(4000));
+               TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
@@ -294,13 +320,15 @@ TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
   Destination d(v);
   Result<FetchReport> r =
       RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source()}, refresh, TestOptions(),
-               Deadline::AfterMs(4000));
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
   EXPECT_EQ(r->sources_used, 2u);
   EXPECT_GE(a.source.reads_.load(), 6);
-  EXPECT_GT(a.server->bytes_served(), 0u);
+  // Reads 1 to 5 were admitted before the revoke and are served; the server
+  // counts each just after the reader has it.
+  EXPECT_TRUE(WaitUntil([&] { return a.server->bytes_served() > 0; }));
   EXPECT_LT(a.server->bytes_served(), v.manifest.total_bytes());
 }
 
@@ -311,8 +339,14 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
   std::mutex mu;
   std::condition_variable cv;
   bool stop_now = false;
+  bool fetch_ended = false;
+  std::atomic<bool> served_before_stop{false};
   a.source.hook_ = [&](int n) {
     if (n == 3) {
+      // Reads 1 and 2 were admitted: `a` stops only once one of them has
+      // been served (counted), so that it served some bytes but not all.
+      // One on this connection is done already; one on another goes on.
+      served_before_stop = WaitUntil([&] { return a.server->bytes_served() > 0; });
       std::lock_guard<std::mutex> l(mu);
       stop_now = true;
       cv.notify_all();
@@ -322,10 +356,12 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
     }
     return Status::Ok();
   };
-  // The server cannot stop itself from a serving thread; a helper does.
+  // The server cannot stop itself from a serving thread; a helper does,
+  // when the hook says so (or, if the premise failed, when the fetch ended).
   std::thread stopper([&] {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait_for(l, milliseconds(4000), [&] { return stop_now; });
+    cv.wait(l, [&] { return stop_now || fetch_ended; });
+    l.unlock();
     a.server->Stop();
   });
   SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
@@ -334,10 +370,19 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
   Destination d(v);
   Result<FetchReport> r =
       RunFetch(*tcp_, d.Job(v, "m", 1), {a.Source()}, refresh, TestOptions(),
-               Deadline::AfterMs(4000));
+               Deadline::AfterMs(kGenerousMs));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    fetch_ended = true;
+    cv.notify_all();
+  }
   stopper.join();
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_TRUE(stop_now);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_TRUE(stop_now);
+  }
+  EXPECT_TRUE(served_before_stop.load());
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
   EXPECT_GT(a.server->bytes_served(), 0u);
@@ -352,11 +397,13 @@ TEST_F(FetcherTest, ChecksumFailureIsMaskedByAnotherHolder) {
   Destination d(v);
   Result<FetchReport> r =
       RunFetch(*tcp_, d.Job(v, "m", 1), {bad.Source(), good.Source()}, nullptr,
-               TestOptions(), Deadline::AfterMs(4000));
+               TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GT(r->chunk_retries, 0u);
-  EXPECT_GT(bad.server->bytes_served(), 0u);  // it was really tried
+  // It was really tried (`bad` comes first); the server counts a read just
+  // after the reader has it.
+  EXPECT_TRUE(WaitUntil([&] { return bad.server->bytes_served() > 0; }));
 }
 
 TEST_F(FetcherTest, OnlyACorruptHolderFailsByTheDeadline) {
@@ -375,11 +422,13 @@ TEST_F(FetcherTest, OnlyACorruptHolderFailsByTheDeadline) {
       << r.status().ToString();
   EXPECT_NE(r.status().message().find("checksum"), std::string::npos)
       << r.status().ToString();
-  EXPECT_LT(took, milliseconds(2500));
+  // By its deadline (1.5 s), give or take scheduling on a loaded machine.
+  EXPECT_LT(took, milliseconds(1500) + kOverrunSlack);
 }
 
 // The hub keeps listing the corrupt holder: it is retried, but only up to
-// the per-chunk attempt bound, so the fetch gives up before its deadline.
+// the per-chunk attempt bound, so the fetch gives up before its deadline
+// (which is far away: had it waited for it, the reason would differ).
 TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   TestVersion v = MakeVersion(18, 2, 4096, 24);
   Holder bad(*tcp_, v, {0, 1}, "m", 1);
@@ -392,15 +441,16 @@ TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   FetcherOptions o = TestOptions();
   o.max_attempts_per_chunk = 5;
   Destination d(v);
-  auto t0 = Clock::now();
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {bad.Source()},
-                                   refresh, o, Deadline::AfterMs(4000));
+                                   refresh, o, Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("failed 5 times"), std::string::npos)
+      << r.status().ToString();
   EXPECT_NE(r.status().message().find("checksum"), std::string::npos)
       << r.status().ToString();
+  // Each chunk is tried at most once per revival by a refresh.
   EXPECT_GE(calls.load(), 4);
-  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
 }
 
 TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
@@ -415,7 +465,7 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
   };
   Destination d(v);
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
-                                   TestOptions(), Deadline::AfterMs(4000));
+                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(calls.load(), 3);
@@ -428,13 +478,13 @@ TEST_F(FetcherTest, RefresherNotFoundEndsTheFetch) {
     return NotFound("version is gone");
   };
   Destination d(v);
-  auto t0 = Clock::now();
+  // At its (far) deadline the fetch would fail UNAVAILABLE or
+  // DEADLINE_EXCEEDED: NOT_FOUND says the hub's answer ended it.
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
-                                   TestOptions(), Deadline::AfterMs(4000));
+                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   EXPECT_NE(r.status().message().find("version is gone"), std::string::npos);
-  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
 }
 
 TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
@@ -458,14 +508,15 @@ TEST_F(FetcherTest, NoLiveHolderFailsByTheDeadline) {
   StatusCode c = r.status().code();
   EXPECT_TRUE(c == StatusCode::kDeadlineExceeded || c == StatusCode::kUnavailable)
       << r.status().ToString();
-  EXPECT_LT(took, milliseconds(2000));
+  // By its deadline (1 s), give or take scheduling on a loaded machine.
+  EXPECT_LT(took, milliseconds(1000) + kOverrunSlack);
   EXPECT_GE(calls.load(), 1);
 }
 
 // Rank 0's holder is unknown until every chunk of rank 1 is done: streams
 // must take rank 1's chunks (which have a source) instead of all waiting on
 // the first pending chunk, which has none. Before the fix this waited out
-// the deadline.
+// the deadline and failed.
 TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
   TestVersion v = MakeVersion(18, 2, 4096, 16);
   Holder r0(*tcp_, v, {0}, "m", 3);
@@ -485,20 +536,19 @@ TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
     return SourceUpdate(std::vector<FetchSource>{r0.Source(), r1.Source()});
   };
   Destination d(v);
-  auto t0 = Clock::now();
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 3), {r1.Source()}, refresh, o,
-                                   Deadline::AfterMs(4000));
+                                   Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(part1_done.load(), part1_chunks);
   EXPECT_EQ(r->sources_used, 2u);
   EXPECT_EQ(r->chunk_retries, 0u);
-  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
 }
 
 // The hub says the version has no complete holder left, and no source this
 // fetch knows holds rank 0's chunks: the fetch ends UNAVAILABLE after the
-// second such answer, long before its deadline, with the hub's reason.
+// second such answer, long before its deadline, with the hub's reason (at
+// the deadline it would say neither "answered twice" nor have asked twice).
 TEST_F(FetcherTest, HubSayingUnavailableEndsAFetchNoSourceCanFinish) {
   TestVersion v = MakeVersion(19, 2, 4096, 16);
   Holder r1(*tcp_, v, {1}, "m", 4);
@@ -511,10 +561,8 @@ TEST_F(FetcherTest, HubSayingUnavailableEndsAFetchNoSourceCanFinish) {
     return u;
   };
   Destination d(v);
-  auto t0 = Clock::now();
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 4), {r1.Source()}, refresh,
-                                   TestOptions(), Deadline::AfterMs(10000));
-  auto took = Clock::now() - t0;
+                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
   EXPECT_NE(r.status().message().find("no live worker holds all of its chunks"),
@@ -522,7 +570,6 @@ TEST_F(FetcherTest, HubSayingUnavailableEndsAFetchNoSourceCanFinish) {
       << r.status().ToString();
   EXPECT_NE(r.status().message().find("answered twice"), std::string::npos);
   EXPECT_EQ(calls.load(), 2);
-  EXPECT_LT(took, milliseconds(5000));
 }
 
 // One such answer is not final: the next one lists a holder again (its
@@ -542,7 +589,7 @@ TEST_F(FetcherTest, OneUnavailableAnswerIsNotFinal) {
   };
   Destination d(v);
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 5), {}, refresh, TestOptions(),
-                                   Deadline::AfterMs(10000));
+                                   Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(calls.load(), 2);
@@ -556,7 +603,7 @@ TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
   Destination d(v);
   Result<FetchReport> r =
       RunFetch(*tcp_, d.Job(v, "m", 2), {r0.Source(), r1.Source(), r2.Source()},
-               nullptr, TestOptions(), Deadline::AfterMs(4000));
+               nullptr, TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(r->sources_used, 3u);
@@ -568,16 +615,14 @@ TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
     auto served = [&] {
       return h->server->bytes_served();
     };
-    Deadline settle = Deadline::AfterMs(2000);
-    while (served() < v.manifest.parts()[p].part_bytes && !settle.expired()) {
-      std::this_thread::sleep_for(milliseconds(5));
-    }
+    WaitUntil([&] { return served() >= v.manifest.parts()[p].part_bytes; });
     EXPECT_EQ(served(), v.manifest.parts()[p].part_bytes);
   }
 }
 
 // The only holder refuses one read for a passing reason; the hub still lists
-// it, so the fetch must go back to it rather than wait out the deadline.
+// it, so the fetch must go back to it rather than wait out the deadline (and
+// fail there).
 TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
   TestVersion v = MakeVersion(17, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
@@ -590,19 +635,19 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
     return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
-  auto t0 = Clock::now();
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
-                                   refresh, TestOptions(), Deadline::AfterMs(4000));
+                                   refresh, TestOptions(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(r->chunk_retries, 1u);
   EXPECT_GE(calls.load(), 1);
-  EXPECT_LT(Clock::now() - t0, milliseconds(2000));
 }
 
 // A holder that turns very slow (here: stops answering while its connection
 // stays open, like a SIGSTOPped or overloaded process) loses its chunks to
-// the other holder by work stealing, long before the per-read timeout.
+// the other holder by work stealing, long before the per-read timeout. The
+// read timeout (60 s) is far beyond the fetch's deadline (20 s): without
+// stealing the stuck reads would end only there and the fetch would fail.
 TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
   TestVersion v = MakeVersion(21, 2, 4096, 60);
   ASSERT_GE(v.manifest.num_chunks(), 20u);
@@ -615,45 +660,43 @@ TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
   slow.source.hook_ = [&](int n) {
     if (n >= 3) {
       std::unique_lock<std::mutex> l(mu);
-      cv.wait_for(l, milliseconds(20000), [&] { return release; });
+      cv.wait_for(l, milliseconds(2 * kGenerousMs), [&] { return release; });
     }
     return Status::Ok();
   };
-  // `fast` serves nothing until `slow` has a read stuck (bounded), so that on
-  // a loaded machine `fast` cannot take every chunk before that happens.
-  fast.source.hook_ = [&](int n) {
-    if (n == 1) {
-      Deadline stuck = Deadline::AfterMs(5000);
-      while (slow.source.reads_.load() < 3 && !stuck.expired()) {
-        std::this_thread::sleep_for(milliseconds(1));
-      }
-    }
+  // `fast` serves nothing until `slow` has a read stuck, so that on a loaded
+  // machine `fast` cannot take every chunk first. The streams pick the least
+  // busy holder, `slow` on a tie: `slow` gets reads 1 and 2, `fast` two
+  // reads that wait here, and the next pick after `slow`'s read 1 or 2 is
+  // `slow` again, its 3rd read. If not, the test says so.
+  std::atomic<bool> premise_broken{false};
+  fast.source.hook_ = [&](int) {
+    if (!WaitUntil([&] { return slow.source.reads_.load() >= 3; })) premise_broken = true;
     return Status::Ok();
   };
   FetcherOptions o = TestOptions();
-  o.read_timeout_ms = 20000;  // far beyond the test: only stealing can help
+  o.read_timeout_ms = 60000;  // beyond the deadline: only stealing can help
   o.steal_min_ms = 300;
   Destination d(v);
-  auto t0 = Clock::now();
   // `slow` first, so streams are sure to start reads on it.
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {slow.Source(), fast.Source()},
-                                   nullptr, o, Deadline::AfterMs(30000));
-  auto took = Clock::now() - t0;
+                                   nullptr, o, Deadline::AfterMs(20000));
   {
     std::lock_guard<std::mutex> l(mu);
     release = true;
     cv.notify_all();
   }
+  ASSERT_FALSE(premise_broken.load()) << "slow never had a read stuck";
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(r->chunks_stolen, 1u);
   EXPECT_GE(slow.source.reads_.load(), 3);
-  // Bounded extra time: the steal threshold plus a little, not 20 s.
-  EXPECT_LT(took, milliseconds(5000));
 }
 
 // Stealing needs somewhere to go: with the slow holder the only one, its
 // reads are left alone (no cancel-and-retry loop) and the fetch completes.
+// The sleep is the slowness under test (8x the steal threshold), not a way
+// to order events: the verdict does not depend on the machine's speed.
 TEST_F(FetcherTest, WorkStealingLeavesTheOnlyHolderAlone) {
   TestVersion v = MakeVersion(22, 1, 4096, 24);
   Holder only(*tcp_, v, {0}, "m", 1);
@@ -665,7 +708,7 @@ TEST_F(FetcherTest, WorkStealingLeavesTheOnlyHolderAlone) {
   o.steal_min_ms = 50;
   Destination d(v);
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {only.Source()}, nullptr, o,
-                                   Deadline::AfterMs(30000));
+                                   Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(r->chunks_stolen, 0u);
@@ -682,11 +725,10 @@ TEST_F(FetcherTest, StoppedOnlyHolderFailsUnavailableByTheDeadline) {
   bool release = false;
   stopped.source.hook_ = [&](int) {
     std::unique_lock<std::mutex> l(mu);
-    cv.wait_for(l, milliseconds(20000), [&] { return release; });
+    cv.wait_for(l, milliseconds(2 * kGenerousMs), [&] { return release; });
     return Status::Ok();
   };
   FetcherOptions o = TestOptions();
-  o.read_timeout_ms = 20000;
   Destination d(v);
   auto t0 = Clock::now();
   Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {stopped.Source()}, nullptr, o,
@@ -699,7 +741,9 @@ TEST_F(FetcherTest, StoppedOnlyHolderFailsUnavailableByTheDeadline) {
   }
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
-  EXPECT_LT(took, milliseconds(2500));
+  // By its deadline (1 s), not the read timeout (60 s), give or take
+  // scheduling on a loaded machine.
+  EXPECT_LT(took, milliseconds(1000) + kOverrunSlack);
 }
 
 }  // namespace
@@ -719,6 +763,8 @@ TEST_F(FetcherTest, StreamsRefreshingTogetherFetchEveryChunkExactlyOnce) {
     // Every stream's first read fails at once (nobody listens there), so
     // while the first failing stream asks for sources (slowly, lock
     // dropped) the others put their chunks back at the front of the queue.
+    // The sleep only widens the window the old bug needed; the fixed code
+    // passes whatever the machine's speed.
     FetchSource dead{"dead", DeadAddress(*tcp_), 1, {{0, v.manifest.num_chunks()}}};
     SourceRefresher refresh = [&](const std::vector<std::string>&)
         -> Result<SourceUpdate> {
@@ -729,7 +775,7 @@ TEST_F(FetcherTest, StreamsRefreshingTogetherFetchEveryChunkExactlyOnce) {
     o.streams = 8;
     Destination d(v);
     Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {dead}, refresh,
-                                     o, Deadline::AfterMs(5000));
+                                     o, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(d.data, v.data) << "round " << round;
     EXPECT_EQ(r->bytes, v.manifest.total_bytes());

@@ -15,6 +15,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// Timing in these tests (issue 10: the same verdict on an idle fast machine
+// and a loaded slow one). A Drain that must succeed gets kGenerousMs: it
+// only matters if Drain hangs. Waits for a condition are bounded by it too.
+constexpr int64_t kGenerousMs = 30000;
+
 constexpr uint64_t kChunkBytes = 4096;
 
 // One part of random bytes in several tensors, some smaller than a chunk,
@@ -221,20 +226,22 @@ TEST(RegistryTest, DrainWaitsForAHeldLease) {
   ASSERT_TRUE(lease->ok());
   ASSERT_TRUE(reg.Revoke("m", Version(1)).ok());
 
+  // The read takes a while: the lease ends 150 ms after t0 at the earliest
+  // (later on a loaded machine, which changes nothing below). Drain's
+  // deadline is far beyond: a Drain that missed the release would fail.
   std::atomic<bool> released{false};
+  auto t0 = std::chrono::steady_clock::now();
   std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(150));  // the read takes a while
+    std::this_thread::sleep_for(milliseconds(150));
     released.store(true);
     lease.reset();
   });
-  auto t0 = std::chrono::steady_clock::now();
-  Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(5000));
+  Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(kGenerousMs));
   auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_TRUE(s.ok()) << s.ToString();
   // Drain may return only after the lease ended.
   EXPECT_TRUE(released.load());
-  EXPECT_GE(waited, milliseconds(100));
-  EXPECT_LT(waited, milliseconds(3000));
+  EXPECT_GE(waited, milliseconds(150));
   releaser.join();
   EXPECT_EQ(reg.reads_in_flight(), 0u);
 }
@@ -253,14 +260,16 @@ TEST(RegistryTest, DrainMissesItsDeadlineWhileALeaseIsHeld) {
   Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(80));
   auto waited = std::chrono::steady_clock::now() - t0;
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
-  EXPECT_GE(waited, milliseconds(70));
-  EXPECT_LT(waited, milliseconds(2000));
+  // At its deadline: not before, and not long after (give or take
+  // scheduling on a loaded machine: seconds).
+  EXPECT_GE(waited, milliseconds(80));
+  EXPECT_LT(waited, milliseconds(80 + 5000));
 
+  // Nothing in flight: Drain succeeds without waiting, so even with no time
+  // left at all.
   lease.reset();
-  t0 = std::chrono::steady_clock::now();
-  s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(5000));
+  s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(0));
   EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500));
 }
 
 TEST(RegistryTest, DrainWithoutReadsReturnsAtOnce) {
@@ -270,10 +279,9 @@ TEST(RegistryTest, DrainWithoutReadsReturnsAtOnce) {
   ASSERT_TRUE(epoch.ok());
   { ASSERT_TRUE(reg.BeginRead(Req("m", 1, *epoch, 0, 0, 10)).ok()); }
   ASSERT_TRUE(reg.Revoke("m", Version(1)).ok());
-  auto t0 = std::chrono::steady_clock::now();
-  Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(5000));
+  // Without waiting: it succeeds even with no time left at all.
+  Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(0));
   EXPECT_TRUE(s.ok()) << s.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(500));
 }
 
 TEST(RegistryTest, AddTwiceFailsUntilRevokedThenGetsANewEpoch) {
@@ -310,7 +318,7 @@ TEST(RegistryTest, AddTwiceFailsUntilRevokedThenGetsANewEpoch) {
   EXPECT_EQ(reg.Drain("m", Version(1), *e1, Deadline::AfterMs(50)).code(),
             StatusCode::kDeadlineExceeded);
   old_read.reset();
-  EXPECT_TRUE(reg.Drain("m", Version(1), *e1, Deadline::AfterMs(50)).ok());
+  EXPECT_TRUE(reg.Drain("m", Version(1), *e1, Deadline::AfterMs(0)).ok());
   EXPECT_EQ(reg.reads_in_flight(), 1u);
   fresh.reset();
   EXPECT_EQ(reg.reads_in_flight(), 0u);
@@ -410,18 +418,27 @@ TEST(RegistryTest, NoReadSurvivesASuccessfulDrain) {
     Registry reg;
     Result<uint64_t> epoch = reg.Add(MakeHolding("m", 1, p));
     ASSERT_TRUE(epoch.ok());
+    constexpr int kReaders = 4;
     std::atomic<bool> drained{false};
     std::atomic<bool> stop{false};
     std::atomic<int> violations{0};
     std::atomic<int> served{0};
+    // Readers that tried a read begun after the drain returned.
+    std::atomic<int> tried_after{0};
     std::vector<std::thread> readers;
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < kReaders; ++t) {
       readers.emplace_back([&, t] {
         std::mt19937_64 rng(round * 100 + t);
+        bool counted = false;
         while (!stop.load()) {
+          const bool after = drained.load();
           uint64_t off = rng() % n;
           Result<transport::ServeLease> lease =
               reg.BeginRead(Req("m", 1, *epoch, 0, off, 1 + rng() % (n - off)));
+          if (after && !counted) {
+            counted = true;
+            tried_after.fetch_add(1);
+          }
           if (!lease.ok()) continue;
           served.fetch_add(1);
           if (drained.load()) violations.fetch_add(1);
@@ -431,15 +448,19 @@ TEST(RegistryTest, NoReadSurvivesASuccessfulDrain) {
       });
     }
     // Let the readers get going before the revoke.
-    Deadline start = Deadline::AfterMs(2000);
+    Deadline start = Deadline::AfterMs(kGenerousMs);
     while (served.load() < 50 && !start.expired()) std::this_thread::yield();
     EXPECT_GE(served.load(), 50);
     EXPECT_TRUE(reg.Revoke("m", Version(1)).ok());
-    Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(4000));
+    Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(kGenerousMs));
     drained.store(true);
     EXPECT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(reg.reads_in_flight(), 0u);
-    std::this_thread::sleep_for(milliseconds(2));
+    // Every reader tries again after the drain (and must be refused), however
+    // the threads are scheduled.
+    Deadline after = Deadline::AfterMs(kGenerousMs);
+    while (tried_after.load() < kReaders && !after.expired()) std::this_thread::yield();
+    EXPECT_EQ(tried_after.load(), kReaders);
     stop.store(true);
     for (std::thread& t : readers) t.join();
     EXPECT_EQ(violations.load(), 0) << "round " << round;

@@ -14,7 +14,10 @@ import tensorhub
 @pytest.fixture(scope="session")
 def hub():
     # rebuild_ms=0: tests ask about unknown models and expect NOT_FOUND at once.
-    with tensorhub.serve_hub("127.0.0.1:0", lease_ms=3000, rebuild_ms=0) as h:
+    # No test here waits for a lease to run out, and a loaded machine may
+    # delay a heartbeat (every second) by seconds: the lease is generous, so
+    # that no worker is dropped for being slow.
+    with tensorhub.serve_hub("127.0.0.1:0", lease_ms=30000, rebuild_ms=0) as h:
         yield h
 
 

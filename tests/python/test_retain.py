@@ -33,10 +33,11 @@ def test_retain_flags_and_unpublish_refused_without_keeper(connect, model_name):
     assert trainer.describe(model_name, 1).retained
     assert [v.retained for v in trainer.versions(model_name)] == [True]
     # Last reliable copy, no keeper: refused after the timeout, still published.
+    # By the timeout, give or take scheduling on a loaded machine (seconds).
     t0 = time.monotonic()
     with pytest.raises(tensorhub.FailedPreconditionError, match="tensorhub keeper"):
         trainer.unpublish(model_name, 1, timeout=1.0)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 1.0 + 10.0
     reader = connect()
     out = reader.describe(model_name, 1).empty()
     assert reader.fetch(model_name, 1, into=out, serve=False) == 1

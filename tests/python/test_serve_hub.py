@@ -62,19 +62,22 @@ def test_unknown_model_is_unavailable_while_the_hub_rebuilds():
     with tensorhub.serve_hub(rebuild_ms=60000) as hub:
         c = tensorhub.connect(hub.address)
         try:
+            # By the timeout, give or take scheduling on a loaded machine.
             t0 = time.monotonic()
             with pytest.raises(tensorhub.UnavailableError, match="rebuilding its state"):
                 c.fetch("never-published", 1, into={"w": np.zeros(4, np.float32)}, timeout=1.0)
-            assert time.monotonic() - t0 < 5.0
+            assert time.monotonic() - t0 < 1.0 + 10.0
         finally:
             c.close()
-    # Without the window the same question is NOT_FOUND, final, at once.
+    # Without the window the same question is NOT_FOUND, final, at once: not
+    # retried until the (far) timeout. Half of it tells the two apart on any
+    # machine; how fast "at once" is belongs to benchmarks.
     with tensorhub.serve_hub(rebuild_ms=0) as hub:
         c = tensorhub.connect(hub.address)
         try:
             t0 = time.monotonic()
             with pytest.raises(tensorhub.NotFoundError):
-                c.fetch("never-published", 1, into={"w": np.zeros(4, np.float32)}, timeout=10.0)
-            assert time.monotonic() - t0 < 5.0
+                c.fetch("never-published", 1, into={"w": np.zeros(4, np.float32)}, timeout=60.0)
+            assert time.monotonic() - t0 < 30.0
         finally:
             c.close()

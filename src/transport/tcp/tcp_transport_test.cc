@@ -32,6 +32,16 @@ using testing::SendAllRaw;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
+// Timing in these tests (issue 10: the same verdict on an idle fast machine
+// and a loaded slow one). A call that must succeed, or fail for a reason
+// other than its deadline, gets kGenerousMs: it only matters if the call
+// hangs, and the test checks the reason (the status), not the clock. Waits
+// for a condition are bounded by kGenerousMs too.
+constexpr int64_t kGenerousMs = 30000;
+// A call that must end by its own deadline may overrun it by scheduling
+// delays on a loaded machine; this much is far more than those.
+constexpr milliseconds kOverrunSlack(5000);
+
 // Serves model "m" version 1 epoch 1 part 0 from one buffer, handing the
 // server its bytes as several pieces. Other names are refused with a
 // configurable status. Counts leases still alive.
@@ -129,10 +139,10 @@ wire::ReadRequest Req(uint64_t offset, uint64_t length,
 
 // A raw TCP client socket, past the handshake, for playing a bad peer.
 Fd RawConnect(const std::string& address) {
-  Result<Fd> fd = ConnectTcp(address, Deadline::AfterMs(2000));
+  Result<Fd> fd = ConnectTcp(address, Deadline::AfterMs(kGenerousMs));
   EXPECT_TRUE(fd.ok()) << fd.status().ToString();
   if (!fd.ok()) return Fd();
-  Status hs = ClientHandshake(fd->get(), "", Deadline::AfterMs(2000));
+  Status hs = ClientHandshake(fd->get(), "", Deadline::AfterMs(kGenerousMs));
   EXPECT_TRUE(hs.ok()) << hs.ToString();
   return std::move(fd).value();
 }
@@ -147,7 +157,7 @@ class TcpTransportTest : public ::testing::Test {
   }
   std::unique_ptr<Connection> MustConnect() {
     Result<std::unique_ptr<Connection>> c =
-        transport_->Connect(server_->address(), Deadline::AfterMs(2000));
+        transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return nullptr;
     return std::move(c).value();
@@ -156,7 +166,7 @@ class TcpTransportTest : public ::testing::Test {
   void ExpectGoodRead(Connection& c, uint64_t offset, uint64_t length) {
     std::vector<uint8_t> out(length);
     iovec v{out.data(), out.size()};
-    Status s = c.Read(Req(offset, length), {&v, 1}, Deadline::AfterMs(3000));
+    Status s = c.Read(Req(offset, length), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(std::equal(out.begin(), out.end(),
                            source_.data().begin() + offset));
@@ -211,7 +221,7 @@ TEST_F(TcpTransportTest, ReadsSeveralMegabytesIntoScatteredDestination) {
     std::vector<iovec> dest;
     for (auto [at, len] : placed) dest.push_back({arena.data() + at, len});
 
-    Status s = conn->Read(Req(offset, length), dest, Deadline::AfterMs(4000));
+    Status s = conn->Read(Req(offset, length), dest, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_FALSE(conn->broken());
     uint64_t src_off = offset;
@@ -229,7 +239,7 @@ TEST_F(TcpTransportTest, ReadsSeveralMegabytesIntoScatteredDestination) {
     }
     served += length;
   }
-  EXPECT_TRUE(source_.WaitIdle(2000));
+  EXPECT_TRUE(source_.WaitIdle(kGenerousMs));
   EXPECT_EQ(server_->bytes_served(), served);
 }
 
@@ -243,7 +253,7 @@ TEST_F(TcpTransportTest, RefusalCarriesCodeAndMessageAndKeepsConnection) {
        {StatusCode::kNotFound, StatusCode::kAborted, StatusCode::kInvalidArgument,
         StatusCode::kResourceExhausted, StatusCode::kPermissionDenied}) {
     source_.set_refusal(Status(code, "refused with a reason"));
-    Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(2000));
+    Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     EXPECT_EQ(s.code(), code) << s.ToString();
     EXPECT_NE(s.message().find("refused with a reason"), std::string::npos)
         << s.ToString();
@@ -252,13 +262,13 @@ TEST_F(TcpTransportTest, RefusalCarriesCodeAndMessageAndKeepsConnection) {
   }
   // The registry's own refusals come through the same way.
   Status past = conn->Read(Req(source_.data().size() - 50, 100), {&v, 1},
-                           Deadline::AfterMs(2000));
+                           Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(past.code(), StatusCode::kInvalidArgument) << past.ToString();
   ExpectGoodRead(*conn, 0, 100);
 
   // A message longer than the frame allows is cut, not a broken stream.
   source_.set_refusal(NotFound(std::string(5000, 'x')));
-  Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(2000));
+  Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find(std::string(wire::kMaxMessageBytes, 'x')),
             std::string::npos);
@@ -273,7 +283,7 @@ TEST_F(TcpTransportTest, DestinationOfTheWrongSizeIsRefusedLocally) {
   ASSERT_NE(conn, nullptr);
   std::vector<uint8_t> out(99);
   iovec v{out.data(), out.size()};
-  Status s = conn->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(2000));
+  Status s = conn->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(source_.begun(), 0);
 }
@@ -297,7 +307,7 @@ class RawHolder {
         if (fd < 0) continue;
         accepted_.emplace_back(fd);
         // Past the handshake: what is played badly is the read protocol.
-        if (!ServerHandshake(fd, "", Deadline::AfterMs(2000)).ok()) continue;
+        if (!ServerHandshake(fd, "", Deadline::AfterMs(kGenerousMs)).ok()) continue;
         serve_(fd);
       }
     });
@@ -317,14 +327,14 @@ class RawHolder {
   std::thread thread_;
 };
 
-// Reads one request off `fd` (blocking, bounded by 2 s).
+// Reads one request off `fd` (blocking, bounded).
 bool ReadRequestRaw(int fd, wire::ReadRequest* req) {
   uint8_t hdr[wire::kRequestHeaderBytes];
-  if (!ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(2000)).ok()) return false;
+  if (!ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)).ok()) return false;
   Result<size_t> n = wire::DecodeReadRequestHeader(hdr, sizeof(hdr), req);
   if (!n.ok()) return false;
   req->model.resize(*n);
-  return ReadExact(fd, req->model.data(), *n, Deadline::AfterMs(2000)).ok();
+  return ReadExact(fd, req->model.data(), *n, Deadline::AfterMs(kGenerousMs)).ok();
 }
 
 TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
@@ -341,21 +351,22 @@ TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
   });
   std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   Result<std::unique_ptr<Connection>> c =
-      t->Connect(holder.address(), Deadline::AfterMs(2000));
+      t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   Connection& conn = **c;
   std::vector<uint8_t> out(1 << 20);
   iovec v{out.data(), out.size()};
-  auto t0 = Clock::now();
-  Status s = conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(4000));
+  // UNAVAILABLE, not DEADLINE_EXCEEDED: the close ended the read, not the
+  // (far) deadline.
+  Status s = conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_LT(Clock::now() - t0, milliseconds(3000));
   EXPECT_TRUE(conn.broken());
 
-  t0 = Clock::now();
-  s = conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(4000));
+  // A broken connection fails every read at once, without touching the
+  // socket again.
+  s = conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_LT(Clock::now() - t0, milliseconds(50));
+  EXPECT_NE(s.message().find("is broken"), std::string::npos) << s.ToString();
 }
 
 TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
@@ -385,11 +396,11 @@ TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
   std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   for (int i = 0; i < 3; ++i) {
     Result<std::unique_ptr<Connection>> c =
-        t->Connect(holder.address(), Deadline::AfterMs(2000));
+        t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     std::vector<uint8_t> out(1000);
     iovec v{out.data(), out.size()};
-    Status s = (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(2000));
+    Status s = (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << i << ": " << s.ToString();
     EXPECT_TRUE((*c)->broken()) << i;
   }
@@ -427,7 +438,7 @@ TEST_F(TcpTransportTest, GarbageFromAPeerDropsOnlyThatConnection) {
     Fd raw = RawConnect(server_->address());
     ASSERT_TRUE(raw.valid());
     ASSERT_TRUE(SendAllRaw(raw.get(), frames[i].data(), frames[i].size()));
-    EXPECT_TRUE(ClosedByPeerWithin(raw.get(), 3000)) << "frame " << i;
+    EXPECT_TRUE(ClosedByPeerWithin(raw.get(), kGenerousMs)) << "frame " << i;
     // The other connection is not disturbed, and new ones are served.
     ExpectGoodRead(*good, 100 * i, 5000);
     std::unique_ptr<Connection> fresh = MustConnect();
@@ -438,16 +449,22 @@ TEST_F(TcpTransportTest, GarbageFromAPeerDropsOnlyThatConnection) {
 }
 
 TEST_F(TcpTransportTest, HalfARequestThenSilenceIsDroppedAfterTheStallTimeout) {
+  // The stall timeout also bounds the connection handshake, which a loaded
+  // machine may take a while to schedule: seconds, not a few ms.
   ServerOptions o;
-  o.io_stall_timeout_ms = 200;
+  o.io_stall_timeout_ms = 2000;
   StartServer(o);
   Fd raw = RawConnect(server_->address());
   ASSERT_TRUE(raw.valid());
   std::string f = wire::EncodeReadRequest(Req(0, 10));
-  ASSERT_TRUE(SendAllRaw(raw.get(), f.data(), 20));
+  // Before the send: the server cannot start waiting for the rest earlier.
   auto t0 = Clock::now();
-  EXPECT_TRUE(ClosedByPeerWithin(raw.get(), 3000));
-  EXPECT_GE(Clock::now() - t0, milliseconds(150));
+  ASSERT_TRUE(SendAllRaw(raw.get(), f.data(), 20));
+  // Dropped (the wait is far longer than the stall timeout, which is all
+  // that can end it: the request's own deadline is an hour)...
+  EXPECT_TRUE(ClosedByPeerWithin(raw.get(), kGenerousMs));
+  // ...and not before the stall timeout (less a little: waits round to ms).
+  EXPECT_GE(Clock::now() - t0, milliseconds(o.io_stall_timeout_ms - 50));
   std::unique_ptr<Connection> good = MustConnect();
   ASSERT_NE(good, nullptr);
   ExpectGoodRead(*good, 0, 100);
@@ -464,12 +481,12 @@ TEST(TcpTransportRawTest, ConnectToAClosedPortIsUnavailableQuickly) {
     address = *a;
   }
   std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
-  auto t0 = Clock::now();
+  // UNAVAILABLE, not DEADLINE_EXCEEDED: refused, not waited out (the
+  // deadline is far away).
   Result<std::unique_ptr<Connection>> c =
-      t->Connect(address, Deadline::AfterMs(5000));
+      t->Connect(address, Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
-  EXPECT_LT(Clock::now() - t0, milliseconds(1000));
 
   Result<std::unique_ptr<Connection>> bad =
       t->Connect("no-port-here", Deadline::AfterMs(1000));
@@ -480,7 +497,7 @@ TEST(TcpTransportRawTest, SilentHolderHitsTheReadDeadline) {
   RawHolder holder([](int) {});  // accepts and never answers
   std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   Result<std::unique_ptr<Connection>> c =
-      t->Connect(holder.address(), Deadline::AfterMs(2000));
+      t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::vector<uint8_t> out(1000);
   iovec v{out.data(), out.size()};
@@ -488,13 +505,18 @@ TEST(TcpTransportRawTest, SilentHolderHitsTheReadDeadline) {
   Status s = (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(300));
   auto took = Clock::now() - t0;
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  // At its deadline: not before (less a little: waits round to ms), and not
+  // long after (give or take scheduling on a loaded machine).
   EXPECT_GE(took, milliseconds(250));
-  EXPECT_LT(took, milliseconds(1500));
+  EXPECT_LT(took, milliseconds(300) + kOverrunSlack);
   EXPECT_TRUE((*c)->broken());
 }
 
 TEST_F(TcpTransportTest, StopWithOpenConnectionsReturnsPromptly) {
-  StartServer();
+  // What would end a stuck send if Stop did not cut it.
+  ServerOptions o;
+  o.io_stall_timeout_ms = 60000;
+  StartServer(o);
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < 3; ++i) {
     conns.push_back(MustConnect());
@@ -507,12 +529,18 @@ TEST_F(TcpTransportTest, StopWithOpenConnectionsReturnsPromptly) {
   ASSERT_TRUE(stuck.valid());
   std::string f = wire::EncodeReadRequest(Req(0, source_.data().size()));
   ASSERT_TRUE(SendAllRaw(stuck.get(), f.data(), f.size()));
-  ASSERT_TRUE(source_.WaitBegun(4, 2000));
+  ASSERT_TRUE(source_.WaitBegun(4, kGenerousMs));
+  // The server is sending: bytes have arrived. 8 MiB is more than the
+  // socket buffers hold, so the send is stuck.
+  pollfd p{stuck.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, static_cast<int>(kGenerousMs)), 1);
 
   auto t0 = Clock::now();
   server_->Stop();
   auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
-  EXPECT_LT(took, milliseconds(1500)) << took.count() << " ms";
+  // Stop cut the send rather than wait for the stall timeout (60 s): any
+  // time well short of that shows it, however loaded the machine.
+  EXPECT_LT(took, milliseconds(o.io_stall_timeout_ms / 2)) << took.count() << " ms";
   // The stuck send ended and released its lease.
   EXPECT_TRUE(source_.WaitIdle(0));
   server_->Stop();  // idempotent
@@ -541,7 +569,7 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
   // TCP accepts the third at the kernel; the server closes it at once, so
   // the handshake fails and Connect says so.
   Result<std::unique_ptr<Connection>> c =
-      transport_->Connect(server_->address(), Deadline::AfterMs(3000));
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
   std::vector<uint8_t> out(100);
   iovec v{out.data(), out.size()};
@@ -550,7 +578,7 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
 
   // Once one leaves, a newcomer gets in (after the server notices).
   a.reset();
-  Deadline d = Deadline::AfterMs(3000);
+  Deadline d = Deadline::AfterMs(kGenerousMs);
   bool served = false;
   while (!served && !d.expired()) {
     Result<std::unique_ptr<Connection>> n =
@@ -591,7 +619,7 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
     ro.secret = c.reader;
     auto reader_transport = MakeTcpTransport(ro);
     Result<std::unique_ptr<Connection>> conn =
-        reader_transport->Connect((*server)->address(), Deadline::AfterMs(2000));
+        reader_transport->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
     if (c.served) {
       ASSERT_TRUE(conn.ok()) << conn.status().ToString();
       ExpectGoodRead(**conn, 0, 1000);
@@ -600,7 +628,7 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
       EXPECT_EQ(conn.status().code(), StatusCode::kPermissionDenied)
           << c.holder << "/" << c.reader << ": " << conn.status().ToString();
       EXPECT_NE(conn.status().message().find("secret"), std::string::npos);
-      Deadline d = Deadline::AfterMs(2000);
+      Deadline d = Deadline::AfterMs(kGenerousMs);
       while ((*server)->connections_refused() == 0 && !d.expired()) {
         std::this_thread::sleep_for(milliseconds(5));
       }
@@ -613,11 +641,11 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
 // A peer that skips the handshake and sends a request gets nothing.
 TEST_F(TcpTransportTest, RequestWithoutHandshakeIsRefused) {
   StartServer();
-  Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(2000));
+  Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(fd.ok());
   std::string frame = wire::EncodeReadRequest(Req(0, 100));
   ASSERT_TRUE(SendAllRaw(fd->get(), frame.data(), frame.size()));
-  EXPECT_TRUE(ClosedByPeerWithin(fd->get(), 2000));
+  EXPECT_TRUE(ClosedByPeerWithin(fd->get(), kGenerousMs));
   EXPECT_EQ(server_->bytes_served(), 0u);
 }
 
