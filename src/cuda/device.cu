@@ -350,6 +350,34 @@ Result<std::unique_ptr<Stream>> Stream::Create(int device) {
   return std::unique_ptr<Stream>(new StreamImpl(device, s));
 }
 
+namespace {
+class CudaBuffer final : public DeviceBuffer {
+ public:
+  CudaBuffer(int device, uint8_t* p, size_t n) : device_(device), p_(p), n_(n) {}
+  ~CudaBuffer() override {
+    cudaSetDevice(device_);
+    cudaFree(p_);
+  }
+  uint8_t* data() const override { return p_; }
+  size_t size() const override { return n_; }
+  int device() const override { return device_; }
+
+ private:
+  const int device_;
+  uint8_t* const p_;
+  const size_t n_;
+};
+}  // namespace
+
+Result<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(int device, size_t bytes) {
+  TH_RETURN_IF_ERROR(CheckLocation(MemoryLocation::Cuda(device)));
+  TH_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
+  void* p = nullptr;
+  TH_CUDA_RETURN(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
+                 "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
+}
+
 PinnedPool& StagingPool() {
   // Never destroyed: buffers may be in use until exit, and freeing pinned
   // memory after the runtime shut down fails.

@@ -62,6 +62,17 @@ class Stream {
   virtual Result<uint64_t> Xxh3(std::span<const iovec> pieces) = 0;
 };
 
+// Device memory from cudaMalloc, freed on destruction (for tests, benchmarks
+// and tools; TensorHub never allocates the memory it publishes).
+class DeviceBuffer {
+ public:
+  static Result<std::unique_ptr<DeviceBuffer>> Allocate(int device, size_t bytes);
+  virtual ~DeviceBuffer() = default;
+  virtual uint8_t* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual int device() const = 0;
+};
+
 // A bounded pool of page-locked host buffers that stage bytes between a
 // device and a socket. Buffers are allocated on first use, up to
 // `max_buffers`, and kept. Thread-safe.

@@ -45,6 +45,10 @@ Result<std::unique_ptr<Stream>> Stream::Create(int) {
   return FailedPrecondition(kNoCuda);
 }
 
+Result<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(int, size_t) {
+  return FailedPrecondition(kNoCuda);
+}
+
 PinnedPool& StagingPool() {
   static NoPool* pool = new NoPool();  // never destroyed: used until exit
   return *pool;
