@@ -18,6 +18,12 @@
 namespace tensorhub::testing {
 namespace {
 
+// The value, or `fallback` if it failed.
+template <typename T, typename U>
+T OrElse(Result<T> r, U fallback) {
+  return r.ok() ? std::move(r).value() : T(std::move(fallback));
+}
+
 double Seconds(SteadyClock::time_point t0) {
   return std::chrono::duration<double>(SteadyClock::now() - t0).count();
 }
@@ -84,10 +90,10 @@ Status ParallelRead(transport::Transport& t, const std::string& addr, uint64_t e
 int Run(int argc, char** argv) {
   auto args = cli::ParseArgs(argc, argv, 1, {"bytes", "chunk", "streams", "reps"}, {});
   if (!args.ok()) return cli::Fail(args.status());
-  const uint64_t bytes = cli::ParseBytes(args->Get("bytes", "1GiB")).value_or(1ull << 30);
-  const uint64_t chunk = cli::ParseBytes(args->Get("chunk", "64MiB")).value_or(64ull << 20);
-  const int streams = static_cast<int>(args->GetU64("streams", 4).value_or(4));
-  const int reps = static_cast<int>(args->GetU64("reps", 3).value_or(3));
+  const uint64_t bytes = OrElse(cli::ParseBytes(args->Get("bytes", "1GiB")), 1ull << 30);
+  const uint64_t chunk = OrElse(cli::ParseBytes(args->Get("chunk", "64MiB")), 64ull << 20);
+  const int streams = static_cast<int>(OrElse(args->GetU64("streams", 4), 4));
+  const int reps = static_cast<int>(OrElse(args->GetU64("reps", 3), 3));
   std::string why;
   if (cuda::DeviceCount(&why) == 0) {
     std::printf("gpu_bench: skipped, no CUDA device: %s\n", why.c_str());
@@ -138,9 +144,9 @@ int Run(int argc, char** argv) {
   std::printf("limit  cudaMemcpy D2H to pinned  %8.2f GB/s (4 MiB copies)\n", *d2h);
   std::printf("limit  cudaMemcpy H2D from pinned%8.2f GB/s (4 MiB copies)\n", *h2d);
   std::printf("device XXH3-64, one %s input      %8.2f GB/s\n", cli::FormatBytes(bytes).c_str(),
-              hash.value_or(0));
+              OrElse(hash, 0.0));
   std::printf("device XXH3-64, %s chunks, serial %8.2f GB/s\n", cli::FormatBytes(chunk).c_str(),
-              hash_chunks.value_or(0));
+              OrElse(hash_chunks, 0.0));
 
   // The holder process.
   auto holder = cli::Subprocess::Spawn({"--role=serve", "--memory", "cuda", "--bytes",

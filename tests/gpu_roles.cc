@@ -115,13 +115,18 @@ int RunServe(const cli::Args& args) {
   uint64_t total = (*bytes / *count) * *count + 1001;
   auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7));
   if (!tensors.ok()) return cli::Fail(tensors.status());
-  auto part = BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes);
+  std::unique_ptr<cuda::Stream> stream;
   if (!memory->is_host()) {
-    auto stream = cuda::Stream::Create(memory->device);
-    if (!stream.ok()) return cli::Fail(stream.status());
-    part = BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
-                           [&](std::span<const iovec> p) { return (*stream)->Xxh3(p); });
+    auto s = cuda::Stream::Create(memory->device);
+    if (!s.ok()) return cli::Fail(s.status());
+    stream = std::move(s).value();
   }
+  // Device bytes are hashed on the device (the host cannot read them).
+  auto part = BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
+                              [&](std::span<const iovec> p) -> Result<uint64_t> {
+                                if (stream) return stream->Xxh3(p);
+                                return Xxh3Pieces(p);
+                              });
   if (!part.ok()) return cli::Fail(part.status());
   client::Registry registry;
   client::Holding h;

@@ -6,6 +6,7 @@
 // refusing bad memory locations run everywhere.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -23,6 +24,12 @@
 
 namespace tensorhub::testing {
 namespace {
+
+// The value, or `fallback` if it failed.
+template <typename T, typename U>
+T OrElse(Result<T> r, U fallback) {
+  return r.ok() ? std::move(r).value() : T(std::move(fallback));
+}
 
 using cli::Subprocess;
 
@@ -176,6 +183,7 @@ struct Served {
   uint64_t epoch = 0;
 };
 
+// Fails the test (ASSERT in the caller: address empty) if it did not start.
 Served StartServe(const std::string& memory, int tensors = 3) {
   Served s{MustSpawn({"--role=serve", "--memory", memory, "--bytes",
                       std::to_string(kServeBytes), "--tensors", std::to_string(tensors)}),
@@ -193,6 +201,7 @@ Served StartServe(const std::string& memory, int tensors = 3) {
 std::vector<uint64_t> Stats(Subprocess& p) {
   std::string line = Ask(p, "stats");
   EXPECT_EQ(Word(line, 0), "stats") << line;
+  if (Word(line, 0) != "stats") return {0, 0, 0};
   return {std::stoull(Word(line, 1)), std::stoull(Word(line, 2)), std::stoull(Word(line, 3))};
 }
 
@@ -243,6 +252,7 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s, uint8_t* 
 TEST(GpuDataPlane, DeviceToDeviceAcrossProcessesByCudaIpc) {
   REQUIRE_GPU();
   Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   auto t = transport::MakeTcpTransport();
   auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
   ASSERT_TRUE(dest.ok());
@@ -259,6 +269,7 @@ TEST(GpuDataPlane, DeviceToDeviceAcrossProcessesByCudaIpc) {
 TEST(GpuDataPlane, DeviceToDeviceWithSameHostReadsOffIsStagedBothWays) {
   REQUIRE_GPU();
   Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   transport::TcpTransportOptions o;
   o.local_reads = false;
   auto t = transport::MakeTcpTransport(o);
@@ -275,6 +286,7 @@ TEST(GpuDataPlane, DeviceToDeviceWithSameHostReadsOffIsStagedBothWays) {
 TEST(GpuDataPlane, DeviceToHostIsStagedByTheHolder) {
   REQUIRE_GPU();
   Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   auto t = transport::MakeTcpTransport();
   std::vector<uint8_t> dest(kServeTotal);
   std::vector<uint8_t> got = ReadAll(*t, s, dest.data(), false, 4 << 20);
@@ -286,6 +298,7 @@ TEST(GpuDataPlane, DeviceToHostIsStagedByTheHolder) {
 TEST(GpuDataPlane, HostToDeviceIsStagedByTheReader) {
   REQUIRE_GPU();
   Served s = StartServe("host");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   auto t = transport::MakeTcpTransport();
   auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
   ASSERT_TRUE(dest.ok());
@@ -302,6 +315,7 @@ TEST(GpuDataPlane, HostToDeviceIsStagedByTheReader) {
 TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   REQUIRE_GPU();
   Served s = StartServe("cuda", 1);
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
   auto fd = transport::ConnectTcp(s.address, Deadline::AfterMs(5000));
   ASSERT_TRUE(fd.ok());
@@ -366,7 +380,7 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   const std::vector<TensorSpec> specs = GpuLayout(bytes);
   Subprocess dev_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda",
                                      "--bytes", std::to_string(bytes), "--version", "1"});
-  ASSERT_EQ(dev_holder.ReadLine(Deadline::AfterMs(60000)).value_or("none"), "published");
+  ASSERT_EQ(OrElse(dev_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
   const std::vector<uint8_t> v1 = Pattern(bytes + 1101, 1);
 
   ClientOptions o;
@@ -378,7 +392,7 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   ASSERT_TRUE(into_dev.ok()) << into_dev.status().ToString();
   auto f = (*reader)->Fetch("m", Version(1), into_dev->refs());
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(into_dev->Read().value_or(std::vector<uint8_t>{}) == v1) << "device copy differs";
+  EXPECT_TRUE(OrElse(into_dev->Read(), std::vector<uint8_t>{}) == v1) << "device copy differs";
 
   // Device to host (staged by a device holder).
   ClientOptions o2 = o;
@@ -390,17 +404,17 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   fo.serve = false;
   f = (*reader2)->Fetch("m", Version(1), into_host->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(into_host->Read().value_or(std::vector<uint8_t>{}) == v1) << "host copy differs";
+  EXPECT_TRUE(OrElse(into_host->Read(), std::vector<uint8_t>{}) == v1) << "host copy differs";
 
   // Host to device.
   Subprocess host_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "host",
                                       "--bytes", std::to_string(bytes), "--version", "2"});
-  ASSERT_EQ(host_holder.ReadLine(Deadline::AfterMs(60000)).value_or("none"), "published");
+  ASSERT_EQ(OrElse(host_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
   auto into_dev2 = Tensors::Make(specs, MemoryLocation::Cuda(0), std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_dev2.ok());
   f = (*reader2)->Fetch("m", Version(2), into_dev2->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(into_dev2->Read().value_or(std::vector<uint8_t>{}) == Pattern(bytes + 1101, 2))
+  EXPECT_TRUE(OrElse(into_dev2->Read(), std::vector<uint8_t>{}) == Pattern(bytes + 1101, 2))
       << "device copy of the host version differs";
 
   // The device holder unpublishes: its drain returns, and a fetch of v1 is
@@ -410,7 +424,7 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   ASSERT_TRUE(into_host2.ok());
   f = (*reader2)->Fetch("m", Version(1), into_host2->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(into_host2->Read().value_or(std::vector<uint8_t>{}) == v1);
+  EXPECT_TRUE(OrElse(into_host2->Read(), std::vector<uint8_t>{}) == v1);
 }
 
 }  // namespace

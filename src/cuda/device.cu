@@ -68,32 +68,58 @@ __global__ void BlockSumsKernel(const uint64_t* __restrict__ p, uint64_t nb,
   }
 }
 
-// Folds the block sums in order (one thread per lane), then the tail and
-// the merge (thread 0).
+// Folds the block sums in order, then the tail and the merge. One warp:
+// lanes 0..7 run the 8 lane chains (one scramble per KiB, a chain of
+// dependent steps that no width can shorten), while all 32 lanes fetch the
+// next tile of sums into registers, so the chains read shared memory and
+// never wait for global memory.
+constexpr int kFoldTile = 128;                    // blocks per tile
+constexpr int kFoldPerLane = kFoldTile * 8 / 32;  // sums each lane fetches
+
 __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
                              const uint64_t* __restrict__ sums, uint64_t* out) {
+  __shared__ uint64_t tile[kFoldTile * 8];
   __shared__ uint64_t acc[8];
-  const unsigned i = threadIdx.x;
+  const unsigned t = threadIdx.x;
   if (len <= xxh3::kMidsizeMax) {
-    if (i == 0) *out = xxh3::HashShort(p, len);
+    if (t == 0) *out = xxh3::HashShort(p, len);
     return;
   }
   const xxh3::Secret s = xxh3::DefaultSecret();
-  const uint64_t key = s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + i];
+  const uint64_t key = s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
   uint64_t init[8];
   xxh3::InitAcc(init);
-  uint64_t a = init[i];
+  uint64_t a = init[t % 8];
   const uint64_t nb = xxh3::FoldedBlocks(len);
-#pragma unroll 8
-  for (uint64_t b = 0; b < nb; ++b) {
-    a += sums[b * 8 + i];
-    a ^= a >> 47;
-    a ^= key;
-    a *= xxh3::kPrime32_1;
+  uint64_t next[kFoldPerLane];
+  auto fetch = [&](uint64_t first_block) {
+#pragma unroll
+    for (int k = 0; k < kFoldPerLane; ++k) {
+      const uint64_t i = first_block * 8 + k * 32 + t;
+      next[k] = i < nb * 8 ? sums[i] : 0;
+    }
+  };
+  fetch(0);
+  for (uint64_t b0 = 0; b0 < nb; b0 += kFoldTile) {
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < kFoldPerLane; ++k) tile[k * 32 + t] = next[k];
+    __syncwarp();
+    if (b0 + kFoldTile < nb) fetch(b0 + kFoldTile);
+    if (t < 8) {
+      const int n = static_cast<int>(nb - b0 < kFoldTile ? nb - b0 : kFoldTile);
+#pragma unroll 4
+      for (int j = 0; j < n; ++j) {
+        a += tile[j * 8 + t];
+        a ^= a >> 47;
+        a ^= key;
+        a *= xxh3::kPrime32_1;
+      }
+    }
   }
-  acc[i] = a;
-  __syncthreads();
-  if (i == 0) {
+  if (t < 8) acc[t] = a;
+  __syncwarp();
+  if (t == 0) {
     uint64_t all[8];
     for (int k = 0; k < 8; ++k) all[k] = acc[k];
     *out = xxh3::FinishLong(all, p, len);
@@ -162,7 +188,7 @@ class StreamImpl final : public Stream {
           reinterpret_cast<const uint64_t*>(p), nb, sums_);
       TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     }
-    FinishKernel<<<1, 8, 0, stream_>>>(p, len, sums_, out_);
+    FinishKernel<<<1, 32, 0, stream_>>>(p, len, sums_, out_);
     TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     uint64_t h = 0;
     TH_CUDA_RETURN(cudaMemcpyAsync(&h, out_, sizeof(h), cudaMemcpyDeviceToHost, stream_),
@@ -295,7 +321,10 @@ int DeviceCount(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
-    if (why != nullptr) *why = FromCuda(e, "cudaGetDeviceCount").message();
+    if (why != nullptr) {
+      *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) + " (" +
+             cudaGetErrorString(e) + ")";
+    }
     return 0;
   }
   if (n == 0 && why != nullptr) *why = "the CUDA runtime sees no device";
