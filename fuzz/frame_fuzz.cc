@@ -47,6 +47,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (sum != length) __builtin_trap();
   }
+  bool ipc = false;
+  auto in = tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local, &ipc);
+  if (in.ok() && local && ipc) __builtin_trap();  // never both
+  if (h.ok() && h->cuda_ipc &&
+      (h->local || h->status != tensorhub::StatusCode::kOk ||
+       h->payload_len > tensorhub::wire::kMaxCudaIpcReplyBytes)) {
+    __builtin_trap();
+  }
+  auto ipc_reply = size < 8 ? tensorhub::Result<tensorhub::wire::CudaIpcReply>(
+                                  tensorhub::InvalidArgument("short"))
+                            : tensorhub::wire::DecodeCudaIpcReply(data + 8, size - 8, length);
+  if (ipc_reply.ok()) {
+    uint64_t sum = 0;
+    if (ipc_reply->pieces.empty() ||
+        ipc_reply->pieces.size() > tensorhub::wire::kMaxCudaIpcPieces) {
+      __builtin_trap();
+    }
+    for (const auto& p : ipc_reply->pieces) {
+      if (p.length == 0 || p.offset > UINT64_MAX - p.length ||
+          p.address > UINT64_MAX - p.length) {
+        __builtin_trap();
+      }
+      sum += p.length;
+    }
+    if (sum != length) __builtin_trap();
+  }
   auto release = tensorhub::wire::DecodeRelease(data, size);
   if (release.ok() && static_cast<uint32_t>(*release) > 1) __builtin_trap();
   // Handshake frames: only OK or PERMISSION_DENIED verdicts are accepted.

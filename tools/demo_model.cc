@@ -49,7 +49,7 @@ SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs) {
   auto* base = reinterpret_cast<uint8_t*>(storage_.get());
   for (size_t i = 0; i < specs.size(); ++i) {
     uint64_t bytes = *specs[i].ByteSize();
-    refs_.push_back(TensorRef{specs[i], base + offsets[i], bytes});
+    refs_.push_back(TensorRef{specs[i], base + offsets[i], bytes, MemoryLocation::Host()});
   }
   // Touch every page now, so first-use page faults do not land in a timing.
   std::memset(base, 0, total_bytes_);

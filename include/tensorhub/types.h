@@ -66,11 +66,38 @@ struct TensorSpec {
   bool operator==(const TensorSpec&) const = default;
 };
 
+// Which memory a tensor lives in: host memory, or the global memory of a
+// CUDA device (by ordinal, as cudaSetDevice numbers them in this process).
+// Every transport accepts every kind; a build without CUDA, or a process
+// that sees no such device, refuses kCuda with FAILED_PRECONDITION
+// (INVALID_ARGUMENT for a negative ordinal).
+enum class MemoryKind : uint8_t { kHost, kCuda };
+
+struct MemoryLocation {
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;  // the CUDA ordinal; ignored for kHost
+
+  static constexpr MemoryLocation Host() { return {}; }
+  static constexpr MemoryLocation Cuda(int device) {
+    return {MemoryKind::kCuda, device};
+  }
+  constexpr bool is_host() const { return kind == MemoryKind::kHost; }
+  bool operator==(const MemoryLocation& o) const {
+    return kind == o.kind && (kind == MemoryKind::kHost || device == o.device);
+  }
+};
+
+// "host", "cuda:0", ...
+std::string MemoryLocationName(const MemoryLocation& memory);
+
 // A tensor in caller-owned memory. TensorHub never frees `data`.
 struct TensorRef {
   TensorSpec spec;
   void* data = nullptr;
   uint64_t bytes = 0;  // must equal spec.ByteSize()
+  // Where `data` points. All tensors of one Publish (or one Fetch
+  // destination) must be in the same memory.
+  MemoryLocation memory;
 };
 
 // Where a worker runs. Used to prefer near sources (same host, then rack,

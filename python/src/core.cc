@@ -51,21 +51,23 @@ T Take(Result<T> r) {
   return std::move(r).value();
 }
 
-// (name, dtype, shape, address, bytes)
+// (name, dtype, shape, address, bytes, device): device -1 is host memory,
+// N >= 0 the CUDA device of that ordinal.
 using TensorTuple =
     std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t,
-               uint64_t>;
+               uint64_t, int>;
 
 std::vector<TensorRef> ToRefs(const std::vector<TensorTuple>& tuples) {
   std::vector<TensorRef> refs;
   refs.reserve(tuples.size());
-  for (const auto& [name, dtype, shape, address, bytes] : tuples) {
+  for (const auto& [name, dtype, shape, address, bytes, device] : tuples) {
     TensorRef r;
     r.spec.name = name;
     r.spec.dtype = Take(ParseDType(dtype));
     r.spec.shape = shape;
     r.data = reinterpret_cast<void*>(address);
     r.bytes = bytes;
+    if (device >= 0) r.memory = MemoryLocation::Cuda(device);
     uint64_t want = Take(r.spec.ByteSize());
     if (want != bytes) {
       Throw(InvalidArgument("tensor '" + name + "' has " +

@@ -1,7 +1,8 @@
 # Type stub of the C++ extension (python/src/core.cc). Private API.
 from typing import Any, Dict, List, Sequence, Tuple
 
-_TensorTuple = Tuple[str, str, Sequence[int], int, int]
+# (name, dtype, shape, address, nbytes, device): device -1 is host memory.
+_TensorTuple = Tuple[str, str, Sequence[int], int, int, int]
 
 DTYPES: List[Tuple[str, int]]
 

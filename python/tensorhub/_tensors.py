@@ -72,8 +72,9 @@ _TORCH_DTYPES = [
     ("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"),
 ]
 
-# (name, dtype, shape, address, nbytes): what _core takes.
-TensorTuple = Tuple[str, str, List[int], int, int]
+# (name, dtype, shape, address, nbytes, device): what _core takes. device is
+# -1 for host memory, else the CUDA ordinal (torch's index in this process).
+TensorTuple = Tuple[str, str, List[int], int, int, int]
 
 
 def _torch() -> Any:
@@ -153,8 +154,11 @@ def to_tuple(
     """
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"tensor names must be non-empty strings, got {name!r}")
+    device = -1
     if is_torch_tensor(obj):
         dtype, shape, address, nbytes, itemsize = _torch_view(name, obj, writable)
+        if obj.device.type == "cuda":
+            device = int(obj.device.index if obj.device.index is not None else 0)
     elif isinstance(obj, np.ndarray):
         dtype, shape, address, nbytes, itemsize = _numpy_view(name, obj, writable)
     else:
@@ -175,7 +179,7 @@ def to_tuple(
                 f"({itemsize}-byte elements) as {dtype_override} ({want}-byte elements)"
             )
         dtype = dtype_override
-    return (name, dtype, shape, address, nbytes)
+    return (name, dtype, shape, address, nbytes, device)
 
 
 def _numpy_view(name: str, arr: np.ndarray, writable: bool):
@@ -205,10 +209,9 @@ def _torch_view(name: str, t: Any, writable: bool):
     dtype = torch_dtype_map().get(t.dtype)
     if dtype is None:
         raise InvalidArgumentError(f"tensor '{name}': torch dtype {t.dtype} is not supported")
-    if t.device.type != "cpu":
+    if t.device.type not in ("cpu", "cuda"):
         raise InvalidArgumentError(
-            f"tensor '{name}' is on {t.device}; TensorHub moves host memory only: "
-            f"use a CPU tensor (e.g. a pinned staging copy)"
+            f"tensor '{name}' is on {t.device}; TensorHub moves host and CUDA memory only"
         )
     if t.layout != torch.strided:
         raise InvalidArgumentError(f"tensor '{name}': layout {t.layout} is not supported")
@@ -262,6 +265,24 @@ def _check_no_overlap(tuples: List[TensorTuple]) -> None:
                 f"destination tensors '{n0}' and '{n1}' share memory; fetch each "
                 f"tensor into its own buffer (tied weights: see tensorhub.torch)"
             )
+
+
+def sync_cuda_streams(tensors: Mapping[str, Any]) -> None:
+    """Waits for the current CUDA stream of every device ``tensors`` live on.
+
+    TensorHub reads (publish) and writes (fetch) device memory from its own
+    streams, so work the caller queued on its stream that writes (or still
+    reads) those tensors must be finished first. Its copies are complete
+    when publish / fetch return, so work queued afterwards sees them.
+    """
+    devices = set()
+    for t in tensors.values():
+        if is_torch_tensor(t) and t.device.type == "cuda":
+            devices.add(t.device)
+    if devices:
+        torch = _torch()
+        for d in devices:
+            torch.cuda.current_stream(d).synchronize()
 
 
 def spans(tuples: List[TensorTuple]) -> List[Tuple[int, int]]:

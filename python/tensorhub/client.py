@@ -376,6 +376,9 @@ class Client:
         if cb <= 0:
             raise InvalidArgumentError(f"chunk_bytes must be > 0, not {chunk_bytes}")
         objs = list(tensors.values())
+        # CUDA tensors: the bytes the caller's stream is still writing must
+        # be there before the checksums are taken and readers read them.
+        _tensors.sync_cuda_streams(tensors)
         # Hold the references before the C++ side can serve the memory.
         held = _Held("published", objs, _tensors.spans(tuples))
         with self._lock:
@@ -543,6 +546,9 @@ class Client:
             dtypes = {t.name: t.dtype for t in info.tensors if t.name in into}
         tuples = _tensors.to_tuples(into, writable=True, dtypes=dtypes)
         spans = _tensors.spans(tuples)
+        # CUDA tensors: work queued on the caller's stream that still reads
+        # or writes them must finish before the fetch overwrites them.
+        _tensors.sync_cuda_streams(into)
         stats = self._core.fetch(
             model, v, tuples, timeout_ms, connections, bool(serve), group_id, step
         )

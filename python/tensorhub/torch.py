@@ -49,10 +49,9 @@ def _weights(module: torch.nn.Module, what: str) -> Dict[str, torch.Tensor]:
         raise TypeError(f"{what}: expected a torch.nn.Module, got {type(module).__name__}")
     sd = module.state_dict(keep_vars=False)
     for name, t in sd.items():
-        if t.device.type != "cpu":
+        if t.device.type not in ("cpu", "cuda"):
             raise InvalidArgumentError(
-                f"{what}: '{name}' is on {t.device}; TensorHub moves host memory: "
-                f"move the module to the CPU (or publish a CPU staging copy)"
+                f"{what}: '{name}' is on {t.device}; TensorHub moves host and CUDA memory"
             )
         if not t.is_contiguous():
             raise InvalidArgumentError(

@@ -20,6 +20,7 @@
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/test_point.h"
+#include "cuda/device.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
@@ -103,8 +104,18 @@ class Client::Impl {
                              " is not in a group of " +
                              std::to_string(opts.group_size));
     }
+    TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(tensors, "publish"));
+    // The chunk checksums are computed where the bytes are.
+    std::unique_ptr<cuda::Stream> stream;
+    if (!memory.is_host()) {
+      TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(memory.device));
+    }
+    ChunkHasher hash = [&](std::span<const iovec> pieces) -> Result<uint64_t> {
+      if (stream) return stream->Xxh3(pieces);
+      return Xxh3Pieces(pieces);
+    };
     TH_ASSIGN_OR_RETURN(PartLayout part,
-                        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes));
+                        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -121,6 +132,7 @@ class Client::Impl {
     h.group_size = opts.group_size;
     h.chunk_bytes = opts.chunk_bytes;
     h.rank = opts.rank;
+    h.memory = memory;
     std::vector<uint8_t*> bases;
     for (const TensorRef& t : tensors) bases.push_back(static_cast<uint8_t*>(t.data));
     h.bases[opts.rank] = std::move(bases);
@@ -205,10 +217,12 @@ class Client::Impl {
     }
     const std::string vname =
         "'" + model + "@" + std::to_string(r.version.value()) + "'";
+    TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(dest, "fetch"));
     client::FetchJob job;
     job.model = model;
     job.version = r.version;
     job.manifest = &manifest;
+    job.memory = memory;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const PartLayout& p : manifest.parts()) {
       std::vector<uint8_t*> bases;
@@ -402,6 +416,31 @@ class Client::Impl {
     return out + "]";
   }
 
+  // The one memory all `tensors` are in, checked usable here: a call takes
+  // tensors of one memory (host, or one CUDA device).
+  static Result<MemoryLocation> CheckMemory(const std::vector<TensorRef>& tensors,
+                                            const char* what) {
+    if (tensors.empty()) return MemoryLocation::Host();
+    const MemoryLocation memory = tensors.front().memory;
+    for (const TensorRef& t : tensors) {
+      if (!(t.memory == memory)) {
+        return InvalidArgument(std::string(what) + ": tensor '" + t.spec.name + "' is in " +
+                               MemoryLocationName(t.memory) + " but '" +
+                               tensors.front().spec.name + "' is in " +
+                               MemoryLocationName(memory) +
+                               "; one call takes tensors of one memory");
+      }
+    }
+    TH_RETURN_IF_ERROR(cuda::CheckLocation(memory).WithContext(what));
+    if (memory.is_host()) return memory;
+    for (const TensorRef& t : tensors) {
+      if (t.data == nullptr) continue;  // caught with a clearer message later
+      TH_RETURN_IF_ERROR(cuda::CheckDevicePointer(t.data, t.bytes, memory.device)
+                             .WithContext(std::string(what) + ": tensor '" + t.spec.name + "'"));
+    }
+    return memory;
+  }
+
   static std::vector<client::FetchSource> ToSources(
       const std::vector<client::ResolvedSource>& sources) {
     std::vector<client::FetchSource> out;
@@ -472,6 +511,7 @@ class Client::Impl {
     h.chunk_bytes = manifest.chunk_bytes();
     h.manifest = manifest;
     h.filling = true;
+    h.memory = job.memory;
     for (const PartLayout& p : manifest.parts()) {
       h.parts[p.rank] = p;
       h.bases[p.rank] = job.dest_bases[p.rank];

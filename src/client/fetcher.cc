@@ -366,8 +366,13 @@ class FetchRun {
     req.offset = loc.offset;
     req.length = loc.bytes;
     uint64_t got = 0;
-    TH_RETURN_IF_ERROR(it->second->Read(
-        req, *pieces, deadline_.Cap(options_.read_timeout_ms), &got));
+    const Deadline read_deadline = deadline_.Cap(options_.read_timeout_ms);
+    if (job_.memory.is_host()) {
+      TH_RETURN_IF_ERROR(it->second->Read(req, *pieces, read_deadline, &got));
+    } else {
+      TH_RETURN_IF_ERROR(
+          it->second->ReadDevice(req, *pieces, job_.memory.device, read_deadline, &got));
+    }
     if (got != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
                       std::to_string(loc.offset) + " from " + address +

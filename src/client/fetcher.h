@@ -44,6 +44,9 @@ struct FetchJob {
   const Manifest* manifest = nullptr;
   // dest_bases[part][i]: where tensor i of that part goes.
   std::vector<std::vector<uint8_t*>> dest_bases;
+  // Where every destination base points (device: reads go through
+  // Connection::ReadDevice).
+  MemoryLocation memory;
 };
 
 struct FetcherOptions {

@@ -179,7 +179,7 @@ bool Keeper::Keep(const KeeperItem& item) {
   std::vector<TensorRef> dest;
   uint64_t offset = 0;
   for (const TensorInfo& t : info->tensors) {
-    dest.push_back({t.spec, h.bytes.get() + offset, t.bytes});
+    dest.push_back({t.spec, h.bytes.get() + offset, t.bytes, MemoryLocation::Host()});
     offset += t.bytes;
   }
   FetchOptions fo;

@@ -206,6 +206,7 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
     }
   }
   transport::ServeLease lease;
+  lease.memory = e->holding.memory;
   AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
                &lease.pieces);
   ++e->inflight;

@@ -36,6 +36,7 @@ struct Holding {
   std::optional<Manifest> manifest;
   std::map<uint32_t, PartLayout> parts;
   std::map<uint32_t, std::vector<uint8_t*>> bases;  // per part, per tensor
+  MemoryLocation memory;  // where every base points
   bool reported = false;  // the hub acknowledged it
   // Still being fetched: only chunks marked with MarkChunk() are served; a
   // read of a chunk not there yet waits for it (bounded by fill_wait_ms).

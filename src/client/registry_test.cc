@@ -482,7 +482,7 @@ TEST(RegistryUnreportedTest, ListsOnlyWhatTheHubHasNotAcknowledged) {
     h.version = Version(1);
     h.chunk_bytes = 4096;
     h.rank = 0;
-    TensorRef t{{"w", DType::kU8, {buf.size()}}, buf.data(), buf.size()};
+    TensorRef t{{"w", DType::kU8, {buf.size()}}, buf.data(), buf.size(), MemoryLocation::Host()};
     h.parts[0] = *BuildPartLayout(0, {&t, 1}, 4096);
     h.bases[0] = {buf.data()};
     return h;

@@ -249,7 +249,7 @@ struct Tensors {
       d[i] = static_cast<uint8_t>(seed + i * 31 + (i >> 8));
     }
     data.push_back(std::move(d));
-    refs.push_back({spec, nullptr, bytes});
+    refs.push_back({spec, nullptr, bytes, MemoryLocation::Host()});
     Fix();
   }
   void Fix() {

@@ -186,6 +186,16 @@ Status Manifest::Validate() const {
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes) {
+  return BuildPartLayout(rank, tensors, chunk_bytes,
+                         [](std::span<const iovec> pieces) -> Result<uint64_t> {
+                           return Xxh3Pieces(pieces);
+                         });
+}
+
+Result<PartLayout> BuildPartLayout(uint32_t rank,
+                                   std::span<const TensorRef> tensors,
+                                   uint64_t chunk_bytes,
+                                   const ChunkHasher& hash_chunk) {
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
     return InvalidArgument("chunk size " + std::to_string(chunk_bytes) +
                            " out of [" + std::to_string(kMinChunkBytes) +
@@ -230,7 +240,8 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
     pieces.clear();
     AppendPieces(part, bases, off, std::min(chunk_bytes, part.part_bytes - off),
                  &pieces);
-    part.chunk_xxh3.push_back(Xxh3Pieces(pieces));
+    TH_ASSIGN_OR_RETURN(uint64_t h, hash_chunk(pieces));
+    part.chunk_xxh3.push_back(h);
   }
   return part;
 }

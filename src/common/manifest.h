@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <utility>
@@ -111,6 +112,13 @@ class Manifest {
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes);
+// The same with the chunk checksum computed by `hash_chunk` (XXH3-64 of the
+// concatenated pieces): for tensors in device memory, a device kernel.
+using ChunkHasher = std::function<Result<uint64_t>(std::span<const iovec>)>;
+Result<PartLayout> BuildPartLayout(uint32_t rank,
+                                   std::span<const TensorRef> tensors,
+                                   uint64_t chunk_bytes,
+                                   const ChunkHasher& hash_chunk);
 
 uint64_t ChunksFor(uint64_t bytes, uint64_t chunk_bytes);
 

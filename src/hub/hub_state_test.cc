@@ -79,7 +79,7 @@ class HubStateTest : public ::testing::Test {
         buf[i] = static_cast<uint8_t>(seed * 13 + i * 7 + (i >> 9));
       }
       refs.push_back({TensorSpec{name, DType::kU8, {bytes}},
-                      bytes ? buf.data() : nullptr, bytes});
+                      bytes ? buf.data() : nullptr, bytes, MemoryLocation::Host()});
     }
     Result<PartLayout> p = BuildPartLayout(rank, refs, kMinChunkBytes);
     EXPECT_TRUE(p.ok()) << p.status().ToString();

@@ -48,7 +48,8 @@ class RetainTest : public ::testing::Test {
       std::vector<TensorRef> t = {
           {{"w" + std::to_string(r), DType::kU8, {buf.size()}},
            buf.data(),
-           buf.size()}};
+           buf.size(),
+           MemoryLocation::Host()}};
       Result<PartLayout> p = BuildPartLayout(r, t, kMinChunkBytes);
       EXPECT_TRUE(p.ok());
       parts.push_back(*p);

@@ -863,7 +863,7 @@ std::vector<TensorRef> MappedSafetensorsFile::tensors() const {
   refs.reserve(header_.tensors.size());
   auto* data = static_cast<uint8_t*>(base_) + header_.data_start;
   for (const SafetensorsEntry& e : header_.tensors) {
-    refs.push_back(TensorRef{e.spec, data + e.begin, e.end - e.begin});
+    refs.push_back(TensorRef{e.spec, data + e.begin, e.end - e.begin, MemoryLocation::Host()});
   }
   return refs;
 }
@@ -1012,7 +1012,7 @@ std::vector<TensorRef> SafetensorsFileWriter::tensors() {
   for (size_t i = 0; i < specs_.size(); ++i) {
     const uint64_t next =
         i + 1 < specs_.size() ? begins_[i + 1] : file_bytes_ - data_start_;
-    refs.push_back(TensorRef{specs_[i], data + begins_[i], next - begins_[i]});
+    refs.push_back(TensorRef{specs_[i], data + begins_[i], next - begins_[i], MemoryLocation::Host()});
   }
   return refs;
 }

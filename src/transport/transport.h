@@ -17,6 +17,7 @@
 
 #include "common/deadline.h"
 #include "tensorhub/status.h"
+#include "tensorhub/types.h"
 #include "wire/frame.h"
 
 namespace tensorhub::transport {
@@ -26,9 +27,15 @@ namespace tensorhub::transport {
 // byte has left (or the send failed), or, for a read the reader copies
 // itself from this process's memory, once the reader released it (or the
 // connection dropped, or local_release_timeout_ms passed).
+//
+// `memory` says where the pieces are. Device memory is never handed to the
+// socket: the server stages it through pinned host buffers, or, for a
+// same-host reader that asks, shares it by CUDA IPC (the lease then ends
+// when the reader released it, as for a same-host host-memory read).
 struct ServeLease {
   std::vector<iovec> pieces;
   std::shared_ptr<void> pin;
+  MemoryLocation memory;
 };
 
 // Decides what a read may see. Implemented by the worker's registry.
@@ -60,9 +67,11 @@ class Server {
   // Closes the listener and every connection, and joins their threads.
   // Idempotent.
   virtual void Stop() = 0;
-  // Bytes served, all paths; of which copied by same-host readers.
+  // Bytes served, all paths; of which copied by same-host readers (cross
+  // memory attach or CUDA IPC); of which staged from device memory.
   virtual uint64_t bytes_served() const = 0;
   virtual uint64_t bytes_served_local() const { return 0; }
+  virtual uint64_t bytes_served_staged() const { return 0; }
   // Connections refused because the peer did not prove the shared secret.
   virtual uint64_t connections_refused() const { return 0; }
 };
@@ -79,6 +88,16 @@ class Connection {
   // computed as they arrive (cheaper than a second pass over memory).
   virtual Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
                       const Deadline& deadline, uint64_t* xxh3 = nullptr) = 0;
+  // The same into memory of CUDA device `device` (`dest` holds device
+  // addresses). Bytes that come over the connection land in pinned host
+  // staging buffers first, are hashed there (so `xxh3` covers exactly the
+  // bytes then copied to the device) and copied host to device; bytes a
+  // same-host holder shares by CUDA IPC are copied device to device and
+  // hashed by a kernel on the destination. Returns once the bytes are in
+  // `dest` (every copy synchronized). FAILED_PRECONDITION without CUDA.
+  virtual Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
+                            int device, const Deadline& deadline,
+                            uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
   // Makes a Read running on another thread end soon with an error, and

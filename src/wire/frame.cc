@@ -39,13 +39,15 @@ bool KnownStatus(uint8_t code) {
 }  // namespace
 
 std::string EncodeReadRequest(const ReadRequest& req,
-                              const HostIdentity* local) {
+                              const HostIdentity* local, bool cuda_ipc) {
   const size_t tail = local != nullptr ? kHostIdentityBytes : 0;
   std::string out(kRequestHeaderBytes + req.model.size() + tail, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   Put<uint32_t>(p + 0, kRequestMagic);
   Put<uint16_t>(p + 4, static_cast<uint16_t>(req.model.size()));
-  Put<uint16_t>(p + 6, local != nullptr ? kRequestFlagLocal : 0);
+  Put<uint16_t>(p + 6, local == nullptr ? 0
+                       : cuda_ipc       ? kRequestFlagCudaIpc
+                                        : kRequestFlagLocal);
   Put<uint64_t>(p + 8, req.version);
   Put<uint64_t>(p + 16, req.epoch);
   Put<uint32_t>(p + 24, req.part);
@@ -74,7 +76,8 @@ Result<HostIdentity> DecodeHostIdentity(const uint8_t* p, size_t size) {
 }
 
 Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
-                                       ReadRequest* out, bool* local) {
+                                       ReadRequest* out, bool* local,
+                                       bool* cuda_ipc) {
   if (size < kRequestHeaderBytes) {
     return InvalidArgument("read request shorter than its header");
   }
@@ -87,11 +90,16 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
                            std::to_string(model_len) + " out of range");
   }
   const uint16_t flags = Get<uint16_t>(p + 6);
-  const uint16_t known = local != nullptr ? kRequestFlagLocal : 0;
+  const uint16_t known = (local != nullptr ? kRequestFlagLocal : 0) |
+                        (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0);
   if ((flags & ~known) != 0 || Get<uint32_t>(p + 28) != 0) {
     return InvalidArgument("read request has unknown flags");
   }
+  if ((flags & kRequestFlagLocal) != 0 && (flags & kRequestFlagCudaIpc) != 0) {
+    return InvalidArgument("read request asks for both local reply kinds");
+  }
   if (local != nullptr) *local = (flags & kRequestFlagLocal) != 0;
+  if (cuda_ipc != nullptr) *cuda_ipc = (flags & kRequestFlagCudaIpc) != 0;
   out->version = Get<uint64_t>(p + 8);
   out->epoch = Get<uint64_t>(p + 16);
   out->part = Get<uint32_t>(p + 24);
@@ -112,7 +120,8 @@ std::array<uint8_t, kResponseHeaderBytes> EncodeResponseHeader(
   std::array<uint8_t, kResponseHeaderBytes> out{};
   Put<uint32_t>(out.data(), kResponseMagic);
   out[4] = static_cast<uint8_t>(h.status);
-  out[5] = h.local ? kResponseFlagLocal : 0;
+  out[5] = static_cast<uint8_t>((h.local ? kResponseFlagLocal : 0) |
+                                (h.cuda_ipc ? kResponseFlagCudaIpc : 0));
   Put<uint16_t>(out.data() + 6, h.message_len);
   Put<uint64_t>(out.data() + 8, h.payload_len);
   Put<uint64_t>(out.data() + 16, 0);
@@ -130,12 +139,15 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
     return InvalidArgument("read response has unknown status " +
                            std::to_string(p[4]));
   }
-  if ((p[5] & ~kResponseFlagLocal) != 0 || Get<uint64_t>(p + 16) != 0) {
+  if ((p[5] & ~(kResponseFlagLocal | kResponseFlagCudaIpc)) != 0 ||
+      p[5] == (kResponseFlagLocal | kResponseFlagCudaIpc) ||
+      Get<uint64_t>(p + 16) != 0) {
     return InvalidArgument("read response has nonzero reserved fields");
   }
   ResponseHeader h;
   h.status = static_cast<StatusCode>(p[4]);
   h.local = (p[5] & kResponseFlagLocal) != 0;
+  h.cuda_ipc = (p[5] & kResponseFlagCudaIpc) != 0;
   h.message_len = Get<uint16_t>(p + 6);
   h.payload_len = Get<uint64_t>(p + 8);
   if (h.message_len > kMaxMessageBytes) {
@@ -161,7 +173,87 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* p, size_t size) {
                              std::to_string(h.payload_len));
     }
   }
+  if (h.cuda_ipc) {
+    if (h.status != StatusCode::kOk) {
+      return InvalidArgument("failed read response is marked CUDA IPC");
+    }
+    if (h.payload_len < kLocalReplyHeaderBytes + kCudaIpcPieceBytes ||
+        h.payload_len > kMaxCudaIpcReplyBytes ||
+        (h.payload_len - kLocalReplyHeaderBytes) % kCudaIpcPieceBytes != 0) {
+      return InvalidArgument("CUDA IPC read response has a bad length " +
+                             std::to_string(h.payload_len));
+    }
+  }
   return h;
+}
+
+std::string EncodeCudaIpcReply(const CudaIpcReply& reply) {
+  std::string out(
+      kLocalReplyHeaderBytes + reply.pieces.size() * kCudaIpcPieceBytes, '\0');
+  auto* p = reinterpret_cast<uint8_t*>(out.data());
+  Put<uint32_t>(p + 0, kCudaIpcReplyMagic);
+  Put<uint32_t>(p + 4, reply.pid);
+  Put<uint32_t>(p + 8, static_cast<uint32_t>(reply.pieces.size()));
+  Put<uint32_t>(p + 12, 0);
+  p += kLocalReplyHeaderBytes;
+  for (const CudaIpcPiece& piece : reply.pieces) {
+    std::memcpy(p, piece.handle.data(), kCudaIpcHandleBytes);
+    Put<uint64_t>(p + 64, piece.offset);
+    Put<uint64_t>(p + 72, piece.length);
+    Put<uint64_t>(p + 80, piece.address);
+    p += kCudaIpcPieceBytes;
+  }
+  return out;
+}
+
+Result<CudaIpcReply> DecodeCudaIpcReply(const uint8_t* p, size_t size,
+                                        uint64_t read_length) {
+  if (size < kLocalReplyHeaderBytes + kCudaIpcPieceBytes ||
+      size > kMaxCudaIpcReplyBytes) {
+    return InvalidArgument("CUDA IPC reply size " + std::to_string(size) +
+                           " out of range");
+  }
+  if (Get<uint32_t>(p) != kCudaIpcReplyMagic) {
+    return InvalidArgument("CUDA IPC reply has a bad magic number");
+  }
+  CudaIpcReply reply;
+  reply.pid = Get<uint32_t>(p + 4);
+  const uint32_t count = Get<uint32_t>(p + 8);
+  if (reply.pid == 0 || reply.pid > 0x7fffffffu) {
+    return InvalidArgument("CUDA IPC reply names pid " + std::to_string(reply.pid));
+  }
+  if (Get<uint32_t>(p + 12) != 0) {
+    return InvalidArgument("CUDA IPC reply has nonzero reserved fields");
+  }
+  if (count == 0 || count > kMaxCudaIpcPieces ||
+      size != kLocalReplyHeaderBytes + size_t{count} * kCudaIpcPieceBytes) {
+    return InvalidArgument("CUDA IPC reply claims " + std::to_string(count) +
+                           " pieces in " + std::to_string(size) + " bytes");
+  }
+  reply.pieces.resize(count);
+  uint64_t total = 0;
+  const uint8_t* q = p + kLocalReplyHeaderBytes;
+  for (CudaIpcPiece& piece : reply.pieces) {
+    std::memcpy(piece.handle.data(), q, kCudaIpcHandleBytes);
+    piece.offset = Get<uint64_t>(q + 64);
+    piece.length = Get<uint64_t>(q + 72);
+    piece.address = Get<uint64_t>(q + 80);
+    q += kCudaIpcPieceBytes;
+    if (piece.length == 0 || piece.length > read_length - total ||
+        piece.offset > UINT64_MAX - piece.length ||
+        piece.address == 0 || piece.address > UINT64_MAX - piece.length) {
+      return InvalidArgument("CUDA IPC reply has a bad piece (offset " +
+                             std::to_string(piece.offset) + ", length " +
+                             std::to_string(piece.length) + ")");
+    }
+    total += piece.length;
+  }
+  if (total != read_length) {
+    return InvalidArgument("CUDA IPC reply pieces add up to " +
+                           std::to_string(total) + " bytes for a read of " +
+                           std::to_string(read_length));
+  }
+  return reply;
 }
 
 std::string EncodeLocalReply(const LocalReply& reply) {

@@ -15,6 +15,14 @@
 //     piece_count x (u64 address | u64 length)
 //   The reader then copies them (process_vm_readv) and sends a Release:
 //     u32 magic 'THR1' | u32 outcome (0 copied, 1 not copied) | u64 reserved(0)
+//   A request with kRequestFlagCudaIpc (instead of kRequestFlagLocal; the
+//   identity follows the name the same way) asks, for bytes in CUDA device
+//   memory, for a CudaIpcReply (kResponseFlagCudaIpc): where the bytes are
+//   as CUDA IPC handles, which the reader opens and copies device to
+//   device, then Releases as above:
+//     u32 magic 'THG1' | u32 pid | u32 piece_count | u32 reserved(0) |
+//     piece_count x (64-byte cudaIpcMemHandle | u64 offset in the
+//                    allocation | u64 length | u64 address in the holder)
 //
 // Decoders never trust a length: each is bounded before anything is sized
 // from it.
@@ -52,6 +60,16 @@ inline constexpr size_t kMaxLocalReplyBytes =
     kLocalReplyHeaderBytes + kMaxLocalPieces * kLocalPieceBytes;
 inline constexpr size_t kReleaseBytes = 16;
 
+// Intra-host reads of device memory by CUDA IPC.
+inline constexpr uint16_t kRequestFlagCudaIpc = 0x0002;
+inline constexpr uint8_t kResponseFlagCudaIpc = 0x02;
+inline constexpr uint32_t kCudaIpcReplyMagic = 0x31474854;  // "THG1"
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+inline constexpr size_t kCudaIpcPieceBytes = kCudaIpcHandleBytes + 24;
+inline constexpr size_t kMaxCudaIpcPieces = 4096;
+inline constexpr size_t kMaxCudaIpcReplyBytes =
+    kLocalReplyHeaderBytes + kMaxCudaIpcPieces * kCudaIpcPieceBytes;
+
 // Which kernel, pid namespace and network namespace a process lives in. Two
 // processes with equal identities can address each other by pid, and are
 // one "host" for routing (network namespaces that emulate separate hosts
@@ -78,6 +96,8 @@ struct ResponseHeader {
   uint64_t payload_len = 0;
   // kResponseFlagLocal: the payload is a LocalReply, not the bytes.
   bool local = false;
+  // kResponseFlagCudaIpc: the payload is a CudaIpcReply.
+  bool cuda_ipc = false;
 };
 
 struct LocalPiece {
@@ -91,21 +111,41 @@ struct LocalReply {
   std::vector<LocalPiece> pieces;  // in the order of the requested range
 };
 
+struct CudaIpcPiece {
+  std::array<uint8_t, kCudaIpcHandleBytes> handle{};
+  uint64_t offset = 0;   // inside the allocation the handle names
+  uint64_t length = 0;
+  uint64_t address = 0;  // in the holder's address space (same-process reads)
+  bool operator==(const CudaIpcPiece&) const = default;
+};
+
+struct CudaIpcReply {
+  uint32_t pid = 0;
+  std::vector<CudaIpcPiece> pieces;  // in the order of the requested range
+};
+
 enum class ReleaseOutcome : uint32_t { kCopied = 0, kNotCopied = 1 };
 
 // Header and model name, ready to send. With `local` (the reader's
 // identity) the request has kRequestFlagLocal and the identity follows the
 // name: the reader is willing to copy the bytes itself from the holder's
 // memory if the holder has the same identity.
+// With `cuda_ipc` (requires `local`) the flag is kRequestFlagCudaIpc instead
+// of kRequestFlagLocal: the reader wants device memory shared by CUDA IPC,
+// and bytes over the connection otherwise.
 std::string EncodeReadRequest(const ReadRequest& req,
-                              const HostIdentity* local = nullptr);
+                              const HostIdentity* local = nullptr,
+                              bool cuda_ipc = false);
 // Decodes the fixed header; fills everything but `model` and returns the
 // model name's length, which the caller reads next. A caller that handles
 // local reads passes `local`: it is set when kRequestFlagLocal is, and then
 // kHostIdentityBytes follow the name (decode them with DecodeHostIdentity).
-// Without `local` the flag is refused like any unknown flag.
+// Without `local` the flag is refused like any unknown flag. Likewise
+// `cuda_ipc` for kRequestFlagCudaIpc (the identity follows then too); a
+// request may not carry both flags.
 Result<size_t> DecodeReadRequestHeader(const uint8_t* bytes, size_t size,
-                                       ReadRequest* out, bool* local = nullptr);
+                                       ReadRequest* out, bool* local = nullptr,
+                                       bool* cuda_ipc = nullptr);
 Result<HostIdentity> DecodeHostIdentity(const uint8_t* bytes, size_t size);
 
 // The body of a local response; its size is the header's payload_len.
@@ -114,6 +154,13 @@ std::string EncodeLocalReply(const LocalReply& reply);
 // non-wrapping ranges that add up to exactly `read_length`.
 Result<LocalReply> DecodeLocalReply(const uint8_t* bytes, size_t size,
                                     uint64_t read_length);
+
+// The body of a CUDA IPC response; its size is the header's payload_len.
+std::string EncodeCudaIpcReply(const CudaIpcReply& reply);
+// Accepts only 1..kMaxCudaIpcPieces non-empty pieces whose offsets and
+// addresses do not wrap and whose lengths add up to exactly `read_length`.
+Result<CudaIpcReply> DecodeCudaIpcReply(const uint8_t* bytes, size_t size,
+                                        uint64_t read_length);
 
 std::array<uint8_t, kReleaseBytes> EncodeRelease(ReleaseOutcome outcome);
 Result<ReleaseOutcome> DecodeRelease(const uint8_t* bytes, size_t size);

@@ -317,6 +317,112 @@ TEST(LocalReplyTest, Rejections) {
   EXPECT_EQ(code(m, kMaxLocalPieces + 1), StatusCode::kInvalidArgument);
 }
 
+CudaIpcReply SampleIpcReply() {
+  CudaIpcReply r;
+  r.pid = 777;
+  CudaIpcPiece a;
+  for (size_t i = 0; i < a.handle.size(); ++i) a.handle[i] = static_cast<uint8_t>(i * 3);
+  a.offset = 512;
+  a.length = 4096;
+  a.address = 0x7f0000001000;
+  CudaIpcPiece b = a;
+  b.handle[0] = 0xEE;
+  b.offset = 0;
+  b.length = 5;
+  b.address = 0x7f0000100000;
+  r.pieces = {a, b};
+  return r;
+}
+
+TEST(CudaIpcTest, RequestFlagRoundTripAndExclusivity) {
+  HostIdentity id;
+  id.boot_id[0] = 9;
+  id.pid_ns = 11;
+  id.net_ns = 12;
+  ReadRequest req = SampleRequest();
+  std::string enc = EncodeReadRequest(req, &id, /*cuda_ipc=*/true);
+  const auto* p = reinterpret_cast<const uint8_t*>(enc.data());
+  EXPECT_EQ(p[6], kRequestFlagCudaIpc);
+  ReadRequest out;
+  bool local = true, ipc = false;
+  ASSERT_TRUE(DecodeReadRequestHeader(p, enc.size(), &out, &local, &ipc).ok());
+  EXPECT_FALSE(local);
+  EXPECT_TRUE(ipc);
+  // A holder that does not handle CUDA IPC refuses the flag.
+  EXPECT_EQ(DecodeReadRequestHeader(p, enc.size(), &out, &local).status().code(),
+            StatusCode::kInvalidArgument);
+  // Both flags at once are refused.
+  std::string both = enc;
+  both[6] = static_cast<char>(kRequestFlagLocal | kRequestFlagCudaIpc);
+  EXPECT_EQ(DecodeReadRequestHeader(reinterpret_cast<const uint8_t*>(both.data()),
+                                    both.size(), &out, &local, &ipc)
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(CudaIpcTest, ResponseHeaderAndReplyRoundTripAndRejections) {
+  ResponseHeader h;
+  h.cuda_ipc = true;
+  h.payload_len = kLocalReplyHeaderBytes + 2 * kCudaIpcPieceBytes;
+  auto he = EncodeResponseHeader(h);
+  Result<ResponseHeader> hd = DecodeResponseHeader(he.data(), he.size());
+  ASSERT_TRUE(hd.ok()) << hd.status().ToString();
+  EXPECT_TRUE(hd->cuda_ipc);
+  EXPECT_FALSE(hd->local);
+  auto bad = he;
+  bad[5] = kResponseFlagLocal | kResponseFlagCudaIpc;
+  EXPECT_FALSE(DecodeResponseHeader(bad.data(), bad.size()).ok()) << "both flags";
+  h.payload_len += 1;
+  he = EncodeResponseHeader(h);
+  EXPECT_FALSE(DecodeResponseHeader(he.data(), he.size()).ok()) << "ragged length";
+  h.payload_len = kMaxCudaIpcReplyBytes + kCudaIpcPieceBytes;
+  he = EncodeResponseHeader(h);
+  EXPECT_FALSE(DecodeResponseHeader(he.data(), he.size()).ok()) << "too long";
+
+  const CudaIpcReply r = SampleIpcReply();
+  const std::string good = EncodeCudaIpcReply(r);
+  ASSERT_EQ(good.size(), kLocalReplyHeaderBytes + 2 * kCudaIpcPieceBytes);
+  EXPECT_EQ(good.substr(0, 4), "THG1");
+  auto code = [&](const std::string& b, uint64_t len = 4101) {
+    return DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(b.data()), b.size(), len)
+        .status()
+        .code();
+  };
+  Result<CudaIpcReply> d =
+      DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(good.data()), good.size(), 4101);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->pid, 777u);
+  EXPECT_EQ(d->pieces, r.pieces);
+  for (size_t n = 0; n < good.size(); ++n) {
+    EXPECT_EQ(code(good.substr(0, n)), StatusCode::kInvalidArgument) << n;
+  }
+  EXPECT_EQ(code(good, 4100), StatusCode::kInvalidArgument) << "longer than the read";
+  EXPECT_EQ(code(good, 4102), StatusCode::kInvalidArgument) << "shorter than the read";
+  auto with = [&](size_t at, uint64_t v, int bytes) {
+    std::string b = good;
+    for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
+    return b;
+  };
+  const size_t p0 = kLocalReplyHeaderBytes;
+  EXPECT_EQ(code(with(0, 0x314C4854, 4)), StatusCode::kInvalidArgument) << "magic";
+  EXPECT_EQ(code(with(4, 0, 4)), StatusCode::kInvalidArgument) << "pid 0";
+  EXPECT_EQ(code(with(8, 3, 4)), StatusCode::kInvalidArgument) << "count";
+  EXPECT_EQ(code(with(12, 1, 4)), StatusCode::kInvalidArgument) << "reserved";
+  EXPECT_EQ(code(with(p0 + 64, UINT64_MAX - 10, 8)), StatusCode::kInvalidArgument)
+      << "offset wraps";
+  EXPECT_EQ(code(with(p0 + 72, 0, 8)), StatusCode::kInvalidArgument) << "empty";
+  EXPECT_EQ(code(with(p0 + 72, UINT64_MAX, 8)), StatusCode::kInvalidArgument) << "huge";
+  EXPECT_EQ(code(with(p0 + 80, 0, 8)), StatusCode::kInvalidArgument) << "null address";
+  CudaIpcReply many;
+  many.pid = 1;
+  many.pieces.assign(kMaxCudaIpcPieces + 1, r.pieces[1]);
+  many.pieces[0].length = 1;
+  for (auto& piece : many.pieces) piece.length = 1;
+  EXPECT_EQ(code(EncodeCudaIpcReply(many), kMaxCudaIpcPieces + 1),
+            StatusCode::kInvalidArgument);
+}
+
 TEST(ReleaseTest, RoundTripAndRejections) {
   for (ReleaseOutcome o : {ReleaseOutcome::kCopied, ReleaseOutcome::kNotCopied}) {
     auto e = EncodeRelease(o);

@@ -16,6 +16,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "cuda/device.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
 
@@ -36,6 +37,56 @@ std::string PeerAddress(int fd) {
   }
   return "an IPv6 peer";
 }
+
+// Calls fn(address, length, done) for the runs of `pieces` that make up
+// bytes [offset, offset + n) of their concatenation, in order (`done`: bytes
+// of the range before this run).
+template <typename Fn>
+Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n, Fn&& fn) {
+  uint64_t at = 0, done = 0;
+  for (const iovec& v : pieces) {
+    if (done == n) break;
+    const uint64_t end = at + v.iov_len;
+    if (end > offset) {
+      const uint64_t from = std::max(at, offset) - at;
+      const uint64_t len = std::min<uint64_t>(v.iov_len - from, n - done);
+      TH_RETURN_IF_ERROR(fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
+      done += len;
+    }
+    at = end;
+  }
+  if (done != n) return Internal("range past the end of its pieces");
+  return Status::Ok();
+}
+
+// Two CUDA streams on one device, made on first use: one per staging
+// buffer, so the copy into (or out of) one overlaps the socket I/O of the
+// other. One thread at a time.
+class StagingStreams {
+ public:
+  Status Ensure(int device) {
+    if (device_ == device) return Status::Ok();
+    Sync();
+    for (auto& s : streams_) {
+      s.reset();
+      TH_ASSIGN_OR_RETURN(s, cuda::Stream::Create(device));
+    }
+    device_ = device;
+    return Status::Ok();
+  }
+  cuda::Stream& operator[](size_t i) { return *streams_[i]; }
+  // Waits for every copy (before its staging buffers are reused or given
+  // back); errors were reported where the copy was waited for first.
+  void Sync() {
+    for (auto& s : streams_) {
+      if (s) (void)s->Synchronize();
+    }
+  }
+
+ private:
+  int device_ = -1;
+  std::unique_ptr<cuda::Stream> streams_[2];
+};
 
 class LocalReads {
  public:
@@ -110,6 +161,9 @@ class TcpServer final : public Server {
   uint64_t connections_refused() const override { return refused_.load(); }
   uint64_t bytes_served_local() const override {
     return bytes_served_local_.load();
+  }
+  uint64_t bytes_served_staged() const override {
+    return bytes_served_staged_.load();
   }
 
   void Stop() override {
@@ -188,6 +242,7 @@ class TcpServer final : public Server {
       refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    StagingStreams staging;  // for reads of device memory, made on first use
     while (!stopping_.load()) {
       pollfd p{fd, POLLIN, 0};
       int rc = ::poll(&p, 1, 200);
@@ -200,9 +255,9 @@ class TcpServer final : public Server {
         return;
       }
       wire::ReadRequest req;
-      bool local = false;
-      Result<size_t> model_len =
-          wire::DecodeReadRequestHeader(header, sizeof(header), &req, &local);
+      bool local = false, cuda_ipc = false;
+      Result<size_t> model_len = wire::DecodeReadRequestHeader(
+          header, sizeof(header), &req, &local, &cuda_ipc);
       if (!model_len.ok()) {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
@@ -218,7 +273,7 @@ class TcpServer final : public Server {
       }
       // The reader's identity, if it offers to copy the bytes itself.
       std::optional<wire::HostIdentity> reader;
-      if (local) {
+      if (local || cuda_ipc) {
         uint8_t id[wire::kHostIdentityBytes];
         if (!ReadExact(fd, id, sizeof(id), deadline, stall_ms).ok()) return;
         reader = *wire::DecodeHostIdentity(id, sizeof(id));
@@ -228,15 +283,35 @@ class TcpServer final : public Server {
         if (!SendError(fd, lease.status(), deadline).ok()) return;
         continue;
       }
-      if (reader.has_value() && local_->enabled() &&
-          *reader == local_->identity()) {
+      const bool same_host = reader.has_value() && local_->enabled() &&
+                             *reader == local_->identity();
+      if (!lease->memory.is_host()) {
+        if (cuda_ipc && same_host) {
+          Result<std::string> body = CudaIpcBody(*lease);
+          if (body.ok()) {
+            if (!ServeLocal(fd, req, std::move(body).value(), true, deadline)) {
+              ::shutdown(fd, SHUT_RDWR);
+              return;
+            }
+            continue;  // the lease ends here, after the reader released it
+          }
+          TH_LOG(DEBUG) << "data server " << address_
+                        << ": staging instead of CUDA IPC: " << body.status().ToString();
+        }
+        if (!ServeStaged(fd, req, *lease, staging, deadline)) return;
+        continue;
+      }
+      if (local && same_host) {
         std::vector<wire::LocalPiece> pieces = CoalescePieces(lease->pieces);
         uint64_t total = 0;
         for (const wire::LocalPiece& p : pieces) total += p.length;
         // Else (too scattered to describe, or a source that does not cover
         // the range) the bytes go over TCP as usual.
         if (pieces.size() <= wire::kMaxLocalPieces && total == req.length) {
-          if (!ServeLocal(fd, req, std::move(pieces), deadline)) {
+          wire::LocalReply reply;
+          reply.pid = pid_;
+          reply.pieces = std::move(pieces);
+          if (!ServeLocal(fd, req, wire::EncodeLocalReply(reply), false, deadline)) {
             // Close before the lease ends, so a reader still copying sees
             // the connection gone when it finishes and discards the bytes.
             ::shutdown(fd, SHUT_RDWR);
@@ -261,18 +336,102 @@ class TcpServer final : public Server {
     }
   }
 
-  // Hands a same-host reader the addresses of the leased bytes and waits
-  // (bounded) for its release. False: drop the connection.
-  bool ServeLocal(int fd, const wire::ReadRequest& req,
-                  std::vector<wire::LocalPiece> pieces,
-                  const Deadline& deadline) {
-    wire::LocalReply reply;
+  // The CUDA IPC reply for a lease of device memory: one handle per
+  // allocation run. Fails (and the read is staged instead) for memory CUDA
+  // IPC cannot share, or a range too scattered to describe.
+  Result<std::string> CudaIpcBody(const ServeLease& lease) {
+    wire::CudaIpcReply reply;
     reply.pid = pid_;
-    reply.pieces = std::move(pieces);
-    std::string body = wire::EncodeLocalReply(reply);
+    for (const iovec& v : lease.pieces) {
+      if (v.iov_len == 0) continue;
+      TH_ASSIGN_OR_RETURN(cuda::IpcExport ex,
+                          cuda::ExportIpc(v.iov_base, lease.memory.device));
+      if (ex.offset > ex.alloc_bytes || v.iov_len > ex.alloc_bytes - ex.offset) {
+        return InvalidArgument("a served range crosses the end of its CUDA allocation");
+      }
+      if (!reply.pieces.empty() && reply.pieces.back().handle == ex.handle.bytes &&
+          reply.pieces.back().offset + reply.pieces.back().length == ex.offset) {
+        reply.pieces.back().length += v.iov_len;
+        continue;
+      }
+      if (reply.pieces.size() == wire::kMaxCudaIpcPieces) {
+        return ResourceExhausted("range spans more than " +
+                                 std::to_string(wire::kMaxCudaIpcPieces) + " allocations");
+      }
+      reply.pieces.push_back({ex.handle.bytes, ex.offset, v.iov_len,
+                              reinterpret_cast<uint64_t>(v.iov_base)});
+    }
+    return wire::EncodeCudaIpcReply(reply);
+  }
+
+  // Sends bytes of device memory: each segment is copied device to host
+  // into one of two pinned buffers while the other one is being sent.
+  // False: drop the connection.
+  bool ServeStaged(int fd, const wire::ReadRequest& req, const ServeLease& lease,
+                   StagingStreams& streams, const Deadline& deadline) {
+    const int64_t stall_ms = options_.io_stall_timeout_ms;
+    cuda::PinnedPool& pool = cuda::StagingPool();
+    Result<cuda::PinnedPool::Lease> bufs = pool.Acquire(2, deadline.Cap(stall_ms));
+    Status ready = bufs.ok() ? streams.Ensure(lease.memory.device) : bufs.status();
+    if (!ready.ok()) {
+      // Nothing sent yet: refuse this read, keep the connection.
+      return SendError(fd, ready.WithContext("staging " + MemoryLocationName(lease.memory)),
+                       deadline)
+          .ok();
+    }
+    // Whatever happens, no copy may still run into a buffer given back.
+    struct SyncOnExit {
+      StagingStreams& s;
+      ~SyncOnExit() { s.Sync(); }
+    } sync_on_exit{streams};
+    const uint64_t seg = pool.buffer_bytes();
+    const uint64_t n = (req.length + seg - 1) / seg;
+    auto enqueue = [&](uint64_t k) {
+      uint8_t* buf = bufs->buffer(k % 2);
+      const uint64_t off = k * seg, len = std::min(seg, req.length - off);
+      return ForRange(lease.pieces, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+        return streams[k % 2].CopyAsync(buf + done, p, l);
+      });
+    };
+    Status s = enqueue(0);
+    if (s.ok()) s = streams[0].Synchronize();
+    if (!s.ok()) {
+      TH_LOG(WARN) << "data server " << address_ << ": " << s.ToString();
+      return SendError(fd, s.WithContext("staging device memory"), deadline).ok();
+    }
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
-    h.local = true;
+    h.payload_len = req.length;
+    auto hdr = wire::EncodeResponseHeader(h);
+    iovec hv{hdr.data(), hdr.size()};
+    if (!WriteAll(fd, {&hv, 1}, deadline, stall_ms).ok()) return false;
+    for (uint64_t k = 0; k < n; ++k) {
+      if (k > 0) s = streams[k % 2].Synchronize();
+      if (s.ok() && k + 1 < n) s = enqueue(k + 1);
+      if (!s.ok()) {
+        // The header promised bytes that cannot come: the stream is lost.
+        TH_LOG(WARN) << "data server " << address_ << ": staging failed mid-read: "
+                     << s.ToString();
+        return false;
+      }
+      const uint64_t len = std::min(seg, req.length - k * seg);
+      iovec v{bufs->buffer(k % 2), len};
+      if (!WriteAll(fd, {&v, 1}, deadline, stall_ms).ok()) return false;
+    }
+    bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
+    bytes_served_staged_.fetch_add(req.length, std::memory_order_relaxed);
+    return true;
+  }
+
+  // Hands a same-host reader where the leased bytes are (`body`: a
+  // LocalReply, or a CudaIpcReply if `cuda_ipc`) and waits (bounded) for
+  // its release. False: drop the connection.
+  bool ServeLocal(int fd, const wire::ReadRequest& req, std::string body,
+                  bool cuda_ipc, const Deadline& deadline) {
+    wire::ResponseHeader h;
+    h.status = StatusCode::kOk;
+    h.local = !cuda_ipc;
+    h.cuda_ipc = cuda_ipc;
     h.payload_len = body.size();
     auto hdr = wire::EncodeResponseHeader(h);
     iovec iov[2] = {{hdr.data(), hdr.size()}, {body.data(), body.size()}};
@@ -327,6 +486,7 @@ class TcpServer final : public Server {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> bytes_served_local_{0};
+  std::atomic<uint64_t> bytes_served_staged_{0};
   std::thread accept_thread_;
   std::mutex mu_;
   std::list<Conn> conns_;  // guarded by mu_
@@ -336,11 +496,28 @@ class TcpConnection final : public Connection {
  public:
   TcpConnection(Fd fd, std::string peer, std::shared_ptr<LocalReads> local)
       : fd_(std::move(fd)), peer_(std::move(peer)), local_(std::move(local)) {}
+  ~TcpConnection() override {
+    staging_.Sync();
+    for (const cuda::IpcHandle& h : opened_) cuda::IpcImports::Close(h);
+  }
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
               const Deadline& deadline, uint64_t* xxh3) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
-    Status s = DoRead(req, dest, deadline, xxh3);
+    return Finish(DoRead(req, dest, deadline, xxh3));
+  }
+
+  Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
+                    int device, const Deadline& deadline, uint64_t* xxh3) override {
+    if (broken_) return Unavailable("connection to " + peer_ + " is broken");
+    // A failure here is about this process's device, not the holder: it
+    // must not break the connection.
+    TH_RETURN_IF_ERROR(staging_.Ensure(device));
+    return Finish(DoReadDevice(req, dest, device, deadline, xxh3));
+  }
+
+ private:
+  Status Finish(Status s) {
     if (cancelled_.load()) {
       broken_ = true;
       if (s.ok()) return s;  // it finished before the cancel landed
@@ -356,6 +533,8 @@ class TcpConnection final : public Connection {
     }
     return s;
   }
+
+ public:
   bool broken() const override { return broken_; }
   const std::string& peer() const override { return peer_; }
   void Cancel() override {
@@ -380,6 +559,10 @@ class TcpConnection final : public Connection {
     }
     TH_RETURN_IF_ERROR(SendRequest(req, &local_->identity(), deadline));
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
+    if (h.cuda_ipc) {
+      Abandon();
+      return DataLoss("holder " + peer_ + " answered with a CUDA IPC reply it was not asked for");
+    }
     if (!h.local) {
       // Another host (or a holder with same-host reads off): it sent the
       // bytes, and will again, so stop asking on this connection.
@@ -393,7 +576,7 @@ class TcpConnection final : public Connection {
                  const Deadline& deadline, uint64_t* xxh3) {
     TH_RETURN_IF_ERROR(SendRequest(req, nullptr, deadline));
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
-    if (h.local) {
+    if (h.local || h.cuda_ipc) {
       Abandon();
       return DataLoss("holder " + peer_ +
                       " answered a TCP read with a same-host reply");
@@ -401,9 +584,151 @@ class TcpConnection final : public Connection {
     return ReceivePayload(h, req, dest, deadline, xxh3);
   }
 
+  Status DoReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
+                      int device, const Deadline& deadline, uint64_t* xxh3) {
+    uint64_t want = 0;
+    for (const iovec& v : dest) want += v.iov_len;
+    if (want != req.length) {
+      return Internal("destination holds " + std::to_string(want) +
+                      " bytes for a read of " + std::to_string(req.length));
+    }
+    const bool ask_ipc = local_->enabled() && !ipc_declined_ && !local_->Refused("ipc " + peer_);
+    TH_RETURN_IF_ERROR(SendRequest(req, ask_ipc ? &local_->identity() : nullptr, deadline, ask_ipc));
+    TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
+    if (h.local || (h.cuda_ipc && !ask_ipc)) {
+      Abandon();
+      return DataLoss("holder " + peer_ + " answered with a same-host reply it was not asked for");
+    }
+    if (h.cuda_ipc) return CudaIpcRead(h, req, dest, device, deadline, xxh3);
+    // The holder sent the bytes (host memory, another host, or memory CUDA
+    // IPC cannot share): it will again, so stop asking on this connection.
+    if (ask_ipc) ipc_declined_ = true;
+    return ReceiveToDevice(h, req, dest, deadline, xxh3);
+  }
+
+  // Receives the payload segment by segment into two pinned buffers, hashes
+  // each segment there, and copies it to the device while the next one
+  // arrives into the other buffer.
+  Status ReceiveToDevice(const wire::ResponseHeader& h, const wire::ReadRequest& req,
+                         std::span<const iovec> dest, const Deadline& deadline,
+                         uint64_t* xxh3) {
+    if (h.payload_len != req.length) {
+      Abandon();
+      return DataLoss("holder " + peer_ + " sent " + std::to_string(h.payload_len) +
+                      " bytes for a read of " + std::to_string(req.length));
+    }
+    cuda::PinnedPool& pool = cuda::StagingPool();
+    Result<cuda::PinnedPool::Lease> bufs = pool.Acquire(2, deadline);
+    if (!bufs.ok()) {
+      Abandon();  // the payload is on its way and nowhere to go
+      return bufs.status().WithContext("staging a read from holder " + peer_);
+    }
+    struct SyncOnExit {
+      StagingStreams& s;
+      ~SyncOnExit() { s.Sync(); }
+    } sync_on_exit{staging_};
+    Xxh3Stream hash;
+    const uint64_t seg = pool.buffer_bytes();
+    for (uint64_t k = 0, off = 0; off < req.length; ++k, off += seg) {
+      const uint64_t len = std::min(seg, req.length - off);
+      uint8_t* buf = bufs->buffer(k % 2);
+      // The copy out of this buffer two segments ago must be done.
+      TH_RETURN_IF_ERROR(staging_[k % 2].Synchronize());
+      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), buf, len, deadline).WithContext("holder " + peer_));
+      if (xxh3 != nullptr) hash.Update(buf, len);
+      TH_RETURN_IF_ERROR(ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+        return staging_[k % 2].CopyAsync(p, buf + done, l);
+      }));
+    }
+    for (size_t i = 0; i < 2; ++i) TH_RETURN_IF_ERROR(staging_[i].Synchronize());
+    if (xxh3 != nullptr) *xxh3 = hash.Digest();
+    return Status::Ok();
+  }
+
+  // The holder shared its device memory by CUDA IPC: open each allocation
+  // (once per connection), copy device to device, hash the destination on
+  // the device, then release the lease. If the memory cannot be opened,
+  // release and read the bytes over TCP instead (and stop asking).
+  Status CudaIpcRead(const wire::ResponseHeader& h, const wire::ReadRequest& req,
+                     std::span<const iovec> dest, int device, const Deadline& deadline,
+                     uint64_t* xxh3) {
+    std::string body(h.payload_len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+                           .WithContext("holder " + peer_));
+    Result<wire::CudaIpcReply> reply = wire::DecodeCudaIpcReply(
+        reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
+    if (!reply.ok()) {
+      Abandon();  // closing the connection ends the holder's lease
+      return DataLoss("holder " + peer_ + " sent a bad CUDA IPC reply: " +
+                      reply.status().message());
+    }
+    const bool same_process = reply->pid == static_cast<uint32_t>(::getpid());
+    Status copied = Status::Ok();
+    uint64_t off = 0;
+    for (const wire::CudaIpcPiece& piece : reply->pieces) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(piece.address);
+      if (!same_process) {
+        // A process cannot open its own handles; it reads its own memory.
+        cuda::IpcHandle handle{piece.handle};
+        Result<uint8_t*> base = OpenIpc(handle, device);
+        if (!base.ok()) {
+          copied = base.status();
+          break;
+        }
+        src = *base + piece.offset;
+      }
+      copied = ForRange(dest, off, piece.length, [&](uint8_t* p, uint64_t l, uint64_t done) {
+        return staging_[0].CopyAsync(p, src + done, l);
+      });
+      if (!copied.ok()) break;
+      off += piece.length;
+    }
+    uint64_t sum = 0;
+    if (copied.ok()) {
+      if (xxh3 != nullptr) {
+        Result<uint64_t> r = staging_[0].Xxh3(dest);
+        copied = r.status();
+        if (r.ok()) sum = *r;
+      } else {
+        copied = staging_[0].Synchronize();
+      }
+    } else {
+      staging_.Sync();  // nothing may still copy after the release
+    }
+    if (copied.ok()) {
+      // The holder sends nothing until it has our release; anything to
+      // read now means it gave up the lease, and the memory may have been
+      // reused under the copy.
+      if (PeerClosed()) {
+        Abandon();
+        return Unavailable("holder " + peer_ + " ended the lease before the copy finished");
+      }
+      TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
+      if (xxh3 != nullptr) *xxh3 = sum;
+      return Status::Ok();
+    }
+    TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
+    local_->Refuse("ipc " + peer_, copied);
+    ipc_declined_ = true;
+    TH_RETURN_IF_ERROR(SendRequest(req, nullptr, deadline));
+    TH_ASSIGN_OR_RETURN(wire::ResponseHeader h2, ReceiveHeader(deadline));
+    if (h2.local || h2.cuda_ipc) {
+      Abandon();
+      return DataLoss("holder " + peer_ + " answered a TCP read with a same-host reply");
+    }
+    return ReceiveToDevice(h2, req, dest, deadline, xxh3);
+  }
+
+  Result<uint8_t*> OpenIpc(const cuda::IpcHandle& handle, int device) {
+    TH_ASSIGN_OR_RETURN(uint8_t* base, cuda::IpcImports::Open(handle, device));
+    if (!opened_.insert(handle).second) cuda::IpcImports::Close(handle);  // one ref each
+    return base;
+  }
+
   Status SendRequest(const wire::ReadRequest& req,
-                     const wire::HostIdentity* local, const Deadline& deadline) {
-    std::string frame = wire::EncodeReadRequest(req, local);
+                     const wire::HostIdentity* local, const Deadline& deadline,
+                     bool cuda_ipc = false) {
+    std::string frame = wire::EncodeReadRequest(req, local, cuda_ipc);
     iovec out{frame.data(), frame.size()};
     return WriteAll(fd_.get(), {&out, 1}, deadline)
         .WithContext("holder " + peer_);
@@ -528,6 +853,11 @@ class TcpConnection final : public Connection {
   const std::shared_ptr<LocalReads> local_;
   bool broken_ = false;
   bool local_declined_ = false;
+  bool ipc_declined_ = false;
+  // Device reads: staging streams, and the holder allocations this
+  // connection opened (one reference each in cuda::IpcImports).
+  StagingStreams staging_;
+  std::set<cuda::IpcHandle> opened_;
 };
 
 class TcpTransport final : public Transport {

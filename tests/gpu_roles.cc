@@ -1,0 +1,209 @@
+#include "gpu_roles.h"
+
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <string>
+
+#include "cli_util.h"
+#include "client/registry.h"
+#include "common/checksum.h"
+#include "common/manifest.h"
+#include "tensorhub/client.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace tensorhub::testing {
+
+std::vector<uint8_t> Pattern(size_t bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(bytes);
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, 8);
+  }
+  for (; i < bytes; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
+
+std::vector<TensorSpec> GpuLayout(uint64_t bytes) {
+  return {TensorSpec{"w.big", DType::kU8, {bytes}}, TensorSpec{"w.norm", DType::kBF16, {50}},
+          TensorSpec{"w.odd", DType::kU8, {1001}}};
+}
+
+Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs, MemoryLocation memory,
+                              const std::vector<uint8_t>& content) {
+  Tensors t;
+  uint64_t off = 0;
+  std::unique_ptr<cuda::Stream> stream;
+  if (!memory.is_host()) {
+    TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(memory.device));
+  }
+  for (const TensorSpec& spec : specs) {
+    TH_ASSIGN_OR_RETURN(uint64_t n, spec.ByteSize());
+    if (off + n > content.size()) return InvalidArgument("content too short");
+    TensorRef r;
+    r.spec = spec;
+    r.bytes = n;
+    r.memory = memory;
+    if (memory.is_host()) {
+      t.host_.emplace_back(content.begin() + off, content.begin() + off + n);
+      r.data = t.host_.back().data();
+    } else {
+      TH_ASSIGN_OR_RETURN(auto buf, cuda::DeviceBuffer::Allocate(memory.device, n));
+      TH_RETURN_IF_ERROR(stream->CopyAsync(buf->data(), content.data() + off, n));
+      r.data = buf->data();
+      t.device_.push_back(std::move(buf));
+    }
+    off += n;
+    t.refs_.push_back(std::move(r));
+  }
+  if (stream) TH_RETURN_IF_ERROR(stream->Synchronize());
+  return t;
+}
+
+Result<std::vector<uint8_t>> Tensors::Read() const {
+  std::vector<uint8_t> out;
+  std::unique_ptr<cuda::Stream> stream;
+  for (const TensorRef& r : refs_) {
+    size_t at = out.size();
+    out.resize(at + r.bytes);
+    if (r.memory.is_host()) {
+      std::memcpy(out.data() + at, r.data, r.bytes);
+      continue;
+    }
+    if (!stream) {
+      TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(r.memory.device));
+    }
+    TH_RETURN_IF_ERROR(stream->CopyAsync(out.data() + at, r.data, r.bytes));
+    TH_RETURN_IF_ERROR(stream->Synchronize());
+  }
+  return out;
+}
+
+namespace {
+
+Result<MemoryLocation> ParseMemory(const std::string& s) {
+  if (s == "host") return MemoryLocation::Host();
+  if (s.rfind("cuda", 0) == 0) {
+    int d = s.size() > 5 ? std::stoi(s.substr(5)) : 0;
+    return MemoryLocation::Cuda(d);
+  }
+  return InvalidArgument("memory '" + s + "' is not host or cuda[:N]");
+}
+
+bool NextLine(std::string* line) { return static_cast<bool>(std::getline(std::cin, *line)); }
+
+void Say(const std::string& s) {
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+}
+
+// The bare holder: a Registry behind the TCP transport.
+int RunServe(const cli::Args& args) {
+  auto memory = ParseMemory(args.Get("memory", "cuda"));
+  if (!memory.ok()) return cli::Fail(memory.status());
+  auto bytes = args.GetU64("bytes", 64 << 20);
+  auto count = args.GetU64("tensors", 1);
+  if (!bytes.ok() || !count.ok() || *count == 0) return cli::Fail(InvalidArgument("bad --bytes/--tensors"));
+  std::vector<TensorSpec> specs;
+  for (uint64_t i = 0; i < *count; ++i) {
+    specs.push_back({"t" + std::to_string(i), DType::kU8, {*bytes / *count}});
+  }
+  specs.push_back({"odd", DType::kU8, {1001}});
+  uint64_t total = (*bytes / *count) * *count + 1001;
+  auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7));
+  if (!tensors.ok()) return cli::Fail(tensors.status());
+  std::unique_ptr<cuda::Stream> stream;
+  if (!memory->is_host()) {
+    auto s = cuda::Stream::Create(memory->device);
+    if (!s.ok()) return cli::Fail(s.status());
+    stream = std::move(s).value();
+  }
+  // Device bytes are hashed on the device (the host cannot read them).
+  auto part = BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
+                              [&](std::span<const iovec> p) -> Result<uint64_t> {
+                                if (stream) return stream->Xxh3(p);
+                                return Xxh3Pieces(p);
+                              });
+  if (!part.ok()) return cli::Fail(part.status());
+  client::Registry registry;
+  client::Holding h;
+  h.model = "m";
+  h.version = Version(1);
+  h.chunk_bytes = kDefaultChunkBytes;
+  h.rank = 0;
+  h.memory = *memory;
+  h.parts[0] = *part;
+  for (const TensorRef& r : tensors->refs()) h.bases[0].push_back(static_cast<uint8_t*>(r.data));
+  auto epoch = registry.Add(std::move(h));
+  if (!epoch.ok()) return cli::Fail(epoch.status());
+  auto transport = transport::MakeTcpTransport();
+  auto server = transport->Listen("127.0.0.1:0", &registry, {});
+  if (!server.ok()) return cli::Fail(server.status());
+  Say("ready " + (*server)->address() + " " + std::to_string(*epoch));
+  std::string line;
+  while (NextLine(&line)) {
+    if (line == "stats") {
+      Say("stats " + std::to_string((*server)->bytes_served()) + " " +
+          std::to_string((*server)->bytes_served_local()) + " " +
+          std::to_string((*server)->bytes_served_staged()));
+    } else if (line == "revoke") {
+      auto r = registry.Revoke("m", Version(1));
+      Say(r.ok() ? "revoked" : "error " + r.status().ToString());
+    } else if (line.rfind("drain ", 0) == 0) {
+      Status s = registry.Drain("m", Version(1), *epoch,
+                                Deadline::AfterMs(std::stoll(line.substr(6))));
+      Say(std::string("drained ") + std::string(StatusCodeName(s.code())));
+    } else {
+      break;
+    }
+  }
+  (*server)->Stop();
+  return 0;
+}
+
+int RunHolder(const cli::Args& args) {
+  auto memory = ParseMemory(args.Get("memory", "cuda"));
+  if (!memory.ok()) return cli::Fail(memory.status());
+  auto bytes = args.GetU64("bytes", 64 << 20);
+  auto version = args.GetU64("version", 1);
+  if (!bytes.ok() || !version.ok()) return cli::Fail(InvalidArgument("bad --bytes/--version"));
+  ClientOptions o;
+  o.hub_address = args.Get("hub");
+  o.leave_timeout_ms = 0;
+  auto client = Client::Connect(o);
+  if (!client.ok()) return cli::Fail(client.status());
+  std::vector<TensorSpec> specs = GpuLayout(*bytes);
+  auto tensors = Tensors::Make(specs, *memory, Pattern(*bytes + 1101, *version));
+  if (!tensors.ok()) return cli::Fail(tensors.status());
+  Status s = (*client)->Publish("m", Version(*version), tensors->refs());
+  if (!s.ok()) return cli::Fail(s);
+  Say("published");
+  std::string line;
+  while (NextLine(&line)) {
+    if (line == "unpublish") {
+      Status u = (*client)->Unpublish("m", Version(*version), 10000);
+      Say(std::string("unpublished ") + std::string(StatusCodeName(u.code())));
+    } else {
+      break;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int MaybeRunGpuRole(int argc, char** argv) {
+  if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
+  std::string role = argv[1] + 7;
+  auto args = cli::ParseArgs(argc, argv, 2, {"hub", "memory", "bytes", "tensors", "version"}, {});
+  if (!args.ok()) return cli::Fail(args.status());
+  if (role == "serve") return RunServe(*args);
+  if (role == "holder") return RunHolder(*args);
+  std::fprintf(stderr, "unknown role %s\n", role.c_str());
+  return 2;
+}
+
+}  // namespace tensorhub::testing

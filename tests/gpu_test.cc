@@ -1,0 +1,438 @@
+// Device memory: the device checksum against the host's, and device memory
+// over the data plane across processes (device to device by CUDA IPC,
+// device to host and host to device through pinned staging), byte for
+// byte, including the drain of a reader that holds an IPC handle. Tests
+// that need a GPU skip, saying why, where none is visible; the ones about
+// refusing bad memory locations run everywhere.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <sstream>
+
+#include "common/checksum.h"
+#include "common/deadline.h"
+#include "cuda/device.h"
+#include "gpu_roles.h"
+#include "hub/hub_service.h"
+#include "subprocess.h"
+#include "tensorhub/client.h"
+#include "transport/tcp/auth.h"
+#include "transport/tcp/cma.h"
+#include "transport/tcp/socket_util.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace tensorhub::testing {
+namespace {
+
+// The value, or `fallback` if it failed.
+template <typename T, typename U>
+T OrElse(Result<T> r, U fallback) {
+  return r.ok() ? std::move(r).value() : T(std::move(fallback));
+}
+
+using cli::Subprocess;
+
+std::string NoDevice() {
+  std::string why;
+  return cuda::DeviceCount(&why) > 0 ? "" : why;
+}
+
+#define REQUIRE_GPU()                                                  \
+  do {                                                                 \
+    std::string why_ = NoDevice();                                     \
+    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_;     \
+  } while (0)
+
+std::string Word(const std::string& line, int i) {
+  std::istringstream in(line);
+  std::string w;
+  for (int k = 0; k <= i; ++k) in >> w;
+  return w;
+}
+
+Subprocess MustSpawn(const std::vector<std::string>& args) {
+  auto p = Subprocess::Spawn(args, {"TENSORHUB_LOG=warn"});
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return std::move(p).value();
+}
+
+std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 60000) {
+  Status s = p.Send(cmd);
+  if (!s.ok()) return "error " + s.ToString();
+  auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
+  return line.ok() ? *line : "error " + line.status().ToString();
+}
+
+// ---- memory kinds (run everywhere) ------------------------------------------
+
+TEST(MemoryKinds, BadLocationsAreRefusedWithTheirReason) {
+  EXPECT_TRUE(cuda::CheckLocation(MemoryLocation::Host()).ok());
+  Status neg = cuda::CheckLocation(MemoryLocation::Cuda(-1));
+  EXPECT_EQ(neg.code(), StatusCode::kInvalidArgument) << neg.ToString();
+  EXPECT_NE(neg.message().find("negative"), std::string::npos) << neg.ToString();
+  Status far = cuda::CheckLocation(MemoryLocation::Cuda(4096));
+  EXPECT_EQ(far.code(), StatusCode::kFailedPrecondition) << far.ToString();
+  if (!cuda::Compiled()) {
+    EXPECT_NE(far.message().find("built without CUDA"), std::string::npos) << far.ToString();
+  } else if (!NoDevice().empty()) {
+    EXPECT_NE(far.message().find("no CUDA device"), std::string::npos) << far.ToString();
+  } else {
+    EXPECT_NE(far.message().find("cuda:4096 does not exist"), std::string::npos)
+        << far.ToString();
+  }
+  EXPECT_EQ(MemoryLocationName(MemoryLocation::Cuda(3)), "cuda:3");
+  EXPECT_EQ(MemoryLocationName(MemoryLocation::Host()), "host");
+  EXPECT_TRUE(MemoryLocation::Cuda(1) == MemoryLocation::Cuda(1));
+  EXPECT_FALSE(MemoryLocation::Cuda(1) == MemoryLocation::Cuda(0));
+  EXPECT_FALSE(MemoryLocation::Cuda(0) == MemoryLocation::Host());
+}
+
+TEST(MemoryKinds, PublishAndFetchRefuseBadOrdinalsAndMixedMemory) {
+  auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  ClientOptions o;
+  o.hub_address = (*hub)->address();
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> a(4096), b(4096);
+  TensorRef ra{{"a", DType::kU8, {4096}}, a.data(), 4096, MemoryLocation::Host()};
+  TensorRef rb{{"b", DType::kU8, {4096}}, b.data(), 4096, MemoryLocation::Cuda(-2)};
+  Status s = (*c)->Publish("m", Version(1), {rb});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("negative"), std::string::npos) << s.ToString();
+  rb.memory = MemoryLocation::Cuda(4096);
+  s = (*c)->Publish("m", Version(1), {rb});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("publish"), std::string::npos) << s.ToString();
+  s = (*c)->Publish("m", Version(1), {ra, rb});
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("one call takes tensors of one memory"), std::string::npos)
+      << s.ToString();
+  // Host memory works in every build.
+  ASSERT_TRUE((*c)->Publish("m", Version(1), {ra}).ok());
+  auto f = (*c)->Fetch("m", Version(1), {rb});
+  EXPECT_EQ(f.status().code(), StatusCode::kFailedPrecondition) << f.status().ToString();
+  if (NoDevice().empty()) {
+    // A host pointer labelled as device memory.
+    rb.memory = MemoryLocation::Cuda(0);
+    s = (*c)->Publish("m", Version(2), {rb});
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("not CUDA device memory"), std::string::npos) << s.ToString();
+  }
+}
+
+// ---- the device checksum ------------------------------------------------------
+
+TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
+  REQUIRE_GPU();
+  const size_t n = (9 << 20) + 64;
+  std::vector<uint8_t> host = Pattern(n, 11);
+  auto buf = cuda::DeviceBuffer::Allocate(0, n);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  auto stream = cuda::Stream::Create(0);
+  ASSERT_TRUE(stream.ok());
+  cuda::Stream& s = **stream;
+  ASSERT_TRUE(s.CopyAsync((*buf)->data(), host.data(), n).ok());
+  ASSERT_TRUE(s.Synchronize().ok());
+  int checked = 0;
+  auto check = [&](size_t off, size_t len) {
+    iovec v{(*buf)->data() + off, len};
+    Result<uint64_t> got = s.Xxh3({&v, 1});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(*got, Xxh3(host.data() + off, len)) << "offset " << off << " length " << len;
+    ++checked;
+  };
+  for (size_t len = 0; len <= 2200; ++len) {
+    check(0, len);
+    check(5, len);
+  }
+  for (size_t blocks : {1, 2, 3, 1024, 4096, 8192}) {
+    for (long d : {-65, -64, -1, 0, 1, 63, 64}) check(0, blocks * 1024 + d);
+  }
+  std::mt19937_64 rng(20261123);
+  for (int i = 0; i < 200; ++i) {
+    size_t len = rng() % (9 << 20);
+    check(rng() % 64, len);
+  }
+  // Several pieces hash as their concatenation.
+  for (int i = 0; i < 50; ++i) {
+    std::vector<iovec> pieces;
+    std::vector<uint8_t> concat;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 5); ++k) {
+      size_t len = rng() % (1 << 20), off = rng() % (n - len);
+      pieces.push_back({(*buf)->data() + off, len});
+      concat.insert(concat.end(), host.begin() + off, host.begin() + off + len);
+    }
+    Result<uint64_t> got = s.Xxh3(pieces);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(*got, Xxh3(concat.data(), concat.size())) << "case " << i;
+    ++checked;
+  }
+  std::printf("device XXH3-64 == host XXH3-64 for %d inputs\n", checked);
+}
+
+// ---- the data plane across processes -------------------------------------------
+
+constexpr uint64_t kServeBytes = 24ull << 20;  // plus a 1001-byte tensor
+constexpr uint64_t kServeTotal = kServeBytes + 1001;
+
+struct Served {
+  Subprocess proc;
+  std::string address;
+  uint64_t epoch = 0;
+};
+
+// Fails the test (ASSERT in the caller: address empty) if it did not start.
+Served StartServe(const std::string& memory, int tensors = 3) {
+  Served s{MustSpawn({"--role=serve", "--memory", memory, "--bytes",
+                      std::to_string(kServeBytes), "--tensors", std::to_string(tensors)}),
+           "", 0};
+  auto ready = s.proc.ReadLine(Deadline::AfterMs(60000));
+  EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready") << (ready.ok() ? *ready : "");
+  if (ready.ok()) {
+    s.address = Word(*ready, 1);
+    s.epoch = std::stoull(Word(*ready, 2));
+  }
+  return s;
+}
+
+// [served, local, staged] from the holder.
+std::vector<uint64_t> Stats(Subprocess& p) {
+  std::string line = Ask(p, "stats");
+  EXPECT_EQ(Word(line, 0), "stats") << line;
+  if (Word(line, 0) != "stats") return {0, 0, 0};
+  return {std::stoull(Word(line, 1)), std::stoull(Word(line, 2)), std::stoull(Word(line, 3))};
+}
+
+wire::ReadRequest Req(uint64_t epoch, uint64_t offset, uint64_t length) {
+  wire::ReadRequest r;
+  r.model = "m";
+  r.version = 1;
+  r.epoch = epoch;
+  r.part = 0;
+  r.offset = offset;
+  r.length = length;
+  return r;
+}
+
+// Reads the whole part in reads of `chunk` bytes into `dest` (device memory
+// of cuda:0 when `device`), checking every read's checksum; returns the
+// bytes as read back to the host.
+std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s, uint8_t* dest, bool device,
+                             uint64_t chunk) {
+  const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
+  auto conn = t.Connect(s.address, Deadline::AfterMs(5000));
+  EXPECT_TRUE(conn.ok()) << conn.status().ToString();
+  if (!conn.ok()) return {};
+  for (uint64_t off = 0; off < kServeTotal; off += chunk) {
+    const uint64_t len = std::min(chunk, kServeTotal - off);
+    // Two pieces per read, to exercise scatter on the reader's side.
+    const uint64_t half = len / 2;
+    iovec dst[2] = {{dest + off, half}, {dest + off + half, len - half}};
+    uint64_t sum = 0;
+    Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), dst, 0,
+                                             Deadline::AfterMs(30000), &sum)
+                       : (*conn)->Read(Req(s.epoch, off, len), dst, Deadline::AfterMs(30000), &sum);
+    EXPECT_TRUE(st.ok()) << "read at " << off << ": " << st.ToString();
+    EXPECT_EQ(sum, Xxh3(want.data() + off, len)) << "read at " << off;
+  }
+  std::vector<uint8_t> got(kServeTotal);
+  if (!device) {
+    std::memcpy(got.data(), dest, kServeTotal);
+  } else {
+    auto stream = cuda::Stream::Create(0);
+    EXPECT_TRUE(stream.ok());
+    EXPECT_TRUE((*stream)->CopyAsync(got.data(), dest, kServeTotal).ok());
+    EXPECT_TRUE((*stream)->Synchronize().ok());
+  }
+  return got;
+}
+
+TEST(GpuDataPlane, DeviceToDeviceAcrossProcessesByCudaIpc) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  auto t = transport::MakeTcpTransport();
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  std::vector<uint8_t> got = ReadAll(*t, s, (*dest)->data(), true, 4 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> st = Stats(s.proc);
+  EXPECT_EQ(st[0], kServeTotal);
+  EXPECT_EQ(st[1], kServeTotal) << "not every byte went by CUDA IPC";
+  EXPECT_EQ(st[2], 0u);
+  std::printf("device->device: %lu bytes by CUDA IPC, byte-exact\n",
+              static_cast<unsigned long>(st[1]));
+}
+
+TEST(GpuDataPlane, DeviceToDeviceWithSameHostReadsOffIsStagedBothWays) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  transport::TcpTransportOptions o;
+  o.local_reads = false;
+  auto t = transport::MakeTcpTransport(o);
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  // Reads larger than one staging buffer, so the pipeline turns over.
+  std::vector<uint8_t> got = ReadAll(*t, s, (*dest)->data(), true, 11 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> st = Stats(s.proc);
+  EXPECT_EQ(st[1], 0u);
+  EXPECT_EQ(st[2], kServeTotal) << "the holder did not stage every byte";
+}
+
+TEST(GpuDataPlane, DeviceToHostIsStagedByTheHolder) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  auto t = transport::MakeTcpTransport();
+  std::vector<uint8_t> dest(kServeTotal);
+  std::vector<uint8_t> got = ReadAll(*t, s, dest.data(), false, 4 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> st = Stats(s.proc);
+  EXPECT_EQ(st[2], kServeTotal);
+}
+
+TEST(GpuDataPlane, HostToDeviceIsStagedByTheReader) {
+  REQUIRE_GPU();
+  Served s = StartServe("host");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  auto t = transport::MakeTcpTransport();
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  std::vector<uint8_t> got = ReadAll(*t, s, (*dest)->data(), true, 6 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> st = Stats(s.proc);
+  EXPECT_EQ(st[0], kServeTotal);
+  EXPECT_EQ(st[2], 0u);
+}
+
+// The mutability contract with an IPC handle open: the holder's drain waits
+// for a reader that has the memory mapped and has not released its lease;
+// after the release the drain ends; a read after the revoke is refused.
+TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda", 1);
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
+  auto fd = transport::ConnectTcp(s.address, Deadline::AfterMs(5000));
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(transport::ClientHandshake(fd->get(), "", Deadline::AfterMs(5000)).ok());
+  auto id = transport::ReadHostIdentity();
+  ASSERT_TRUE(id.ok());
+  const uint64_t len = 8 << 20;
+  std::string frame = wire::EncodeReadRequest(Req(s.epoch, 4096, len), &*id, true);
+  iovec out{frame.data(), frame.size()};
+  ASSERT_TRUE(transport::WriteAll(fd->get(), {&out, 1}, Deadline::AfterMs(5000)).ok());
+  uint8_t hdr[wire::kResponseHeaderBytes];
+  ASSERT_TRUE(transport::ReadExact(fd->get(), hdr, sizeof(hdr), Deadline::AfterMs(5000)).ok());
+  auto h = wire::DecodeResponseHeader(hdr, sizeof(hdr));
+  ASSERT_TRUE(h.ok() && h->cuda_ipc) << "the holder did not answer by CUDA IPC";
+  std::string body(h->payload_len, '\0');
+  ASSERT_TRUE(transport::ReadExact(fd->get(), body.data(), body.size(), Deadline::AfterMs(5000)).ok());
+  auto reply = wire::DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(body.data()), body.size(), len);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_EQ(reply->pieces.size(), 1u);
+  cuda::IpcHandle handle{reply->pieces[0].handle};
+  auto base = cuda::IpcImports::Open(handle, 0);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+
+  // Unpublish while the reader holds the lease (and the mapping).
+  EXPECT_EQ(Ask(s.proc, "revoke"), "revoked");
+  auto t0 = SteadyClock::now();
+  EXPECT_EQ(Ask(s.proc, "drain 400"), "drained DEADLINE_EXCEEDED");
+  EXPECT_GE(std::chrono::duration<double>(SteadyClock::now() - t0).count(), 0.35);
+  // The memory is still the version's: copy, check, release.
+  auto dest = cuda::DeviceBuffer::Allocate(0, len);
+  auto stream = cuda::Stream::Create(0);
+  ASSERT_TRUE(dest.ok() && stream.ok());
+  ASSERT_TRUE((*stream)->CopyAsync((*dest)->data(), *base + reply->pieces[0].offset, len).ok());
+  iovec dv{(*dest)->data(), len};
+  auto sum = (*stream)->Xxh3({&dv, 1});
+  ASSERT_TRUE(sum.ok());
+  EXPECT_EQ(*sum, Xxh3(want.data() + 4096, len));
+  auto release = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
+  iovec rv{release.data(), release.size()};
+  ASSERT_TRUE(transport::WriteAll(fd->get(), {&rv, 1}, Deadline::AfterMs(5000)).ok());
+  EXPECT_EQ(Ask(s.proc, "drain 5000"), "drained OK");
+  cuda::IpcImports::Close(handle);
+
+  // A read after the unpublish is refused.
+  auto t = transport::MakeTcpTransport();
+  auto conn = t->Connect(s.address, Deadline::AfterMs(5000));
+  ASSERT_TRUE(conn.ok());
+  iovec d2{(*dest)->data(), 4096};
+  Status late = (*conn)->ReadDevice(Req(s.epoch, 0, 4096), {&d2, 1}, 0, Deadline::AfterMs(5000));
+  EXPECT_TRUE(late.code() == StatusCode::kNotFound || late.code() == StatusCode::kAborted)
+      << late.ToString();
+}
+
+// ---- the whole library: hub, publish, fetch ---------------------------------------
+
+TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
+  REQUIRE_GPU();
+  auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+  ASSERT_TRUE(hub.ok());
+  const std::string addr = (*hub)->address();
+  const uint64_t bytes = 40ull << 20;
+  const std::vector<TensorSpec> specs = GpuLayout(bytes);
+  Subprocess dev_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda",
+                                     "--bytes", std::to_string(bytes), "--version", "1"});
+  ASSERT_EQ(OrElse(dev_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
+  const std::vector<uint8_t> v1 = Pattern(bytes + 1101, 1);
+
+  ClientOptions o;
+  o.hub_address = addr;
+  auto reader = Client::Connect(o);
+  ASSERT_TRUE(reader.ok());
+  // Device to device (CUDA IPC across processes).
+  auto into_dev = Tensors::Make(specs, MemoryLocation::Cuda(0), std::vector<uint8_t>(bytes + 1101));
+  ASSERT_TRUE(into_dev.ok()) << into_dev.status().ToString();
+  auto f = (*reader)->Fetch("m", Version(1), into_dev->refs());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(OrElse(into_dev->Read(), std::vector<uint8_t>{}) == v1) << "device copy differs";
+
+  // Device to host (staged by a device holder).
+  ClientOptions o2 = o;
+  auto reader2 = Client::Connect(o2);
+  ASSERT_TRUE(reader2.ok());
+  auto into_host = Tensors::Make(specs, MemoryLocation::Host(), std::vector<uint8_t>(bytes + 1101));
+  ASSERT_TRUE(into_host.ok());
+  FetchOptions fo;
+  fo.serve = false;
+  f = (*reader2)->Fetch("m", Version(1), into_host->refs(), fo);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(OrElse(into_host->Read(), std::vector<uint8_t>{}) == v1) << "host copy differs";
+
+  // Host to device.
+  Subprocess host_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "host",
+                                      "--bytes", std::to_string(bytes), "--version", "2"});
+  ASSERT_EQ(OrElse(host_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
+  auto into_dev2 = Tensors::Make(specs, MemoryLocation::Cuda(0), std::vector<uint8_t>(bytes + 1101));
+  ASSERT_TRUE(into_dev2.ok());
+  f = (*reader2)->Fetch("m", Version(2), into_dev2->refs(), fo);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(OrElse(into_dev2->Read(), std::vector<uint8_t>{}) == Pattern(bytes + 1101, 2))
+      << "device copy of the host version differs";
+
+  // The device holder unpublishes: its drain returns, and a fetch of v1 is
+  // then served by the reader that holds it in device memory.
+  EXPECT_EQ(Ask(dev_holder, "unpublish"), "unpublished OK");
+  auto into_host2 = Tensors::Make(specs, MemoryLocation::Host(), std::vector<uint8_t>(bytes + 1101));
+  ASSERT_TRUE(into_host2.ok());
+  f = (*reader2)->Fetch("m", Version(1), into_host2->refs(), fo);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(OrElse(into_host2->Read(), std::vector<uint8_t>{}) == v1);
+}
+
+}  // namespace
+}  // namespace tensorhub::testing
+
+int main(int argc, char** argv) {
+  int rc = tensorhub::testing::MaybeRunGpuRole(argc, argv);
+  if (rc >= 0) return rc;
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
