@@ -6,11 +6,12 @@
 #ifndef TENSORHUB_STATUS_H_
 #define TENSORHUB_STATUS_H_
 
-#include <cassert>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
+
+#include "tensorhub/check.h"
 
 namespace tensorhub {
 
@@ -110,22 +111,23 @@ class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit on purpose
   Result(Status status) : status_(std::move(status)) {  // NOLINT
-    assert(!status_.ok() && "Result built from an OK status has no value");
+    // A Result built from an OK status would have no value.
+    TH_CHECK(!status_.ok());
   }
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
 
   T& value() & {
-    assert(ok());
+    CheckHasValue();
     return *value_;
   }
   const T& value() const& {
-    assert(ok());
+    CheckHasValue();
     return *value_;
   }
   T&& value() && {
-    assert(ok());
+    CheckHasValue();
     return std::move(*value_);
   }
   T* operator->() { return &value(); }
@@ -134,6 +136,14 @@ class [[nodiscard]] Result {
   const T& operator*() const& { return value(); }
 
  private:
+  // Taking the value of an error is a bug in the caller: it names the error.
+  void CheckHasValue() const {
+    if (__builtin_expect(!ok(), 0)) {
+      check_internal::Fail(__FILE__, __LINE__, "Result::value() on an error:",
+                           status_.message());
+    }
+  }
+
   Status status_;
   std::optional<T> value_;
 };

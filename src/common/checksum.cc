@@ -3,7 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include <cassert>
+#include "tensorhub/check.h"
 
 namespace tensorhub {
 namespace internal {
@@ -44,7 +44,7 @@ uint64_t Xxh3Pieces(std::span<const iovec> pieces) {
 }
 
 Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
-  assert(state_ != nullptr);
+  TH_CHECK(state_ != nullptr);
 #ifdef TH_HAVE_AVX2_TU
   if (UseAvx2()) {
     internal::Xxh3Avx2Reset(state_);

@@ -720,3 +720,24 @@ TEST(ChecksumTest, MatchesTheSystemLibraryForEverySize) {
 
 }  // namespace
 }  // namespace tensorhub
+
+namespace tensorhub {
+namespace {
+
+// TH_CHECK is on in every build type and names the file, the line, the
+// expression and the values of a failed comparison.
+TEST(CheckDeathTest, FailedComparisonNamesTheValues) {
+  uint64_t chunk = 7, chunks = 5;
+  EXPECT_DEATH(TH_CHECK_LT(chunk, chunks),
+               "common_test.cc:[0-9]+: check failed: chunk < chunks \\(7 vs 5\\)");
+  EXPECT_DEATH(TH_CHECK(chunk == 0), "check failed: chunk == 0");
+  TH_CHECK_LT(chunks, chunk);  // holds: no effect
+}
+
+TEST(CheckDeathTest, ValueOfAnErrorResultNamesTheError) {
+  Result<int> r = NotFound("no version 3 of m");
+  EXPECT_DEATH((void)r.value(), "Result::value\\(\\) on an error: no version 3 of m");
+}
+
+}  // namespace
+}  // namespace tensorhub

@@ -1,10 +1,10 @@
 #include "common/manifest.h"
 
 #include <algorithm>
-#include <cassert>
 #include <set>
 #include <string>
 
+#include "tensorhub/check.h"
 #include "common/checksum.h"
 
 namespace tensorhub {
@@ -33,7 +33,7 @@ size_t Manifest::num_tensors() const {
 }
 
 ChunkLoc Manifest::Chunk(uint64_t global_chunk) const {
-  assert(global_chunk < num_chunks());
+  TH_CHECK_LT(global_chunk, num_chunks());
   auto it = std::upper_bound(chunk_base_.begin(), chunk_base_.end(),
                              global_chunk);
   uint32_t part = static_cast<uint32_t>(it - chunk_base_.begin() - 1);
@@ -248,8 +248,8 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
 
 void AppendPieces(const PartLayout& part, std::span<uint8_t* const> bases,
                   uint64_t offset, uint64_t bytes, std::vector<iovec>* out) {
-  assert(offset + bytes <= part.part_bytes);
-  assert(bases.size() == part.tensors.size());
+  TH_CHECK_LE(offset + bytes, part.part_bytes);
+  TH_CHECK_EQ(bases.size(), part.tensors.size());
   // First tensor whose end is past `offset`.
   auto it = std::upper_bound(
       part.tensors.begin(), part.tensors.end(), offset,
@@ -263,7 +263,7 @@ void AppendPieces(const PartLayout& part, std::span<uint8_t* const> bases,
     out->push_back({bases[it - part.tensors.begin()] + take_begin, take});
     offset += take;
   }
-  assert(offset == end);
+  TH_CHECK_EQ(offset, end);
 }
 
 }  // namespace tensorhub

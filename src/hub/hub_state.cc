@@ -1,8 +1,10 @@
 #include "hub/hub_state.h"
 
 #include <algorithm>
-#include <cassert>
 #include <set>
+#include <tuple>
+
+#include "tensorhub/check.h"
 
 namespace tensorhub::hub {
 namespace {
@@ -69,7 +71,7 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
     // The same process, moved: file what it holds under its new place.
     for (const auto& [model, version] : w.refs) {
       VersionEntry* v = FindVersion(model, version);
-      assert(v != nullptr && v->refs.count(id) > 0);
+      TH_CHECK(v != nullptr && v->refs.count(id) > 0);
       Reference& r = v->refs.at(id);
       Unfile(*v, r);
       File(*v, id, r, w.reg.labels);
@@ -224,7 +226,7 @@ void HubState::TryCommit(VersionEntry& v) {
     parts.push_back(*p);
   }
   Manifest manifest(v.group_size, v.chunk_bytes, std::move(parts));
-  assert(manifest.Validate().ok());
+  TH_CHECK(manifest.Validate().ok());
   SetManifest(v, std::move(manifest));
   v.parts.clear();
   v.state = VersionState::kCommitted;
@@ -462,13 +464,12 @@ std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
 
 void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
                     const Labels& labels) {
-  assert(!r.filed.has_value());
+  TH_CHECK(!r.filed.has_value());
   Filed f{HolderKey{r.serving, r.join_seq, id}, r.filling, r.rank, labels};
   HolderIndex& x = v.index;
   auto add = [&](HolderSet& set) {
     bool fresh = (f.filling ? set.filling : set.complete).insert(f.key).second;
-    assert(fresh);
-    (void)fresh;
+    TH_CHECK(fresh);
   };
   add(x.all);
   add(x.by_dc[labels.datacenter]);
@@ -476,8 +477,7 @@ void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
   if (!labels.host.empty()) add(x.by_host[{labels.datacenter, labels.host}]);
   if (f.rank.has_value()) {
     bool fresh = x.rank_holders.emplace(*f.rank, id).second;
-    assert(fresh);  // Publish lets one worker hold each rank
-    (void)fresh;
+    TH_CHECK(fresh);  // Publish lets one worker hold each rank
   } else if (!f.filling) {
     ++x.full_complete;
   }
@@ -490,14 +490,13 @@ void HubState::Unfile(VersionEntry& v, Reference& r) {
   HolderIndex& x = v.index;
   auto remove = [&](HolderSet& set) {
     size_t erased = (f.filling ? set.filling : set.complete).erase(f.key);
-    assert(erased == 1);
-    (void)erased;
+    TH_CHECK_EQ(erased, 1u);
   };
   // Groups are erased when they empty, so the index stays as large as the
   // set of holders.
   auto remove_from = [&](auto& groups, const auto& group) {
     auto it = groups.find(group);
-    assert(it != groups.end());
+    TH_CHECK(it != groups.end());
     remove(it->second);
     if (it->second.empty()) groups.erase(it);
   };
@@ -518,7 +517,7 @@ void HubState::Unfile(VersionEntry& v, Reference& r) {
 }
 
 void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) {
-  assert(r.filed.has_value());
+  TH_CHECK(r.filed.has_value());
   Labels labels = r.filed->labels;
   Unfile(v, r);
   File(v, id, r, labels);
@@ -707,6 +706,172 @@ HubState::VersionEntry* HubState::FindVersion(const std::string& model,
   return vit == mit->second.versions.end() ? nullptr : &vit->second;
 }
 
+// Schedule's search, for one reader of one version. The ranking, written
+// once (Rank): an idle holder in the reader's datacenter, nearest first;
+// else the nearest holder, least busy first (HolderKey's order breaks ties).
+// A busy holder in the reader's rack thus ranks after an idle one elsewhere
+// in its datacenter: every holder uploads to one reader at a time, so a
+// reader that lands in a rack whose only holder already feeds another rack
+// extends the pipeline instead of halving that holder's upload. Across
+// datacenters distance still comes first, so each chunk crosses the WAN
+// once per datacenter. With racks_oversubscribed every holder ranks as
+// "later": nearest first, since crossing a rack uplink costs more than
+// sharing a holder's NIC there.
+class HubState::Picker {
+ public:
+  struct Pick {
+    const HolderKey* key = nullptr;
+    int distance = 0;
+    const HolderSet* group = nullptr;
+  };
+
+  Picker(const HubState& hub, const VersionEntry& v, const WorkerId& reader,
+         const std::set<WorkerId>& exclude)
+      : hub_(hub), v_(v), reader_(reader), exclude_(exclude) {
+    if (auto rit = hub.workers_.find(reader); rit != hub.workers_.end()) {
+      reader_labels_ = rit->second.reg.labels;
+    }
+    // A reader that serves while it fills may only read from filling
+    // holders that joined before it: the pipeline is then a DAG, never a
+    // cycle of readers waiting on each other.
+    if (auto own = v.refs.find(reader);
+        own != v.refs.end() && own->second.filling) {
+      reader_join_ = own->second.join_seq;
+    }
+    levels_ = LevelsFor(v, reader_labels_);
+  }
+
+  // The best usable holder by Rank; `full_only` skips trainer ranks that
+  // hold one part. Each level contributes its first usable holder (its sets
+  // are in HolderKey order), and levels run nearest first with strictly
+  // growing distances, so a holder also filed at a farther level is met
+  // first at its own.
+  Pick Best(bool full_only) const {
+    Pick best;
+    for (const Level& level : levels_) {
+      const HolderKey* c = FirstComplete(level.set->complete, full_only);
+      const HolderKey* f = FirstFilling(level.set->filling);
+      for (const HolderKey* k : {c, f}) {
+        if (k == nullptr) continue;
+        if (best.key == nullptr ||
+            Rank(*k, level.distance) < Rank(*best.key, best.distance)) {
+          best = {k, level.distance, level.set};
+        }
+      }
+    }
+    return best;
+  }
+
+  // The first choice and the extra stripes: idle complete holders of the
+  // same group, the latest joined first, up to `max_sources` in all.
+  std::vector<WorkerId> WithStripes(const Pick& first,
+                                    size_t max_sources) const {
+    std::vector<WorkerId> chosen = {first.key->worker};
+    const size_t want = max_sources > 0 ? max_sources : 1;
+    for (auto it = first.group->complete.begin();
+         it != first.group->complete.end() && it->serving == 0 &&
+         chosen.size() < want;
+         ++it) {
+      if (it->worker != first.key->worker && Usable(*it)) {
+        chosen.push_back(it->worker);
+      }
+    }
+    return chosen;
+  }
+
+  // A trainer rank holds one part, so the sources chosen so far may miss
+  // parts, and a reader must never be left without a source for a chunk
+  // that some holder has. Each part that none of them holds gets its best
+  // holder by Rank: that rank's worker, or the best holder of every chunk if
+  // it ranks first (which then covers the rest). A group of G ranks may thus
+  // give up to max_sources + G - 1 sources. O(G log N), plus O(G) rank
+  // holders skipped in the search for a holder of every chunk.
+  void CoverMissingParts(std::vector<WorkerId>* chosen) const {
+    auto holds_all = [&](const WorkerId& id) {
+      return !v_.refs.at(id).rank.has_value();
+    };
+    if (std::any_of(chosen->begin(), chosen->end(), holds_all)) return;
+    std::set<uint32_t> have;
+    for (const WorkerId& id : *chosen) have.insert(*v_.refs.at(id).rank);
+    std::optional<Pick> full;  // searched once, when first needed
+    const Manifest& manifest = *v_.manifest;
+    for (uint32_t r = 0; r < v_.group_size; ++r) {
+      if (have.count(r) > 0) continue;
+      if (manifest.chunk_base(r) == manifest.chunk_base(r + 1)) continue;
+      Pick part = RankHolder(r);
+      if (!full.has_value()) full = Best(/*full_only=*/true);
+      if (full->key != nullptr &&
+          (part.key == nullptr || Rank(*full->key, full->distance) <
+                                      Rank(*part.key, part.distance))) {
+        chosen->push_back(full->key->worker);
+        return;
+      }
+      // No holder but the reader or excluded ones has this part: the
+      // reader's fetcher asks again when it finds no source for a chunk.
+      if (part.key != nullptr) chosen->push_back(part.key->worker);
+    }
+  }
+
+ private:
+  // The one ranking: lower is better.
+  std::tuple<bool, int, const HolderKey&> Rank(const HolderKey& k,
+                                               int distance) const {
+    bool later = hub_.config_.racks_oversubscribed || k.serving > 0 ||
+                 distance > kDatacenterDistance;
+    return {later, distance, k};
+  }
+
+  bool Usable(const HolderKey& k) const {
+    return k.worker != reader_ && exclude_.count(k.worker) == 0;
+  }
+
+  const HolderKey* FirstComplete(const std::set<HolderKey>& set,
+                                 bool full_only) const {
+    for (const HolderKey& k : set) {
+      if (Usable(k) && (!full_only || !v_.refs.at(k.worker).rank.has_value()))
+        return &k;
+    }
+    return nullptr;
+  }
+
+  // Jumps over filling holders that joined after the reader with one
+  // search per serving count.
+  const HolderKey* FirstFilling(const std::set<HolderKey>& set) const {
+    if (reader_join_ == 0) return nullptr;
+    for (auto it = set.begin(); it != set.end();) {
+      if (it->join_seq >= reader_join_) {
+        // Keys run by serving, then join_seq downwards: the first holder
+        // with this serving count that joined before the reader.
+        it = set.lower_bound(
+            HolderKey{it->serving, reader_join_ - 1, WorkerId()});
+      } else if (Usable(*it)) {
+        return &*it;
+      } else {
+        ++it;
+      }
+    }
+    return nullptr;
+  }
+
+  // The usable worker that published rank `r`, if any.
+  Pick RankHolder(uint32_t r) const {
+    auto rh = v_.index.rank_holders.find(r);
+    if (rh == v_.index.rank_holders.end()) return {};
+    const Reference& ref = v_.refs.at(rh->second);
+    if (!ref.filed.has_value() || !Usable(ref.filed->key)) return {};
+    return {&ref.filed->key, Distance(reader_labels_, ref.filed->labels),
+            nullptr};
+  }
+
+  const HubState& hub_;
+  const VersionEntry& v_;
+  const WorkerId& reader_;
+  const std::set<WorkerId>& exclude_;
+  Labels reader_labels_;
+  uint64_t reader_join_ = UINT64_MAX;
+  std::vector<Level> levels_;
+};
+
 Result<std::vector<HolderView>> HubState::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
     const std::set<WorkerId>& exclude, size_t max_sources) {
@@ -723,150 +888,20 @@ Result<std::vector<HolderView>> HubState::Schedule(
   // Same errors as a resolve of that exact version.
   TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
   Release(v, reader);
-  Labels reader_labels;
-  auto rit = workers_.find(reader);
-  if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
-  // A reader that serves while it fills may only read from filling holders
-  // that joined before it: the pipeline is then a DAG, never a cycle of
-  // readers waiting on each other.
-  uint64_t reader_join = UINT64_MAX;
-  if (auto own = v.refs.find(reader); own != v.refs.end() && own->second.filling) {
-    reader_join = own->second.join_seq;
-  }
-  auto usable = [&](const HolderKey& k) {
-    return k.worker != reader && exclude.count(k.worker) == 0;
-  };
-  // The best usable holder of a group: the first in order. Skips only the
-  // reader and excluded holders (and, with `full_only`, trainer ranks that
-  // hold one part), and jumps over filling holders that joined after the
-  // reader with one search per serving count.
-  auto first_complete = [&](const std::set<HolderKey>& set,
-                            bool full_only) -> const HolderKey* {
-    for (const HolderKey& k : set) {
-      if (usable(k) && (!full_only || !v.refs.at(k.worker).rank.has_value()))
-        return &k;
-    }
-    return nullptr;
-  };
-  auto first_filling = [&](const std::set<HolderKey>& set) -> const HolderKey* {
-    if (reader_join == 0) return nullptr;
-    for (auto it = set.begin(); it != set.end();) {
-      if (it->join_seq >= reader_join) {
-        // Keys run by serving, then join_seq downwards: the first holder
-        // with this serving count that joined before the reader.
-        it = set.lower_bound(
-            HolderKey{it->serving, reader_join - 1, WorkerId()});
-      } else if (usable(*it)) {
-        return &*it;
-      } else {
-        ++it;
-      }
-    }
-    return nullptr;
-  };
-  const std::vector<Level> levels = LevelsFor(v, reader_labels);
-  struct Pick {
-    const HolderKey* key = nullptr;
-    const Level* level = nullptr;
-  };
-  // The ranking: an idle holder in the reader's datacenter, nearest first;
-  // else the nearest holder, least busy first. A busy holder in the
-  // reader's rack thus ranks after an idle one elsewhere in its datacenter:
-  // every holder uploads to one reader at a time, so a reader that lands
-  // in a rack whose only holder already feeds another rack extends the
-  // pipeline instead of halving that holder's upload. Across datacenters
-  // distance still comes first, so each chunk crosses the WAN once per
-  // datacenter. With racks_oversubscribed the first pass is skipped:
-  // nearest first, since crossing a rack uplink costs more than sharing a
-  // holder's NIC there.
-  const int first_pass = config_.racks_oversubscribed ? 1 : 0;
-  auto best_of = [&](bool full_only) -> Pick {
-    for (int pass = first_pass; pass < 2; ++pass) {
-      for (const Level& level : levels) {
-        if (pass == 0 && level.distance > kDatacenterDistance) break;
-        const HolderKey* c = first_complete(level.set->complete, full_only);
-        const HolderKey* f = first_filling(level.set->filling);
-        if (c == nullptr && f == nullptr) continue;
-        const HolderKey* k = f == nullptr || (c != nullptr && *c < *f) ? c : f;
-        if (pass == 0 && k->serving > 0) continue;  // no idle one here
-        return {k, &level};
-      }
-    }
-    return {};
-  };
-  const Pick first = best_of(/*full_only=*/false);
-  const HolderKey* best = first.key;
-  if (best == nullptr) {
+  const Picker picker(*this, v, reader, exclude);
+  const Picker::Pick first = picker.Best(/*full_only=*/false);
+  if (first.key == nullptr) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
-  const HolderSet* group = first.level->set;
-  std::vector<WorkerId> chosen = {best->worker};
-  // Extra stripes: idle complete holders as near as the first choice, the
-  // latest joined first. Idle ones lead the group's order.
-  const size_t want = max_sources > 0 ? max_sources : 1;
-  for (auto it = group->complete.begin();
-       it != group->complete.end() && it->serving == 0 && chosen.size() < want;
-       ++it) {
-    if (it->worker != best->worker && usable(*it)) chosen.push_back(it->worker);
-  }
-  // Coverage: a trainer rank holds one part, so the sources chosen so far
-  // may miss parts, and a reader must never be left without a source for a
-  // chunk that some holder has. Each part that none of them holds gets its
-  // best holder by the same ranking as best_of: that rank's worker, or the
-  // best holder of every chunk if it ranks first (which then covers the
-  // rest). A group of G ranks may thus give up to max_sources + G - 1
-  // sources. O(G log N), plus O(G) rank holders skipped in the search for a
-  // holder of every chunk.
-  auto holds_all = [&](const WorkerId& id) {
-    return !v.refs.at(id).rank.has_value();
-  };
-  if (std::none_of(chosen.begin(), chosen.end(), holds_all)) {
-    std::set<uint32_t> have;
-    for (const WorkerId& id : chosen) have.insert(*v.refs.at(id).rank);
-    // The best usable holder of every chunk: found once, when first needed.
-    bool searched = false;
-    Pick full;
-    const Manifest& manifest = *v.manifest;
-    for (uint32_t r = 0; r < v.group_size; ++r) {
-      if (have.count(r) > 0) continue;
-      if (manifest.chunk_base(r) == manifest.chunk_base(r + 1)) continue;
-      const HolderKey* part = nullptr;
-      int part_distance = 0;
-      if (auto rh = v.index.rank_holders.find(r);
-          rh != v.index.rank_holders.end()) {
-        const Reference& ref = v.refs.at(rh->second);
-        if (ref.filed.has_value() && usable(ref.filed->key)) {
-          part = &ref.filed->key;
-          part_distance = Distance(reader_labels, ref.filed->labels);
-        }
-      }
-      if (!searched) {
-        full = best_of(/*full_only=*/true);
-        searched = true;
-      }
-      // The same ranking as best_of: idle in the reader's datacenter (unless
-      // racks are oversubscribed), then distance, then the key.
-      auto before = [&](const HolderKey& x, int dx, const HolderKey& y,
-                        int dy) {
-        auto later = [&](const HolderKey& k, int d) {
-          return first_pass == 1 || k.serving > 0 || d > kDatacenterDistance;
-        };
-        if (later(x, dx) != later(y, dy)) return !later(x, dx);
-        if (dx != dy) return dx < dy;
-        return x < y;
-      };
-      if (full.key != nullptr &&
-          (part == nullptr ||
-           before(*full.key, full.level->distance, *part, part_distance))) {
-        chosen.push_back(full.key->worker);
-        break;
-      }
-      // No holder but the reader or excluded ones has this part: the
-      // reader's fetcher asks again when it finds no source for a chunk.
-      if (part != nullptr) chosen.push_back(part->worker);
-    }
-  }
+  std::vector<WorkerId> chosen = picker.WithStripes(first, max_sources);
+  picker.CoverMissingParts(&chosen);
+  return Assign(v, reader, chosen);
+}
+
+std::vector<HolderView> HubState::Assign(VersionEntry& v,
+                                         const WorkerId& reader,
+                                         const std::vector<WorkerId>& chosen) {
   std::vector<HolderView> out;
   std::vector<WorkerId>& assigned = v.assignments[reader];
   for (const WorkerId& id : chosen) {

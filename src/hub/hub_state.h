@@ -347,6 +347,13 @@ class HubState {
     int distance;
   };
 
+  // Schedule's search for one reader: the ranking of candidate holders,
+  // written once, and the steps that use it (hub_state.cc).
+  class Picker;
+  // Counts the reader's new sources as serving it and returns them.
+  std::vector<HolderView> Assign(VersionEntry& v, const WorkerId& reader,
+                                 const std::vector<WorkerId>& chosen);
+
   struct GroupPins {
     std::map<uint64_t, Version> steps;  // step -> pinned version
     uint64_t forgot_below = 0;          // older steps were evicted

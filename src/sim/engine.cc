@@ -1,9 +1,10 @@
 #include "sim/engine.h"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <utility>
+
+#include "tensorhub/check.h"
 
 namespace tensorhub::sim {
 namespace {
@@ -243,7 +244,7 @@ void Engine::Complete(int id) {
   std::vector<int> in = r.flows;
   for (int f : in) KillFlow(f);
   auto it = holdings_.find(Key(r.gpu, r.obj));
-  assert(it != holdings_.end() && it->second.fetch == id);
+  TH_CHECK(it != holdings_.end() && it->second.fetch == id);
   it->second.fetch = -1;
   // Its readers are no longer gated by it.
   for (int f : it->second.out) flows_[static_cast<size_t>(f)].src_fetch = -1;

@@ -1,10 +1,11 @@
 #include "sim/maxmin.h"
 
 #include <algorithm>
-#include <cassert>
 #include <functional>
 #include <queue>
 #include <utility>
+
+#include "tensorhub/check.h"
 
 namespace tensorhub::sim {
 
@@ -14,7 +15,7 @@ void MaxMinFair(const std::vector<double>& capacity,
                 MaxMinScratch* s) {
   const size_t nf = flows.size();
   const size_t nl = capacity.size();
-  assert(caps.size() == nf);
+  TH_CHECK_EQ(caps.size(), nf);
   rates->assign(nf, 0.0);
   if (s->rem.size() < nl) {
     s->rem.assign(nl, 0.0);
@@ -109,11 +110,11 @@ void MaxMinFair(const std::vector<double>& capacity,
                            ? caps[static_cast<size_t>(s->by_cap[cap_pos])]
                            : kNoCap;
     if (cap_level <= link_level) {
-      assert(cap_pos < s->by_cap.size());
+      TH_CHECK_LT(cap_pos, s->by_cap.size());
       freeze(static_cast<size_t>(s->by_cap[cap_pos]), cap_level);
       continue;
     }
-    assert(!heap.empty());
+    TH_CHECK(!heap.empty());
     size_t l = static_cast<size_t>(heap.top().second.first);
     double level = heap.top().first;
     heap.pop();

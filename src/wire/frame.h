@@ -189,6 +189,52 @@ inline constexpr size_t kChallengeBytes = 8 + kNonceBytes;
 inline constexpr size_t kProofBytes = 4 + kMacBytes;
 inline constexpr size_t kVerdictBytes = 8;
 
+// The constants above are tied to the layouts written at the top of this
+// file and in docs/wire.md: a change to one that forgets the other does not
+// compile.
+namespace layout {
+// The little-endian u32 whose bytes are the four characters of `tag`.
+constexpr uint32_t Magic(const char (&tag)[5]) {
+  return static_cast<uint32_t>(static_cast<uint8_t>(tag[0])) |
+         static_cast<uint32_t>(static_cast<uint8_t>(tag[1])) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(tag[2])) << 16 |
+         static_cast<uint32_t>(static_cast<uint8_t>(tag[3])) << 24;
+}
+inline constexpr size_t kU8 = 1, kU16 = 2, kU32 = 4, kU64 = 8;
+}  // namespace layout
+static_assert(kRequestMagic == layout::Magic("THQ1"));
+static_assert(kResponseMagic == layout::Magic("THP1"));
+static_assert(kLocalReplyMagic == layout::Magic("THL1"));
+static_assert(kReleaseMagic == layout::Magic("THR1"));
+static_assert(kCudaIpcReplyMagic == layout::Magic("THG1"));
+static_assert(kChallengeMagic == layout::Magic("THC1"));
+static_assert(kProofMagic == layout::Magic("THA1"));
+static_assert(kVerdictMagic == layout::Magic("THV1"));
+// magic | model_len | flags | version | epoch | part | reserved | offset |
+// length
+static_assert(kRequestHeaderBytes == layout::kU32 + 2 * layout::kU16 +
+                                         2 * layout::kU64 + 2 * layout::kU32 +
+                                         2 * layout::kU64);
+// magic | status | flags | message_len | payload_len | reserved
+static_assert(kResponseHeaderBytes == layout::kU32 + 2 * layout::kU8 +
+                                          layout::kU16 + 2 * layout::kU64);
+// magic | pid | piece_count | reserved, then pieces of address | length
+static_assert(kLocalReplyHeaderBytes == 4 * layout::kU32);
+static_assert(kLocalPieceBytes == 2 * layout::kU64);
+// magic | outcome | reserved
+static_assert(kReleaseBytes == 2 * layout::kU32 + layout::kU64);
+// handle | offset | length | address
+static_assert(kCudaIpcPieceBytes == kCudaIpcHandleBytes + 3 * layout::kU64);
+// magic | version | nonce;  magic | mac;  magic | status | 3 zero bytes
+static_assert(kChallengeBytes == 2 * layout::kU32 + kNonceBytes);
+static_assert(kProofBytes == layout::kU32 + kMacBytes);
+static_assert(kVerdictBytes == layout::kU32 + 4 * layout::kU8);
+// Every reply fits the largest read a request may ask for.
+static_assert(kMaxLocalReplyBytes <= kMaxReadBytes);
+static_assert(kMaxCudaIpcReplyBytes <= kMaxReadBytes);
+static_assert(kMaxModelNameBytes <= UINT16_MAX);  // model_len is a u16
+static_assert(kMaxMessageBytes <= UINT16_MAX);    // message_len is a u16
+
 using Nonce = std::array<uint8_t, kNonceBytes>;
 using Mac = std::array<uint8_t, kMacBytes>;
 
