@@ -13,7 +13,12 @@
 // then no source was left that answered, DEADLINE_EXCEEDED if sources were
 // still live but too slow; or earlier with UNAVAILABLE when the hub says the
 // version has no complete holder left and no known source has the chunks
-// still missing (see SourceUpdate::unavailable).
+// still missing (see SourceUpdate::unavailable). Where UNAVAILABLE would be
+// the answer but every holder known served bytes that failed their
+// checksum, the fetch ends DATA_LOSS.
+//
+// The policy is FetchPlan (fetch_plan.h); this is the I/O around it. Time is
+// read from the deadline's clock.
 #ifndef TENSORHUB_CLIENT_FETCHER_H_
 #define TENSORHUB_CLIENT_FETCHER_H_
 

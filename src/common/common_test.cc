@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/checksum.h"
+#include "common/deadline.h"
 #include "common/manifest.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
@@ -19,6 +20,34 @@ namespace tensorhub {
 namespace {
 
 // ---------------------------------------------------------------- Status
+
+TEST(DeadlineTest, ReadsItsClock) {
+  FakeClock clock(1000);
+  Deadline d = Deadline::AfterMs(50, clock);
+  EXPECT_EQ(d.at_ms(), 1050);
+  EXPECT_EQ(d.remaining_ms(), 50);
+  EXPECT_FALSE(d.expired());
+  Deadline capped = d.Cap(20);
+  EXPECT_EQ(capped.at_ms(), 1020);
+  EXPECT_EQ(d.Cap(500).at_ms(), 1050);
+  clock.AdvanceMs(49);
+  EXPECT_EQ(d.remaining_ms(), 1);
+  EXPECT_TRUE(capped.expired());
+  clock.AdvanceMs(1);
+  EXPECT_TRUE(d.expired());
+  clock.AdvanceMs(-5);  // time never goes back
+  EXPECT_EQ(clock.NowMs(), 1050);
+  EXPECT_EQ(d.remaining_ms(), 0);
+}
+
+TEST(DeadlineTest, RealClockKeepsTheSteadyScale) {
+  Deadline d = Deadline::AfterMs(60000);
+  EXPECT_FALSE(d.expired());
+  EXPECT_GT(d.remaining_ms(), 0);
+  EXPECT_LE(d.remaining_ms(), 60001);  // rounded up: never early, <= 1 ms late
+  EXPECT_EQ(Deadline(d.at()).at_ms(), d.at_ms());
+  EXPECT_EQ(&d.clock(), &Clock::Real());
+}
 
 TEST(StatusTest, DefaultIsOk) {
   Status s;

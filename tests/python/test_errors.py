@@ -23,6 +23,8 @@ def test_error_hierarchy():
     assert issubclass(tensorhub.DeadlineExceededError, TimeoutError)
     assert issubclass(tensorhub.NotFoundError, LookupError)
     assert issubclass(tensorhub.UnavailableError, ConnectionError)
+    # A fetch whose every holder served corrupt bytes ends DATA_LOSS (15).
+    assert errors.error_class(15) is tensorhub.DataLossError
     import pickle
     e = pickle.loads(pickle.dumps(tensorhub.NotFoundError("gone", 5)))
     assert type(e) is tensorhub.NotFoundError and e.message == "gone"

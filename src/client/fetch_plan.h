@@ -1,0 +1,163 @@
+// The fetch policy, with no I/O, no threads and no clock: which chunk to read
+// from which holder, when to ask the hub again, when to take a read away from
+// a slow holder, and how the fetch ends. RunFetch (fetcher.h) is a thin loop
+// of stream threads around one FetchPlan; tests drive it on simulated time
+// (fetch_plan_test.cc).
+//
+// Inputs and outputs (every call carries the caller's `now_ms`, on the scale
+// of the fetch's deadline):
+//   NextStep(now)             -> what this stream does next (FetchStep)
+//   ReadConnected(chunk)         the read of `chunk` may now be cancelled
+//   ReadFinished(now, chunk, status)
+//   SourcesRefreshed(now, update or error)
+//
+// Threads: not thread-safe; the caller serializes every call (RunFetch holds
+// one mutex around them). Owns its copy of the sources; borrows `manifest`,
+// which must outlive it.
+//
+// Bounds: at most `max_sources` sources are kept (see AddSource); one
+// in-flight entry per read handed out (at most one per stream); pending,
+// attempts and done hold one entry per chunk of the version.
+#ifndef TENSORHUB_CLIENT_FETCH_PLAN_H_
+#define TENSORHUB_CLIENT_FETCH_PLAN_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/fetcher.h"
+#include "common/manifest.h"
+#include "tensorhub/status.h"
+
+namespace tensorhub::client {
+
+// How long a stream with nothing to do waits before it looks again (it is
+// woken earlier by any read or refresh that finishes).
+inline constexpr int64_t kFetchIdlePollMs = 50;
+// At the deadline, a fetch that got no chunk for this long (or none since it
+// began) ends UNAVAILABLE ("nobody answers"), not DEADLINE_EXCEEDED.
+inline constexpr int64_t kFetchNoProgressMs = 2000;
+// This many "no complete holder" answers from the hub in a row, a refresh
+// interval apart, end a fetch some chunk of which has no live source.
+inline constexpr int kFetchUnavailableAnswersToEnd = 2;
+// Weight of the newest chunk in the moving average of chunk read times.
+inline constexpr double kFetchChunkTimeWeight = 0.2;
+// Default bound on the sources one fetch keeps track of.
+inline constexpr size_t kFetchMaxSources = 1024;
+
+struct FetchStep {
+  enum class Kind {
+    kRead,     // read `chunk` from source `source` (`address`, `epoch`)
+    kSteal,    // cancel the read of `chunk` running on another stream
+    kRefresh,  // ask the hub for sources, avoiding `failed`; then call
+               // SourcesRefreshed
+    kWait,     // nothing to do until `until_ms` (or another stream's news)
+    kDone,     // the fetch is over with `status`
+  };
+  Kind kind = Kind::kWait;
+  uint64_t chunk = 0;
+  int source = -1;
+  std::string address;
+  uint64_t epoch = 0;
+  std::vector<std::string> failed;
+  int64_t until_ms = 0;
+  Status status;
+
+  static FetchStep Done(Status s) {
+    FetchStep f;
+    f.kind = Kind::kDone;
+    f.status = std::move(s);
+    return f;
+  }
+  static FetchStep Wait(int64_t until_ms) {
+    FetchStep f;
+    f.until_ms = until_ms;
+    return f;
+  }
+};
+
+class FetchPlan {
+ public:
+  // `label` names the fetch in messages ("model@version"). `can_refresh`:
+  // whether there is a hub to ask (RunFetch's refresher is set).
+  FetchPlan(std::string label, const Manifest& manifest, std::vector<FetchSource> sources,
+            bool can_refresh, const FetcherOptions& options, int64_t start_ms,
+            int64_t deadline_ms, size_t max_sources = kFetchMaxSources);
+
+  FetchStep NextStep(int64_t now_ms);
+  void ReadConnected(uint64_t chunk);
+  void ReadFinished(int64_t now_ms, uint64_t chunk, const Status& status);
+  void SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update);
+
+  // Over: every chunk done, or an error decided.
+  bool finished() const { return !error_.ok() || done_chunks_ == total_chunks_; }
+  const Status& error() const { return error_; }
+  uint64_t chunks_done() const { return done_chunks_; }
+  uint64_t bytes_done() const { return bytes_done_; }
+  size_t sources_known() const { return sources_.size(); }
+  FetchReport Report() const;
+
+ private:
+  struct SourceState {
+    FetchSource source;
+    bool dead = false;
+    bool corrupt = false;  // served bytes that failed their checksum
+    int active = 0;
+    uint64_t chunks_served = 0;
+    uint64_t bytes_served = 0;
+    bool Has(uint64_t chunk) const;
+  };
+  struct InFlight {
+    int src = -1;
+    int64_t start_ms = 0;
+    bool connected = false;  // may be cancelled
+    bool stolen = false;
+  };
+
+  void AddSource(FetchSource s);
+  int Pick(uint64_t chunk) const;
+  FetchStep StartRead(int64_t now_ms, std::deque<uint64_t>::iterator it, int src);
+  FetchStep Idle(int64_t now_ms) const;
+  std::optional<FetchStep> MaybeRefresh(int64_t now_ms);
+  std::optional<FetchStep> MaybeSteal(int64_t now_ms);
+  FetchStep Fail(Status s);
+  Status DeadlineError(int64_t now_ms) const;
+  Status NoHolderError(std::string message) const;
+  void OnUnavailable(const std::string& why);
+  void ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f);
+
+  const std::string label_;
+  const Manifest& manifest_;
+  const bool can_refresh_;
+  const FetcherOptions options_;  // its callbacks are not used here
+  const int64_t start_ms_;
+  const int64_t deadline_ms_;
+  const size_t max_sources_;
+  const uint64_t total_chunks_;
+
+  std::vector<SourceState> sources_;  // at most max_sources_; indices stable
+  std::deque<uint64_t> pending_;
+  std::vector<int> attempts_;
+  std::vector<uint8_t> done_;
+  std::map<uint64_t, InFlight> in_flight_;
+  double chunk_ms_avg_ = 0;
+  uint64_t chunks_timed_ = 0;
+  uint32_t steals_ = 0;
+  uint32_t retries_ = 0;
+  int64_t last_chunk_ms_;
+  uint64_t done_chunks_ = 0;
+  uint64_t bytes_done_ = 0;
+  Status error_;
+  Status last_error_ = Unavailable("no holder was tried");
+  bool refreshing_ = false;
+  std::optional<int64_t> last_refresh_ms_;
+  int unavailable_answers_ = 0;  // in a row from the hub
+};
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_FETCH_PLAN_H_
