@@ -1,10 +1,10 @@
 #include "client/fetch_plan.h"
 
 #include <algorithm>
-#include <cassert>
 #include <utility>
 
 #include "common/log.h"
+#include "tensorhub/check.h"
 
 namespace tensorhub::client {
 
@@ -108,7 +108,7 @@ FetchStep FetchPlan::NextStep(int64_t now_ms) {
 FetchStep FetchPlan::StartRead(int64_t now_ms, std::deque<uint64_t>::iterator it, int src) {
   const uint64_t chunk = *it;
   pending_.erase(it);
-  assert(in_flight_.count(chunk) == 0 && !done_[chunk]);
+  TH_CHECK(in_flight_.count(chunk) == 0 && !done_[chunk]);
   in_flight_[chunk] = InFlight{src, now_ms, false, false};
   SourceState& s = sources_[src];
   ++s.active;
@@ -194,10 +194,8 @@ void FetchPlan::ReadConnected(uint64_t chunk) {
 
 void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk, const Status& status) {
   auto it = in_flight_.find(chunk);
-  if (it == in_flight_.end()) {
-    assert(false && "ReadFinished for a chunk not in flight");
-    return;
-  }
+  // Only a chunk this plan started can finish.
+  TH_CHECK(it != in_flight_.end());
   const InFlight f = it->second;
   in_flight_.erase(it);
   SourceState& s = sources_[f.src];
@@ -243,7 +241,7 @@ void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {
   last_chunk_ms_ = now_ms;
   // Each chunk completes exactly once; the count of done chunks is what
   // ends the fetch.
-  assert(!done_[chunk]);
+  TH_CHECK(!done_[chunk]);
   done_[chunk] = 1;
   const uint64_t bytes = manifest_.Chunk(chunk).bytes;
   SourceState& s = sources_[f.src];
