@@ -5,7 +5,7 @@
 namespace tensorhub::client {
 
 Result<uint64_t> Registry::Add(Holding holding) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Key key{holding.model, holding.version};
   if (live_.count(key) > 0) {
     return AlreadyExists("'" + holding.model + "@" +
@@ -39,7 +39,7 @@ Result<uint64_t> Registry::Add(Holding holding) {
 }
 
 Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = live_.find({model, version});
   if (it == live_.end()) {
     return NotFound("this worker does not publish '" + model + "@" +
@@ -55,14 +55,14 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
 }
 
 bool Registry::Contains(const std::string& model, Version version) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return live_.count({model, version}) > 0;
 }
 
 Status Registry::Drain(const std::string& model, Version version,
                        uint64_t epoch, const Deadline& deadline) {
-  std::unique_lock<std::mutex> lock(mu_);
-  bool done = drained_.wait_until(lock, deadline.at(), [&] {
+  MutexLock lock(mu_);
+  bool done = drained_.wait_until(lock.native(), deadline.at(), [&]() TH_REQUIRES(mu_) {
     return draining_.count(epoch) == 0;
   });
   if (!done) {
@@ -77,7 +77,7 @@ Status Registry::Drain(const std::string& model, Version version,
 std::vector<std::pair<std::string, Version>> Registry::Overlapping(
     const std::vector<std::pair<const uint8_t*, uint64_t>>& ranges) const {
   std::vector<std::pair<std::string, Version>> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const auto& [key, e] : live_) {
     bool hit = false;
     for (const auto& [part, bases] : e->holding.bases) {
@@ -100,14 +100,14 @@ std::vector<std::pair<std::string, Version>> Registry::Overlapping(
 }
 
 std::vector<Holding> Registry::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Holding> out;
   for (const auto& [key, e] : live_) out.push_back(e->holding);
   return out;
 }
 
 std::vector<Holding> Registry::Unreported() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Holding> out;
   for (const auto& [key, e] : live_) {
     if (!e->holding.reported) out.push_back(e->holding);
@@ -116,13 +116,13 @@ std::vector<Holding> Registry::Unreported() const {
 }
 
 void Registry::MarkAllUnreported() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [key, e] : live_) e->holding.reported = false;
 }
 
 void Registry::MarkReported(const std::string& model, Version version,
                             uint64_t epoch, bool reported) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = live_.find({model, version});
   if (it != live_.end() && it->second->holding.epoch == epoch) {
     it->second->holding.reported = reported;
@@ -138,7 +138,7 @@ Registry::Entry* Registry::FindLocked(const std::string& model,
 
 void Registry::MarkChunk(const std::string& model, Version version,
                          uint64_t epoch, uint64_t chunk) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Entry* e = FindLocked(model, version, epoch);
   if (e == nullptr || chunk >= e->have.size()) return;
   e->have[chunk] = 1;
@@ -147,7 +147,7 @@ void Registry::MarkChunk(const std::string& model, Version version,
 
 void Registry::FinishFill(const std::string& model, Version version,
                           uint64_t epoch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Entry* e = FindLocked(model, version, epoch);
   if (e == nullptr) return;
   e->holding.filling = false;
@@ -156,7 +156,7 @@ void Registry::FinishFill(const std::string& model, Version version,
 }
 
 Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
       "'" + req.model + "@" + std::to_string(req.version) + "'";
@@ -193,8 +193,8 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
       }
       return true;
     };
-    if (!chunk_arrived_.wait_for(lock, std::chrono::milliseconds(fill_wait_ms_),
-                                 ready)) {
+    if (!chunk_arrived_.wait_for(lock.native(),
+                                 std::chrono::milliseconds(fill_wait_ms_), ready)) {
       return Unavailable("chunks " + std::to_string(first) + ".." +
                          std::to_string(last) + " of " + name +
                          " did not arrive here within " +
@@ -213,7 +213,7 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
   // The pin's deleter ends the read: the last one of a revoked registration
   // wakes Drain().
   lease.pin = std::shared_ptr<void>(nullptr, [this, e](void*) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (--e->inflight == 0) {
       draining_.erase(e->holding.epoch);
       drained_.notify_all();
@@ -223,7 +223,7 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
 }
 
 size_t Registry::reads_in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [key, e] : live_) n += e->inflight;
   for (const auto& [epoch, e] : draining_) n += e->inflight;

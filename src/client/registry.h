@@ -19,6 +19,7 @@
 
 #include "common/deadline.h"
 #include "common/manifest.h"
+#include "common/mutex.h"
 #include "tensorhub/types.h"
 #include "transport/transport.h"
 
@@ -86,21 +87,22 @@ class Registry final : public transport::ReadSource {
  private:
   struct Entry {
     Holding holding;
-    uint64_t inflight = 0;      // guarded by mu_
-    bool revoked = false;       // guarded by mu_
+    uint64_t inflight = 0;  // guarded by Registry::mu_
+    bool revoked = false;   // guarded by Registry::mu_
     std::vector<uint8_t> have;  // per global chunk, while filling
   };
-  Entry* FindLocked(const std::string& model, Version version, uint64_t epoch);
+  Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
+      TH_REQUIRES(mu_);
   using Key = std::pair<std::string, Version>;
 
   const int64_t fill_wait_ms_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable drained_;
   std::condition_variable chunk_arrived_;
-  uint64_t next_epoch_ = 1;                        // guarded by mu_
-  std::map<Key, std::shared_ptr<Entry>> live_;     // guarded by mu_
+  uint64_t next_epoch_ TH_GUARDED_BY(mu_) = 1;
+  std::map<Key, std::shared_ptr<Entry>> live_ TH_GUARDED_BY(mu_);
   // Revoked entries with reads still in flight, by epoch.
-  std::map<uint64_t, std::shared_ptr<Entry>> draining_;  // guarded by mu_
+  std::map<uint64_t, std::shared_ptr<Entry>> draining_ TH_GUARDED_BY(mu_);
 };
 
 }  // namespace tensorhub::client

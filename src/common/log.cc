@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/mutex.h"
 
 #include <unistd.h>
 
@@ -23,8 +24,8 @@ LogLevel LevelFromEnv() {
 }
 
 std::atomic<int> g_level{static_cast<int>(LevelFromEnv())};
-std::mutex g_prefix_mu;
-std::string g_prefix;  // guarded by g_prefix_mu
+Mutex g_prefix_mu;
+std::string g_prefix TH_GUARDED_BY(g_prefix_mu);
 
 }  // namespace
 
@@ -35,7 +36,7 @@ bool LogEnabled(LogLevel level) {
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 
 void SetLogPrefix(const char* prefix) {
-  std::lock_guard<std::mutex> lock(g_prefix_mu);
+  MutexLock lock(g_prefix_mu);
   g_prefix = prefix;
 }
 
@@ -47,7 +48,7 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
       std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
   std::string prefix;
   {
-    std::lock_guard<std::mutex> lock(g_prefix_mu);
+    MutexLock lock(g_prefix_mu);
     prefix = g_prefix;
   }
   char stamp[32];

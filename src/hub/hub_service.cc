@@ -13,6 +13,7 @@
 #include <thread>
 #include <tuple>
 
+#include "common/mutex.h"
 #include "common/test_point.h"
 #include "common/deadline.h"
 #include "common/log.h"
@@ -45,7 +46,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     reg.labels = wire::FromProto(req->labels());
     reg.worker_class =
         req->worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Result<WorkerId> id = state_.RegisterWorker(reg, NowMs());
     if (!id.ok()) return wire::ToGrpc(id.status());
     TH_LOG(INFO) << "worker " << id->value() << " (" << reg.name << ") at "
@@ -59,7 +60,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
     resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
     resp->set_hub_incarnation(state_.config().incarnation);
@@ -81,7 +82,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     a.part = std::move(part).value();
     a.epoch = req->epoch();
     a.rebuild = req->rebuild();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Result<VersionState> st = state_.Publish(a, NowMs());
     changed_.notify_all();
     if (!st.ok()) return wire::ToGrpc(st.status());
@@ -102,7 +103,7 @@ class HubServiceImpl final : public v1::Hub::Service {
             InvalidArgument("add holder: needs the manifest or its digest"));
       }
       // The usual report: no manifest to decode, validate or compare.
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Result<bool> r = state_.AddHolderByDigest(
           WorkerId(req->worker_id()), req->model(), Version(req->version()),
           req->epoch(), ManifestDigest{req->manifest_digest()}, NowMs(),
@@ -113,7 +114,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     Result<Manifest> m = wire::FromProto(req->manifest());
     if (!m.ok()) return wire::ToGrpc(m.status());
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Status s = state_.AddHolder(WorkerId(req->worker_id()), req->model(),
                                 Version(req->version()), req->epoch(), *m,
                                 NowMs(), req->filling());
@@ -130,7 +131,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     const WorkerId worker(req->worker_id());
     const Version version(req->version());
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // The last reliable copy of a retained version: wait (the worker still
     // serves) until a keeper or another reliable holder has copied it.
     Status keep = state_.CheckDeparture(worker, req->model(), version);
@@ -166,7 +167,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Retain(ServerContext* ctx, const v1::RetainRequest* req,
                       v1::RetainResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Status s = state_.Retain(req->model(), Version(req->version()),
                              !req->unretain());
     if (s.ok()) {
@@ -186,7 +187,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     const WorkerId keeper(req->worker_id());
     const int64_t deadline = NowMs() + req->wait_ms();
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     KeeperWork work;
     while (true) {
       // Also renews the keeper's lease while it waits here.
@@ -197,11 +198,12 @@ class HubServiceImpl final : public v1::Hub::Service {
       if (!work.empty() || NowMs() >= deadline || ctx->IsCancelled()) break;
       WaitChange(lock, deadline);
     }
-    lock.unlock();
+    const uint64_t incarnation = state_.config().incarnation;
+    lock.Unlock();
     for (const KeeperTask& t : work.fetch) ToProto(t, resp->add_fetch());
     for (const KeeperTask& t : work.release) ToProto(t, resp->add_release());
     for (const KeeperTask& t : work.pinned) ToProto(t, resp->add_pinned());
-    resp->set_hub_incarnation(state_.config().incarnation);
+    resp->set_hub_incarnation(incarnation);
     return grpc::Status::OK;
   }
 
@@ -211,7 +213,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     std::shared_ptr<const std::string> encoded;
     std::optional<Manifest> manifest;  // to encode, when not cached
     Result<Resolution> r = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Result<Resolution> res =
           !req->group().empty() && req->version() == 0
               ? state_.ResolveForGroup(WorkerId(req->worker_id()), req->model(),
@@ -246,7 +248,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       v1::VersionManifest vm;
       wire::ToProto(*manifest, &vm);
       encoded = std::make_shared<const std::string>(vm.SerializeAsString());
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       CacheManifest(req->model(), *r, encoded);
     }
     resp->set_version(r->version.value());
@@ -270,7 +272,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     for (const std::string& e : req->exclude()) exclude.insert(WorkerId(e));
     bool version_unavailable = false;
     Result<std::vector<HolderView>> r = [&] {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       Result<std::vector<HolderView>> res =
           state_.Schedule(WorkerId(req->worker_id()), req->model(), Version(req->version()),
                           exclude, req->max_sources());
@@ -294,7 +296,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status FetchDone(ServerContext* ctx, const v1::FetchDoneRequest* req,
                          v1::FetchDoneResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     state_.FetchDone(WorkerId(req->worker_id()), req->model(),
                      Version(req->version()));
     return grpc::Status::OK;
@@ -305,7 +307,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     std::vector<ModelSummary> models;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       models = state_.List();
     }
     for (const ModelSummary& m : models) {
@@ -334,7 +336,7 @@ class HubServiceImpl final : public v1::Hub::Service {
                                           std::to_string(kMaxWaitMs)));
     }
     const WorkerId worker(req->worker_id());
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // Retained versions this worker holds the last (reliable) copy of: wait,
     // still serving, for keepers to copy them. It leaves in any case.
     auto blocked = state_.BlockedDepartures(worker);
@@ -367,7 +369,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   void Expire() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     size_t before = state_.num_workers();
     state_.ExpireLeases(NowMs());
     if (state_.num_workers() < before) {
@@ -407,9 +409,11 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   // Waits until the state changes or `deadline_ms`, whichever is first, at
   // most 200 ms at a time so that cancelled callers are noticed.
-  void WaitChange(std::unique_lock<std::mutex>& lock, int64_t deadline_ms) {
+  void WaitChange(MutexLock& lock, int64_t deadline_ms) TH_REQUIRES(mu_) {
     int64_t slice = std::min<int64_t>(200, deadline_ms - NowMs());
-    if (slice > 0) changed_.wait_for(lock, std::chrono::milliseconds(slice));
+    if (slice > 0) {
+      changed_.wait_for(lock.native(), std::chrono::milliseconds(slice));
+    }
   }
 
   static void ToProto(const KeeperTask& t, v1::KeeperTask* out) {
@@ -440,13 +444,15 @@ class HubServiceImpl final : public v1::Hub::Service {
   static constexpr size_t kManifestCacheBytes = 256u << 20;
 
   std::shared_ptr<const std::string> CachedManifest(const std::string& model,
-                                                    const Resolution& r) {
+                                                    const Resolution& r)
+      TH_REQUIRES(mu_) {
     auto it = manifest_cache_.find(
         {model, r.version.value(), r.manifest_digest->value});
     return it == manifest_cache_.end() ? nullptr : it->second;
   }
   void CacheManifest(const std::string& model, const Resolution& r,
-                     std::shared_ptr<const std::string> encoded) {
+                     std::shared_ptr<const std::string> encoded)
+      TH_REQUIRES(mu_) {
     ManifestKey key{model, r.version.value(), r.manifest_digest->value};
     const size_t bytes = encoded->size();
     if (!manifest_cache_.emplace(key, std::move(encoded)).second) return;
@@ -461,15 +467,15 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
   }
 
-  std::mutex mu_;
+  Mutex mu_;
   // Signalled (under mu_) when references or retention change: departing
   // holders and polling keepers wait on it.
   std::condition_variable changed_;
-  HubState state_;  // guarded by mu_
+  HubState state_ TH_GUARDED_BY(mu_);
   std::map<ManifestKey, std::shared_ptr<const std::string>>
-      manifest_cache_;                      // guarded by mu_
-  std::deque<ManifestKey> manifest_order_;  // guarded by mu_, oldest first
-  size_t manifest_cache_bytes_ = 0;         // guarded by mu_
+      manifest_cache_ TH_GUARDED_BY(mu_);
+  std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
+  size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;
   const std::string secret_;
   const int64_t rebuild_ms_;
   const int64_t started_ms_;
@@ -485,13 +491,13 @@ class HubServerImpl final : public HubServer {
         address_(std::move(address)) {
     int64_t tick = std::max<int64_t>(50, lease_ms / 10);
     expiry_ = std::thread([this, tick] {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       while (!stopping_) {
-        cv_.wait_for(lock, std::chrono::milliseconds(tick));
+        cv_.wait_for(lock.native(), std::chrono::milliseconds(tick));
         if (stopping_) break;
-        lock.unlock();
+        lock.Unlock();
         service_->Expire();
-        lock.lock();
+        lock.Lock();
       }
     });
   }
@@ -500,13 +506,13 @@ class HubServerImpl final : public HubServer {
   std::string address() const override { return address_; }
 
   void Wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return stopping_; });
+    MutexLock lock(mu_);
+    cv_.wait(lock.native(), [this]() TH_REQUIRES(mu_) { return stopping_; });
   }
 
   void Shutdown() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (stopped_) return;
       stopped_ = true;
       stopping_ = true;
@@ -521,10 +527,10 @@ class HubServerImpl final : public HubServer {
   std::unique_ptr<HubServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  bool stopped_ = false;   // guarded by mu_
+  bool stopping_ TH_GUARDED_BY(mu_) = false;
+  bool stopped_ TH_GUARDED_BY(mu_) = false;
   std::thread expiry_;
 };
 

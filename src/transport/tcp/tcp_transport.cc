@@ -16,6 +16,7 @@
 
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "cuda/device.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
@@ -114,14 +115,14 @@ class LocalReads {
 
   // Whether copying from `holder` failed before.
   bool Refused(const std::string& holder) const {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return refused_.count(holder) > 0;
   }
   // Remembers (up to kMaxRefused holders) that copying from `holder` failed,
   // and says so once per holder.
   void Refuse(const std::string& holder, const Status& why) {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (refused_.size() >= kMaxRefused || !refused_.insert(holder).second) {
         return;
       }
@@ -136,8 +137,8 @@ class LocalReads {
   bool enabled_ = false;
   wire::HostIdentity identity_;
   const CrossMemoryCopyFn copy_;
-  mutable std::mutex mu_;
-  std::set<std::string> refused_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::set<std::string> refused_ TH_GUARDED_BY(mu_);
 };
 
 class TcpServer final : public Server {
@@ -167,12 +168,12 @@ class TcpServer final : public Server {
   }
 
   void Stop() override {
-    std::lock_guard<std::mutex> stop_lock(stop_mu_);
+    MutexLock stop_lock(stop_mu_);
     stopping_ = true;
     if (accept_thread_.joinable()) accept_thread_.join();
     std::list<Conn> conns;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       // Every fd here is still open: a connection's fd is closed only when
       // its node is destroyed, after its thread was joined.
       for (Conn& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
@@ -197,7 +198,7 @@ class TcpServer final : public Server {
       int cfd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (cfd < 0) continue;
       Fd fd(cfd);
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (conns_.size() >= options_.max_connections) {
         TH_LOG(WARN) << "data server " << address_ << ": refusing connection, "
                      << conns_.size() << " open (the bound)";
@@ -208,7 +209,7 @@ class TcpServer final : public Server {
       Conn* c = &conns_.back();
       c->thread = std::thread([this, c, raw = c->fd.get()] {
         Serve(raw);
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         c->done = true;
       });
     }
@@ -218,7 +219,7 @@ class TcpServer final : public Server {
   void ReapFinished() {
     std::list<Conn> finished;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       for (auto it = conns_.begin(); it != conns_.end();) {
         auto next = std::next(it);
         if (it->done) finished.splice(finished.end(), conns_, it);
@@ -482,14 +483,14 @@ class TcpServer final : public Server {
   const std::string secret_;
   std::atomic<uint64_t> refused_{0};
   const uint32_t pid_;
-  std::mutex stop_mu_;  // serialises Stop()
+  Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> bytes_served_local_{0};
   std::atomic<uint64_t> bytes_served_staged_{0};
   std::thread accept_thread_;
-  std::mutex mu_;
-  std::list<Conn> conns_;  // guarded by mu_
+  Mutex mu_;
+  std::list<Conn> conns_ TH_GUARDED_BY(mu_);
 };
 
 class TcpConnection final : public Connection {
@@ -540,7 +541,7 @@ class TcpConnection final : public Connection {
   void Cancel() override {
     // Under fd_mu_ so that the descriptor cannot be closed (and its number
     // reused by another socket) between the check and the shutdown.
-    std::lock_guard<std::mutex> l(fd_mu_);
+    MutexLock l(fd_mu_);
     cancelled_.store(true);
     if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
   }
@@ -838,7 +839,7 @@ class TcpConnection final : public Connection {
 
   void Abandon() {
     broken_ = true;
-    std::lock_guard<std::mutex> l(fd_mu_);
+    MutexLock l(fd_mu_);
     fd_.Reset();
   }
 
@@ -847,7 +848,7 @@ class TcpConnection final : public Connection {
   // Written only by the reading thread, under fd_mu_; Cancel reads it under
   // fd_mu_ from another thread.
   Fd fd_;
-  std::mutex fd_mu_;
+  Mutex fd_mu_;
   std::atomic<bool> cancelled_{false};
   std::string peer_;
   const std::shared_ptr<LocalReads> local_;
