@@ -43,9 +43,9 @@ if [ "${SKIP_TSAN:-0}" != "1" ]; then
 fi
 
 step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
-build/tools/tensorhub bench hub --workers 500
+build/bench/lab/tensorhub-lab bench hub --workers 500
 step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
-build/tools/tensorhub chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
+build/bench/lab/tensorhub-lab chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
