@@ -33,7 +33,7 @@ if [ "${SKIP_TSAN:-0}" != "1" ]; then
   step "GoogleTest suite (ThreadSanitizer)"
   # Suppressions name third-party code only, each with its reason. Every
   # binary but multiprocess_test: its threads are the client's and the hub's,
-  # which integration_test and retain_test run in one process, and under TSan
+  # which integration_test and retain_integration_test run in one process, and under TSan
   # its 256 MiB transfers between processes take about 4 minutes, which CI's
   # budget does not have (it is clean too: SKIP_ASAN=1 TSAN_ALL=1 runs it).
   tsan_skip="-E multiprocess_test"
