@@ -12,7 +12,7 @@
 #                   [--skip "p2p mpi gloo"] [--output bench/results/fanout.txt]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${TENSORHUB_BIN:-build/tools/tensorhub}
+BIN=${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}
 readers_list="4 8 16"; bytes=268435456; host_mbit=400; wan_mbit=100; xdc=7; skip=""; chunk=2MiB
 while [[ $# -gt 0 ]]; do
   case "$1" in

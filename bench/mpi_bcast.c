@@ -12,7 +12,7 @@
  * worst. Usage: mpi_bcast BYTES [ITERS] [ALGORITHM_LABEL] [SEED] [STEP_MS BATCH_MS]
  * The label is only echoed; the algorithm is chosen by mpirun's MCA flags.
  *
- * With STEP_MS and BATCH_MS it runs the rollout loop of `tensorhub bench
+ * With STEP_MS and BATCH_MS it runs the rollout loop of `tensorhub-lab bench
  * workload` instead (ITERS rounds): in round r the root computes a step
  * (writes version r into its buffer, then sleeps out the rest of STEP_MS)
  * while every receiver generates a batch (sleeps BATCH_MS); then all enter

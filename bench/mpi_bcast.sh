@@ -8,7 +8,7 @@
 #                [--algorithms "default 2 3 9"] [--segment-bytes 1048576]
 #                [--timeout-s 300] [--step-ms T --batch-ms T]
 #
-# With --step-ms and --batch-ms it runs the rollout loop of `tensorhub bench
+# With --step-ms and --batch-ms it runs the rollout loop of `tensorhub-lab bench
 # workload` (--iters rounds of step, broadcast, batch; see mpi_bcast.c) and
 # prints mpi_workload lines, then mpi_workload_best (least total stall):
 #   mpi_workload_best algorithm=.. blocked_s=.. wait_s=.. update_s=.. stall_gpu_s=..

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Plots for `tensorhub sim`: docs/sim-scale.png, sim-stall.png, sim-validation.png.
+"""Plots for `tensorhub-lab sim`: docs/sim-scale.png, sim-stall.png, sim-validation.png.
 
-Runs the simulator itself (build/tools/tensorhub sim ... --csv):
+Runs the simulator itself (build/bench/lab/tensorhub-lab sim ... --csv):
   1. standalone update time / bandwidth bound versus cluster size
      (half trainer, half rollout GPUs), every system;
   2. total GPU stall per system for the three workloads at 1,024 GPUs;
@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else "build/tools/tensorhub"
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/bench/lab/tensorhub-lab"
 
 
 def run(*args):

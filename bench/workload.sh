@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The three rollout workloads of docs/benchmarks.md ("Workloads"), end to
-# end: for each it builds a test bed (bench/testbed.sh), runs `tensorhub
+# end: for each it builds a test bed (bench/testbed.sh), runs `tensorhub-lab
 # bench workload` (TensorHub, point-to-point and, where a static group can
 # do the job, MPI_Bcast, all on the same test bed in one invocation), saves
 # the output under bench/results/workload-<name>.txt with the configuration
@@ -17,7 +17,7 @@
 # skips to the newest; the per-round figures then get harder to read).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=${TENSORHUB_BIN:-build/tools/tensorhub}
+BIN=${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}
 only="standalone elastic crossdc" hosts=9 host_mbit=400 wan_mbit=100 bytes=128MiB chunk=2MiB
 step=8000 batch=2000 rounds=4 xrounds=3 xstep=16000 spot=3 seed=1 prefix=thwl
 while [[ $# -gt 0 ]]; do

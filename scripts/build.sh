@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds TensorHub. Usage: scripts/build.sh [DIR] [cmake args...]
 # DIR defaults to build/. Two parallel jobs: the machines have 2 cores.
+# TARGETS="a b" builds only those targets (and what they need).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-build}
@@ -14,4 +15,6 @@ if command -v ccache >/dev/null; then
 fi
 cmake -S . -B "$DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@" > "$DIR.cmake.log" 2>&1 \
   || { cat "$DIR.cmake.log"; exit 1; }
-cmake --build "$DIR" -j "${JOBS:-2}"
+targets=()
+for t in ${TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$DIR" -j "${JOBS:-2}" "${targets[@]}"

@@ -33,7 +33,7 @@ if [ "${SKIP_TSAN:-0}" != "1" ]; then
   step "GoogleTest suite (ThreadSanitizer)"
   # Suppressions name third-party code only, each with its reason. Every
   # binary but multiprocess_test: its threads are the client's and the hub's,
-  # which integration_test and retain_test run in one process, and under TSan
+  # which integration_test and retain_integration_test run in one process, and under TSan
   # its 256 MiB transfers between processes take about 4 minutes, which CI's
   # budget does not have (it is clean too: SKIP_ASAN=1 TSAN_ALL=1 runs it).
   tsan_skip="-E multiprocess_test"
@@ -43,9 +43,9 @@ if [ "${SKIP_TSAN:-0}" != "1" ]; then
 fi
 
 step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
-build/tools/tensorhub bench hub --workers 500
+build/bench/lab/tensorhub-lab bench hub --workers 500
 step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
-build/tools/tensorhub chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
+build/bench/lab/tensorhub-lab chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh

@@ -231,4 +231,12 @@ int Fail(const Status& status) {
   return 1;
 }
 
+int MovedToLab(const std::string& command) {
+  std::fprintf(stderr,
+               "tensorhub: '%s' moved to the lab binary: run `tensorhub-lab %s` "
+               "(build/bench/lab/tensorhub-lab)\n",
+               command.c_str(), command.c_str());
+  return 2;
+}
+
 }  // namespace tensorhub::cli

@@ -70,6 +70,10 @@ class ProgressBar {
 
 int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
 
+// For a lab command asked of the product binary: prints the one line that
+// says where it went (`tensorhub-lab COMMAND`, bench/lab/) and returns 2.
+int MovedToLab(const std::string& command);
+
 // The line protocol of worker processes spawned by the demo, benchmarks and
 // tests: a digest as 16 hex digits, and one flushed line on stdout.
 std::string Hex(uint64_t v);

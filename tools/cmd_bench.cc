@@ -214,27 +214,20 @@ int CmdBenchHolder(int argc, char** argv) {
   return 0;
 }
 
-int CmdBenchTrainer(int argc, char** argv);
-int CmdBenchReader(int argc, char** argv);
-int CmdBenchFanout(int argc, char** argv);
-int CmdBenchHub(int argc, char** argv);
 int CmdBenchLocal(int argc, char** argv);
-int CmdBenchWorkload(int argc, char** argv);
 
 int CmdBench(int argc, char** argv) {
   if (argc < 3) {
     return Fail(InvalidArgument(
-        "usage: tensorhub bench pair [--bytes 1GiB] | bench local [--bytes 1GiB] | "
-        "bench fanout --testbed PREFIX ... | bench workload standalone|elastic|crossdc ..."));
+        "usage: tensorhub bench pair [--bytes 1GiB] | bench local [--bytes 1GiB]"));
   }
   std::string what = argv[2];
   if (what == "_holder") return CmdBenchHolder(argc - 1, argv + 1);
-  if (what == "_trainer") return CmdBenchTrainer(argc - 1, argv + 1);
-  if (what == "_reader") return CmdBenchReader(argc - 1, argv + 1);
-  if (what == "fanout") return CmdBenchFanout(argc, argv);
-  if (what == "workload") return CmdBenchWorkload(argc, argv);
-  if (what == "hub") return CmdBenchHub(argc, argv);
   if (what == "local") return CmdBenchLocal(argc, argv);
+  if (what == "hub" || what == "fanout" || what == "workload" || what == "_trainer" ||
+      what == "_reader") {
+    return MovedToLab("bench " + what);
+  }
   if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
   auto flags = ParseTwoProcessFlags(argc, argv);
   if (!flags.ok()) return Fail(flags.status());

@@ -1,9 +1,11 @@
-// tensorhub: the command line. One binary: the hub, the file tools, the demo
-// and the benchmarks.
+// tensorhub: the command line users run: the hub, the file tools, the demo
+// and the two-process benchmarks. The lab's harnesses and drivers (chaos,
+// sim, bench hub|fanout|workload) are in tensorhub-lab (bench/lab/).
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "cli_util.h"
 #include "common/log.h"
 
 namespace tensorhub::cli {
@@ -16,9 +18,6 @@ int CmdDemo(int argc, char** argv);
 int CmdDemoTrainer(int argc, char** argv);
 int CmdDemoRollout(int argc, char** argv);
 int CmdBench(int argc, char** argv);
-int CmdSim(int argc, char** argv);
-int CmdChaos(int argc, char** argv);
-int CmdChaosWorker(int argc, char** argv);
 int CmdRetain(int argc, char** argv);
 int CmdKeeper(int argc, char** argv);
 }  // namespace tensorhub::cli
@@ -43,12 +42,8 @@ Commands:
   keeper [--memory-limit BYTES]                   hold retained versions in host memory
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
   bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
-  sim    --scenario standalone|elastic|crossdc|scale|testbed [--csv]
-                                                  cluster-scale simulation of the hub's scheduler
-  chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow, hub
-         [--bytes 4MiB] [--verbose]              stop/restart) on loopback processes; checks
-                                                  bytes, deadlines, availability; exit 1 on
-                                                  any violation
+  bench  local [--bytes 1GiB]                     the same on the intra-host path vs memcpy
+  (chaos, sim and bench hub|fanout|workload moved to the lab binary: tensorhub-lab, bench/lab/)
 
 Common flags:
   --hub HOST:PORT        the hub (else $TENSORHUB_HUB, else 127.0.0.1:7070)
@@ -79,9 +74,7 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
-  if (cmd == "sim") return CmdSim(argc, argv);
-  if (cmd == "chaos") return CmdChaos(argc, argv);
-  if (cmd == "_chaos-worker") return CmdChaosWorker(argc, argv);
+  if (cmd == "sim" || cmd == "chaos" || cmd == "_chaos-worker") return MovedToLab(cmd);
   if (cmd == "retain" || cmd == "unretain") return CmdRetain(argc, argv);
   if (cmd == "keeper") return CmdKeeper(argc, argv);
   std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);

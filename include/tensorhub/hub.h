@@ -1,6 +1,7 @@
 // An embedded hub: the same hub as `tensorhub serve`, running inside the
-// calling process (for tests, examples, and single-node jobs). Also the
-// library's log level.
+// calling process (for tests, examples, and single-node jobs). The library's
+// log level is in tensorhub/log_level.h (included here for callers that
+// set it through this header).
 #ifndef TENSORHUB_HUB_H_
 #define TENSORHUB_HUB_H_
 
@@ -8,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "tensorhub/log_level.h"
 #include "tensorhub/status.h"
 
 namespace tensorhub {
@@ -50,11 +52,6 @@ class Hub {
   // Idempotent; also done by the destructor.
   virtual void Shutdown() = 0;
 };
-
-enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
-// The library logs to stderr; the default comes from TENSORHUB_LOG
-// (debug|info|warn|error), else info.
-void SetLogLevel(LogLevel level);
 
 }  // namespace tensorhub
 

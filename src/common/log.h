@@ -6,7 +6,7 @@
 
 #include <sstream>
 
-#include "tensorhub/hub.h"  // LogLevel, SetLogLevel
+#include "tensorhub/log_level.h"
 
 namespace tensorhub {
 

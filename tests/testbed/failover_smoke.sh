@@ -14,7 +14,7 @@
 # test, h3 the hub. Needs root. About half a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=$(realpath "${TENSORHUB_BIN:-build/tools/tensorhub}")
+BIN=$(realpath "${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}")
 prefix=thch
 bytes=$((64 << 20))
 chunks=64      # of 1 MiB (--chunk-bytes below)

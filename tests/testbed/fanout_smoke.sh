@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI check of pipelined fan-out on a small multi-host test bed (network
 # namespaces, shaped links, two datacenters): 5 hosts, dc0 = h0 (trainer),
-# h1, h2; dc1 = h3, h4. Checks, from `tensorhub bench fanout`'s result line:
+# h1, h2; dc1 = h3, h4. Checks, from `tensorhub-lab bench fanout`'s result line:
 #  - every reader got the published bytes (digests match);
 #  - partial-prefix serving happened: readers pulled bytes from peers that
 #    were still receiving the version;
@@ -13,7 +13,7 @@
 # Needs root. About a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${TENSORHUB_BIN:-build/tools/tensorhub}
+BIN=${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}
 prefix=thfsm
 fail() { echo "FAIL: $*" >&2; exit 1; }
 trap 'bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true' EXIT

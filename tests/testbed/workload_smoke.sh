@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI check of `tensorhub bench workload` on small test beds (network
+# CI check of `tensorhub-lab bench workload` on small test beds (network
 # namespaces, shaped links): tiny sizes, few rounds. Checks, from its
 # workload_result lines:
 #  - every system finished and every rollout got the published bytes (ok=1);
@@ -15,7 +15,7 @@
 # Needs root. About two minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BIN=${TENSORHUB_BIN:-build/tools/tensorhub}
+BIN=${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}
 prefix=thwsm
 fail() { echo "FAIL: $*" >&2; exit 1; }
 trap 'bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true' EXIT

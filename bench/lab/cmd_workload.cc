@@ -1,4 +1,4 @@
-// `tensorhub bench workload standalone|elastic|crossdc`: the three rollout
+// `tensorhub-lab bench workload standalone|elastic|crossdc`: the three rollout
 // workloads of issue 6 on the multi-host test bed, each against its
 // baselines in the same invocation, reported as total GPU stall.
 //
@@ -641,7 +641,7 @@ int CmdBenchWorkload(int argc, char** argv) {
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
     return Fail(InvalidArgument(
-        "usage: tensorhub bench workload standalone|elastic|crossdc "
+        "usage: tensorhub-lab bench workload standalone|elastic|crossdc "
         "--testbed PREFIX [--bytes 128MiB] [--rounds 4] ..."));
   }
   Config c;

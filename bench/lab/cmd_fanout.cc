@@ -1,4 +1,4 @@
-// `tensorhub bench fanout`: one trainer and N readers on the multi-host test
+// `tensorhub-lab bench fanout`: one trainer and N readers on the multi-host test
 // bed (bench/testbed.sh), each in its own network namespace behind a shaped
 // link. Times how long until every reader holds a new version, beside the
 // bandwidth lower bound S/B, and counts what crossed the trainer's link and

@@ -1,4 +1,4 @@
-// `tensorhub sim`: the flow-level simulator (src/sim) at cluster scale. It
+// `tensorhub-lab sim`: the flow-level simulator (src/sim) at cluster scale. It
 // drives the hub's own scheduling code (HubState) with simulated GPUs and a
 // simulated clock, and runs the baselines on the same simulated links.
 //

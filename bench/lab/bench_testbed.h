@@ -4,8 +4,8 @@
 // parsing those roles' reply lines. Used by `bench fanout` and
 // `bench workload`. Everything here runs in the driver's thread(s); a
 // Subprocess is owned by whoever holds it.
-#ifndef TENSORHUB_TOOLS_BENCH_TESTBED_H_
-#define TENSORHUB_TOOLS_BENCH_TESTBED_H_
+#ifndef TENSORHUB_BENCH_LAB_BENCH_TESTBED_H_
+#define TENSORHUB_BENCH_LAB_BENCH_TESTBED_H_
 
 #include <cstdint>
 #include <string>
@@ -87,4 +87,4 @@ Result<FetchedReply> ParseFetched(const std::string& line);
 
 }  // namespace tensorhub::cli
 
-#endif  // TENSORHUB_TOOLS_BENCH_TESTBED_H_
+#endif  // TENSORHUB_BENCH_LAB_BENCH_TESTBED_H_

@@ -1,4 +1,4 @@
-// `tensorhub bench hub`: the hub with N simulated workers, measured twice.
+// `tensorhub-lab bench hub`: the hub with N simulated workers, measured twice.
 //
 //  1. The state machine alone (the code the hub process runs, without the
 //     RPC layer), in this process, timed by this thread's CPU clock.

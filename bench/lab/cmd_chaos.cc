@@ -1,6 +1,7 @@
-// `tensorhub chaos`: a seeded fault-injection run against real processes on
-// loopback. One hub process (`tensorhub serve`), one trainer, several reader
-// processes and an auditor (all `tensorhub _chaos-worker`), each a real
+// `tensorhub-lab chaos`: a seeded fault-injection run against real processes
+// on loopback. One hub process (`tensorhub-lab serve`: the product's `serve`),
+// one trainer, several reader processes and an auditor (all
+// `tensorhub-lab _chaos-worker`), each a real
 // Client with its own data-plane server. Every round the trainer unpublishes
 // its old version and publishes a new one while the readers fetch (latest or
 // an older version) and sometimes unpublish, and the driver injects faults:
