@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/fetcher.h"
+#include "client/client_deps.h"
 #include "client/control_plane.h"
 #include "client/registry.h"
 #include "common/checksum.h"
@@ -31,11 +32,11 @@ using client::Registry;
 
 class Client::Impl {
  public:
-  explicit Impl(const ClientOptions& options)
+  Impl(const ClientOptions& options, client::ClientDeps deps)
       : options_(options),
-        hub_(client::MakeGrpcControlPlane(options.hub_address, options.secret,
-                                          options.rpc_timeout_ms)),
-        transport_(MakeTransport(options)) {}
+        clock_(*deps.clock),
+        hub_(std::move(deps.control)),
+        transport_(std::move(deps.transport)) {}
 
   ~Impl() {
     {
@@ -57,13 +58,6 @@ class Client::Impl {
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
     if (server_) server_->Stop();
-  }
-
-  static std::unique_ptr<transport::Transport> MakeTransport(
-      const ClientOptions& options) {
-    transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
-    t.secret = options.secret;  // the data plane requires the hub's secret too
-    return transport::MakeTcpTransport(t);
   }
 
   Status Start() {
@@ -156,7 +150,7 @@ class Client::Impl {
   Status Unpublish(std::string_view model_sv, Version version,
                    int64_t timeout_ms, bool force) {
     std::string model(model_sv);
-    Deadline deadline = Deadline::AfterMs(timeout_ms);
+    Deadline deadline = Deadline::AfterMs(timeout_ms, clock_);
     if (!registry_.Contains(model, version)) {
       return NotFound("this worker does not publish '" + model + "@" +
                       std::to_string(version.value()) + "'");
@@ -190,8 +184,9 @@ class Client::Impl {
                            const std::vector<TensorRef>& dest,
                            const FetchOptions& opts) {
     std::string model(model_sv);
+    // The stats measure real time; deadlines and pauses run on clock_.
     auto t0 = SteadyClock::now();
-    Deadline deadline = Deadline::AfterMs(opts.timeout_ms);
+    Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
     if (opts.group.size() > 256) {
       return InvalidArgument("reader group id must be at most 256 characters");
     }
@@ -199,7 +194,7 @@ class Client::Impl {
     // a failed fetch (fence and drain the partial copy, tell the hub), so
     // that even a failing fetch returns by its deadline.
     const int64_t reserve_ms = std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
-    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms);
+    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
     TH_ASSIGN_OR_RETURN(
         client::Resolved r,
         ResolveWithin(model, version, work, opts.group, opts.group_step));
@@ -453,6 +448,8 @@ class Client::Impl {
   }
 
   static constexpr int64_t kUnavailableConfirmMs = 200;
+  // Between asks to a hub that did not answer or asked to try again.
+  static constexpr int64_t kHubRetryPauseMs = 100;
 
   // Resolve, retrying while the hub is unreachable (it may be restarting),
   // until the deadline.
@@ -485,7 +482,7 @@ class Client::Impl {
                              std::to_string(kUnavailableConfirmMs) +
                              " ms apart, and lists no holder to try");
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(kUnavailableConfirmMs));
+        clock_.SleepMs(kUnavailableConfirmMs);
         continue;
       }
       if (r.ok()) return r;
@@ -495,7 +492,7 @@ class Client::Impl {
         return r.status();
       }
       testpoint::Hit("fetch.hub_unavailable", ++retryable_answers);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      clock_.SleepMs(kHubRetryPauseMs);
     }
   }
 
@@ -573,6 +570,7 @@ class Client::Impl {
   void HeartbeatLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
+      // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
       cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_interval_ms));
       if (stopping_) break;
       WorkerId id = id_;
@@ -640,6 +638,7 @@ class Client::Impl {
   }
 
   ClientOptions options_;
+  const Clock& clock_;  // not owned (ClientDeps::clock)
   std::unique_ptr<ControlPlane> hub_;
   std::unique_ptr<transport::Transport> transport_;
   Registry registry_;
@@ -654,10 +653,32 @@ class Client::Impl {
   std::thread heartbeat_;
 };
 
-Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  auto impl = std::make_unique<Impl>(options);
+namespace client {
+
+ClientDeps DefaultClientDeps(const ClientOptions& options) {
+  ClientDeps deps;
+  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+  t.secret = options.secret;  // the data plane requires the hub's secret too
+  deps.transport = transport::MakeTcpTransport(t);
+  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret, options.rpc_timeout_ms);
+  deps.clock = &Clock::Real();
+  return deps;
+}
+
+Result<std::unique_ptr<Client>> ClientFactory::Connect(const ClientOptions& options,
+                                                       ClientDeps deps) {
+  if (!deps.transport || !deps.control || deps.clock == nullptr) {
+    return InvalidArgument("client: a transport, a control plane and a clock are all needed");
+  }
+  auto impl = std::make_unique<Client::Impl>(options, std::move(deps));
   TH_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+}  // namespace client
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  return client::ClientFactory::Connect(options, client::DefaultClientDeps(options));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
