@@ -727,17 +727,7 @@ FakeTransport::Serve ServeFrom(const TestVersion& v) {
     for (const Bytes& b : v.data[req.part]) bases.push_back(const_cast<uint8_t*>(b.data()));
     std::vector<iovec> src;
     AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length, &src);
-    size_t si = 0, so = 0;
-    for (const iovec& d : dest) {
-      for (size_t done = 0; done < d.iov_len;) {
-        const size_t n = std::min(d.iov_len - done, src[si].iov_len - so);
-        std::memcpy(static_cast<uint8_t*>(d.iov_base) + done,
-                    static_cast<const uint8_t*>(src[si].iov_base) + so, n);
-        done += n;
-        so += n;
-        if (so == src[si].iov_len) ++si, so = 0;
-      }
-    }
+    if (!transport::CopyPieces(src, dest)) return Internal("test: bad read sizes");
     return Status::Ok();
   };
 }
