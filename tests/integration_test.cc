@@ -9,7 +9,7 @@
 #include <future>
 #include <thread>
 
-#include "client/hub_client.h"
+#include "client/control_plane.h"
 #include "common/deadline.h"
 #include "common/manifest.h"
 #include "demo_model.h"
@@ -78,7 +78,9 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
 // asks for it, and the client sends it whole, so the hub rebuilds the
 // version from the holder alone. A different manifest is refused by digest.
 TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
-  client::HubClient hc(hub_->address(), "", 5000);
+  std::unique_ptr<client::ControlPlane> control =
+      client::MakeGrpcControlPlane(hub_->address(), "", 5000);
+  client::ControlPlane& hc = *control;
   auto w = hc.Register(WorkerId(), "holder", "127.0.0.1:1", {},
                        WorkerClass::kReliable, 5000);
   ASSERT_TRUE(w.ok()) << w.status().ToString();

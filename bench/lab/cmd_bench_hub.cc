@@ -3,7 +3,7 @@
 //  1. The state machine alone (the code the hub process runs, without the
 //     RPC layer), in this process, timed by this thread's CPU clock.
 //  2. The real hub: `tensorhub serve` as a child process, driven over gRPC by
-//     a few client threads through the workers' own RPC layer (HubClient);
+//     a few client threads through the workers' own RPC layer (ControlPlane);
 //     the hub's CPU time is read from /proc/PID/stat around each phase.
 //
 // Phases: N workers register, send one heartbeat each, one of them publishes
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "cli_util.h"
-#include "client/hub_client.h"
+#include "client/control_plane.h"
 #include "hub/hub_state.h"
 #include "subprocess.h"
 
@@ -227,9 +227,9 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
     Result<double> c = ProcessCpuSeconds(hub->pid());
     return c.ok() ? *c : -1.0;
   };
-  std::vector<std::unique_ptr<client::HubClient>> clients;
+  std::vector<std::unique_ptr<client::ControlPlane>> clients;
   for (uint64_t t = 0; t < threads; ++t) {
-    clients.push_back(std::make_unique<client::HubClient>(address, "", 10000));
+    clients.push_back(client::MakeGrpcControlPlane(address, "", 10000));
   }
   // The first call waits (bounded) for the hub to listen; not timed.
   if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {},
@@ -263,7 +263,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
   };
 
   double c0 = cpu();
-  parallel(0, [&](client::HubClient& c, uint64_t i, uint64_t) -> Status {
+  parallel(0, [&](client::ControlPlane& c, uint64_t i, uint64_t) -> Status {
     auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i),
                          LabelsOf(i), WorkerClass::kReliable, 10000);
     if (!id.ok()) return id.status();
@@ -272,7 +272,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
   });
   double c1 = cpu();
   if (failed) return Fail(first_error.WithContext("register"));
-  parallel(0, [&](client::HubClient& c, uint64_t i, uint64_t) {
+  parallel(0, [&](client::ControlPlane& c, uint64_t i, uint64_t) {
     return c.Heartbeat(ids[i]);
   });
   double c2 = cpu();
@@ -289,7 +289,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
   std::vector<client::Resolved> resolved(workers);
   std::vector<Latencies> sched(threads);
   auto wall0 = std::chrono::steady_clock::now();
-  parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) -> Status {
+  parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t) -> Status {
     TH_ASSIGN_OR_RETURN(resolved[i],
                         c.Resolve(ids[i], kModel, Version::Latest(), false));
     if (!resolved[i].manifest.has_value() ||
@@ -299,12 +299,12 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
     return Status::Ok();
   });
   double c4 = cpu();
-  parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) {
+  parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t) {
     return c.AddHolder(ids[i], kModel, resolved[i].version, 2,
                        *resolved[i].manifest, true);
   });
   double c5 = cpu();
-  parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t t) -> Status {
+  parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t t) -> Status {
     auto s0 = std::chrono::steady_clock::now();
     auto srcs = c.Schedule(ids[i], kModel, resolved[i].version, {}, 4);
     auto s1 = std::chrono::steady_clock::now();
@@ -315,7 +315,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
     return Status::Ok();
   });
   double c6 = cpu();
-  parallel(1, [&](client::HubClient& c, uint64_t i, uint64_t) {
+  parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t) {
     return c.AddHolder(ids[i], kModel, resolved[i].version, 2,
                        *resolved[i].manifest);
   });

@@ -28,6 +28,10 @@
 
 namespace tensorhub {
 
+namespace client {
+class ClientFactory;  // internal: builds a Client on other seams (tests)
+}  // namespace client
+
 struct ClientOptions {
   // The hub's control address, HOST:PORT.
   std::string hub_address = "127.0.0.1:7070";
@@ -225,6 +229,7 @@ class Client {
 
  private:
   class Impl;
+  friend class client::ClientFactory;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -15,7 +15,8 @@
 #include <thread>
 
 #include "client/fetcher.h"
-#include "client/hub_client.h"
+#include "client/client_deps.h"
+#include "client/control_plane.h"
 #include "client/registry.h"
 #include "common/checksum.h"
 #include "common/log.h"
@@ -26,15 +27,16 @@
 namespace tensorhub {
 
 using client::Holding;
-using client::HubClient;
+using client::ControlPlane;
 using client::Registry;
 
 class Client::Impl {
  public:
-  explicit Impl(const ClientOptions& options)
+  Impl(const ClientOptions& options, client::ClientDeps deps)
       : options_(options),
-        hub_(options.hub_address, options.secret, options.rpc_timeout_ms),
-        transport_(MakeTransport(options)) {}
+        clock_(*deps.clock),
+        hub_(std::move(deps.control)),
+        transport_(std::move(deps.transport)) {}
 
   ~Impl() {
     {
@@ -51,18 +53,11 @@ class Client::Impl {
       // Only a worker that holds something can hold a last copy.
       const int64_t wait_ms =
           registry_.Snapshot().empty() ? 0 : options_.leave_timeout_ms;
-      Status s = hub_.Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms),
+      Status s = hub_->Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms),
                             wait_ms);
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
     if (server_) server_->Stop();
-  }
-
-  static std::unique_ptr<transport::Transport> MakeTransport(
-      const ClientOptions& options) {
-    transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
-    t.secret = options.secret;  // the data plane requires the hub's secret too
-    return transport::MakeTcpTransport(t);
   }
 
   Status Start() {
@@ -82,7 +77,7 @@ class Client::Impl {
     }
     TH_ASSIGN_OR_RETURN(
         WorkerId id,
-        hub_.Register(WorkerId(), options_.name, data_address_, options_.labels,
+        hub_->Register(WorkerId(), options_.name, data_address_, options_.labels,
                       options_.worker_class, options_.connect_timeout_ms));
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -140,7 +135,7 @@ class Client::Impl {
     // Register locally first: the hub may route a read to us as soon as it
     // has heard of the reference.
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Add(std::move(h)));
-    Status s = hub_.Publish(id(), model, version, opts.rank, opts.group_size,
+    Status s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
                             opts.chunk_bytes, part, epoch, false,
                             opts.timeout_ms);
     if (!s.ok()) {
@@ -155,7 +150,7 @@ class Client::Impl {
   Status Unpublish(std::string_view model_sv, Version version,
                    int64_t timeout_ms, bool force) {
     std::string model(model_sv);
-    Deadline deadline = Deadline::AfterMs(timeout_ms);
+    Deadline deadline = Deadline::AfterMs(timeout_ms, clock_);
     if (!registry_.Contains(model, version)) {
       return NotFound("this worker does not publish '" + model + "@" +
                       std::to_string(version.value()) + "'");
@@ -169,7 +164,7 @@ class Client::Impl {
     // The call itself ends by our deadline even if the hub is unreachable.
     const int64_t call_ms = std::max<int64_t>(
         1, std::min(left_ms, wait_ms + options_.rpc_timeout_ms));
-    Status hs = hub_.Unpublish(id(), model, version, wait_ms, force, call_ms);
+    Status hs = hub_->Unpublish(id(), model, version, wait_ms, force, call_ms);
     if (hs.code() == StatusCode::kFailedPrecondition) return hs;  // kept
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Revoke(model, version));
     if (!hs.ok() && hs.code() != StatusCode::kNotFound) {
@@ -189,8 +184,9 @@ class Client::Impl {
                            const std::vector<TensorRef>& dest,
                            const FetchOptions& opts) {
     std::string model(model_sv);
+    // The stats measure real time; deadlines and pauses run on clock_.
     auto t0 = SteadyClock::now();
-    Deadline deadline = Deadline::AfterMs(opts.timeout_ms);
+    Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
     if (opts.group.size() > 256) {
       return InvalidArgument("reader group id must be at most 256 characters");
     }
@@ -198,7 +194,7 @@ class Client::Impl {
     // a failed fetch (fence and drain the partial copy, tell the hub), so
     // that even a failing fetch returns by its deadline.
     const int64_t reserve_ms = std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
-    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms);
+    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
     TH_ASSIGN_OR_RETURN(
         client::Resolved r,
         ResolveWithin(model, version, work, opts.group, opts.group_step));
@@ -272,13 +268,13 @@ class Client::Impl {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
       Result<client::Scheduled> srcs =
-          hub_.Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
+          hub_->Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
         // Every holder left has failed us once. Failures are often passing
         // (a stall, a dropped connection): ask again without exclusions.
         // The fetcher's per-chunk attempt bound ends a hopeless retry.
-        srcs = hub_.Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
+        srcs = hub_->Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
       client::SourceUpdate update(ToSources(srcs->sources));
@@ -326,13 +322,13 @@ class Client::Impl {
     auto t2 = SteadyClock::now();
     if (!rep.ok()) {
       AbortFill(model, v, fill_epoch, deadline);
-      (void)hub_.FetchDone(id(), model, v, deadline.remaining_ms());
+      (void)hub_->FetchDone(id(), model, v, deadline.remaining_ms());
       return rep.status();
     }
     if (fill_epoch.has_value()) {
       EndFill(model, v, manifest, *fill_epoch, deadline);  // also releases the sources
     } else {
-      Status done = hub_.FetchDone(id(), model, v, deadline.remaining_ms());
+      Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
     FetchStats st;
@@ -347,13 +343,13 @@ class Client::Impl {
     return st;
   }
 
-  Result<std::vector<ModelInfo>> List() { return hub_.List(); }
+  Result<std::vector<ModelInfo>> List() { return hub_->List(); }
 
   Status Retain(std::string_view model, Version version, bool retain) {
     if (version.is_latest()) {
       return InvalidArgument("retain needs a version number, not latest");
     }
-    return hub_.Retain(std::string(model), version, retain);
+    return hub_->Retain(std::string(model), version, retain);
   }
 
   Result<VersionInfo> DescribeVersion(std::string_view model, Version version,
@@ -363,7 +359,7 @@ class Client::Impl {
       return InvalidArgument("reader group id must be at most 256 characters");
     }
     TH_ASSIGN_OR_RETURN(client::Resolved r,
-                        hub_.Resolve(id(), std::string(model), version, true,
+                        hub_->Resolve(id(), std::string(model), version, true,
                                      group, group_step));
     VersionInfo vi;
     vi.model = std::string(model);
@@ -452,6 +448,8 @@ class Client::Impl {
   }
 
   static constexpr int64_t kUnavailableConfirmMs = 200;
+  // Between asks to a hub that did not answer or asked to try again.
+  static constexpr int64_t kHubRetryPauseMs = 100;
 
   // Resolve, retrying while the hub is unreachable (it may be restarting),
   // until the deadline.
@@ -464,7 +462,7 @@ class Client::Impl {
     uint64_t retryable_answers = 0;
     while (true) {
       Result<client::Resolved> r =
-          hub_.Resolve(id(), model, version, false, group, group_step,
+          hub_->Resolve(id(), model, version, false, group, group_step,
                        std::max<int64_t>(1, deadline.remaining_ms()));
       if (r.ok() && r->state == VersionState::kUnavailable) {
         // The hub's own answer (not an unreachable hub): committed, but no
@@ -484,7 +482,7 @@ class Client::Impl {
                              std::to_string(kUnavailableConfirmMs) +
                              " ms apart, and lists no holder to try");
         }
-        std::this_thread::sleep_for(std::chrono::milliseconds(kUnavailableConfirmMs));
+        clock_.SleepMs(kUnavailableConfirmMs);
         continue;
       }
       if (r.ok()) return r;
@@ -494,7 +492,7 @@ class Client::Impl {
         return r.status();
       }
       testpoint::Hit("fetch.hub_unavailable", ++retryable_answers);
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      clock_.SleepMs(kHubRetryPauseMs);
     }
   }
 
@@ -522,7 +520,7 @@ class Client::Impl {
                    << "': " << epoch.status().ToString();
       return std::nullopt;
     }
-    Status s = hub_.AddHolder(id(), model, version, *epoch, manifest,
+    Status s = hub_->AddHolder(id(), model, version, *epoch, manifest,
                               /*filling=*/true, deadline.remaining_ms());
     if (s.ok()) {
       registry_.MarkReported(model, version, *epoch, true);
@@ -536,7 +534,7 @@ class Client::Impl {
   void EndFill(const std::string& model, Version version,
                const Manifest& manifest, uint64_t epoch, const Deadline& deadline) {
     registry_.FinishFill(model, version, epoch);
-    Status s = hub_.AddHolder(id(), model, version, epoch, manifest, false,
+    Status s = hub_->AddHolder(id(), model, version, epoch, manifest, false,
                               deadline.remaining_ms());
     registry_.MarkReported(model, version, epoch, s.ok());
     if (!s.ok()) {
@@ -561,7 +559,7 @@ class Client::Impl {
       if (!d.ok()) TH_LOG(WARN) << "abandoned fetch: " << d.ToString();
     }
     // A filling copy never counts as a copy to keep: no wait, force.
-    Status s = hub_.Unpublish(id(), model, version, 0, /*force=*/true,
+    Status s = hub_->Unpublish(id(), model, version, 0, /*force=*/true,
                               std::max<int64_t>(1, deadline.remaining_ms()));
     if (!s.ok() && s.code() != StatusCode::kNotFound) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -572,11 +570,12 @@ class Client::Impl {
   void HeartbeatLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stopping_) {
+      // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
       cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_interval_ms));
       if (stopping_) break;
       WorkerId id = id_;
       lock.unlock();
-      Status s = hub_.Heartbeat(id);
+      Status s = hub_->Heartbeat(id);
       if (s.code() == StatusCode::kNotFound) {
         TH_LOG(INFO) << "hub forgot worker " << id.value()
                      << " (restart or lease expiry); registering again";
@@ -594,7 +593,7 @@ class Client::Impl {
   // how a restarted hub rebuilds its table.
   void Rejoin(const WorkerId& id) {
     Result<WorkerId> r =
-        hub_.Register(id, options_.name, data_address_, options_.labels,
+        hub_->Register(id, options_.name, data_address_, options_.labels,
                       options_.worker_class, options_.rpc_timeout_ms);
     if (!r.ok()) {
       TH_LOG(WARN) << "re-register: " << r.status().ToString();
@@ -613,7 +612,7 @@ class Client::Impl {
     for (const auto& [m, v] : unpub) {
       // Revoked here already: the bytes are no longer served, so the hub
       // must drop the reference even if it was a retained version's last.
-      Status s = hub_.Unpublish(id, m, v, 0, /*force=*/true);
+      Status s = hub_->Unpublish(id, m, v, 0, /*force=*/true);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
         std::lock_guard<std::mutex> lock(mu_);
         pending_unpublish_.insert({m, v});
@@ -622,10 +621,10 @@ class Client::Impl {
     for (const Holding& h : registry_.Unreported()) {
       Status s;
       if (h.manifest.has_value()) {
-        s = hub_.AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
+        s = hub_->AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
                            h.filling);
       } else {
-        s = hub_.Publish(id, h.model, h.version, *h.rank, h.group_size,
+        s = hub_->Publish(id, h.model, h.version, *h.rank, h.group_size,
                          h.chunk_bytes, h.parts.at(*h.rank), h.epoch, true,
                          options_.rpc_timeout_ms);
       }
@@ -639,7 +638,8 @@ class Client::Impl {
   }
 
   ClientOptions options_;
-  HubClient hub_;
+  const Clock& clock_;  // not owned (ClientDeps::clock)
+  std::unique_ptr<ControlPlane> hub_;
   std::unique_ptr<transport::Transport> transport_;
   Registry registry_;
   std::unique_ptr<transport::Server> server_;
@@ -653,10 +653,32 @@ class Client::Impl {
   std::thread heartbeat_;
 };
 
-Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  auto impl = std::make_unique<Impl>(options);
+namespace client {
+
+ClientDeps DefaultClientDeps(const ClientOptions& options) {
+  ClientDeps deps;
+  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+  t.secret = options.secret;  // the data plane requires the hub's secret too
+  deps.transport = transport::MakeTcpTransport(t);
+  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret, options.rpc_timeout_ms);
+  deps.clock = &Clock::Real();
+  return deps;
+}
+
+Result<std::unique_ptr<Client>> ClientFactory::Connect(const ClientOptions& options,
+                                                       ClientDeps deps) {
+  if (!deps.transport || !deps.control || deps.clock == nullptr) {
+    return InvalidArgument("client: a transport, a control plane and a clock are all needed");
+  }
+  auto impl = std::make_unique<Client::Impl>(options, std::move(deps));
   TH_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+}  // namespace client
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  return client::ClientFactory::Connect(options, client::DefaultClientDeps(options));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -69,7 +69,8 @@ class FetchRun {
           cv_.notify_all();
           return;
         case FetchStep::Kind::kWait:
-          cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(1, step.until_ms - now_ms)));
+          // On the fetch's clock: a simulated one may move on instead.
+          clock_.WaitFor(cv_, lock, std::max<int64_t>(1, step.until_ms - now_ms));
           break;
         case FetchStep::Kind::kSteal:
           // Registered by the stream running it before the plan could pick

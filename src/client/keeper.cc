@@ -49,8 +49,8 @@ Keeper::Keeper(const KeeperOptions& options, std::unique_ptr<Client> client)
       limit_bytes_(options.memory_limit_bytes > 0 ? options.memory_limit_bytes
                                                   : HalfOfPhysicalMemory()),
       client_(std::move(client)),
-      hub_(options.client.hub_address, options.client.secret,
-           options.client.rpc_timeout_ms) {}
+      hub_(MakeGrpcControlPlane(options.client.hub_address, options.client.secret,
+                                options.client.rpc_timeout_ms)) {}
 
 Keeper::~Keeper() {
   Stop();
@@ -88,7 +88,7 @@ void Keeper::Loop() {
       // versions from our heartbeat thread): do not poll, or it would tell
       // us to release them.
     } else if (Result<KeeperPollResult> work =
-                   hub_.KeeperPoll(id(), options_.poll_wait_ms);
+                   hub_->KeeperPoll(id(), options_.poll_wait_ms);
                !work.ok()) {
       // NOT_FOUND: the hub forgot us (restart); the client's heartbeat
       // thread registers again. Else the hub is unreachable for now.
@@ -204,7 +204,7 @@ bool Keeper::Keep(const KeeperItem& item) {
 
 bool Keeper::Repin() {
   for (auto it = repin_.begin(); it != repin_.end();) {
-    Status s = hub_.Retain(it->first, it->second, true);
+    Status s = hub_->Retain(it->first, it->second, true);
     if (s.ok()) {
       pinned_.insert(*it);
       it = repin_.erase(it);

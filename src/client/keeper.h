@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/hub_client.h"
+#include "client/control_plane.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub::client {
@@ -82,7 +82,7 @@ class Keeper {
   const KeeperOptions options_;
   uint64_t limit_bytes_ = 0;
   std::unique_ptr<Client> client_;
-  HubClient hub_;
+  std::unique_ptr<ControlPlane> hub_;
   std::map<Key, Held> held_;     // loop thread only
   std::vector<Held> undrained_;  // loop thread only; freed at exit
   std::set<Key> refused_;        // loop thread only: logged once

@@ -21,10 +21,15 @@
 // deadline (DEADLINE_EXCEEDED) as seen on the deadline's own clock, polled
 // every kStallPollMs of real time.
 //
+// Listen serves a ReadSource (a worker's registry) as one more holder, at
+// the address asked for (a port 0 becomes a fresh number), host memory only:
+// so a Client can run on this transport. Faults apply to it as to any holder.
+//
 // Thread-safety: every method may be called from any thread.
 #ifndef TENSORHUB_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
 #define TENSORHUB_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -43,6 +48,27 @@
 namespace tensorhub::transport {
 
 enum class FaultWhere { kConnect, kReadHeader, kReadBody, kMidChunk };
+
+// Copies the bytes of `src` into `dest`, piece by piece; their sizes add up
+// to the same total (false, and nothing promised about `dest`, otherwise).
+inline bool CopyPieces(std::span<const iovec> src, std::span<const iovec> dest) {
+  size_t si = 0, so = 0;
+  for (const iovec& d : dest) {
+    for (size_t done = 0; done < d.iov_len;) {
+      if (si == src.size()) return false;
+      const size_t n = std::min(d.iov_len - done, src[si].iov_len - so);
+      std::memcpy(static_cast<uint8_t*>(d.iov_base) + done,
+                  static_cast<const uint8_t*>(src[si].iov_base) + so, n);
+      done += n;
+      so += n;
+      if (so == src[si].iov_len) ++si, so = 0;
+    }
+  }
+  for (; si < src.size(); ++si, so = 0) {
+    if (src[si].iov_len > so) return false;
+  }
+  return true;
+}
 enum class FaultWhat { kRefuse, kCorrupt, kStall, kClose };
 
 struct Fault {
@@ -91,11 +117,14 @@ class FakeTransport final : public Transport {
     return it == reads_.end() ? 0 : it->second;
   }
 
-  std::string_view name() const override { return "fake"; }
-  Result<std::unique_ptr<Server>> Listen(const std::string&, ReadSource*,
-                                         const ServerOptions&) override {
-    return FailedPrecondition("the fake transport has no server");
+  void RemoveHolder(const std::string& address) {
+    std::lock_guard<std::mutex> l(mu_);
+    holders_.erase(address);
   }
+
+  std::string_view name() const override { return "fake"; }
+  Result<std::unique_ptr<Server>> Listen(const std::string& host_port, ReadSource* source,
+                                         const ServerOptions& options) override;
   Result<std::unique_ptr<Connection>> Connect(const std::string& address,
                                               const Deadline& deadline) override;
 
@@ -153,7 +182,52 @@ class FakeTransport final : public Transport {
   std::map<std::string, int> reads_;      // guarded by mu_; one per holder
   bool released_ = false;                 // guarded by mu_
   int stalled_ = 0;                       // guarded by mu_
+  int listeners_ = 0;                     // guarded by mu_
 };
+
+// A ReadSource served as a holder of the FakeTransport; Stop withdraws it.
+class FakeServer final : public Server {
+ public:
+  FakeServer(FakeTransport* t, std::string address, ReadSource* source)
+      : t_(t), address_(std::move(address)) {
+    t_->AddHolder(address_, [this, source](const wire::ReadRequest& req,
+                                          std::span<const iovec> dest) -> Status {
+      Result<ServeLease> lease = source->BeginRead(req);
+      if (!lease.ok()) return lease.status();
+      if (!lease->memory.is_host()) return FailedPrecondition("fake: serves host memory only");
+      if (!CopyPieces(lease->pieces, dest)) return Internal("fake: lease and read sizes differ");
+      served_.fetch_add(req.length);
+      return Status::Ok();
+    });
+  }
+  ~FakeServer() override { Stop(); }
+  std::string address() const override { return address_; }
+  void Stop() override {
+    if (!stopped_.exchange(true)) t_->RemoveHolder(address_);
+  }
+  uint64_t bytes_served() const override { return served_.load(); }
+
+ private:
+  FakeTransport* t_;
+  const std::string address_;
+  std::atomic<uint64_t> served_{0};
+  std::atomic<bool> stopped_{false};
+};
+
+inline Result<std::unique_ptr<Server>> FakeTransport::Listen(const std::string& host_port,
+                                                             ReadSource* source,
+                                                             const ServerOptions&) {
+  std::string address = host_port;
+  if (address.size() >= 2 && address.compare(address.size() - 2, 2, ":0") == 0) {
+    std::lock_guard<std::mutex> l(mu_);
+    address = address.substr(0, address.size() - 1) + std::to_string(++listeners_);
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (holders_.count(address) != 0) return FailedPrecondition("fake: " + address + " is taken");
+  }
+  return std::unique_ptr<Server>(std::make_unique<FakeServer>(this, address, source));
+}
 
 class FakeTransport::FakeConnection final : public Connection {
  public:

@@ -38,9 +38,6 @@ using Clock = std::chrono::steady_clock;
 // hangs, and the test checks the reason (the status), not the clock. Waits
 // for a condition are bounded by kGenerousMs too.
 constexpr int64_t kGenerousMs = 30000;
-// A call that must end by its own deadline may overrun it by scheduling
-// delays on a loaded machine; this much is far more than those.
-constexpr milliseconds kOverrunSlack(5000);
 
 // Serves model "m" version 1 epoch 1 part 0 from one buffer, handing the
 // server its bytes as several pieces. Other names are refused with a
@@ -505,10 +502,10 @@ TEST(TcpTransportRawTest, SilentHolderHitsTheReadDeadline) {
   Status s = (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(300));
   auto took = Clock::now() - t0;
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
-  // At its deadline: not before (less a little: waits round to ms), and not
-  // long after (give or take scheduling on a loaded machine).
+  // Not before its deadline (less a little: waits round to ms). How long
+  // after depends on the machine's load, so it is not asserted: a read that
+  // ignored its deadline would hang the test instead.
   EXPECT_GE(took, milliseconds(250));
-  EXPECT_LT(took, milliseconds(300) + kOverrunSlack);
   EXPECT_TRUE((*c)->broken());
 }
 

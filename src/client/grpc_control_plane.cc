@@ -1,15 +1,67 @@
-#include "client/hub_client.h"
-
+// The control plane over gRPC: one channel to the hub, a deadline on every
+// call, the shared secret attached, and protobuf converted to our types at
+// this boundary. The generated gRPC and protobuf types appear in this file
+// only.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <chrono>
 
+#include "client/control_plane.h"
+#include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
 
 namespace tensorhub::client {
+namespace {
 
-HubClient::HubClient(const std::string& address, std::string secret,
+class GrpcControlPlane final : public ControlPlane {
+ public:
+  GrpcControlPlane(const std::string& address, std::string secret, int64_t rpc_timeout_ms);
+
+  Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
+                            const std::string& data_address, const Labels& labels,
+                            WorkerClass worker_class, int64_t timeout_ms) override;
+  Status Heartbeat(const WorkerId& id) override;
+  Status Publish(const WorkerId& id, const std::string& model, Version version, uint32_t rank,
+                 uint32_t group_size, uint64_t chunk_bytes, const PartLayout& part,
+                 uint64_t epoch, bool rebuild, int64_t timeout_ms) override;
+  Status AddHolder(const WorkerId& id, const std::string& model, Version version,
+                   uint64_t epoch, const Manifest& manifest, bool filling,
+                   int64_t timeout_ms) override;
+  Result<Scheduled> Schedule(const WorkerId& reader, const std::string& model,
+                             Version version, const std::vector<WorkerId>& exclude,
+                             uint32_t max_sources, int64_t timeout_ms) override;
+  Status FetchDone(const WorkerId& reader, const std::string& model, Version version,
+                   int64_t timeout_ms) override;
+  Status Unpublish(const WorkerId& id, const std::string& model, Version version,
+                   int64_t wait_ms, bool force, int64_t timeout_ms) override;
+  Result<Resolved> Resolve(const WorkerId& reader, const std::string& model, Version version,
+                           bool include_uncommitted, const std::string& group,
+                           uint64_t group_step, int64_t timeout_ms) override;
+  Result<std::vector<ModelInfo>> List() override;
+  Status Leave(const WorkerId& id, int64_t timeout_ms, int64_t wait_ms) override;
+  Status Retain(const std::string& model, Version version, bool retain) override;
+  Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper, int64_t wait_ms) override;
+
+ private:
+  void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
+  int64_t Within(int64_t timeout_ms) const {
+    return timeout_ms < 0 ? rpc_timeout_ms_ : std::min(timeout_ms, rpc_timeout_ms_);
+  }
+  // One unary call with the secret set and a deadline of timeout_ms.
+  template <typename Req, typename Resp>
+  Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+              Req& req, Resp* resp, const char* what, int64_t timeout_ms);
+  Status Check(const grpc::Status& s, const char* what) const;
+  static Result<ResolvedSource> FromProto(const v1::Holder& h);
+
+  const std::string address_;
+  const std::string secret_;
+  const int64_t rpc_timeout_ms_;
+  std::unique_ptr<v1::Hub::Stub> stub_;
+};
+
+GrpcControlPlane::GrpcControlPlane(const std::string& address, std::string secret,
                      int64_t rpc_timeout_ms)
     : address_(address),
       secret_(std::move(secret)),
@@ -27,7 +79,7 @@ HubClient::HubClient(const std::string& address, std::string secret,
 }
 
 template <typename Req, typename Resp>
-Status HubClient::Call(grpc::Status (v1::Hub::Stub::*method)(
+Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
                            grpc::ClientContext*, const Req&, Resp*),
                        Req& req, Resp* resp, const char* what,
                        int64_t timeout_ms) {
@@ -37,12 +89,12 @@ Status HubClient::Call(grpc::Status (v1::Hub::Stub::*method)(
   return Check((stub_.get()->*method)(&ctx, req, resp), what);
 }
 
-void HubClient::Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const {
+void GrpcControlPlane::Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(timeout_ms));
 }
 
-Status HubClient::Check(const grpc::Status& s, const char* what) const {
+Status GrpcControlPlane::Check(const grpc::Status& s, const char* what) const {
   if (s.ok()) return Status::Ok();
   Status st = wire::FromGrpc(s);
   if (st.code() == StatusCode::kUnavailable ||
@@ -55,7 +107,7 @@ Status HubClient::Check(const grpc::Status& s, const char* what) const {
   return st;
 }
 
-Result<WorkerId> HubClient::Register(const WorkerId& old_id,
+Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
                                      const std::string& name,
                                      const std::string& data_address,
                                      const Labels& labels,
@@ -79,7 +131,7 @@ Result<WorkerId> HubClient::Register(const WorkerId& old_id,
   return WorkerId(resp.worker_id());
 }
 
-Status HubClient::Heartbeat(const WorkerId& id) {
+Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
   v1::HeartbeatRequest req;
   req.set_worker_id(id.value());
   v1::HeartbeatResponse resp;
@@ -87,7 +139,7 @@ Status HubClient::Heartbeat(const WorkerId& id) {
               rpc_timeout_ms_);
 }
 
-Status HubClient::Publish(const WorkerId& id, const std::string& model,
+Status GrpcControlPlane::Publish(const WorkerId& id, const std::string& model,
                           Version version, uint32_t rank, uint32_t group_size,
                           uint64_t chunk_bytes, const PartLayout& part,
                           uint64_t epoch, bool rebuild, int64_t timeout_ms) {
@@ -105,7 +157,7 @@ Status HubClient::Publish(const WorkerId& id, const std::string& model,
   return Call(&v1::Hub::Stub::Publish, req, &resp, "publish", timeout_ms);
 }
 
-Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
+Status GrpcControlPlane::AddHolder(const WorkerId& id, const std::string& model,
                             Version version, uint64_t epoch,
                             const Manifest& manifest, bool filling,
                             int64_t timeout_ms) {
@@ -130,7 +182,7 @@ Status HubClient::AddHolder(const WorkerId& id, const std::string& model,
               Within(timeout_ms));
 }
 
-Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
+Status GrpcControlPlane::Unpublish(const WorkerId& id, const std::string& model,
                             Version version, int64_t wait_ms, bool force,
                             int64_t timeout_ms) {
   v1::UnpublishRequest req;
@@ -146,7 +198,7 @@ Status HubClient::Unpublish(const WorkerId& id, const std::string& model,
                              : std::min(timeout_ms, rpc_timeout_ms_ + wait_ms));
 }
 
-Result<Resolved> HubClient::Resolve(const WorkerId& reader,
+Result<Resolved> GrpcControlPlane::Resolve(const WorkerId& reader,
                                     const std::string& model, Version version,
                                     bool include_uncommitted,
                                     const std::string& group,
@@ -183,7 +235,7 @@ Result<Resolved> HubClient::Resolve(const WorkerId& reader,
   return out;
 }
 
-Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
+Result<ResolvedSource> GrpcControlPlane::FromProto(const v1::Holder& h) {
   ResolvedSource s;
   s.worker = WorkerId(h.worker_id());
   s.data_address = h.data_address();
@@ -205,7 +257,7 @@ Result<ResolvedSource> HubClient::FromProto(const v1::Holder& h) {
   return s;
 }
 
-Result<Scheduled> HubClient::Schedule(
+Result<Scheduled> GrpcControlPlane::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources,
     int64_t timeout_ms) {
@@ -234,7 +286,7 @@ Result<Scheduled> HubClient::Schedule(
   return out;
 }
 
-Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
+Status GrpcControlPlane::FetchDone(const WorkerId& reader, const std::string& model,
                             Version version, int64_t timeout_ms) {
   v1::FetchDoneRequest req;
   req.set_worker_id(reader.value());
@@ -245,7 +297,7 @@ Status HubClient::FetchDone(const WorkerId& reader, const std::string& model,
               Within(timeout_ms));
 }
 
-Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms,
+Status GrpcControlPlane::Leave(const WorkerId& id, int64_t timeout_ms,
                         int64_t wait_ms) {
   v1::LeaveRequest req;
   req.set_worker_id(id.value());
@@ -255,7 +307,7 @@ Status HubClient::Leave(const WorkerId& id, int64_t timeout_ms,
   return Call(&v1::Hub::Stub::Leave, req, &resp, "leave", timeout_ms + wait_ms);
 }
 
-Status HubClient::Retain(const std::string& model, Version version,
+Status GrpcControlPlane::Retain(const std::string& model, Version version,
                          bool retain) {
   v1::RetainRequest req;
   req.set_model(model);
@@ -266,7 +318,7 @@ Status HubClient::Retain(const std::string& model, Version version,
               retain ? "retain" : "unretain", rpc_timeout_ms_);
 }
 
-Result<KeeperPollResult> HubClient::KeeperPoll(const WorkerId& keeper,
+Result<KeeperPollResult> GrpcControlPlane::KeeperPoll(const WorkerId& keeper,
                                                int64_t wait_ms) {
   v1::KeeperPollRequest req;
   req.set_worker_id(keeper.value());
@@ -289,7 +341,7 @@ Result<KeeperPollResult> HubClient::KeeperPoll(const WorkerId& keeper,
   return out;
 }
 
-Result<std::vector<ModelInfo>> HubClient::List() {
+Result<std::vector<ModelInfo>> GrpcControlPlane::List() {
   v1::ListModelsRequest req;
   v1::ListModelsResponse resp;
   TH_RETURN_IF_ERROR(
@@ -313,6 +365,14 @@ Result<std::vector<ModelInfo>> HubClient::List() {
     out.push_back(std::move(mi));
   }
   return out;
+}
+
+}  // namespace
+
+std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
+                                                   std::string secret,
+                                                   int64_t rpc_timeout_ms) {
+  return std::make_unique<GrpcControlPlane>(address, std::move(secret), rpc_timeout_ms);
 }
 
 }  // namespace tensorhub::client

@@ -1,0 +1,317 @@
+// The Client on its seams (client_deps.h): a FakeTransport for the data
+// plane, a scripted in-memory hub for the control plane, and a FakeClock
+// that moves only when the client waits on it. No sockets, no real sleeps:
+// each test runs in simulated time and checks codes and counts, never how
+// long anything took.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include "client/client_deps.h"
+#include "client/control_plane.h"
+#include "common/clock.h"
+#include "tensorhub/client.h"
+#include "transport/fake/fake_transport.h"
+
+namespace tensorhub::client {
+namespace {
+
+using transport::FakeTransport;
+using transport::Fault;
+using transport::FaultWhat;
+using transport::FaultWhere;
+using Bytes = std::vector<uint8_t>;
+
+constexpr char kModel[] = "m";
+constexpr uint64_t kChunkBytes = kMinChunkBytes;
+
+// One version of random bytes (one part, a few tensors) and the holders'
+// way of serving it.
+struct TestVersion {
+  std::vector<Bytes> data;
+  Manifest manifest;
+};
+
+TestVersion MakeVersion(uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  TestVersion v;
+  std::vector<TensorRef> refs;
+  v.data.resize(6);
+  for (size_t i = 0; i < v.data.size(); ++i) {
+    const uint64_t n = 1 + rng() % (3 * kChunkBytes);
+    v.data[i].resize(n);
+    for (uint8_t& x : v.data[i]) x = static_cast<uint8_t>(rng());
+    TensorRef t;
+    t.spec.name = "t" + std::to_string(i);
+    t.spec.dtype = DType::kU8;
+    t.spec.shape = {n};
+    t.data = v.data[i].data();
+    t.bytes = n;
+    refs.push_back(t);
+  }
+  Result<PartLayout> part = BuildPartLayout(0, refs, kChunkBytes);
+  EXPECT_TRUE(part.ok()) << part.status().ToString();
+  v.manifest = Manifest(1, kChunkBytes, {*part});
+  return v;
+}
+
+FakeTransport::Serve ServeFrom(const TestVersion& v) {
+  return [&v](const wire::ReadRequest& req, std::span<const iovec> dest) -> Status {
+    std::vector<uint8_t*> bases;
+    for (const Bytes& b : v.data) bases.push_back(const_cast<uint8_t*>(b.data()));
+    std::vector<iovec> src;
+    AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length, &src);
+    if (!transport::CopyPieces(src, dest)) return Internal("test: bad read sizes");
+    return Status::Ok();
+  };
+}
+
+// A hub that knows one committed version of kModel and answers from a
+// script: its holders, how many answers go to one Schedule, and how many
+// calls to answer UNAVAILABLE first, as a hub rebuilding after a start does.
+class ScriptedHub final : public ControlPlane {
+ public:
+  explicit ScriptedHub(const Manifest& manifest) : manifest_(manifest) {}
+
+  // Script (set before the client runs, or under no race: the client's
+  // calls are on its fetch thread and its heartbeat, which the tests keep
+  // idle).
+  std::vector<ResolvedSource> holders;
+  size_t sources_per_answer = 16;
+  int resolve_unavailable = 0;   // the first this many Resolves: rebuilding
+  int schedule_unavailable = 0;  // the first this many Schedules: rebuilding
+
+  int resolves() const { return Count(resolves_); }
+  int fetch_dones() const { return Count(fetch_dones_); }
+  int forced_unpublishes() const { return Count(forced_unpublishes_); }
+  std::set<std::string> excluded() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return excluded_;
+  }
+
+  Result<WorkerId> Register(const WorkerId&, const std::string&, const std::string&,
+                            const Labels&, WorkerClass, int64_t) override {
+    return WorkerId("reader");
+  }
+  Status Heartbeat(const WorkerId&) override { return Status::Ok(); }
+  Status Publish(const WorkerId&, const std::string&, Version, uint32_t, uint32_t, uint64_t,
+                 const PartLayout&, uint64_t, bool, int64_t) override {
+    return Status::Ok();
+  }
+  Status AddHolder(const WorkerId&, const std::string&, Version, uint64_t, const Manifest&,
+                   bool, int64_t) override {
+    return Status::Ok();
+  }
+  Result<Scheduled> Schedule(const WorkerId&, const std::string& model, Version version,
+                             const std::vector<WorkerId>& exclude, uint32_t max_sources,
+                             int64_t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (schedule_unavailable > 0) {
+      --schedule_unavailable;
+      return Unavailable("schedule: the hub is rebuilding its state; try again");
+    }
+    TH_RETURN_IF_ERROR(Check(model, version));
+    Scheduled out;
+    for (const ResolvedSource& h : holders) {
+      bool skip = false;
+      for (const WorkerId& e : exclude) {
+        excluded_.insert(e.value());
+        skip = skip || e == h.worker;
+      }
+      if (!skip && out.sources.size() < std::min<size_t>(max_sources, sources_per_answer)) {
+        out.sources.push_back(h);
+      }
+    }
+    // As the hub: when every holder is excluded there is none to offer.
+    if (out.sources.empty()) return Unavailable("schedule: no holder left but those excluded");
+    return out;
+  }
+  Status FetchDone(const WorkerId&, const std::string&, Version, int64_t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ++fetch_dones_;
+    return Status::Ok();
+  }
+  Status Unpublish(const WorkerId&, const std::string&, Version, int64_t, bool force,
+                   int64_t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    forced_unpublishes_ += force ? 1 : 0;
+    return Status::Ok();
+  }
+  Result<Resolved> Resolve(const WorkerId&, const std::string& model, Version version, bool,
+                           const std::string&, uint64_t, int64_t) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ++resolves_;
+    if (resolve_unavailable > 0) {
+      --resolve_unavailable;
+      return Unavailable("resolve: the hub is rebuilding its state; try again");
+    }
+    TH_RETURN_IF_ERROR(Check(model, version));
+    Resolved r;
+    r.version = Version(1);
+    r.state = VersionState::kCommitted;
+    r.manifest = manifest_;
+    r.sources = holders;
+    r.num_holders = static_cast<uint32_t>(holders.size());
+    return r;
+  }
+  Result<std::vector<ModelInfo>> List() override { return std::vector<ModelInfo>{}; }
+  Status Leave(const WorkerId&, int64_t, int64_t) override { return Status::Ok(); }
+  Status Retain(const std::string&, Version, bool) override { return Status::Ok(); }
+  Result<KeeperPollResult> KeeperPoll(const WorkerId&, int64_t) override {
+    return KeeperPollResult{};
+  }
+
+ private:
+  static Status Check(const std::string& model, Version version) {
+    if (model != kModel || !(version.is_latest() || version == Version(1))) {
+      return NotFound("no such version");
+    }
+    return Status::Ok();
+  }
+  int Count(const int& n) const {
+    std::lock_guard<std::mutex> l(mu_);
+    return n;
+  }
+
+  const Manifest manifest_;
+  mutable std::mutex mu_;
+  int resolves_ = 0;            // guarded by mu_
+  int fetch_dones_ = 0;         // guarded by mu_
+  int forced_unpublishes_ = 0;  // guarded by mu_
+  std::set<std::string> excluded_;  // guarded by mu_
+};
+
+ResolvedSource Holder(const std::string& name, const TestVersion& v) {
+  ResolvedSource s;
+  s.worker = WorkerId(name);
+  s.data_address = name;
+  s.epoch = 1;
+  s.chunks = {{0, v.manifest.num_chunks()}};
+  return s;
+}
+
+// A client on the fakes. The test keeps pointers to the fakes it hands over.
+class ClientOnFakes : public ::testing::Test {
+ protected:
+  ClientOnFakes() : v_(MakeVersion(7)), clock_(0, FakeClock::Mode::kAdvanceOnWait) {
+    auto transport = std::make_unique<FakeTransport>();
+    auto hub = std::make_unique<ScriptedHub>(v_.manifest);
+    transport_ = transport.get();
+    hub_ = hub.get();
+    deps_.transport = std::move(transport);
+    deps_.control = std::move(hub);
+    deps_.clock = &clock_;
+  }
+
+  std::unique_ptr<Client> Connect() {
+    ClientOptions o;
+    o.heartbeat_interval_ms = 3600 * 1000;  // no heartbeat during a test
+    o.leave_timeout_ms = 0;
+    Result<std::unique_ptr<Client>> c = ClientFactory::Connect(o, std::move(deps_));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Fetches kModel@1 into dest_ on one stream, so that one thread waits on
+  // the clock and the run is the same every time.
+  Result<FetchStats> Fetch(Client& c) {
+    dest_.assign(v_.data.size(), Bytes());
+    std::vector<TensorRef> refs;
+    for (size_t i = 0; i < v_.data.size(); ++i) {
+      dest_[i].resize(v_.data[i].size());
+      TensorRef t;
+      t.spec.name = "t" + std::to_string(i);
+      t.spec.dtype = DType::kU8;
+      t.spec.shape = {dest_[i].size()};
+      t.data = dest_[i].data();
+      t.bytes = dest_[i].size();
+      refs.push_back(t);
+    }
+    FetchOptions fo;
+    fo.connections = 1;
+    fo.timeout_ms = 60000;  // simulated
+    return c.Fetch(kModel, Version(1), refs, fo);
+  }
+
+  TestVersion v_;
+  FakeClock clock_;
+  ClientDeps deps_;
+  FakeTransport* transport_ = nullptr;  // owned by the client (deps_ first)
+  ScriptedHub* hub_ = nullptr;          // owned by the client (deps_ first)
+  std::vector<Bytes> dest_;
+};
+
+// The hub names one holder at a time. The first refuses every read: the
+// fetch asks the hub again, excluding it, and reads everything from the
+// second.
+TEST_F(ClientOnFakes, FetchFailsOverWhenAHolderRefusesReads) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  transport_->AddHolder("b", ServeFrom(v_));
+  transport_->Inject(Fault{"a", FaultWhere::kReadHeader, FaultWhat::kRefuse, 0, -1});
+  hub_->holders = {Holder("a", v_), Holder("b", v_)};
+  hub_->sources_per_answer = 1;
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(dest_, v_.data);
+  EXPECT_GE(transport_->fired(FaultWhere::kReadHeader), 1);
+  EXPECT_EQ(hub_->excluded(), std::set<std::string>{"a"});
+  ASSERT_EQ(r->sources.size(), 1u);
+  EXPECT_EQ(r->sources[0].address, "b");
+  EXPECT_GE(r->chunk_retries, 1u);
+  EXPECT_EQ(hub_->fetch_dones(), 0);  // a serving fetch reports itself as a holder instead
+}
+
+// A hub that has just started answers UNAVAILABLE while it rebuilds its
+// table: the client asks again, pausing on its clock, and the fetch
+// succeeds once the hub answers.
+TEST_F(ClientOnFakes, FetchWaitsOutAHubRebuildingItsState) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  hub_->holders = {Holder("a", v_)};
+  hub_->resolve_unavailable = 3;
+  hub_->schedule_unavailable = 1;
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  const int64_t start_ms = clock_.NowMs();
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(dest_, v_.data);
+  EXPECT_EQ(hub_->resolves(), 4);
+  // The three pauses were taken on the client's clock (simulated time).
+  EXPECT_GE(clock_.NowMs() - start_ms, 300);
+}
+
+// Every holder serves bytes that fail their checksum: the fetch ends with
+// DATA_LOSS (asking again will not help), gives up its partial copy at the
+// hub, and leaves the destination to the caller.
+TEST_F(ClientOnFakes, FetchFromACorruptOnlyHolderFailsWithDataLoss) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  transport_->Inject(Fault{"a", FaultWhere::kReadBody, FaultWhat::kCorrupt, 0, -1});
+  hub_->holders = {Holder("a", v_)};
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_GE(transport_->fired(FaultWhere::kReadBody), 1);
+  EXPECT_EQ(hub_->forced_unpublishes(), 1);  // the filling copy withdrawn
+  EXPECT_EQ(hub_->fetch_dones(), 1);
+}
+
+// A version the hub does not know ends the fetch at once with NOT_FOUND,
+// with no read made.
+TEST_F(ClientOnFakes, FetchOfAnUnknownVersionIsNotFound) {
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  std::vector<TensorRef> none;
+  Result<FetchStats> r = c->Fetch(kModel, Version(9), none, FetchOptions{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace tensorhub::client

@@ -1,0 +1,137 @@
+// What the worker library needs from the hub: the control plane, as an
+// interface in our own types. The product talks to the hub over gRPC
+// (MakeGrpcControlPlane; the generated code stays in its .cc file); tests
+// put an in-memory one in its place (src/client/client_test.cc), the way
+// LevelDB tests replace its Env.
+//
+// Every call takes a deadline in milliseconds and returns by it; an
+// unreachable hub, or one asking to try again (rebuilding its state after a
+// start), is UNAVAILABLE or DEADLINE_EXCEEDED, worth a retry. Other codes
+// are the hub's considered answer.
+//
+// Threads: implementations are safe to call from several threads at once.
+// The default arguments are written here only; implementations repeat none.
+#ifndef TENSORHUB_CLIENT_CONTROL_PLANE_H_
+#define TENSORHUB_CLIENT_CONTROL_PLANE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/manifest.h"
+#include "tensorhub/client.h"
+#include "tensorhub/status.h"
+
+namespace tensorhub::client {
+
+struct ResolvedSource {
+  WorkerId worker;
+  std::string data_address;
+  Labels labels;
+  WorkerClass worker_class = WorkerClass::kReliable;
+  uint64_t epoch = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
+  bool filling = false;
+};
+
+struct Resolved {
+  Version version;
+  VersionState state = VersionState::kPending;
+  std::optional<Manifest> manifest;
+  std::vector<ResolvedSource> sources;  // the nearest (the hub bounds them)
+  uint32_t num_holders = 0;             // all holders but this worker
+  bool retained = false;
+};
+
+// A Schedule answer. `unavailable` is set (with the hub's reason, and no
+// sources) when the hub itself answered that the version is committed but
+// no live worker holds all of its chunks. The hub gives that answer only
+// past its rebuild window after a start; while rebuilding, and when it
+// cannot be reached, Schedule returns an UNAVAILABLE error instead, so the
+// caller can tell a considered answer from a passing one.
+struct Scheduled {
+  std::vector<ResolvedSource> sources;
+  std::optional<std::string> unavailable;
+};
+
+// A keeper's work from KeeperPoll: (model, version, total bytes).
+struct KeeperItem {
+  std::string model;
+  Version version;
+  uint64_t total_bytes = 0;
+};
+struct KeeperPollResult {
+  std::vector<KeeperItem> fetch;
+  std::vector<KeeperItem> release;
+  std::vector<KeeperItem> pinned;
+  uint64_t hub_incarnation = 0;
+};
+
+class ControlPlane {
+ public:
+  virtual ~ControlPlane() = default;
+
+  virtual Result<WorkerId> Register(const WorkerId& old_id,
+                                    const std::string& name,
+                                    const std::string& data_address,
+                                    const Labels& labels,
+                                    WorkerClass worker_class,
+                                    int64_t timeout_ms) = 0;
+  virtual Status Heartbeat(const WorkerId& id) = 0;
+  virtual Status Publish(const WorkerId& id, const std::string& model,
+                         Version version, uint32_t rank, uint32_t group_size,
+                         uint64_t chunk_bytes, const PartLayout& part,
+                         uint64_t epoch, bool rebuild, int64_t timeout_ms) = 0;
+  // `timeout_ms` below: the caller's time left; the call waits at most the
+  // smaller of it and rpc_timeout_ms (-1: rpc_timeout_ms), so a call made
+  // on behalf of a fetch or unpublish never outlives that call's deadline.
+  // AddHolder names the manifest by its digest; sends it whole only when the
+  // hub asks (need_manifest: it restarted), so a report costs the hub O(1).
+  virtual Status AddHolder(const WorkerId& id, const std::string& model,
+                           Version version, uint64_t epoch,
+                           const Manifest& manifest, bool filling = false,
+                           int64_t timeout_ms = -1) = 0;
+  virtual Result<Scheduled> Schedule(const WorkerId& reader,
+                                     const std::string& model, Version version,
+                                     const std::vector<WorkerId>& exclude,
+                                     uint32_t max_sources,
+                                     int64_t timeout_ms = -1) = 0;
+  virtual Status FetchDone(const WorkerId& reader, const std::string& model,
+                           Version version, int64_t timeout_ms = -1) = 0;
+  // wait_ms: how long the hub may hold the call waiting for a reliable
+  // copy of a retained version. force: drop the reference even so. The
+  // call waits at most the smaller of timeout_ms and rpc_timeout_ms + wait_ms.
+  virtual Status Unpublish(const WorkerId& id, const std::string& model,
+                           Version version, int64_t wait_ms = 0,
+                           bool force = false, int64_t timeout_ms = -1) = 0;
+  // group non-empty with Version::Latest(): the reader group's pinned
+  // version for group_step.
+  virtual Result<Resolved> Resolve(const WorkerId& reader,
+                                   const std::string& model, Version version,
+                                   bool include_uncommitted,
+                                   const std::string& group = "",
+                                   uint64_t group_step = 0,
+                                   int64_t timeout_ms = -1) = 0;
+  virtual Result<std::vector<ModelInfo>> List() = 0;
+  // wait_ms: as for Unpublish, for every retained version it holds the
+  // last copy of; it leaves all the same.
+  virtual Status Leave(const WorkerId& id, int64_t timeout_ms,
+                       int64_t wait_ms = 0) = 0;
+  virtual Status Retain(const std::string& model, Version version,
+                        bool retain) = 0;
+  virtual Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
+                                              int64_t wait_ms) = 0;
+};
+
+// The hub over gRPC at `address` (HOST:PORT), `secret` attached to every
+// call. Each call waits at most rpc_timeout_ms (and at most the caller's
+// timeout_ms where one is given). Connects lazily: never fails here.
+std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
+                                                   std::string secret,
+                                                   int64_t rpc_timeout_ms);
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_CONTROL_PLANE_H_
