@@ -28,8 +28,12 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
 fi
 
 if [ "${SKIP_TSAN:-0}" != "1" ]; then
-  step "ThreadSanitizer build"
-  bash scripts/build.sh build-tsan -DTH_BUILD_TESTS=ON -DTH_TSAN=ON
+  step "ThreadSanitizer build (clang, with -Wthread-safety)"
+  # Built with clang, which also checks the lock annotations
+  # (-Wthread-safety, src/common/mutex.h) as errors; CUDA off (nvcc's host
+  # compiler is GCC, and no GPU test runs here).
+  CC=clang-14 CXX=clang++-14 bash scripts/build.sh build-tsan -DTH_BUILD_TESTS=ON -DTH_TSAN=ON \
+    -DTH_THREAD_SAFETY=ON -DTH_CUDA=OFF
   step "GoogleTest suite (ThreadSanitizer)"
   # Suppressions name third-party code only, each with its reason. Every
   # binary but multiprocess_test: its threads are the client's and the hub's,

@@ -336,6 +336,9 @@ int CmdBenchLocal(int argc, char** argv) {
               *probe > 0 ? "" : " (NOT the intra-host path: see the holder's log)");
   double local = 0, tcp = 0, mc = 0, raw = 0;
   std::vector<double> ratios;  // intra-host / memcpy, per run
+  // A copy: a lambda may not capture a structured binding before C++20's
+  // P1091 (clang 14 rejects it).
+  const std::string holder_digest = digest;
   auto fetch = [&](Client& c) -> Result<double> {
     FetchOptions fo;
     fo.serve = false;
@@ -343,7 +346,9 @@ int CmdBenchLocal(int argc, char** argv) {
     std::memset(dst_base, 0, total);  // so a fetch that wrote nothing fails
     auto st = c.Fetch(kModel, Version(1), dest.tensors(), fo);
     if (!st.ok()) return st.status();
-    if (digest != Hex(dest.Digest())) return DataLoss("fetched bytes differ from the holder's");
+    if (holder_digest != Hex(dest.Digest())) {
+      return DataLoss("fetched bytes differ from the holder's");
+    }
     return st->bytes / st->seconds / 1e9;
   };
   for (uint64_t r = 0; r < f.repeat; ++r) {

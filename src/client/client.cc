@@ -20,6 +20,7 @@
 #include "client/registry.h"
 #include "common/checksum.h"
 #include "common/log.h"
+#include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
 #include "transport/tcp/tcp_transport.h"
@@ -40,7 +41,7 @@ class Client::Impl {
 
   ~Impl() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
@@ -80,7 +81,7 @@ class Client::Impl {
         hub_->Register(WorkerId(), options_.name, data_address_, options_.labels,
                       options_.worker_class, options_.connect_timeout_ms));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       id_ = id;
     }
     heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -174,7 +175,7 @@ class Client::Impl {
       TH_LOG(WARN) << "unpublish '" << model << "@" << version.value()
                    << "': hub not told yet (" << hs.ToString()
                    << "); will retry";
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       pending_unpublish_.insert({model, version});
     }
     return registry_.Drain(model, version, epoch, deadline);
@@ -396,7 +397,7 @@ class Client::Impl {
   }
 
   WorkerId id() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     return id_;
   }
   const WorkerId& id_ref() const { return id_; }
@@ -562,19 +563,19 @@ class Client::Impl {
     Status s = hub_->Unpublish(id(), model, version, 0, /*force=*/true,
                               std::max<int64_t>(1, deadline.remaining_ms()));
     if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       pending_unpublish_.insert({model, version});
     }
   }
 
   void HeartbeatLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (!stopping_) {
       // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
-      cv_.wait_for(lock, std::chrono::milliseconds(options_.heartbeat_interval_ms));
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(options_.heartbeat_interval_ms));
       if (stopping_) break;
       WorkerId id = id_;
-      lock.unlock();
+      lock.Unlock();
       Status s = hub_->Heartbeat(id);
       if (s.code() == StatusCode::kNotFound) {
         TH_LOG(INFO) << "hub forgot worker " << id.value()
@@ -585,7 +586,7 @@ class Client::Impl {
       } else {
         RetryPending(id);
       }
-      lock.lock();
+      lock.Lock();
     }
   }
 
@@ -606,7 +607,7 @@ class Client::Impl {
   void RetryPending(const WorkerId& id) {
     std::set<std::pair<std::string, Version>> unpub;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       unpub.swap(pending_unpublish_);
     }
     for (const auto& [m, v] : unpub) {
@@ -614,7 +615,7 @@ class Client::Impl {
       // must drop the reference even if it was a retained version's last.
       Status s = hub_->Unpublish(id, m, v, 0, /*force=*/true);
       if (!s.ok() && s.code() != StatusCode::kNotFound) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(mu_);
         pending_unpublish_.insert({m, v});
       }
     }
@@ -645,11 +646,11 @@ class Client::Impl {
   std::unique_ptr<transport::Server> server_;
   std::string data_address_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  WorkerId id_;                                              // guarded by mu_
-  bool stopping_ = false;                                    // guarded by mu_
-  std::set<std::pair<std::string, Version>> pending_unpublish_;  // guarded by mu_
+  WorkerId id_ TH_GUARDED_BY(mu_);
+  bool stopping_ TH_GUARDED_BY(mu_) = false;
+  std::set<std::pair<std::string, Version>> pending_unpublish_ TH_GUARDED_BY(mu_);
   std::thread heartbeat_;
 };
 

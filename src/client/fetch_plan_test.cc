@@ -74,8 +74,7 @@ class Sim {
  public:
   Sim(const Manifest& m, std::vector<SimHolder> holders, FetcherOptions o, int64_t deadline_ms,
       SimRefresher refresher = nullptr, size_t max_sources = kFetchMaxSources)
-      : manifest_(m),
-        options_(o),
+      : options_(o),
         deadline_ms_(deadline_ms),
         refresher_(std::move(refresher)),
         plan_("m@1", m, Sources(holders), static_cast<bool>(refresher_), o, 0, deadline_ms,
@@ -215,7 +214,6 @@ class Sim {
     return true;
   }
 
-  const Manifest& manifest_;
   const FetcherOptions options_;
   const int64_t deadline_ms_;
   SimRefresher refresher_;

@@ -9,6 +9,7 @@
 
 #include "client/fetch_plan.h"
 #include "common/checksum.h"
+#include "common/mutex.h"
 #include "common/test_point.h"
 
 namespace tensorhub::client {
@@ -38,12 +39,17 @@ class FetchRun {
   Result<FetchReport> Run() {
     const uint64_t total_chunks = job_.manifest->num_chunks();
     const int n = std::max(1, std::min<int>(options_.streams, static_cast<int>(total_chunks)));
-    running_ = n;
+    {
+      MutexLock lock(mu_);
+      running_ = n;
+    }
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) threads.emplace_back([this] { Stream(); });
     DeliverProgress();
     for (std::thread& t : threads) t.join();
-    // Every stream has ended: nothing else touches the plan now.
+    // Every stream has ended: nothing else touches the plan now (the lock
+    // is for the analysis, which cannot know that).
+    MutexLock lock(mu_);
     if (!plan_.error().ok()) return plan_.error();
     if (plan_.chunks_done() != total_chunks) {
       return Internal("fetch ended with " + std::to_string(total_chunks - plan_.chunks_done()) +
@@ -59,7 +65,7 @@ class FetchRun {
   void Stream() {
     Conns conns;  // this stream's, one per address it read from lately
     std::vector<iovec> pieces;
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (;;) {
       const int64_t now_ms = clock_.NowMs();
       FetchStep step = plan_.NextStep(now_ms);
@@ -70,7 +76,7 @@ class FetchRun {
           return;
         case FetchStep::Kind::kWait:
           // On the fetch's clock: a simulated one may move on instead.
-          clock_.WaitFor(cv_, lock, std::max<int64_t>(1, step.until_ms - now_ms));
+          clock_.WaitFor(cv_, lock.native(), std::max<int64_t>(1, step.until_ms - now_ms));
           break;
         case FetchStep::Kind::kSteal:
           // Registered by the stream running it before the plan could pick
@@ -79,38 +85,41 @@ class FetchRun {
           cancellable_.at(step.chunk)->Cancel();
           break;
         case FetchStep::Kind::kRefresh: {
-          lock.unlock();
+          lock.Unlock();
           Result<SourceUpdate> fresh = refresh_(step.failed);
-          lock.lock();
+          lock.Lock();
           plan_.SourcesRefreshed(clock_.NowMs(), std::move(fresh));
           cv_.notify_all();
           break;
         }
-        case FetchStep::Kind::kRead:
-          DoRead(lock, step, conns, &pieces);
+        case FetchStep::Kind::kRead: {
+          lock.Unlock();
+          Status st = ReadChunk(conns, step, job_.manifest->Chunk(step.chunk), &pieces);
+          lock.Lock();
+          const uint64_t done_now = FinishRead(step, st, conns);
+          if (done_now == 0) break;
+          lock.Unlock();
+          if (options_.on_chunk) options_.on_chunk(step.chunk);
+          testpoint::Hit("fetcher.chunk_done", done_now);
+          lock.Lock();
           break;
+        }
       }
     }
   }
 
-  void DoRead(std::unique_lock<std::mutex>& lock, const FetchStep& step, Conns& conns,
-              std::vector<iovec>* pieces) {
-    lock.unlock();
-    const ChunkLoc loc = job_.manifest->Chunk(step.chunk);
-    Status st = ReadChunk(conns, step, loc, pieces);
-    lock.lock();
+  // Hands a finished read to the plan. Returns the chunks done so far if
+  // the read succeeded, else 0.
+  uint64_t FinishRead(const FetchStep& step, const Status& st, Conns& conns)
+      TH_REQUIRES(mu_) {
     cancellable_.erase(step.chunk);
     plan_.ReadFinished(clock_.NowMs(), step.chunk, st);
     cv_.notify_all();
     if (!st.ok()) {
       conns.erase(step.address);
-      return;
+      return 0;
     }
-    const uint64_t done_now = plan_.chunks_done();
-    lock.unlock();
-    if (options_.on_chunk) options_.on_chunk(step.chunk);
-    testpoint::Hit("fetcher.chunk_done", done_now);
-    lock.lock();
+    return plan_.chunks_done();
   }
 
   Status ReadChunk(Conns& conns, const FetchStep& step, const ChunkLoc& loc,
@@ -125,7 +134,7 @@ class FetchRun {
     {
       // From here until this stream erases the entry, a stealing stream may
       // Cancel the connection.
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       cancellable_[step.chunk] = it->second.get();
       plan_.ReadConnected(step.chunk);
     }
@@ -160,15 +169,15 @@ class FetchRun {
   void DeliverProgress() {
     static constexpr int64_t kProgressIntervalMs = 50;
     uint64_t reported = 0;
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     while (running_ > 0) {
-      cv_.wait_for(lock, std::chrono::milliseconds(kProgressIntervalMs));
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(kProgressIntervalMs));
       const uint64_t bytes = plan_.bytes_done();
       if (!options_.on_progress || bytes == reported || running_ == 0) continue;
       reported = bytes;
-      lock.unlock();
+      lock.Unlock();
       options_.on_progress(FetchProgress{bytes, job_.manifest->total_bytes()});
-      lock.lock();
+      lock.Lock();
     }
   }
 
@@ -180,12 +189,12 @@ class FetchRun {
   // Every time the fetch reads comes from the deadline's clock.
   const Clock& clock_;
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;  // any news for the plan, or a stream ended
-  FetchPlan plan_;              // guarded by mu_
+  FetchPlan plan_ TH_GUARDED_BY(mu_);
   // The connection each connected read runs on; at most one per stream.
-  std::map<uint64_t, transport::Connection*> cancellable_;  // guarded by mu_
-  int running_ = 0;                                         // streams; guarded by mu_
+  std::map<uint64_t, transport::Connection*> cancellable_ TH_GUARDED_BY(mu_);
+  int running_ TH_GUARDED_BY(mu_) = 0;  // streams
 };
 
 }  // namespace

@@ -63,7 +63,7 @@ Keeper::~Keeper() {
 
 void Keeper::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -71,12 +71,12 @@ void Keeper::Stop() {
 }
 
 bool Keeper::Stopping() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stopping_;
 }
 
 KeeperStats Keeper::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
@@ -134,9 +134,9 @@ void Keeper::Loop() {
     if (!progress) {
       // Nothing we could do (hub away, memory full, fetch failing): do not
       // spin on the same answer.
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(500),
-                   [this] { return stopping_; });
+      MutexLock lock(mu_);
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(500),
+                   [this]() TH_REQUIRES(mu_) { return stopping_; });
     }
   }
 }
@@ -152,7 +152,7 @@ bool Keeper::Keep(const KeeperItem& item) {
                     << item.total_bytes << " bytes; holding " << used << " of "
                     << limit_bytes_ << "). Start another keeper "
                     << "or raise --memory-limit";
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       ++stats_.refused;
     }
     return false;
@@ -160,7 +160,7 @@ bool Keeper::Keep(const KeeperItem& item) {
   auto fail = [&](const Status& s) {
     TH_LOG(WARN) << "keeper could not copy " << Name(item) << ": "
                  << s.ToString();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++stats_.failed;
     return false;
   };
@@ -195,7 +195,7 @@ bool Keeper::Keep(const KeeperItem& item) {
                << " bytes, copied in " << secs << " s)";
   held_[key] = std::move(h);
   refused_.erase(key);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.fetched;
   stats_.versions_held = held_.size();
   stats_.bytes_held += item.total_bytes;
@@ -247,7 +247,7 @@ bool Keeper::Drop(const KeeperItem& item) {
   held_.erase(it);
   refused_.clear();  // room again: retry and re-log what did not fit
   TH_LOG(INFO) << "keeper released " << Name(item) << " (no longer retained)";
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.released;
   stats_.versions_held = held_.size();
   stats_.bytes_held -= std::min(stats_.bytes_held, size);

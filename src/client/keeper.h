@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/control_plane.h"
+#include "common/mutex.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub::client {
@@ -96,10 +97,10 @@ class Keeper {
   int64_t repin_deadline_ms_ = 0;
   int64_t release_after_ms_ = 0;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  KeeperStats stats_;      // guarded by mu_
+  bool stopping_ TH_GUARDED_BY(mu_) = false;
+  KeeperStats stats_ TH_GUARDED_BY(mu_);
   std::thread thread_;
 };
 
