@@ -47,9 +47,9 @@ Result<double> Best(int reps, uint64_t bytes, Fn&& fn) {
 
 // Reads [0, bytes) of the holder's part in `chunk` pieces over `streams`
 // connections in parallel.
-Status ParallelRead(transport::Transport& t, const std::string& addr, uint64_t epoch,
-                    uint8_t* dest, uint64_t bytes, uint64_t chunk, int streams, bool device,
-                    bool verify) {
+Status ParallelRead(transport::Transport& t, const std::string& addr,
+                    uint64_t epoch, uint8_t* dest, uint64_t bytes,
+                    uint64_t chunk, int streams, bool device, bool verify) {
   std::atomic<uint64_t> next{0};
   std::vector<Status> errors(streams);
   std::vector<std::thread> threads;
@@ -71,10 +71,12 @@ Status ParallelRead(transport::Transport& t, const std::string& addr, uint64_t e
         req.length = std::min(chunk, bytes - off);
         iovec v{dest + off, req.length};
         uint64_t sum = 0;
-        Status s = device ? (*conn)->ReadDevice(req, {&v, 1}, 0, Deadline::AfterMs(60000),
-                                                verify ? &sum : nullptr)
-                          : (*conn)->Read(req, {&v, 1}, Deadline::AfterMs(60000),
-                                          verify ? &sum : nullptr);
+        Status s =
+            device
+                ? (*conn)->ReadDevice(req, {&v, 1}, 0, Deadline::AfterMs(60000),
+                                      verify ? &sum : nullptr)
+                : (*conn)->Read(req, {&v, 1}, Deadline::AfterMs(60000),
+                                verify ? &sum : nullptr);
         if (!s.ok()) {
           errors[i] = s;
           return;
@@ -88,10 +90,13 @@ Status ParallelRead(transport::Transport& t, const std::string& addr, uint64_t e
 }
 
 int Run(int argc, char** argv) {
-  auto args = cli::ParseArgs(argc, argv, 1, {"bytes", "chunk", "streams", "reps"}, {});
+  auto args =
+      cli::ParseArgs(argc, argv, 1, {"bytes", "chunk", "streams", "reps"}, {});
   if (!args.ok()) return cli::Fail(args.status());
-  const uint64_t bytes = OrElse(cli::ParseBytes(args->Get("bytes", "1GiB")), 1ull << 30);
-  const uint64_t chunk = OrElse(cli::ParseBytes(args->Get("chunk", "64MiB")), 64ull << 20);
+  const uint64_t bytes =
+      OrElse(cli::ParseBytes(args->Get("bytes", "1GiB")), 1ull << 30);
+  const uint64_t chunk =
+      OrElse(cli::ParseBytes(args->Get("chunk", "64MiB")), 64ull << 20);
   const int streams = static_cast<int>(OrElse(args->GetU64("streams", 4), 4));
   const int reps = static_cast<int>(OrElse(args->GetU64("reps", 3), 3));
   std::string why;
@@ -102,10 +107,12 @@ int Run(int argc, char** argv) {
   auto src = cuda::DeviceBuffer::Allocate(0, bytes);
   auto dst = cuda::DeviceBuffer::Allocate(0, bytes + 1001);
   auto stream = cuda::Stream::Create(0);
-  if (!src.ok() || !dst.ok() || !stream.ok()) return cli::Fail(Internal("allocation failed"));
+  if (!src.ok() || !dst.ok() || !stream.ok())
+    return cli::Fail(Internal("allocation failed"));
   cuda::Stream& s = **stream;
   std::printf("gpu_bench: %s, chunk %s, %d streams, best of %d\n",
-              cli::FormatBytes(bytes).c_str(), cli::FormatBytes(chunk).c_str(), streams, reps);
+              cli::FormatBytes(bytes).c_str(), cli::FormatBytes(chunk).c_str(),
+              streams, reps);
 
   // Limits.
   auto d2d = Best(reps, bytes, [&] {
@@ -117,13 +124,15 @@ int Run(int argc, char** argv) {
   const uint64_t pb = cuda::StagingPool().buffer_bytes();
   auto d2h = Best(reps, bytes, [&] {
     for (uint64_t off = 0; off < bytes; off += pb) {
-      TH_RETURN_IF_ERROR(s.CopyAsync(pinned->buffer(0), (*src)->data() + off, std::min(pb, bytes - off)));
+      TH_RETURN_IF_ERROR(s.CopyAsync(pinned->buffer(0), (*src)->data() + off,
+                                     std::min(pb, bytes - off)));
     }
     return s.Synchronize();
   });
   auto h2d = Best(reps, bytes, [&] {
     for (uint64_t off = 0; off < bytes; off += pb) {
-      TH_RETURN_IF_ERROR(s.CopyAsync((*dst)->data() + off, pinned->buffer(0), std::min(pb, bytes - off)));
+      TH_RETURN_IF_ERROR(s.CopyAsync((*dst)->data() + off, pinned->buffer(0),
+                                     std::min(pb, bytes - off)));
     }
     return s.Synchronize();
   });
@@ -141,20 +150,24 @@ int Run(int argc, char** argv) {
     return Status::Ok();
   });
   std::printf("limit  cudaMemcpy D2D            %8.2f GB/s\n", *d2d);
-  std::printf("limit  cudaMemcpy D2H to pinned  %8.2f GB/s (4 MiB copies)\n", *d2h);
-  std::printf("limit  cudaMemcpy H2D from pinned%8.2f GB/s (4 MiB copies)\n", *h2d);
-  std::printf("device XXH3-64, one %s input      %8.2f GB/s\n", cli::FormatBytes(bytes).c_str(),
-              OrElse(hash, 0.0));
-  std::printf("device XXH3-64, %s chunks, serial %8.2f GB/s\n", cli::FormatBytes(chunk).c_str(),
-              OrElse(hash_chunks, 0.0));
+  std::printf("limit  cudaMemcpy D2H to pinned  %8.2f GB/s (4 MiB copies)\n",
+              *d2h);
+  std::printf("limit  cudaMemcpy H2D from pinned%8.2f GB/s (4 MiB copies)\n",
+              *h2d);
+  std::printf("device XXH3-64, one %s input      %8.2f GB/s\n",
+              cli::FormatBytes(bytes).c_str(), OrElse(hash, 0.0));
+  std::printf("device XXH3-64, %s chunks, serial %8.2f GB/s\n",
+              cli::FormatBytes(chunk).c_str(), OrElse(hash_chunks, 0.0));
 
   // The holder process.
-  auto holder = cli::Subprocess::Spawn({"--role=serve", "--memory", "cuda", "--bytes",
-                                        std::to_string(bytes), "--tensors", "1"},
-                                       {"TENSORHUB_LOG=warn"});
+  auto holder =
+      cli::Subprocess::Spawn({"--role=serve", "--memory", "cuda", "--bytes",
+                              std::to_string(bytes), "--tensors", "1"},
+                             {"TENSORHUB_LOG=warn"});
   if (!holder.ok()) return cli::Fail(holder.status());
   auto ready = holder->ReadLine(Deadline::AfterMs(120000));
-  if (!ready.ok() || ready->rfind("ready ", 0) != 0) return cli::Fail(Internal("holder did not start"));
+  if (!ready.ok() || ready->rfind("ready ", 0) != 0)
+    return cli::Fail(Internal("holder did not start"));
   std::string rest = ready->substr(6);
   std::string addr = rest.substr(0, rest.find(' '));
   uint64_t epoch = std::stoull(rest.substr(rest.find(' ') + 1));
@@ -171,18 +184,24 @@ int Run(int argc, char** argv) {
     double limit;
     const char* limit_name;
   } cases[] = {
-      {"fetch D2D, CUDA IPC, verified on device", ipc_t.get(), true, true, *d2d, "D2D"},
-      {"fetch D2D, CUDA IPC, not verified     ", ipc_t.get(), true, false, *d2d, "D2D"},
-      {"fetch D2H, staged by holder, verified ", staged_t.get(), false, true, *d2h, "D2H pinned"},
-      {"fetch D2D, staged both ends, verified ", staged_t.get(), true, true, *d2h, "D2H pinned"},
+      {"fetch D2D, CUDA IPC, verified on device", ipc_t.get(), true, true, *d2d,
+       "D2D"},
+      {"fetch D2D, CUDA IPC, not verified     ", ipc_t.get(), true, false, *d2d,
+       "D2D"},
+      {"fetch D2H, staged by holder, verified ", staged_t.get(), false, true,
+       *d2h, "D2H pinned"},
+      {"fetch D2D, staged both ends, verified ", staged_t.get(), true, true,
+       *d2h, "D2H pinned"},
   };
   for (const Case& c : cases) {
     uint8_t* dest = c.device ? (*dst)->data() : host.data();
     auto gbs = Best(reps, bytes, [&] {
-      return Check(ParallelRead(*c.t, addr, epoch, dest, bytes, chunk, streams, c.device, c.verify));
+      return Check(ParallelRead(*c.t, addr, epoch, dest, bytes, chunk, streams,
+                                c.device, c.verify));
     });
     if (!gbs.ok()) return cli::Fail(gbs.status());
-    std::printf("%s %8.2f GB/s  = %.3fx %s\n", c.name, *gbs, *gbs / c.limit, c.limit_name);
+    std::printf("%s %8.2f GB/s  = %.3fx %s\n", c.name, *gbs, *gbs / c.limit,
+                c.limit_name);
   }
   (void)holder->Send("quit");
   return 0;

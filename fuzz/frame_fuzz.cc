@@ -30,11 +30,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // A local reply: the first 8 bytes are the read length, the rest the reply.
   uint64_t length = 0;
-  for (size_t i = 0; i < size && i < 8; ++i) length |= uint64_t{data[i]} << (8 * i);
-  auto reply = size < 8 ? tensorhub::Result<tensorhub::wire::LocalReply>(
-                              tensorhub::InvalidArgument("short"))
-                        : tensorhub::wire::DecodeLocalReply(data + 8, size - 8,
-                                                            length);
+  for (size_t i = 0; i < size && i < 8; ++i)
+    length |= uint64_t{data[i]} << (8 * i);
+  auto reply =
+      size < 8 ? tensorhub::Result<tensorhub::wire::LocalReply>(
+                     tensorhub::InvalidArgument("short"))
+               : tensorhub::wire::DecodeLocalReply(data + 8, size - 8, length);
   if (reply.ok()) {
     uint64_t sum = 0;
     if (reply->pieces.empty() ||
@@ -48,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (sum != length) __builtin_trap();
   }
   bool ipc = false;
-  auto in = tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local, &ipc);
+  auto in =
+      tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local, &ipc);
   if (in.ok() && local && ipc) __builtin_trap();  // never both
   if (h.ok() && h->cuda_ipc &&
       (h->local || h->status != tensorhub::StatusCode::kOk ||
@@ -57,7 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   auto ipc_reply = size < 8 ? tensorhub::Result<tensorhub::wire::CudaIpcReply>(
                                   tensorhub::InvalidArgument("short"))
-                            : tensorhub::wire::DecodeCudaIpcReply(data + 8, size - 8, length);
+                            : tensorhub::wire::DecodeCudaIpcReply(
+                                  data + 8, size - 8, length);
   if (ipc_reply.ok()) {
     uint64_t sum = 0;
     if (ipc_reply->pieces.empty() ||

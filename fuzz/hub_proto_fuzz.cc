@@ -29,8 +29,8 @@ struct Fuzz {
   Fuzz() {
     SetLogLevel(LogLevel::kError);
     // Parse failures (invalid UTF-8 in a string field, ...) are expected here.
-    google::protobuf::SetLogHandler(
-        [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*,
+                                       int, const std::string&) {});
     hub::HubConfig c;
     c.lease_ms = 1000;
     c.max_workers = 64;
@@ -44,7 +44,8 @@ struct Fuzz {
 };
 
 template <typename Req>
-bool Parse(Req* req, const uint8_t* data, size_t size, Fuzz& f, uint8_t worker) {
+bool Parse(Req* req, const uint8_t* data, size_t size, Fuzz& f,
+           uint8_t worker) {
   if (!req->ParseFromArray(data, static_cast<int>(size))) return false;
   if (worker & 1 && !f.workers.empty()) {
     req->set_worker_id(f.workers[(worker >> 1) % f.workers.size()]);
@@ -52,7 +53,8 @@ bool Parse(Req* req, const uint8_t* data, size_t size, Fuzz& f, uint8_t worker) 
   return true;
 }
 
-void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data, size_t size) {
+void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data,
+          size_t size) {
   grpc::ServerContext ctx;
   v1::Hub::Service* s = f.service.get();
   switch (selector % 10) {
@@ -68,25 +70,29 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data, size_t
     case 1: {
       v1::HeartbeatRequest req;
       v1::HeartbeatResponse resp;
-      if (Parse(&req, data, size, f, worker)) (void)s->Heartbeat(&ctx, &req, &resp);
+      if (Parse(&req, data, size, f, worker))
+        (void)s->Heartbeat(&ctx, &req, &resp);
       return;
     }
     case 2: {
       v1::PublishRequest req;
       v1::PublishResponse resp;
-      if (Parse(&req, data, size, f, worker)) (void)s->Publish(&ctx, &req, &resp);
+      if (Parse(&req, data, size, f, worker))
+        (void)s->Publish(&ctx, &req, &resp);
       return;
     }
     case 3: {
       v1::AddHolderRequest req;
       v1::AddHolderResponse resp;
-      if (Parse(&req, data, size, f, worker)) (void)s->AddHolder(&ctx, &req, &resp);
+      if (Parse(&req, data, size, f, worker))
+        (void)s->AddHolder(&ctx, &req, &resp);
       return;
     }
     case 4: {
       v1::UnpublishRequest req;
       v1::UnpublishResponse resp;
-      if (Parse(&req, data, size, f, worker)) (void)s->Unpublish(&ctx, &req, &resp);
+      if (Parse(&req, data, size, f, worker))
+        (void)s->Unpublish(&ctx, &req, &resp);
       return;
     }
     case 5: {
@@ -114,7 +120,8 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data, size_t
     case 7: {
       v1::FetchDoneRequest req;
       v1::FetchDoneResponse resp;
-      if (Parse(&req, data, size, f, worker)) (void)s->FetchDone(&ctx, &req, &resp);
+      if (Parse(&req, data, size, f, worker))
+        (void)s->FetchDone(&ctx, &req, &resp);
       return;
     }
     case 8: {

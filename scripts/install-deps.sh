@@ -7,7 +7,8 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libxxhash-dev libssl-dev libgtest-dev googletest
-  clang libclang-rt-14-dev           # libFuzzer targets
+  clang libclang-rt-14-dev           # libFuzzer targets, the TSan + -Wthread-safety build
+  clang-format-14                    # scripts/check-format.sh
   iproute2 procps iputils-ping iperf3 # network namespaces test bed (bench/testbed.sh)
   openmpi-bin libopenmpi-dev         # the MPI_Bcast baseline
   python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest

@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
 
+step "format (clang-format 14, .clang-format)"
+bash scripts/check-format.sh
 step "release build"
 bash scripts/build.sh build -DTH_BUILD_TESTS=ON
 step "GoogleTest suite (release)"

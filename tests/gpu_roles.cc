@@ -28,11 +28,13 @@ std::vector<uint8_t> Pattern(size_t bytes, uint64_t seed) {
 }
 
 std::vector<TensorSpec> GpuLayout(uint64_t bytes) {
-  return {TensorSpec{"w.big", DType::kU8, {bytes}}, TensorSpec{"w.norm", DType::kBF16, {50}},
+  return {TensorSpec{"w.big", DType::kU8, {bytes}},
+          TensorSpec{"w.norm", DType::kBF16, {50}},
           TensorSpec{"w.odd", DType::kU8, {1001}}};
 }
 
-Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs, MemoryLocation memory,
+Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs,
+                              MemoryLocation memory,
                               const std::vector<uint8_t>& content) {
   Tensors t;
   uint64_t off = 0;
@@ -51,8 +53,10 @@ Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs, MemoryLocati
       t.host_.emplace_back(content.begin() + off, content.begin() + off + n);
       r.data = t.host_.back().data();
     } else {
-      TH_ASSIGN_OR_RETURN(auto buf, cuda::DeviceBuffer::Allocate(memory.device, n));
-      TH_RETURN_IF_ERROR(stream->CopyAsync(buf->data(), content.data() + off, n));
+      TH_ASSIGN_OR_RETURN(auto buf,
+                          cuda::DeviceBuffer::Allocate(memory.device, n));
+      TH_RETURN_IF_ERROR(
+          stream->CopyAsync(buf->data(), content.data() + off, n));
       r.data = buf->data();
       t.device_.push_back(std::move(buf));
     }
@@ -93,7 +97,9 @@ Result<MemoryLocation> ParseMemory(const std::string& s) {
   return InvalidArgument("memory '" + s + "' is not host or cuda[:N]");
 }
 
-bool NextLine(std::string* line) { return static_cast<bool>(std::getline(std::cin, *line)); }
+bool NextLine(std::string* line) {
+  return static_cast<bool>(std::getline(std::cin, *line));
+}
 
 void Say(const std::string& s) {
   std::printf("%s\n", s.c_str());
@@ -106,7 +112,8 @@ int RunServe(const cli::Args& args) {
   if (!memory.ok()) return cli::Fail(memory.status());
   auto bytes = args.GetU64("bytes", 64 << 20);
   auto count = args.GetU64("tensors", 1);
-  if (!bytes.ok() || !count.ok() || *count == 0) return cli::Fail(InvalidArgument("bad --bytes/--tensors"));
+  if (!bytes.ok() || !count.ok() || *count == 0)
+    return cli::Fail(InvalidArgument("bad --bytes/--tensors"));
   std::vector<TensorSpec> specs;
   for (uint64_t i = 0; i < *count; ++i) {
     specs.push_back({"t" + std::to_string(i), DType::kU8, {*bytes / *count}});
@@ -122,11 +129,12 @@ int RunServe(const cli::Args& args) {
     stream = std::move(s).value();
   }
   // Device bytes are hashed on the device (the host cannot read them).
-  auto part = BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
-                              [&](std::span<const iovec> p) -> Result<uint64_t> {
-                                if (stream) return stream->Xxh3(p);
-                                return Xxh3Pieces(p);
-                              });
+  auto part =
+      BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
+                      [&](std::span<const iovec> p) -> Result<uint64_t> {
+                        if (stream) return stream->Xxh3(p);
+                        return Xxh3Pieces(p);
+                      });
   if (!part.ok()) return cli::Fail(part.status());
   client::Registry registry;
   client::Holding h;
@@ -136,7 +144,8 @@ int RunServe(const cli::Args& args) {
   h.rank = 0;
   h.memory = *memory;
   h.parts[0] = *part;
-  for (const TensorRef& r : tensors->refs()) h.bases[0].push_back(static_cast<uint8_t*>(r.data));
+  for (const TensorRef& r : tensors->refs())
+    h.bases[0].push_back(static_cast<uint8_t*>(r.data));
   auto epoch = registry.Add(std::move(h));
   if (!epoch.ok()) return cli::Fail(epoch.status());
   auto transport = transport::MakeTcpTransport();
@@ -169,14 +178,16 @@ int RunHolder(const cli::Args& args) {
   if (!memory.ok()) return cli::Fail(memory.status());
   auto bytes = args.GetU64("bytes", 64 << 20);
   auto version = args.GetU64("version", 1);
-  if (!bytes.ok() || !version.ok()) return cli::Fail(InvalidArgument("bad --bytes/--version"));
+  if (!bytes.ok() || !version.ok())
+    return cli::Fail(InvalidArgument("bad --bytes/--version"));
   ClientOptions o;
   o.hub_address = args.Get("hub");
   o.leave_timeout_ms = 0;
   auto client = Client::Connect(o);
   if (!client.ok()) return cli::Fail(client.status());
   std::vector<TensorSpec> specs = GpuLayout(*bytes);
-  auto tensors = Tensors::Make(specs, *memory, Pattern(*bytes + 1101, *version));
+  auto tensors =
+      Tensors::Make(specs, *memory, Pattern(*bytes + 1101, *version));
   if (!tensors.ok()) return cli::Fail(tensors.status());
   Status s = (*client)->Publish("m", Version(*version), tensors->refs());
   if (!s.ok()) return cli::Fail(s);
@@ -198,7 +209,8 @@ int RunHolder(const cli::Args& args) {
 int MaybeRunGpuRole(int argc, char** argv) {
   if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
   std::string role = argv[1] + 7;
-  auto args = cli::ParseArgs(argc, argv, 2, {"hub", "memory", "bytes", "tensors", "version"}, {});
+  auto args = cli::ParseArgs(
+      argc, argv, 2, {"hub", "memory", "bytes", "tensors", "version"}, {});
   if (!args.ok()) return cli::Fail(args.status());
   if (role == "serve") return RunServe(*args);
   if (role == "holder") return RunHolder(*args);

@@ -39,7 +39,8 @@ std::vector<TensorSpec> GpuLayout(uint64_t bytes);
 // allocation), filled with consecutive bytes of `content`. Owns the memory.
 class Tensors {
  public:
-  static Result<Tensors> Make(const std::vector<TensorSpec>& specs, MemoryLocation memory,
+  static Result<Tensors> Make(const std::vector<TensorSpec>& specs,
+                              MemoryLocation memory,
                               const std::vector<uint8_t>& content);
   const std::vector<TensorRef>& refs() const { return refs_; }
   // The bytes of every tensor, concatenated (copied back from the device).

@@ -38,10 +38,10 @@ std::string NoDevice() {
   return cuda::DeviceCount(&why) > 0 ? "" : why;
 }
 
-#define REQUIRE_GPU()                                                  \
-  do {                                                                 \
-    std::string why_ = NoDevice();                                     \
-    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_;     \
+#define REQUIRE_GPU()                                              \
+  do {                                                             \
+    std::string why_ = NoDevice();                                 \
+    if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
 
 std::string Word(const std::string& line, int i) {
@@ -57,7 +57,8 @@ Subprocess MustSpawn(const std::vector<std::string>& args) {
   return std::move(p).value();
 }
 
-std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 60000) {
+std::string Ask(Subprocess& p, const std::string& cmd,
+                int64_t timeout_ms = 60000) {
   Status s = p.Send(cmd);
   if (!s.ok()) return "error " + s.ToString();
   auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
@@ -70,13 +71,16 @@ TEST(MemoryKinds, BadLocationsAreRefusedWithTheirReason) {
   EXPECT_TRUE(cuda::CheckLocation(MemoryLocation::Host()).ok());
   Status neg = cuda::CheckLocation(MemoryLocation::Cuda(-1));
   EXPECT_EQ(neg.code(), StatusCode::kInvalidArgument) << neg.ToString();
-  EXPECT_NE(neg.message().find("negative"), std::string::npos) << neg.ToString();
+  EXPECT_NE(neg.message().find("negative"), std::string::npos)
+      << neg.ToString();
   Status far = cuda::CheckLocation(MemoryLocation::Cuda(4096));
   EXPECT_EQ(far.code(), StatusCode::kFailedPrecondition) << far.ToString();
   if (!cuda::Compiled()) {
-    EXPECT_NE(far.message().find("built without CUDA"), std::string::npos) << far.ToString();
+    EXPECT_NE(far.message().find("built without CUDA"), std::string::npos)
+        << far.ToString();
   } else if (!NoDevice().empty()) {
-    EXPECT_NE(far.message().find("no CUDA device"), std::string::npos) << far.ToString();
+    EXPECT_NE(far.message().find("no CUDA device"), std::string::npos)
+        << far.ToString();
   } else {
     EXPECT_NE(far.message().find("cuda:4096 does not exist"), std::string::npos)
         << far.ToString();
@@ -96,8 +100,10 @@ TEST(MemoryKinds, PublishAndFetchRefuseBadOrdinalsAndMixedMemory) {
   auto c = Client::Connect(o);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::vector<uint8_t> a(4096), b(4096);
-  TensorRef ra{{"a", DType::kU8, {4096}}, a.data(), 4096, MemoryLocation::Host()};
-  TensorRef rb{{"b", DType::kU8, {4096}}, b.data(), 4096, MemoryLocation::Cuda(-2)};
+  TensorRef ra{
+      {"a", DType::kU8, {4096}}, a.data(), 4096, MemoryLocation::Host()};
+  TensorRef rb{
+      {"b", DType::kU8, {4096}}, b.data(), 4096, MemoryLocation::Cuda(-2)};
   Status s = (*c)->Publish("m", Version(1), {rb});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("negative"), std::string::npos) << s.ToString();
@@ -107,22 +113,26 @@ TEST(MemoryKinds, PublishAndFetchRefuseBadOrdinalsAndMixedMemory) {
   EXPECT_NE(s.message().find("publish"), std::string::npos) << s.ToString();
   s = (*c)->Publish("m", Version(1), {ra, rb});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("one call takes tensors of one memory"), std::string::npos)
+  EXPECT_NE(s.message().find("one call takes tensors of one memory"),
+            std::string::npos)
       << s.ToString();
   // Host memory works in every build.
   ASSERT_TRUE((*c)->Publish("m", Version(1), {ra}).ok());
   auto f = (*c)->Fetch("m", Version(1), {rb});
-  EXPECT_EQ(f.status().code(), StatusCode::kFailedPrecondition) << f.status().ToString();
+  EXPECT_EQ(f.status().code(), StatusCode::kFailedPrecondition)
+      << f.status().ToString();
   if (NoDevice().empty()) {
     // A host pointer labelled as device memory.
     rb.memory = MemoryLocation::Cuda(0);
     s = (*c)->Publish("m", Version(2), {rb});
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("not CUDA device memory"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("not CUDA device memory"), std::string::npos)
+        << s.ToString();
   }
 }
 
-// ---- the device checksum ------------------------------------------------------
+// ---- the device checksum
+// ------------------------------------------------------
 
 TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
   REQUIRE_GPU();
@@ -140,7 +150,8 @@ TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
     iovec v{(*buf)->data() + off, len};
     Result<uint64_t> got = s.Xxh3({&v, 1});
     ASSERT_TRUE(got.ok()) << got.status().ToString();
-    ASSERT_EQ(*got, Xxh3(host.data() + off, len)) << "offset " << off << " length " << len;
+    ASSERT_EQ(*got, Xxh3(host.data() + off, len))
+        << "offset " << off << " length " << len;
     ++checked;
   };
   for (size_t len = 0; len <= 2200; ++len) {
@@ -172,7 +183,8 @@ TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
   std::printf("device XXH3-64 == host XXH3-64 for %d inputs\n", checked);
 }
 
-// ---- the data plane across processes -------------------------------------------
+// ---- the data plane across processes
+// -------------------------------------------
 
 constexpr uint64_t kServeBytes = 24ull << 20;  // plus a 1001-byte tensor
 constexpr uint64_t kServeTotal = kServeBytes + 1001;
@@ -186,10 +198,12 @@ struct Served {
 // Fails the test (ASSERT in the caller: address empty) if it did not start.
 Served StartServe(const std::string& memory, int tensors = 3) {
   Served s{MustSpawn({"--role=serve", "--memory", memory, "--bytes",
-                      std::to_string(kServeBytes), "--tensors", std::to_string(tensors)}),
+                      std::to_string(kServeBytes), "--tensors",
+                      std::to_string(tensors)}),
            "", 0};
   auto ready = s.proc.ReadLine(Deadline::AfterMs(60000));
-  EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready") << (ready.ok() ? *ready : "");
+  EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready")
+      << (ready.ok() ? *ready : "");
   if (ready.ok()) {
     s.address = Word(*ready, 1);
     s.epoch = std::stoull(Word(*ready, 2));
@@ -202,7 +216,8 @@ std::vector<uint64_t> Stats(Subprocess& p) {
   std::string line = Ask(p, "stats");
   EXPECT_EQ(Word(line, 0), "stats") << line;
   if (Word(line, 0) != "stats") return {0, 0, 0};
-  return {std::stoull(Word(line, 1)), std::stoull(Word(line, 2)), std::stoull(Word(line, 3))};
+  return {std::stoull(Word(line, 1)), std::stoull(Word(line, 2)),
+          std::stoull(Word(line, 3))};
 }
 
 wire::ReadRequest Req(uint64_t epoch, uint64_t offset, uint64_t length) {
@@ -219,8 +234,8 @@ wire::ReadRequest Req(uint64_t epoch, uint64_t offset, uint64_t length) {
 // Reads the whole part in reads of `chunk` bytes into `dest` (device memory
 // of cuda:0 when `device`), checking every read's checksum; returns the
 // bytes as read back to the host.
-std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s, uint8_t* dest, bool device,
-                             uint64_t chunk) {
+std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s,
+                             uint8_t* dest, bool device, uint64_t chunk) {
   const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
   auto conn = t.Connect(s.address, Deadline::AfterMs(5000));
   EXPECT_TRUE(conn.ok()) << conn.status().ToString();
@@ -233,7 +248,8 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s, uint8_t* 
     uint64_t sum = 0;
     Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), dst, 0,
                                              Deadline::AfterMs(30000), &sum)
-                       : (*conn)->Read(Req(s.epoch, off, len), dst, Deadline::AfterMs(30000), &sum);
+                       : (*conn)->Read(Req(s.epoch, off, len), dst,
+                                       Deadline::AfterMs(30000), &sum);
     EXPECT_TRUE(st.ok()) << "read at " << off << ": " << st.ToString();
     EXPECT_EQ(sum, Xxh3(want.data() + off, len)) << "read at " << off;
   }
@@ -319,20 +335,28 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
   auto fd = transport::ConnectTcp(s.address, Deadline::AfterMs(5000));
   ASSERT_TRUE(fd.ok());
-  ASSERT_TRUE(transport::ClientHandshake(fd->get(), "", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::ClientHandshake(fd->get(), "", Deadline::AfterMs(5000)).ok());
   auto id = transport::ReadHostIdentity();
   ASSERT_TRUE(id.ok());
   const uint64_t len = 8 << 20;
-  std::string frame = wire::EncodeReadRequest(Req(s.epoch, 4096, len), &*id, true);
+  std::string frame =
+      wire::EncodeReadRequest(Req(s.epoch, 4096, len), &*id, true);
   iovec out{frame.data(), frame.size()};
-  ASSERT_TRUE(transport::WriteAll(fd->get(), {&out, 1}, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::WriteAll(fd->get(), {&out, 1}, Deadline::AfterMs(5000)).ok());
   uint8_t hdr[wire::kResponseHeaderBytes];
-  ASSERT_TRUE(transport::ReadExact(fd->get(), hdr, sizeof(hdr), Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::ReadExact(fd->get(), hdr, sizeof(hdr), Deadline::AfterMs(5000))
+          .ok());
   auto h = wire::DecodeResponseHeader(hdr, sizeof(hdr));
   ASSERT_TRUE(h.ok() && h->cuda_ipc) << "the holder did not answer by CUDA IPC";
   std::string body(h->payload_len, '\0');
-  ASSERT_TRUE(transport::ReadExact(fd->get(), body.data(), body.size(), Deadline::AfterMs(5000)).ok());
-  auto reply = wire::DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(body.data()), body.size(), len);
+  ASSERT_TRUE(transport::ReadExact(fd->get(), body.data(), body.size(),
+                                   Deadline::AfterMs(5000))
+                  .ok());
+  auto reply = wire::DecodeCudaIpcReply(
+      reinterpret_cast<const uint8_t*>(body.data()), body.size(), len);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   ASSERT_EQ(reply->pieces.size(), 1u);
   cuda::IpcHandle handle{reply->pieces[0].handle};
@@ -343,19 +367,24 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   EXPECT_EQ(Ask(s.proc, "revoke"), "revoked");
   auto t0 = SteadyClock::now();
   EXPECT_EQ(Ask(s.proc, "drain 400"), "drained DEADLINE_EXCEEDED");
-  EXPECT_GE(std::chrono::duration<double>(SteadyClock::now() - t0).count(), 0.35);
+  EXPECT_GE(std::chrono::duration<double>(SteadyClock::now() - t0).count(),
+            0.35);
   // The memory is still the version's: copy, check, release.
   auto dest = cuda::DeviceBuffer::Allocate(0, len);
   auto stream = cuda::Stream::Create(0);
   ASSERT_TRUE(dest.ok() && stream.ok());
-  ASSERT_TRUE((*stream)->CopyAsync((*dest)->data(), *base + reply->pieces[0].offset, len).ok());
+  ASSERT_TRUE(
+      (*stream)
+          ->CopyAsync((*dest)->data(), *base + reply->pieces[0].offset, len)
+          .ok());
   iovec dv{(*dest)->data(), len};
   auto sum = (*stream)->Xxh3({&dv, 1});
   ASSERT_TRUE(sum.ok());
   EXPECT_EQ(*sum, Xxh3(want.data() + 4096, len));
   auto release = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
   iovec rv{release.data(), release.size()};
-  ASSERT_TRUE(transport::WriteAll(fd->get(), {&rv, 1}, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::WriteAll(fd->get(), {&rv, 1}, Deadline::AfterMs(5000)).ok());
   EXPECT_EQ(Ask(s.proc, "drain 5000"), "drained OK");
   cuda::IpcImports::Close(handle);
 
@@ -364,12 +393,15 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   auto conn = t->Connect(s.address, Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
   iovec d2{(*dest)->data(), 4096};
-  Status late = (*conn)->ReadDevice(Req(s.epoch, 0, 4096), {&d2, 1}, 0, Deadline::AfterMs(5000));
-  EXPECT_TRUE(late.code() == StatusCode::kNotFound || late.code() == StatusCode::kAborted)
+  Status late = (*conn)->ReadDevice(Req(s.epoch, 0, 4096), {&d2, 1}, 0,
+                                    Deadline::AfterMs(5000));
+  EXPECT_TRUE(late.code() == StatusCode::kNotFound ||
+              late.code() == StatusCode::kAborted)
       << late.ToString();
 }
 
-// ---- the whole library: hub, publish, fetch ---------------------------------------
+// ---- the whole library: hub, publish, fetch
+// ---------------------------------------
 
 TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   REQUIRE_GPU();
@@ -378,9 +410,11 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   const std::string addr = (*hub)->address();
   const uint64_t bytes = 40ull << 20;
   const std::vector<TensorSpec> specs = GpuLayout(bytes);
-  Subprocess dev_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda",
-                                     "--bytes", std::to_string(bytes), "--version", "1"});
-  ASSERT_EQ(OrElse(dev_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
+  Subprocess dev_holder =
+      MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda", "--bytes",
+                 std::to_string(bytes), "--version", "1"});
+  ASSERT_EQ(OrElse(dev_holder.ReadLine(Deadline::AfterMs(60000)), "none"),
+            "published");
   const std::vector<uint8_t> v1 = Pattern(bytes + 1101, 1);
 
   ClientOptions o;
@@ -388,39 +422,48 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   auto reader = Client::Connect(o);
   ASSERT_TRUE(reader.ok());
   // Device to device (CUDA IPC across processes).
-  auto into_dev = Tensors::Make(specs, MemoryLocation::Cuda(0), std::vector<uint8_t>(bytes + 1101));
+  auto into_dev = Tensors::Make(specs, MemoryLocation::Cuda(0),
+                                std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_dev.ok()) << into_dev.status().ToString();
   auto f = (*reader)->Fetch("m", Version(1), into_dev->refs());
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(OrElse(into_dev->Read(), std::vector<uint8_t>{}) == v1) << "device copy differs";
+  EXPECT_TRUE(OrElse(into_dev->Read(), std::vector<uint8_t>{}) == v1)
+      << "device copy differs";
 
   // Device to host (staged by a device holder).
   ClientOptions o2 = o;
   auto reader2 = Client::Connect(o2);
   ASSERT_TRUE(reader2.ok());
-  auto into_host = Tensors::Make(specs, MemoryLocation::Host(), std::vector<uint8_t>(bytes + 1101));
+  auto into_host = Tensors::Make(specs, MemoryLocation::Host(),
+                                 std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_host.ok());
   FetchOptions fo;
   fo.serve = false;
   f = (*reader2)->Fetch("m", Version(1), into_host->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(OrElse(into_host->Read(), std::vector<uint8_t>{}) == v1) << "host copy differs";
+  EXPECT_TRUE(OrElse(into_host->Read(), std::vector<uint8_t>{}) == v1)
+      << "host copy differs";
 
   // Host to device.
-  Subprocess host_holder = MustSpawn({"--role=holder", "--hub", addr, "--memory", "host",
-                                      "--bytes", std::to_string(bytes), "--version", "2"});
-  ASSERT_EQ(OrElse(host_holder.ReadLine(Deadline::AfterMs(60000)), "none"), "published");
-  auto into_dev2 = Tensors::Make(specs, MemoryLocation::Cuda(0), std::vector<uint8_t>(bytes + 1101));
+  Subprocess host_holder =
+      MustSpawn({"--role=holder", "--hub", addr, "--memory", "host", "--bytes",
+                 std::to_string(bytes), "--version", "2"});
+  ASSERT_EQ(OrElse(host_holder.ReadLine(Deadline::AfterMs(60000)), "none"),
+            "published");
+  auto into_dev2 = Tensors::Make(specs, MemoryLocation::Cuda(0),
+                                 std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_dev2.ok());
   f = (*reader2)->Fetch("m", Version(2), into_dev2->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
-  EXPECT_TRUE(OrElse(into_dev2->Read(), std::vector<uint8_t>{}) == Pattern(bytes + 1101, 2))
+  EXPECT_TRUE(OrElse(into_dev2->Read(), std::vector<uint8_t>{}) ==
+              Pattern(bytes + 1101, 2))
       << "device copy of the host version differs";
 
   // The device holder unpublishes: its drain returns, and a fetch of v1 is
   // then served by the reader that holds it in device memory.
   EXPECT_EQ(Ask(dev_holder, "unpublish"), "unpublished OK");
-  auto into_host2 = Tensors::Make(specs, MemoryLocation::Host(), std::vector<uint8_t>(bytes + 1101));
+  auto into_host2 = Tensors::Make(specs, MemoryLocation::Host(),
+                                  std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_host2.ok());
   f = (*reader2)->Fetch("m", Version(1), into_host2->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();

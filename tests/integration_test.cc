@@ -124,9 +124,11 @@ TEST_F(HubTest, GroupCommitIsAtomicAndUncommittedFetchFailsCleanly) {
   o1.rank = 1;
   ASSERT_TRUE(r0->Publish("g", Version(5), p0.tensors(), o0).ok());
   auto reader = NewClient("reader");
-  SyntheticModel dst({{"layer0.w", DType::kF32, {1000}}, {"layer1.w", DType::kF32, {3000}}});
+  SyntheticModel dst(
+      {{"layer0.w", DType::kF32, {1000}}, {"layer1.w", DType::kF32, {3000}}});
   auto st = reader->Fetch("g", Version(5), dst.tensors());
-  EXPECT_EQ(st.status().code(), StatusCode::kFailedPrecondition) << st.status().ToString();
+  EXPECT_EQ(st.status().code(), StatusCode::kFailedPrecondition)
+      << st.status().ToString();
   EXPECT_NE(st.status().message().find("1 of 2"), std::string::npos);
   st = reader->Fetch("g", Version::Latest(), dst.tensors());
   EXPECT_EQ(st.status().code(), StatusCode::kNotFound);
@@ -196,7 +198,8 @@ TEST_F(HubTest, RankLeavingBeforeCommitAbortsTheVersion) {
   auto r1 = NewClient("rank1");
   SyntheticModel p1({{"v", DType::kF32, {1000}}});
   o.rank = 1;
-  EXPECT_EQ(r1->Publish("g", Version(1), p1.tensors(), o).code(), StatusCode::kAborted);
+  EXPECT_EQ(r1->Publish("g", Version(1), p1.tensors(), o).code(),
+            StatusCode::kAborted);
 }
 
 // A raw data-plane client that asks for a big range and does not read the
@@ -215,20 +218,28 @@ TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
   // Describe does not expose epochs; epoch 1 is the holder's first. 64 MiB
   // is far more than the socket buffers hold, so the holder's send blocks
   // until we read.
-  auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
+  auto conn =
+      transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
-  ASSERT_TRUE(transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000))
+          .ok());
   wire::ReadRequest req{"d", 1, 1, 0, 0, bytes};
   std::string frame = wire::EncodeReadRequest(req);
   iovec v{frame.data(), frame.size()};
-  ASSERT_TRUE(transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
   // The holder admitted the read and is sending: its header and first bytes
   // are here. The rest waits for us.
   std::vector<uint8_t> sink(bytes);
   constexpr uint64_t kFirst = 4096;
   uint8_t hdr[wire::kResponseHeaderBytes];
-  ASSERT_TRUE(transport::ReadExact(conn->get(), hdr, sizeof(hdr), Deadline::AfterMs(20000)).ok());
-  ASSERT_TRUE(transport::ReadExact(conn->get(), sink.data(), kFirst, Deadline::AfterMs(20000)).ok());
+  ASSERT_TRUE(transport::ReadExact(conn->get(), hdr, sizeof(hdr),
+                                   Deadline::AfterMs(20000))
+                  .ok());
+  ASSERT_TRUE(transport::ReadExact(conn->get(), sink.data(), kFirst,
+                                   Deadline::AfterMs(20000))
+                  .ok());
 
   std::atomic<bool> returned{false};
   auto unpub = std::async(std::launch::async, [&] {
@@ -240,8 +251,8 @@ TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
   // even on a fresh connection; wait (bounded) for that point.
   Status refused = Status::Ok();
   for (Deadline d = Deadline::AfterMs(20000); !d.expired();) {
-    auto conn2 = transport::MakeTcpTransport()->Connect(holder->data_address(),
-                                                        Deadline::AfterMs(5000));
+    auto conn2 = transport::MakeTcpTransport()->Connect(
+        holder->data_address(), Deadline::AfterMs(5000));
     ASSERT_TRUE(conn2.ok());
     std::vector<uint8_t> small_buf(4096);
     iovec d2{small_buf.data(), small_buf.size()};
@@ -256,10 +267,12 @@ TEST_F(HubTest, UnpublishDrainsReadsInFlightAndRefusesNewOnes) {
   // Fenced, but our read is still in flight: unpublish must still be
   // draining. (If it did not wait, this could also pass by luck, but it can
   // never fail when it does wait.)
-  EXPECT_FALSE(returned.load()) << "unpublish returned while a read was in flight";
-  // Drain the slow read; it completes with the old bytes, then unpublish returns.
-  ASSERT_TRUE(transport::ReadExact(conn->get(), sink.data() + kFirst, bytes - kFirst,
-                                   Deadline::AfterMs(20000))
+  EXPECT_FALSE(returned.load())
+      << "unpublish returned while a read was in flight";
+  // Drain the slow read; it completes with the old bytes, then unpublish
+  // returns.
+  ASSERT_TRUE(transport::ReadExact(conn->get(), sink.data() + kFirst,
+                                   bytes - kFirst, Deadline::AfterMs(20000))
                   .ok());
   EXPECT_EQ(std::memcmp(sink.data(), src.tensors()[0].data, bytes), 0);
   Status s = unpub.get();
@@ -288,7 +301,9 @@ TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
   std::atomic<bool> unpublished{false};
   Status unpublish = Status::Ok();
   fo.on_progress = [&](const FetchProgress& p) {
-    if (p.bytes_done == 0 || p.bytes_done == p.bytes_total || unpublished.exchange(true)) return;
+    if (p.bytes_done == 0 || p.bytes_done == p.bytes_total ||
+        unpublished.exchange(true))
+      return;
     unpublish = holder->Unpublish("u", Version(1), 10000);
   };
   const int64_t t0 = NowMs();
@@ -297,18 +312,23 @@ TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
   ASSERT_TRUE(unpublished.load()) << "the fetch ended before the holder left";
   ASSERT_TRUE(unpublish.ok()) << unpublish.ToString();
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
-  EXPECT_NE(st.status().message().find("no live worker holds all of its chunks"),
-            std::string::npos)
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable)
+      << st.status().ToString();
+  EXPECT_NE(
+      st.status().message().find("no live worker holds all of its chunks"),
+      std::string::npos)
       << st.status().ToString();
   // It ended on the hub's answer, not at its deadline. (Which path ended it
   // is in the message; no wall-clock bound, which a loaded machine could
   // miss. took_ms is printed for the record.)
-  EXPECT_NE(st.status().message().find("the hub answered twice"), std::string::npos)
+  EXPECT_NE(st.status().message().find("the hub answered twice"),
+            std::string::npos)
       << st.status().ToString();
-  EXPECT_EQ(st.status().message().find("did not finish in time"), std::string::npos)
+  EXPECT_EQ(st.status().message().find("did not finish in time"),
+            std::string::npos)
       << st.status().ToString();
-  std::printf("failed after %lld ms of a %lld ms timeout\n", static_cast<long long>(took_ms),
+  std::printf("failed after %lld ms of a %lld ms timeout\n",
+              static_cast<long long>(took_ms),
               static_cast<long long>(fo.timeout_ms));
   // The reader's partial copy was withdrawn: the hub has no holder left.
   auto info = reader->Describe("u", Version(1));
@@ -333,15 +353,20 @@ TEST_F(HubTest, FetchOfAVersionWithNoHolderLeftFailsPromptly) {
   auto st = reader->Fetch("gone", Version(1), dst.tensors(), fo);
   const int64_t took_ms = NowMs() - t0;
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
-  EXPECT_NE(st.status().message().find("no live worker holds all of its chunks"),
-            std::string::npos)
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable)
+      << st.status().ToString();
+  EXPECT_NE(
+      st.status().message().find("no live worker holds all of its chunks"),
+      std::string::npos)
       << st.status().ToString();
   // Ended on the hub's answer, not at the deadline (see above).
-  EXPECT_NE(st.status().message().find("twice"), std::string::npos) << st.status().ToString();
-  EXPECT_EQ(st.status().message().find("did not finish in time"), std::string::npos)
+  EXPECT_NE(st.status().message().find("twice"), std::string::npos)
       << st.status().ToString();
-  std::printf("failed after %lld ms of a %lld ms timeout\n", static_cast<long long>(took_ms),
+  EXPECT_EQ(st.status().message().find("did not finish in time"),
+            std::string::npos)
+      << st.status().ToString();
+  std::printf("failed after %lld ms of a %lld ms timeout\n",
+              static_cast<long long>(took_ms),
               static_cast<long long>(fo.timeout_ms));
 }
 
@@ -349,17 +374,23 @@ TEST_F(HubTest, UnpublishReportsDeadlineWhenAReadDoesNotDrain) {
   SyntheticModel src({{"w", DType::kU8, {64ull << 20}}});
   auto holder = NewClient("holder");
   ASSERT_TRUE(holder->Publish("d", Version(1), src.tensors()).ok());
-  auto conn = transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
+  auto conn =
+      transport::ConnectTcp(holder->data_address(), Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
-  ASSERT_TRUE(transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::ClientHandshake(conn->get(), "", Deadline::AfterMs(5000))
+          .ok());
   wire::ReadRequest req{"d", 1, 1, 0, 0, 64ull << 20};
   std::string frame = wire::EncodeReadRequest(req);
   iovec v{frame.data(), frame.size()};
-  ASSERT_TRUE(transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
+  ASSERT_TRUE(
+      transport::WriteAll(conn->get(), {&v, 1}, Deadline::AfterMs(5000)).ok());
   // The read is admitted and in flight once its first bytes are here; we
   // read no more, so it cannot drain.
   uint8_t first[wire::kResponseHeaderBytes + 4096];
-  ASSERT_TRUE(transport::ReadExact(conn->get(), first, sizeof(first), Deadline::AfterMs(20000)).ok());
+  ASSERT_TRUE(transport::ReadExact(conn->get(), first, sizeof(first),
+                                   Deadline::AfterMs(20000))
+                  .ok());
   int64_t t0 = NowMs();
   Status s = holder->Unpublish("d", Version(1), 500);
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
@@ -399,28 +430,44 @@ TEST_F(HubTest, BadInputGetsAClearErrorAndChangesNothing) {
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_NE(s.message().find("not greater"), std::string::npos);
   // Bad model names and version 0.
-  EXPECT_EQ(c->Publish("has space", Version(1), other.tensors()).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(c->Publish("ok", Version(0), other.tensors()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Publish("has space", Version(1), other.tensors()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Publish("ok", Version(0), other.tensors()).code(),
+            StatusCode::kInvalidArgument);
   // Sizes that disagree with the spec.
   std::vector<TensorRef> wrong = other.tensors();
   wrong[0].bytes -= 4;
-  EXPECT_EQ(c->Publish("ok", Version(1), wrong).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Publish("ok", Version(1), wrong).code(),
+            StatusCode::kInvalidArgument);
   auto reader = NewClient("reader");
   // Unknown model and version.
   SyntheticModel dst({{"w", DType::kF32, {256}}, {"b", DType::kF32, {4}}});
-  EXPECT_EQ(reader->Fetch("nope", Version::Latest(), dst.tensors()).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(reader->Fetch("bad", Version(11), dst.tensors()).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(
+      reader->Fetch("nope", Version::Latest(), dst.tensors()).status().code(),
+      StatusCode::kNotFound);
+  EXPECT_EQ(reader->Fetch("bad", Version(11), dst.tensors()).status().code(),
+            StatusCode::kNotFound);
   // Destination mismatches: dtype, shape, missing and extra tensors.
-  SyntheticModel wrong_dtype({{"w", DType::kBF16, {256}}, {"b", DType::kF32, {4}}});
+  SyntheticModel wrong_dtype(
+      {{"w", DType::kBF16, {256}}, {"b", DType::kF32, {4}}});
   auto st = reader->Fetch("bad", Version(10), wrong_dtype.tensors());
   EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.status().message().find("'w'"), std::string::npos) << st.status().ToString();
-  SyntheticModel wrong_shape({{"w", DType::kF32, {16, 16}}, {"b", DType::kF32, {4}}});
-  EXPECT_EQ(reader->Fetch("bad", Version(10), wrong_shape.tensors()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("'w'"), std::string::npos)
+      << st.status().ToString();
+  SyntheticModel wrong_shape(
+      {{"w", DType::kF32, {16, 16}}, {"b", DType::kF32, {4}}});
+  EXPECT_EQ(
+      reader->Fetch("bad", Version(10), wrong_shape.tensors()).status().code(),
+      StatusCode::kInvalidArgument);
   SyntheticModel missing({{"w", DType::kF32, {256}}});
-  EXPECT_EQ(reader->Fetch("bad", Version(10), missing.tensors()).status().code(), StatusCode::kInvalidArgument);
-  SyntheticModel extra({{"w", DType::kF32, {256}}, {"b", DType::kF32, {4}}, {"z", DType::kF32, {1}}});
-  EXPECT_EQ(reader->Fetch("bad", Version(10), extra.tensors()).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      reader->Fetch("bad", Version(10), missing.tensors()).status().code(),
+      StatusCode::kInvalidArgument);
+  SyntheticModel extra({{"w", DType::kF32, {256}},
+                        {"b", DType::kF32, {4}},
+                        {"z", DType::kF32, {1}}});
+  EXPECT_EQ(reader->Fetch("bad", Version(10), extra.tensors()).status().code(),
+            StatusCode::kInvalidArgument);
   // Nothing changed: version 10 is still the only one, committed, one holder.
   auto models = reader->List();
   ASSERT_TRUE(models.ok());
@@ -447,7 +494,8 @@ TEST(NoHub, UnreachableHubFailsWithinItsDeadline) {
   EXPECT_TRUE(c.status().code() == StatusCode::kDeadlineExceeded ||
               c.status().code() == StatusCode::kUnavailable)
       << c.status().ToString();
-  EXPECT_LT(took, o.connect_timeout_ms + kDeadlineSlackMs);  // by its own deadline
+  EXPECT_LT(took,
+            o.connect_timeout_ms + kDeadlineSlackMs);  // by its own deadline
   EXPECT_NE(c.status().message().find(o.hub_address), std::string::npos);
 }
 

@@ -36,7 +36,8 @@ Subprocess MustSpawn(const std::vector<std::string>& args) {
   return std::move(p).value();
 }
 
-std::string Ask(Subprocess& p, const std::string& cmd, int64_t timeout_ms = 120000) {
+std::string Ask(Subprocess& p, const std::string& cmd,
+                int64_t timeout_ms = 120000) {
   Status s = p.Send(cmd);
   if (!s.ok()) return "error " + s.ToString();
   auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
@@ -59,7 +60,8 @@ void StopProcess(pid_t pid) {
       std::fclose(f);
       line.resize(n);
       size_t close = line.rfind(')');
-      if (close != std::string::npos && close + 2 < line.size()) state = line[close + 2];
+      if (close != std::string::npos && close + 2 < line.size())
+        state = line[close + 2];
     }
     if (state == 'T') return;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -74,9 +76,11 @@ constexpr uint64_t kPauseAfterChunks = 8;
 // Starts "fetchx V TIMEOUT_MS kPauseAfterChunks" on `reader` and returns
 // once it has paused: kPauseAfterChunks or more chunks are verified and
 // no stream pulls another one until Resume().
-void FetchUntilPaused(Subprocess& reader, const std::string& version, int64_t timeout_ms) {
-  ASSERT_TRUE(reader.Send("fetchx " + version + " " + std::to_string(timeout_ms) + " " +
-                          std::to_string(kPauseAfterChunks))
+void FetchUntilPaused(Subprocess& reader, const std::string& version,
+                      int64_t timeout_ms) {
+  ASSERT_TRUE(reader
+                  .Send("fetchx " + version + " " + std::to_string(timeout_ms) +
+                        " " + std::to_string(kPauseAfterChunks))
                   .ok());
   auto line = reader.ReadLine(Deadline::AfterMs(120000));
   ASSERT_TRUE(line.ok()) << line.status().ToString();
@@ -106,11 +110,13 @@ TEST(MultiProcess, ThreeVersionsFourReadersMatchByteForByte) {
   ASSERT_TRUE(hub.ok()) << hub.status().ToString();
   std::string addr = (*hub)->address();
   std::string bytes = std::to_string(kBytes);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
   std::vector<Subprocess> readers;
   for (int i = 0; i < 4; ++i) {
-    readers.push_back(MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes,
-                                 "--name", "reader-" + std::to_string(i)}));
+    readers.push_back(
+        MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes, "--name",
+                   "reader-" + std::to_string(i)}));
   }
   for (int v = 1; v <= 3; ++v) {
     if (v > 1) {
@@ -121,7 +127,8 @@ TEST(MultiProcess, ThreeVersionsFourReadersMatchByteForByte) {
     ASSERT_EQ(Word(pub, 0), "published") << pub;
     std::string digest = Word(pub, 2);
     // All four fetch at once: later ones may read from earlier ones.
-    for (Subprocess& r : readers) ASSERT_TRUE(r.Send("fetch " + std::to_string(v)).ok());
+    for (Subprocess& r : readers)
+      ASSERT_TRUE(r.Send("fetch " + std::to_string(v)).ok());
     for (Subprocess& r : readers) {
       auto line = r.ReadLine(Deadline::AfterMs(120000));
       ASSERT_TRUE(line.ok()) << line.status().ToString();
@@ -131,8 +138,8 @@ TEST(MultiProcess, ThreeVersionsFourReadersMatchByteForByte) {
   // The readers hold version 3 too: the trainer can leave and it stays
   // fetchable from them.
   ASSERT_EQ(Ask(trainer, "unpublish 3"), "unpublished 3");
-  Subprocess late = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes,
-                               "--name", "late"});
+  Subprocess late = MustSpawn(
+      {"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "late"});
   std::string got = Ask(late, "fetch latest");
   EXPECT_EQ(Word(got, 0), "fetched") << got;
   EXPECT_EQ(Word(got, 1), "3");
@@ -143,8 +150,10 @@ TEST(MultiProcess, HubKilledAndRestartedMidRunCompletes) {
   std::string addr = "127.0.0.1:" + std::to_string(port);
   std::string bytes = std::to_string(kBytes);
   Subprocess hub = StartHub(port);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
-  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader =
+      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
   std::string pub = Ask(trainer, "publish 1");
   ASSERT_EQ(Word(pub, 0), "published") << pub;
   // Kill the hub once the fetch is under way (the reader paused after a
@@ -170,7 +179,9 @@ TEST(MultiProcess, HubKilledAndRestartedMidRunCompletes) {
   Result<VersionInfo> info = NotFound("not yet");
   while (!d.expired()) {
     info = (*observer)->Describe("test-model", Version(1));
-    if (info.ok() && info->state == VersionState::kCommitted && info->num_holders >= 2) break;
+    if (info.ok() && info->state == VersionState::kCommitted &&
+        info->num_holders >= 2)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(info.ok()) << info.status().ToString();
@@ -193,8 +204,10 @@ TEST(MultiProcess, NewFetchRightAfterAHubRestartWaitsForTheHolderToReReport) {
   std::string addr = "127.0.0.1:" + std::to_string(port);
   std::string bytes = std::to_string(16 << 20);
   Subprocess hub = StartHub(port);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
-  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader =
+      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
   std::string pub = Ask(trainer, "publish 1");
   ASSERT_EQ(Word(pub, 0), "published") << pub;
   StopProcess(trainer.pid());
@@ -221,7 +234,8 @@ TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
   int port = FreePort();
   std::string addr = "127.0.0.1:" + std::to_string(port);
   Subprocess hub = StartHub(port, /*lease_ms=*/1000);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
   ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
   ClientOptions o;
   o.hub_address = addr;
@@ -248,7 +262,8 @@ TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
   fo.timeout_ms = 3000;
   auto t0 = NowMs();
   auto st = (*observer)->Fetch("test-model", Version(1), dest.tensors(), fo);
-  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable) << st.status().ToString();
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable)
+      << st.status().ToString();
   EXPECT_LT(NowMs() - t0, fo.timeout_ms + kDeadlineSlackMs);
 }
 
@@ -267,12 +282,15 @@ struct TwoHolders {
     addr = "127.0.0.1:" + std::to_string(port);
     hub.emplace(StartHub(port, lease_ms));
     std::string bytes = std::to_string(kFaultBytes);
-    trainer.emplace(MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes}));
-    first.emplace(MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "first"}));
+    trainer.emplace(
+        MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes}));
+    first.emplace(MustSpawn(
+        {"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "first"}));
     // Over TCP, as between hosts: a same-host reader would copy straight
     // from the holder's memory, which a stopped holder does not prevent.
-    auto r = Subprocess::Spawn({"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "r"},
-                               {"TENSORHUB_LOG=warn", "TENSORHUB_NO_CMA=1"});
+    auto r = Subprocess::Spawn(
+        {"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "r"},
+        {"TENSORHUB_LOG=warn", "TENSORHUB_NO_CMA=1"});
     EXPECT_TRUE(r.ok()) << r.status().ToString();
     reader.emplace(std::move(r).value());
     std::string pub = Ask(*trainer, "publish 1");
@@ -334,8 +352,10 @@ TEST(FailureModes, OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
   std::string addr = "127.0.0.1:" + std::to_string(port);
   Subprocess hub = StartHub(port, /*lease_ms=*/10000);
   std::string bytes = std::to_string(kFaultBytes);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
-  Subprocess reader = MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess reader =
+      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
   ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
   // The hub still lists the stopped holder (lease 10 s): it is there but
   // unreachable, and the fetch must say so by its deadline.
@@ -355,8 +375,8 @@ TEST(FailureModes, ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
   FetchUntilPaused(*t.reader, "1", 60000);
   ::kill(t.reader->pid(), SIGKILL);
   t.reader->Stop(1000);
-  Subprocess other = MustSpawn({"--role=reader", "--hub", t.addr, "--bytes", bytes,
-                                "--name", "other"});
+  Subprocess other = MustSpawn(
+      {"--role=reader", "--hub", t.addr, "--bytes", bytes, "--name", "other"});
   EXPECT_EQ(Ask(other, "fetch 1", 60000), "fetched 1 " + t.digest);
   // Unpublish drains reads in flight; the dead reader's are over. (A drain
   // that waited for them would run into its 30 s limit and fail.)
@@ -369,7 +389,8 @@ TEST(FailureModes, TrainerKilledBeforeCommitAbortsTheVersion) {
   int port = FreePort();
   std::string addr = "127.0.0.1:" + std::to_string(port);
   Subprocess hub = StartHub(port, /*lease_ms=*/1000);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "1048576"});
   // Rank 0 of a group of 2 publishes; rank 1 never will.
   ASSERT_EQ(Word(Ask(trainer, "publish 1 0 2"), 0), "published");
   ClientOptions o;
@@ -396,17 +417,21 @@ TEST(FailureModes, TrainerKilledBeforeCommitAbortsTheVersion) {
   fo.timeout_ms = 3000;
   auto st = (*observer)->Fetch("test-model", Version(1), dest.tensors(), fo);
   EXPECT_EQ(st.status().code(), StatusCode::kAborted) << st.status().ToString();
-  EXPECT_NE(st.status().message().find("aborted before commit"), std::string::npos)
+  EXPECT_NE(st.status().message().find("aborted before commit"),
+            std::string::npos)
       << st.status().ToString();
-  auto latest = (*observer)->Fetch("test-model", Version::Latest(), dest.tensors(), fo);
-  EXPECT_EQ(latest.status().code(), StatusCode::kNotFound) << latest.status().ToString();
+  auto latest =
+      (*observer)->Fetch("test-model", Version::Latest(), dest.tensors(), fo);
+  EXPECT_EQ(latest.status().code(), StatusCode::kNotFound)
+      << latest.status().ToString();
 }
 
 TEST(FailureModes, HubStoppedEveryCallEndsByItsOwnDeadline) {
   int port = FreePort();
   std::string addr = "127.0.0.1:" + std::to_string(port);
   Subprocess hub = StartHub(port, /*lease_ms=*/10000);
-  Subprocess trainer = MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "4194304"});
+  Subprocess trainer =
+      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", "4194304"});
   ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
   ClientOptions o;
   o.hub_address = addr;

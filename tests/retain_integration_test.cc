@@ -197,8 +197,8 @@ TEST_F(RetainE2E, SpotReaderLeavingWaitsForTheKeeper) {
   });
   std::thread leaving([&] { spot.reset(); });
   // ... once the hub holds it, for the keeper that starts then to copy it.
-  const bool was_held =
-      held.get_future().wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  const bool was_held = held.get_future().wait_for(std::chrono::seconds(20)) ==
+                        std::future_status::ready;
   testpoint::Disarm("hub.departure_held");
   auto keeper = NewKeeper();
   leaving.join();

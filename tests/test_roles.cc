@@ -12,12 +12,12 @@
 #include <sstream>
 
 #include "cli_util.h"
-#include "common/deadline.h"
 #include "client/keeper.h"
+#include "common/deadline.h"
 #include "common/log.h"
 #include "common/test_point.h"
-#include "fetch_pause.h"
 #include "demo_model.h"
+#include "fetch_pause.h"
 #include "hub/hub_service.h"
 #include "subprocess.h"
 #include "tensorhub/client.h"
@@ -44,7 +44,8 @@ int RunHub(const cli::Args& args) {
   return 0;
 }
 
-Result<std::unique_ptr<Client>> Connect(const cli::Args& args, const char* name) {
+Result<std::unique_ptr<Client>> Connect(const cli::Args& args,
+                                        const char* name) {
   ClientOptions o;
   o.hub_address = args.Get("hub");
   o.name = name;
@@ -69,11 +70,13 @@ int RunTrainer(const cli::Args& args) {
       PublishOptions po;
       if (!(in >> po.rank >> po.group_size)) po = PublishOptions{};
       Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
-      Reply(s.ok() ? "published " + std::to_string(v) + " " + Hex(model.Digest())
-                   : "error " + s.ToString());
+      Reply(s.ok()
+                ? "published " + std::to_string(v) + " " + Hex(model.Digest())
+                : "error " + s.ToString());
     } else if (cmd == "unpublish") {
       Status s = (*client)->Unpublish(kModel, Version(v), 30000);
-      Reply(s.ok() ? "unpublished " + std::to_string(v) : "error " + s.ToString());
+      Reply(s.ok() ? "unpublished " + std::to_string(v)
+                   : "error " + s.ToString());
     } else {
       break;
     }
@@ -93,7 +96,8 @@ int RunReader(const cli::Args& args) {
     std::string cmd, which;
     in >> cmd >> which;
     if (cmd != "fetch" && cmd != "fetchx" && cmd != "fetchwait") break;
-    Version v = which == "latest" ? Version::Latest() : Version(std::stoull(which));
+    Version v =
+        which == "latest" ? Version::Latest() : Version(std::stoull(which));
     FetchOptions fo;
     fo.timeout_ms = 60000;
     if (cmd == "fetch") {
@@ -121,8 +125,10 @@ int RunReader(const cli::Args& args) {
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
       testpoint::Disarm("fetch.hub_unavailable");
       Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
-                          Hex(model.Digest()) + (said.load() ? " waited" : " at-once")
-                    : "failed " + std::to_string(NowMs() - t0) + " " + st.status().ToString());
+                          Hex(model.Digest()) +
+                          (said.load() ? " waited" : " at-once")
+                    : "failed " + std::to_string(NowMs() - t0) + " " +
+                          st.status().ToString());
       continue;
     }
     std::optional<cli::FetchPause> pause;
@@ -142,10 +148,12 @@ int RunReader(const cli::Args& args) {
     std::string ms = std::to_string(NowMs() - t0);
     uint64_t paused_at = pause.has_value() ? pause->paused_at() : 0;
     pause.reset();
-    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " + Hex(model.Digest()) +
-                        " " + std::to_string(st->chunk_retries) + " " +
+    Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
+                        Hex(model.Digest()) + " " +
+                        std::to_string(st->chunk_retries) + " " +
                         std::to_string(st->chunks_stolen) + " " + ms + " " +
-                        std::to_string(paused_at) + " " + std::to_string(st->sources_used)
+                        std::to_string(paused_at) + " " +
+                        std::to_string(st->sources_used)
                   : "failed " + ms + " " + st.status().ToString());
   }
   return 0;

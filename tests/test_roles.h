@@ -2,7 +2,8 @@
 // the test binary itself (Subprocess spawns /proc/self/exe --role=NAME ...).
 // Each role speaks a line protocol on stdin/stdout:
 //   hub      --port P [--lease-ms N]     prints "ready ADDR", runs until killed
-//   trainer  --hub A --bytes N           "publish V [RANK GROUP]" -> "published V DIGEST"
+//   trainer  --hub A --bytes N           "publish V [RANK GROUP]" -> "published
+//   V DIGEST"
 //                                        "unpublish V" -> "unpublished V"
 //   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
 //                                        or "error CODE: message"

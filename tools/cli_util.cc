@@ -24,8 +24,8 @@ Result<uint64_t> Args::GetU64(const std::string& name, uint64_t def) const {
   const std::string& v = it->second;
   if (v.empty() || v.size() > 20 ||
       v.find_first_not_of("0123456789") != std::string::npos) {
-    return InvalidArgument("--" + name + " wants a non-negative integer, got '" +
-                           v + "'");
+    return InvalidArgument("--" + name +
+                           " wants a non-negative integer, got '" + v + "'");
   }
   return std::stoull(v);
 }
@@ -46,7 +46,8 @@ Result<Args> ParseArgs(int argc, char** argv, int first,
                        const std::vector<std::string>& value_flags,
                        const std::vector<std::string>& bool_flags) {
   auto in = [](const std::vector<std::string>& v, const std::string& s) {
-    for (const auto& x : v) if (x == s) return true;
+    for (const auto& x : v)
+      if (x == s) return true;
     return false;
   };
   Args a;
@@ -70,7 +71,8 @@ Result<Args> ParseArgs(int argc, char** argv, int first,
       a.flags[name] = "1";
     } else if (in(value_flags, name)) {
       if (!has_value) {
-        if (i + 1 >= argc) return InvalidArgument("--" + name + " needs a value");
+        if (i + 1 >= argc)
+          return InvalidArgument("--" + name + " needs a value");
         value = argv[++i];
       }
       a.flags[name] = value;
@@ -83,21 +85,32 @@ Result<Args> ParseArgs(int argc, char** argv, int first,
 
 Result<uint64_t> ParseBytes(const std::string& text) {
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  while (i < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
   if (i == 0) return InvalidArgument("'" + text + "' is not a size");
   double n = std::strtod(text.substr(0, i).c_str(), nullptr);
   std::string unit = text.substr(i);
   double mult = 1;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "k" || unit == "K" || unit == "KiB") mult = 1024.0;
-  else if (unit == "M" || unit == "MiB") mult = 1024.0 * 1024;
-  else if (unit == "G" || unit == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "KB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
-  else return InvalidArgument("unknown size unit in '" + text + "'");
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "k" || unit == "K" || unit == "KiB")
+    mult = 1024.0;
+  else if (unit == "M" || unit == "MiB")
+    mult = 1024.0 * 1024;
+  else if (unit == "G" || unit == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "KB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
+  else
+    return InvalidArgument("unknown size unit in '" + text + "'");
   double v = n * mult;
-  if (v < 0 || v > 1e15) return InvalidArgument("size '" + text + "' out of range");
+  if (v < 0 || v > 1e15)
+    return InvalidArgument("size '" + text + "' out of range");
   return static_cast<uint64_t>(v);
 }
 
@@ -110,7 +123,8 @@ std::string FormatBytes(uint64_t bytes) {
   } else if (bytes >= 1024) {
     std::snprintf(buf, sizeof(buf), "%.1f KiB", bytes / 1024.0);
   } else {
-    std::snprintf(buf, sizeof(buf), "%llu B", static_cast<unsigned long long>(bytes));
+    std::snprintf(buf, sizeof(buf), "%llu B",
+                  static_cast<unsigned long long>(bytes));
   }
   return buf;
 }
@@ -134,8 +148,11 @@ Result<std::string> Secret(const Args& args) {
     std::stringstream ss;
     ss << in.rdbuf();
     std::string s = ss.str();
-    while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-    if (s.empty()) return InvalidArgument("secret file '" + file + "' is empty");
+    while (!s.empty() &&
+           (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
+      s.pop_back();
+    if (s.empty())
+      return InvalidArgument("secret file '" + file + "' is empty");
     return s;
   }
   const char* env = std::getenv("TENSORHUB_SECRET");
@@ -171,7 +188,8 @@ Result<ModelRef> ParseModelRef(const std::string& text) {
     return InvalidArgument("'" + v + "' is not a version number or 'latest'");
   }
   r.version = Version(std::stoull(v));
-  if (r.version.is_latest()) return InvalidArgument("version numbers start at 1");
+  if (r.version.is_latest())
+    return InvalidArgument("version numbers start at 1");
   return r;
 }
 
@@ -194,7 +212,9 @@ int WaitForStopSignal() {
 }
 
 ProgressBar::ProgressBar(std::string label)
-    : label_(std::move(label)), tty_(isatty(STDERR_FILENO)), start_ms_(NowMs()) {}
+    : label_(std::move(label)),
+      tty_(isatty(STDERR_FILENO)),
+      start_ms_(NowMs()) {}
 
 void ProgressBar::Update(uint64_t done, uint64_t total) {
   if (!tty_ || total == 0) return;
@@ -232,10 +252,11 @@ int Fail(const Status& status) {
 }
 
 int MovedToLab(const std::string& command) {
-  std::fprintf(stderr,
-               "tensorhub: '%s' moved to the lab binary: run `tensorhub-lab %s` "
-               "(build/bench/lab/tensorhub-lab)\n",
-               command.c_str(), command.c_str());
+  std::fprintf(
+      stderr,
+      "tensorhub: '%s' moved to the lab binary: run `tensorhub-lab %s` "
+      "(build/bench/lab/tensorhub-lab)\n",
+      command.c_str(), command.c_str());
   return 2;
 }
 

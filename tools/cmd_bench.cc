@@ -53,13 +53,16 @@ double Seconds(std::chrono::steady_clock::time_point a,
 
 // Moves `bytes` from src to dst over `streams` loopback TCP connections, each
 // carrying an equal slice, with plain blocking send/recv of 4 MiB calls.
-Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes, int streams) {
+Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes,
+                      int streams) {
   using transport::Fd;
   TH_ASSIGN_OR_RETURN(Fd listener, transport::ListenTcp("127.0.0.1:0", 64));
-  TH_ASSIGN_OR_RETURN(std::string addr, transport::LocalAddress(listener.get()));
+  TH_ASSIGN_OR_RETURN(std::string addr,
+                      transport::LocalAddress(listener.get()));
   std::vector<Fd> senders, receivers;
   for (int i = 0; i < streams; ++i) {
-    TH_ASSIGN_OR_RETURN(Fd c, transport::ConnectTcp(addr, Deadline::AfterMs(5000)));
+    TH_ASSIGN_OR_RETURN(Fd c,
+                        transport::ConnectTcp(addr, Deadline::AfterMs(5000)));
     int s = ::accept(listener.get(), nullptr, nullptr);
     if (s < 0) return Internal("accept failed");
     // Blocking sockets, like a textbook socket pair.
@@ -77,15 +80,24 @@ Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes, int stre
     uint64_t end = std::min<uint64_t>(bytes, begin + slice);
     threads.emplace_back([&, i, begin, end] {
       for (uint64_t off = begin; off < end;) {
-        ssize_t n = ::send(senders[i].get(), src + off, std::min<uint64_t>(4 << 20, end - off), MSG_NOSIGNAL);
-        if (n <= 0) { failed = true; return; }
+        ssize_t n =
+            ::send(senders[i].get(), src + off,
+                   std::min<uint64_t>(4 << 20, end - off), MSG_NOSIGNAL);
+        if (n <= 0) {
+          failed = true;
+          return;
+        }
         off += n;
       }
     });
     threads.emplace_back([&, i, begin, end] {
       for (uint64_t off = begin; off < end;) {
-        ssize_t n = ::recv(receivers[i].get(), dst + off, std::min<uint64_t>(4 << 20, end - off), 0);
-        if (n <= 0) { failed = true; return; }
+        ssize_t n = ::recv(receivers[i].get(), dst + off,
+                           std::min<uint64_t>(4 << 20, end - off), 0);
+        if (n <= 0) {
+          failed = true;
+          return;
+        }
         off += n;
       }
     });
@@ -93,7 +105,8 @@ Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes, int stre
   for (auto& t : threads) t.join();
   auto t1 = std::chrono::steady_clock::now();
   if (failed) return Internal("raw TCP transfer failed");
-  if (std::memcmp(src, dst, bytes) != 0) return Internal("raw TCP bytes differ");
+  if (std::memcmp(src, dst, bytes) != 0)
+    return Internal("raw TCP bytes differ");
   return bytes / Seconds(t0, t1) / 1e9;
 }
 
@@ -115,7 +128,8 @@ Result<double> RawCma(const uint8_t* src, uint8_t* dst, uint64_t bytes) {
       ::getpid(), remote, {&d, 1}, transport::kCmaSegmentBytes, nullptr,
       transport::ProcessVmReadv));
   auto t1 = std::chrono::steady_clock::now();
-  if (std::memcmp(src, dst, bytes) != 0) return Internal("raw CMA bytes differ");
+  if (std::memcmp(src, dst, bytes) != 0)
+    return Internal("raw CMA bytes differ");
   return bytes / Seconds(t0, t1) / 1e9;
 }
 
@@ -156,15 +170,22 @@ struct TwoProcessFlags {
 };
 
 Result<TwoProcessFlags> ParseTwoProcessFlags(int argc, char** argv) {
-  TH_ASSIGN_OR_RETURN(Args args, ParseArgs(argc, argv, 3, {"bytes", "repeat", "connections", "chunk-bytes"}, {}));
+  TH_ASSIGN_OR_RETURN(
+      Args args,
+      ParseArgs(argc, argv, 3,
+                {"bytes", "repeat", "connections", "chunk-bytes"}, {}));
   TwoProcessFlags f;
   TH_ASSIGN_OR_RETURN(f.bytes, ParseBytes(args.Get("bytes", "1GiB")));
-  TH_ASSIGN_OR_RETURN(f.chunk_bytes, ParseBytes(args.Get("chunk-bytes", "4MiB")));
+  TH_ASSIGN_OR_RETURN(f.chunk_bytes,
+                      ParseBytes(args.Get("chunk-bytes", "4MiB")));
   TH_ASSIGN_OR_RETURN(f.repeat, args.GetU64("repeat", 3));
   TH_ASSIGN_OR_RETURN(f.connections, args.GetU64("connections", 4));
-  if (f.bytes < 4096 || f.bytes > (64ull << 30)) return InvalidArgument("--bytes must be in [4KiB, 64GiB]");
-  if (f.repeat < 1 || f.repeat > 100) return InvalidArgument("--repeat must be in [1, 100]");
-  if (f.connections < 1 || f.connections > 64) return InvalidArgument("--connections must be in [1, 64]");
+  if (f.bytes < 4096 || f.bytes > (64ull << 30))
+    return InvalidArgument("--bytes must be in [4KiB, 64GiB]");
+  if (f.repeat < 1 || f.repeat > 100)
+    return InvalidArgument("--repeat must be in [1, 100]");
+  if (f.connections < 1 || f.connections > 64)
+    return InvalidArgument("--connections must be in [1, 64]");
   return f;
 }
 
@@ -182,10 +203,12 @@ Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
   TH_ASSIGN_OR_RETURN(std::unique_ptr<Hub> hub, Hub::Start(ho));
   TH_ASSIGN_OR_RETURN(
       Subprocess holder,
-      Subprocess::Spawn({"bench", "_holder", "--hub", hub->address(), "--bytes",
-                         std::to_string(bytes), "--chunk-bytes", std::to_string(chunk)},
-                        {"TENSORHUB_LOG=" + holder_log}));
-  TH_ASSIGN_OR_RETURN(std::string ready, holder.ReadLine(Deadline::AfterMs(120000)));
+      Subprocess::Spawn(
+          {"bench", "_holder", "--hub", hub->address(), "--bytes",
+           std::to_string(bytes), "--chunk-bytes", std::to_string(chunk)},
+          {"TENSORHUB_LOG=" + holder_log}));
+  TH_ASSIGN_OR_RETURN(std::string ready,
+                      holder.ReadLine(Deadline::AfterMs(120000)));
   if (ready.rfind("ready ", 0) != 0) return Internal("holder: " + ready);
   return HubAndHolder{std::move(hub), std::move(holder), ready.substr(6)};
 }
@@ -196,7 +219,8 @@ int CmdBenchHolder(int argc, char** argv) {
   if (!args.ok()) return Fail(args.status());
   auto bytes = args->GetU64("bytes", 0);
   auto chunk = args->GetU64("chunk-bytes", 4 << 20);
-  if (!bytes.ok() || !chunk.ok()) return Fail(InvalidArgument("bad holder flags"));
+  if (!bytes.ok() || !chunk.ok())
+    return Fail(InvalidArgument("bad holder flags"));
   SyntheticModel model(FlatLayout(*bytes));
   model.Fill(1);
   ClientOptions o;
@@ -218,17 +242,19 @@ int CmdBenchLocal(int argc, char** argv);
 
 int CmdBench(int argc, char** argv) {
   if (argc < 3) {
-    return Fail(InvalidArgument(
-        "usage: tensorhub bench pair [--bytes 1GiB] | bench local [--bytes 1GiB]"));
+    return Fail(
+        InvalidArgument("usage: tensorhub bench pair [--bytes 1GiB] | bench "
+                        "local [--bytes 1GiB]"));
   }
   std::string what = argv[2];
   if (what == "_holder") return CmdBenchHolder(argc - 1, argv + 1);
   if (what == "local") return CmdBenchLocal(argc, argv);
-  if (what == "hub" || what == "fanout" || what == "workload" || what == "_trainer" ||
-      what == "_reader") {
+  if (what == "hub" || what == "fanout" || what == "workload" ||
+      what == "_trainer" || what == "_reader") {
     return MovedToLab("bench " + what);
   }
-  if (what != "pair") return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
+  if (what != "pair")
+    return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
   auto flags = ParseTwoProcessFlags(argc, argv);
   if (!flags.ok()) return Fail(flags.status());
   const TwoProcessFlags& f = *flags;
@@ -252,9 +278,11 @@ int CmdBench(int argc, char** argv) {
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
 
-  std::printf("bench pair: TCP data plane, %s, chunks of %s, %llu repeats (best of each)\n",
-              FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
-              static_cast<unsigned long long>(f.repeat));
+  std::printf(
+      "bench pair: TCP data plane, %s, chunks of %s, %llu repeats (best of "
+      "each)\n",
+      FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
+      static_cast<unsigned long long>(f.repeat));
   double th = 0, raw1 = 0, rawn = 0, mc = 0;
   for (uint64_t r = 0; r < f.repeat; ++r) {
     FetchOptions fo;
@@ -262,27 +290,34 @@ int CmdBench(int argc, char** argv) {
     fo.connections = static_cast<int>(f.connections);
     auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
     if (!st.ok()) return Fail(st.status());
-    if (digest != Hex(dest.Digest())) return Fail(DataLoss("fetched bytes differ from the holder's"));
+    if (digest != Hex(dest.Digest()))
+      return Fail(DataLoss("fetched bytes differ from the holder's"));
     double gbps = st->bytes / st->seconds / 1e9;
     th = std::max(th, gbps);
     auto a = RawTcp(src_base, dst_base, src.total_bytes(), 1);
     if (!a.ok()) return Fail(a.status());
     raw1 = std::max(raw1, *a);
-    auto b = RawTcp(src_base, dst_base, src.total_bytes(), static_cast<int>(f.connections));
+    auto b = RawTcp(src_base, dst_base, src.total_bytes(),
+                    static_cast<int>(f.connections));
     if (!b.ok()) return Fail(b.status());
     rawn = std::max(rawn, *b);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
-    std::printf("  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu %.2f GB/s, memcpy %.2f GB/s\n",
-                static_cast<unsigned long long>(r + 1), gbps, *a,
-                static_cast<unsigned long long>(f.connections), *b, mc);
+    std::printf(
+        "  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu "
+        "%.2f GB/s, memcpy %.2f GB/s\n",
+        static_cast<unsigned long long>(r + 1), gbps, *a,
+        static_cast<unsigned long long>(f.connections), *b, mc);
   }
   (void)holder.Send("quit");
   holder.Stop(5000);
   std::printf("\n%-44s %8s %10s\n", "", "GB/s", "tensorhub/x");
-  std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th, "");
-  std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream", raw1, th / raw1);
+  std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th,
+              "");
+  std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream",
+              raw1, th / raw1);
   char label[64];
-  std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams", static_cast<unsigned long long>(f.connections));
+  std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams",
+                static_cast<unsigned long long>(f.connections));
   std::printf("%-44s %8.2f %10.2f\n", label, rawn, th / rawn);
   std::printf("%-44s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
   std::printf("\nratio vs raw socket pair: %.2f (target >= 0.90)\n", th / raw1);
@@ -294,7 +329,8 @@ int CmdBenchLocal(int argc, char** argv) {
   if (!flags.ok()) return Fail(flags.status());
   const TwoProcessFlags& f = *flags;
   if (!transport::TcpTransportOptions::FromEnv().local_reads) {
-    return Fail(FailedPrecondition("TENSORHUB_NO_CMA=1 is set: unset it, this benchmark sets it itself"));
+    return Fail(FailedPrecondition(
+        "TENSORHUB_NO_CMA=1 is set: unset it, this benchmark sets it itself"));
   }
   SetLogLevel(LogLevel::kWarn);
 
@@ -316,8 +352,10 @@ int CmdBenchLocal(int argc, char** argv) {
 
   auto info = (*local_reader)->Describe(kModel, Version(1));
   if (!info.ok()) return Fail(info.status());
-  if (info->holders.empty()) return Fail(Internal("the holder is not registered"));
-  auto probe = ProbeLocalPath(info->holders[0].data_address, std::min<uint64_t>(f.chunk_bytes, f.bytes));
+  if (info->holders.empty())
+    return Fail(Internal("the holder is not registered"));
+  auto probe = ProbeLocalPath(info->holders[0].data_address,
+                              std::min<uint64_t>(f.chunk_bytes, f.bytes));
   if (!probe.ok()) return Fail(probe.status().WithContext("probe read"));
 
   SyntheticModel dest(FlatLayout(f.bytes));
@@ -327,13 +365,17 @@ int CmdBenchLocal(int argc, char** argv) {
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
   const uint64_t total = src.total_bytes();  // one contiguous buffer
 
-  std::printf("bench local: %s, chunks of %s, %llu connections, %llu repeats (best of each)\n",
-              FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
-              static_cast<unsigned long long>(f.connections),
-              static_cast<unsigned long long>(f.repeat));
-  std::printf("path check: a %s probe read from the holder took %d process_vm_readv calls%s\n",
-              FormatBytes(std::min<uint64_t>(f.chunk_bytes, f.bytes)).c_str(), *probe,
-              *probe > 0 ? "" : " (NOT the intra-host path: see the holder's log)");
+  std::printf(
+      "bench local: %s, chunks of %s, %llu connections, %llu repeats (best of "
+      "each)\n",
+      FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
+      static_cast<unsigned long long>(f.connections),
+      static_cast<unsigned long long>(f.repeat));
+  std::printf(
+      "path check: a %s probe read from the holder took %d process_vm_readv "
+      "calls%s\n",
+      FormatBytes(std::min<uint64_t>(f.chunk_bytes, f.bytes)).c_str(), *probe,
+      *probe > 0 ? "" : " (NOT the intra-host path: see the holder's log)");
   double local = 0, tcp = 0, mc = 0, raw = 0;
   std::vector<double> ratios;  // intra-host / memcpy, per run
   // A copy: a lambda may not capture a structured binding before C++20's
@@ -364,19 +406,29 @@ int CmdBenchLocal(int argc, char** argv) {
     mc = std::max(mc, m);
     raw = std::max(raw, *c);
     ratios.push_back(*a / m);
-    std::printf("  run %llu: intra-host %.2f GB/s, TCP %.2f GB/s, memcpy %.2f GB/s, raw process_vm_readv %.2f GB/s (intra-host/memcpy %.2f)\n",
-                static_cast<unsigned long long>(r + 1), *a, *b, m, *c, *a / m);
+    std::printf(
+        "  run %llu: intra-host %.2f GB/s, TCP %.2f GB/s, memcpy %.2f GB/s, "
+        "raw process_vm_readv %.2f GB/s (intra-host/memcpy %.2f)\n",
+        static_cast<unsigned long long>(r + 1), *a, *b, m, *c, *a / m);
   }
   (void)holder.Send("quit");
   holder.Stop(5000);
   std::printf("\n%-52s %8s %10s\n", "", "GB/s", "x memcpy");
-  std::printf("%-52s %8.2f %10.2f\n", "tensorhub fetch, intra-host (verified, 1 holder)", local, local / mc);
-  std::printf("%-52s %8.2f %10.2f\n", "tensorhub fetch, forced TCP (TENSORHUB_NO_CMA=1)", tcp, tcp / mc);
-  std::printf("%-52s %8.2f %10.2f\n", "raw process_vm_readv, 1 thread, 1 MiB segments", raw, raw / mc);
-  std::printf("%-52s %8.2f %10.2f\n", "memcpy (same process, 1 thread)", mc, 1.0);
+  std::printf("%-52s %8.2f %10.2f\n",
+              "tensorhub fetch, intra-host (verified, 1 holder)", local,
+              local / mc);
+  std::printf("%-52s %8.2f %10.2f\n",
+              "tensorhub fetch, forced TCP (TENSORHUB_NO_CMA=1)", tcp,
+              tcp / mc);
+  std::printf("%-52s %8.2f %10.2f\n",
+              "raw process_vm_readv, 1 thread, 1 MiB segments", raw, raw / mc);
+  std::printf("%-52s %8.2f %10.2f\n", "memcpy (same process, 1 thread)", mc,
+              1.0);
   std::sort(ratios.begin(), ratios.end());
-  std::printf("\nintra-host / memcpy: %.2f best vs best, %.2f median of runs (target >= 0.60); intra-host / TCP: %.2f\n",
-              local / mc, ratios[ratios.size() / 2], local / tcp);
+  std::printf(
+      "\nintra-host / memcpy: %.2f best vs best, %.2f median of runs (target "
+      ">= 0.60); intra-host / TCP: %.2f\n",
+      local / mc, ratios[ratios.size() / 2], local / tcp);
   return 0;
 }
 

@@ -5,8 +5,8 @@
 // rollout fetches `latest` into its own buffers (serving what it holds to
 // the others) and reports a digest that must equal the trainer's.
 #include <cinttypes>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -119,9 +119,12 @@ int CmdDemo(int argc, char** argv) {
   for (const Status& s : {rollouts.status(), rounds.status(), scale.status()}) {
     if (!s.ok()) return Fail(s);
   }
-  if (*rollouts < 1 || *rollouts > 32) return Fail(InvalidArgument("--rollouts must be in [1, 32]"));
-  if (*rounds < 1 || *rounds > 1000) return Fail(InvalidArgument("--rounds must be in [1, 1000]"));
-  if (*scale <= 0 || *scale > 1) return Fail(InvalidArgument("--scale must be in (0, 1]"));
+  if (*rollouts < 1 || *rollouts > 32)
+    return Fail(InvalidArgument("--rollouts must be in [1, 32]"));
+  if (*rounds < 1 || *rounds > 1000)
+    return Fail(InvalidArgument("--rounds must be in [1, 1000]"));
+  if (*scale <= 0 || *scale > 1)
+    return Fail(InvalidArgument("--scale must be in (0, 1]"));
 
   SetLogPrefix("demo");
   // The table is the output; the hub's join/leave lines would interleave.
@@ -134,22 +137,27 @@ int CmdDemo(int argc, char** argv) {
   std::vector<TensorSpec> layout = QwenLayout(*scale);
   uint64_t bytes = 0;
   for (const TensorSpec& s : layout) bytes += *s.ByteSize();
-  std::printf("TensorHub demo: hub %s, 1 trainer + %llu rollout processes, %llu rounds\n",
-              hub_addr.c_str(), static_cast<unsigned long long>(*rollouts),
-              static_cast<unsigned long long>(*rounds));
-  std::printf("model %s: %zu bf16 tensors, %s (Qwen2.5-0.5B layout, scale %.2f)\n\n",
-              kModel, layout.size(), FormatBytes(bytes).c_str(), *scale);
+  std::printf(
+      "TensorHub demo: hub %s, 1 trainer + %llu rollout processes, %llu "
+      "rounds\n",
+      hub_addr.c_str(), static_cast<unsigned long long>(*rollouts),
+      static_cast<unsigned long long>(*rounds));
+  std::printf(
+      "model %s: %zu bf16 tensors, %s (Qwen2.5-0.5B layout, scale %.2f)\n\n",
+      kModel, layout.size(), FormatBytes(bytes).c_str(), *scale);
   std::fflush(stdout);
 
   const std::vector<std::string> env = {"TENSORHUB_LOG=warn"};
   std::string scale_s = std::to_string(*scale);
-  auto trainer = Subprocess::Spawn({"_demo-trainer", "--hub", hub_addr, "--scale", scale_s}, env);
+  auto trainer = Subprocess::Spawn(
+      {"_demo-trainer", "--hub", hub_addr, "--scale", scale_s}, env);
   if (!trainer.ok()) return Fail(trainer.status());
   std::vector<Subprocess> workers;
   for (uint64_t i = 0; i < *rollouts; ++i) {
-    auto w = Subprocess::Spawn({"_demo-rollout", "--hub", hub_addr, "--scale", scale_s,
-                                "--name", "rollout-" + std::to_string(i)},
-                               env);
+    auto w =
+        Subprocess::Spawn({"_demo-rollout", "--hub", hub_addr, "--scale",
+                           scale_s, "--name", "rollout-" + std::to_string(i)},
+                          env);
     if (!w.ok()) return Fail(w.status());
     workers.push_back(std::move(w).value());
   }
@@ -158,27 +166,32 @@ int CmdDemo(int argc, char** argv) {
   double total_wait = 0, max_wait = 0;
   for (uint64_t r = 1; r <= *rounds; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
-    auto line = s.ok() ? trainer->ReadLine(Deadline::AfterMs(180000)) : Result<std::string>(s);
+    auto line = s.ok() ? trainer->ReadLine(Deadline::AfterMs(180000))
+                       : Result<std::string>(s);
     if (!line.ok()) return Fail(line.status().WithContext("trainer"));
     std::istringstream in(*line);
     std::string word, digest;
     uint64_t v = 0, drain_ms = 0, step_ms = 0, publish_ms = 0;
     in >> word >> v >> digest >> drain_ms >> step_ms >> publish_ms;
     if (word != "published") return Fail(Internal("trainer: " + *line));
-    std::printf("round %llu: trainer published v%llu (drain old %llu ms, write %llu ms, "
-                "publish %llu ms), digest %s\n",
-                static_cast<unsigned long long>(r), static_cast<unsigned long long>(v),
-                static_cast<unsigned long long>(drain_ms),
-                static_cast<unsigned long long>(step_ms),
-                static_cast<unsigned long long>(publish_ms), digest.c_str());
+    std::printf(
+        "round %llu: trainer published v%llu (drain old %llu ms, write %llu "
+        "ms, "
+        "publish %llu ms), digest %s\n",
+        static_cast<unsigned long long>(r), static_cast<unsigned long long>(v),
+        static_cast<unsigned long long>(drain_ms),
+        static_cast<unsigned long long>(step_ms),
+        static_cast<unsigned long long>(publish_ms), digest.c_str());
     for (Subprocess& w : workers) {
-      if (Status ws = w.Send("fetch " + std::to_string(v)); !ws.ok()) return Fail(ws);
+      if (Status ws = w.Send("fetch " + std::to_string(v)); !ws.ok())
+        return Fail(ws);
     }
-    std::printf("  %-10s %8s %9s %8s %8s %8s  %s\n", "rollout", "version", "wait(s)",
-                "GB/s", "sources", "retries", "bytes");
+    std::printf("  %-10s %8s %9s %8s %8s %8s  %s\n", "rollout", "version",
+                "wait(s)", "GB/s", "sources", "retries", "bytes");
     for (size_t i = 0; i < workers.size(); ++i) {
       auto reply = workers[i].ReadLine(Deadline::AfterMs(180000));
-      if (!reply.ok()) return Fail(reply.status().WithContext("rollout-" + std::to_string(i)));
+      if (!reply.ok())
+        return Fail(reply.status().WithContext("rollout-" + std::to_string(i)));
       std::istringstream rin(*reply);
       std::string rword, rdigest;
       uint64_t rv = 0;
@@ -186,8 +199,8 @@ int CmdDemo(int argc, char** argv) {
       unsigned sources = 0, retries = 0;
       rin >> rword >> rv >> rdigest >> secs >> gbps >> sources >> retries;
       if (rword != "fetched") {
-        std::printf("  %-10s FAILED: %s\n", ("rollout-" + std::to_string(i)).c_str(),
-                    reply->c_str());
+        std::printf("  %-10s FAILED: %s\n",
+                    ("rollout-" + std::to_string(i)).c_str(), reply->c_str());
         all_ok = false;
         continue;
       }
@@ -197,8 +210,8 @@ int CmdDemo(int argc, char** argv) {
       max_wait = std::max(max_wait, secs);
       std::printf("  %-10s %8llu %9.3f %8.2f %8u %8u  %s\n",
                   ("rollout-" + std::to_string(i)).c_str(),
-                  static_cast<unsigned long long>(rv), secs, gbps, sources, retries,
-                  match ? "match" : "MISMATCH");
+                  static_cast<unsigned long long>(rv), secs, gbps, sources,
+                  retries, match ? "match" : "MISMATCH");
     }
     std::fflush(stdout);
   }
@@ -207,9 +220,10 @@ int CmdDemo(int argc, char** argv) {
   trainer->Stop(5000);
   for (Subprocess& w : workers) w.Stop(5000);
   (*hub)->Shutdown();
-  std::printf("\n%s: %llu rounds x %zu rollouts, mean wait %.3f s, max wait %.3f s\n",
-              all_ok ? "OK" : "FAILED", static_cast<unsigned long long>(*rounds),
-              workers.size(), total_wait / (*rounds * workers.size()), max_wait);
+  std::printf(
+      "\n%s: %llu rounds x %zu rollouts, mean wait %.3f s, max wait %.3f s\n",
+      all_ok ? "OK" : "FAILED", static_cast<unsigned long long>(*rounds),
+      workers.size(), total_wait / (*rounds * workers.size()), max_wait);
   return all_ok ? 0 : 1;
 }
 

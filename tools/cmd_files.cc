@@ -1,5 +1,6 @@
-// `tensorhub publish FILE.safetensors|DIR` and `tensorhub fetch ... -o FILE|DIR`.
-// A directory is a Hugging Face checkpoint (see safetensors/hf_checkpoint.h).
+// `tensorhub publish FILE.safetensors|DIR` and `tensorhub fetch ... -o
+// FILE|DIR`. A directory is a Hugging Face checkpoint (see
+// safetensors/hf_checkpoint.h).
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -21,8 +22,8 @@ namespace {
 constexpr char kHeaderKey[] = "safetensors.header";
 
 const std::vector<std::string> kCommonFlags = {
-    "hub", "secret-file", "name", "datacenter", "rack", "host-label",
-    "data-listen", "advertise-host", "timeout-ms"};
+    "hub",        "secret-file", "name",           "datacenter", "rack",
+    "host-label", "data-listen", "advertise-host", "timeout-ms"};
 
 std::vector<std::string> With(std::vector<std::string> v,
                               std::initializer_list<const char*> more) {
@@ -36,7 +37,8 @@ bool IsDirectory(const std::string& path) {
 }
 
 // Bytes 8..data_start of a mapped file: the header JSON, as the file has it.
-Result<std::string> HeaderJson(const std::string& path, const MappedSafetensorsFile& file) {
+Result<std::string> HeaderJson(const std::string& path,
+                               const MappedSafetensorsFile& file) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   std::string json(file.header().data_start - 8, '\0');
   bool ok = f != nullptr && std::fseek(f, 8, SEEK_SET) == 0 &&
@@ -59,7 +61,8 @@ Result<MappedCheckpoint> MapCheckpoint(const std::string& dir) {
   TH_ASSIGN_OR_RETURN(m.ckpt, ScanHfCheckpointDir(dir));
   for (HfShard& shard : m.ckpt.shards) {
     const std::string path = dir + "/" + shard.name;
-    TH_ASSIGN_OR_RETURN(MappedSafetensorsFile file, MappedSafetensorsFile::Open(path));
+    TH_ASSIGN_OR_RETURN(MappedSafetensorsFile file,
+                        MappedSafetensorsFile::Open(path));
     TH_ASSIGN_OR_RETURN(shard.header_json, HeaderJson(path, file));
     shard.data_bytes = file.file_bytes() - file.header().data_start;
     m.bytes += shard.data_bytes;
@@ -70,34 +73,38 @@ Result<MappedCheckpoint> MapCheckpoint(const std::string& dir) {
 }
 
 // Writes a fetched checkpoint: a writer per shard, then the small files.
-int FetchCheckpoint(Client& client, const ModelRef& ref, const VersionInfo& info,
-                    const std::string& metadata, const std::string& dir,
-                    FetchOptions fo) {
+int FetchCheckpoint(Client& client, const ModelRef& ref,
+                    const VersionInfo& info, const std::string& metadata,
+                    const std::string& dir, FetchOptions fo) {
   auto ckpt = DecodeHfCheckpoint(metadata);
   if (!ckpt.ok()) return Fail(ckpt.status());
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
     return Fail(Unavailable("mkdir " + dir + ": " + std::strerror(errno)));
   }
   if (!IsDirectory(dir)) {
-    return Fail(InvalidArgument(dir + " exists and is not a directory; " + ref.model + "@" +
-                                std::to_string(info.version.value()) +
-                                " is a checkpoint directory"));
+    return Fail(InvalidArgument(
+        dir + " exists and is not a directory; " + ref.model + "@" +
+        std::to_string(info.version.value()) + " is a checkpoint directory"));
   }
   std::vector<SafetensorsFileWriter> writers;
   std::vector<TensorRef> refs;
   for (const HfShard& shard : ckpt->shards) {
     std::string raw(8, '\0');
     uint64_t n = shard.header_json.size();
-    for (int i = 0; i < 8; ++i) raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
     raw += shard.header_json;
-    auto w = SafetensorsFileWriter::CreateFromRawHeader(dir + "/" + shard.name, raw,
-                                                        shard.data_bytes);
+    auto w = SafetensorsFileWriter::CreateFromRawHeader(dir + "/" + shard.name,
+                                                        raw, shard.data_bytes);
     if (!w.ok()) return Fail(w.status());
     for (const TensorRef& t : w->tensors()) refs.push_back(t);
     writers.push_back(std::move(*w));
   }
-  ProgressBar bar("fetch " + ref.model + "@" + std::to_string(info.version.value()));
-  fo.on_progress = [&bar](const FetchProgress& p) { bar.Update(p.bytes_done, p.bytes_total); };
+  ProgressBar bar("fetch " + ref.model + "@" +
+                  std::to_string(info.version.value()));
+  fo.on_progress = [&bar](const FetchProgress& p) {
+    bar.Update(p.bytes_done, p.bytes_total);
+  };
   auto stats = client.Fetch(ref.model, info.version, refs, fo);
   bar.Finish();
   if (!stats.ok()) return Fail(stats.status());
@@ -109,13 +116,15 @@ int FetchCheckpoint(Client& client, const ModelRef& ref, const VersionInfo& info
     Status c = WriteFileAtomically(dir + "/" + f.name, f.content);
     if (!c.ok()) return Fail(c);
   }
-  std::printf("fetched %s@%llu -> %s/: %zu shard(s) and %zu file(s), %s in %.2f s "
-              "(%.2f GB/s) from %u holder(s), %u chunk retries\n",
-              ref.model.c_str(), static_cast<unsigned long long>(stats->version.value()),
-              dir.c_str(), ckpt->shards.size(), ckpt->files.size(),
-              FormatBytes(stats->bytes).c_str(), stats->seconds,
-              stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-              stats->sources_used, stats->chunk_retries);
+  std::printf(
+      "fetched %s@%llu -> %s/: %zu shard(s) and %zu file(s), %s in %.2f s "
+      "(%.2f GB/s) from %u holder(s), %u chunk retries\n",
+      ref.model.c_str(),
+      static_cast<unsigned long long>(stats->version.value()), dir.c_str(),
+      ckpt->shards.size(), ckpt->files.size(),
+      FormatBytes(stats->bytes).c_str(), stats->seconds,
+      stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
+      stats->sources_used, stats->chunk_retries);
   return 0;
 }
 
@@ -130,14 +139,15 @@ int CmdPublish(int argc, char** argv) {
   if (args->positional.size() != 1 || !args->Has("model") ||
       !args->Has("version")) {
     return Fail(InvalidArgument(
-        "usage: tensorhub publish FILE.safetensors|CHECKPOINT_DIR --model M --version V"));
+        "usage: tensorhub publish FILE.safetensors|CHECKPOINT_DIR --model M "
+        "--version V"));
   }
   auto version = args->GetU64("version", 0);
   auto rank = args->GetU64("rank", 0);
   auto group = args->GetU64("group-size", 1);
   auto chunk = ParseBytes(args->Get("chunk-bytes", "4MiB"));
-  for (const Status& s : {version.status(), rank.status(), group.status(),
-                          chunk.status()}) {
+  for (const Status& s :
+       {version.status(), rank.status(), group.status(), chunk.status()}) {
     if (!s.ok()) return Fail(s);
   }
   if (*version == 0) return Fail(InvalidArgument("--version must be >= 1"));
@@ -173,18 +183,20 @@ int CmdPublish(int argc, char** argv) {
                                 is_dir ? ckpt->tensors : file->tensors(), po);
   if (!s.ok()) return Fail(s);
   if (is_dir) {
-    std::printf("published checkpoint %s as %s@%llu (rank %u of %u): %zu shard(s), %zu "
-                "tensors, %s, and %zu small file(s)\n",
-                path.c_str(), args->Get("model").c_str(),
-                static_cast<unsigned long long>(*version), po.rank, po.group_size,
-                ckpt->ckpt.shards.size(), ckpt->tensors.size(),
-                FormatBytes(ckpt->bytes).c_str(), ckpt->ckpt.files.size());
+    std::printf(
+        "published checkpoint %s as %s@%llu (rank %u of %u): %zu shard(s), %zu "
+        "tensors, %s, and %zu small file(s)\n",
+        path.c_str(), args->Get("model").c_str(),
+        static_cast<unsigned long long>(*version), po.rank, po.group_size,
+        ckpt->ckpt.shards.size(), ckpt->tensors.size(),
+        FormatBytes(ckpt->bytes).c_str(), ckpt->ckpt.files.size());
   } else {
-    std::printf("published %s as %s@%llu (rank %u of %u): %zu tensors, %s\n",
-                path.c_str(), args->Get("model").c_str(),
-                static_cast<unsigned long long>(*version), po.rank, po.group_size,
-                file->header().tensors.size(),
-                FormatBytes(file->file_bytes() - file->header().data_start).c_str());
+    std::printf(
+        "published %s as %s@%llu (rank %u of %u): %zu tensors, %s\n",
+        path.c_str(), args->Get("model").c_str(),
+        static_cast<unsigned long long>(*version), po.rank, po.group_size,
+        file->header().tensors.size(),
+        FormatBytes(file->file_bytes() - file->header().data_start).c_str());
   }
   std::printf("serving from %s; press Ctrl-C to unpublish and exit\n",
               (*client)->data_address().c_str());
@@ -197,8 +209,10 @@ int CmdPublish(int argc, char** argv) {
 }
 
 int CmdFetch(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, With(kCommonFlags, {"o", "output", "connections", "group", "step"}),
-                        {"spot"});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      With(kCommonFlags, {"o", "output", "connections", "group", "step"}),
+      {"spot"});
   if (!args.ok()) return Fail(args.status());
   std::string out = args->Get("o", args->Get("output"));
   // Accept the conventional "-o FILE" too.
@@ -211,8 +225,9 @@ int CmdFetch(int argc, char** argv) {
     }
   }
   if (pos.size() != 1 || out.empty()) {
-    return Fail(InvalidArgument(
-        "usage: tensorhub fetch MODEL[@VERSION|@latest] -o OUT.safetensors|OUT_DIR"));
+    return Fail(
+        InvalidArgument("usage: tensorhub fetch MODEL[@VERSION|@latest] -o "
+                        "OUT.safetensors|OUT_DIR"));
   }
   auto ref = ParseModelRef(pos[0]);
   if (!ref.ok()) return Fail(ref.status());
@@ -220,7 +235,8 @@ int CmdFetch(int argc, char** argv) {
   auto conns = args->GetU64("connections", 4);
   if (!timeout.ok()) return Fail(timeout.status());
   if (!conns.ok()) return Fail(conns.status());
-  if (*conns < 1 || *conns > 64) return Fail(InvalidArgument("--connections must be in [1, 64]"));
+  if (*conns < 1 || *conns > 64)
+    return Fail(InvalidArgument("--connections must be in [1, 64]"));
   auto options = ClientOptionsFrom(*args);
   if (!options.ok()) return Fail(options.status());
   if (options->name.empty()) options->name = "tensorhub-fetch";
@@ -262,14 +278,16 @@ int CmdFetch(int argc, char** argv) {
   if (!header_json.empty()) {
     std::string raw(8, '\0');
     uint64_t n = header_json.size();
-    for (int i = 0; i < 8; ++i) raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    for (int i = 0; i < 8; ++i)
+      raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
     raw += header_json;
-    writer = SafetensorsFileWriter::CreateFromRawHeader(out, raw, info->total_bytes);
+    writer =
+        SafetensorsFileWriter::CreateFromRawHeader(out, raw, info->total_bytes);
   }
   if (header_json.empty() || !writer.ok()) {
     if (!header_json.empty()) {
-      TH_LOG(WARN) << "published header unusable (" << writer.status().ToString()
-                   << "); writing a fresh one";
+      TH_LOG(WARN) << "published header unusable ("
+                   << writer.status().ToString() << "); writing a fresh one";
     }
     std::vector<TensorSpec> specs;
     for (const TensorInfo& t : info->tensors) specs.push_back(t.spec);
@@ -277,22 +295,29 @@ int CmdFetch(int argc, char** argv) {
   }
   if (!writer.ok()) return Fail(writer.status());
 
-  ProgressBar bar("fetch " + ref->model + "@" + std::to_string(info->version.value()));
+  ProgressBar bar("fetch " + ref->model + "@" +
+                  std::to_string(info->version.value()));
   FetchOptions fo;
   fo.timeout_ms = static_cast<int64_t>(*timeout);
   fo.connections = static_cast<int>(*conns);
   fo.serve = false;  // the file is committed (unmapped) right after
-  fo.on_progress = [&bar](const FetchProgress& p) { bar.Update(p.bytes_done, p.bytes_total); };
-  auto stats = (*client)->Fetch(ref->model, info->version, writer->tensors(), fo);
+  fo.on_progress = [&bar](const FetchProgress& p) {
+    bar.Update(p.bytes_done, p.bytes_total);
+  };
+  auto stats =
+      (*client)->Fetch(ref->model, info->version, writer->tensors(), fo);
   bar.Finish();
   if (!stats.ok()) return Fail(stats.status());
   Status c = writer->Commit();
   if (!c.ok()) return Fail(c);
-  std::printf("fetched %s@%llu -> %s: %s in %.2f s (%.2f GB/s) from %u holder(s), %u chunk retries\n",
-              ref->model.c_str(), static_cast<unsigned long long>(stats->version.value()),
-              out.c_str(), FormatBytes(stats->bytes).c_str(), stats->seconds,
-              stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-              stats->sources_used, stats->chunk_retries);
+  std::printf(
+      "fetched %s@%llu -> %s: %s in %.2f s (%.2f GB/s) from %u holder(s), %u "
+      "chunk retries\n",
+      ref->model.c_str(),
+      static_cast<unsigned long long>(stats->version.value()), out.c_str(),
+      FormatBytes(stats->bytes).c_str(), stats->seconds,
+      stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
+      stats->sources_used, stats->chunk_retries);
   return 0;
 }
 

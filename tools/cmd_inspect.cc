@@ -15,7 +15,8 @@ Result<std::unique_ptr<Client>> ConnectQuiet(const Args& args) {
 }  // namespace
 
 int CmdLs(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args =
+      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
   if (!args.ok()) return Fail(args.status());
   auto client = ConnectQuiet(*args);
   if (!client.ok()) return Fail(client.status());
@@ -30,7 +31,8 @@ int CmdLs(int argc, char** argv) {
   for (const ModelInfo& m : *models) {
     for (const VersionInfo& v : m.versions) {
       char ranks[32];
-      std::snprintf(ranks, sizeof(ranks), "%u/%u", v.parts_published, v.group_size);
+      std::snprintf(ranks, sizeof(ranks), "%u/%u", v.parts_published,
+                    v.group_size);
       std::printf("%-32s %10llu  %-11s %7s %8u %12s  %s\n", m.model.c_str(),
                   static_cast<unsigned long long>(v.version.value()),
                   std::string(VersionStateName(v.state)).c_str(), ranks,
@@ -42,10 +44,12 @@ int CmdLs(int argc, char** argv) {
 }
 
 int CmdShow(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args =
+      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
-    return Fail(InvalidArgument("usage: tensorhub show MODEL[@VERSION|@latest]"));
+    return Fail(
+        InvalidArgument("usage: tensorhub show MODEL[@VERSION|@latest]"));
   }
   auto ref = ParseModelRef(args->positional[0]);
   if (!ref.ok()) return Fail(ref.status());
@@ -74,7 +78,8 @@ int CmdShow(int argc, char** argv) {
                 h.worker.value().c_str(), h.data_address.c_str(),
                 h.worker_class == WorkerClass::kSpot ? "spot" : "reliable",
                 h.labels.datacenter.c_str(), h.labels.rack.c_str(),
-                h.labels.host.c_str(), static_cast<unsigned long long>(h.chunks));
+                h.labels.host.c_str(),
+                static_cast<unsigned long long>(h.chunks));
   }
   if (!v->tensors.empty()) {
     std::printf("\ntensors (%zu):\n", v->tensors.size());

@@ -7,8 +7,10 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms"},
-                        {"oversubscribed-racks"});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms"},
+      {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
@@ -22,12 +24,14 @@ int CmdServe(int argc, char** argv) {
   if (args->Has("rebuild-ms")) {
     auto rebuild = args->GetU64("rebuild-ms", 0);
     if (!rebuild.ok()) return Fail(rebuild.status());
-    if (*rebuild > 3600000) return Fail(InvalidArgument("--rebuild-ms must be in [0, 3600000]"));
+    if (*rebuild > 3600000)
+      return Fail(InvalidArgument("--rebuild-ms must be in [0, 3600000]"));
     o.rebuild_ms = static_cast<int64_t>(*rebuild);
   }
   auto keep = args->GetU64("keep-latest", 0);
   if (!keep.ok()) return Fail(keep.status());
-  if (*keep > 1024) return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));
+  if (*keep > 1024)
+    return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));
   o.keep_latest = static_cast<uint32_t>(*keep);
   auto secret = Secret(*args);
   if (!secret.ok()) return Fail(secret.status());

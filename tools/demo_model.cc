@@ -12,7 +12,8 @@ namespace tensorhub::cli {
 
 std::vector<TensorSpec> QwenLayout(double scale) {
   const uint64_t hidden = 896, inter = 4864, kv = 128;
-  const uint64_t vocab = std::max<uint64_t>(1024, static_cast<uint64_t>(151936 * scale));
+  const uint64_t vocab =
+      std::max<uint64_t>(1024, static_cast<uint64_t>(151936 * scale));
   const int layers = std::max(1, static_cast<int>(24 * scale + 0.5));
   std::vector<TensorSpec> out;
   auto add = [&](std::string name, std::vector<uint64_t> shape) {
@@ -49,7 +50,8 @@ SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs) {
   auto* base = reinterpret_cast<uint8_t*>(storage_.get());
   for (size_t i = 0; i < specs.size(); ++i) {
     uint64_t bytes = *specs[i].ByteSize();
-    refs_.push_back(TensorRef{specs[i], base + offsets[i], bytes, MemoryLocation::Host()});
+    refs_.push_back(
+        TensorRef{specs[i], base + offsets[i], bytes, MemoryLocation::Host()});
   }
   // Touch every page now, so first-use page faults do not land in a timing.
   std::memset(base, 0, total_bytes_);
@@ -58,7 +60,8 @@ SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs) {
 void SyntheticModel::Fill(uint64_t version) {
   for (size_t i = 0; i < refs_.size(); ++i) {
     // xorshift64*, seeded per (version, tensor).
-    uint64_t x = (version * 0x9E3779B97F4A7C15ull) ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
+    uint64_t x =
+        (version * 0x9E3779B97F4A7C15ull) ^ (i + 1) * 0xBF58476D1CE4E5B9ull;
     if (x == 0) x = 1;
     auto* w = static_cast<uint64_t*>(refs_[i].data);
     uint64_t words = refs_[i].bytes / 8;
@@ -69,7 +72,8 @@ void SyntheticModel::Fill(uint64_t version) {
       w[k] = x * 0x2545F4914F6CDD1Dull;
     }
     auto* tail = static_cast<uint8_t*>(refs_[i].data) + words * 8;
-    for (uint64_t k = words * 8; k < refs_[i].bytes; ++k) *tail++ = static_cast<uint8_t>(x >> (k % 8));
+    for (uint64_t k = words * 8; k < refs_[i].bytes; ++k)
+      *tail++ = static_cast<uint8_t>(x >> (k % 8));
   }
 }
 

@@ -6,9 +6,12 @@ namespace tensorhub::cli {
 
 constexpr char kPoint[] = "fetcher.chunk_done";
 
-FetchPause::FetchPause(uint64_t after_chunks, std::function<void(uint64_t)> paused,
+FetchPause::FetchPause(uint64_t after_chunks,
+                       std::function<void(uint64_t)> paused,
                        std::function<void()> resume)
-    : after_chunks_(after_chunks), paused_(std::move(paused)), resume_(std::move(resume)) {
+    : after_chunks_(after_chunks),
+      paused_(std::move(paused)),
+      resume_(std::move(resume)) {
   testpoint::Arm(kPoint, [this](uint64_t n) { OnChunk(n); });
 }
 

@@ -22,7 +22,8 @@ namespace tensorhub::cli {
 
 class FetchPause {
  public:
-  FetchPause(uint64_t after_chunks, std::function<void(uint64_t chunks_done)> paused,
+  FetchPause(uint64_t after_chunks,
+             std::function<void(uint64_t chunks_done)> paused,
              std::function<void()> resume);
   ~FetchPause();
   FetchPause(const FetchPause&) = delete;
@@ -39,8 +40,12 @@ class FetchPause {
   const std::function<void()> resume_;
   mutable std::mutex mu_;
   std::condition_variable released_;
-  enum class Phase { kRunning, kPaused, kReleased } phase_ = Phase::kRunning;  // guarded by mu_
-  uint64_t paused_at_ = 0;                                                   // guarded by mu_
+  enum class Phase {
+    kRunning,
+    kPaused,
+    kReleased
+  } phase_ = Phase::kRunning;  // guarded by mu_
+  uint64_t paused_at_ = 0;     // guarded by mu_
 };
 
 }  // namespace tensorhub::cli

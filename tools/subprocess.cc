@@ -98,7 +98,8 @@ Status Subprocess::Send(const std::string& line) {
   while (off < s.size()) {
     ssize_t n = ::write(in_fd_, s.data() + off, s.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Unavailable("child " + std::to_string(pid_) + " is gone");
+    if (n <= 0)
+      return Unavailable("child " + std::to_string(pid_) + " is gone");
     off += static_cast<size_t>(n);
   }
   return Status::Ok();
@@ -115,7 +116,8 @@ Result<std::string> Subprocess::ReadLine(const Deadline& deadline) {
     if (buffer_.size() > (1 << 20)) return Internal("child line too long");
     int64_t left = deadline.remaining_ms();
     if (left <= 0) {
-      return DeadlineExceeded("child " + std::to_string(pid_) + " did not answer in time");
+      return DeadlineExceeded("child " + std::to_string(pid_) +
+                              " did not answer in time");
     }
     pollfd p{out_fd_, POLLIN, 0};
     int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
@@ -156,7 +158,8 @@ Result<int> FreeLoopbackPort() {
   socklen_t len = sizeof(a);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    Status s = Internal(std::string("choosing a loopback port: ") + std::strerror(errno));
+    Status s = Internal(std::string("choosing a loopback port: ") +
+                        std::strerror(errno));
     ::close(fd);
     return s;
   }

@@ -60,7 +60,8 @@ Environment: TENSORHUB_LOG=debug|info|warn|error
 int main(int argc, char** argv) {
   using namespace tensorhub::cli;
   if (argc < 2 || std::strcmp(argv[1], "-h") == 0 ||
-      std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+      std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
@@ -74,9 +75,11 @@ int main(int argc, char** argv) {
   if (cmd == "_demo-trainer") return CmdDemoTrainer(argc, argv);
   if (cmd == "_demo-rollout") return CmdDemoRollout(argc, argv);
   if (cmd == "bench") return CmdBench(argc, argv);
-  if (cmd == "sim" || cmd == "chaos" || cmd == "_chaos-worker") return MovedToLab(cmd);
+  if (cmd == "sim" || cmd == "chaos" || cmd == "_chaos-worker")
+    return MovedToLab(cmd);
   if (cmd == "retain" || cmd == "unretain") return CmdRetain(argc, argv);
   if (cmd == "keeper") return CmdKeeper(argc, argv);
-  std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  std::fprintf(stderr, "tensorhub: unknown command '%s'\n\n%s", cmd.c_str(),
+               kUsage);
   return 2;
 }

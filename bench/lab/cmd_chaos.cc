@@ -14,9 +14,11 @@
 //   stop            SIGSTOP for 0.5-2.5 s, then SIGCONT (a partition: the
 //                   process neither answers reads nor renews its lease)
 //   slow            SIGSTOP/SIGCONT duty cycle (40 ms of every 60) for 1-2.5 s
-//   hub-restart     SIGKILL of the hub, a new hub on the same port 0.2-1 s later
-//   hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts connections
-//                   but answers nothing; every call must still keep its deadline
+//   hub-restart     SIGKILL of the hub, a new hub on the same port 0.2-1 s
+//   later hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts
+//   connections
+//                   but answers nothing; every call must still keep its
+//                   deadline
 //
 // After each round it checks:
 //   * every fetch that succeeded returned exactly the published bytes (the
@@ -107,7 +109,8 @@ extern "C" void KillChildrenAndExit(int sig) {
 
 std::vector<TensorSpec> ChaosLayout(uint64_t bytes) {
   std::vector<TensorSpec> specs;
-  for (int i = 0; i < 16; ++i) specs.push_back({"norm." + std::to_string(i), DType::kBF16, {512}});
+  for (int i = 0; i < 16; ++i)
+    specs.push_back({"norm." + std::to_string(i), DType::kBF16, {512}});
   uint64_t left = bytes > 16 * 1024 ? bytes - 16 * 1024 : 2;
   for (int i = 0; left >= 2; ++i) {
     uint64_t n = std::min<uint64_t>(left, 1ull << 20) / 2;
@@ -118,7 +121,9 @@ std::vector<TensorSpec> ChaosLayout(uint64_t bytes) {
 }
 
 // The content of version `v` in a run of `seed`.
-uint64_t ContentKey(uint64_t seed, uint64_t v) { return seed * 0x9E3779B97F4A7C15ull + v; }
+uint64_t ContentKey(uint64_t seed, uint64_t v) {
+  return seed * 0x9E3779B97F4A7C15ull + v;
+}
 
 std::vector<std::string> Words(const std::string& line) {
   std::istringstream in(line);
@@ -129,10 +134,11 @@ std::vector<std::string> Words(const std::string& line) {
 
 // ---------------------------------------------------------------------------
 // The worker process. Every reply starts with its word and the call's time:
-//   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE: message
-//   unpublish V TIMEOUT_MS               -> ok MS | error MS ...
-//   fetch V|latest TIMEOUT_MS SERVE [PAUSE_AFTER]
-//                                        -> fetched MS V DIGEST RETRIES STOLEN SOURCES
+//   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE:
+//   message unpublish V TIMEOUT_MS               -> ok MS | error MS ... fetch
+//   V|latest TIMEOUT_MS SERVE [PAUSE_AFTER]
+//                                        -> fetched MS V DIGEST RETRIES STOLEN
+//                                        SOURCES
 //                                           | error MS ...
 //                                        With PAUSE_AFTER > 0, first "paused N"
 //                                        once N >= PAUSE_AFTER chunks are in;
@@ -144,7 +150,8 @@ int RunChaosWorker(const Args& args) {
   auto bytes = args.GetU64("bytes", 4 << 20);
   auto chunk = args.GetU64("chunk-bytes", 64 << 10);
   auto seed = args.GetU64("seed", 1);
-  if (!bytes.ok() || !chunk.ok() || !seed.ok()) return Fail(InvalidArgument("bad flags"));
+  if (!bytes.ok() || !chunk.ok() || !seed.ok())
+    return Fail(InvalidArgument("bad flags"));
   SyntheticModel model(ChaosLayout(*bytes));
   ClientOptions o;
   o.hub_address = args.Get("hub");
@@ -162,7 +169,9 @@ int RunChaosWorker(const Args& args) {
     if (w.empty()) continue;
     int64_t t0 = NowMs();
     auto ms = [&] { return std::to_string(NowMs() - t0); };
-    auto error = [&](const Status& s) { Reply("error " + ms() + " " + s.ToString()); };
+    auto error = [&](const Status& s) {
+      Reply("error " + ms() + " " + s.ToString());
+    };
     if (w[0] == "publish" && w.size() == 5) {
       uint64_t v = std::stoull(w[1]);
       model.Fill(ContentKey(*seed, v));
@@ -174,19 +183,22 @@ int RunChaosWorker(const Args& args) {
       Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
       s.ok() ? Reply("ok " + ms() + " " + Hex(model.Digest())) : error(s);
     } else if (w[0] == "unpublish" && w.size() == 3) {
-      Status s = (*client)->Unpublish(kModel, Version(std::stoull(w[1])), std::stoll(w[2]));
+      Status s = (*client)->Unpublish(kModel, Version(std::stoull(w[1])),
+                                      std::stoll(w[2]));
       s.ok() ? Reply("ok " + ms()) : error(s);
     } else if (w[0] == "fetch" && (w.size() == 4 || w.size() == 5)) {
       FetchOptions fo;
       fo.timeout_ms = std::stoll(w[2]);
       fo.serve = w[3] == "1";
-      Version v = w[1] == "latest" ? Version::Latest() : Version(std::stoull(w[1]));
+      Version v =
+          w[1] == "latest" ? Version::Latest() : Version(std::stoull(w[1]));
       // PAUSE_AFTER: stop pulling after that many chunks, say "paused N" and
       // wait for "go" (the test bed injects its fault meanwhile).
       std::optional<FetchPause> pause;
       if (w.size() == 5 && std::stoull(w[4]) > 0) {
         pause.emplace(
-            std::stoull(w[4]), [](uint64_t n) { Reply("paused " + std::to_string(n)); },
+            std::stoull(w[4]),
+            [](uint64_t n) { Reply("paused " + std::to_string(n)); },
             [] {
               for (std::string go; std::getline(std::cin, go) && go != "go";) {
               }
@@ -194,13 +206,17 @@ int RunChaosWorker(const Args& args) {
       }
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
       pause.reset();
-      st.ok() ? Reply("fetched " + ms() + " " + std::to_string(st->version.value()) + " " +
-                      Hex(model.Digest()) + " " + std::to_string(st->chunk_retries) + " " +
-                      std::to_string(st->chunks_stolen) + " " + std::to_string(st->sources_used))
+      st.ok() ? Reply("fetched " + ms() + " " +
+                      std::to_string(st->version.value()) + " " +
+                      Hex(model.Digest()) + " " +
+                      std::to_string(st->chunk_retries) + " " +
+                      std::to_string(st->chunks_stolen) + " " +
+                      std::to_string(st->sources_used))
               : error(st.status());
     } else if (w[0] == "describe" && w.size() == 2) {
       auto info = (*client)->Describe(kModel, Version(std::stoull(w[1])));
-      info.ok() ? Reply("state " + ms() + " " + std::string(VersionStateName(info->state)))
+      info.ok() ? Reply("state " + ms() + " " +
+                        std::string(VersionStateName(info->state)))
                 : error(info.status());
     } else {
       Reply("error 0 INVALID_ARGUMENT: unknown command '" + line + "'");
@@ -222,8 +238,9 @@ enum Fault {
   kHubStop,
   kNumFaults
 };
-const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer", "stop",
-                                   "slow",        "hub-restart", "hub-stop"};
+const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer",
+                                   "stop",        "slow",        "hub-restart",
+                                   "hub-stop"};
 
 struct Proc {
   std::string name;
@@ -247,7 +264,11 @@ struct Reply_ {
 class Chaos {
  public:
   Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose)
-      : seed_(seed), rounds_(rounds), num_readers_(readers), bytes_(bytes), rng_(seed) {
+      : seed_(seed),
+        rounds_(rounds),
+        num_readers_(readers),
+        bytes_(bytes),
+        rng_(seed) {
     env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
   }
 
@@ -261,14 +282,16 @@ class Chaos {
     trainer_ = Spawn(false);
     auditor_ = Spawn(true, "auditor");
     for (int i = 0; i < num_readers_; ++i) readers_.push_back(Spawn(true));
-    if (!trainer_->sub || !auditor_->sub) return Fatal("could not start the workers");
+    if (!trainer_->sub || !auditor_->sub)
+      return Fatal("could not start the workers");
     for (int r = 1; r <= rounds_; ++r) {
       round_ = r;
       RunRound();
       Audit();
       if (r % 10 == 0 || r == rounds_) {
-        std::printf("chaos: round %d/%d, %d faults, %d violations (%.0f s)\n", r, rounds_,
-                    TotalFaults(), violations_.load(), (NowMs() - t0) / 1000.0);
+        std::printf("chaos: round %d/%d, %d faults, %d violations (%.0f s)\n",
+                    r, rounds_, TotalFaults(), violations_.load(),
+                    (NowMs() - t0) / 1000.0);
         std::fflush(stdout);
       }
     }
@@ -287,7 +310,8 @@ class Chaos {
   void Violation(const std::string& what) {
     ++violations_;
     std::lock_guard<std::mutex> l(print_mu_);
-    std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_, round_, what.c_str());
+    std::printf("chaos: VIOLATION (seed %" PRIu64 ", round %d): %s\n", seed_,
+                round_, what.c_str());
     std::fflush(stdout);
   }
 
@@ -303,7 +327,8 @@ class Chaos {
   }
 
   bool StartHub() {
-    auto hub = Subprocess::Spawn({"serve", "--listen", hub_address_, "--lease-ms", "2000"}, env_);
+    auto hub = Subprocess::Spawn(
+        {"serve", "--listen", hub_address_, "--lease-ms", "2000"}, env_);
     if (!hub.ok()) {
       Violation("hub did not start: " + hub.status().ToString());
       return false;
@@ -323,11 +348,13 @@ class Chaos {
   std::unique_ptr<Proc> Spawn(bool reader, std::string name = "") {
     auto p = std::make_unique<Proc>();
     p->reader = reader;
-    p->name = name.empty() ? (reader ? "reader-" : "trainer-") + std::to_string(++spawned_) : name;
-    auto sub = Subprocess::Spawn(
-        {"_chaos-worker", "--hub", hub_address_, "--bytes", std::to_string(bytes_), "--seed",
-         std::to_string(seed_), "--name", p->name},
-        env_);
+    p->name = name.empty() ? (reader ? "reader-" : "trainer-") +
+                                 std::to_string(++spawned_)
+                           : name;
+    auto sub = Subprocess::Spawn({"_chaos-worker", "--hub", hub_address_,
+                                  "--bytes", std::to_string(bytes_), "--seed",
+                                  std::to_string(seed_), "--name", p->name},
+                                 env_);
     if (!sub.ok()) {
       Violation("could not start " + p->name + ": " + sub.status().ToString());
       return p;
@@ -336,7 +363,8 @@ class Chaos {
     Track(p->sub->pid());
     auto ready = p->sub->ReadLine(Deadline::AfterMs(30000));
     if (!ready.ok() || *ready != "ready") {
-      Violation(p->name + " did not come up: " + (ready.ok() ? *ready : ready.status().ToString()));
+      Violation(p->name + " did not come up: " +
+                (ready.ok() ? *ready : ready.status().ToString()));
       p->sub.reset();
     }
     return p;
@@ -350,10 +378,12 @@ class Chaos {
     if (!p.sub->Send(cmd).ok()) return r;
     // The driver's own bound: the worker's deadline, the slack, and the
     // longest its process can be stopped by one fault, twice.
-    auto line = p.sub->ReadLine(Deadline::AfterMs(timeout_ms + kSlackMs + 2 * kMaxFaultMs));
+    auto line = p.sub->ReadLine(
+        Deadline::AfterMs(timeout_ms + kSlackMs + 2 * kMaxFaultMs));
     if (!line.ok()) {
       if (!p.killed.load()) {
-        Violation(p.name + ": '" + cmd + "' did not answer (" + line.status().ToString() + ")");
+        Violation(p.name + ": '" + cmd + "' did not answer (" +
+                  line.status().ToString() + ")");
       }
       return r;
     }
@@ -371,9 +401,9 @@ class Chaos {
       max_over_ms_ = std::max(max_over_ms_, r.call_ms - timeout_ms);
     }
     if (r.call_ms > allowed) {
-      Violation(p.name + ": '" + cmd + "' took " + std::to_string(r.call_ms) + " ms, deadline " +
-                std::to_string(timeout_ms) + " ms (+" + std::to_string(allowed - timeout_ms) +
-                " allowed): " + *line);
+      Violation(p.name + ": '" + cmd + "' took " + std::to_string(r.call_ms) +
+                " ms, deadline " + std::to_string(timeout_ms) + " ms (+" +
+                std::to_string(allowed - timeout_ms) + " allowed): " + *line);
     }
     if (r.words[0] == "error") {
       std::lock_guard<std::mutex> l(stats_mu_);
@@ -399,8 +429,9 @@ class Chaos {
     }
     uint64_t v = std::stoull(r.words[2]);
     if (r.words[3] != Hex(ExpectedDigest(v))) {
-      Violation(p.name + " fetched version " + std::to_string(v) + " with digest " + r.words[3] +
-                ", published " + Hex(ExpectedDigest(v)));
+      Violation(p.name + " fetched version " + std::to_string(v) +
+                " with digest " + r.words[3] + ", published " +
+                Hex(ExpectedDigest(v)));
     }
     std::lock_guard<std::mutex> l(stats_mu_);
     if (aborted_.count(v)) {
@@ -416,7 +447,8 @@ class Chaos {
   }
 
   struct Plan {
-    std::vector<std::pair<Fault, int64_t>> faults;  // kind, start (ms into the round)
+    std::vector<std::pair<Fault, int64_t>>
+        faults;  // kind, start (ms into the round)
     std::vector<int64_t> reader_delay_ms;
     std::vector<int> reader_pick;  // 0 latest, 1 an older held version
     std::vector<bool> reader_unpublish;
@@ -433,7 +465,8 @@ class Chaos {
       if (f == kKillTrainer) p.trainer_group = true;
       p.faults.push_back({f, static_cast<int64_t>(rng_() % 400)});
       p.targets.push_back(rng_());
-      p.durations.push_back(500 + static_cast<int64_t>(rng_() % (kMaxFaultMs - 500)));
+      p.durations.push_back(500 +
+                            static_cast<int64_t>(rng_() % (kMaxFaultMs - 500)));
     }
     std::sort(p.faults.begin(), p.faults.end(),
               [](const auto& a, const auto& b) { return a.second < b.second; });
@@ -449,7 +482,8 @@ class Chaos {
     std::vector<std::pair<uint64_t, std::string>> out;
     auto add = [&](Proc& p) {
       std::lock_guard<std::mutex> l(p.mu);
-      if (p.sub && !p.killed.load() && p.holds) out.push_back({*p.holds, p.name});
+      if (p.sub && !p.killed.load() && p.holds)
+        out.push_back({*p.holds, p.name});
     };
     add(*trainer_);
     for (auto& r : readers_) add(*r);
@@ -465,9 +499,10 @@ class Chaos {
     }
     if (!held) held = t.draining;
     if (held) {
-      Reply_ r =
-          Call(t, "unpublish " + std::to_string(*held) + " " + std::to_string(kUnpublishTimeoutMs),
-               kUnpublishTimeoutMs);
+      Reply_ r = Call(t,
+                      "unpublish " + std::to_string(*held) + " " +
+                          std::to_string(kUnpublishTimeoutMs),
+                      kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
       // Refused or not, the registration is fenced: it serves no more.
       SetHolds(t, std::nullopt);
@@ -478,10 +513,11 @@ class Chaos {
       t.draining.reset();
     }
     uint64_t v = ++next_version_;
-    Reply_ r = Call(t,
-                    "publish " + std::to_string(v) + " 0 " + (group ? "2 " : "1 ") +
-                        std::to_string(kPublishTimeoutMs),
-                    kPublishTimeoutMs);
+    Reply_ r =
+        Call(t,
+             "publish " + std::to_string(v) + " 0 " + (group ? "2 " : "1 ") +
+                 std::to_string(kPublishTimeoutMs),
+             kPublishTimeoutMs);
     Count(r, &publish_ok_, &publish_failed_);
     if (r.answered && r.words[0] == "ok") {
       if (group) {
@@ -506,16 +542,18 @@ class Chaos {
       p.holds.reset();  // the fetch unpublishes what the buffer served
     }
     Reply_ r =
-        Call(p, "fetch " + which + " " + std::to_string(kFetchTimeoutMs) + " 1", kFetchTimeoutMs);
+        Call(p, "fetch " + which + " " + std::to_string(kFetchTimeoutMs) + " 1",
+             kFetchTimeoutMs);
     Count(r, &fetch_ok_, &fetch_failed_, "fetched");
     if (!r.answered) return;
     if (r.words[0] == "fetched") {
       std::optional<uint64_t> v = CheckFetched(p, r);
       SetHolds(p, v);
       if (unpublish && v) {
-        Reply_ u =
-            Call(p, "unpublish " + std::to_string(*v) + " " + std::to_string(kUnpublishTimeoutMs),
-                 kUnpublishTimeoutMs);
+        Reply_ u = Call(p,
+                        "unpublish " + std::to_string(*v) + " " +
+                            std::to_string(kUnpublishTimeoutMs),
+                        kUnpublishTimeoutMs);
         Count(u, &unpublish_ok_, &unpublish_failed_);
         SetHolds(p, std::nullopt);  // fenced even if the drain ran out of time
       }
@@ -562,7 +600,8 @@ class Chaos {
       std::this_thread::sleep_for(std::chrono::milliseconds(stop));
       ::kill(p.sub->pid(), SIGCONT);
       p.stopped_ms += NowMs() - t;
-      if (duty_cycle) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (duty_cycle)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
 
@@ -592,8 +631,9 @@ class Chaos {
       case kKillTrainer: {
         // Wait for rank 0 of the group to be published, then kill it.
         std::unique_lock<std::mutex> l(stats_mu_);
-        pending_cv_.wait_for(l, std::chrono::milliseconds(kPublishTimeoutMs + kSlackMs),
-                             [&] { return pending_published_; });
+        pending_cv_.wait_for(
+            l, std::chrono::milliseconds(kPublishTimeoutMs + kSlackMs),
+            [&] { return pending_published_; });
         if (!pending_published_) return;
         l.unlock();
         ++faults_[f];
@@ -604,7 +644,8 @@ class Chaos {
         ++faults_[f];
         ::kill(hub_->pid(), SIGKILL);
         hub_->Stop(1000);
-        std::this_thread::sleep_for(std::chrono::milliseconds(200 + duration_ms % 800));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(200 + duration_ms % 800));
         StartHub();
         return;
       }
@@ -633,24 +674,25 @@ class Chaos {
       std::optional<uint64_t> older;
       if (!held.empty()) older = held[plan.targets[0] % held.size()].first;
       traffic.emplace_back([this, i, &plan, older] {
-        ReaderTraffic(*readers_[i], plan.reader_delay_ms[i], plan.reader_pick[i],
-                      plan.reader_unpublish[i], older);
+        ReaderTraffic(*readers_[i], plan.reader_delay_ms[i],
+                      plan.reader_pick[i], plan.reader_unpublish[i], older);
       });
     }
     int64_t start = NowMs();
     for (size_t i = 0; i < plan.faults.size(); ++i) {
       int64_t wait = plan.faults[i].second - (NowMs() - start);
-      if (wait > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+      if (wait > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(wait));
       Inject(plan.faults[i].first, plan.targets[i], plan.durations[i]);
     }
     for (std::thread& t : traffic) t.join();
     if (plan.trainer_group && !trainer_->killed.load() && trainer_->sub) {
       // The kill did not happen (the publish failed or came too late): end
       // the group's version the ordinary way, which aborts it too.
-      Reply_ r = Call(
-          *trainer_,
-          "unpublish " + std::to_string(next_version_) + " " + std::to_string(kUnpublishTimeoutMs),
-          kUnpublishTimeoutMs);
+      Reply_ r = Call(*trainer_,
+                      "unpublish " + std::to_string(next_version_) + " " +
+                          std::to_string(kUnpublishTimeoutMs),
+                      kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
     }
     // Replace what was killed (a fresh process holds nothing).
@@ -681,7 +723,8 @@ class Chaos {
       std::string last;
       bool ok = false;
       while (!ok && !settle.expired()) {
-        Reply_ r = Call(*auditor_, "fetch " + std::to_string(v) + " 8000 0", 8000);
+        Reply_ r =
+            Call(*auditor_, "fetch " + std::to_string(v) + " 8000 0", 8000);
         if (!r.answered) break;
         if (r.words[0] == "fetched") {
           CheckFetched(*auditor_, r);
@@ -697,8 +740,9 @@ class Chaos {
       } else {
         std::string names;
         for (auto& n : who) names += n + " ";
-        Violation("committed version " + std::to_string(v) + " held by live " + names +
-                  "could not be fetched within " + std::to_string(kSettleMs) + " ms: " + last);
+        Violation("committed version " + std::to_string(v) + " held by live " +
+                  names + "could not be fetched within " +
+                  std::to_string(kSettleMs) + " ms: " + last);
       }
     }
     std::set<uint64_t> aborted;
@@ -716,7 +760,8 @@ class Chaos {
         // Still pending (the lease of the dead rank has not run out), or the
         // hub not answering yet (restarting, stopped): ask again.
         if ((r.words[0] == "state" && state == "PENDING") ||
-            (r.words[0] == "error" && (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
+            (r.words[0] == "error" &&
+             (state == "UNAVAILABLE:" || state == "DEADLINE_EXCEEDED:"))) {
           std::this_thread::sleep_for(std::chrono::milliseconds(200));
           continue;
         }
@@ -724,12 +769,15 @@ class Chaos {
       }
       // Aborted, or forgotten by a restarted hub (NOT_FOUND): never visible.
       if (state != "ABORTED" && state != "NOT_FOUND:") {
-        Violation("version " + std::to_string(v) + " whose trainer died before commit is '" +
-                  state + "', not aborted");
+        Violation("version " + std::to_string(v) +
+                  " whose trainer died before commit is '" + state +
+                  "', not aborted");
       }
-      Reply_ f = Call(*auditor_, "fetch " + std::to_string(v) + " 2000 0", 2000);
+      Reply_ f =
+          Call(*auditor_, "fetch " + std::to_string(v) + " 2000 0", 2000);
       if (f.answered && f.words[0] == "fetched") {
-        Violation("version " + std::to_string(v) + " whose trainer died before commit was fetched");
+        Violation("version " + std::to_string(v) +
+                  " whose trainer died before commit was fetched");
       } else if (f.answered) {
         ++aborted_refused_;
       }
@@ -754,24 +802,30 @@ class Chaos {
   }
 
   void PrintSummary(double seconds) {
-    std::printf("chaos: seed %" PRIu64 ", %d rounds, %d readers, %s per version, %.0f s\n", seed_,
-                rounds_, num_readers_, FormatBytes(bytes_).c_str(), seconds);
+    std::printf("chaos: seed %" PRIu64
+                ", %d rounds, %d readers, %s per version, %.0f s\n",
+                seed_, rounds_, num_readers_, FormatBytes(bytes_).c_str(),
+                seconds);
     std::printf("chaos: faults %d:", TotalFaults());
-    for (int f = 0; f < kNumFaults; ++f) std::printf(" %s %d", kFaultNames[f], faults_[f].load());
+    for (int f = 0; f < kNumFaults; ++f)
+      std::printf(" %s %d", kFaultNames[f], faults_[f].load());
     std::printf("\n");
     std::printf(
-        "chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed cleanly %d; "
+        "chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed "
+        "cleanly %d; "
         "unpublishes ok %d, failed cleanly %d; calls cut by a kill %d\n",
-        fetch_ok_.load(), fetch_failed_.load(), publish_ok_.load(), publish_failed_.load(),
-        unpublish_ok_.load(), unpublish_failed_.load(), calls_lost_to_kill_.load());
+        fetch_ok_.load(), fetch_failed_.load(), publish_ok_.load(),
+        publish_failed_.load(), unpublish_ok_.load(), unpublish_failed_.load(),
+        calls_lost_to_kill_.load());
     std::printf(
         "chaos: audits: %d held versions fetched after their round, %d aborted "
         "versions refused\n",
         audits_ok_, aborted_refused_);
     std::printf("chaos: clean failures by code:");
-    for (auto& [code, n] : errors_by_code_) std::printf(" %s %d", code.c_str(), n);
-    std::printf("\nchaos: longest call beyond its deadline %" PRId64 " ms (allowed %" PRId64
-                " ms + time its process was stopped)\n",
+    for (auto& [code, n] : errors_by_code_)
+      std::printf(" %s %d", code.c_str(), n);
+    std::printf("\nchaos: longest call beyond its deadline %" PRId64
+                " ms (allowed %" PRId64 " ms + time its process was stopped)\n",
                 std::max<int64_t>(max_over_ms_, 0), kSlackMs);
     std::printf("chaos: violations %d\n", violations_.load());
     std::fflush(stdout);
@@ -794,8 +848,10 @@ class Chaos {
 
   std::atomic<int> violations_{0};
   std::atomic<int> faults_[kNumFaults] = {};
-  std::atomic<int> fetch_ok_{0}, fetch_failed_{0}, publish_ok_{0}, publish_failed_{0};
-  std::atomic<int> unpublish_ok_{0}, unpublish_failed_{0}, calls_lost_to_kill_{0};
+  std::atomic<int> fetch_ok_{0}, fetch_failed_{0}, publish_ok_{0},
+      publish_failed_{0};
+  std::atomic<int> unpublish_ok_{0}, unpublish_failed_{0},
+      calls_lost_to_kill_{0};
   int audits_ok_ = 0, aborted_refused_ = 0;
   std::set<uint64_t> audited_aborted_;
 
@@ -813,33 +869,37 @@ class Chaos {
 }  // namespace
 
 int CmdChaosWorker(int argc, char** argv) {
-  auto args =
-      ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
   if (!args.ok()) return Fail(args.status());
   return RunChaosWorker(*args);
 }
 
 int CmdChaos(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"seed", "rounds", "readers", "bytes"}, {"verbose"});
+  auto args = ParseArgs(argc, argv, 2, {"seed", "rounds", "readers", "bytes"},
+                        {"verbose"});
   if (!args.ok()) return Fail(args.status());
   auto seed = args->GetU64("seed", 1);
   auto rounds = args->GetU64("rounds", 30);
   auto readers = args->GetU64("readers", 4);
   auto bytes = ParseBytes(args->Get("bytes", "4MiB"));
   if (!seed.ok() || !rounds.ok() || !readers.ok() || !bytes.ok()) {
-    return Fail(InvalidArgument("--seed, --rounds, --readers, --bytes take numbers"));
-  }
-  if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 || *bytes < (64 << 10) ||
-      *bytes > (1ull << 30)) {
     return Fail(
-        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], --bytes in [64KiB, 1GiB]"));
+        InvalidArgument("--seed, --rounds, --readers, --bytes take numbers"));
+  }
+  if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 ||
+      *bytes < (64 << 10) || *bytes > (1ull << 30)) {
+    return Fail(
+        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], "
+                        "--bytes in [64KiB, 1GiB]"));
   }
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGINT, KillChildrenAndExit);
   ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
-  Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers), *bytes,
-              args->Has("verbose"));
+  Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers),
+              *bytes, args->Has("verbose"));
   return chaos.Run();
 }
 

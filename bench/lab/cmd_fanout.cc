@@ -1,7 +1,7 @@
-// `tensorhub-lab bench fanout`: one trainer and N readers on the multi-host test
-// bed (bench/testbed.sh), each in its own network namespace behind a shaped
-// link. Times how long until every reader holds a new version, beside the
-// bandwidth lower bound S/B, and counts what crossed the trainer's link and
+// `tensorhub-lab bench fanout`: one trainer and N readers on the multi-host
+// test bed (bench/testbed.sh), each in its own network namespace behind a
+// shaped link. Times how long until every reader holds a new version, beside
+// the bandwidth lower bound S/B, and counts what crossed the trainer's link and
 // the wide-area link. `--mode p2p` is the plain point-to-point baseline:
 // readers do not serve, so every one pulls from the trainer.
 #include <algorithm>
@@ -26,7 +26,8 @@ constexpr char kModel[] = "bench-fanout";
 std::vector<TensorSpec> BenchLayout(uint64_t bytes) {
   // Like a model: many tiny tensors (norms, biases) and large matrices.
   std::vector<TensorSpec> specs;
-  for (int i = 0; i < 48; ++i) specs.push_back({"norm." + std::to_string(i), DType::kBF16, {896}});
+  for (int i = 0; i < 48; ++i)
+    specs.push_back({"norm." + std::to_string(i), DType::kBF16, {896}});
   uint64_t left = bytes > 48 * 1792 ? bytes - 48 * 1792 : 2;
   for (int i = 0; left >= 2; ++i) {
     uint64_t n = std::min<uint64_t>(left, 32ull << 20) / 2;
@@ -50,8 +51,10 @@ Result<ClientOptions> RoleOptions(const Args& a) {
 }  // namespace
 
 int CmdBenchTrainer(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes", "name", "datacenter",
-                                        "host-label", "data-listen"}, {});
+  auto args = ParseArgs(argc, argv, 2,
+                        {"hub", "bytes", "chunk-bytes", "name", "datacenter",
+                         "host-label", "data-listen"},
+                        {});
   if (!args.ok()) return Fail(args.status());
   SetLogPrefix("trainer");
   SyntheticModel model(BenchLayout(std::stoull(args->Get("bytes"))));
@@ -61,7 +64,8 @@ int CmdBenchTrainer(int argc, char** argv) {
   if (!client.ok()) return Fail(client.status());
   Reply("ready " + (*client)->id().value());
   PublishOptions po;
-  po.chunk_bytes = std::stoull(args->Get("chunk-bytes", std::to_string(4 << 20)));
+  po.chunk_bytes =
+      std::stoull(args->Get("chunk-bytes", std::to_string(4 << 20)));
   const std::string self = (*client)->id().value();
   std::string line;
   uint64_t last = 0;
@@ -85,7 +89,10 @@ int CmdBenchTrainer(int argc, char** argv) {
       Status s = Status::Ok();
       for (;;) {
         auto info = (*client)->Describe(kModel, Version(last));
-        if (!info.ok()) { s = info.status(); break; }
+        if (!info.ok()) {
+          s = info.status();
+          break;
+        }
         uint64_t full = 0, filling = 0;
         for (const HolderInfo& h : info->holders) {
           if (h.worker.value() == self) continue;
@@ -98,20 +105,27 @@ int CmdBenchTrainer(int argc, char** argv) {
         // resolved this version late) could be left with no source at all.
         if (full >= copies && filling == 0) break;
         if (deadline.expired()) {
-          s = DeadlineExceeded(std::to_string(full) + " of " + std::to_string(copies) +
-                               " copies of version " + std::to_string(last) + ", " +
-                               std::to_string(filling) + " holders still filling");
+          s = DeadlineExceeded(
+              std::to_string(full) + " of " + std::to_string(copies) +
+              " copies of version " + std::to_string(last) + ", " +
+              std::to_string(filling) + " holders still filling");
           break;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      if (!s.ok()) { Reply("error " + s.ToString()); continue; }
+      if (!s.ok()) {
+        Reply("error " + s.ToString());
+        continue;
+      }
     }
     double wait_s = since(t0);
     auto t1 = SteadyClock::now();
     if (last) {
       Status s = (*client)->Unpublish(kModel, Version(last), 120000);
-      if (!s.ok()) { Reply("error " + s.ToString()); continue; }
+      if (!s.ok()) {
+        Reply("error " + s.ToString());
+        continue;
+      }
     }
     double unpublish_s = since(t1);
     auto t2 = SteadyClock::now();
@@ -119,7 +133,10 @@ int CmdBenchTrainer(int argc, char** argv) {
     double fill_s = since(t2);
     auto t3 = SteadyClock::now();
     Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
-    if (!s.ok()) { Reply("error " + s.ToString()); continue; }
+    if (!s.ok()) {
+      Reply("error " + s.ToString());
+      continue;
+    }
     last = v;
     Reply("published " + std::to_string(v) + " " + Hex(model.Digest()) + " " +
           std::to_string(wait_s) + " " + std::to_string(unpublish_s) + " " +
@@ -129,8 +146,10 @@ int CmdBenchTrainer(int argc, char** argv) {
 }
 
 int CmdBenchReader(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "name", "datacenter", "host-label",
-                                        "data-listen", "connections"}, {"no-serve"});
+  auto args = ParseArgs(argc, argv, 2,
+                        {"hub", "bytes", "name", "datacenter", "host-label",
+                         "data-listen", "connections"},
+                        {"no-serve"});
   if (!args.ok()) return Fail(args.status());
   SetLogPrefix(args->Get("name").c_str());
   SyntheticModel model(BenchLayout(std::stoull(args->Get("bytes"))));
@@ -151,9 +170,13 @@ int CmdBenchReader(int argc, char** argv) {
     fo.serve = !args->Has("no-serve");
     fo.connections = std::stoi(args->Get("connections", "4"));
     auto st = (*client)->Fetch(kModel, Version(v), model.tensors(), fo);
-    if (!st.ok()) { Reply("error " + st.status().ToString()); continue; }
-    std::string out = "fetched " + std::to_string(v) + " " + Hex(model.Digest()) + " " +
-                      std::to_string(st->seconds) + " " + std::to_string(st->chunk_retries);
+    if (!st.ok()) {
+      Reply("error " + st.status().ToString());
+      continue;
+    }
+    std::string out = "fetched " + std::to_string(v) + " " +
+                      Hex(model.Digest()) + " " + std::to_string(st->seconds) +
+                      " " + std::to_string(st->chunk_retries);
     for (const FetchSourceStats& s : st->sources) {
       out += " " + s.worker.value() + ":" + std::to_string(s.bytes) + ":" +
              (s.was_filling ? "f" : "c");
@@ -164,8 +187,10 @@ int CmdBenchReader(int argc, char** argv) {
 }
 
 int CmdBenchFanout(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 3, {"testbed", "readers", "bytes", "mode", "repeat",
-                                        "chunk-bytes", "connections", "port"}, {});
+  auto args = ParseArgs(argc, argv, 3,
+                        {"testbed", "readers", "bytes", "mode", "repeat",
+                         "chunk-bytes", "connections", "port"},
+                        {});
   if (!args.ok()) return Fail(args.status());
   auto tb = LoadTestbed(args->Get("testbed", "th"));
   if (!tb.ok()) return Fail(tb.status());
@@ -174,16 +199,20 @@ int CmdBenchFanout(int argc, char** argv) {
   auto readers = args->GetU64("readers", tb->names.size() - 1);
   auto repeat = args->GetU64("repeat", 2);
   std::string mode = args->Get("mode", "tensorhub");
-  for (const Status& s : {bytes.status(), chunk.status(), readers.status(), repeat.status()}) {
+  for (const Status& s :
+       {bytes.status(), chunk.status(), readers.status(), repeat.status()}) {
     if (!s.ok()) return Fail(s);
   }
-  if (mode != "tensorhub" && mode != "p2p") return Fail(InvalidArgument("--mode is tensorhub or p2p"));
+  if (mode != "tensorhub" && mode != "p2p")
+    return Fail(InvalidArgument("--mode is tensorhub or p2p"));
   if (*readers < 1 || *readers + 1 > tb->names.size()) {
-    return Fail(InvalidArgument("the test bed has " + std::to_string(tb->names.size()) +
-                                " hosts: at most " + std::to_string(tb->names.size() - 1) +
-                                " readers"));
+    return Fail(
+        InvalidArgument("the test bed has " + std::to_string(tb->names.size()) +
+                        " hosts: at most " +
+                        std::to_string(tb->names.size() - 1) + " readers"));
   }
-  if (*repeat < 1 || *repeat > 20) return Fail(InvalidArgument("--repeat must be in [1, 20]"));
+  if (*repeat < 1 || *repeat > 20)
+    return Fail(InvalidArgument("--repeat must be in [1, 20]"));
   SetLogLevel(LogLevel::kWarn);
   std::string hub;
   auto hub_proc = SpawnHub(*tb, args->Get("port", "7070"), &hub);
@@ -193,8 +222,9 @@ int CmdBenchFanout(int argc, char** argv) {
   if (!trainer.ok()) return Fail(trainer.status());
   std::vector<Subprocess> rs;
   for (uint64_t i = 1; i <= *readers; ++i) {
-    auto r = SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), *bytes, mode != "p2p",
-                         std::stoi(args->Get("connections", "4")));
+    auto r =
+        SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), *bytes,
+                    mode != "p2p", std::stoi(args->Get("connections", "4")));
     if (!r.ok()) return Fail(r.status());
     rs.push_back(std::move(r).value());
   }
@@ -209,20 +239,24 @@ int CmdBenchFanout(int argc, char** argv) {
   for (uint64_t i = 1; i <= *readers; ++i) {
     if (tb->dcs[i] != tb->dcs[0]) remote_dcs.insert(tb->dcs[i]);
   }
-  std::printf("fanout: mode %s, %llu readers, %s, links %.0f Mbit/s%s, chunks of %s, "
-              "bound S/B %.2f s\n",
-              mode.c_str(), static_cast<unsigned long long>(*readers), FormatBytes(*bytes).c_str(),
-              tb->host_mbit,
-              remote_dcs.empty() ? "" : (", WAN " + std::to_string(static_cast<int>(tb->wan_mbit)) +
-                                         " Mbit/s, " + std::to_string(remote_dcs.size()) +
-                                         " remote DC(s)").c_str(),
-              FormatBytes(*chunk).c_str(), bound);
+  std::printf(
+      "fanout: mode %s, %llu readers, %s, links %.0f Mbit/s%s, chunks of %s, "
+      "bound S/B %.2f s\n",
+      mode.c_str(), static_cast<unsigned long long>(*readers),
+      FormatBytes(*bytes).c_str(), tb->host_mbit,
+      remote_dcs.empty()
+          ? ""
+          : (", WAN " + std::to_string(static_cast<int>(tb->wan_mbit)) +
+             " Mbit/s, " + std::to_string(remote_dcs.size()) + " remote DC(s)")
+                .c_str(),
+      FormatBytes(*chunk).c_str(), bound);
   double best = 1e30;
   bool all_ok = true;
   double best_trainer_copies = 0, best_wan = 0, best_filling = 0;
   for (uint64_t r = 1; r <= *repeat; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
-    auto pub = s.ok() ? trainer->ReadLine(Deadline::AfterMs(600000)) : Result<std::string>(s);
+    auto pub = s.ok() ? trainer->ReadLine(Deadline::AfterMs(600000))
+                      : Result<std::string>(s);
     if (!pub.ok()) return Fail(pub.status());
     auto published = ParsePublished(*pub);
     if (!published.ok()) return Fail(published.status());
@@ -235,9 +269,12 @@ int CmdBenchFanout(int argc, char** argv) {
     size_t matched = 0;
     for (size_t i = 0; i < rs.size(); ++i) {
       auto line = rs[i].ReadLine(Deadline::AfterMs(900000));
-      double at = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+      double at =
+          std::chrono::duration<double>(SteadyClock::now() - t0).count();
       if (!line.ok() || line->rfind("fetched", 0) != 0) {
-        std::printf("  reader-%zu FAILED: %s\n", i + 1, line.ok() ? line->c_str() : line.status().ToString().c_str());
+        std::printf(
+            "  reader-%zu FAILED: %s\n", i + 1,
+            line.ok() ? line->c_str() : line.status().ToString().c_str());
         all_ok = false;
         continue;
       }
@@ -253,12 +290,18 @@ int CmdBenchFanout(int argc, char** argv) {
     uint64_t wan = WanTxBytes(*tb, tb->dcs[0]) - wan0;
     all_ok = all_ok && matched == rs.size();
     double copies = static_cast<double>(from_trainer) / *bytes;
-    std::printf("  round %llu: all %zu readers hold it after %.2f s (first %.2f s) = %.2f x S/B; "
-                "bytes match %zu/%zu; from trainer %.2f S; from filling peers %.2f S; retries %llu",
-                static_cast<unsigned long long>(r), rs.size(), last, first, last / bound, matched,
-                rs.size(), copies, static_cast<double>(from_filling) / *bytes,
-                static_cast<unsigned long long>(retries));
-    if (!remote_dcs.empty()) std::printf("; WAN out of %s %.3f S", tb->dcs[0].c_str(), static_cast<double>(wan) / *bytes);
+    std::printf(
+        "  round %llu: all %zu readers hold it after %.2f s (first %.2f s) = "
+        "%.2f x S/B; "
+        "bytes match %zu/%zu; from trainer %.2f S; from filling peers %.2f S; "
+        "retries %llu",
+        static_cast<unsigned long long>(r), rs.size(), last, first,
+        last / bound, matched, rs.size(), copies,
+        static_cast<double>(from_filling) / *bytes,
+        static_cast<unsigned long long>(retries));
+    if (!remote_dcs.empty())
+      std::printf("; WAN out of %s %.3f S", tb->dcs[0].c_str(),
+                  static_cast<double>(wan) / *bytes);
     std::printf("\n");
     std::fflush(stdout);
     if (last < best) {
@@ -273,11 +316,13 @@ int CmdBenchFanout(int argc, char** argv) {
   for (Subprocess& rd : rs) rd.Stop(3000);
   trainer->Stop(3000);
   hub_proc->Stop(3000);
-  std::printf("fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f ratio=%.3f "
-              "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d\n",
-              mode.c_str(), static_cast<unsigned long long>(*readers),
-              static_cast<unsigned long long>(*bytes), best, bound, best / bound,
-              best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0);
+  std::printf(
+      "fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f "
+      "ratio=%.3f "
+      "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d\n",
+      mode.c_str(), static_cast<unsigned long long>(*readers),
+      static_cast<unsigned long long>(*bytes), best, bound, best / bound,
+      best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0);
   return all_ok ? 0 : 1;
 }
 

@@ -50,7 +50,8 @@ Environment: TENSORHUB_LOG=debug|info|warn|error, TENSORHUB_ROLE_LOG (test-bed r
 int main(int argc, char** argv) {
   using namespace tensorhub::cli;
   if (argc < 2 || std::strcmp(argv[1], "-h") == 0 ||
-      std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+      std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
@@ -67,12 +68,14 @@ int main(int argc, char** argv) {
     if (what == "fanout") return CmdBenchFanout(argc, argv);
     if (what == "workload") return CmdBenchWorkload(argc, argv);
     if (what == "hub") return CmdBenchHub(argc, argv);
-    std::fprintf(stderr,
-                 "tensorhub-lab: unknown benchmark '%s': bench hub|fanout|workload "
-                 "(bench pair and bench local are in `tensorhub`)\n",
-                 what.c_str());
+    std::fprintf(
+        stderr,
+        "tensorhub-lab: unknown benchmark '%s': bench hub|fanout|workload "
+        "(bench pair and bench local are in `tensorhub`)\n",
+        what.c_str());
     return 2;
   }
-  std::fprintf(stderr, "tensorhub-lab: unknown command '%s'\n\n%s", cmd.c_str(), kUsage);
+  std::fprintf(stderr, "tensorhub-lab: unknown command '%s'\n\n%s", cmd.c_str(),
+               kUsage);
   return 2;
 }

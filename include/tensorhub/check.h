@@ -42,14 +42,14 @@ template <typename A, typename B>
     }                                                                   \
   } while (0)
 
-#define TH_CHECK_OP_(op, a, b)                                            \
-  do {                                                                    \
-    const auto& th_check_a_ = (a);                                        \
-    const auto& th_check_b_ = (b);                                        \
-    if (__builtin_expect(!(th_check_a_ op th_check_b_), 0)) {             \
-      ::tensorhub::check_internal::FailCompare(                           \
+#define TH_CHECK_OP_(op, a, b)                                              \
+  do {                                                                      \
+    const auto& th_check_a_ = (a);                                          \
+    const auto& th_check_b_ = (b);                                          \
+    if (__builtin_expect(!(th_check_a_ op th_check_b_), 0)) {               \
+      ::tensorhub::check_internal::FailCompare(                             \
           __FILE__, __LINE__, #a " " #op " " #b, th_check_a_, th_check_b_); \
-    }                                                                     \
+    }                                                                       \
   } while (0)
 
 #define TH_CHECK_EQ(a, b) TH_CHECK_OP_(==, a, b)

@@ -109,7 +109,7 @@ struct FetchSourceStats {
 struct FetchStats {
   Version version;
   uint64_t bytes = 0;
-  double seconds = 0;         // from resolve to last verified byte
+  double seconds = 0;          // from resolve to last verified byte
   double resolve_seconds = 0;  // the hub round trip
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;

@@ -139,8 +139,8 @@ class [[nodiscard]] Result {
   // Taking the value of an error is a bug in the caller: it names the error.
   void CheckHasValue() const {
     if (__builtin_expect(!ok(), 0)) {
-      check_internal::Fail(__FILE__, __LINE__, "Result::value() on an error:",
-                           status_.message());
+      check_internal::Fail(__FILE__, __LINE__,
+                           "Result::value() on an error:", status_.message());
     }
   }
 
@@ -154,10 +154,10 @@ class [[nodiscard]] Result {
 #define TH_CONCAT_(a, b) TH_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if it is not OK.
-#define TH_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::tensorhub::Status th_status_ = (expr);     \
-    if (!th_status_.ok()) return th_status_;     \
+#define TH_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::tensorhub::Status th_status_ = (expr); \
+    if (!th_status_.ok()) return th_status_; \
   } while (0)
 
 // TH_ASSIGN_OR_RETURN(auto x, MakeX()); returns the status on failure.

@@ -53,9 +53,8 @@ T Take(Result<T> r) {
 
 // (name, dtype, shape, address, bytes, device): device -1 is host memory,
 // N >= 0 the CUDA device of that ordinal.
-using TensorTuple =
-    std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t,
-               uint64_t, int>;
+using TensorTuple = std::tuple<std::string, std::string, std::vector<uint64_t>,
+                               uintptr_t, uint64_t, int>;
 
 std::vector<TensorRef> ToRefs(const std::vector<TensorTuple>& tuples) {
   std::vector<TensorRef> refs;
@@ -113,8 +112,8 @@ py::dict VersionDict(const VersionInfo& v) {
   for (const auto& [k, val] : v.metadata) {
     // Values are free-form bytes; hand them over undecoded only if they are
     // not UTF-8.
-    PyObject* s = PyUnicode_DecodeUTF8(val.data(), static_cast<Py_ssize_t>(val.size()),
-                                       "strict");
+    PyObject* s = PyUnicode_DecodeUTF8(
+        val.data(), static_cast<Py_ssize_t>(val.size()), "strict");
     if (s == nullptr) {
       PyErr_Clear();
       metadata.append(py::make_tuple(k, py::bytes(val)));
@@ -171,13 +170,15 @@ class PyClient {
       py::gil_scoped_release nogil;
       r = Client::Connect(o);
     }
-    return std::make_unique<PyClient>(std::shared_ptr<Client>(Take(std::move(r))));
+    return std::make_unique<PyClient>(
+        std::shared_ptr<Client>(Take(std::move(r))));
   }
 
-  void Publish(const std::string& model, uint64_t version,
-               const std::vector<TensorTuple>& tensors, uint32_t rank,
-               uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
-               const std::vector<std::pair<std::string, std::string>>& metadata) {
+  void Publish(
+      const std::string& model, uint64_t version,
+      const std::vector<TensorTuple>& tensors, uint32_t rank,
+      uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
+      const std::vector<std::pair<std::string, std::string>>& metadata) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     PublishOptions po;
@@ -195,8 +196,8 @@ class PyClient {
     Check(s);
   }
 
-  void Unpublish(const std::string& model, uint64_t version,
-                 int64_t timeout_ms, bool force) {
+  void Unpublish(const std::string& model, uint64_t version, int64_t timeout_ms,
+                 bool force) {
     std::shared_ptr<Client> c = Get();
     Status s;
     {
@@ -275,8 +276,9 @@ class PyClient {
     Result<VersionInfo> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = group.empty() ? c->Describe(model, Version(version))
-                        : c->Describe(model, Version(version), group, group_step);
+      r = group.empty()
+              ? c->Describe(model, Version(version))
+              : c->Describe(model, Version(version), group, group_step);
       c.reset();
     }
     return VersionDict(Take(std::move(r)));
@@ -330,7 +332,8 @@ class PyHub {
  public:
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
                                       std::string secret, uint32_t keep_latest,
-                                      bool oversubscribed_racks, int64_t rebuild_ms) {
+                                      bool oversubscribed_racks,
+                                      int64_t rebuild_ms) {
     HubOptions o;
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
@@ -338,8 +341,7 @@ class PyHub {
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
-    Result<std::unique_ptr<Hub>> r =
-        Status(StatusCode::kInternal, "unset");
+    Result<std::unique_ptr<Hub>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
       r = Hub::Start(o);
@@ -390,10 +392,13 @@ PYBIND11_MODULE(_core, m) {
       // tensorhub.errors builds the right subclass; it is pure Python and
       // cannot fail to import once the package is importable at all.
       try {
-        py::object make = py::module_::import("tensorhub.errors").attr("_from_status");
-        py::object exc = make(static_cast<int>(s.code()),
-                              std::string(StatusCodeName(s.code())), s.message());
-        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+        py::object make =
+            py::module_::import("tensorhub.errors").attr("_from_status");
+        py::object exc =
+            make(static_cast<int>(s.code()),
+                 std::string(StatusCodeName(s.code())), s.message());
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())),
+                        exc.ptr());
       } catch (py::error_already_set& inner) {
         inner.restore();
       }
@@ -401,11 +406,12 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<PyClient>(m, "Client")
-      .def_static("connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
-                  py::arg("datacenter"), py::arg("rack"), py::arg("host"),
-                  py::arg("reliable"), py::arg("data_listen"),
+      .def_static("connect", &PyClient::Connect, py::arg("hub"),
+                  py::arg("name"), py::arg("datacenter"), py::arg("rack"),
+                  py::arg("host"), py::arg("reliable"), py::arg("data_listen"),
                   py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
-                  py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
+                  py::arg("connect_timeout_ms"),
+                  py::arg("heartbeat_interval_ms"),
                   py::arg("max_serving_connections"), py::arg("secret"),
                   py::arg("leave_timeout_ms"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
@@ -417,8 +423,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
            py::arg("serve"), py::arg("group"), py::arg("group_step"))
       .def("list", &PyClient::List)
-      .def("describe", &PyClient::Describe, py::arg("model"), py::arg("version"),
-           py::arg("group"), py::arg("group_step"))
+      .def("describe", &PyClient::Describe, py::arg("model"),
+           py::arg("version"), py::arg("group"), py::arg("group_step"))
       .def("retain", &PyClient::Retain, py::arg("model"), py::arg("version"),
            py::arg("retain"))
       .def("close", &PyClient::Close)
@@ -427,9 +433,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("data_address", &PyClient::DataAddress);
 
   py::class_<PyHub>(m, "Hub")
-      .def_static("start", &PyHub::Start, py::arg("listen"), py::arg("lease_ms"),
-                  py::arg("secret"), py::arg("keep_latest"),
-                  py::arg("oversubscribed_racks"), py::arg("rebuild_ms"))
+      .def_static("start", &PyHub::Start, py::arg("listen"),
+                  py::arg("lease_ms"), py::arg("secret"),
+                  py::arg("keep_latest"), py::arg("oversubscribed_racks"),
+                  py::arg("rebuild_ms"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);
@@ -446,17 +453,18 @@ PYBIND11_MODULE(_core, m) {
         } else if (level == "error") {
           SetLogLevel(LogLevel::kError);
         } else {
-          Throw(InvalidArgument("log level must be debug, info, warn or error, not '" +
-                                level + "'"));
+          Throw(InvalidArgument(
+              "log level must be debug, info, warn or error, not '" + level +
+              "'"));
         }
       },
       py::arg("level"));
 
   py::list dtypes;
-  for (DType d : {DType::kBool, DType::kU8, DType::kI8, DType::kU16, DType::kI16,
-                  DType::kF16, DType::kBF16, DType::kU32, DType::kI32,
-                  DType::kF32, DType::kU64, DType::kI64, DType::kF64,
-                  DType::kF8E4M3, DType::kF8E5M2}) {
+  for (DType d : {DType::kBool, DType::kU8, DType::kI8, DType::kU16,
+                  DType::kI16, DType::kF16, DType::kBF16, DType::kU32,
+                  DType::kI32, DType::kF32, DType::kU64, DType::kI64,
+                  DType::kF64, DType::kF8E4M3, DType::kF8E5M2}) {
     dtypes.append(py::make_tuple(std::string(DTypeName(d)), DTypeBytes(d)));
   }
   m.attr("DTYPES") = dtypes;

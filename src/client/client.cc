@@ -6,17 +6,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
-#include "client/fetcher.h"
 #include "client/client_deps.h"
 #include "client/control_plane.h"
+#include "client/fetcher.h"
 #include "client/registry.h"
 #include "common/checksum.h"
 #include "common/log.h"
@@ -27,8 +27,8 @@
 
 namespace tensorhub {
 
-using client::Holding;
 using client::ControlPlane;
+using client::Holding;
 using client::Registry;
 
 class Client::Impl {
@@ -54,8 +54,8 @@ class Client::Impl {
       // Only a worker that holds something can hold a last copy.
       const int64_t wait_ms =
           registry_.Snapshot().empty() ? 0 : options_.leave_timeout_ms;
-      Status s = hub_->Leave(id_, std::min<int64_t>(1000, options_.rpc_timeout_ms),
-                            wait_ms);
+      Status s = hub_->Leave(
+          id_, std::min<int64_t>(1000, options_.rpc_timeout_ms), wait_ms);
       if (!s.ok()) TH_LOG(DEBUG) << "leave: " << s.ToString();
     }
     if (server_) server_->Stop();
@@ -64,8 +64,9 @@ class Client::Impl {
   Status Start() {
     transport::ServerOptions so;
     so.max_connections = options_.max_serving_connections;
-    TH_ASSIGN_OR_RETURN(server_, transport_->Listen(options_.data_listen_address,
-                                                    &registry_, so));
+    TH_ASSIGN_OR_RETURN(
+        server_,
+        transport_->Listen(options_.data_listen_address, &registry_, so));
     data_address_ = server_->address();
     if (!options_.data_advertise_host.empty()) {
       std::string port = data_address_.substr(data_address_.rfind(':'));
@@ -76,10 +77,10 @@ class Client::Impl {
       ::gethostname(host, sizeof(host) - 1);
       options_.name = std::string(host) + ":" + std::to_string(::getpid());
     }
-    TH_ASSIGN_OR_RETURN(
-        WorkerId id,
-        hub_->Register(WorkerId(), options_.name, data_address_, options_.labels,
-                      options_.worker_class, options_.connect_timeout_ms));
+    TH_ASSIGN_OR_RETURN(WorkerId id,
+                        hub_->Register(WorkerId(), options_.name, data_address_,
+                                       options_.labels, options_.worker_class,
+                                       options_.connect_timeout_ms));
     {
       MutexLock lock(mu_);
       id_ = id;
@@ -110,8 +111,9 @@ class Client::Impl {
       if (stream) return stream->Xxh3(pieces);
       return Xxh3Pieces(pieces);
     };
-    TH_ASSIGN_OR_RETURN(PartLayout part,
-                        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
+    TH_ASSIGN_OR_RETURN(
+        PartLayout part,
+        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -130,15 +132,16 @@ class Client::Impl {
     h.rank = opts.rank;
     h.memory = memory;
     std::vector<uint8_t*> bases;
-    for (const TensorRef& t : tensors) bases.push_back(static_cast<uint8_t*>(t.data));
+    for (const TensorRef& t : tensors)
+      bases.push_back(static_cast<uint8_t*>(t.data));
     h.bases[opts.rank] = std::move(bases);
     h.parts[opts.rank] = part;
     // Register locally first: the hub may route a read to us as soon as it
     // has heard of the reference.
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Add(std::move(h)));
-    Status s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
-                            opts.chunk_bytes, part, epoch, false,
-                            opts.timeout_ms);
+    Status s =
+        hub_->Publish(id(), model, version, opts.rank, opts.group_size,
+                      opts.chunk_bytes, part, epoch, false, opts.timeout_ms);
     if (!s.ok()) {
       // Nothing changes: withdraw the local registration again.
       (void)registry_.Revoke(model, version);
@@ -194,8 +197,10 @@ class Client::Impl {
     // The last tenth of the time (at most 250 ms) is kept for the cleanup of
     // a failed fetch (fence and drain the partial copy, tell the hub), so
     // that even a failing fetch returns by its deadline.
-    const int64_t reserve_ms = std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
-    const Deadline work = Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
+    const int64_t reserve_ms =
+        std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
+    const Deadline work =
+        Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
     TH_ASSIGN_OR_RETURN(
         client::Resolved r,
         ResolveWithin(model, version, work, opts.group, opts.group_step));
@@ -231,9 +236,9 @@ class Client::Impl {
         }
         const TensorRef& d = *it->second;
         if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.spec.shape) {
-          return InvalidArgument(
-              "destination tensor '" + t.spec.name + "' is " +
-              Describe(d.spec) + " but " + vname + " has " + Describe(t.spec));
+          return InvalidArgument("destination tensor '" + t.spec.name +
+                                 "' is " + Describe(d.spec) + " but " + vname +
+                                 " has " + Describe(t.spec));
         }
         if (d.bytes != t.bytes || (d.data == nullptr && t.bytes > 0)) {
           return InvalidArgument("destination tensor '" + t.spec.name +
@@ -259,23 +264,26 @@ class Client::Impl {
     // Serve chunks onward while still receiving the rest (partial-prefix
     // serving): register the destination as a filling holder first.
     std::optional<uint64_t> fill_epoch;
-    if (opts.serve) fill_epoch = BeginFill(model, r.version, manifest, job, work);
+    if (opts.serve)
+      fill_epoch = BeginFill(model, r.version, manifest, job, work);
     const Version v = r.version;
     const uint32_t max_sources =
         static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
     client::SourceRefresher schedule =
-        [this, model, v, max_sources, work](const std::vector<std::string>& failed)
+        [this, model, v, max_sources,
+         work](const std::vector<std::string>& failed)
         -> Result<client::SourceUpdate> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
-      Result<client::Scheduled> srcs =
-          hub_->Schedule(id(), model, v, exclude, max_sources, work.remaining_ms());
+      Result<client::Scheduled> srcs = hub_->Schedule(
+          id(), model, v, exclude, max_sources, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
         // Every holder left has failed us once. Failures are often passing
         // (a stall, a dropped connection): ask again without exclusions.
         // The fetcher's per-chunk attempt bound ends a hopeless retry.
-        srcs = hub_->Schedule(id(), model, v, {}, max_sources, work.remaining_ms());
+        srcs = hub_->Schedule(id(), model, v, {}, max_sources,
+                              work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
       client::SourceUpdate update(ToSources(srcs->sources));
@@ -284,12 +292,14 @@ class Client::Impl {
     };
     Result<client::SourceUpdate> first = schedule({});
     Result<std::vector<client::FetchSource>> sources =
-        first.ok() ? Result<std::vector<client::FetchSource>>(std::move(first->sources))
+        first.ok() ? Result<std::vector<client::FetchSource>>(
+                         std::move(first->sources))
                    : Result<std::vector<client::FetchSource>>(first.status());
     if (first.ok() && first->unavailable.has_value()) {
       // Resolve listed holders a moment ago: some may still have chunks
       // (filling ones). The fetcher confirms with the hub before giving up.
-      TH_LOG(INFO) << "schedule " << vname << ": the hub says " << *first->unavailable
+      TH_LOG(INFO) << "schedule " << vname << ": the hub says "
+                   << *first->unavailable
                    << "; trying the holders from resolve";
       sources = ToSources(r.sources);
     }
@@ -301,7 +311,8 @@ class Client::Impl {
       }
       // The hub may be restarting: start from the holders it listed a
       // moment ago; the fetcher asks the hub again when they run out.
-      TH_LOG(WARN) << "schedule " << vname << ": " << sources.status().ToString()
+      TH_LOG(WARN) << "schedule " << vname << ": "
+                   << sources.status().ToString()
                    << "; using the holders from resolve";
       sources = ToSources(r.sources);
     }
@@ -317,9 +328,8 @@ class Client::Impl {
         registry_.MarkChunk(model, v, e, chunk);
       };
     }
-    Result<client::FetchReport> rep =
-        client::RunFetch(*transport_, job, std::move(sources).value(),
-                         schedule, fo, work);
+    Result<client::FetchReport> rep = client::RunFetch(
+        *transport_, job, std::move(sources).value(), schedule, fo, work);
     auto t2 = SteadyClock::now();
     if (!rep.ok()) {
       AbortFill(model, v, fill_epoch, deadline);
@@ -327,7 +337,8 @@ class Client::Impl {
       return rep.status();
     }
     if (fill_epoch.has_value()) {
-      EndFill(model, v, manifest, *fill_epoch, deadline);  // also releases the sources
+      EndFill(model, v, manifest, *fill_epoch,
+              deadline);  // also releases the sources
     } else {
       Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
@@ -361,7 +372,7 @@ class Client::Impl {
     }
     TH_ASSIGN_OR_RETURN(client::Resolved r,
                         hub_->Resolve(id(), std::string(model), version, true,
-                                     group, group_step));
+                                      group, group_step));
     VersionInfo vi;
     vi.model = std::string(model);
     vi.version = r.version;
@@ -415,16 +426,16 @@ class Client::Impl {
 
   // The one memory all `tensors` are in, checked usable here: a call takes
   // tensors of one memory (host, or one CUDA device).
-  static Result<MemoryLocation> CheckMemory(const std::vector<TensorRef>& tensors,
-                                            const char* what) {
+  static Result<MemoryLocation> CheckMemory(
+      const std::vector<TensorRef>& tensors, const char* what) {
     if (tensors.empty()) return MemoryLocation::Host();
     const MemoryLocation memory = tensors.front().memory;
     for (const TensorRef& t : tensors) {
       if (!(t.memory == memory)) {
-        return InvalidArgument(std::string(what) + ": tensor '" + t.spec.name + "' is in " +
-                               MemoryLocationName(t.memory) + " but '" +
-                               tensors.front().spec.name + "' is in " +
-                               MemoryLocationName(memory) +
+        return InvalidArgument(std::string(what) + ": tensor '" + t.spec.name +
+                               "' is in " + MemoryLocationName(t.memory) +
+                               " but '" + tensors.front().spec.name +
+                               "' is in " + MemoryLocationName(memory) +
                                "; one call takes tensors of one memory");
       }
     }
@@ -432,8 +443,10 @@ class Client::Impl {
     if (memory.is_host()) return memory;
     for (const TensorRef& t : tensors) {
       if (t.data == nullptr) continue;  // caught with a clearer message later
-      TH_RETURN_IF_ERROR(cuda::CheckDevicePointer(t.data, t.bytes, memory.device)
-                             .WithContext(std::string(what) + ": tensor '" + t.spec.name + "'"));
+      TH_RETURN_IF_ERROR(
+          cuda::CheckDevicePointer(t.data, t.bytes, memory.device)
+              .WithContext(std::string(what) + ": tensor '" + t.spec.name +
+                           "'"));
     }
     return memory;
   }
@@ -442,8 +455,8 @@ class Client::Impl {
       const std::vector<client::ResolvedSource>& sources) {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
-      out.push_back({s.worker.value(), s.data_address, s.epoch, s.chunks,
-                     s.filling});
+      out.push_back(
+          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling});
     }
     return out;
   }
@@ -464,18 +477,19 @@ class Client::Impl {
     while (true) {
       Result<client::Resolved> r =
           hub_->Resolve(id(), model, version, false, group, group_step,
-                       std::max<int64_t>(1, deadline.remaining_ms()));
+                        std::max<int64_t>(1, deadline.remaining_ms()));
       if (r.ok() && r->state == VersionState::kUnavailable) {
         // The hub's own answer (not an unreachable hub): committed, but no
         // complete holder is left. Filling holders may still have chunks:
         // the fetch tries them and gives up when they cannot finish. With
         // none, asking once more (a passing moment of the hub's table must
         // not end a fetch) is all that is worth doing.
-        const std::string why = "'" + model + "@" + std::to_string(r->version.value()) +
-                                "' is committed but no live worker holds all of its chunks";
+        const std::string why =
+            "'" + model + "@" + std::to_string(r->version.value()) +
+            "' is committed but no live worker holds all of its chunks";
         if (!r->sources.empty()) {
-          TH_LOG(INFO) << "fetch: the hub says " << why << "; trying the " << r->sources.size()
-                       << " partial holder(s) it lists";
+          TH_LOG(INFO) << "fetch: the hub says " << why << "; trying the "
+                       << r->sources.size() << " partial holder(s) it lists";
           return r;
         }
         if (++unavailable_answers >= 2 || deadline.remaining_ms() < 400) {
@@ -488,7 +502,8 @@ class Client::Impl {
       }
       if (r.ok()) return r;
       StatusCode c = r.status().code();
-      if ((c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) ||
+      if ((c != StatusCode::kUnavailable &&
+           c != StatusCode::kDeadlineExceeded) ||
           deadline.remaining_ms() < 200) {
         return r.status();
       }
@@ -522,7 +537,7 @@ class Client::Impl {
       return std::nullopt;
     }
     Status s = hub_->AddHolder(id(), model, version, *epoch, manifest,
-                              /*filling=*/true, deadline.remaining_ms());
+                               /*filling=*/true, deadline.remaining_ms());
     if (s.ok()) {
       registry_.MarkReported(model, version, *epoch, true);
     } else {
@@ -533,10 +548,11 @@ class Client::Impl {
 
   // The fetch finished: serve the whole copy and tell the hub.
   void EndFill(const std::string& model, Version version,
-               const Manifest& manifest, uint64_t epoch, const Deadline& deadline) {
+               const Manifest& manifest, uint64_t epoch,
+               const Deadline& deadline) {
     registry_.FinishFill(model, version, epoch);
     Status s = hub_->AddHolder(id(), model, version, epoch, manifest, false,
-                              deadline.remaining_ms());
+                               deadline.remaining_ms());
     registry_.MarkReported(model, version, epoch, s.ok());
     if (!s.ok()) {
       // The fetch itself succeeded; the heartbeat thread reports the copy
@@ -561,7 +577,7 @@ class Client::Impl {
     }
     // A filling copy never counts as a copy to keep: no wait, force.
     Status s = hub_->Unpublish(id(), model, version, 0, /*force=*/true,
-                              std::max<int64_t>(1, deadline.remaining_ms()));
+                               std::max<int64_t>(1, deadline.remaining_ms()));
     if (!s.ok() && s.code() != StatusCode::kNotFound) {
       MutexLock lock(mu_);
       pending_unpublish_.insert({model, version});
@@ -572,7 +588,8 @@ class Client::Impl {
     MutexLock lock(mu_);
     while (!stopping_) {
       // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
-      cv_.wait_for(lock.native(), std::chrono::milliseconds(options_.heartbeat_interval_ms));
+      cv_.wait_for(lock.native(),
+                   std::chrono::milliseconds(options_.heartbeat_interval_ms));
       if (stopping_) break;
       WorkerId id = id_;
       lock.Unlock();
@@ -595,7 +612,7 @@ class Client::Impl {
   void Rejoin(const WorkerId& id) {
     Result<WorkerId> r =
         hub_->Register(id, options_.name, data_address_, options_.labels,
-                      options_.worker_class, options_.rpc_timeout_ms);
+                       options_.worker_class, options_.rpc_timeout_ms);
     if (!r.ok()) {
       TH_LOG(WARN) << "re-register: " << r.status().ToString();
       return;
@@ -623,11 +640,11 @@ class Client::Impl {
       Status s;
       if (h.manifest.has_value()) {
         s = hub_->AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
-                           h.filling);
+                            h.filling);
       } else {
         s = hub_->Publish(id, h.model, h.version, *h.rank, h.group_size,
-                         h.chunk_bytes, h.parts.at(*h.rank), h.epoch, true,
-                         options_.rpc_timeout_ms);
+                          h.chunk_bytes, h.parts.at(*h.rank), h.epoch, true,
+                          options_.rpc_timeout_ms);
       }
       if (s.ok()) {
         registry_.MarkReported(h.model, h.version, h.epoch, true);
@@ -650,7 +667,8 @@ class Client::Impl {
   std::condition_variable cv_;
   WorkerId id_ TH_GUARDED_BY(mu_);
   bool stopping_ TH_GUARDED_BY(mu_) = false;
-  std::set<std::pair<std::string, Version>> pending_unpublish_ TH_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, Version>> pending_unpublish_
+      TH_GUARDED_BY(mu_);
   std::thread heartbeat_;
 };
 
@@ -661,15 +679,17 @@ ClientDeps DefaultClientDeps(const ClientOptions& options) {
   transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
   t.secret = options.secret;  // the data plane requires the hub's secret too
   deps.transport = transport::MakeTcpTransport(t);
-  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret, options.rpc_timeout_ms);
+  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret,
+                                      options.rpc_timeout_ms);
   deps.clock = &Clock::Real();
   return deps;
 }
 
-Result<std::unique_ptr<Client>> ClientFactory::Connect(const ClientOptions& options,
-                                                       ClientDeps deps) {
+Result<std::unique_ptr<Client>> ClientFactory::Connect(
+    const ClientOptions& options, ClientDeps deps) {
   if (!deps.transport || !deps.control || deps.clock == nullptr) {
-    return InvalidArgument("client: a transport, a control plane and a clock are all needed");
+    return InvalidArgument(
+        "client: a transport, a control plane and a clock are all needed");
   }
   auto impl = std::make_unique<Client::Impl>(options, std::move(deps));
   TH_RETURN_IF_ERROR(impl->Start());
@@ -679,7 +699,8 @@ Result<std::unique_ptr<Client>> ClientFactory::Connect(const ClientOptions& opti
 }  // namespace client
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  return client::ClientFactory::Connect(options, client::DefaultClientDeps(options));
+  return client::ClientFactory::Connect(options,
+                                        client::DefaultClientDeps(options));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

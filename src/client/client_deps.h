@@ -39,7 +39,8 @@ class ClientFactory {
   // As Client::Connect: registers with the hub through deps.control and
   // starts serving through deps.transport. INVALID_ARGUMENT if a dependency
   // is missing.
-  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options, ClientDeps deps);
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options,
+                                                 ClientDeps deps);
 };
 
 }  // namespace tensorhub::client

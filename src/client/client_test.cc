@@ -3,6 +3,8 @@
 // that moves only when the client waits on it. No sockets, no real sleeps:
 // each test runs in simulated time and checks codes and counts, never how
 // long anything took.
+#include "tensorhub/client.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -13,7 +15,6 @@
 #include "client/client_deps.h"
 #include "client/control_plane.h"
 #include "common/clock.h"
-#include "tensorhub/client.h"
 #include "transport/fake/fake_transport.h"
 
 namespace tensorhub::client {
@@ -59,12 +60,16 @@ TestVersion MakeVersion(uint32_t seed) {
 }
 
 FakeTransport::Serve ServeFrom(const TestVersion& v) {
-  return [&v](const wire::ReadRequest& req, std::span<const iovec> dest) -> Status {
+  return [&v](const wire::ReadRequest& req,
+              std::span<const iovec> dest) -> Status {
     std::vector<uint8_t*> bases;
-    for (const Bytes& b : v.data) bases.push_back(const_cast<uint8_t*>(b.data()));
+    for (const Bytes& b : v.data)
+      bases.push_back(const_cast<uint8_t*>(b.data()));
     std::vector<iovec> src;
-    AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length, &src);
-    if (!transport::CopyPieces(src, dest)) return Internal("test: bad read sizes");
+    AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length,
+                 &src);
+    if (!transport::CopyPieces(src, dest))
+      return Internal("test: bad read sizes");
     return Status::Ok();
   };
 }
@@ -92,26 +97,30 @@ class ScriptedHub final : public ControlPlane {
     return excluded_;
   }
 
-  Result<WorkerId> Register(const WorkerId&, const std::string&, const std::string&,
-                            const Labels&, WorkerClass, int64_t) override {
+  Result<WorkerId> Register(const WorkerId&, const std::string&,
+                            const std::string&, const Labels&, WorkerClass,
+                            int64_t) override {
     return WorkerId("reader");
   }
   Status Heartbeat(const WorkerId&) override { return Status::Ok(); }
-  Status Publish(const WorkerId&, const std::string&, Version, uint32_t, uint32_t, uint64_t,
-                 const PartLayout&, uint64_t, bool, int64_t) override {
+  Status Publish(const WorkerId&, const std::string&, Version, uint32_t,
+                 uint32_t, uint64_t, const PartLayout&, uint64_t, bool,
+                 int64_t) override {
     return Status::Ok();
   }
-  Status AddHolder(const WorkerId&, const std::string&, Version, uint64_t, const Manifest&,
-                   bool, int64_t) override {
+  Status AddHolder(const WorkerId&, const std::string&, Version, uint64_t,
+                   const Manifest&, bool, int64_t) override {
     return Status::Ok();
   }
-  Result<Scheduled> Schedule(const WorkerId&, const std::string& model, Version version,
-                             const std::vector<WorkerId>& exclude, uint32_t max_sources,
-                             int64_t) override {
+  Result<Scheduled> Schedule(const WorkerId&, const std::string& model,
+                             Version version,
+                             const std::vector<WorkerId>& exclude,
+                             uint32_t max_sources, int64_t) override {
     std::lock_guard<std::mutex> l(mu_);
     if (schedule_unavailable > 0) {
       --schedule_unavailable;
-      return Unavailable("schedule: the hub is rebuilding its state; try again");
+      return Unavailable(
+          "schedule: the hub is rebuilding its state; try again");
     }
     TH_RETURN_IF_ERROR(Check(model, version));
     Scheduled out;
@@ -121,27 +130,31 @@ class ScriptedHub final : public ControlPlane {
         excluded_.insert(e.value());
         skip = skip || e == h.worker;
       }
-      if (!skip && out.sources.size() < std::min<size_t>(max_sources, sources_per_answer)) {
+      if (!skip && out.sources.size() <
+                       std::min<size_t>(max_sources, sources_per_answer)) {
         out.sources.push_back(h);
       }
     }
     // As the hub: when every holder is excluded there is none to offer.
-    if (out.sources.empty()) return Unavailable("schedule: no holder left but those excluded");
+    if (out.sources.empty())
+      return Unavailable("schedule: no holder left but those excluded");
     return out;
   }
-  Status FetchDone(const WorkerId&, const std::string&, Version, int64_t) override {
+  Status FetchDone(const WorkerId&, const std::string&, Version,
+                   int64_t) override {
     std::lock_guard<std::mutex> l(mu_);
     ++fetch_dones_;
     return Status::Ok();
   }
-  Status Unpublish(const WorkerId&, const std::string&, Version, int64_t, bool force,
-                   int64_t) override {
+  Status Unpublish(const WorkerId&, const std::string&, Version, int64_t,
+                   bool force, int64_t) override {
     std::lock_guard<std::mutex> l(mu_);
     forced_unpublishes_ += force ? 1 : 0;
     return Status::Ok();
   }
-  Result<Resolved> Resolve(const WorkerId&, const std::string& model, Version version, bool,
-                           const std::string&, uint64_t, int64_t) override {
+  Result<Resolved> Resolve(const WorkerId&, const std::string& model,
+                           Version version, bool, const std::string&, uint64_t,
+                           int64_t) override {
     std::lock_guard<std::mutex> l(mu_);
     ++resolves_;
     if (resolve_unavailable > 0) {
@@ -157,9 +170,15 @@ class ScriptedHub final : public ControlPlane {
     r.num_holders = static_cast<uint32_t>(holders.size());
     return r;
   }
-  Result<std::vector<ModelInfo>> List() override { return std::vector<ModelInfo>{}; }
-  Status Leave(const WorkerId&, int64_t, int64_t) override { return Status::Ok(); }
-  Status Retain(const std::string&, Version, bool) override { return Status::Ok(); }
+  Result<std::vector<ModelInfo>> List() override {
+    return std::vector<ModelInfo>{};
+  }
+  Status Leave(const WorkerId&, int64_t, int64_t) override {
+    return Status::Ok();
+  }
+  Status Retain(const std::string&, Version, bool) override {
+    return Status::Ok();
+  }
   Result<KeeperPollResult> KeeperPoll(const WorkerId&, int64_t) override {
     return KeeperPollResult{};
   }
@@ -178,9 +197,9 @@ class ScriptedHub final : public ControlPlane {
 
   const Manifest manifest_;
   mutable std::mutex mu_;
-  int resolves_ = 0;            // guarded by mu_
-  int fetch_dones_ = 0;         // guarded by mu_
-  int forced_unpublishes_ = 0;  // guarded by mu_
+  int resolves_ = 0;                // guarded by mu_
+  int fetch_dones_ = 0;             // guarded by mu_
+  int forced_unpublishes_ = 0;      // guarded by mu_
   std::set<std::string> excluded_;  // guarded by mu_
 };
 
@@ -196,7 +215,8 @@ ResolvedSource Holder(const std::string& name, const TestVersion& v) {
 // A client on the fakes. The test keeps pointers to the fakes it hands over.
 class ClientOnFakes : public ::testing::Test {
  protected:
-  ClientOnFakes() : v_(MakeVersion(7)), clock_(0, FakeClock::Mode::kAdvanceOnWait) {
+  ClientOnFakes()
+      : v_(MakeVersion(7)), clock_(0, FakeClock::Mode::kAdvanceOnWait) {
     auto transport = std::make_unique<FakeTransport>();
     auto hub = std::make_unique<ScriptedHub>(v_.manifest);
     transport_ = transport.get();
@@ -210,7 +230,8 @@ class ClientOnFakes : public ::testing::Test {
     ClientOptions o;
     o.heartbeat_interval_ms = 3600 * 1000;  // no heartbeat during a test
     o.leave_timeout_ms = 0;
-    Result<std::unique_ptr<Client>> c = ClientFactory::Connect(o, std::move(deps_));
+    Result<std::unique_ptr<Client>> c =
+        ClientFactory::Connect(o, std::move(deps_));
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
   }
@@ -250,7 +271,8 @@ class ClientOnFakes : public ::testing::Test {
 TEST_F(ClientOnFakes, FetchFailsOverWhenAHolderRefusesReads) {
   transport_->AddHolder("a", ServeFrom(v_));
   transport_->AddHolder("b", ServeFrom(v_));
-  transport_->Inject(Fault{"a", FaultWhere::kReadHeader, FaultWhat::kRefuse, 0, -1});
+  transport_->Inject(
+      Fault{"a", FaultWhere::kReadHeader, FaultWhat::kRefuse, 0, -1});
   hub_->holders = {Holder("a", v_), Holder("b", v_)};
   hub_->sources_per_answer = 1;
   std::unique_ptr<Client> c = Connect();
@@ -263,7 +285,8 @@ TEST_F(ClientOnFakes, FetchFailsOverWhenAHolderRefusesReads) {
   ASSERT_EQ(r->sources.size(), 1u);
   EXPECT_EQ(r->sources[0].address, "b");
   EXPECT_GE(r->chunk_retries, 1u);
-  EXPECT_EQ(hub_->fetch_dones(), 0);  // a serving fetch reports itself as a holder instead
+  EXPECT_EQ(hub_->fetch_dones(),
+            0);  // a serving fetch reports itself as a holder instead
 }
 
 // A hub that has just started answers UNAVAILABLE while it rebuilds its
@@ -290,7 +313,8 @@ TEST_F(ClientOnFakes, FetchWaitsOutAHubRebuildingItsState) {
 // hub, and leaves the destination to the caller.
 TEST_F(ClientOnFakes, FetchFromACorruptOnlyHolderFailsWithDataLoss) {
   transport_->AddHolder("a", ServeFrom(v_));
-  transport_->Inject(Fault{"a", FaultWhere::kReadBody, FaultWhat::kCorrupt, 0, -1});
+  transport_->Inject(
+      Fault{"a", FaultWhere::kReadBody, FaultWhat::kCorrupt, 0, -1});
   hub_->holders = {Holder("a", v_)};
   std::unique_ptr<Client> c = Connect();
   ASSERT_NE(c, nullptr);

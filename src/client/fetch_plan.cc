@@ -17,8 +17,8 @@ bool FetchPlan::SourceState::Has(uint64_t chunk) const {
 
 FetchPlan::FetchPlan(std::string label, const Manifest& manifest,
                      std::vector<FetchSource> sources, bool can_refresh,
-                     const FetcherOptions& options, int64_t start_ms, int64_t deadline_ms,
-                     size_t max_sources)
+                     const FetcherOptions& options, int64_t start_ms,
+                     int64_t deadline_ms, size_t max_sources)
     : label_(std::move(label)),
       manifest_(manifest),
       can_refresh_(can_refresh),
@@ -58,7 +58,8 @@ void FetchPlan::AddSource(FetchSource s) {
   SourceState* slot = nullptr;
   for (SourceState& k : sources_) {
     if (!k.dead || k.active > 0) continue;
-    if (slot == nullptr || (slot->chunks_served > 0 && k.chunks_served == 0)) slot = &k;
+    if (slot == nullptr || (slot->chunks_served > 0 && k.chunks_served == 0))
+      slot = &k;
   }
   if (slot == nullptr) {
     TH_LOG(DEBUG) << "fetch " << label_ << ": " << max_sources_
@@ -74,7 +75,8 @@ int FetchPlan::Pick(uint64_t chunk) const {
   for (size_t i = 0; i < sources_.size(); ++i) {
     const SourceState& s = sources_[i];
     if (s.dead || !s.Has(chunk)) continue;
-    if (best < 0 || s.active < sources_[best].active) best = static_cast<int>(i);
+    if (best < 0 || s.active < sources_[best].active)
+      best = static_cast<int>(i);
   }
   return best;
 }
@@ -99,13 +101,15 @@ FetchStep FetchPlan::NextStep(int64_t now_ms) {
   if (can_refresh_ && !refreshing_ && last_refresh_ms_.has_value()) {
     // Nothing to do before the next refresh is due (news from another
     // stream wakes this one earlier).
-    return FetchStep::Wait(
-        std::min(deadline_ms_, *last_refresh_ms_ + std::max<int64_t>(1, options_.refresh_interval_ms)));
+    return FetchStep::Wait(std::min(
+        deadline_ms_, *last_refresh_ms_ +
+                          std::max<int64_t>(1, options_.refresh_interval_ms)));
   }
   return Idle(now_ms);
 }
 
-FetchStep FetchPlan::StartRead(int64_t now_ms, std::deque<uint64_t>::iterator it, int src) {
+FetchStep FetchPlan::StartRead(int64_t now_ms,
+                               std::deque<uint64_t>::iterator it, int src) {
   const uint64_t chunk = *it;
   pending_.erase(it);
   TH_CHECK(in_flight_.count(chunk) == 0 && !done_[chunk]);
@@ -137,16 +141,19 @@ FetchStep FetchPlan::Fail(Status s) {
 std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
   if (options_.steal_min_ms <= 0 || chunks_timed_ == 0) return std::nullopt;
   const int64_t threshold_ms = std::max<int64_t>(
-      options_.steal_min_ms, static_cast<int64_t>(options_.steal_factor * chunk_ms_avg_));
+      options_.steal_min_ms,
+      static_cast<int64_t>(options_.steal_factor * chunk_ms_avg_));
   uint64_t victim = 0;
   InFlight* oldest = nullptr;
   for (auto& [chunk, f] : in_flight_) {
-    if (!f.connected || f.stolen || now_ms - f.start_ms < threshold_ms) continue;
+    if (!f.connected || f.stolen || now_ms - f.start_ms < threshold_ms)
+      continue;
     if (oldest != nullptr && f.start_ms >= oldest->start_ms) continue;
     bool elsewhere = false;
     for (size_t i = 0; i < sources_.size() && !elsewhere; ++i) {
       const SourceState& k = sources_[i];
-      elsewhere = static_cast<int>(i) != f.src && !k.dead && !k.source.filling && k.Has(chunk);
+      elsewhere = static_cast<int>(i) != f.src && !k.dead &&
+                  !k.source.filling && k.Has(chunk);
     }
     if (!elsewhere) continue;
     victim = chunk;
@@ -154,10 +161,11 @@ std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
   }
   if (oldest == nullptr) return std::nullopt;
   SourceState& slow = sources_[oldest->src];
-  TH_LOG(INFO) << "fetch " << label_ << ": chunk " << victim << " from "
-               << slow.source.address << " has taken " << now_ms - oldest->start_ms
-               << " ms (typical " << static_cast<int64_t>(chunk_ms_avg_)
-               << " ms): moving it to another holder and dropping this one as too slow";
+  TH_LOG(INFO)
+      << "fetch " << label_ << ": chunk " << victim << " from "
+      << slow.source.address << " has taken " << now_ms - oldest->start_ms
+      << " ms (typical " << static_cast<int64_t>(chunk_ms_avg_)
+      << " ms): moving it to another holder and dropping this one as too slow";
   oldest->stolen = true;
   // The source is dropped now so that no stream picks it again; a refresh
   // from the hub revives it if nothing else holds a chunk.
@@ -174,7 +182,8 @@ std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
 // all streams, and never twice at once.
 std::optional<FetchStep> FetchPlan::MaybeRefresh(int64_t now_ms) {
   if (!can_refresh_ || refreshing_) return std::nullopt;
-  if (last_refresh_ms_.has_value() && now_ms - *last_refresh_ms_ < options_.refresh_interval_ms) {
+  if (last_refresh_ms_.has_value() &&
+      now_ms - *last_refresh_ms_ < options_.refresh_interval_ms) {
     return std::nullopt;
   }
   refreshing_ = true;
@@ -182,7 +191,8 @@ std::optional<FetchStep> FetchPlan::MaybeRefresh(int64_t now_ms) {
   FetchStep step;
   step.kind = FetchStep::Kind::kRefresh;
   for (const SourceState& k : sources_) {
-    if (k.dead && !k.source.worker.empty()) step.failed.push_back(k.source.worker);
+    if (k.dead && !k.source.worker.empty())
+      step.failed.push_back(k.source.worker);
   }
   return step;
 }
@@ -192,7 +202,8 @@ void FetchPlan::ReadConnected(uint64_t chunk) {
   if (it != in_flight_.end()) it->second.connected = true;
 }
 
-void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk, const Status& status) {
+void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
+                             const Status& status) {
   auto it = in_flight_.find(chunk);
   // Only a chunk this plan started can finish.
   TH_CHECK(it != in_flight_.end());
@@ -209,7 +220,8 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk, const Status& statu
   TH_LOG(DEBUG) << "chunk " << chunk << " from " << s.source.address
                 << " failed: " << status.ToString();
   last_error_ = status;
-  if (status.code() == StatusCode::kDeadlineExceeded && now_ms >= deadline_ms_) {
+  if (status.code() == StatusCode::kDeadlineExceeded &&
+      now_ms >= deadline_ms_) {
     // Cut by the fetch's own deadline, not the holder's fault: the fetch
     // ends now, and the source still counts as live for its verdict.
     pending_.push_front(chunk);
@@ -224,8 +236,8 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk, const Status& statu
     return;
   }
   if (++attempts_[chunk] >= options_.max_attempts_per_chunk) {
-    Fail(NoHolderError("chunk " + std::to_string(chunk) + " of '" + label_ + "' failed " +
-                       std::to_string(attempts_[chunk]) +
+    Fail(NoHolderError("chunk " + std::to_string(chunk) + " of '" + label_ +
+                       "' failed " + std::to_string(attempts_[chunk]) +
                        " times; last error: " + status.ToString()));
     return;
   }
@@ -234,9 +246,10 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk, const Status& statu
 
 void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {
   const double took_ms = static_cast<double>(now_ms - f.start_ms);
-  chunk_ms_avg_ = chunks_timed_ == 0 ? took_ms
-                                     : (1 - kFetchChunkTimeWeight) * chunk_ms_avg_ +
-                                           kFetchChunkTimeWeight * took_ms;
+  chunk_ms_avg_ = chunks_timed_ == 0
+                      ? took_ms
+                      : (1 - kFetchChunkTimeWeight) * chunk_ms_avg_ +
+                            kFetchChunkTimeWeight * took_ms;
   ++chunks_timed_;
   last_chunk_ms_ = now_ms;
   // Each chunk completes exactly once; the count of done chunks is what
@@ -258,7 +271,8 @@ void FetchPlan::SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update) {
   if (!update.ok()) {
     StatusCode c = update.status().code();
     if (c == StatusCode::kNotFound || c == StatusCode::kAborted ||
-        c == StatusCode::kInvalidArgument || c == StatusCode::kPermissionDenied) {
+        c == StatusCode::kInvalidArgument ||
+        c == StatusCode::kPermissionDenied) {
       Fail(update.status().WithContext("fetch: asking the hub for holders"));
       return;
     }
@@ -300,9 +314,10 @@ void FetchPlan::OnUnavailable(const std::string& why) {
   Fail(NoHolderError(
       "fetch of '" + label_ + "' cannot finish: the hub answered twice, " +
       std::to_string(options_.refresh_interval_ms) + "+ ms apart, that " + why +
-      "; no live source known to this fetch holds chunk " + std::to_string(*orphan) + " (" +
-      std::to_string(total_chunks_ - done_chunks_) + " of " + std::to_string(total_chunks_) +
-      " chunks missing)"));
+      "; no live source known to this fetch holds chunk " +
+      std::to_string(*orphan) + " (" +
+      std::to_string(total_chunks_ - done_chunks_) + " of " +
+      std::to_string(total_chunks_) + " chunks missing)"));
 }
 
 // The error at the deadline. UNAVAILABLE when no holder was reachable: every
@@ -313,11 +328,13 @@ void FetchPlan::OnUnavailable(const std::string& why) {
 Status FetchPlan::DeadlineError(int64_t now_ms) const {
   bool any_live = false;
   for (const SourceState& k : sources_) any_live = any_live || !k.dead;
-  if (now_ms - last_chunk_ms_ >= std::min(kFetchNoProgressMs, now_ms - start_ms_)) {
+  if (now_ms - last_chunk_ms_ >=
+      std::min(kFetchNoProgressMs, now_ms - start_ms_)) {
     any_live = false;
   }
   std::string what = "fetch of '" + label_ + "' did not finish in time: " +
-                     std::to_string(done_chunks_) + " of " + std::to_string(total_chunks_) +
+                     std::to_string(done_chunks_) + " of " +
+                     std::to_string(total_chunks_) +
                      " chunks done; last error: " + last_error_.ToString();
   if (!any_live) return NoHolderError("no reachable holder: " + what);
   return DeadlineExceeded(what);
@@ -329,7 +346,8 @@ Status FetchPlan::DeadlineError(int64_t now_ms) const {
 Status FetchPlan::NoHolderError(std::string message) const {
   bool all_corrupt = !sources_.empty();
   for (const SourceState& k : sources_) all_corrupt = all_corrupt && k.corrupt;
-  if (all_corrupt) return DataLoss("every holder served corrupt bytes: " + message);
+  if (all_corrupt)
+    return DataLoss("every holder served corrupt bytes: " + message);
   return Unavailable(std::move(message));
 }
 
@@ -341,8 +359,8 @@ FetchReport FetchPlan::Report() const {
   for (const SourceState& s : sources_) {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;
-    r.per_source.push_back({WorkerId(s.source.worker), s.source.address, s.bytes_served,
-                            s.chunks_served, s.source.filling});
+    r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
+                            s.bytes_served, s.chunks_served, s.source.filling});
   }
   return r;
 }

@@ -84,8 +84,9 @@ class FetchPlan {
  public:
   // `label` names the fetch in messages ("model@version"). `can_refresh`:
   // whether there is a hub to ask (RunFetch's refresher is set).
-  FetchPlan(std::string label, const Manifest& manifest, std::vector<FetchSource> sources,
-            bool can_refresh, const FetcherOptions& options, int64_t start_ms,
+  FetchPlan(std::string label, const Manifest& manifest,
+            std::vector<FetchSource> sources, bool can_refresh,
+            const FetcherOptions& options, int64_t start_ms,
             int64_t deadline_ms, size_t max_sources = kFetchMaxSources);
 
   FetchStep NextStep(int64_t now_ms);
@@ -94,7 +95,9 @@ class FetchPlan {
   void SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update);
 
   // Over: every chunk done, or an error decided.
-  bool finished() const { return !error_.ok() || done_chunks_ == total_chunks_; }
+  bool finished() const {
+    return !error_.ok() || done_chunks_ == total_chunks_;
+  }
   const Status& error() const { return error_; }
   uint64_t chunks_done() const { return done_chunks_; }
   uint64_t bytes_done() const { return bytes_done_; }
@@ -120,7 +123,8 @@ class FetchPlan {
 
   void AddSource(FetchSource s);
   int Pick(uint64_t chunk) const;
-  FetchStep StartRead(int64_t now_ms, std::deque<uint64_t>::iterator it, int src);
+  FetchStep StartRead(int64_t now_ms, std::deque<uint64_t>::iterator it,
+                      int src);
   FetchStep Idle(int64_t now_ms) const;
   std::optional<FetchStep> MaybeRefresh(int64_t now_ms);
   std::optional<FetchStep> MaybeSteal(int64_t now_ms);

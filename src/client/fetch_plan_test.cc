@@ -33,7 +33,8 @@ Manifest MakeManifest(uint32_t parts, uint64_t chunks_per_part) {
     t.spec.shape = {zeros.size()};
     t.data = zeros.data();
     t.bytes = zeros.size();
-    Result<PartLayout> p = BuildPartLayout(r, std::span<const TensorRef>(&t, 1), kChunkBytes);
+    Result<PartLayout> p =
+        BuildPartLayout(r, std::span<const TensorRef>(&t, 1), kChunkBytes);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     layouts.push_back(*p);
   }
@@ -56,29 +57,35 @@ struct SimHolder {
   std::vector<std::pair<uint64_t, uint64_t>> chunks;
   int64_t latency_ms = 10;
   // Decides each read: (chunk, how many reads this holder got so far).
-  std::function<Outcome(uint64_t, int)> behave = [](uint64_t, int) { return Outcome::kOk; };
+  std::function<Outcome(uint64_t, int)> behave = [](uint64_t, int) {
+    return Outcome::kOk;
+  };
   // If set, the latency of the n-th read (overrides latency_ms).
   std::function<int64_t(int)> latency_of;
   bool filling = false;
   bool listed = true;  // given to the plan at the start (else only by the hub)
   int reads = 0;
-  FetchSource Source() const { return FetchSource{address, address, 1, chunks, filling}; }
+  FetchSource Source() const {
+    return FetchSource{address, address, 1, chunks, filling};
+  }
 };
 
-using SimRefresher = std::function<Result<SourceUpdate>(int64_t now_ms, int call)>;
+using SimRefresher =
+    std::function<Result<SourceUpdate>(int64_t now_ms, int call)>;
 
 // Plays `streams` stream threads around one FetchPlan. Every event happens at
 // a simulated millisecond; ties go to the lowest stream. A finished read or
 // refresh wakes every waiting stream (RunFetch's notify_all).
 class Sim {
  public:
-  Sim(const Manifest& m, std::vector<SimHolder> holders, FetcherOptions o, int64_t deadline_ms,
-      SimRefresher refresher = nullptr, size_t max_sources = kFetchMaxSources)
+  Sim(const Manifest& m, std::vector<SimHolder> holders, FetcherOptions o,
+      int64_t deadline_ms, SimRefresher refresher = nullptr,
+      size_t max_sources = kFetchMaxSources)
       : options_(o),
         deadline_ms_(deadline_ms),
         refresher_(std::move(refresher)),
-        plan_("m@1", m, Sources(holders), static_cast<bool>(refresher_), o, 0, deadline_ms,
-              max_sources) {
+        plan_("m@1", m, Sources(holders), static_cast<bool>(refresher_), o, 0,
+              deadline_ms, max_sources) {
     for (SimHolder& h : holders) holders_[h.address] = std::move(h);
     done_count.assign(m.num_chunks(), 0);
   }
@@ -88,7 +95,8 @@ class Sim {
     streams_.assign(std::max(1, options_.streams), StreamState{});
     for (int guard = 0; guard < 2000000; ++guard) {
       if (ActIdle()) continue;
-      if (!NextEvent()) return plan_.error().ok() ? Status::Ok() : plan_.error();
+      if (!NextEvent())
+        return plan_.error().ok() ? Status::Ok() : plan_.error();
     }
     ADD_FAILURE() << "simulation did not end";
     return Internal("simulation did not end");
@@ -99,7 +107,8 @@ class Sim {
 
   std::vector<int> done_count;  // verified reads per chunk
   std::vector<int64_t> refresh_ms;
-  std::set<std::string> corrupt_holders;  // served a corrupt chunk at least once
+  std::set<std::string>
+      corrupt_holders;  // served a corrupt chunk at least once
   int64_t end_ms = -1;  // when the last stream saw kDone
   int64_t now_ms = 0;
 
@@ -151,8 +160,8 @@ class Sim {
         return;
       case FetchStep::Kind::kRefresh:
         refresh_ms.push_back(now_ms);
-        s = StreamState{State::kRefreshing, std::min(now_ms + 1, deadline_ms_), step,
-                        Status::Ok()};
+        s = StreamState{State::kRefreshing, std::min(now_ms + 1, deadline_ms_),
+                        step, Status::Ok()};
         return;
       case FetchStep::Kind::kRead:
         StartRead(s, std::move(step));
@@ -163,10 +172,12 @@ class Sim {
   void StartRead(StreamState& s, FetchStep step) {
     SimHolder& h = holders_.at(step.address);
     bool has = false;
-    for (const auto& [b, e] : h.chunks) has = has || (step.chunk >= b && step.chunk < e);
+    for (const auto& [b, e] : h.chunks)
+      has = has || (step.chunk >= b && step.chunk < e);
     EXPECT_TRUE(has) << "chunk " << step.chunk << " read from " << h.address
                      << ", which lacks it";
-    const int64_t read_deadline_ms = std::min(deadline_ms_, now_ms + options_.read_timeout_ms);
+    const int64_t read_deadline_ms =
+        std::min(deadline_ms_, now_ms + options_.read_timeout_ms);
     const int nth = h.reads++;
     const int64_t latency_ms = h.latency_of ? h.latency_of(nth) : h.latency_ms;
     Outcome o = h.behave(step.chunk, nth);
@@ -174,11 +185,22 @@ class Sim {
     Status result = Status::Ok();
     if (o != Outcome::kRefuse) plan_.ReadConnected(step.chunk);
     switch (o) {
-      case Outcome::kOk: break;
-      case Outcome::kCorrupt: result = DataLoss("chunk failed its checksum"); break;
-      case Outcome::kRefuse: at = now_ms + 1; result = Unavailable("refused"); break;
-      case Outcome::kStall: at = read_deadline_ms; break;
-      case Outcome::kClose: at = now_ms + latency_ms / 2; result = Unavailable("closed"); break;
+      case Outcome::kOk:
+        break;
+      case Outcome::kCorrupt:
+        result = DataLoss("chunk failed its checksum");
+        break;
+      case Outcome::kRefuse:
+        at = now_ms + 1;
+        result = Unavailable("refused");
+        break;
+      case Outcome::kStall:
+        at = read_deadline_ms;
+        break;
+      case Outcome::kClose:
+        at = now_ms + latency_ms / 2;
+        result = Unavailable("closed");
+        break;
     }
     if (at >= read_deadline_ms) {
       at = read_deadline_ms;
@@ -203,10 +225,12 @@ class Sim {
     if (was == State::kWaiting) return true;
     if (was == State::kReading) {
       if (next->result.ok()) ++done_count[next->step.chunk];
-      if (next->result.code() == StatusCode::kDataLoss) corrupt_holders.insert(next->step.address);
+      if (next->result.code() == StatusCode::kDataLoss)
+        corrupt_holders.insert(next->step.address);
       plan_.ReadFinished(now_ms, next->step.chunk, next->result);
     } else {
-      plan_.SourcesRefreshed(now_ms, refresher_(now_ms, static_cast<int>(refresh_ms.size())));
+      plan_.SourcesRefreshed(
+          now_ms, refresher_(now_ms, static_cast<int>(refresh_ms.size())));
     }
     for (StreamState& s : streams_) {
       if (s.state == State::kWaiting) s.state = State::kIdle;
@@ -233,7 +257,8 @@ FetcherOptions PlanOptions() {
   return o;
 }
 
-SimHolder Whole(const std::string& address, const Manifest& m, int64_t latency_ms = 10) {
+SimHolder Whole(const std::string& address, const Manifest& m,
+                int64_t latency_ms = 10) {
   SimHolder h;
   h.address = address;
   h.chunks = {{0, m.num_chunks()}};
@@ -251,7 +276,8 @@ void ExpectEveryChunkOnce(const Sim& sim) {
 
 TEST(FetchPlanTest, StripesAcrossHolders) {
   Manifest m = MakeManifest(2, 12);
-  Sim sim(m, {Whole("a", m), Whole("b", m), Whole("c", m)}, PlanOptions(), 60000);
+  Sim sim(m, {Whole("a", m), Whole("b", m), Whole("c", m)}, PlanOptions(),
+          60000);
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
   FetchReport r = sim.plan().Report();
@@ -276,7 +302,9 @@ TEST(FetchPlanTest, FailsOverFromARefusingHolder) {
 TEST(FetchPlanTest, FailsOverWhenAHolderClosesMidFetch) {
   Manifest m = MakeManifest(1, 32);
   SimHolder flaky = Whole("flaky", m);
-  flaky.behave = [](uint64_t, int n) { return n < 3 ? Outcome::kOk : Outcome::kClose; };
+  flaky.behave = [](uint64_t, int n) {
+    return n < 3 ? Outcome::kOk : Outcome::kClose;
+  };
   Sim sim(m, {flaky, Whole("good", m)}, PlanOptions(), 60000);
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
@@ -319,7 +347,8 @@ TEST(FetchPlanTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   });
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
-  EXPECT_NE(s.message().find("failed 5 times"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("failed 5 times"), std::string::npos)
+      << s.ToString();
   EXPECT_GE(sim.refresh_ms.size(), 4u);
   EXPECT_LT(sim.end_ms, 10000);
   for (int n : sim.done_count) EXPECT_EQ(n, 0);
@@ -343,11 +372,12 @@ TEST(FetchPlanTest, RefreshSuppliesAHolderLaterAtTheRefreshInterval) {
   Manifest m = MakeManifest(2, 6);
   SimHolder h = Whole("h", m);
   h.listed = false;  // only the hub knows it, from its third answer on
-  Sim sim(m, {h}, PlanOptions(), 60000, [&](int64_t, int call) -> Result<SourceUpdate> {
-    if (call == 1) return SourceUpdate(std::vector<FetchSource>{});
-    if (call == 2) return Unavailable("hub restarting");  // keep trying
-    return SourceUpdate(std::vector<FetchSource>{h.Source()});
-  });
+  Sim sim(m, {h}, PlanOptions(), 60000,
+          [&](int64_t, int call) -> Result<SourceUpdate> {
+            if (call == 1) return SourceUpdate(std::vector<FetchSource>{});
+            if (call == 2) return Unavailable("hub restarting");  // keep trying
+            return SourceUpdate(std::vector<FetchSource>{h.Source()});
+          });
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
   ASSERT_EQ(sim.refresh_ms.size(), 3u);
@@ -358,9 +388,10 @@ TEST(FetchPlanTest, RefreshSuppliesAHolderLaterAtTheRefreshInterval) {
 
 TEST(FetchPlanTest, RefresherNotFoundEndsTheFetchAtOnce) {
   Manifest m = MakeManifest(1, 4);
-  Sim sim(m, {}, PlanOptions(), 60000, [](int64_t, int) -> Result<SourceUpdate> {
-    return NotFound("version is gone");
-  });
+  Sim sim(m, {}, PlanOptions(), 60000,
+          [](int64_t, int) -> Result<SourceUpdate> {
+            return NotFound("version is gone");
+          });
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
   EXPECT_EQ(sim.end_ms, 1);
@@ -368,14 +399,16 @@ TEST(FetchPlanTest, RefresherNotFoundEndsTheFetchAtOnce) {
 
 TEST(FetchPlanTest, HubSayingUnavailableTwiceEndsAFetchNoSourceCanFinish) {
   Manifest m = MakeManifest(1, 4);
-  Sim sim(m, {}, PlanOptions(), 60000, [](int64_t, int) -> Result<SourceUpdate> {
-    SourceUpdate u;
-    u.unavailable = "no live worker holds every chunk";
-    return u;
-  });
+  Sim sim(m, {}, PlanOptions(), 60000,
+          [](int64_t, int) -> Result<SourceUpdate> {
+            SourceUpdate u;
+            u.unavailable = "no live worker holds every chunk";
+            return u;
+          });
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_NE(s.message().find("answered twice"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("answered twice"), std::string::npos)
+      << s.ToString();
   // The second answer, a refresh interval after the first (which took 1 ms),
   // ends it at once.
   ASSERT_EQ(sim.refresh_ms.size(), 2u);
@@ -387,14 +420,15 @@ TEST(FetchPlanTest, OneUnavailableAnswerIsNotFinal) {
   Manifest m = MakeManifest(1, 4);
   SimHolder h = Whole("h", m);
   h.listed = false;
-  Sim sim(m, {h}, PlanOptions(), 60000, [&](int64_t, int call) -> Result<SourceUpdate> {
-    if (call == 1) {
-      SourceUpdate u;
-      u.unavailable = "no live worker holds every chunk";
-      return u;
-    }
-    return SourceUpdate(std::vector<FetchSource>{h.Source()});
-  });
+  Sim sim(m, {h}, PlanOptions(), 60000,
+          [&](int64_t, int call) -> Result<SourceUpdate> {
+            if (call == 1) {
+              SourceUpdate u;
+              u.unavailable = "no live worker holds every chunk";
+              return u;
+            }
+            return SourceUpdate(std::vector<FetchSource>{h.Source()});
+          });
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
 }
@@ -411,10 +445,12 @@ TEST(FetchPlanTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
   r0.chunks = {{0, m.chunk_base(1)}};
   r0.listed = false;
   Sim* self = nullptr;
-  Sim sim(m, {r1, r0}, PlanOptions(), 60000, [&](int64_t, int) -> Result<SourceUpdate> {
-    if (self->plan().chunks_done() < 8) return SourceUpdate(std::vector<FetchSource>{});
-    return SourceUpdate(std::vector<FetchSource>{r0.Source()});
-  });
+  Sim sim(m, {r1, r0}, PlanOptions(), 60000,
+          [&](int64_t, int) -> Result<SourceUpdate> {
+            if (self->plan().chunks_done() < 8)
+              return SourceUpdate(std::vector<FetchSource>{});
+            return SourceUpdate(std::vector<FetchSource>{r0.Source()});
+          });
   self = &sim;
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
@@ -425,13 +461,16 @@ TEST(FetchPlanTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
 TEST(FetchPlanTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
   Manifest m = MakeManifest(1, 40);
   SimHolder slow = Whole("slow", m);
-  slow.behave = [](uint64_t, int n) { return n < 4 ? Outcome::kOk : Outcome::kStall; };
+  slow.behave = [](uint64_t, int n) {
+    return n < 4 ? Outcome::kOk : Outcome::kStall;
+  };
   Sim sim(m, {slow, Whole("fast", m)}, PlanOptions(), 600000);
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
   FetchReport r = sim.plan().Report();
   EXPECT_GE(r.chunks_stolen, 1u);
-  EXPECT_LT(sim.end_ms, 2000);  // simulated: steal_min_ms = 1000, chunks take 10 ms
+  EXPECT_LT(sim.end_ms,
+            2000);  // simulated: steal_min_ms = 1000, chunks take 10 ms
 }
 
 TEST(FetchPlanTest, WorkStealingLeavesTheOnlyHolderAlone) {
@@ -463,7 +502,9 @@ TEST(FetchPlanTest, SlowButLiveHolderEndsDeadlineExceeded) {
 TEST(FetchPlanTest, StalledOnlyHolderEndsUnavailableAtTheDeadline) {
   Manifest m = MakeManifest(1, 20);
   SimHolder h = Whole("h", m);
-  h.behave = [](uint64_t, int n) { return n < 3 ? Outcome::kOk : Outcome::kStall; };
+  h.behave = [](uint64_t, int n) {
+    return n < 3 ? Outcome::kOk : Outcome::kStall;
+  };
   Sim sim(m, {h}, PlanOptions(), 5000);
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
@@ -476,9 +517,11 @@ TEST(FetchPlanTest, NoLiveHolderEndsUnavailableAtTheDeadline) {
   a.behave = [](uint64_t, int) { return Always(Outcome::kRefuse); };
   SimHolder b = Whole("b", m);
   b.behave = a.behave;
-  Sim sim(m, {a, b}, PlanOptions(), 1000, [&](int64_t, int) -> Result<SourceUpdate> {
-    return SourceUpdate(std::vector<FetchSource>{a.Source(), b.Source()});
-  });
+  Sim sim(
+      m, {a, b}, PlanOptions(), 1000,
+      [&](int64_t, int) -> Result<SourceUpdate> {
+        return SourceUpdate(std::vector<FetchSource>{a.Source(), b.Source()});
+      });
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_LE(sim.end_ms, 1000);
@@ -498,7 +541,8 @@ TEST(FetchPlanTest, AttemptsPerChunkAreBounded) {
   });
   Status s = sim.Run();
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
-  EXPECT_NE(s.message().find("failed 3 times"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("failed 3 times"), std::string::npos)
+      << s.ToString();
   EXPECT_EQ(sim.holder("a").reads, 3);
 }
 
@@ -517,14 +561,16 @@ TEST(FetchPlanTest, SourcesAreBounded) {
   o.max_attempts_per_chunk = 1000;
   Sim* self = nullptr;
   size_t most = 0;
-  Sim sim(m, all, o, 5000,
-          [&](int64_t, int call) -> Result<SourceUpdate> {
-            most = std::max(most, self->plan().sources_known());
-            std::vector<FetchSource> fresh;
-            for (int i = 0; i < 3; ++i) fresh.push_back(all[(call * 3 + i) % 40].Source());
-            return SourceUpdate(fresh);
-          },
-          /*max_sources=*/4);
+  Sim sim(
+      m, all, o, 5000,
+      [&](int64_t, int call) -> Result<SourceUpdate> {
+        most = std::max(most, self->plan().sources_known());
+        std::vector<FetchSource> fresh;
+        for (int i = 0; i < 3; ++i)
+          fresh.push_back(all[(call * 3 + i) % 40].Source());
+        return SourceUpdate(fresh);
+      },
+      /*max_sources=*/4);
   self = &sim;
   EXPECT_LE(sim.plan().sources_known(), 4u);
   Status s = sim.Run();
@@ -549,8 +595,9 @@ TEST(FetchPlanTest, RandomScenariosKeepTheInvariants) {
       SimHolder h;
       h.address = "h" + std::to_string(i);
       const uint32_t p = rng() % (parts + 1);  // == parts: the whole version
-      h.chunks = {p == parts ? std::make_pair(uint64_t{0}, m.num_chunks())
-                             : std::make_pair(m.chunk_base(p), m.chunk_base(p + 1))};
+      h.chunks = {p == parts
+                      ? std::make_pair(uint64_t{0}, m.num_chunks())
+                      : std::make_pair(m.chunk_base(p), m.chunk_base(p + 1))};
       h.latency_ms = 1 + rng() % 200;
       h.filling = rng() % 4 == 0;
       const uint32_t bad_pct = rng() % 60;
@@ -570,7 +617,8 @@ TEST(FetchPlanTest, RandomScenariosKeepTheInvariants) {
     auto hub_rng = std::make_shared<std::mt19937>(rng());
     SimRefresher hub = [&, hub_rng](int64_t, int) -> Result<SourceUpdate> {
       switch ((*hub_rng)() % 5) {
-        case 0: return Unavailable("hub restarting");
+        case 0:
+          return Unavailable("hub restarting");
         case 1: {
           SourceUpdate u;
           u.unavailable = "no complete holder";
@@ -589,14 +637,17 @@ TEST(FetchPlanTest, RandomScenariosKeepTheInvariants) {
     Status s = sim.Run();
     EXPECT_LE(sim.end_ms, deadline_ms);
     for (int c : sim.done_count) EXPECT_LE(c, 1);
-    const bool all_done = std::all_of(sim.done_count.begin(), sim.done_count.end(),
-                                      [](int c) { return c == 1; });
+    const bool all_done =
+        std::all_of(sim.done_count.begin(), sim.done_count.end(),
+                    [](int c) { return c == 1; });
     EXPECT_EQ(s.ok(), all_done) << s.ToString();
-    EXPECT_EQ(sim.plan().chunks_done(), static_cast<uint64_t>(std::count(
-                                            sim.done_count.begin(), sim.done_count.end(), 1)));
+    EXPECT_EQ(sim.plan().chunks_done(),
+              static_cast<uint64_t>(
+                  std::count(sim.done_count.begin(), sim.done_count.end(), 1)));
     const StatusCode c = s.code();
     EXPECT_TRUE(c == StatusCode::kOk || c == StatusCode::kUnavailable ||
-                c == StatusCode::kDeadlineExceeded || c == StatusCode::kDataLoss)
+                c == StatusCode::kDeadlineExceeded ||
+                c == StatusCode::kDataLoss)
         << s.ToString();
     if (c == StatusCode::kDataLoss) {
       EXPECT_FALSE(sim.corrupt_holders.empty());

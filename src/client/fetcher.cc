@@ -32,13 +32,14 @@ class FetchRun {
         options_(options),
         deadline_(deadline),
         clock_(deadline.clock()),
-        plan_(job.model + "@" + std::to_string(job.version.value()), *job.manifest,
-              std::move(sources), static_cast<bool>(refresh), options, clock_.NowMs(),
-              deadline.at_ms()) {}
+        plan_(job.model + "@" + std::to_string(job.version.value()),
+              *job.manifest, std::move(sources), static_cast<bool>(refresh),
+              options, clock_.NowMs(), deadline.at_ms()) {}
 
   Result<FetchReport> Run() {
     const uint64_t total_chunks = job_.manifest->num_chunks();
-    const int n = std::max(1, std::min<int>(options_.streams, static_cast<int>(total_chunks)));
+    const int n = std::max(
+        1, std::min<int>(options_.streams, static_cast<int>(total_chunks)));
     {
       MutexLock lock(mu_);
       running_ = n;
@@ -52,11 +53,13 @@ class FetchRun {
     MutexLock lock(mu_);
     if (!plan_.error().ok()) return plan_.error();
     if (plan_.chunks_done() != total_chunks) {
-      return Internal("fetch ended with " + std::to_string(total_chunks - plan_.chunks_done()) +
+      return Internal("fetch ended with " +
+                      std::to_string(total_chunks - plan_.chunks_done()) +
                       " chunks missing");
     }
     if (options_.on_progress) {
-      options_.on_progress(FetchProgress{plan_.bytes_done(), job_.manifest->total_bytes()});
+      options_.on_progress(
+          FetchProgress{plan_.bytes_done(), job_.manifest->total_bytes()});
     }
     return plan_.Report();
   }
@@ -76,7 +79,8 @@ class FetchRun {
           return;
         case FetchStep::Kind::kWait:
           // On the fetch's clock: a simulated one may move on instead.
-          clock_.WaitFor(cv_, lock.native(), std::max<int64_t>(1, step.until_ms - now_ms));
+          clock_.WaitFor(cv_, lock.native(),
+                         std::max<int64_t>(1, step.until_ms - now_ms));
           break;
         case FetchStep::Kind::kSteal:
           // Registered by the stream running it before the plan could pick
@@ -94,7 +98,8 @@ class FetchRun {
         }
         case FetchStep::Kind::kRead: {
           lock.Unlock();
-          Status st = ReadChunk(conns, step, job_.manifest->Chunk(step.chunk), &pieces);
+          Status st =
+              ReadChunk(conns, step, job_.manifest->Chunk(step.chunk), &pieces);
           lock.Lock();
           const uint64_t done_now = FinishRead(step, st, conns);
           if (done_now == 0) break;
@@ -126,8 +131,8 @@ class FetchRun {
                    std::vector<iovec>* pieces) {
     auto it = conns.find(step.address);
     if (it == conns.end() || it->second->broken()) {
-      Result<std::unique_ptr<transport::Connection>> c =
-          transport_.Connect(step.address, deadline_.Cap(options_.connect_timeout_ms));
+      Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
+          step.address, deadline_.Cap(options_.connect_timeout_ms));
       if (!c.ok()) return c.status();
       it = conns.insert_or_assign(step.address, std::move(c).value()).first;
     }
@@ -139,8 +144,8 @@ class FetchRun {
       plan_.ReadConnected(step.chunk);
     }
     pieces->clear();
-    AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part], loc.offset,
-                 loc.bytes, pieces);
+    AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
+                 loc.offset, loc.bytes, pieces);
     wire::ReadRequest req;
     req.model = job_.model;
     req.version = job_.version.value();
@@ -153,8 +158,8 @@ class FetchRun {
     if (job_.memory.is_host()) {
       TH_RETURN_IF_ERROR(it->second->Read(req, *pieces, read_deadline, &got));
     } else {
-      TH_RETURN_IF_ERROR(
-          it->second->ReadDevice(req, *pieces, job_.memory.device, read_deadline, &got));
+      TH_RETURN_IF_ERROR(it->second->ReadDevice(
+          req, *pieces, job_.memory.device, read_deadline, &got));
     }
     if (got != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
@@ -171,7 +176,8 @@ class FetchRun {
     uint64_t reported = 0;
     MutexLock lock(mu_);
     while (running_ > 0) {
-      cv_.wait_for(lock.native(), std::chrono::milliseconds(kProgressIntervalMs));
+      cv_.wait_for(lock.native(),
+                   std::chrono::milliseconds(kProgressIntervalMs));
       const uint64_t bytes = plan_.bytes_done();
       if (!options_.on_progress || bytes == reported || running_ == 0) continue;
       reported = bytes;

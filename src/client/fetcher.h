@@ -3,8 +3,8 @@
 // Several streams run in parallel; each takes the next missing chunk that
 // some live source holds (a chunk with no source yet does not hold up the
 // others) and reads it from the least busy live source that holds it, so one
-// version is striped across holders. Every chunk is verified (XXH3-64 against the
-// manifest) before it counts. A source that fails (connection error,
+// version is striped across holders. Every chunk is verified (XXH3-64 against
+// the manifest) before it counts. A source that fails (connection error,
 // refusal, bad checksum, stall past the read timeout) is dropped and its
 // chunk goes back to the queue for another source; a source far slower than
 // the others loses its chunk to an idle stream (work stealing, see
@@ -56,7 +56,7 @@ struct FetchJob {
 
 struct FetcherOptions {
   int streams = 4;
-  int64_t read_timeout_ms = 30000;    // one chunk, one source
+  int64_t read_timeout_ms = 30000;  // one chunk, one source
   int64_t connect_timeout_ms = 5000;
   int64_t refresh_interval_ms = 200;  // between asks to the hub
   int max_attempts_per_chunk = 32;

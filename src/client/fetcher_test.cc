@@ -88,7 +88,8 @@ TestVersion MakeVersion(uint32_t seed, uint32_t group_size,
 class HookedSource final : public transport::ReadSource {
  public:
   explicit HookedSource(Registry* registry) : registry_(registry) {}
-  Result<transport::ServeLease> BeginRead(const wire::ReadRequest& req) override {
+  Result<transport::ServeLease> BeginRead(
+      const wire::ReadRequest& req) override {
     int n = reads_.fetch_add(1) + 1;
     if (hook_) {
       Status s = hook_(n);
@@ -124,7 +125,8 @@ struct Holder {
     for (uint32_t p : parts_held) {
       h.parts[p] = v.manifest.parts()[p];
       for (Bytes& b : data[p]) h.bases[p].push_back(b.data());
-      chunks.push_back({v.manifest.chunk_base(p), v.manifest.chunk_base(p + 1)});
+      chunks.push_back(
+          {v.manifest.chunk_base(p), v.manifest.chunk_base(p + 1)});
     }
     Result<uint64_t> e = registry.Add(std::move(h));
     EXPECT_TRUE(e.ok()) << e.status().ToString();
@@ -230,21 +232,22 @@ TEST_F(FetcherTest, StripesExactBytesAcrossThreeHolders) {
     std::atomic<int> started{0};
     std::atomic<bool> premise_broken{false};
     for (int i = 0; i < 3; ++i) {
-      holders.push_back(std::make_unique<Holder>(*tcp_, v,
-                                                 std::vector<uint32_t>{0, 1},
-                                                 "m", 9));
+      holders.push_back(std::make_unique<Holder>(
+          *tcp_, v, std::vector<uint32_t>{0, 1}, "m", 9));
       holders.back()->source.hook_ = [&started, &premise_broken](int n) {
         if (n == 1) {
           started.fetch_add(1);
-          if (!WaitUntil([&] { return started.load() >= 3; })) premise_broken = true;
+          if (!WaitUntil([&] { return started.load() >= 3; }))
+            premise_broken = true;
         }
         return Status::Ok();
       };
       sources.push_back(holders.back()->Source());
     }
     Destination d(v);
-    Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 9), sources, nullptr,
-                                     TestOptions(), Deadline::AfterMs(kGenerousMs));
+    Result<FetchReport> r =
+        RunFetch(*tcp_, d.Job(v, "m", 9), sources, nullptr, TestOptions(),
+                 Deadline::AfterMs(kGenerousMs));
     ASSERT_FALSE(premise_broken.load()) << "not every holder got a first read";
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(d.data, v.data);
@@ -315,7 +318,8 @@ TEST_F(FetcherTest, FailsOverWhenAHolderIsRevokedMidFetch) {
   };
   // Only `a` is known at first, so it serves reads until the revoke; `b`
   // comes from the hub once `a` failed.
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     return SourceUpdate(std::vector<FetchSource>{b.Source()});
   };
   Destination d(v);
@@ -347,7 +351,8 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
       // Reads 1 and 2 were admitted: `a` stops only once one of them has
       // been served (counted), so that it served some bytes but not all.
       // One on this connection is done already; one on another goes on.
-      served_before_stop = WaitUntil([&] { return a.server->bytes_served() > 0; });
+      served_before_stop =
+          WaitUntil([&] { return a.server->bytes_served() > 0; });
       std::lock_guard<std::mutex> l(mu);
       stop_now = true;
       cv.notify_all();
@@ -365,7 +370,8 @@ TEST_F(FetcherTest, FailsOverWhenAHolderStopsMidFetch) {
     l.unlock();
     a.server->Stop();
   });
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     return SourceUpdate(std::vector<FetchSource>{b.Source()});
   };
   Destination d(v);
@@ -415,7 +421,8 @@ TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   Holder bad(*tcp_, v, {0, 1}, "m", 1);
   bad.Corrupt(1000);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
     return SourceUpdate(std::vector<FetchSource>{bad.Source()});
   };
@@ -438,15 +445,17 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
   TestVersion v = MakeVersion(13, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     int n = calls.fetch_add(1) + 1;
     if (n == 1) return SourceUpdate(std::vector<FetchSource>{});
     if (n == 2) return Unavailable("hub restarting");  // keep trying
     return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
-                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh, TestOptions(),
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(calls.load(), 3);
@@ -455,14 +464,16 @@ TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
 
 TEST_F(FetcherTest, RefresherNotFoundEndsTheFetch) {
   TestVersion v = MakeVersion(14, 2, 8192, 8);
-  SourceRefresher refresh = [](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [](const std::vector<std::string>&) -> Result<SourceUpdate> {
     return NotFound("version is gone");
   };
   Destination d(v);
   // At its (far) deadline the fetch would fail UNAVAILABLE or
   // DEADLINE_EXCEEDED: NOT_FOUND says the hub's answer ended it.
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh,
-                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {}, refresh, TestOptions(),
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   EXPECT_NE(r.status().message().find("version is gone"), std::string::npos);
@@ -476,7 +487,8 @@ TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
   TestVersion v = MakeVersion(18, 2, 4096, 16);
   Holder r0(*tcp_, v, {0}, "m", 3);
   Holder r1(*tcp_, v, {1}, "m", 3);
-  const uint64_t part1_chunks = v.manifest.chunk_base(2) - v.manifest.chunk_base(1);
+  const uint64_t part1_chunks =
+      v.manifest.chunk_base(2) - v.manifest.chunk_base(1);
   ASSERT_GE(part1_chunks, 4u);
   std::atomic<uint64_t> part1_done{0};
   FetcherOptions o = TestOptions();
@@ -491,8 +503,8 @@ TEST_F(FetcherTest, AChunkWithoutASourceDoesNotHoldUpTheOthers) {
     return SourceUpdate(std::vector<FetchSource>{r0.Source(), r1.Source()});
   };
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 3), {r1.Source()}, refresh, o,
-                                   Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 3), {r1.Source()},
+                                   refresh, o, Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(part1_done.load(), part1_chunks);
@@ -512,14 +524,17 @@ TEST_F(FetcherTest, HubSayingUnavailableEndsAFetchNoSourceCanFinish) {
       [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
     SourceUpdate u;
-    u.unavailable = "'m@4' is committed but no live worker holds all of its chunks";
+    u.unavailable =
+        "'m@4' is committed but no live worker holds all of its chunks";
     return u;
   };
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 4), {r1.Source()}, refresh,
-                                   TestOptions(), Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 4), {r1.Source()}, refresh, TestOptions(),
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
+      << r.status().ToString();
   EXPECT_NE(r.status().message().find("no live worker holds all of its chunks"),
             std::string::npos)
       << r.status().ToString();
@@ -543,8 +558,9 @@ TEST_F(FetcherTest, OneUnavailableAnswerIsNotFinal) {
     return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 5), {}, refresh, TestOptions(),
-                                   Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 5), {}, refresh, TestOptions(),
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(calls.load(), 2);
@@ -567,9 +583,7 @@ TEST_F(FetcherTest, AssemblesAVersionFromPerRankHolders) {
     Holder* h = p == 0 ? &r0 : p == 1 ? &r1 : &r2;
     // The server counts a read after its last byte left, which may be just
     // after the reader got it: wait (bounded) for the count to settle.
-    auto served = [&] {
-      return h->server->bytes_served();
-    };
+    auto served = [&] { return h->server->bytes_served(); };
     WaitUntil([&] { return served() >= v.manifest.parts()[p].part_bytes; });
     EXPECT_EQ(served(), v.manifest.parts()[p].part_bytes);
   }
@@ -582,16 +596,19 @@ TEST_F(FetcherTest, TransientFailureOfTheOnlyHolderIsRetriedAfterRefresh) {
   TestVersion v = MakeVersion(17, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
   h.source.hook_ = [](int n) {
-    return n == 3 ? ResourceExhausted("too many reads in flight") : Status::Ok();
+    return n == 3 ? ResourceExhausted("too many reads in flight")
+                  : Status::Ok();
   };
   std::atomic<int> calls{0};
-  SourceRefresher refresh = [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
     calls.fetch_add(1);
     return SourceUpdate(std::vector<FetchSource>{h.Source()});
   };
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
-                                   refresh, TestOptions(), Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()}, refresh, TestOptions(),
+               Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_GE(r->chunk_retries, 1u);
@@ -626,7 +643,8 @@ TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
   // `slow` again, its 3rd read. If not, the test says so.
   std::atomic<bool> premise_broken{false};
   fast.source.hook_ = [&](int) {
-    if (!WaitUntil([&] { return slow.source.reads_.load() >= 3; })) premise_broken = true;
+    if (!WaitUntil([&] { return slow.source.reads_.load() >= 3; }))
+      premise_broken = true;
     return Status::Ok();
   };
   FetcherOptions o = TestOptions();
@@ -634,8 +652,9 @@ TEST_F(FetcherTest, WorkStealingMovesChunksAwayFromAHolderThatTurnsSlow) {
   o.steal_min_ms = 300;
   Destination d(v);
   // `slow` first, so streams are sure to start reads on it.
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {slow.Source(), fast.Source()},
-                                   nullptr, o, Deadline::AfterMs(20000));
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(v, "m", 1), {slow.Source(), fast.Source()}, nullptr,
+               o, Deadline::AfterMs(20000));
   {
     std::lock_guard<std::mutex> l(mu);
     release = true;
@@ -662,8 +681,8 @@ TEST_F(FetcherTest, WorkStealingLeavesTheOnlyHolderAlone) {
   FetcherOptions o = TestOptions();
   o.steal_min_ms = 50;
   Destination d(v);
-  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {only.Source()}, nullptr, o,
-                                   Deadline::AfterMs(kGenerousMs));
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {only.Source()},
+                                   nullptr, o, Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(r->chunks_stolen, 0u);
@@ -689,9 +708,10 @@ TEST_F(FetcherTest, StreamsRefreshingTogetherFetchEveryChunkExactlyOnce) {
     // dropped) the others put their chunks back at the front of the queue.
     // The sleep only widens the window the old bug needed; the fixed code
     // passes whatever the machine's speed.
-    FetchSource dead{"dead", DeadAddress(*tcp_), 1, {{0, v.manifest.num_chunks()}}};
-    SourceRefresher refresh = [&](const std::vector<std::string>&)
-        -> Result<SourceUpdate> {
+    FetchSource dead{
+        "dead", DeadAddress(*tcp_), 1, {{0, v.manifest.num_chunks()}}};
+    SourceRefresher refresh =
+        [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
       std::this_thread::sleep_for(milliseconds(30));
       return SourceUpdate(std::vector<FetchSource>{h.Source()});
     };
@@ -722,12 +742,16 @@ using transport::FaultWhere;
 
 // Serves the bytes of `v` (which must outlive the transport's use of it).
 FakeTransport::Serve ServeFrom(const TestVersion& v) {
-  return [&v](const wire::ReadRequest& req, std::span<const iovec> dest) -> Status {
+  return [&v](const wire::ReadRequest& req,
+              std::span<const iovec> dest) -> Status {
     std::vector<uint8_t*> bases;
-    for (const Bytes& b : v.data[req.part]) bases.push_back(const_cast<uint8_t*>(b.data()));
+    for (const Bytes& b : v.data[req.part])
+      bases.push_back(const_cast<uint8_t*>(b.data()));
     std::vector<iovec> src;
-    AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length, &src);
-    if (!transport::CopyPieces(src, dest)) return Internal("test: bad read sizes");
+    AppendPieces(v.manifest.parts()[req.part], bases, req.offset, req.length,
+                 &src);
+    if (!transport::CopyPieces(src, dest))
+      return Internal("test: bad read sizes");
     return Status::Ok();
   };
 }
@@ -743,29 +767,44 @@ struct FaultCase {
 };
 
 constexpr FaultCase kFaultCases[] = {
-    {"connect_refuse", FaultWhere::kConnect, FaultWhat::kRefuse, StatusCode::kUnavailable},
-    {"connect_stall", FaultWhere::kConnect, FaultWhat::kStall, StatusCode::kUnavailable},
-    {"header_refuse", FaultWhere::kReadHeader, FaultWhat::kRefuse, StatusCode::kUnavailable},
-    {"header_corrupt", FaultWhere::kReadHeader, FaultWhat::kCorrupt, StatusCode::kUnavailable},
-    {"header_stall", FaultWhere::kReadHeader, FaultWhat::kStall, StatusCode::kUnavailable},
-    {"header_close", FaultWhere::kReadHeader, FaultWhat::kClose, StatusCode::kUnavailable},
-    {"body_refuse", FaultWhere::kReadBody, FaultWhat::kRefuse, StatusCode::kUnavailable},
-    {"body_corrupt", FaultWhere::kReadBody, FaultWhat::kCorrupt, StatusCode::kDataLoss},
-    {"body_stall", FaultWhere::kReadBody, FaultWhat::kStall, StatusCode::kUnavailable},
-    {"body_close", FaultWhere::kReadBody, FaultWhat::kClose, StatusCode::kUnavailable},
-    {"mid_corrupt", FaultWhere::kMidChunk, FaultWhat::kCorrupt, StatusCode::kDataLoss},
-    {"mid_stall", FaultWhere::kMidChunk, FaultWhat::kStall, StatusCode::kUnavailable},
-    {"mid_close", FaultWhere::kMidChunk, FaultWhat::kClose, StatusCode::kUnavailable},
+    {"connect_refuse", FaultWhere::kConnect, FaultWhat::kRefuse,
+     StatusCode::kUnavailable},
+    {"connect_stall", FaultWhere::kConnect, FaultWhat::kStall,
+     StatusCode::kUnavailable},
+    {"header_refuse", FaultWhere::kReadHeader, FaultWhat::kRefuse,
+     StatusCode::kUnavailable},
+    {"header_corrupt", FaultWhere::kReadHeader, FaultWhat::kCorrupt,
+     StatusCode::kUnavailable},
+    {"header_stall", FaultWhere::kReadHeader, FaultWhat::kStall,
+     StatusCode::kUnavailable},
+    {"header_close", FaultWhere::kReadHeader, FaultWhat::kClose,
+     StatusCode::kUnavailable},
+    {"body_refuse", FaultWhere::kReadBody, FaultWhat::kRefuse,
+     StatusCode::kUnavailable},
+    {"body_corrupt", FaultWhere::kReadBody, FaultWhat::kCorrupt,
+     StatusCode::kDataLoss},
+    {"body_stall", FaultWhere::kReadBody, FaultWhat::kStall,
+     StatusCode::kUnavailable},
+    {"body_close", FaultWhere::kReadBody, FaultWhat::kClose,
+     StatusCode::kUnavailable},
+    {"mid_corrupt", FaultWhere::kMidChunk, FaultWhat::kCorrupt,
+     StatusCode::kDataLoss},
+    {"mid_stall", FaultWhere::kMidChunk, FaultWhat::kStall,
+     StatusCode::kUnavailable},
+    {"mid_close", FaultWhere::kMidChunk, FaultWhat::kClose,
+     StatusCode::kUnavailable},
 };
 
 class FetcherFaultTest : public ::testing::TestWithParam<FaultCase> {};
 
 // Runs RunFetch on its own thread; the test thread may act meanwhile.
 Result<FetchReport> FetchOnThread(FakeTransport& t, const FetchJob& job,
-                                  std::vector<FetchSource> sources, const FetcherOptions& o,
-                                  const Deadline& d, const std::function<void()>& meanwhile) {
+                                  std::vector<FetchSource> sources,
+                                  const FetcherOptions& o, const Deadline& d,
+                                  const std::function<void()>& meanwhile) {
   Result<FetchReport> r = Internal("not run");
-  std::thread th([&] { r = RunFetch(t, job, std::move(sources), nullptr, o, d); });
+  std::thread th(
+      [&] { r = RunFetch(t, job, std::move(sources), nullptr, o, d); });
   meanwhile();
   th.join();
   return r;
@@ -787,8 +826,8 @@ TEST_P(FetcherFaultTest, AnotherHolderMasksIt) {
   FakeClock clock;
   Destination d(v);
   Result<FetchReport> r = FetchOnThread(
-      t, d.Job(v, "m", 1), {FakeSource("bad", v), FakeSource("good", v)}, TestOptions(),
-      Deadline::AfterMs(kGenerousMs, clock), [&] {
+      t, d.Job(v, "m", 1), {FakeSource("bad", v), FakeSource("good", v)},
+      TestOptions(), Deadline::AfterMs(kGenerousMs, clock), [&] {
         if (!stall) return;
         EXPECT_TRUE(t.WaitForStalls(1, Deadline::AfterMs(kGenerousMs)));
         t.ReleaseStalls();
@@ -812,8 +851,8 @@ TEST_P(FetcherFaultTest, AloneItEndsTheFetchWithItsCode) {
   o.max_attempts_per_chunk = 1;
   Destination d(v);
   Result<FetchReport> r = FetchOnThread(
-      t, d.Job(v, "m", 1), {FakeSource("bad", v)}, o, Deadline::AfterMs(kGenerousMs, clock),
-      [&] {
+      t, d.Job(v, "m", 1), {FakeSource("bad", v)}, o,
+      Deadline::AfterMs(kGenerousMs, clock), [&] {
         if (c.what != FaultWhat::kStall) return;
         EXPECT_TRUE(t.WaitForStalls(1, Deadline::AfterMs(kGenerousMs)));
         clock.AdvanceMs(kGenerousMs);  // the fetch's deadline passes
@@ -823,7 +862,8 @@ TEST_P(FetcherFaultTest, AloneItEndsTheFetchWithItsCode) {
   EXPECT_EQ(t.fired(c.where), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Faults, FetcherFaultTest, ::testing::ValuesIn(kFaultCases),
+INSTANTIATE_TEST_SUITE_P(Faults, FetcherFaultTest,
+                         ::testing::ValuesIn(kFaultCases),
                          [](const ::testing::TestParamInfo<FaultCase>& i) {
                            return std::string(i.param.name);
                          });

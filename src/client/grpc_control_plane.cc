@@ -16,41 +16,52 @@ namespace {
 
 class GrpcControlPlane final : public ControlPlane {
  public:
-  GrpcControlPlane(const std::string& address, std::string secret, int64_t rpc_timeout_ms);
+  GrpcControlPlane(const std::string& address, std::string secret,
+                   int64_t rpc_timeout_ms);
 
   Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
-                            const std::string& data_address, const Labels& labels,
-                            WorkerClass worker_class, int64_t timeout_ms) override;
+                            const std::string& data_address,
+                            const Labels& labels, WorkerClass worker_class,
+                            int64_t timeout_ms) override;
   Status Heartbeat(const WorkerId& id) override;
-  Status Publish(const WorkerId& id, const std::string& model, Version version, uint32_t rank,
-                 uint32_t group_size, uint64_t chunk_bytes, const PartLayout& part,
-                 uint64_t epoch, bool rebuild, int64_t timeout_ms) override;
-  Status AddHolder(const WorkerId& id, const std::string& model, Version version,
-                   uint64_t epoch, const Manifest& manifest, bool filling,
-                   int64_t timeout_ms) override;
+  Status Publish(const WorkerId& id, const std::string& model, Version version,
+                 uint32_t rank, uint32_t group_size, uint64_t chunk_bytes,
+                 const PartLayout& part, uint64_t epoch, bool rebuild,
+                 int64_t timeout_ms) override;
+  Status AddHolder(const WorkerId& id, const std::string& model,
+                   Version version, uint64_t epoch, const Manifest& manifest,
+                   bool filling, int64_t timeout_ms) override;
   Result<Scheduled> Schedule(const WorkerId& reader, const std::string& model,
-                             Version version, const std::vector<WorkerId>& exclude,
+                             Version version,
+                             const std::vector<WorkerId>& exclude,
                              uint32_t max_sources, int64_t timeout_ms) override;
-  Status FetchDone(const WorkerId& reader, const std::string& model, Version version,
+  Status FetchDone(const WorkerId& reader, const std::string& model,
+                   Version version, int64_t timeout_ms) override;
+  Status Unpublish(const WorkerId& id, const std::string& model,
+                   Version version, int64_t wait_ms, bool force,
                    int64_t timeout_ms) override;
-  Status Unpublish(const WorkerId& id, const std::string& model, Version version,
-                   int64_t wait_ms, bool force, int64_t timeout_ms) override;
-  Result<Resolved> Resolve(const WorkerId& reader, const std::string& model, Version version,
-                           bool include_uncommitted, const std::string& group,
-                           uint64_t group_step, int64_t timeout_ms) override;
+  Result<Resolved> Resolve(const WorkerId& reader, const std::string& model,
+                           Version version, bool include_uncommitted,
+                           const std::string& group, uint64_t group_step,
+                           int64_t timeout_ms) override;
   Result<std::vector<ModelInfo>> List() override;
-  Status Leave(const WorkerId& id, int64_t timeout_ms, int64_t wait_ms) override;
-  Status Retain(const std::string& model, Version version, bool retain) override;
-  Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper, int64_t wait_ms) override;
+  Status Leave(const WorkerId& id, int64_t timeout_ms,
+               int64_t wait_ms) override;
+  Status Retain(const std::string& model, Version version,
+                bool retain) override;
+  Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
+                                      int64_t wait_ms) override;
 
  private:
   void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
   int64_t Within(int64_t timeout_ms) const {
-    return timeout_ms < 0 ? rpc_timeout_ms_ : std::min(timeout_ms, rpc_timeout_ms_);
+    return timeout_ms < 0 ? rpc_timeout_ms_
+                          : std::min(timeout_ms, rpc_timeout_ms_);
   }
   // One unary call with the secret set and a deadline of timeout_ms.
   template <typename Req, typename Resp>
-  Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+  Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*,
+                                                    const Req&, Resp*),
               Req& req, Resp* resp, const char* what, int64_t timeout_ms);
   Status Check(const grpc::Status& s, const char* what) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
@@ -61,8 +72,8 @@ class GrpcControlPlane final : public ControlPlane {
   std::unique_ptr<v1::Hub::Stub> stub_;
 };
 
-GrpcControlPlane::GrpcControlPlane(const std::string& address, std::string secret,
-                     int64_t rpc_timeout_ms)
+GrpcControlPlane::GrpcControlPlane(const std::string& address,
+                                   std::string secret, int64_t rpc_timeout_ms)
     : address_(address),
       secret_(std::move(secret)),
       rpc_timeout_ms_(rpc_timeout_ms) {
@@ -80,16 +91,17 @@ GrpcControlPlane::GrpcControlPlane(const std::string& address, std::string secre
 
 template <typename Req, typename Resp>
 Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
-                           grpc::ClientContext*, const Req&, Resp*),
-                       Req& req, Resp* resp, const char* what,
-                       int64_t timeout_ms) {
+                                  grpc::ClientContext*, const Req&, Resp*),
+                              Req& req, Resp* resp, const char* what,
+                              int64_t timeout_ms) {
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout_ms);
   req.set_secret(secret_);
   return Check((stub_.get()->*method)(&ctx, req, resp), what);
 }
 
-void GrpcControlPlane::Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const {
+void GrpcControlPlane::Prepare(grpc::ClientContext* ctx,
+                               int64_t timeout_ms) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(timeout_ms));
 }
@@ -102,17 +114,18 @@ Status GrpcControlPlane::Check(const grpc::Status& s, const char* what) const {
     // The hub unreachable, or reachable and saying "try again" (it is
     // rebuilding its state after a start): both are worth a retry.
     return Status(st.code(), std::string(what) + ": hub at " + address_ +
-                                 " did not answer, or asked to try again (" + st.message() + ")");
+                                 " did not answer, or asked to try again (" +
+                                 st.message() + ")");
   }
   return st;
 }
 
 Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
-                                     const std::string& name,
-                                     const std::string& data_address,
-                                     const Labels& labels,
-                                     WorkerClass worker_class,
-                                     int64_t timeout_ms) {
+                                            const std::string& name,
+                                            const std::string& data_address,
+                                            const Labels& labels,
+                                            WorkerClass worker_class,
+                                            int64_t timeout_ms) {
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout_ms);
   // The first registration may wait for the hub to come up.
@@ -140,9 +153,10 @@ Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
 }
 
 Status GrpcControlPlane::Publish(const WorkerId& id, const std::string& model,
-                          Version version, uint32_t rank, uint32_t group_size,
-                          uint64_t chunk_bytes, const PartLayout& part,
-                          uint64_t epoch, bool rebuild, int64_t timeout_ms) {
+                                 Version version, uint32_t rank,
+                                 uint32_t group_size, uint64_t chunk_bytes,
+                                 const PartLayout& part, uint64_t epoch,
+                                 bool rebuild, int64_t timeout_ms) {
   v1::PublishRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -158,9 +172,9 @@ Status GrpcControlPlane::Publish(const WorkerId& id, const std::string& model,
 }
 
 Status GrpcControlPlane::AddHolder(const WorkerId& id, const std::string& model,
-                            Version version, uint64_t epoch,
-                            const Manifest& manifest, bool filling,
-                            int64_t timeout_ms) {
+                                   Version version, uint64_t epoch,
+                                   const Manifest& manifest, bool filling,
+                                   int64_t timeout_ms) {
   v1::AddHolderRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -183,8 +197,8 @@ Status GrpcControlPlane::AddHolder(const WorkerId& id, const std::string& model,
 }
 
 Status GrpcControlPlane::Unpublish(const WorkerId& id, const std::string& model,
-                            Version version, int64_t wait_ms, bool force,
-                            int64_t timeout_ms) {
+                                   Version version, int64_t wait_ms, bool force,
+                                   int64_t timeout_ms) {
   v1::UnpublishRequest req;
   req.set_worker_id(id.value());
   req.set_model(model);
@@ -198,11 +212,10 @@ Status GrpcControlPlane::Unpublish(const WorkerId& id, const std::string& model,
                              : std::min(timeout_ms, rpc_timeout_ms_ + wait_ms));
 }
 
-Result<Resolved> GrpcControlPlane::Resolve(const WorkerId& reader,
-                                    const std::string& model, Version version,
-                                    bool include_uncommitted,
-                                    const std::string& group,
-                                    uint64_t group_step, int64_t timeout_ms) {
+Result<Resolved> GrpcControlPlane::Resolve(
+    const WorkerId& reader, const std::string& model, Version version,
+    bool include_uncommitted, const std::string& group, uint64_t group_step,
+    int64_t timeout_ms) {
   v1::ResolveRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -268,15 +281,17 @@ Result<Scheduled> GrpcControlPlane::Schedule(
   for (const WorkerId& e : exclude) req.add_exclude(e.value());
   req.set_max_sources(max_sources);
   v1::ScheduleResponse resp;
-  TH_RETURN_IF_ERROR(
-      Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule", Within(timeout_ms)));
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule",
+                          Within(timeout_ms)));
   Scheduled out;
   if (resp.state() == v1::UNAVAILABLE) {
     if (resp.holders_size() > 0) {
-      return InvalidArgument("schedule: the hub sent holders of an unavailable version");
+      return InvalidArgument(
+          "schedule: the hub sent holders of an unavailable version");
     }
-    out.unavailable = resp.detail().empty() ? "the version has no complete holder"
-                                            : resp.detail();
+    out.unavailable = resp.detail().empty()
+                          ? "the version has no complete holder"
+                          : resp.detail();
     return out;
   }
   for (const v1::Holder& h : resp.holders()) {
@@ -286,8 +301,9 @@ Result<Scheduled> GrpcControlPlane::Schedule(
   return out;
 }
 
-Status GrpcControlPlane::FetchDone(const WorkerId& reader, const std::string& model,
-                            Version version, int64_t timeout_ms) {
+Status GrpcControlPlane::FetchDone(const WorkerId& reader,
+                                   const std::string& model, Version version,
+                                   int64_t timeout_ms) {
   v1::FetchDoneRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -298,7 +314,7 @@ Status GrpcControlPlane::FetchDone(const WorkerId& reader, const std::string& mo
 }
 
 Status GrpcControlPlane::Leave(const WorkerId& id, int64_t timeout_ms,
-                        int64_t wait_ms) {
+                               int64_t wait_ms) {
   v1::LeaveRequest req;
   req.set_worker_id(id.value());
   wait_ms = std::clamp<int64_t>(wait_ms, 0, 600000);
@@ -308,7 +324,7 @@ Status GrpcControlPlane::Leave(const WorkerId& id, int64_t timeout_ms,
 }
 
 Status GrpcControlPlane::Retain(const std::string& model, Version version,
-                         bool retain) {
+                                bool retain) {
   v1::RetainRequest req;
   req.set_model(model);
   req.set_version(version.value());
@@ -319,14 +335,14 @@ Status GrpcControlPlane::Retain(const std::string& model, Version version,
 }
 
 Result<KeeperPollResult> GrpcControlPlane::KeeperPoll(const WorkerId& keeper,
-                                               int64_t wait_ms) {
+                                                      int64_t wait_ms) {
   v1::KeeperPollRequest req;
   req.set_worker_id(keeper.value());
   wait_ms = std::clamp<int64_t>(wait_ms, 0, 30000);
   req.set_wait_ms(static_cast<uint32_t>(wait_ms));
   v1::KeeperPollResponse resp;
-  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::KeeperPoll, req, &resp,
-                          "keeper poll", rpc_timeout_ms_ + wait_ms));
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::KeeperPoll, req, &resp, "keeper poll",
+                          rpc_timeout_ms_ + wait_ms));
   KeeperPollResult out;
   for (const v1::KeeperTask& t : resp.fetch()) {
     out.fetch.push_back({t.model(), Version(t.version()), t.total_bytes()});
@@ -372,7 +388,8 @@ Result<std::vector<ModelInfo>> GrpcControlPlane::List() {
 std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
                                                    std::string secret,
                                                    int64_t rpc_timeout_ms) {
-  return std::make_unique<GrpcControlPlane>(address, std::move(secret), rpc_timeout_ms);
+  return std::make_unique<GrpcControlPlane>(address, std::move(secret),
+                                            rpc_timeout_ms);
 }
 
 }  // namespace tensorhub::client

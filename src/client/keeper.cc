@@ -49,7 +49,8 @@ Keeper::Keeper(const KeeperOptions& options, std::unique_ptr<Client> client)
       limit_bytes_(options.memory_limit_bytes > 0 ? options.memory_limit_bytes
                                                   : HalfOfPhysicalMemory()),
       client_(std::move(client)),
-      hub_(MakeGrpcControlPlane(options.client.hub_address, options.client.secret,
+      hub_(MakeGrpcControlPlane(options.client.hub_address,
+                                options.client.secret,
                                 options.client.rpc_timeout_ms)) {}
 
 Keeper::~Keeper() {
@@ -179,7 +180,8 @@ bool Keeper::Keep(const KeeperItem& item) {
   std::vector<TensorRef> dest;
   uint64_t offset = 0;
   for (const TensorInfo& t : info->tensors) {
-    dest.push_back({t.spec, h.bytes.get() + offset, t.bytes, MemoryLocation::Host()});
+    dest.push_back(
+        {t.spec, h.bytes.get() + offset, t.bytes, MemoryLocation::Host()});
     offset += t.bytes;
   }
   FetchOptions fo;

@@ -62,9 +62,9 @@ bool Registry::Contains(const std::string& model, Version version) const {
 Status Registry::Drain(const std::string& model, Version version,
                        uint64_t epoch, const Deadline& deadline) {
   MutexLock lock(mu_);
-  bool done = drained_.wait_until(lock.native(), deadline.at(), [&]() TH_REQUIRES(mu_) {
-    return draining_.count(epoch) == 0;
-  });
+  bool done = drained_.wait_until(
+      lock.native(), deadline.at(),
+      [&]() TH_REQUIRES(mu_) { return draining_.count(epoch) == 0; });
   if (!done) {
     return DeadlineExceeded(
         std::to_string(draining_[epoch]->inflight) + " reads of '" + model +
@@ -129,8 +129,8 @@ void Registry::MarkReported(const std::string& model, Version version,
   }
 }
 
-Registry::Entry* Registry::FindLocked(const std::string& model,
-                                      Version version, uint64_t epoch) {
+Registry::Entry* Registry::FindLocked(const std::string& model, Version version,
+                                      uint64_t epoch) {
   auto it = live_.find({model, version});
   if (it == live_.end() || it->second->holding.epoch != epoch) return nullptr;
   return it->second.get();
@@ -155,7 +155,8 @@ void Registry::FinishFill(const std::string& model, Version version,
   chunk_arrived_.notify_all();
 }
 
-Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) {
+Result<transport::ServeLease> Registry::BeginRead(
+    const wire::ReadRequest& req) {
   MutexLock lock(mu_);
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
@@ -165,8 +166,8 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
   }
   std::shared_ptr<Entry> e = it->second;
   if (e->holding.epoch != req.epoch) {
-    return Aborted("registration " + std::to_string(req.epoch) + " of " +
-                   name + " was revoked");
+    return Aborted("registration " + std::to_string(req.epoch) + " of " + name +
+                   " was revoked");
   }
   auto pit = e->holding.parts.find(req.part);
   if (pit == e->holding.parts.end()) {
@@ -184,8 +185,8 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
     // touches has been received and verified here.
     const Manifest& m = *e->holding.manifest;
     uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
-    uint64_t last =
-        m.chunk_base(req.part) + (req.offset + req.length - 1) / m.chunk_bytes();
+    uint64_t last = m.chunk_base(req.part) +
+                    (req.offset + req.length - 1) / m.chunk_bytes();
     auto ready = [&] {
       if (e->revoked || !e->holding.filling) return true;
       for (uint64_t c = first; c <= last; ++c) {
@@ -193,8 +194,8 @@ Result<transport::ServeLease> Registry::BeginRead(const wire::ReadRequest& req) 
       }
       return true;
     };
-    if (!chunk_arrived_.wait_for(lock.native(),
-                                 std::chrono::milliseconds(fill_wait_ms_), ready)) {
+    if (!chunk_arrived_.wait_for(
+            lock.native(), std::chrono::milliseconds(fill_wait_ms_), ready)) {
       return Unavailable("chunks " + std::to_string(first) + ".." +
                          std::to_string(last) + " of " + name +
                          " did not arrive here within " +

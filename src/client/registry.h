@@ -37,8 +37,8 @@ struct Holding {
   std::optional<Manifest> manifest;
   std::map<uint32_t, PartLayout> parts;
   std::map<uint32_t, std::vector<uint8_t*>> bases;  // per part, per tensor
-  MemoryLocation memory;  // where every base points
-  bool reported = false;  // the hub acknowledged it
+  MemoryLocation memory;                            // where every base points
+  bool reported = false;                            // the hub acknowledged it
   // Still being fetched: only chunks marked with MarkChunk() are served; a
   // read of a chunk not there yet waits for it (bounded by fill_wait_ms).
   // Requires `manifest`.
@@ -47,7 +47,8 @@ struct Holding {
 
 class Registry final : public transport::ReadSource {
  public:
-  explicit Registry(int64_t fill_wait_ms = 10000) : fill_wait_ms_(fill_wait_ms) {}
+  explicit Registry(int64_t fill_wait_ms = 10000)
+      : fill_wait_ms_(fill_wait_ms) {}
 
   // Registers memory; returns the new registration's epoch. Replaces a
   // registration of the same (model, version) only after it was revoked.
@@ -80,15 +81,16 @@ class Registry final : public transport::ReadSource {
   // Every chunk is there: the registration serves like a full copy.
   void FinishFill(const std::string& model, Version version, uint64_t epoch);
 
-  Result<transport::ServeLease> BeginRead(const wire::ReadRequest& req) override;
+  Result<transport::ServeLease> BeginRead(
+      const wire::ReadRequest& req) override;
 
   size_t reads_in_flight() const;
 
  private:
   struct Entry {
     Holding holding;
-    uint64_t inflight = 0;  // guarded by Registry::mu_
-    bool revoked = false;   // guarded by Registry::mu_
+    uint64_t inflight = 0;      // guarded by Registry::mu_
+    bool revoked = false;       // guarded by Registry::mu_
     std::vector<uint8_t> have;  // per global chunk, while filling
   };
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)

@@ -104,7 +104,7 @@ TEST(RegistryTest, ServesExactBytesAcrossTensorBoundaries) {
 
   // Fixed ranges on and across boundaries, then random ones (seeded).
   std::vector<std::pair<uint64_t, uint64_t>> ranges = {
-      {0, n}, {0, 1}, {4999, 2}, {5000, 123}, {5100, 100}, {5122, 2},
+      {0, n},       {0, 1},     {4999, 2},  {5000, 123}, {5100, 100}, {5122, 2},
       {5123, 9000}, {14122, 2}, {14123, 1}, {14120, 10}, {n - 1, 1}};
   std::mt19937_64 rng(42);
   for (int i = 0; i < 200; ++i) {
@@ -115,8 +115,8 @@ TEST(RegistryTest, ServesExactBytesAcrossTensorBoundaries) {
   for (auto [off, len] : ranges) {
     Result<transport::ServeLease> lease =
         reg.BeginRead(Req("m", 3, *epoch, 0, off, len));
-    ASSERT_TRUE(lease.ok()) << off << "+" << len << ": "
-                            << lease.status().ToString();
+    ASSERT_TRUE(lease.ok())
+        << off << "+" << len << ": " << lease.status().ToString();
     std::vector<uint8_t> want(p.flat.begin() + off, p.flat.begin() + off + len);
     ASSERT_EQ(Gather(*lease), want) << off << "+" << len;
     // Zero copy: every piece lies inside one of the registered buffers.
@@ -164,7 +164,8 @@ TEST(RegistryTest, UnknownModelVersionOrPartIsNotFound) {
         Req("m", 6, *epoch, 1, 0, 10), Req("m", 5, *epoch, 0, 0, 10),
         Req("m", 5, *epoch, 2, 0, 10)}) {
     Result<transport::ServeLease> lease = reg.BeginRead(r);
-    ASSERT_FALSE(lease.ok()) << r.model << "@" << r.version << " part " << r.part;
+    ASSERT_FALSE(lease.ok())
+        << r.model << "@" << r.version << " part " << r.part;
     EXPECT_EQ(lease.status().code(), StatusCode::kNotFound)
         << lease.status().ToString();
   }
@@ -178,9 +179,13 @@ TEST(RegistryTest, ReadPastEndIsInvalidArgument) {
   ASSERT_TRUE(epoch.ok());
   const uint64_t n = p.flat.size();
   EXPECT_TRUE(reg.BeginRead(Req("m", 1, *epoch, 0, n - 10, 10)).ok());
-  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{
-           {n - 10, 11}, {n, 1}, {n + 1, 1}, {0, n + 1}, {1, UINT64_MAX},
-           {UINT64_MAX, 1}}) {
+  for (auto [off, len] :
+       std::vector<std::pair<uint64_t, uint64_t>>{{n - 10, 11},
+                                                  {n, 1},
+                                                  {n + 1, 1},
+                                                  {0, n + 1},
+                                                  {1, UINT64_MAX},
+                                                  {UINT64_MAX, 1}}) {
     Result<transport::ServeLease> lease =
         reg.BeginRead(Req("m", 1, *epoch, 0, off, len));
     ASSERT_FALSE(lease.ok()) << off << "+" << len;
@@ -195,7 +200,8 @@ TEST(RegistryTest, RevokeFencesNewReadsAtOnce) {
   Registry reg;
   Result<uint64_t> epoch = reg.Add(MakeHolding("m", 1, p));
   ASSERT_TRUE(epoch.ok());
-  Result<transport::ServeLease> held = reg.BeginRead(Req("m", 1, *epoch, 0, 0, 100));
+  Result<transport::ServeLease> held =
+      reg.BeginRead(Req("m", 1, *epoch, 0, 0, 100));
   ASSERT_TRUE(held.ok());
 
   Result<uint64_t> revoked = reg.Revoke("m", Version(1));
@@ -205,7 +211,8 @@ TEST(RegistryTest, RevokeFencesNewReadsAtOnce) {
   EXPECT_EQ(Gather(*held),
             std::vector<uint8_t>(p.flat.begin(), p.flat.begin() + 100));
   // ...but no new read is admitted, even with the right epoch.
-  Result<transport::ServeLease> late = reg.BeginRead(Req("m", 1, *epoch, 0, 0, 100));
+  Result<transport::ServeLease> late =
+      reg.BeginRead(Req("m", 1, *epoch, 0, 0, 100));
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(reg.reads_in_flight(), 1u);
@@ -306,7 +313,8 @@ TEST(RegistryTest, AddTwiceFailsUntilRevokedThenGetsANewEpoch) {
   EXPECT_NE(*e2, *e1);
   EXPECT_NE(*e2, *other);
 
-  Result<transport::ServeLease> stale = reg.BeginRead(Req("m", 1, *e1, 0, 0, 10));
+  Result<transport::ServeLease> stale =
+      reg.BeginRead(Req("m", 1, *e1, 0, 0, 10));
   ASSERT_FALSE(stale.ok());
   EXPECT_EQ(stale.status().code(), StatusCode::kAborted);
   std::optional<Result<transport::ServeLease>> fresh(
@@ -352,7 +360,8 @@ TEST(RegistryTest, OverlappingFindsOnlyRegistrationsThatShareMemory) {
 
   EXPECT_EQ(reg.Overlapping(Ranges{{a0 + 100, 10}}), (Keys{{"a", Version(1)}}));
   EXPECT_EQ(reg.Overlapping(Ranges{{a1 + 99, 1}}), (Keys{{"a", Version(1)}}));
-  EXPECT_EQ(reg.Overlapping(Ranges{{b0 + 4999, 50}}), (Keys{{"b", Version(7)}}));
+  EXPECT_EQ(reg.Overlapping(Ranges{{b0 + 4999, 50}}),
+            (Keys{{"b", Version(7)}}));
   // One byte before the start (ending exactly at it) and right after the end
   // do not overlap; neither do empty ranges or unrelated memory.
   EXPECT_TRUE(reg.Overlapping(Ranges{{b0 - 10, 10}}).empty());
@@ -451,14 +460,16 @@ TEST(RegistryTest, NoReadSurvivesASuccessfulDrain) {
     while (served.load() < 50 && !start.expired()) std::this_thread::yield();
     EXPECT_GE(served.load(), 50);
     EXPECT_TRUE(reg.Revoke("m", Version(1)).ok());
-    Status s = reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(kGenerousMs));
+    Status s =
+        reg.Drain("m", Version(1), *epoch, Deadline::AfterMs(kGenerousMs));
     drained.store(true);
     EXPECT_TRUE(s.ok()) << s.ToString();
     EXPECT_EQ(reg.reads_in_flight(), 0u);
     // Every reader tries again after the drain (and must be refused), however
     // the threads are scheduled.
     Deadline after = Deadline::AfterMs(kGenerousMs);
-    while (tried_after.load() < kReaders && !after.expired()) std::this_thread::yield();
+    while (tried_after.load() < kReaders && !after.expired())
+      std::this_thread::yield();
     EXPECT_EQ(tried_after.load(), kReaders);
     stop.store(true);
     for (std::thread& t : readers) t.join();
@@ -481,7 +492,10 @@ TEST(RegistryUnreportedTest, ListsOnlyWhatTheHubHasNotAcknowledged) {
     h.version = Version(1);
     h.chunk_bytes = 4096;
     h.rank = 0;
-    TensorRef t{{"w", DType::kU8, {buf.size()}}, buf.data(), buf.size(), MemoryLocation::Host()};
+    TensorRef t{{"w", DType::kU8, {buf.size()}},
+                buf.data(),
+                buf.size(),
+                MemoryLocation::Host()};
     h.parts[0] = *BuildPartLayout(0, {&t, 1}, 4096);
     h.bases[0] = {buf.data()};
     return h;

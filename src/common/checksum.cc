@@ -19,8 +19,9 @@ namespace {
 // Chosen once: the AVX2 build where the CPU has AVX2, else the library's.
 bool UseAvx2() {
 #if defined(__x86_64__) && defined(TH_HAVE_AVX2_TU)
-  static const bool use = __builtin_cpu_supports("avx2") &&
-                          internal::Xxh3Avx2StateBytes() == sizeof(XXH3_state_t);
+  static const bool use =
+      __builtin_cpu_supports("avx2") &&
+      internal::Xxh3Avx2StateBytes() == sizeof(XXH3_state_t);
   return use;
 #else
   return false;
@@ -54,7 +55,9 @@ Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
 
-Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+Xxh3Stream::~Xxh3Stream() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
 
 void Xxh3Stream::Update(const void* data, size_t bytes) {
 #ifdef TH_HAVE_AVX2_TU

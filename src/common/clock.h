@@ -25,7 +25,8 @@ class Clock {
   // Waits on `cv` (`lock` held on entry and on return) until it is notified
   // or about `ms` of this clock's time has passed. May return early, as any
   // condition-variable wait may: the caller checks its condition again.
-  virtual void WaitFor(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+  virtual void WaitFor(std::condition_variable& cv,
+                       std::unique_lock<std::mutex>& lock,
                        int64_t ms) const = 0;
   // Blocks the calling thread until `ms` of this clock's time has passed.
   void SleepMs(int64_t ms) const {
@@ -76,7 +77,9 @@ class FakeClock final : public Clock {
   enum class Mode { kStill, kAdvanceOnWait };
   explicit FakeClock(int64_t start_ms = 0, Mode mode = Mode::kStill)
       : mode_(mode), now_ms_(start_ms) {}
-  int64_t NowMs() const override { return now_ms_.load(std::memory_order_acquire); }
+  int64_t NowMs() const override {
+    return now_ms_.load(std::memory_order_acquire);
+  }
   void WaitFor(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
                int64_t ms) const override {
     if (mode_ == Mode::kAdvanceOnWait) {

@@ -78,13 +78,18 @@ TEST(StatusTest, HelpersSetTheirCode) {
 }
 
 TEST(StatusTest, CodeNamesAreDistinct) {
-  const StatusCode codes[] = {
-      StatusCode::kOk,           StatusCode::kInvalidArgument,
-      StatusCode::kDeadlineExceeded, StatusCode::kNotFound,
-      StatusCode::kAlreadyExists, StatusCode::kPermissionDenied,
-      StatusCode::kResourceExhausted, StatusCode::kFailedPrecondition,
-      StatusCode::kAborted,      StatusCode::kInternal,
-      StatusCode::kUnavailable,  StatusCode::kDataLoss};
+  const StatusCode codes[] = {StatusCode::kOk,
+                              StatusCode::kInvalidArgument,
+                              StatusCode::kDeadlineExceeded,
+                              StatusCode::kNotFound,
+                              StatusCode::kAlreadyExists,
+                              StatusCode::kPermissionDenied,
+                              StatusCode::kResourceExhausted,
+                              StatusCode::kFailedPrecondition,
+                              StatusCode::kAborted,
+                              StatusCode::kInternal,
+                              StatusCode::kUnavailable,
+                              StatusCode::kDataLoss};
   std::vector<std::string> names;
   for (StatusCode c : codes) {
     std::string n(StatusCodeName(c));
@@ -151,13 +156,13 @@ TEST(DTypeTest, NameParseRoundTripAndBytes) {
     size_t bytes;
   };
   const Row rows[] = {
-      {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},
-      {DType::kI8, "I8", 1},         {DType::kU16, "U16", 2},
-      {DType::kI16, "I16", 2},       {DType::kF16, "F16", 2},
-      {DType::kBF16, "BF16", 2},     {DType::kU32, "U32", 4},
-      {DType::kI32, "I32", 4},       {DType::kF32, "F32", 4},
-      {DType::kU64, "U64", 8},       {DType::kI64, "I64", 8},
-      {DType::kF64, "F64", 8},       {DType::kF8E4M3, "F8_E4M3", 1},
+      {DType::kBool, "BOOL", 1},      {DType::kU8, "U8", 1},
+      {DType::kI8, "I8", 1},          {DType::kU16, "U16", 2},
+      {DType::kI16, "I16", 2},        {DType::kF16, "F16", 2},
+      {DType::kBF16, "BF16", 2},      {DType::kU32, "U32", 4},
+      {DType::kI32, "I32", 4},        {DType::kF32, "F32", 4},
+      {DType::kU64, "U64", 8},        {DType::kI64, "I64", 8},
+      {DType::kF64, "F64", 8},        {DType::kF8E4M3, "F8_E4M3", 1},
       {DType::kF8E5M2, "F8_E5M2", 1},
   };
   for (const Row& r : rows) {
@@ -220,14 +225,17 @@ TEST(TensorSpecTest, ByteSizeOverflowIsAnError) {
 // refused. A shape is valid or not whatever the order of its dimensions.
 TEST(TensorSpecTest, ByteSizeOverflowDoesNotDependOnWhereTheZeroIs) {
   const std::vector<std::vector<uint64_t>> orders = {
-      {0, 1ull << 32, 1ull << 32}, {1ull << 32, 0, 1ull << 32}, {1ull << 32, 1ull << 32, 0}};
+      {0, 1ull << 32, 1ull << 32},
+      {1ull << 32, 0, 1ull << 32},
+      {1ull << 32, 1ull << 32, 0}};
   for (const auto& shape : orders) {
     TensorSpec t{"t", DType::kU8, shape};
     EXPECT_EQ(t.ByteSize().status().code(), StatusCode::kInvalidArgument)
         << shape[0] << "x" << shape[1] << "x" << shape[2];
   }
   // Without an overflow, a 0 anywhere means no bytes.
-  for (const auto& shape : std::vector<std::vector<uint64_t>>{{0, 1ull << 40}, {1ull << 40, 0}}) {
+  for (const auto& shape :
+       std::vector<std::vector<uint64_t>>{{0, 1ull << 40}, {1ull << 40, 0}}) {
     TensorSpec t{"t", DType::kF32, shape};
     ASSERT_TRUE(t.ByteSize().ok());
     EXPECT_EQ(*t.ByteSize(), 0u);
@@ -355,8 +363,8 @@ TEST(BuildPartLayoutTest, LargerChunkSize) {
   ASSERT_EQ(part->chunk_xxh3.size(), 2u);
   std::vector<uint8_t> all = t.Concat();
   EXPECT_EQ(part->chunk_xxh3[0], Xxh3(all.data(), 3 * kMinChunkBytes));
-  EXPECT_EQ(part->chunk_xxh3[1], Xxh3(all.data() + 3 * kMinChunkBytes,
-                                      20000 - 3 * kMinChunkBytes));
+  EXPECT_EQ(part->chunk_xxh3[1],
+            Xxh3(all.data() + 3 * kMinChunkBytes, 20000 - 3 * kMinChunkBytes));
 }
 
 TEST(BuildPartLayoutTest, Rejections) {
@@ -423,8 +431,11 @@ TEST(ManifestTest, ChunkMapsAcrossParts) {
     uint32_t part;
     uint64_t offset, bytes;
   };
-  const Want want[] = {{0, 0, 4096},    {0, 4096, 4096}, {0, 8192, 1808},
-                       {1, 0, 4096},    {1, 4096, 1904}};
+  const Want want[] = {{0, 0, 4096},
+                       {0, 4096, 4096},
+                       {0, 8192, 1808},
+                       {1, 0, 4096},
+                       {1, 4096, 1904}};
   std::vector<uint8_t> b0 = t0.Concat(), b1 = t1.Concat();
   for (uint64_t c = 0; c < 5; ++c) {
     ChunkLoc loc = m.Chunk(c);
@@ -517,8 +528,8 @@ struct Edit {
 
 void ExpectInvalid(const Edit& e, const char* what) {
   Status s = e.Build().Validate();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << what << ": "
-                                                    << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument)
+      << what << ": " << s.ToString();
 }
 
 TEST(ManifestValidateTest, EachRule) {
@@ -627,8 +638,8 @@ TEST(ManifestValidateTest, TooManyChunks) {
   PartLayout p;
   p.rank = 0;
   p.part_bytes = chunks * kMinChunkBytes;
-  p.tensors.push_back({TensorSpec{"big", DType::kU8, {p.part_bytes}}, 0,
-                       p.part_bytes});
+  p.tensors.push_back(
+      {TensorSpec{"big", DType::kU8, {p.part_bytes}}, 0, p.part_bytes});
   p.chunk_xxh3.assign(chunks, 0);
   EXPECT_EQ(Manifest(1, kMinChunkBytes, {p}).Validate().code(),
             StatusCode::kInvalidArgument);
@@ -757,15 +768,17 @@ namespace {
 // expression and the values of a failed comparison.
 TEST(CheckDeathTest, FailedComparisonNamesTheValues) {
   uint64_t chunk = 7, chunks = 5;
-  EXPECT_DEATH(TH_CHECK_LT(chunk, chunks),
-               "common_test.cc:[0-9]+: check failed: chunk < chunks \\(7 vs 5\\)");
+  EXPECT_DEATH(
+      TH_CHECK_LT(chunk, chunks),
+      "common_test.cc:[0-9]+: check failed: chunk < chunks \\(7 vs 5\\)");
   EXPECT_DEATH(TH_CHECK(chunk == 0), "check failed: chunk == 0");
   TH_CHECK_LT(chunks, chunk);  // holds: no effect
 }
 
 TEST(CheckDeathTest, ValueOfAnErrorResultNamesTheError) {
   Result<int> r = NotFound("no version 3 of m");
-  EXPECT_DEATH((void)r.value(), "Result::value\\(\\) on an error: no version 3 of m");
+  EXPECT_DEATH((void)r.value(),
+               "Result::value\\(\\) on an error: no version 3 of m");
 }
 
 }  // namespace

@@ -28,8 +28,10 @@ class Deadline {
   }
   // A point of the real steady clock (to the millisecond).
   explicit Deadline(SteadyClock::time_point at)
-      : Deadline(std::chrono::ceil<std::chrono::milliseconds>(at.time_since_epoch()).count(),
-                 Clock::Real()) {}
+      : Deadline(
+            std::chrono::ceil<std::chrono::milliseconds>(at.time_since_epoch())
+                .count(),
+            Clock::Real()) {}
 
   // For waits on std::condition_variable and the like. On a clock other than
   // the real one this is "now plus what is left", a real-time stand-in.
@@ -43,7 +45,9 @@ class Deadline {
   const Clock& clock() const { return *clock_; }
   bool expired() const { return clock_->NowMs() >= at_ms_; }
   // Milliseconds left, never negative.
-  int64_t remaining_ms() const { return std::max<int64_t>(0, at_ms_ - clock_->NowMs()); }
+  int64_t remaining_ms() const {
+    return std::max<int64_t>(0, at_ms_ - clock_->NowMs());
+  }
   // The earlier of this deadline and `ms` from now (on the same clock).
   Deadline Cap(int64_t ms) const {
     return Deadline(std::min(at_ms_, NowMsRoundedUp(*clock_) + ms), *clock_);

@@ -1,5 +1,4 @@
 #include "common/log.h"
-#include "common/mutex.h"
 
 #include <unistd.h>
 
@@ -10,6 +9,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+
+#include "common/mutex.h"
 
 namespace tensorhub {
 namespace {

@@ -36,10 +36,10 @@ struct LogVoidify {
 #define TH_LOG_LEVEL_ERROR ::tensorhub::LogLevel::kError
 // An expression, so it is safe under an unbraced `if`: `&` binds looser than
 // `<<`, so the whole line is streamed before it is voided.
-#define TH_LOG(level)                                                   \
-  !::tensorhub::LogEnabled(TH_LOG_LEVEL_##level)                        \
-      ? (void)0                                                         \
-      : ::tensorhub::LogVoidify() &                                     \
+#define TH_LOG(level)                                                      \
+  !::tensorhub::LogEnabled(TH_LOG_LEVEL_##level)                           \
+      ? (void)0                                                            \
+      : ::tensorhub::LogVoidify() &                                        \
             ::tensorhub::LogLine(TH_LOG_LEVEL_##level, __FILE__, __LINE__) \
                 .stream()
 

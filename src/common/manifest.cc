@@ -4,8 +4,8 @@
 #include <set>
 #include <string>
 
-#include "tensorhub/check.h"
 #include "common/checksum.h"
+#include "tensorhub/check.h"
 
 namespace tensorhub {
 
@@ -34,8 +34,8 @@ size_t Manifest::num_tensors() const {
 
 ChunkLoc Manifest::Chunk(uint64_t global_chunk) const {
   TH_CHECK_LT(global_chunk, num_chunks());
-  auto it = std::upper_bound(chunk_base_.begin(), chunk_base_.end(),
-                             global_chunk);
+  auto it =
+      std::upper_bound(chunk_base_.begin(), chunk_base_.end(), global_chunk);
   uint32_t part = static_cast<uint32_t>(it - chunk_base_.begin() - 1);
   uint64_t local = global_chunk - chunk_base_[part];
   const PartLayout& p = parts_[part];
@@ -154,10 +154,9 @@ Status Manifest::Validate() const {
                              " size does not match its tensors");
     }
     if (p.metadata.size() > kMaxMetadataEntries) {
-      return InvalidArgument("manifest: part " + std::to_string(r) +
-                             " has more than " +
-                             std::to_string(kMaxMetadataEntries) +
-                             " metadata entries");
+      return InvalidArgument(
+          "manifest: part " + std::to_string(r) + " has more than " +
+          std::to_string(kMaxMetadataEntries) + " metadata entries");
     }
     size_t meta_bytes = 0;
     for (const auto& [k, v] : p.metadata) meta_bytes += k.size() + v.size();
@@ -170,8 +169,7 @@ Status Manifest::Validate() const {
     if (n != p.chunk_xxh3.size()) {
       return InvalidArgument("manifest: part " + std::to_string(r) + " has " +
                              std::to_string(p.chunk_xxh3.size()) +
-                             " checksums for " + std::to_string(n) +
-                             " chunks");
+                             " checksums for " + std::to_string(n) + " chunks");
     }
     chunks += n;
     if (chunks > kMaxChunksPerVersion) {
@@ -198,8 +196,8 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    const ChunkHasher& hash_chunk) {
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
     return InvalidArgument("chunk size " + std::to_string(chunk_bytes) +
-                           " out of [" + std::to_string(kMinChunkBytes) +
-                           ", " + std::to_string(kMaxChunkBytes) + "]");
+                           " out of [" + std::to_string(kMinChunkBytes) + ", " +
+                           std::to_string(kMaxChunkBytes) + "]");
   }
   if (tensors.empty()) return InvalidArgument("no tensors to publish");
   if (tensors.size() > kMaxTensorsPerPart) {
@@ -220,10 +218,10 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
     }
     TH_ASSIGN_OR_RETURN(uint64_t size, t.spec.ByteSize());
     if (size != t.bytes) {
-      return InvalidArgument("tensor '" + t.spec.name + "': " +
-                             std::to_string(t.bytes) + " bytes given, " +
-                             std::string(DTypeName(t.spec.dtype)) +
-                             " of its shape needs " + std::to_string(size));
+      return InvalidArgument(
+          "tensor '" + t.spec.name + "': " + std::to_string(t.bytes) +
+          " bytes given, " + std::string(DTypeName(t.spec.dtype)) +
+          " of its shape needs " + std::to_string(size));
     }
     if (t.data == nullptr && t.bytes > 0) {
       return InvalidArgument("tensor '" + t.spec.name + "' has no data");
@@ -251,9 +249,10 @@ void AppendPieces(const PartLayout& part, std::span<uint8_t* const> bases,
   TH_CHECK_LE(offset + bytes, part.part_bytes);
   TH_CHECK_EQ(bases.size(), part.tensors.size());
   // First tensor whose end is past `offset`.
-  auto it = std::upper_bound(
-      part.tensors.begin(), part.tensors.end(), offset,
-      [](uint64_t off, const TensorLayout& t) { return off < t.offset + t.bytes; });
+  auto it = std::upper_bound(part.tensors.begin(), part.tensors.end(), offset,
+                             [](uint64_t off, const TensorLayout& t) {
+                               return off < t.offset + t.bytes;
+                             });
   uint64_t end = offset + bytes;
   for (; it != part.tensors.end() && offset < end; ++it) {
     const TensorLayout& t = *it;

@@ -80,7 +80,9 @@ class Manifest {
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   const std::vector<PartLayout>& parts() const { return parts_; }
   uint64_t total_bytes() const { return total_bytes_; }
-  uint64_t num_chunks() const { return chunk_base_.empty() ? 0 : chunk_base_.back(); }
+  uint64_t num_chunks() const {
+    return chunk_base_.empty() ? 0 : chunk_base_.back();
+  }
   size_t num_tensors() const;
   // First global chunk id of `part`; chunk_base(group_size) == num_chunks().
   uint64_t chunk_base(uint32_t part) const { return chunk_base_[part]; }

@@ -31,8 +31,7 @@
 #define TH_SCOPED_CAPABILITY TH_THREAD_ANNOTATION_(scoped_lockable)
 #define TH_GUARDED_BY(x) TH_THREAD_ANNOTATION_(guarded_by(x))
 #define TH_PT_GUARDED_BY(x) TH_THREAD_ANNOTATION_(pt_guarded_by(x))
-#define TH_REQUIRES(...) \
-  TH_THREAD_ANNOTATION_(requires_capability(__VA_ARGS__))
+#define TH_REQUIRES(...) TH_THREAD_ANNOTATION_(requires_capability(__VA_ARGS__))
 #define TH_EXCLUDES(...) TH_THREAD_ANNOTATION_(locks_excluded(__VA_ARGS__))
 #define TH_ACQUIRE(...) TH_THREAD_ANNOTATION_(acquire_capability(__VA_ARGS__))
 #define TH_RELEASE(...) TH_THREAD_ANNOTATION_(release_capability(__VA_ARGS__))

@@ -15,7 +15,8 @@ std::mutex& Mu() {
 // Actions are shared so that Fire can run one outside the lock while another
 // thread disarms or replaces it.
 std::map<std::string, std::shared_ptr<const Action>>& Points() {
-  static auto* points = new std::map<std::string, std::shared_ptr<const Action>>();
+  static auto* points =
+      new std::map<std::string, std::shared_ptr<const Action>>();
   return *points;
 }
 
@@ -39,13 +40,15 @@ void Fire(const char* name, uint64_t arg) {
 void Arm(const std::string& name, Action action) {
   std::lock_guard<std::mutex> l(Mu());
   Points()[name] = std::make_shared<const Action>(std::move(action));
-  internal::armed_points.store(static_cast<int>(Points().size()), std::memory_order_relaxed);
+  internal::armed_points.store(static_cast<int>(Points().size()),
+                               std::memory_order_relaxed);
 }
 
 void Disarm(const std::string& name) {
   std::lock_guard<std::mutex> l(Mu());
   Points().erase(name);
-  internal::armed_points.store(static_cast<int>(Points().size()), std::memory_order_relaxed);
+  internal::armed_points.store(static_cast<int>(Points().size()),
+                               std::memory_order_relaxed);
 }
 
 }  // namespace tensorhub::testpoint

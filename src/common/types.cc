@@ -12,13 +12,20 @@ struct DTypeEntry {
 };
 
 constexpr std::array<DTypeEntry, 15> kDTypes = {{
-    {DType::kBool, "BOOL", 1},     {DType::kU8, "U8", 1},
-    {DType::kI8, "I8", 1},         {DType::kU16, "U16", 2},
-    {DType::kI16, "I16", 2},       {DType::kF16, "F16", 2},
-    {DType::kBF16, "BF16", 2},     {DType::kU32, "U32", 4},
-    {DType::kI32, "I32", 4},       {DType::kF32, "F32", 4},
-    {DType::kU64, "U64", 8},       {DType::kI64, "I64", 8},
-    {DType::kF64, "F64", 8},       {DType::kF8E4M3, "F8_E4M3", 1},
+    {DType::kBool, "BOOL", 1},
+    {DType::kU8, "U8", 1},
+    {DType::kI8, "I8", 1},
+    {DType::kU16, "U16", 2},
+    {DType::kI16, "I16", 2},
+    {DType::kF16, "F16", 2},
+    {DType::kBF16, "BF16", 2},
+    {DType::kU32, "U32", 4},
+    {DType::kI32, "I32", 4},
+    {DType::kF32, "F32", 4},
+    {DType::kU64, "U64", 8},
+    {DType::kI64, "I64", 8},
+    {DType::kF64, "F64", 8},
+    {DType::kF8E4M3, "F8_E4M3", 1},
     {DType::kF8E5M2, "F8_E5M2", 1},
 }};
 
@@ -58,7 +65,8 @@ Result<uint64_t> TensorSpec::ByteSize() const {
       continue;
     }
     if (n > UINT64_MAX / d) {
-      return InvalidArgument("tensor '" + name + "': byte size overflows 64 bits");
+      return InvalidArgument("tensor '" + name +
+                             "': byte size overflows 64 bits");
     }
     n *= d;
   }
@@ -67,10 +75,14 @@ Result<uint64_t> TensorSpec::ByteSize() const {
 
 std::string_view VersionStateName(VersionState state) {
   switch (state) {
-    case VersionState::kPending: return "PENDING";
-    case VersionState::kCommitted: return "COMMITTED";
-    case VersionState::kAborted: return "ABORTED";
-    case VersionState::kUnavailable: return "UNAVAILABLE";
+    case VersionState::kPending:
+      return "PENDING";
+    case VersionState::kCommitted:
+      return "COMMITTED";
+    case VersionState::kAborted:
+      return "ABORTED";
+    case VersionState::kUnavailable:
+      return "UNAVAILABLE";
   }
   return "?";
 }

@@ -4,8 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -16,7 +16,8 @@ namespace tensorhub::cuda {
 namespace {
 
 Status FromCuda(cudaError_t e, const std::string& what) {
-  std::string msg = what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  std::string msg =
+      what + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
   switch (e) {
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
@@ -34,10 +35,10 @@ Status FromCuda(cudaError_t e, const std::string& what) {
   }
 }
 
-#define TH_CUDA_RETURN(expr, what)                           \
-  do {                                                       \
-    cudaError_t th_e_ = (expr);                              \
-    if (th_e_ != cudaSuccess) return FromCuda(th_e_, what);  \
+#define TH_CUDA_RETURN(expr, what)                          \
+  do {                                                      \
+    cudaError_t th_e_ = (expr);                             \
+    if (th_e_ != cudaSuccess) return FromCuda(th_e_, what); \
   } while (0)
 
 // ---- the device checksum ----------------------------------------------------
@@ -86,7 +87,8 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
     return;
   }
   const xxh3::Secret s = xxh3::DefaultSecret();
-  const uint64_t key = s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
+  const uint64_t key =
+      s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
   uint64_t init[8];
   xxh3::InitAcc(init);
   uint64_t a = init[t % 8];
@@ -128,7 +130,8 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
 
 class StreamImpl final : public Stream {
  public:
-  StreamImpl(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  StreamImpl(int device, cudaStream_t stream)
+      : device_(device), stream_(stream) {}
   ~StreamImpl() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
@@ -168,7 +171,8 @@ class StreamImpl final : public Stream {
     }
     if (nonempty != 1 || reinterpret_cast<uintptr_t>(p) % 8 != 0) {
       // Gather into one aligned run (device to device, at copy speed).
-      TH_RETURN_IF_ERROR(Grow(&scratch_, &scratch_bytes_, std::max<uint64_t>(len, 8)));
+      TH_RETURN_IF_ERROR(
+          Grow(&scratch_, &scratch_bytes_, std::max<uint64_t>(len, 8)));
       uint64_t off = 0;
       for (const iovec& v : pieces) {
         TH_RETURN_IF_ERROR(CopyAsync(scratch_ + off, v.iov_base, v.iov_len));
@@ -183,7 +187,8 @@ class StreamImpl final : public Stream {
     if (nb > 0) {
       TH_RETURN_IF_ERROR(Grow(reinterpret_cast<uint8_t**>(&sums_), &sums_bytes_,
                               nb * 8 * sizeof(uint64_t)));
-      const unsigned grid = static_cast<unsigned>(std::min<uint64_t>(nb, 132 * 16));
+      const unsigned grid =
+          static_cast<unsigned>(std::min<uint64_t>(nb, 132 * 16));
       BlockSumsKernel<<<grid, kSumThreads, 0, stream_>>>(
           reinterpret_cast<const uint64_t*>(p), nb, sums_);
       TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
@@ -191,8 +196,9 @@ class StreamImpl final : public Stream {
     FinishKernel<<<1, 32, 0, stream_>>>(p, len, sums_, out_);
     TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     uint64_t h = 0;
-    TH_CUDA_RETURN(cudaMemcpyAsync(&h, out_, sizeof(h), cudaMemcpyDeviceToHost, stream_),
-                   "reading the checksum back");
+    TH_CUDA_RETURN(
+        cudaMemcpyAsync(&h, out_, sizeof(h), cudaMemcpyDeviceToHost, stream_),
+        "reading the checksum back");
     TH_CUDA_RETURN(cudaStreamSynchronize(stream_), "checksum");
     return h;
   }
@@ -220,7 +226,8 @@ class StreamImpl final : public Stream {
   uint64_t* out_ = nullptr;
 };
 
-// ---- pinned staging ----------------------------------------------------------
+// ---- pinned staging
+// ----------------------------------------------------------
 
 class CudaPinnedPool final : public PinnedPool {
  public:
@@ -239,8 +246,9 @@ class CudaPinnedPool final : public PinnedPool {
       return free_.size() + (max_buffers_ - allocated_) >= n;
     });
     if (!ok) {
-      return ResourceExhausted("all " + std::to_string(max_buffers_) +
-                               " pinned staging buffers stayed in use until the deadline");
+      return ResourceExhausted(
+          "all " + std::to_string(max_buffers_) +
+          " pinned staging buffers stayed in use until the deadline");
     }
     std::vector<uint8_t*> out;
     while (out.size() < n && !free_.empty()) {
@@ -277,7 +285,8 @@ class CudaPinnedPool final : public PinnedPool {
   size_t allocated_ = 0;        // guarded by mu_
 };
 
-// ---- IPC ---------------------------------------------------------------------
+// ---- IPC
+// ---------------------------------------------------------------------
 
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
@@ -309,7 +318,8 @@ std::mutex& ImportsMu() {
   return *mu;
 }
 std::map<IpcHandle, Imported>& ImportsTable() {
-  static auto* table = new std::map<IpcHandle, Imported>();  // guarded by ImportsMu()
+  static auto* table =
+      new std::map<IpcHandle, Imported>();  // guarded by ImportsMu()
   return *table;
 }
 
@@ -334,14 +344,17 @@ int DeviceCount(std::string* why) {
 Status CheckLocation(const MemoryLocation& memory) {
   if (memory.kind == MemoryKind::kHost) return Status::Ok();
   if (memory.device < 0) {
-    return InvalidArgument("CUDA device ordinal " + std::to_string(memory.device) +
-                           " is negative");
+    return InvalidArgument("CUDA device ordinal " +
+                           std::to_string(memory.device) + " is negative");
   }
   std::string why;
   int n = DeviceCount(&why);
-  if (n == 0) return FailedPrecondition(MemoryLocationName(memory) + ": no CUDA device: " + why);
+  if (n == 0)
+    return FailedPrecondition(MemoryLocationName(memory) +
+                              ": no CUDA device: " + why);
   if (memory.device >= n) {
-    return FailedPrecondition(MemoryLocationName(memory) + " does not exist: this process sees " +
+    return FailedPrecondition(MemoryLocationName(memory) +
+                              " does not exist: this process sees " +
                               std::to_string(n) + " CUDA device(s)");
   }
   return Status::Ok();
@@ -359,13 +372,15 @@ Status CheckDevicePointer(const void* ptr, uint64_t bytes, int device) {
       return FromCuda(e, "cudaPointerGetAttributes");
     }
     if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-      return InvalidArgument("memory at " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
+      return InvalidArgument("memory at " +
+                             std::to_string(reinterpret_cast<uintptr_t>(p)) +
                              " is not CUDA device memory");
     }
     if (a.device != device) {
-      return InvalidArgument("memory at " + std::to_string(reinterpret_cast<uintptr_t>(p)) +
-                             " is on cuda:" + std::to_string(a.device) + ", not cuda:" +
-                             std::to_string(device));
+      return InvalidArgument("memory at " +
+                             std::to_string(reinterpret_cast<uintptr_t>(p)) +
+                             " is on cuda:" + std::to_string(a.device) +
+                             ", not cuda:" + std::to_string(device));
     }
   }
   return Status::Ok();
@@ -373,16 +388,19 @@ Status CheckDevicePointer(const void* ptr, uint64_t bytes, int device) {
 
 Result<std::unique_ptr<Stream>> Stream::Create(int device) {
   TH_RETURN_IF_ERROR(CheckLocation(MemoryLocation::Cuda(device)));
-  TH_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  TH_CUDA_RETURN(cudaSetDevice(device),
+                 "cudaSetDevice(" + std::to_string(device) + ")");
   cudaStream_t s = nullptr;
-  TH_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  TH_CUDA_RETURN(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                 "cudaStreamCreate");
   return std::unique_ptr<Stream>(new StreamImpl(device, s));
 }
 
 namespace {
 class CudaBuffer final : public DeviceBuffer {
  public:
-  CudaBuffer(int device, uint8_t* p, size_t n) : device_(device), p_(p), n_(n) {}
+  CudaBuffer(int device, uint8_t* p, size_t n)
+      : device_(device), p_(p), n_(n) {}
   ~CudaBuffer() override {
     cudaSetDevice(device_);
     cudaFree(p_);
@@ -398,19 +416,22 @@ class CudaBuffer final : public DeviceBuffer {
 };
 }  // namespace
 
-Result<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(int device, size_t bytes) {
+Result<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Allocate(int device,
+                                                             size_t bytes) {
   TH_RETURN_IF_ERROR(CheckLocation(MemoryLocation::Cuda(device)));
   TH_CUDA_RETURN(cudaSetDevice(device), "cudaSetDevice");
   void* p = nullptr;
   TH_CUDA_RETURN(cudaMalloc(&p, std::max<size_t>(bytes, 1)),
                  "cudaMalloc of " + std::to_string(bytes) + " bytes");
-  return std::unique_ptr<DeviceBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
+  return std::unique_ptr<DeviceBuffer>(
+      new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
 }
 
 PinnedPool& StagingPool() {
   // Never destroyed: buffers may be in use until exit, and freeing pinned
   // memory after the runtime shut down fails.
-  static CudaPinnedPool* pool = new CudaPinnedPool(kStagingBufferBytes, kMaxStagingBuffers);
+  static CudaPinnedPool* pool =
+      new CudaPinnedPool(kStagingBufferBytes, kMaxStagingBuffers);
   return *pool;
 }
 
@@ -421,12 +442,13 @@ Result<IpcExport> ExportIpc(const void* ptr, int device) {
   size_t size = 0;
   CUresult r = range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
   if (r != CUDA_SUCCESS) {
-    return InvalidArgument("cuMemGetAddressRange failed (CUresult " + std::to_string(r) +
-                           "): not device memory");
+    return InvalidArgument("cuMemGetAddressRange failed (CUresult " +
+                           std::to_string(r) + "): not device memory");
   }
   IpcExport out;
   cudaIpcMemHandle_t h;
-  TH_CUDA_RETURN(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)), "cudaIpcGetMemHandle");
+  TH_CUDA_RETURN(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)),
+                 "cudaIpcGetMemHandle");
   static_assert(sizeof(h) == sizeof(out.handle.bytes));
   std::memcpy(out.handle.bytes.data(), &h, sizeof(h));
   out.offset = reinterpret_cast<uint64_t>(ptr) - base;

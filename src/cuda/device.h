@@ -66,7 +66,8 @@ class Stream {
 // and tools; TensorHub never allocates the memory it publishes).
 class DeviceBuffer {
  public:
-  static Result<std::unique_ptr<DeviceBuffer>> Allocate(int device, size_t bytes);
+  static Result<std::unique_ptr<DeviceBuffer>> Allocate(int device,
+                                                        size_t bytes);
   virtual ~DeviceBuffer() = default;
   virtual uint8_t* data() const = 0;
   virtual size_t size() const = 0;
@@ -84,7 +85,8 @@ class PinnedPool {
     Lease() = default;
     Lease(PinnedPool* pool, std::vector<uint8_t*> buffers)
         : pool_(pool), buffers_(std::move(buffers)) {}
-    Lease(Lease&& o) noexcept : pool_(o.pool_), buffers_(std::move(o.buffers_)) {
+    Lease(Lease&& o) noexcept
+        : pool_(o.pool_), buffers_(std::move(o.buffers_)) {
       o.pool_ = nullptr;
     }
     Lease& operator=(Lease&& o) noexcept;

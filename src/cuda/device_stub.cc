@@ -31,8 +31,8 @@ int DeviceCount(std::string* why) {
 Status CheckLocation(const MemoryLocation& memory) {
   if (memory.kind == MemoryKind::kHost) return Status::Ok();
   if (memory.device < 0) {
-    return InvalidArgument("CUDA device ordinal " + std::to_string(memory.device) +
-                           " is negative");
+    return InvalidArgument("CUDA device ordinal " +
+                           std::to_string(memory.device) + " is negative");
   }
   return FailedPrecondition(MemoryLocationName(memory) + ": " + kNoCuda);
 }
@@ -54,7 +54,9 @@ PinnedPool& StagingPool() {
   return *pool;
 }
 
-Result<IpcExport> ExportIpc(const void*, int) { return FailedPrecondition(kNoCuda); }
+Result<IpcExport> ExportIpc(const void*, int) {
+  return FailedPrecondition(kNoCuda);
+}
 
 Result<uint8_t*> IpcImports::Open(const IpcHandle&, int) {
   return FailedPrecondition(kNoCuda);

@@ -38,8 +38,9 @@ inline constexpr uint64_t kPrime64_4 = 0x85EBCA77C2B2AE63ULL;
 inline constexpr uint64_t kPrime64_5 = 0x27D4EB2F165667C5ULL;
 inline constexpr size_t kStripeBytes = 64;
 inline constexpr size_t kSecretBytes = 192;
-inline constexpr size_t kStripesPerBlock = (kSecretBytes - kStripeBytes) / 8;  // 16
-inline constexpr size_t kBlockBytes = kStripeBytes * kStripesPerBlock;       // 1024
+inline constexpr size_t kStripesPerBlock =
+    (kSecretBytes - kStripeBytes) / 8;                                  // 16
+inline constexpr size_t kBlockBytes = kStripeBytes * kStripesPerBlock;  // 1024
 inline constexpr size_t kLanes = 8;
 inline constexpr size_t kMidsizeMax = 240;
 
@@ -128,13 +129,15 @@ TH_HD uint64_t Mix16(const uint8_t* p, const Secret& s, size_t soff) {
 // XXH3_64bits for len <= 240 (one thread).
 TH_HD uint64_t HashShort(const uint8_t* p, uint64_t len) {
   const Secret s = DefaultSecret();
-  if (len == 0) return Xxh64Avalanche(SecretRead64(s, 56) ^ SecretRead64(s, 64));
+  if (len == 0)
+    return Xxh64Avalanche(SecretRead64(s, 56) ^ SecretRead64(s, 64));
   if (len <= 3) {
     uint32_t combined = static_cast<uint32_t>(p[0]) << 16 |
                         static_cast<uint32_t>(p[len >> 1]) << 24 |
                         static_cast<uint32_t>(p[len - 1]) |
                         static_cast<uint32_t>(len) << 8;
-    uint64_t bitflip = static_cast<uint64_t>(SecretRead32(s, 0) ^ SecretRead32(s, 4));
+    uint64_t bitflip =
+        static_cast<uint64_t>(SecretRead32(s, 0) ^ SecretRead32(s, 4));
     return Xxh64Avalanche(static_cast<uint64_t>(combined) ^ bitflip);
   }
   if (len <= 8) {
@@ -144,7 +147,8 @@ TH_HD uint64_t HashShort(const uint8_t* p, uint64_t len) {
   }
   if (len <= 16) {
     uint64_t lo = Read64(p) ^ (SecretRead64(s, 24) ^ SecretRead64(s, 32));
-    uint64_t hi = Read64(p + len - 8) ^ (SecretRead64(s, 40) ^ SecretRead64(s, 48));
+    uint64_t hi =
+        Read64(p + len - 8) ^ (SecretRead64(s, 40) ^ SecretRead64(s, 48));
     return Avalanche(len + Swap64(lo) + hi + Mul128Fold64(lo, hi));
   }
   uint64_t acc = len * kPrime64_1;
@@ -168,7 +172,8 @@ TH_HD uint64_t HashShort(const uint8_t* p, uint64_t len) {
   const int rounds = static_cast<int>(len / 16);
   for (int i = 0; i < 8; ++i) acc += Mix16(p + 16 * i, s, 16 * i);
   acc = Avalanche(acc);
-  for (int i = 8; i < rounds; ++i) acc += Mix16(p + 16 * i, s, 16 * (i - 8) + 3);
+  for (int i = 8; i < rounds; ++i)
+    acc += Mix16(p + 16 * i, s, 16 * (i - 8) + 3);
   acc += Mix16(p + len - 16, s, 136 - 17);
   return Avalanche(acc);
 }
@@ -221,8 +226,8 @@ TH_HD void FoldBlock(uint64_t acc[kLanes], const uint64_t sum[kLanes]) {
   }
 }
 
-TH_HD void Accumulate512(uint64_t acc[kLanes], const uint8_t* p, const Secret& s,
-                         size_t soff) {
+TH_HD void Accumulate512(uint64_t acc[kLanes], const uint8_t* p,
+                         const Secret& s, size_t soff) {
   for (size_t i = 0; i < kLanes; ++i) {
     uint64_t v = Read64(p + 8 * i);
     uint64_t k = v ^ SecretRead64(s, soff + 8 * i);
@@ -233,13 +238,16 @@ TH_HD void Accumulate512(uint64_t acc[kLanes], const uint8_t* p, const Secret& s
 
 // The tail of a long input, after every folded block: the stripes of the
 // last (partial or whole) block, the last stripe, the merge.
-TH_HD uint64_t FinishLong(uint64_t acc[kLanes], const uint8_t* p, uint64_t len) {
+TH_HD uint64_t FinishLong(uint64_t acc[kLanes], const uint8_t* p,
+                          uint64_t len) {
   const Secret s = DefaultSecret();
   const uint64_t nb = FoldedBlocks(len);
   const uint64_t stripes = ((len - 1) - kBlockBytes * nb) / kStripeBytes;
   const uint8_t* last = p + nb * kBlockBytes;
-  for (uint64_t n = 0; n < stripes; ++n) Accumulate512(acc, last + n * kStripeBytes, s, n * 8);
-  Accumulate512(acc, p + len - kStripeBytes, s, kSecretBytes - kStripeBytes - 7);
+  for (uint64_t n = 0; n < stripes; ++n)
+    Accumulate512(acc, last + n * kStripeBytes, s, n * 8);
+  Accumulate512(acc, p + len - kStripeBytes, s,
+                kSecretBytes - kStripeBytes - 7);
   uint64_t r = len * kPrime64_1;
   for (size_t i = 0; i < 4; ++i) {
     r += Mul128Fold64(acc[2 * i] ^ SecretRead64(s, 11 + 16 * i),

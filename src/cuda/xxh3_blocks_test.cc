@@ -63,7 +63,8 @@ TEST(Xxh3Blocks, BlockSumsAreAdditive) {
     got[(w % 8) ^ 1] += v;
     got[w % 8] += WordMul(v, w, s);
   }
-  for (size_t i = 0; i < kLanes; ++i) EXPECT_EQ(got[i], want[i]) << "lane " << i;
+  for (size_t i = 0; i < kLanes; ++i)
+    EXPECT_EQ(got[i], want[i]) << "lane " << i;
 }
 
 }  // namespace

@@ -13,10 +13,10 @@
 #include <thread>
 #include <tuple>
 
-#include "common/mutex.h"
-#include "common/test_point.h"
 #include "common/deadline.h"
 #include "common/log.h"
+#include "common/mutex.h"
+#include "common/test_point.h"
 #include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
 #include "tensorhub.grpc.pb.h"
@@ -29,7 +29,8 @@ using grpc::ServerContext;
 
 class HubServiceImpl final : public v1::Hub::Service {
  public:
-  HubServiceImpl(HubConfig config, std::string secret, int64_t rebuild_ms, int64_t started_ms)
+  HubServiceImpl(HubConfig config, std::string secret, int64_t rebuild_ms,
+                 int64_t started_ms)
       : state_(config),
         secret_(std::move(secret)),
         rebuild_ms_(rebuild_ms),
@@ -44,13 +45,14 @@ class HubServiceImpl final : public v1::Hub::Service {
     reg.name = req->name();
     reg.data_address = req->data_address();
     reg.labels = wire::FromProto(req->labels());
-    reg.worker_class =
-        req->worker_class() == v1::SPOT ? WorkerClass::kSpot : WorkerClass::kReliable;
+    reg.worker_class = req->worker_class() == v1::SPOT ? WorkerClass::kSpot
+                                                       : WorkerClass::kReliable;
     MutexLock lock(mu_);
     Result<WorkerId> id = state_.RegisterWorker(reg, NowMs());
     if (!id.ok()) return wire::ToGrpc(id.status());
     TH_LOG(INFO) << "worker " << id->value() << " (" << reg.name << ") at "
-                 << reg.data_address << (req->worker_id().empty() ? " joined" : " re-joined");
+                 << reg.data_address
+                 << (req->worker_id().empty() ? " joined" : " re-joined");
     resp->set_worker_id(id->value());
     resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
     resp->set_hub_incarnation(state_.config().incarnation);
@@ -126,8 +128,8 @@ class HubServiceImpl final : public v1::Hub::Service {
                          v1::UnpublishResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     if (req->wait_ms() > kMaxWaitMs) {
-      return wire::ToGrpc(InvalidArgument("unpublish: wait_ms must be at most " +
-                                          std::to_string(kMaxWaitMs)));
+      return wire::ToGrpc(InvalidArgument(
+          "unpublish: wait_ms must be at most " + std::to_string(kMaxWaitMs)));
     }
     const WorkerId worker(req->worker_id());
     const Version version(req->version());
@@ -137,8 +139,8 @@ class HubServiceImpl final : public v1::Hub::Service {
     Status keep = state_.CheckDeparture(worker, req->model(), version);
     if (!keep.ok() && !req->force()) {
       TH_LOG(INFO) << "unpublish by " << worker.value() << " waits up to "
-                   << req->wait_ms() << " ms for a reliable copy: "
-                   << keep.message();
+                   << req->wait_ms()
+                   << " ms for a reliable copy: " << keep.message();
       const int64_t deadline = NowMs() + req->wait_ms();
       state_.SetDeparting(worker, req->model(), version, true);
       changed_.notify_all();  // keepers polling learn of the work
@@ -168,8 +170,8 @@ class HubServiceImpl final : public v1::Hub::Service {
                       v1::RetainResponse*) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
-    Status s = state_.Retain(req->model(), Version(req->version()),
-                             !req->unretain());
+    Status s =
+        state_.Retain(req->model(), Version(req->version()), !req->unretain());
     if (s.ok()) {
       TH_LOG(INFO) << "'" << req->model() << "@" << req->version() << "' "
                    << (req->unretain() ? "unretained" : "retained");
@@ -182,8 +184,9 @@ class HubServiceImpl final : public v1::Hub::Service {
                           v1::KeeperPollResponse* resp) override {
     if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
     if (req->wait_ms() > kMaxPollMs) {
-      return wire::ToGrpc(InvalidArgument(
-          "keeper poll: wait_ms must be at most " + std::to_string(kMaxPollMs)));
+      return wire::ToGrpc(
+          InvalidArgument("keeper poll: wait_ms must be at most " +
+                          std::to_string(kMaxPollMs)));
     }
     const WorkerId keeper(req->worker_id());
     const int64_t deadline = NowMs() + req->wait_ms();
@@ -223,14 +226,17 @@ class HubServiceImpl final : public v1::Hub::Service {
                                Version(req->version()),
                                req->include_uncommitted(),
                                /*copy_manifest=*/false);
-      if (!res.ok() && res.status().code() == StatusCode::kUnavailable && req->version() != 0 &&
-          state_.StateOf(req->model(), Version(req->version())) == VersionState::kUnavailable &&
+      if (!res.ok() && res.status().code() == StatusCode::kUnavailable &&
+          req->version() != 0 &&
+          state_.StateOf(req->model(), Version(req->version())) ==
+              VersionState::kUnavailable &&
           !Rebuilding()) {
         // A considered answer, as for Schedule: the version with its state
         // UNAVAILABLE, its manifest and the (filling) holders left, so the
         // reader can tell it from an unreachable hub and stop waiting.
-        res = state_.Resolve(WorkerId(req->worker_id()), req->model(), Version(req->version()),
-                             /*include_uncommitted=*/true, /*copy_manifest=*/false);
+        res = state_.Resolve(
+            WorkerId(req->worker_id()), req->model(), Version(req->version()),
+            /*include_uncommitted=*/true, /*copy_manifest=*/false);
       }
       if (res.ok() && res->manifest_digest.has_value()) {
         encoded = CachedManifest(req->model(), *res);
@@ -274,11 +280,12 @@ class HubServiceImpl final : public v1::Hub::Service {
     Result<std::vector<HolderView>> r = [&] {
       MutexLock lock(mu_);
       Result<std::vector<HolderView>> res =
-          state_.Schedule(WorkerId(req->worker_id()), req->model(), Version(req->version()),
-                          exclude, req->max_sources());
+          state_.Schedule(WorkerId(req->worker_id()), req->model(),
+                          Version(req->version()), exclude, req->max_sources());
       version_unavailable =
           !res.ok() && res.status().code() == StatusCode::kUnavailable &&
-          state_.StateOf(req->model(), Version(req->version())) == VersionState::kUnavailable;
+          state_.StateOf(req->model(), Version(req->version())) ==
+              VersionState::kUnavailable;
       return res;
     }();
     if (version_unavailable && !Rebuilding()) {
@@ -355,7 +362,8 @@ class HubServiceImpl final : public v1::Hub::Service {
         (void)state_.Heartbeat(worker, NowMs());
         blocked = state_.BlockedDepartures(worker);
       }
-      for (const auto& [m, v] : marked) state_.SetDeparting(worker, m, v, false);
+      for (const auto& [m, v] : marked)
+        state_.SetDeparting(worker, m, v, false);
     }
     for (const auto& [m, v] : blocked) {
       TH_LOG(ERROR) << "worker " << worker.value() << " left with the last "
@@ -396,12 +404,15 @@ class HubServiceImpl final : public v1::Hub::Service {
   // their deadline, and no reader takes them for final.
   bool Rebuilding() const { return NowMs() - started_ms_ < rebuild_ms_; }
   Status DuringRebuild(const Status& s) const {
-    if (s.code() != StatusCode::kNotFound && s.code() != StatusCode::kUnavailable) return s;
+    if (s.code() != StatusCode::kNotFound &&
+        s.code() != StatusCode::kUnavailable)
+      return s;
     const int64_t age_ms = NowMs() - started_ms_;
     if (age_ms >= rebuild_ms_) return s;
-    return Unavailable("hub started " + std::to_string(age_ms) +
-                       " ms ago and is rebuilding its state from the workers' reports (for " +
-                       std::to_string(rebuild_ms_) + " ms): " + s.message());
+    return Unavailable(
+        "hub started " + std::to_string(age_ms) +
+        " ms ago and is rebuilding its state from the workers' reports (for " +
+        std::to_string(rebuild_ms_) + " ms): " + s.message());
   }
 
   static constexpr uint32_t kMaxWaitMs = 600000;
@@ -472,8 +483,8 @@ class HubServiceImpl final : public v1::Hub::Service {
   // holders and polling keepers wait on it.
   std::condition_variable changed_;
   HubState state_ TH_GUARDED_BY(mu_);
-  std::map<ManifestKey, std::shared_ptr<const std::string>>
-      manifest_cache_ TH_GUARDED_BY(mu_);
+  std::map<ManifestKey, std::shared_ptr<const std::string>> manifest_cache_
+      TH_GUARDED_BY(mu_);
   std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
   size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;
   const std::string secret_;
@@ -536,10 +547,13 @@ class HubServerImpl final : public HubServer {
 
 }  // namespace
 
-std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret,
-                                                int64_t rebuild_ms, int64_t started_ms) {
-  return std::make_unique<HubServiceImpl>(config, std::move(secret), rebuild_ms,
-                                          started_ms < 0 ? NowMs() : started_ms);
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config,
+                                                std::string secret,
+                                                int64_t rebuild_ms,
+                                                int64_t started_ms) {
+  return std::make_unique<HubServiceImpl>(
+      config, std::move(secret), rebuild_ms,
+      started_ms < 0 ? NowMs() : started_ms);
 }
 
 void ExpireLeases(v1::Hub::Service* service) {
@@ -551,18 +565,19 @@ void ExpireLeases(v1::Hub::Service* service) {
 namespace tensorhub {
 
 using hub::HubConfig;
-using hub::HubServiceImpl;
 using hub::HubServerImpl;
+using hub::HubServiceImpl;
 
 Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
   config.racks_oversubscribed = options.racks_oversubscribed;
   config.keep_latest = options.keep_latest;
-  config.incarnation = std::random_device{}() ^
-                       static_cast<uint64_t>(NowMs());
-  const int64_t rebuild_ms = options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
-  auto service = std::make_unique<HubServiceImpl>(config, options.secret, rebuild_ms, NowMs());
+  config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
+  const int64_t rebuild_ms =
+      options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
+  auto service = std::make_unique<HubServiceImpl>(config, options.secret,
+                                                  rebuild_ms, NowMs());
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.listen_address,
@@ -575,12 +590,13 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
     return Unavailable("hub cannot listen on " + options.listen_address +
                        " (address in use or not local?)");
   }
-  std::string host = options.listen_address.substr(
-      0, options.listen_address.rfind(':'));
+  std::string host =
+      options.listen_address.substr(0, options.listen_address.rfind(':'));
   std::string address = host + ":" + std::to_string(port);
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
-               << options.lease_ms << " ms, rebuilding from the workers' reports for "
-               << rebuild_ms << " ms"
+               << options.lease_ms
+               << " ms, rebuilding from the workers' reports for " << rebuild_ms
+               << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
                << (options.racks_oversubscribed
                        ? ", racks oversubscribed: sources nearest first"

@@ -18,8 +18,10 @@ namespace tensorhub::hub {
 // `secret` is empty (the context is only read to log a refused peer).
 // rebuild_ms: the window after `started_ms` (-1: now) in which an unknown
 // or unheld version is answered UNAVAILABLE, "rebuilding" (HubOptions).
-std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config, std::string secret,
-                                                int64_t rebuild_ms = 0, int64_t started_ms = -1);
+std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config,
+                                                std::string secret,
+                                                int64_t rebuild_ms = 0,
+                                                int64_t started_ms = -1);
 
 // Runs the lease-expiry pass of a service made by NewHubService.
 void ExpireLeases(v1::Hub::Service* service);

@@ -24,7 +24,8 @@ struct Answers {
 Answers AskAboutAnUnknownModel(int64_t rebuild_ms, int64_t age_ms) {
   HubConfig c;
   c.lease_ms = 1000;
-  std::unique_ptr<v1::Hub::Service> s = NewHubService(c, "", rebuild_ms, NowMs() - age_ms);
+  std::unique_ptr<v1::Hub::Service> s =
+      NewHubService(c, "", rebuild_ms, NowMs() - age_ms);
   Answers a;
   grpc::ServerContext ctx1, ctx2, ctx3;
   v1::ResolveRequest rq;
@@ -49,12 +50,14 @@ TEST(HubServiceTest, UnknownVersionIsUnavailableWhileTheHubRebuilds) {
   // Started 100 ms ago, rebuilding for a minute: no timing in play.
   Answers a = AskAboutAnUnknownModel(60000, 100);
   for (const grpc::Status* s : {&a.resolve, &a.resolve_latest, &a.schedule}) {
-    EXPECT_EQ(s->error_code(), grpc::StatusCode::UNAVAILABLE) << s->error_message();
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::UNAVAILABLE)
+        << s->error_message();
     EXPECT_NE(s->error_message().find("rebuilding its state from the workers"),
               std::string::npos)
         << s->error_message();
     // The state machine's own reason is kept.
-    EXPECT_NE(s->error_message().find("'m'"), std::string::npos) << s->error_message();
+    EXPECT_NE(s->error_message().find("'m'"), std::string::npos)
+        << s->error_message();
   }
 }
 
@@ -62,15 +65,19 @@ TEST(HubServiceTest, UnknownVersionIsNotFoundAfterTheRebuildWindow) {
   // Started a minute ago with a one-second window.
   Answers a = AskAboutAnUnknownModel(1000, 60000);
   for (const grpc::Status* s : {&a.resolve, &a.resolve_latest, &a.schedule}) {
-    EXPECT_EQ(s->error_code(), grpc::StatusCode::NOT_FOUND) << s->error_message();
-    EXPECT_EQ(s->error_message().find("rebuilding"), std::string::npos) << s->error_message();
+    EXPECT_EQ(s->error_code(), grpc::StatusCode::NOT_FOUND)
+        << s->error_message();
+    EXPECT_EQ(s->error_message().find("rebuilding"), std::string::npos)
+        << s->error_message();
   }
 }
 
 TEST(HubServiceTest, NoRebuildWindowAnswersFromTheTableAtOnce) {
   Answers a = AskAboutAnUnknownModel(0, 0);
-  EXPECT_EQ(a.resolve.error_code(), grpc::StatusCode::NOT_FOUND) << a.resolve.error_message();
-  EXPECT_EQ(a.schedule.error_code(), grpc::StatusCode::NOT_FOUND) << a.schedule.error_message();
+  EXPECT_EQ(a.resolve.error_code(), grpc::StatusCode::NOT_FOUND)
+      << a.resolve.error_message();
+  EXPECT_EQ(a.schedule.error_code(), grpc::StatusCode::NOT_FOUND)
+      << a.schedule.error_message();
 }
 
 }  // namespace

@@ -43,7 +43,9 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   // worker: bounded like the name.
   if (reg.labels.datacenter.size() > 256 || reg.labels.rack.size() > 256 ||
       reg.labels.host.size() > 256) {
-    return InvalidArgument("worker labels (datacenter, rack, host) must be at most 256 characters");
+    return InvalidArgument(
+        "worker labels (datacenter, rack, host) must be at most 256 "
+        "characters");
   }
   WorkerId id = reg.requested_id;
   auto it = workers_.find(id);
@@ -144,7 +146,8 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
   VersionEntry& v = vit->second;
   const std::string vname = VersionName(a.model, a.version);
   if (v.state == VersionState::kAborted) {
-    return Aborted(vname + " was aborted: a rank of its group left before "
+    return Aborted(vname +
+                   " was aborted: a rank of its group left before "
                    "all ranks published");
   }
   if (v.group_size != a.group_size || v.chunk_bytes != a.chunk_bytes) {
@@ -160,15 +163,18 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
   // replace its full reference with one part.
   auto own = v.refs.find(a.worker);
   if (own != v.refs.end() && !own->second.rank.has_value()) {
-    return AlreadyExists("worker " + a.worker.value() + " already holds all of " + vname +
-                         " (it fetched it); publishing rank " + std::to_string(a.rank) +
-                         " would replace that with one part: unpublish it first");
+    return AlreadyExists(
+        "worker " + a.worker.value() + " already holds all of " + vname +
+        " (it fetched it); publishing rank " + std::to_string(a.rank) +
+        " would replace that with one part: unpublish it first");
   }
   if (own != v.refs.end() && own->second.rank.has_value() &&
       *own->second.rank != a.rank) {
-    return InvalidArgument("worker " + a.worker.value() + " already publishes "
-                           "rank " + std::to_string(*own->second.rank) +
-                           " of " + vname + "; one rank per worker");
+    return InvalidArgument("worker " + a.worker.value() +
+                           " already publishes "
+                           "rank " +
+                           std::to_string(*own->second.rank) + " of " + vname +
+                           "; one rank per worker");
   }
   if (v.manifest.has_value()) {
     // Committed already (a rank re-reporting after a hub restart, or a
@@ -238,9 +244,9 @@ void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
 }
 
 Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
-                                                   const std::string& model,
-                                                   Version version,
-                                                   int64_t now_ms) {
+                                                    const std::string& model,
+                                                    Version version,
+                                                    int64_t now_ms) {
   auto wit = workers_.find(worker);
   if (wit == workers_.end()) {
     return NotFound("hub does not know worker " + worker.value() +
@@ -248,7 +254,8 @@ Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
   }
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
   TH_RETURN_IF_ERROR(ValidateModelName(model));
-  if (version.value() == 0) return InvalidArgument("version numbers start at 1");
+  if (version.value() == 0)
+    return InvalidArgument("version numbers start at 1");
   return &wit->second;
 }
 
@@ -458,8 +465,8 @@ std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
                                            const Reference& r) {
   if (!v.manifest.has_value()) return {};
   if (!r.rank.has_value()) return {{0, v.manifest->num_chunks()}};
-  return {{v.manifest->chunk_base(*r.rank),
-           v.manifest->chunk_base(*r.rank + 1)}};
+  return {
+      {v.manifest->chunk_base(*r.rank), v.manifest->chunk_base(*r.rank + 1)}};
 }
 
 void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
@@ -574,15 +581,15 @@ Status HubState::CheckReadable(const std::string& vname,
     case VersionState::kPending: {
       size_t have = 0;
       for (const auto& p : v.parts) have += p.has_value() ? 1 : 0;
-      return FailedPrecondition(vname + " is not committed: " +
-                                std::to_string(have) + " of " +
-                                std::to_string(v.group_size) +
-                                " ranks have published");
+      return FailedPrecondition(
+          vname + " is not committed: " + std::to_string(have) + " of " +
+          std::to_string(v.group_size) + " ranks have published");
     }
     case VersionState::kAborted:
       return Aborted(vname + " was aborted before commit");
     case VersionState::kUnavailable:
-      return Unavailable(vname + " is committed but no live worker holds "
+      return Unavailable(vname +
+                         " is committed but no live worker holds "
                          "all of its chunks");
     case VersionState::kCommitted:
       break;
@@ -597,7 +604,8 @@ std::optional<Manifest> HubState::CommittedManifest(const std::string& model,
   return v->manifest;
 }
 
-std::optional<VersionState> HubState::StateOf(const std::string& model, Version version) {
+std::optional<VersionState> HubState::StateOf(const std::string& model,
+                                              Version version) {
   VersionEntry* v = FindVersion(model, version);
   if (v == nullptr) return std::nullopt;
   return v->state;
@@ -622,7 +630,8 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
       }
     }
     if (vit == m.versions.end()) {
-      return NotFound("model '" + model + "' has no committed version with "
+      return NotFound("model '" + model +
+                      "' has no committed version with "
                       "a live holder");
     }
   } else {
@@ -801,8 +810,8 @@ class HubState::Picker {
       Pick part = RankHolder(r);
       if (!full.has_value()) full = Best(/*full_only=*/true);
       if (full->key != nullptr &&
-          (part.key == nullptr || Rank(*full->key, full->distance) <
-                                      Rank(*part.key, part.distance))) {
+          (part.key == nullptr ||
+           Rank(*full->key, full->distance) < Rank(*part.key, part.distance))) {
         chosen->push_back(full->key->worker);
         return;
       }
@@ -1030,7 +1039,8 @@ Status HubState::Retain(const std::string& model, Version version,
     return FailedPrecondition(vname + " was aborted; nothing to retain");
   }
   if (v->state == VersionState::kUnavailable) {
-    return FailedPrecondition(vname + " is unavailable (no live holder of "
+    return FailedPrecondition(vname +
+                              " is unavailable (no live holder of "
                               "some chunk); it cannot be retained");
   }
   if (v->retained) return Status::Ok();
@@ -1087,7 +1097,8 @@ Status HubState::CheckDeparture(const WorkerId& worker,
   auto others = [&](const WorkerId& h) {
     return h != worker && v.departing.count(h) == 0;
   };
-  if (Covers(v, [&](const WorkerId& h) { return others(h) && IsReliable(h); })) {
+  if (Covers(v,
+             [&](const WorkerId& h) { return others(h) && IsReliable(h); })) {
     return Status::Ok();
   }
   const bool spot = !IsReliable(worker);
@@ -1140,7 +1151,8 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
         continue;
       }
       if (!retained || v.state != VersionState::kCommitted) continue;
-      const VersionEntry& entry = v;  // a lambda may not capture a binding (C++20)
+      const VersionEntry& entry =
+          v;  // a lambda may not capture a binding (C++20)
       auto reliable = [&](const WorkerId& h) {
         return entry.departing.count(h) == 0 && IsReliable(h);
       };
@@ -1174,8 +1186,8 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
   if (group.empty() || group.size() > 256) {
     return InvalidArgument("reader group id must be 1-256 characters");
   }
-  const std::string gname = "reader group '" + group + "' step " +
-                            std::to_string(step);
+  const std::string gname =
+      "reader group '" + group + "' step " + std::to_string(step);
   auto key = std::make_pair(model, group);
   auto git = groups_.find(key);
   if (git != groups_.end()) {
@@ -1186,8 +1198,8 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
       Result<Resolution> r =
           Resolve(reader, model, sit->second, false, copy_manifest);
       if (!r.ok()) {
-        return r.status().WithContext(
-            gname + " is pinned to " + VersionName(model, sit->second));
+        return r.status().WithContext(gname + " is pinned to " +
+                                      VersionName(model, sit->second));
       }
       return r;
     }
@@ -1199,9 +1211,8 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
           std::to_string(g.forgot_below) + "); its ranks might disagree");
     }
   }
-  TH_ASSIGN_OR_RETURN(Resolution res,
-                      Resolve(reader, model, Version::Latest(), false,
-                              copy_manifest));
+  TH_ASSIGN_OR_RETURN(Resolution res, Resolve(reader, model, Version::Latest(),
+                                              false, copy_manifest));
   if (git == groups_.end()) {
     if (groups_.size() >= config_.max_groups) {
       // Forget the group unused for longest.

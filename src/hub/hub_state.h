@@ -14,8 +14,8 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/manifest.h"
@@ -26,7 +26,7 @@ namespace tensorhub::hub {
 
 struct HubConfig {
   int64_t lease_ms = 5000;
-  uint64_t incarnation = 1;          // distinguishes hub restarts
+  uint64_t incarnation = 1;  // distinguishes hub restarts
   size_t max_workers = 100000;
   size_t max_models = 10000;
   size_t max_dead_versions_per_model = 64;  // aborted/unavailable kept for ls
@@ -145,7 +145,8 @@ class HubState {
   explicit HubState(HubConfig config);
 
   // Returns the worker's id (the requested one when given).
-  Result<WorkerId> RegisterWorker(const WorkerRegistration& reg, int64_t now_ms);
+  Result<WorkerId> RegisterWorker(const WorkerRegistration& reg,
+                                  int64_t now_ms);
   // NOT_FOUND if the hub does not know the worker (restart or expiry).
   Status Heartbeat(const WorkerId& worker, int64_t now_ms);
   // A trainer rank's part. Returns the version's state after the call.
@@ -206,7 +207,8 @@ class HubState {
   std::optional<Manifest> CommittedManifest(const std::string& model,
                                             Version version);
   // The state of a version the hub knows (nullopt: unknown).
-  std::optional<VersionState> StateOf(const std::string& model, Version version);
+  std::optional<VersionState> StateOf(const std::string& model,
+                                      Version version);
   std::vector<ModelSummary> List() const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and
@@ -332,8 +334,8 @@ class HubState {
     // Reader -> the sources Schedule() gave it (each counted in the source's
     // Reference::serving until released).
     std::map<WorkerId, std::vector<WorkerId>> assignments;
-    bool retained = false;             // an explicit Retain pin
-    std::set<WorkerId> departing;      // holders waiting to leave it
+    bool retained = false;         // an explicit Retain pin
+    std::set<WorkerId> departing;  // holders waiting to leave it
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -360,8 +362,7 @@ class HubState {
     int64_t last_used_ms = 0;
   };
 
-  bool IsRetained(const Model& m, Version version,
-                  const VersionEntry& v) const;
+  bool IsRetained(const Model& m, Version version, const VersionEntry& v) const;
   // Whether the complete (non-filling) references of workers accepted by
   // `keep` cover every chunk of a committed version.
   template <typename Pred>

@@ -51,9 +51,8 @@ class HubStateTest : public ::testing::Test {
 
   HubStateTest() : hub_(DefaultConfig()) {}
 
-  WorkerId Register(HubState& hub, const std::string& name,
-                    Labels labels = {}, WorkerId requested = {},
-                    int64_t now_ms = 0) {
+  WorkerId Register(HubState& hub, const std::string& name, Labels labels = {},
+                    WorkerId requested = {}, int64_t now_ms = 0) {
     WorkerRegistration reg;
     reg.requested_id = std::move(requested);
     reg.name = name;
@@ -79,7 +78,8 @@ class HubStateTest : public ::testing::Test {
         buf[i] = static_cast<uint8_t>(seed * 13 + i * 7 + (i >> 9));
       }
       refs.push_back({TensorSpec{name, DType::kU8, {bytes}},
-                      bytes ? buf.data() : nullptr, bytes, MemoryLocation::Host()});
+                      bytes ? buf.data() : nullptr, bytes,
+                      MemoryLocation::Host()});
     }
     Result<PartLayout> p = BuildPartLayout(rank, refs, kMinChunkBytes);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -93,16 +93,15 @@ class HubStateTest : public ::testing::Test {
     std::vector<PartLayout> parts;
     for (uint32_t r = 0; r < n; ++r) {
       std::string base = prefix + ".r" + std::to_string(r);
-      parts.push_back(Part(r, {{base + ".w", kMinChunkBytes * (r + 1) + 1},
-                               {base + ".b", 10}},
-                           static_cast<uint8_t>(seed + r)));
+      parts.push_back(Part(
+          r, {{base + ".w", kMinChunkBytes * (r + 1) + 1}, {base + ".b", 10}},
+          static_cast<uint8_t>(seed + r)));
     }
     return parts;
   }
 
   static Manifest ManifestOf(const std::vector<PartLayout>& parts) {
-    return Manifest(static_cast<uint32_t>(parts.size()), kMinChunkBytes,
-                    parts);
+    return Manifest(static_cast<uint32_t>(parts.size()), kMinChunkBytes, parts);
   }
 
   static PublishArgs Args(const WorkerId& w, const std::string& model,
@@ -131,9 +130,7 @@ class HubStateTest : public ::testing::Test {
 
   StatusCode ResolveCode(const std::string& model, uint64_t version,
                          const WorkerId& reader = WorkerId("nobody")) {
-    return hub_.Resolve(reader, model, Version(version), false)
-        .status()
-        .code();
+    return hub_.Resolve(reader, model, Version(version), false).status().code();
   }
 
   static std::vector<std::string> Ids(const Resolution& r) {
@@ -207,9 +204,11 @@ TEST_F(HubStateTest, RegisterRejectsBadRegistrations) {
             StatusCode::kInvalidArgument);
   reg.requested_id = WorkerId("");
   // Labels come from the network too and are stored per worker.
-  for (std::string* label : {&reg.labels.datacenter, &reg.labels.rack, &reg.labels.host}) {
+  for (std::string* label :
+       {&reg.labels.datacenter, &reg.labels.rack, &reg.labels.host}) {
     *label = std::string(257, 'l');
-    EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+              StatusCode::kInvalidArgument);
     label->clear();
   }
   EXPECT_EQ(hub_.num_workers(), 0u);
@@ -232,8 +231,7 @@ TEST_F(HubStateTest, RegisterBoundedByMaxWorkers) {
 }
 
 TEST_F(HubStateTest, HeartbeatOfUnknownWorkerIsNotFound) {
-  EXPECT_EQ(hub_.Heartbeat(WorkerId("w7-99"), 0).code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(hub_.Heartbeat(WorkerId("w7-99"), 0).code(), StatusCode::kNotFound);
 }
 
 TEST_F(HubStateTest, HeartbeatExtendsTheLease) {
@@ -319,8 +317,8 @@ TEST_F(HubStateTest, SingleRankPublishCommits) {
   EXPECT_EQ(r->holders[0].chunks, (std::vector<ChunkRange>{{0, 2}}));
 
   // Latest resolves to it.
-  Result<Resolution> latest = hub_.Resolve(reader, "m", Version::Latest(),
-                                           false);
+  Result<Resolution> latest =
+      hub_.Resolve(reader, "m", Version::Latest(), false);
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->version, Version(1));
 }
@@ -339,8 +337,8 @@ TEST_F(HubStateTest, GroupIsPendingUntilEveryRankPublished) {
   EXPECT_EQ(hub_.Resolve(w[0], "m", Version::Latest(), false).status().code(),
             StatusCode::kNotFound);
 
-  Result<Resolution> peek =
-      hub_.Resolve(WorkerId("x"), "m", Version(1), /*include_uncommitted=*/true);
+  Result<Resolution> peek = hub_.Resolve(WorkerId("x"), "m", Version(1),
+                                         /*include_uncommitted=*/true);
   ASSERT_TRUE(peek.ok());
   EXPECT_EQ(peek->state, VersionState::kPending);
   EXPECT_FALSE(peek->manifest.has_value());
@@ -354,8 +352,7 @@ TEST_F(HubStateTest, GroupIsPendingUntilEveryRankPublished) {
   EXPECT_EQ(ls[0].versions[0].parts_published, 2u);
   EXPECT_EQ(ls[0].versions[0].group_size, 3u);
   EXPECT_EQ(ls[0].versions[0].tensors, 4u);
-  EXPECT_EQ(ls[0].versions[0].total_bytes,
-            g[0].part_bytes + g[2].part_bytes);
+  EXPECT_EQ(ls[0].versions[0].total_bytes, g[0].part_bytes + g[2].part_bytes);
 
   ASSERT_EQ(*Pub(w[1], "m", 1, g, 1), VersionState::kCommitted);
   Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), false);
@@ -379,8 +376,9 @@ TEST_F(HubStateTest, GroupIsPendingUntilEveryRankPublished) {
   for (const HolderView& h : r->holders) {
     uint32_t rank = h.worker == w[0] ? 0 : h.worker == w[1] ? 1 : 2;
     EXPECT_EQ(h.epoch, 100u + rank);
-    EXPECT_EQ(h.chunks, (std::vector<ChunkRange>{
-                            {m.chunk_base(rank), m.chunk_base(rank + 1)}}))
+    EXPECT_EQ(
+        h.chunks,
+        (std::vector<ChunkRange>{{m.chunk_base(rank), m.chunk_base(rank + 1)}}))
         << rank;
   }
   ls = hub_.List();
@@ -401,9 +399,7 @@ TEST_F(HubStateTest, PublishOfUnknownWorkerIsNotFound) {
 TEST_F(HubStateTest, PublishValidatesArguments) {
   WorkerId t = Register("t");
   auto g = Group("m", 2);
-  auto code = [&](PublishArgs a) {
-    return hub_.Publish(a, 0).status().code();
-  };
+  auto code = [&](PublishArgs a) { return hub_.Publish(a, 0).status().code(); };
   PublishArgs a = Args(t, "m", 1, g, 1);
   a.group_size = 0;
   EXPECT_EQ(code(a), StatusCode::kInvalidArgument) << "group 0";
@@ -446,9 +442,7 @@ TEST_F(HubStateTest, BadModelNamesRejected) {
     EXPECT_EQ(hub_.Resolve(t, bad, Version(1), true).status().code(),
               StatusCode::kInvalidArgument)
         << bad;
-    EXPECT_EQ(hub_
-                  .AddHolder(t, bad, Version(1), 1, ManifestOf(g), 0)
-                  .code(),
+    EXPECT_EQ(hub_.AddHolder(t, bad, Version(1), 1, ManifestOf(g), 0).code(),
               StatusCode::kInvalidArgument)
         << bad;
   }
@@ -506,15 +500,13 @@ TEST_F(HubStateTest, OneWorkerCannotHoldTwoRanksOfAGroup) {
   auto g = Group("m", 2);
   ASSERT_EQ(*Pub(a, "m", 1, g, 0), VersionState::kPending);
   const std::string before = Dump(hub_.List());
-  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Dump(hub_.List()), before);
   ASSERT_EQ(*Pub(b, "m", 1, g, 1), VersionState::kCommitted);
   EXPECT_EQ(ResolveCode("m", 1), StatusCode::kOk);
   // After commit too: with rank 1's holder gone, a may not take it over.
   ASSERT_TRUE(hub_.Unpublish(b, "m", Version(1), 0).ok());
-  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pub(a, "m", 1, g, 1).status().code(), StatusCode::kInvalidArgument);
   Result<Resolution> r = hub_.Resolve(WorkerId("x"), "m", Version(1), true);
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->holders.size(), 1u);
@@ -536,7 +528,8 @@ TEST_F(HubStateTest, FullHolderPublishingARankKeepsItsFullReference) {
   const std::string before = Dump(hub_.List());
   Result<VersionState> s = Pub(f, "m", 1, g, 0);
   EXPECT_EQ(s.status().code(), StatusCode::kAlreadyExists);
-  EXPECT_NE(s.status().message().find("already holds all of"), std::string::npos)
+  EXPECT_NE(s.status().message().find("already holds all of"),
+            std::string::npos)
       << s.status().ToString();
   EXPECT_EQ(Dump(hub_.List()), before);
   // f still serves every chunk: with both trainer ranks gone it is the one
@@ -579,8 +572,7 @@ TEST_F(HubStateTest, VersionNotGreaterThanLastIsRejectedAndChangesNothing) {
     EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition) << v;
     EXPECT_EQ(Dump(hub_.List()), before) << v;
   }
-  EXPECT_EQ(Pub(b, "m", 0, g, 0).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pub(b, "m", 0, g, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Dump(hub_.List()), before);
   // Each model counts its own versions.
   EXPECT_EQ(*Pub(b, "n", 2, g, 0), VersionState::kCommitted);
@@ -685,8 +677,7 @@ TEST_F(HubStateTest, OnlyHolderExpiringMakesVersionUnavailable) {
   // A full copy reported later makes it readable again.
   ASSERT_TRUE(hub_.AddHolder(a, "m", Version(2), 9, ManifestOf(g2), 950).ok());
   EXPECT_EQ(ResolveCode("m", 2), StatusCode::kOk);
-  EXPECT_EQ(hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false)
-                ->version,
+  EXPECT_EQ(hub_.Resolve(WorkerId("x"), "m", Version::Latest(), false)->version,
             Version(2));
   // And when nothing is left, latest is NOT_FOUND.
   hub_.ExpireLeases(5000);
@@ -747,10 +738,10 @@ TEST_F(HubStateTest, AddHolderRejections) {
       << "invalid manifest";
   EXPECT_EQ(hub_.AddHolder(f, "m", Version(0), 1, ManifestOf(g), 0).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(hub_.AddHolder(WorkerId("w7-99"), "m", Version(1), 1,
-                           ManifestOf(g), 0)
-                .code(),
-            StatusCode::kNotFound);
+  EXPECT_EQ(
+      hub_.AddHolder(WorkerId("w7-99"), "m", Version(1), 1, ManifestOf(g), 0)
+          .code(),
+      StatusCode::kNotFound);
   EXPECT_EQ(Dump(hub_.List()), before);
   EXPECT_EQ(hub_.Unpublish(f, "m", Version(1), 0).code(),
             StatusCode::kNotFound);
@@ -819,8 +810,8 @@ TEST_F(HubStateTest, ResolveOrdersHoldersByTopologyAndExcludesReader) {
     EXPECT_EQ(Ids(*r), want) << i;
   }
   // A reader the hub does not know sees every holder.
-  Result<Resolution> r = hub_.Resolve(WorkerId("stranger"), "m", Version(1),
-                                      false);
+  Result<Resolution> r =
+      hub_.Resolve(WorkerId("stranger"), "m", Version(1), false);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->holders.size(), 5u);
 }
@@ -884,8 +875,7 @@ TEST_F(HubStateTest, CallsFromAWorkerRenewItsLease) {
   ASSERT_TRUE(Pub(t, "m", 1, g, 0, /*now_ms=*/800).ok());
   hub_.ExpireLeases(1500);
   EXPECT_EQ(hub_.num_workers(), 1u);
-  ASSERT_TRUE(
-      hub_.AddHolder(t, "m", Version(1), 1, ManifestOf(g), 1700).ok());
+  ASSERT_TRUE(hub_.AddHolder(t, "m", Version(1), 1, ManifestOf(g), 1700).ok());
   hub_.ExpireLeases(2600);
   EXPECT_EQ(hub_.num_workers(), 1u);
   hub_.ExpireLeases(2700);
@@ -978,8 +968,7 @@ TEST_F(HubStateTest, AddHolderDisagreeingWithRebuiltPartRejected) {
             StatusCode::kInvalidArgument);
   // A manifest of another group size (fewer parts than the published rank).
   auto single = Group("m", 1, 1);
-  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(single), 0)
-                .code(),
+  EXPECT_EQ(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(single), 0).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(Dump(hub_.List()), before);
   ASSERT_TRUE(hub_.AddHolder(f, "m", Version(1), 1, ManifestOf(g), 0).ok());
@@ -1033,7 +1022,8 @@ TEST_F(HubStateTest, KeepsAtMostMaxDeadVersionsPerModel) {
   std::vector<ModelSummary> ls = hub.List();
   ASSERT_EQ(ls.size(), 1u);
   std::vector<uint64_t> kept;
-  for (const VersionSummary& s : ls[0].versions) kept.push_back(s.version.value());
+  for (const VersionSummary& s : ls[0].versions)
+    kept.push_back(s.version.value());
   EXPECT_EQ(kept, (std::vector<uint64_t>{1, 6, 7})) << Dump(ls);
   EXPECT_EQ(ls[0].versions[1].state, VersionState::kUnavailable);
   EXPECT_EQ(ls[0].versions[2].state, VersionState::kAborted);
@@ -1125,14 +1115,16 @@ TEST_F(HubStateTest, ScheduleStripesOverIdleCompleteHoldersAndReleases) {
   EXPECT_EQ(first.count((*s2)[0].worker.value()), 0u);
   // Released when its fetch ends; excluded holders are never chosen.
   hub_.FetchDone(late, "m", Version(1));
-  auto s3 = hub_.Schedule(late, "m", Version(1), {full[0], full[1], full[2]}, 3);
+  auto s3 =
+      hub_.Schedule(late, "m", Version(1), {full[0], full[1], full[2]}, 3);
   ASSERT_TRUE(s3.ok());
   for (const HolderView& h : *s3) {
     EXPECT_NE(h.worker, full[0]);
     EXPECT_NE(h.worker, full[1]);
     EXPECT_NE(h.worker, full[2]);
   }
-  auto none = hub_.Schedule(late, "m", Version(1), {t, full[0], full[1], full[2]}, 3);
+  auto none =
+      hub_.Schedule(late, "m", Version(1), {t, full[0], full[1], full[2]}, 3);
   EXPECT_EQ(none.status().code(), StatusCode::kUnavailable);
 }
 
@@ -1262,7 +1254,8 @@ TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
   std::vector<WorkerId> b;
   int wan = 0;
   for (int i = 0; i < 3; ++i) {
-    b.push_back(Register("b" + std::to_string(i), L("b", "r2", "h" + std::to_string(10 + i))));
+    b.push_back(Register("b" + std::to_string(i),
+                         L("b", "r2", "h" + std::to_string(10 + i))));
     ASSERT_TRUE(hub_.AddHolder(b.back(), "m", Version(1), 1, m, 0, true).ok());
     auto s = hub_.Schedule(b.back(), "m", Version(1), {}, 4);
     ASSERT_TRUE(s.ok());

@@ -21,7 +21,8 @@ std::string Base64Encode(std::string_view in) {
   out.reserve((in.size() + 2) / 3 * 4);
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
+    uint32_t v =
+        (uint8_t(in[i]) << 16) | (uint8_t(in[i + 1]) << 8) | uint8_t(in[i + 2]);
     for (int s = 18; s >= 0; s -= 6) out += kB64[(v >> s) & 63];
   }
   if (i < in.size()) {
@@ -36,7 +37,8 @@ std::string Base64Encode(std::string_view in) {
 }
 
 Result<std::string> Base64Decode(std::string_view in) {
-  if (in.size() % 4 != 0) return InvalidArgument("hf checkpoint: base64 length not a multiple of 4");
+  if (in.size() % 4 != 0)
+    return InvalidArgument("hf checkpoint: base64 length not a multiple of 4");
   auto val = [](char c) -> int {
     if (c >= 'A' && c <= 'Z') return c - 'A';
     if (c >= 'a' && c <= 'z') return c - 'a' + 26;
@@ -92,8 +94,9 @@ bool IsUtf8(std::string_view s) {
       if ((d & 0xc0) != 0x80) return false;
       cp = (cp << 6) | (d & 0x3f);
     }
-    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) ||
+        (n == 3 && cp < 0x10000) || cp > 0x10ffff ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
       return false;
     }
     i += n + 1;
@@ -108,8 +111,10 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
 
 Status CheckName(std::string_view name) {
   if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
-      name.find_first_of(std::string_view("/\t\n\0", 4)) != std::string_view::npos) {
-    return InvalidArgument("hf checkpoint: bad file name '" + std::string(name) + "'");
+      name.find_first_of(std::string_view("/\t\n\0", 4)) !=
+          std::string_view::npos) {
+    return InvalidArgument("hf checkpoint: bad file name '" +
+                           std::string(name) + "'");
   }
   return Status();
 }
@@ -137,7 +142,8 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
     out.append(buf, size_t(n));
     if (out.size() > limit) {
       ::close(fd);
-      return InvalidArgument(path + " grew past " + std::to_string(limit) + " bytes while read");
+      return InvalidArgument(path + " grew past " + std::to_string(limit) +
+                             " bytes while read");
     }
   }
   ::close(fd);
@@ -157,8 +163,8 @@ Result<HfCheckpoint> ScanHfCheckpointDir(const std::string& dir) {
   ::closedir(d);
   std::sort(names.begin(), names.end());
 
-  static const char* kOtherWeights[] = {".bin", ".pt", ".pth", ".gguf", ".h5",
-                                         ".msgpack", ".ckpt", ".onnx"};
+  static const char* kOtherWeights[] = {".bin", ".pt",      ".pth",  ".gguf",
+                                        ".h5",  ".msgpack", ".ckpt", ".onnx"};
   HfCheckpoint ckpt;
   std::string index;
   uint64_t small_total = 0;
@@ -166,48 +172,58 @@ Result<HfCheckpoint> ScanHfCheckpointDir(const std::string& dir) {
     const std::string path = dir + "/" + n;
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) return ErrnoError("stat", path, errno);
-    if (!S_ISREG(st.st_mode)) continue;  // subdirectories, sockets: not part of it
+    if (!S_ISREG(st.st_mode))
+      continue;  // subdirectories, sockets: not part of it
     if (n[0] == '.' || EndsWith(n, ".partial")) continue;
     TH_RETURN_IF_ERROR(CheckName(n));
     if (EndsWith(n, ".safetensors")) {
       if (ckpt.shards.size() == kHfMaxShards) {
-        return InvalidArgument(dir + ": more than " + std::to_string(kHfMaxShards) + " shards");
+        return InvalidArgument(dir + ": more than " +
+                               std::to_string(kHfMaxShards) + " shards");
       }
       ckpt.shards.push_back({n, "", 0});
       continue;
     }
     for (const char* ext : kOtherWeights) {
       if (EndsWith(n, ext)) {
-        return InvalidArgument(dir + "/" + n + ": weights in a format other than safetensors; "
-                               "save the checkpoint with safe_serialization=True (or move "
-                               "the file away) and publish again");
+        return InvalidArgument(
+            dir + "/" + n +
+            ": weights in a format other than safetensors; "
+            "save the checkpoint with safe_serialization=True (or move "
+            "the file away) and publish again");
       }
     }
     if (uint64_t(st.st_size) > kHfMaxSmallFileBytes) {
-      return InvalidArgument(path + " is " + std::to_string(st.st_size) +
-                             " bytes; files other than shards travel with the version up to " +
-                             std::to_string(kHfMaxSmallFileBytes >> 20) + " MiB each");
+      return InvalidArgument(
+          path + " is " + std::to_string(st.st_size) +
+          " bytes; files other than shards travel with the version up to " +
+          std::to_string(kHfMaxSmallFileBytes >> 20) + " MiB each");
     }
     small_total += uint64_t(st.st_size);
     if (small_total > kHfMaxSmallFilesBytes) {
-      return InvalidArgument(dir + ": the files other than shards exceed " +
-                             std::to_string(kHfMaxSmallFilesBytes >> 20) + " MiB in all (at " + n +
-                             "); move the large ones away and ship them separately");
+      return InvalidArgument(
+          dir + ": the files other than shards exceed " +
+          std::to_string(kHfMaxSmallFilesBytes >> 20) + " MiB in all (at " + n +
+          "); move the large ones away and ship them separately");
     }
-    TH_ASSIGN_OR_RETURN(std::string content, ReadSmallFile(path, kHfMaxSmallFileBytes));
+    TH_ASSIGN_OR_RETURN(std::string content,
+                        ReadSmallFile(path, kHfMaxSmallFileBytes));
     if (n == "model.safetensors.index.json") index = content;
     ckpt.files.push_back({n, std::move(content)});
   }
   if (ckpt.shards.empty()) {
-    return InvalidArgument(dir + " has no *.safetensors files: not a Hugging Face "
-                           "checkpoint (save it with save_pretrained(..., safe_serialization=True))");
+    return InvalidArgument(dir +
+                           " has no *.safetensors files: not a Hugging Face "
+                           "checkpoint (save it with save_pretrained(..., "
+                           "safe_serialization=True))");
   }
   if (!index.empty()) {
     for (const HfShard& s : ckpt.shards) {
       if (index.find("\"" + s.name + "\"") == std::string::npos) {
-        return InvalidArgument(dir + "/" + s.name +
-                               " is not named in model.safetensors.index.json: a stray shard "
-                               "(of another save?) would mix two checkpoints");
+        return InvalidArgument(
+            dir + "/" + s.name +
+            " is not named in model.safetensors.index.json: a stray shard "
+            "(of another save?) would mix two checkpoints");
       }
     }
   }
@@ -222,7 +238,8 @@ std::string EncodeHfCheckpoint(const HfCheckpoint& ckpt) {
   }
   for (const HfFile& f : ckpt.files) {
     if (IsUtf8(f.content)) {
-      out += "F\t" + f.name + "\t" + std::to_string(f.content.size()) + "\n" + f.content;
+      out += "F\t" + f.name + "\t" + std::to_string(f.content.size()) + "\n" +
+             f.content;
     } else {
       std::string b = Base64Encode(f.content);
       out += "B\t" + f.name + "\t" + std::to_string(b.size()) + "\n" + b;
@@ -246,13 +263,15 @@ Result<HfCheckpoint> DecodeHfCheckpoint(const std::string& value) {
   };
   while (pos < value.size()) {
     size_t eol = value.find('\n', pos);
-    if (eol == std::string::npos) return InvalidArgument("hf checkpoint metadata: truncated record");
+    if (eol == std::string::npos)
+      return InvalidArgument("hf checkpoint metadata: truncated record");
     std::string_view line(value.data() + pos, eol - pos);
     std::vector<std::string_view> parts;
     size_t start = 0;
     while (true) {
       size_t tab = line.find('\t', start);
-      parts.push_back(line.substr(start, tab == std::string_view::npos ? tab : tab - start));
+      parts.push_back(line.substr(
+          start, tab == std::string_view::npos ? tab : tab - start));
       if (tab == std::string_view::npos) break;
       start = tab + 1;
     }
@@ -265,12 +284,15 @@ Result<HfCheckpoint> DecodeHfCheckpoint(const std::string& value) {
     }
     TH_RETURN_IF_ERROR(CheckName(parts[1]));
     pos = eol + 1;
-    if (len > value.size() - pos) return InvalidArgument("hf checkpoint metadata: record overruns");
+    if (len > value.size() - pos)
+      return InvalidArgument("hf checkpoint metadata: record overruns");
     std::string content = value.substr(pos, len);
     pos += len;
     if (shard) {
-      if (ckpt.shards.size() == kHfMaxShards) return InvalidArgument("hf checkpoint: too many shards");
-      ckpt.shards.push_back({std::string(parts[1]), std::move(content), data_bytes});
+      if (ckpt.shards.size() == kHfMaxShards)
+        return InvalidArgument("hf checkpoint: too many shards");
+      ckpt.shards.push_back(
+          {std::string(parts[1]), std::move(content), data_bytes});
     } else if (parts[0] == "B") {
       TH_ASSIGN_OR_RETURN(std::string raw, Base64Decode(content));
       ckpt.files.push_back({std::string(parts[1]), std::move(raw)});
@@ -285,13 +307,16 @@ Result<HfCheckpoint> DecodeHfCheckpoint(const std::string& value) {
   if (std::adjacent_find(all.begin(), all.end()) != all.end()) {
     return InvalidArgument("hf checkpoint metadata: a file name appears twice");
   }
-  if (ckpt.shards.empty()) return InvalidArgument("hf checkpoint metadata: no shards");
+  if (ckpt.shards.empty())
+    return InvalidArgument("hf checkpoint metadata: no shards");
   return ckpt;
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& content) {
+Status WriteFileAtomically(const std::string& path,
+                           const std::string& content) {
   const std::string partial = path + ".partial";
-  int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd =
+      ::open(partial.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("create", partial, errno);
   size_t done = 0;
   while (done < content.size()) {

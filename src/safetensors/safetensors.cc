@@ -863,7 +863,8 @@ std::vector<TensorRef> MappedSafetensorsFile::tensors() const {
   refs.reserve(header_.tensors.size());
   auto* data = static_cast<uint8_t*>(base_) + header_.data_start;
   for (const SafetensorsEntry& e : header_.tensors) {
-    refs.push_back(TensorRef{e.spec, data + e.begin, e.end - e.begin, MemoryLocation::Host()});
+    refs.push_back(TensorRef{e.spec, data + e.begin, e.end - e.begin,
+                             MemoryLocation::Host()});
   }
   return refs;
 }
@@ -892,16 +893,14 @@ Result<SafetensorsFileWriter> SafetensorsFileWriter::CreateFromRawHeader(
   if (data_bytes > UINT64_MAX - raw_header.size()) {
     return InvalidArgument("safetensors: " + path + ": file size overflows");
   }
-  TH_ASSIGN_OR_RETURN(
-      SafetensorsHeader h,
-      ParseSafetensorsHeader(
-          reinterpret_cast<const uint8_t*>(raw_header.data()),
-          raw_header.size(), raw_header.size() + data_bytes));
+  TH_ASSIGN_OR_RETURN(SafetensorsHeader h,
+                      ParseSafetensorsHeader(
+                          reinterpret_cast<const uint8_t*>(raw_header.data()),
+                          raw_header.size(), raw_header.size() + data_bytes));
   if (h.data_start != raw_header.size()) {
-    return InvalidArgument("safetensors: raw header of " +
-                           std::to_string(raw_header.size()) +
-                           " bytes declares a data start of " +
-                           std::to_string(h.data_start));
+    return InvalidArgument(
+        "safetensors: raw header of " + std::to_string(raw_header.size()) +
+        " bytes declares a data start of " + std::to_string(h.data_start));
   }
   std::vector<TensorSpec> specs;
   std::vector<uint64_t> begins;
@@ -1012,7 +1011,8 @@ std::vector<TensorRef> SafetensorsFileWriter::tensors() {
   for (size_t i = 0; i < specs_.size(); ++i) {
     const uint64_t next =
         i + 1 < specs_.size() ? begins_[i + 1] : file_bytes_ - data_start_;
-    refs.push_back(TensorRef{specs_[i], data + begins_[i], next - begins_[i], MemoryLocation::Host()});
+    refs.push_back(TensorRef{specs_[i], data + begins_[i], next - begins_[i],
+                             MemoryLocation::Host()});
   }
   return refs;
 }

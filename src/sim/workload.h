@@ -37,7 +37,7 @@ struct WorkloadConfig {
   // Each instance needs a new version when its batch ends: uniformly
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
-  int max_sources = 4;     // FetchOptions::max_sources
+  int max_sources = 4;  // FetchOptions::max_sources
   // The hub is told that racks are oversubscribed (serve
   // --oversubscribed-racks) when rack_oversub > 1, unless this is set: then
   // it ranks idle holders first anyway, as a hub not told would.

@@ -95,8 +95,9 @@ class Connection {
   // same-host holder shares by CUDA IPC are copied device to device and
   // hashed by a kernel on the destination. Returns once the bytes are in
   // `dest` (every copy synchronized). FAILED_PRECONDITION without CUDA.
-  virtual Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
-                            int device, const Deadline& deadline,
+  virtual Status ReadDevice(const wire::ReadRequest& req,
+                            std::span<const iovec> dest, int device,
+                            const Deadline& deadline,
                             uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
@@ -112,9 +113,9 @@ class Transport {
   virtual ~Transport() = default;
   virtual std::string_view name() const = 0;
   // `source` must outlive the server.
-  virtual Result<std::unique_ptr<Server>> Listen(const std::string& host_port,
-                                                 ReadSource* source,
-                                                 const ServerOptions& options) = 0;
+  virtual Result<std::unique_ptr<Server>> Listen(
+      const std::string& host_port, ReadSource* source,
+      const ServerOptions& options) = 0;
   virtual Result<std::unique_ptr<Connection>> Connect(
       const std::string& address, const Deadline& deadline) = 0;
 };

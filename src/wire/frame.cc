@@ -7,7 +7,8 @@ namespace {
 
 template <typename T>
 void Put(uint8_t* p, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  for (size_t i = 0; i < sizeof(T); ++i)
+    p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
 template <typename T>
@@ -38,8 +39,8 @@ bool KnownStatus(uint8_t code) {
 
 }  // namespace
 
-std::string EncodeReadRequest(const ReadRequest& req,
-                              const HostIdentity* local, bool cuda_ipc) {
+std::string EncodeReadRequest(const ReadRequest& req, const HostIdentity* local,
+                              bool cuda_ipc) {
   const size_t tail = local != nullptr ? kHostIdentityBytes : 0;
   std::string out(kRequestHeaderBytes + req.model.size() + tail, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
@@ -91,7 +92,7 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
   }
   const uint16_t flags = Get<uint16_t>(p + 6);
   const uint16_t known = (local != nullptr ? kRequestFlagLocal : 0) |
-                        (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0);
+                         (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0);
   if ((flags & ~known) != 0 || Get<uint32_t>(p + 28) != 0) {
     return InvalidArgument("read request has unknown flags");
   }
@@ -220,7 +221,8 @@ Result<CudaIpcReply> DecodeCudaIpcReply(const uint8_t* p, size_t size,
   reply.pid = Get<uint32_t>(p + 4);
   const uint32_t count = Get<uint32_t>(p + 8);
   if (reply.pid == 0 || reply.pid > 0x7fffffffu) {
-    return InvalidArgument("CUDA IPC reply names pid " + std::to_string(reply.pid));
+    return InvalidArgument("CUDA IPC reply names pid " +
+                           std::to_string(reply.pid));
   }
   if (Get<uint32_t>(p + 12) != 0) {
     return InvalidArgument("CUDA IPC reply has nonzero reserved fields");
@@ -240,8 +242,8 @@ Result<CudaIpcReply> DecodeCudaIpcReply(const uint8_t* p, size_t size,
     piece.address = Get<uint64_t>(q + 80);
     q += kCudaIpcPieceBytes;
     if (piece.length == 0 || piece.length > read_length - total ||
-        piece.offset > UINT64_MAX - piece.length ||
-        piece.address == 0 || piece.address > UINT64_MAX - piece.length) {
+        piece.offset > UINT64_MAX - piece.length || piece.address == 0 ||
+        piece.address > UINT64_MAX - piece.length) {
       return InvalidArgument("CUDA IPC reply has a bad piece (offset " +
                              std::to_string(piece.offset) + ", length " +
                              std::to_string(piece.length) + ")");
@@ -287,7 +289,8 @@ Result<LocalReply> DecodeLocalReply(const uint8_t* p, size_t size,
   reply.pid = Get<uint32_t>(p + 4);
   const uint32_t count = Get<uint32_t>(p + 8);
   if (reply.pid == 0 || reply.pid > 0x7fffffffu) {
-    return InvalidArgument("local reply names pid " + std::to_string(reply.pid));
+    return InvalidArgument("local reply names pid " +
+                           std::to_string(reply.pid));
   }
   if (Get<uint32_t>(p + 12) != 0) {
     return InvalidArgument("local reply has nonzero reserved fields");

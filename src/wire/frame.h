@@ -113,7 +113,7 @@ struct LocalReply {
 
 struct CudaIpcPiece {
   std::array<uint8_t, kCudaIpcHandleBytes> handle{};
-  uint64_t offset = 0;   // inside the allocation the handle names
+  uint64_t offset = 0;  // inside the allocation the handle names
   uint64_t length = 0;
   uint64_t address = 0;  // in the holder's address space (same-process reads)
   bool operator==(const CudaIpcPiece&) const = default;
@@ -216,8 +216,8 @@ static_assert(kRequestHeaderBytes == layout::kU32 + 2 * layout::kU16 +
                                          2 * layout::kU64 + 2 * layout::kU32 +
                                          2 * layout::kU64);
 // magic | status | flags | message_len | payload_len | reserved
-static_assert(kResponseHeaderBytes == layout::kU32 + 2 * layout::kU8 +
-                                          layout::kU16 + 2 * layout::kU64);
+static_assert(kResponseHeaderBytes ==
+              layout::kU32 + 2 * layout::kU8 + layout::kU16 + 2 * layout::kU64);
 // magic | pid | piece_count | reserved, then pieces of address | length
 static_assert(kLocalReplyHeaderBytes == 4 * layout::kU32);
 static_assert(kLocalPieceBytes == 2 * layout::kU64);

@@ -138,7 +138,8 @@ TEST(ReadRequestTest, Rejections) {
     // A caller that handles local reads accepts bit 0 only.
     ReadRequest out;
     bool local = false;
-    Status s = DecodeReadRequestHeader(b.data(), b.size(), &out, &local).status();
+    Status s =
+        DecodeReadRequestHeader(b.data(), b.size(), &out, &local).status();
     EXPECT_EQ(s.ok(), bit == 0) << "flag bit " << bit;
   }
   for (int bit = 0; bit < 32; ++bit) {
@@ -174,7 +175,8 @@ TEST(ReadRequestTest, LocalFlagCarriesTheHostIdentityAfterTheName) {
   id.pid_ns = 0x4026531836ull;
   id.net_ns = 0x4026531840ull;
   std::string enc = EncodeReadRequest(r, &id);
-  ASSERT_EQ(enc.size(), kRequestHeaderBytes + r.model.size() + kHostIdentityBytes);
+  ASSERT_EQ(enc.size(),
+            kRequestHeaderBytes + r.model.size() + kHostIdentityBytes);
   const auto* p = reinterpret_cast<const uint8_t*>(enc.data());
   EXPECT_EQ(p[6], kRequestFlagLocal);
   EXPECT_EQ(p[7], 0);
@@ -197,10 +199,10 @@ TEST(ReadRequestTest, LocalFlagCarriesTheHostIdentityAfterTheName) {
             StatusCode::kInvalidArgument);
   // Without the flag, `local` is cleared.
   std::string plain = EncodeReadRequest(SampleRequest());
-  ASSERT_TRUE(DecodeReadRequestHeader(
-                  reinterpret_cast<const uint8_t*>(plain.data()), plain.size(),
-                  &out, &local)
-                  .ok());
+  ASSERT_TRUE(
+      DecodeReadRequestHeader(reinterpret_cast<const uint8_t*>(plain.data()),
+                              plain.size(), &out, &local)
+          .ok());
   EXPECT_FALSE(local);
 }
 
@@ -220,11 +222,11 @@ TEST(ResponseHeaderTest, LocalHeaderRoundTripAndBounds) {
     auto e = EncodeResponseHeader(x);
     return DecodeResponseHeader(e.data(), e.size()).status().code();
   };
-  for (uint64_t bad : {uint64_t{0}, uint64_t{kLocalReplyHeaderBytes},
-                       uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes - 1},
-                       uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes + 1},
-                       uint64_t{kMaxLocalReplyBytes + kLocalPieceBytes},
-                       kMaxReadBytes}) {
+  for (uint64_t bad :
+       {uint64_t{0}, uint64_t{kLocalReplyHeaderBytes},
+        uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes - 1},
+        uint64_t{kLocalReplyHeaderBytes + kLocalPieceBytes + 1},
+        uint64_t{kMaxLocalReplyBytes + kLocalPieceBytes}, kMaxReadBytes}) {
     h.payload_len = bad;
     EXPECT_EQ(code(h), StatusCode::kInvalidArgument) << bad;
   }
@@ -245,8 +247,7 @@ TEST(ResponseHeaderTest, LocalHeaderRoundTripAndBounds) {
 LocalReply SampleReply() {
   LocalReply r;
   r.pid = 4242;
-  r.pieces = {{0x7f0000001000ull, 100}, {0x7f0000100000ull, 4000},
-              {0x1000, 1}};
+  r.pieces = {{0x7f0000001000ull, 100}, {0x7f0000100000ull, 4000}, {0x1000, 1}};
   return r;
 }
 
@@ -295,11 +296,14 @@ TEST(LocalReplyTest, Rejections) {
     for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
     return b;
   };
-  EXPECT_EQ(code(with(0, 0x31504854, 4)), StatusCode::kInvalidArgument) << "magic";
+  EXPECT_EQ(code(with(0, 0x31504854, 4)), StatusCode::kInvalidArgument)
+      << "magic";
   EXPECT_EQ(code(with(4, 0, 4)), StatusCode::kInvalidArgument) << "pid 0";
-  EXPECT_EQ(code(with(4, 0x80000000u, 4)), StatusCode::kInvalidArgument) << "pid";
+  EXPECT_EQ(code(with(4, 0x80000000u, 4)), StatusCode::kInvalidArgument)
+      << "pid";
   EXPECT_EQ(code(with(8, 0, 4)), StatusCode::kInvalidArgument) << "count 0";
-  EXPECT_EQ(code(with(8, kMaxLocalPieces + 1, 4)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(with(8, kMaxLocalPieces + 1, 4)),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(code(with(8, 0xFFFFFFFFu, 4)), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(with(12, 1, 4)), StatusCode::kInvalidArgument) << "reserved";
   const size_t p0 = kLocalReplyHeaderBytes;
@@ -321,7 +325,8 @@ CudaIpcReply SampleIpcReply() {
   CudaIpcReply r;
   r.pid = 777;
   CudaIpcPiece a;
-  for (size_t i = 0; i < a.handle.size(); ++i) a.handle[i] = static_cast<uint8_t>(i * 3);
+  for (size_t i = 0; i < a.handle.size(); ++i)
+    a.handle[i] = static_cast<uint8_t>(i * 3);
   a.offset = 512;
   a.length = 4096;
   a.address = 0x7f0000001000;
@@ -349,16 +354,18 @@ TEST(CudaIpcTest, RequestFlagRoundTripAndExclusivity) {
   EXPECT_FALSE(local);
   EXPECT_TRUE(ipc);
   // A holder that does not handle CUDA IPC refuses the flag.
-  EXPECT_EQ(DecodeReadRequestHeader(p, enc.size(), &out, &local).status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeReadRequestHeader(p, enc.size(), &out, &local).status().code(),
+      StatusCode::kInvalidArgument);
   // Both flags at once are refused.
   std::string both = enc;
   both[6] = static_cast<char>(kRequestFlagLocal | kRequestFlagCudaIpc);
-  EXPECT_EQ(DecodeReadRequestHeader(reinterpret_cast<const uint8_t*>(both.data()),
-                                    both.size(), &out, &local, &ipc)
-                .status()
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      DecodeReadRequestHeader(reinterpret_cast<const uint8_t*>(both.data()),
+                              both.size(), &out, &local, &ipc)
+          .status()
+          .code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(CudaIpcTest, ResponseHeaderAndReplyRoundTripAndRejections) {
@@ -372,10 +379,12 @@ TEST(CudaIpcTest, ResponseHeaderAndReplyRoundTripAndRejections) {
   EXPECT_FALSE(hd->local);
   auto bad = he;
   bad[5] = kResponseFlagLocal | kResponseFlagCudaIpc;
-  EXPECT_FALSE(DecodeResponseHeader(bad.data(), bad.size()).ok()) << "both flags";
+  EXPECT_FALSE(DecodeResponseHeader(bad.data(), bad.size()).ok())
+      << "both flags";
   h.payload_len += 1;
   he = EncodeResponseHeader(h);
-  EXPECT_FALSE(DecodeResponseHeader(he.data(), he.size()).ok()) << "ragged length";
+  EXPECT_FALSE(DecodeResponseHeader(he.data(), he.size()).ok())
+      << "ragged length";
   h.payload_len = kMaxCudaIpcReplyBytes + kCudaIpcPieceBytes;
   he = EncodeResponseHeader(h);
   EXPECT_FALSE(DecodeResponseHeader(he.data(), he.size()).ok()) << "too long";
@@ -385,35 +394,42 @@ TEST(CudaIpcTest, ResponseHeaderAndReplyRoundTripAndRejections) {
   ASSERT_EQ(good.size(), kLocalReplyHeaderBytes + 2 * kCudaIpcPieceBytes);
   EXPECT_EQ(good.substr(0, 4), "THG1");
   auto code = [&](const std::string& b, uint64_t len = 4101) {
-    return DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(b.data()), b.size(), len)
+    return DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(b.data()),
+                              b.size(), len)
         .status()
         .code();
   };
-  Result<CudaIpcReply> d =
-      DecodeCudaIpcReply(reinterpret_cast<const uint8_t*>(good.data()), good.size(), 4101);
+  Result<CudaIpcReply> d = DecodeCudaIpcReply(
+      reinterpret_cast<const uint8_t*>(good.data()), good.size(), 4101);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->pid, 777u);
   EXPECT_EQ(d->pieces, r.pieces);
   for (size_t n = 0; n < good.size(); ++n) {
     EXPECT_EQ(code(good.substr(0, n)), StatusCode::kInvalidArgument) << n;
   }
-  EXPECT_EQ(code(good, 4100), StatusCode::kInvalidArgument) << "longer than the read";
-  EXPECT_EQ(code(good, 4102), StatusCode::kInvalidArgument) << "shorter than the read";
+  EXPECT_EQ(code(good, 4100), StatusCode::kInvalidArgument)
+      << "longer than the read";
+  EXPECT_EQ(code(good, 4102), StatusCode::kInvalidArgument)
+      << "shorter than the read";
   auto with = [&](size_t at, uint64_t v, int bytes) {
     std::string b = good;
     for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<char>(v >> (8 * i));
     return b;
   };
   const size_t p0 = kLocalReplyHeaderBytes;
-  EXPECT_EQ(code(with(0, 0x314C4854, 4)), StatusCode::kInvalidArgument) << "magic";
+  EXPECT_EQ(code(with(0, 0x314C4854, 4)), StatusCode::kInvalidArgument)
+      << "magic";
   EXPECT_EQ(code(with(4, 0, 4)), StatusCode::kInvalidArgument) << "pid 0";
   EXPECT_EQ(code(with(8, 3, 4)), StatusCode::kInvalidArgument) << "count";
   EXPECT_EQ(code(with(12, 1, 4)), StatusCode::kInvalidArgument) << "reserved";
-  EXPECT_EQ(code(with(p0 + 64, UINT64_MAX - 10, 8)), StatusCode::kInvalidArgument)
+  EXPECT_EQ(code(with(p0 + 64, UINT64_MAX - 10, 8)),
+            StatusCode::kInvalidArgument)
       << "offset wraps";
   EXPECT_EQ(code(with(p0 + 72, 0, 8)), StatusCode::kInvalidArgument) << "empty";
-  EXPECT_EQ(code(with(p0 + 72, UINT64_MAX, 8)), StatusCode::kInvalidArgument) << "huge";
-  EXPECT_EQ(code(with(p0 + 80, 0, 8)), StatusCode::kInvalidArgument) << "null address";
+  EXPECT_EQ(code(with(p0 + 72, UINT64_MAX, 8)), StatusCode::kInvalidArgument)
+      << "huge";
+  EXPECT_EQ(code(with(p0 + 80, 0, 8)), StatusCode::kInvalidArgument)
+      << "null address";
   CudaIpcReply many;
   many.pid = 1;
   many.pieces.assign(kMaxCudaIpcPieces + 1, r.pieces[1]);
@@ -424,7 +440,8 @@ TEST(CudaIpcTest, ResponseHeaderAndReplyRoundTripAndRejections) {
 }
 
 TEST(ReleaseTest, RoundTripAndRejections) {
-  for (ReleaseOutcome o : {ReleaseOutcome::kCopied, ReleaseOutcome::kNotCopied}) {
+  for (ReleaseOutcome o :
+       {ReleaseOutcome::kCopied, ReleaseOutcome::kNotCopied}) {
     auto e = EncodeRelease(o);
     EXPECT_EQ(std::memcmp(e.data(), "THR1", 4), 0);
     Result<ReleaseOutcome> d = DecodeRelease(e.data(), e.size());
@@ -445,13 +462,18 @@ TEST(ReleaseTest, RoundTripAndRejections) {
 }
 
 TEST(ResponseHeaderTest, RoundTripEveryKnownStatus) {
-  const StatusCode codes[] = {
-      StatusCode::kOk,           StatusCode::kInvalidArgument,
-      StatusCode::kDeadlineExceeded, StatusCode::kNotFound,
-      StatusCode::kAlreadyExists, StatusCode::kPermissionDenied,
-      StatusCode::kResourceExhausted, StatusCode::kFailedPrecondition,
-      StatusCode::kAborted,      StatusCode::kInternal,
-      StatusCode::kUnavailable,  StatusCode::kDataLoss};
+  const StatusCode codes[] = {StatusCode::kOk,
+                              StatusCode::kInvalidArgument,
+                              StatusCode::kDeadlineExceeded,
+                              StatusCode::kNotFound,
+                              StatusCode::kAlreadyExists,
+                              StatusCode::kPermissionDenied,
+                              StatusCode::kResourceExhausted,
+                              StatusCode::kFailedPrecondition,
+                              StatusCode::kAborted,
+                              StatusCode::kInternal,
+                              StatusCode::kUnavailable,
+                              StatusCode::kDataLoss};
   for (StatusCode c : codes) {
     ResponseHeader h;
     h.status = c;
@@ -523,8 +545,7 @@ TEST(ResponseHeaderTest, Rejections) {
     auto b = good;
     Put64(b.data() + 8, 0);  // so that failed codes are otherwise valid
     b[4] = static_cast<uint8_t>(s);
-    bool known = s == 0 || (s >= 3 && s <= 10) || s == 13 || s == 14 ||
-                 s == 15;
+    bool known = s == 0 || (s >= 3 && s <= 10) || s == 13 || s == 14 || s == 15;
     EXPECT_EQ(code(b) == StatusCode::kOk, known) << "status " << s;
   }
   {
@@ -622,7 +643,8 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         ASSERT_LE(out.length, kMaxReadBytes);
         ASSERT_LE(out.offset, UINT64_MAX - out.length);
         bool local = true;
-        ASSERT_TRUE(DecodeReadRequestHeader(b.data(), b.size(), &out, &local).ok());
+        ASSERT_TRUE(
+            DecodeReadRequestHeader(b.data(), b.size(), &out, &local).ok());
         ASSERT_FALSE(local) << "accepted without `local` means no flag";
       }
     } else {
@@ -640,7 +662,8 @@ TEST(FrameFuzzTest, RandomBytesNeverCrashAndAcceptedValuesInBounds) {
         if (h->local) {
           ASSERT_GE(h->payload_len, kLocalReplyHeaderBytes + kLocalPieceBytes);
           ASSERT_LE(h->payload_len, kMaxLocalReplyBytes);
-          ASSERT_EQ((h->payload_len - kLocalReplyHeaderBytes) % kLocalPieceBytes, 0u);
+          ASSERT_EQ(
+              (h->payload_len - kLocalReplyHeaderBytes) % kLocalPieceBytes, 0u);
         }
       }
     }
@@ -667,8 +690,9 @@ TEST(HandshakeFrameTest, RoundTripsAndRejections) {
   EXPECT_EQ(*dn, n);
   EXPECT_FALSE(DecodeChallenge(c.data(), c.size() - 1).ok());
   c[4] = 2;  // unknown version
-  EXPECT_NE(DecodeChallenge(c.data(), c.size()).status().message().find("version"),
-            std::string::npos);
+  EXPECT_NE(
+      DecodeChallenge(c.data(), c.size()).status().message().find("version"),
+      std::string::npos);
   Mac m{};
   m[0] = 1;
   auto p = EncodeProof(m);

@@ -84,20 +84,28 @@ Labels FromProto(const v1::Labels& in) {
 
 v1::VersionState ToProto(VersionState s) {
   switch (s) {
-    case VersionState::kPending: return v1::PENDING;
-    case VersionState::kCommitted: return v1::COMMITTED;
-    case VersionState::kAborted: return v1::ABORTED;
-    case VersionState::kUnavailable: return v1::UNAVAILABLE;
+    case VersionState::kPending:
+      return v1::PENDING;
+    case VersionState::kCommitted:
+      return v1::COMMITTED;
+    case VersionState::kAborted:
+      return v1::ABORTED;
+    case VersionState::kUnavailable:
+      return v1::UNAVAILABLE;
   }
   return v1::PENDING;
 }
 
 VersionState FromProto(v1::VersionState s) {
   switch (s) {
-    case v1::COMMITTED: return VersionState::kCommitted;
-    case v1::ABORTED: return VersionState::kAborted;
-    case v1::UNAVAILABLE: return VersionState::kUnavailable;
-    default: return VersionState::kPending;
+    case v1::COMMITTED:
+      return VersionState::kCommitted;
+    case v1::ABORTED:
+      return VersionState::kAborted;
+    case v1::UNAVAILABLE:
+      return VersionState::kUnavailable;
+    default:
+      return VersionState::kPending;
   }
 }
 

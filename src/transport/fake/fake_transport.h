@@ -51,7 +51,8 @@ enum class FaultWhere { kConnect, kReadHeader, kReadBody, kMidChunk };
 
 // Copies the bytes of `src` into `dest`, piece by piece; their sizes add up
 // to the same total (false, and nothing promised about `dest`, otherwise).
-inline bool CopyPieces(std::span<const iovec> src, std::span<const iovec> dest) {
+inline bool CopyPieces(std::span<const iovec> src,
+                       std::span<const iovec> dest) {
   size_t si = 0, so = 0;
   for (const iovec& d : dest) {
     for (size_t done = 0; done < d.iov_len;) {
@@ -82,7 +83,8 @@ struct Fault {
 class FakeTransport final : public Transport {
  public:
   // Fills `dest` (sizes adding up to req.length) with the bytes asked for.
-  using Serve = std::function<Status(const wire::ReadRequest&, std::span<const iovec> dest)>;
+  using Serve = std::function<Status(const wire::ReadRequest&,
+                                     std::span<const iovec> dest)>;
   static constexpr int64_t kStallPollMs = 5;
 
   void AddHolder(const std::string& address, Serve serve) {
@@ -108,7 +110,8 @@ class FakeTransport final : public Transport {
   int fired(FaultWhere where) const {
     std::lock_guard<std::mutex> l(mu_);
     int n = 0;
-    for (const FaultState& f : faults_) n += f.fault.where == where ? f.fired : 0;
+    for (const FaultState& f : faults_)
+      n += f.fault.where == where ? f.fired : 0;
     return n;
   }
   int reads(const std::string& address) const {
@@ -123,10 +126,11 @@ class FakeTransport final : public Transport {
   }
 
   std::string_view name() const override { return "fake"; }
-  Result<std::unique_ptr<Server>> Listen(const std::string& host_port, ReadSource* source,
+  Result<std::unique_ptr<Server>> Listen(const std::string& host_port,
+                                         ReadSource* source,
                                          const ServerOptions& options) override;
-  Result<std::unique_ptr<Connection>> Connect(const std::string& address,
-                                              const Deadline& deadline) override;
+  Result<std::unique_ptr<Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override;
 
  private:
   class FakeConnection;
@@ -154,11 +158,13 @@ class FakeTransport final : public Transport {
     std::unique_lock<std::mutex> l(mu_);
     ++stalled_;
     cv_.notify_all();
-    while (!released_ && !(cancelled != nullptr && cancelled->load()) && !deadline.expired()) {
+    while (!released_ && !(cancelled != nullptr && cancelled->load()) &&
+           !deadline.expired()) {
       cv_.wait_for(l, std::chrono::milliseconds(kStallPollMs));
     }
     --stalled_;
-    if (deadline.expired() && !released_) return DeadlineExceeded("fake: stalled past the deadline");
+    if (deadline.expired() && !released_)
+      return DeadlineExceeded("fake: stalled past the deadline");
     return Unavailable("fake: connection dropped while stalled");
   }
 
@@ -169,7 +175,8 @@ class FakeTransport final : public Transport {
       std::lock_guard<std::mutex> l(mu_);
       ++reads_[address];
       auto it = holders_.find(address);
-      if (it == holders_.end()) return Unavailable("fake: no holder at " + address);
+      if (it == holders_.end())
+        return Unavailable("fake: no holder at " + address);
       serve = it->second;
     }
     return serve(req, dest);
@@ -190,15 +197,19 @@ class FakeServer final : public Server {
  public:
   FakeServer(FakeTransport* t, std::string address, ReadSource* source)
       : t_(t), address_(std::move(address)) {
-    t_->AddHolder(address_, [this, source](const wire::ReadRequest& req,
-                                          std::span<const iovec> dest) -> Status {
-      Result<ServeLease> lease = source->BeginRead(req);
-      if (!lease.ok()) return lease.status();
-      if (!lease->memory.is_host()) return FailedPrecondition("fake: serves host memory only");
-      if (!CopyPieces(lease->pieces, dest)) return Internal("fake: lease and read sizes differ");
-      served_.fetch_add(req.length);
-      return Status::Ok();
-    });
+    t_->AddHolder(
+        address_,
+        [this, source](const wire::ReadRequest& req,
+                       std::span<const iovec> dest) -> Status {
+          Result<ServeLease> lease = source->BeginRead(req);
+          if (!lease.ok()) return lease.status();
+          if (!lease->memory.is_host())
+            return FailedPrecondition("fake: serves host memory only");
+          if (!CopyPieces(lease->pieces, dest))
+            return Internal("fake: lease and read sizes differ");
+          served_.fetch_add(req.length);
+          return Status::Ok();
+        });
   }
   ~FakeServer() override { Stop(); }
   std::string address() const override { return address_; }
@@ -214,24 +225,28 @@ class FakeServer final : public Server {
   std::atomic<bool> stopped_{false};
 };
 
-inline Result<std::unique_ptr<Server>> FakeTransport::Listen(const std::string& host_port,
-                                                             ReadSource* source,
-                                                             const ServerOptions&) {
+inline Result<std::unique_ptr<Server>> FakeTransport::Listen(
+    const std::string& host_port, ReadSource* source, const ServerOptions&) {
   std::string address = host_port;
-  if (address.size() >= 2 && address.compare(address.size() - 2, 2, ":0") == 0) {
+  if (address.size() >= 2 &&
+      address.compare(address.size() - 2, 2, ":0") == 0) {
     std::lock_guard<std::mutex> l(mu_);
-    address = address.substr(0, address.size() - 1) + std::to_string(++listeners_);
+    address =
+        address.substr(0, address.size() - 1) + std::to_string(++listeners_);
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (holders_.count(address) != 0) return FailedPrecondition("fake: " + address + " is taken");
+    if (holders_.count(address) != 0)
+      return FailedPrecondition("fake: " + address + " is taken");
   }
-  return std::unique_ptr<Server>(std::make_unique<FakeServer>(this, address, source));
+  return std::unique_ptr<Server>(
+      std::make_unique<FakeServer>(this, address, source));
 }
 
 class FakeTransport::FakeConnection final : public Connection {
  public:
-  FakeConnection(FakeTransport* t, std::string address) : t_(t), address_(std::move(address)) {}
+  FakeConnection(FakeTransport* t, std::string address)
+      : t_(t), address_(std::move(address)) {}
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
               const Deadline& deadline, uint64_t* xxh3) override {
@@ -239,10 +254,14 @@ class FakeTransport::FakeConnection final : public Connection {
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
     if (auto f = t_->Take(address_, FaultWhere::kReadHeader)) {
       switch (*f) {
-        case FaultWhat::kRefuse: return Unavailable("fake: holder refused the read");
-        case FaultWhat::kCorrupt: return Broken(Internal("fake: malformed response header"));
-        case FaultWhat::kStall: return Broken(t_->Stall(&cancelled_, deadline));
-        case FaultWhat::kClose: return Broken(Unavailable("fake: connection closed"));
+        case FaultWhat::kRefuse:
+          return Unavailable("fake: holder refused the read");
+        case FaultWhat::kCorrupt:
+          return Broken(Internal("fake: malformed response header"));
+        case FaultWhat::kStall:
+          return Broken(t_->Stall(&cancelled_, deadline));
+        case FaultWhat::kClose:
+          return Broken(Unavailable("fake: connection closed"));
       }
     }
     Status served = t_->ServeRead(address_, req, dest);
@@ -259,16 +278,17 @@ class FakeTransport::FakeConnection final : public Connection {
       } else if (*f == FaultWhat::kStall) {
         return Broken(t_->Stall(&cancelled_, deadline));
       } else {
-        return Broken(Unavailable(mid ? "fake: connection closed mid-chunk"
-                                      : "fake: connection closed before the payload"));
+        return Broken(
+            Unavailable(mid ? "fake: connection closed mid-chunk"
+                            : "fake: connection closed before the payload"));
       }
     }
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
     if (xxh3 != nullptr) *xxh3 = Xxh3Pieces(dest);
     return Status::Ok();
   }
-  Status ReadDevice(const wire::ReadRequest&, std::span<const iovec>, int, const Deadline&,
-                    uint64_t*) override {
+  Status ReadDevice(const wire::ReadRequest&, std::span<const iovec>, int,
+                    const Deadline&, uint64_t*) override {
     return FailedPrecondition("fake: no device memory");
   }
   bool broken() const override { return broken_; }
@@ -296,17 +316,19 @@ class FakeTransport::FakeConnection final : public Connection {
   std::atomic<bool> cancelled_{false};
 };
 
-inline Result<std::unique_ptr<Connection>> FakeTransport::Connect(const std::string& address,
-                                                                  const Deadline& deadline) {
+inline Result<std::unique_ptr<Connection>> FakeTransport::Connect(
+    const std::string& address, const Deadline& deadline) {
   if (auto f = Take(address, FaultWhere::kConnect)) {
     if (*f == FaultWhat::kStall) return Stall(nullptr, deadline);
     return Unavailable("fake: connection refused by " + address);
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (holders_.count(address) == 0) return Unavailable("fake: nobody listens at " + address);
+    if (holders_.count(address) == 0)
+      return Unavailable("fake: nobody listens at " + address);
   }
-  return std::unique_ptr<Connection>(std::make_unique<FakeConnection>(this, address));
+  return std::unique_ptr<Connection>(
+      std::make_unique<FakeConnection>(this, address));
 }
 
 }  // namespace tensorhub::transport

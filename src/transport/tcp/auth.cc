@@ -47,8 +47,8 @@ Status ServerHandshake(int fd, const std::string& secret,
   TH_ASSIGN_OR_RETURN(wire::Mac got, wire::DecodeProof(proof, sizeof(proof)));
   wire::Mac want = HandshakeMac(secret, nonce);
   bool ok = CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0;
-  auto verdict = wire::EncodeVerdict(ok ? StatusCode::kOk
-                                        : StatusCode::kPermissionDenied);
+  auto verdict =
+      wire::EncodeVerdict(ok ? StatusCode::kOk : StatusCode::kPermissionDenied);
   Status sent = Send(fd, verdict.data(), verdict.size(), deadline);
   if (!ok) return PermissionDenied("wrong or missing shared secret");
   return sent;

@@ -77,7 +77,7 @@ Status CopyFromProcess(pid_t pid, std::span<const wire::LocalPiece> remote,
   std::vector<iovec> liov, riov;
   liov.reserve(IOV_MAX);
   riov.reserve(IOV_MAX);
-  size_t ri = 0, di = 0;     // current piece on each side
+  size_t ri = 0, di = 0;        // current piece on each side
   uint64_t roff = 0, doff = 0;  // bytes of it already taken
   while (true) {
     // Skip exhausted (or empty) pieces.
@@ -98,9 +98,9 @@ Status CopyFromProcess(pid_t pid, std::span<const wire::LocalPiece> remote,
                              segment_bytes - seg});
       uint64_t raddr = remote[ri].address + roff;
       auto* laddr = static_cast<uint8_t*>(dest[di].iov_base) + doff;
-      if (!riov.empty() &&
-          reinterpret_cast<uint64_t>(riov.back().iov_base) +
-                  riov.back().iov_len == raddr) {
+      if (!riov.empty() && reinterpret_cast<uint64_t>(riov.back().iov_base) +
+                                   riov.back().iov_len ==
+                               raddr) {
         riov.back().iov_len += n;
       } else {
         riov.push_back({reinterpret_cast<void*>(raddr), n});
@@ -120,8 +120,9 @@ Status CopyFromProcess(pid_t pid, std::span<const wire::LocalPiece> remote,
     ssize_t got = copy(pid, liov.data(), liov.size(), riov.data(), riov.size());
     if (got < 0) {
       int err = errno;
-      return Status(err == EPERM || err == EACCES ? StatusCode::kPermissionDenied
-                                                  : StatusCode::kUnavailable,
+      return Status(err == EPERM || err == EACCES
+                        ? StatusCode::kPermissionDenied
+                        : StatusCode::kUnavailable,
                     "process_vm_readv from pid " + std::to_string(pid) +
                         " failed: " + std::strerror(err));
     }

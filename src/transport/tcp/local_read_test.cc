@@ -6,12 +6,11 @@
 // allowed to process_vm_readv itself.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,10 +24,10 @@
 
 #include "client/registry.h"
 #include "common/checksum.h"
-#include "transport/tcp/cma.h"
-#include "transport/tcp/socket_util.h"
 #include "transport/tcp/auth.h"
+#include "transport/tcp/cma.h"
 #include "transport/tcp/raw_peer_test_util.h"
+#include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub::transport {
@@ -185,7 +184,7 @@ class ScatteredSource final : public ReadSource {
   std::vector<Stored> stored_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int active_ = 0;  // guarded by mu_
+  int active_ = 0;              // guarded by mu_
   Clock::time_point last_end_;  // guarded by mu_
 };
 
@@ -319,7 +318,9 @@ TEST_F(LocalReadTest, ReadsExactBytesBetweenScatteredPiecesByCopy) {
   // Without xxh3 too.
   std::vector<uint8_t> out(1 << 20);
   iovec v{out.data(), out.size()};
-  ASSERT_TRUE(conn->Read(Req(5, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+  ASSERT_TRUE(
+      conn->Read(Req(5, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs))
+          .ok());
   EXPECT_EQ(std::memcmp(out.data(), source.flat().data() + 5, out.size()), 0);
   total += out.size();
 
@@ -344,8 +345,8 @@ TEST_F(LocalReadTest, ManyTinyPiecesAreCutToTheKernelIovecLimit) {
   std::mt19937_64 rng(2);
   ScatteredDest dest(32 << 10, 16, rng);
   uint64_t hash = 0;
-  ASSERT_TRUE(conn->Read(Req(0, 32 << 10), dest.pieces, Deadline::AfterMs(kGenerousMs),
-                         &hash)
+  ASSERT_TRUE(conn->Read(Req(0, 32 << 10), dest.pieces,
+                         Deadline::AfterMs(kGenerousMs), &hash)
                   .ok());
   EXPECT_EQ(dest.Gather(), source.flat());
   EXPECT_EQ(hash, Xxh3(source.flat().data(), source.flat().size()));
@@ -367,7 +368,8 @@ TEST_F(LocalReadTest, LeaseIsHeldUntilTheReaderReleasesIt) {
   Status result;
   std::thread t([&] {
     iovec v{out.data(), out.size()};
-    result = conn->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    result =
+        conn->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   });
   ASSERT_TRUE(spy.WaitEntered(kGenerousMs));
   // The reply has gone out and the reader is copying: still pinned. The
@@ -423,14 +425,15 @@ TEST_F(LocalReadTest, RegistryDrainWaitsForTheReaderRelease) {
   Status result;
   std::thread t([&] {
     iovec v{out.data(), out.size()};
-    result = conn->Read(Req(offset, length), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    result = conn->Read(Req(offset, length), {&v, 1},
+                        Deadline::AfterMs(kGenerousMs));
   });
   ASSERT_TRUE(spy.WaitEntered(kGenerousMs));
   ASSERT_TRUE(registry.Revoke("m", Version(1)).ok());
   auto before = Clock::now();
-  Status drained =
-      registry.Drain("m", Version(1), 1, Deadline::AfterMs(300));
-  EXPECT_EQ(drained.code(), StatusCode::kDeadlineExceeded) << drained.ToString();
+  Status drained = registry.Drain("m", Version(1), 1, Deadline::AfterMs(300));
+  EXPECT_EQ(drained.code(), StatusCode::kDeadlineExceeded)
+      << drained.ToString();
   EXPECT_GE(Clock::now() - before, milliseconds(250));
   EXPECT_EQ(registry.reads_in_flight(), 1u);
 
@@ -521,14 +524,18 @@ TEST(LocalReadDefaultsTest, RealIdentityIsStableAndEnvTurnsItOff) {
   // reads locally from a server in this process.
   ScatteredSource source(1 << 20, 100 << 10, 19);
   auto t = MakeTcpTransport();
-  Result<std::unique_ptr<Server>> server = t->Listen("127.0.0.1:0", &source, {});
+  Result<std::unique_ptr<Server>> server =
+      t->Listen("127.0.0.1:0", &source, {});
   ASSERT_TRUE(server.ok());
   Result<std::unique_ptr<Connection>> conn =
       t->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(conn.ok());
   std::vector<uint8_t> out(1 << 20);
   iovec v{out.data(), out.size()};
-  ASSERT_TRUE((*conn)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+  ASSERT_TRUE(
+      (*conn)
+          ->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs))
+          .ok());
   EXPECT_EQ(out, source.flat());
   EXPECT_TRUE(source.WaitActive(0, kGenerousMs));
   EXPECT_EQ((*server)->bytes_served_local(), 1u << 20);
@@ -543,7 +550,8 @@ Result<wire::LocalReply> AskLocal(int fd, uint64_t offset, uint64_t length) {
   std::string frame = wire::EncodeReadRequest(r, &id);
   if (!SendAllRaw(fd, frame.data(), frame.size())) return Unavailable("send");
   uint8_t hdr[wire::kResponseHeaderBytes];
-  TH_RETURN_IF_ERROR(ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)));
+  TH_RETURN_IF_ERROR(
+      ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)));
   TH_ASSIGN_OR_RETURN(wire::ResponseHeader h,
                       wire::DecodeResponseHeader(hdr, sizeof(hdr)));
   if (!h.local) return Internal("not a local reply");
@@ -612,7 +620,8 @@ TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     EXPECT_TRUE(ClosedByPeerWithin(fd.get(), kGenerousMs));
     EXPECT_TRUE(source.WaitActive(0, kGenerousMs));
-    EXPECT_GE(source.last_end() - t0, milliseconds(o.local_release_timeout_ms - 50));
+    EXPECT_GE(source.last_end() - t0,
+              milliseconds(o.local_release_timeout_ms - 50));
   }
   EXPECT_EQ(server_->bytes_served_local(), 0u);
 }
@@ -636,7 +645,8 @@ int ReaderSocketTo(const std::string& address) {
         peer.sin_family != AF_INET) {
       continue;
     }
-    if (peer.sin_addr.s_addr == host.s_addr && ntohs(peer.sin_port) == hp->second) {
+    if (peer.sin_addr.s_addr == host.s_addr &&
+        ntohs(peer.sin_port) == hp->second) {
       found = fd;
       break;
     }
@@ -661,7 +671,8 @@ TEST_F(LocalReadTest, HolderGivingUpMidCopyFailsTheRead) {
     if (!source.WaitActive(0, kGenerousMs)) premise_broken = true;
     int fd = ReaderSocketTo(server_->address());
     pollfd p{fd, POLLRDHUP, 0};
-    if (fd < 0 || ::poll(&p, 1, static_cast<int>(kGenerousMs)) != 1) premise_broken = true;
+    if (fd < 0 || ::poll(&p, 1, static_cast<int>(kGenerousMs)) != 1)
+      premise_broken = true;
     return ProcessVmReadv(pid, l, nl, r, nr);
   };
   auto reader = MakeTcpTransport(to);
@@ -670,7 +681,8 @@ TEST_F(LocalReadTest, HolderGivingUpMidCopyFailsTheRead) {
   std::vector<uint8_t> out(1 << 20);
   iovec v{out.data(), out.size()};
   uint64_t hash = 0;
-  Status s = conn->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs), &hash);
+  Status s = conn->Read(Req(0, out.size()), {&v, 1},
+                        Deadline::AfterMs(kGenerousMs), &hash);
   EXPECT_FALSE(premise_broken.load());
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_TRUE(conn->broken());
@@ -708,16 +720,22 @@ class LyingHolder {
     pollfd p{listener_.get(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(kGenerousMs)) <= 0) return;
     Fd fd(::accept(listener_.get(), nullptr, nullptr));
-    if (!ServerHandshake(fd.get(), "", Deadline::AfterMs(kGenerousMs)).ok()) return;
+    if (!ServerHandshake(fd.get(), "", Deadline::AfterMs(kGenerousMs)).ok())
+      return;
     uint8_t hdr[wire::kRequestHeaderBytes];
-    if (!ReadExact(fd.get(), hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)).ok()) return;
+    if (!ReadExact(fd.get(), hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs))
+             .ok())
+      return;
     wire::ReadRequest req;
     bool local = false;
     Result<size_t> n =
         wire::DecodeReadRequestHeader(hdr, sizeof(hdr), &req, &local);
     if (!n.ok()) return;
     std::string rest(*n + (local ? wire::kHostIdentityBytes : 0), '\0');
-    if (!ReadExact(fd.get(), rest.data(), rest.size(), Deadline::AfterMs(kGenerousMs)).ok()) return;
+    if (!ReadExact(fd.get(), rest.data(), rest.size(),
+                   Deadline::AfterMs(kGenerousMs))
+             .ok())
+      return;
     wire::ResponseHeader h;
     h.local = true;
     h.payload_len = claimed_;
@@ -769,11 +787,13 @@ TEST(LocalReadRawTest, BadLocalRepliesAreRejectedWithoutCopying) {
       {"null address", reply({{0, 8192}}), 0},
       {"count disagrees with size", count_mismatch, 0},
       {"size not whole pieces", reply({{addr, 8192}}) + "x", 0},
-      {"pid zero", [&] {
+      {"pid zero",
+       [&] {
          std::string b = reply({{addr, 8192}});
          std::memset(b.data() + 4, 0, 4);
          return b;
-       }(), 0},
+       }(),
+       0},
       {"local reply to a TCP read", reply({{addr, 8192}}), 0, true},
   };
   for (const Case& c : cases) {
@@ -789,8 +809,10 @@ TEST(LocalReadRawTest, BadLocalRepliesAreRejectedWithoutCopying) {
     ASSERT_TRUE(conn.ok());
     std::vector<uint8_t> out(kLength);
     iovec v{out.data(), out.size()};
-    Status s = (*conn)->Read(Req(0, kLength), {&v, 1}, Deadline::AfterMs(kGenerousMs));
-    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << c.what << ": " << s.ToString();
+    Status s =
+        (*conn)->Read(Req(0, kLength), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss)
+        << c.what << ": " << s.ToString();
     EXPECT_TRUE((*conn)->broken()) << c.what;
     EXPECT_EQ(spy.calls(), 0) << c.what;
     // Dropped at once (not when the connection object goes), which is what
@@ -809,7 +831,8 @@ TEST(CopyFromProcessTest, RandomSplitsCopyExactlyWithinLimits) {
     uint64_t length = 1 + rng() % src.size();
     std::vector<wire::LocalPiece> remote;
     for (uint64_t off = 0; off < length;) {
-      uint64_t n = std::min<uint64_t>(length - off, 1 + rng() % (iter % 2 ? 64 : 100000));
+      uint64_t n = std::min<uint64_t>(length - off,
+                                      1 + rng() % (iter % 2 ? 64 : 100000));
       remote.push_back({reinterpret_cast<uint64_t>(src.data() + off), n});
       off += n;
     }
@@ -828,7 +851,8 @@ TEST(CopyFromProcessTest, RandomSplitsCopyExactlyWithinLimits) {
     EXPECT_TRUE(dest.GapsUntouched()) << iter;
     EXPECT_EQ(hash.Digest(), Xxh3(src.data(), length)) << iter;
     EXPECT_FALSE(spy.too_many_iovecs()) << iter;
-    EXPECT_GE(static_cast<uint64_t>(spy.calls()), (length + segment - 1) / segment);
+    EXPECT_GE(static_cast<uint64_t>(spy.calls()),
+              (length + segment - 1) / segment);
   }
 }
 
@@ -848,17 +872,19 @@ TEST(CopyFromProcessTest, FailuresNameTheCause) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   auto short_copy = [](pid_t, const iovec*, unsigned long, const iovec*,
                        unsigned long) -> ssize_t { return 100; };
-  s = CopyFromProcess(::getpid(), remote, {&d, 1}, 1 << 20, nullptr, short_copy);
+  s = CopyFromProcess(::getpid(), remote, {&d, 1}, 1 << 20, nullptr,
+                      short_copy);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   // Unmapped remote memory: the real call fails with EFAULT.
   std::vector<wire::LocalPiece> bad = {{4096, 4096}};
-  s = CopyFromProcess(::getpid(), bad, {&d, 1}, 1 << 20, nullptr, ProcessVmReadv);
+  s = CopyFromProcess(::getpid(), bad, {&d, 1}, 1 << 20, nullptr,
+                      ProcessVmReadv);
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
 }
 
 TEST(CoalescePiecesTest, MergesAdjacentAndDropsEmpty) {
   uint8_t buf[100];
-  std::vector<iovec> in = {{buf, 10}, {buf + 10, 5}, {buf + 15, 0},
+  std::vector<iovec> in = {{buf, 10},      {buf + 10, 5}, {buf + 15, 0},
                            {buf + 40, 10}, {buf + 50, 1}, {buf + 20, 3}};
   std::vector<wire::LocalPiece> out = CoalescePieces(in);
   auto a = [&](int off) { return reinterpret_cast<uint64_t>(buf + off); };

@@ -61,7 +61,8 @@ Status TransferAll(int fd, std::span<const iovec> iov, const Deadline& deadline,
   while (idx < rest.size() && rest[idx].iov_len == 0) ++idx;
   while (idx < rest.size()) {
     int n = static_cast<int>(std::min<size_t>(rest.size() - idx, IOV_MAX));
-    ssize_t got = write ? DoWritev(fd, &rest[idx], n) : DoReadv(fd, &rest[idx], n);
+    ssize_t got =
+        write ? DoWritev(fd, &rest[idx], n) : DoReadv(fd, &rest[idx], n);
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -122,7 +123,8 @@ Result<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& hp) {
       return InvalidArgument("address '" + hp + "' has a bad port");
     }
     port = port * 10 + static_cast<unsigned long>(hp[i] - '0');
-    if (port > 65535) return InvalidArgument("address '" + hp + "': port > 65535");
+    if (port > 65535)
+      return InvalidArgument("address '" + hp + "': port > 65535");
   }
   if (host.empty()) return InvalidArgument("address '" + hp + "' has no host");
   return std::make_pair(host, static_cast<uint16_t>(port));
@@ -138,7 +140,8 @@ static Result<addrinfo*> Resolve(const std::string& host, uint16_t port,
   std::string port_s = std::to_string(port);
   int rc = ::getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
   if (rc != 0) {
-    return InvalidArgument("cannot resolve '" + host + "': " + gai_strerror(rc));
+    return InvalidArgument("cannot resolve '" + host +
+                           "': " + gai_strerror(rc));
   }
   return res;
 }
@@ -211,8 +214,8 @@ Result<Fd> ConnectTcp(const std::string& host_port, const Deadline& deadline) {
   TH_ASSIGN_OR_RETURN(addrinfo * res, Resolve(hp.first, hp.second, false));
   Status last = Unavailable("no address for " + host_port);
   for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
-    Fd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                   0));
+    Fd fd(::socket(ai->ai_family,
+                   ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd.valid()) {
       last = Unavailable(Errno("socket"));
       continue;

@@ -29,7 +29,8 @@ namespace {
 std::string PeerAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "a peer";
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    return "a peer";
   char host[64] = {0};
   if (ss.ss_family == AF_INET) {
     auto* a = reinterpret_cast<sockaddr_in*>(&ss);
@@ -43,7 +44,8 @@ std::string PeerAddress(int fd) {
 // bytes [offset, offset + n) of their concatenation, in order (`done`: bytes
 // of the range before this run).
 template <typename Fn>
-Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n, Fn&& fn) {
+Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
+                Fn&& fn) {
   uint64_t at = 0, done = 0;
   for (const iovec& v : pieces) {
     if (done == n) break;
@@ -51,7 +53,8 @@ Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n, Fn&&
     if (end > offset) {
       const uint64_t from = std::max(at, offset) - at;
       const uint64_t len = std::min<uint64_t>(v.iov_len - from, n - done);
-      TH_RETURN_IF_ERROR(fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
+      TH_RETURN_IF_ERROR(
+          fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
       done += len;
     }
     at = end;
@@ -92,7 +95,8 @@ class StagingStreams {
 class LocalReads {
  public:
   explicit LocalReads(const TcpTransportOptions& options)
-      : copy_(options.copy_fn ? options.copy_fn : CrossMemoryCopyFn(ProcessVmReadv)) {
+      : copy_(options.copy_fn ? options.copy_fn
+                              : CrossMemoryCopyFn(ProcessVmReadv)) {
     if (!options.local_reads) return;
     if (options.identity.has_value()) {
       identity_ = *options.identity;
@@ -261,14 +265,13 @@ class TcpServer final : public Server {
           header, sizeof(header), &req, &local, &cuda_ipc);
       if (!model_len.ok()) {
         // The stream cannot be re-synchronised after a bad frame.
-        TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
-                     << model_len.status().ToString();
+        TH_LOG(WARN) << "data server " << address_
+                     << ": dropping peer: " << model_len.status().ToString();
         (void)SendError(fd, model_len.status(), deadline);
         return;
       }
       req.model.resize(*model_len);
-      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline,
-                     stall_ms)
+      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
                .ok()) {
         return;
       }
@@ -297,7 +300,8 @@ class TcpServer final : public Server {
             continue;  // the lease ends here, after the reader released it
           }
           TH_LOG(DEBUG) << "data server " << address_
-                        << ": staging instead of CUDA IPC: " << body.status().ToString();
+                        << ": staging instead of CUDA IPC: "
+                        << body.status().ToString();
         }
         if (!ServeStaged(fd, req, *lease, staging, deadline)) return;
         continue;
@@ -312,7 +316,8 @@ class TcpServer final : public Server {
           wire::LocalReply reply;
           reply.pid = pid_;
           reply.pieces = std::move(pieces);
-          if (!ServeLocal(fd, req, wire::EncodeLocalReply(reply), false, deadline)) {
+          if (!ServeLocal(fd, req, wire::EncodeLocalReply(reply), false,
+                          deadline)) {
             // Close before the lease ends, so a reader still copying sees
             // the connection gone when it finishes and discards the bytes.
             ::shutdown(fd, SHUT_RDWR);
@@ -347,17 +352,22 @@ class TcpServer final : public Server {
       if (v.iov_len == 0) continue;
       TH_ASSIGN_OR_RETURN(cuda::IpcExport ex,
                           cuda::ExportIpc(v.iov_base, lease.memory.device));
-      if (ex.offset > ex.alloc_bytes || v.iov_len > ex.alloc_bytes - ex.offset) {
-        return InvalidArgument("a served range crosses the end of its CUDA allocation");
+      if (ex.offset > ex.alloc_bytes ||
+          v.iov_len > ex.alloc_bytes - ex.offset) {
+        return InvalidArgument(
+            "a served range crosses the end of its CUDA allocation");
       }
-      if (!reply.pieces.empty() && reply.pieces.back().handle == ex.handle.bytes &&
-          reply.pieces.back().offset + reply.pieces.back().length == ex.offset) {
+      if (!reply.pieces.empty() &&
+          reply.pieces.back().handle == ex.handle.bytes &&
+          reply.pieces.back().offset + reply.pieces.back().length ==
+              ex.offset) {
         reply.pieces.back().length += v.iov_len;
         continue;
       }
       if (reply.pieces.size() == wire::kMaxCudaIpcPieces) {
         return ResourceExhausted("range spans more than " +
-                                 std::to_string(wire::kMaxCudaIpcPieces) + " allocations");
+                                 std::to_string(wire::kMaxCudaIpcPieces) +
+                                 " allocations");
       }
       reply.pieces.push_back({ex.handle.bytes, ex.offset, v.iov_len,
                               reinterpret_cast<uint64_t>(v.iov_base)});
@@ -368,15 +378,20 @@ class TcpServer final : public Server {
   // Sends bytes of device memory: each segment is copied device to host
   // into one of two pinned buffers while the other one is being sent.
   // False: drop the connection.
-  bool ServeStaged(int fd, const wire::ReadRequest& req, const ServeLease& lease,
-                   StagingStreams& streams, const Deadline& deadline) {
+  bool ServeStaged(int fd, const wire::ReadRequest& req,
+                   const ServeLease& lease, StagingStreams& streams,
+                   const Deadline& deadline) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     cuda::PinnedPool& pool = cuda::StagingPool();
-    Result<cuda::PinnedPool::Lease> bufs = pool.Acquire(2, deadline.Cap(stall_ms));
-    Status ready = bufs.ok() ? streams.Ensure(lease.memory.device) : bufs.status();
+    Result<cuda::PinnedPool::Lease> bufs =
+        pool.Acquire(2, deadline.Cap(stall_ms));
+    Status ready =
+        bufs.ok() ? streams.Ensure(lease.memory.device) : bufs.status();
     if (!ready.ok()) {
       // Nothing sent yet: refuse this read, keep the connection.
-      return SendError(fd, ready.WithContext("staging " + MemoryLocationName(lease.memory)),
+      return SendError(fd,
+                       ready.WithContext("staging " +
+                                         MemoryLocationName(lease.memory)),
                        deadline)
           .ok();
     }
@@ -390,15 +405,17 @@ class TcpServer final : public Server {
     auto enqueue = [&](uint64_t k) {
       uint8_t* buf = bufs->buffer(k % 2);
       const uint64_t off = k * seg, len = std::min(seg, req.length - off);
-      return ForRange(lease.pieces, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
-        return streams[k % 2].CopyAsync(buf + done, p, l);
-      });
+      return ForRange(lease.pieces, off, len,
+                      [&](uint8_t* p, uint64_t l, uint64_t done) {
+                        return streams[k % 2].CopyAsync(buf + done, p, l);
+                      });
     };
     Status s = enqueue(0);
     if (s.ok()) s = streams[0].Synchronize();
     if (!s.ok()) {
       TH_LOG(WARN) << "data server " << address_ << ": " << s.ToString();
-      return SendError(fd, s.WithContext("staging device memory"), deadline).ok();
+      return SendError(fd, s.WithContext("staging device memory"), deadline)
+          .ok();
     }
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
@@ -411,8 +428,8 @@ class TcpServer final : public Server {
       if (s.ok() && k + 1 < n) s = enqueue(k + 1);
       if (!s.ok()) {
         // The header promised bytes that cannot come: the stream is lost.
-        TH_LOG(WARN) << "data server " << address_ << ": staging failed mid-read: "
-                     << s.ToString();
+        TH_LOG(WARN) << "data server " << address_
+                     << ": staging failed mid-read: " << s.ToString();
         return false;
       }
       const uint64_t len = std::min(seg, req.length - k * seg);
@@ -446,16 +463,15 @@ class TcpServer final : public Server {
       if (s.code() == StatusCode::kDeadlineExceeded) {
         TH_LOG(WARN) << "data server " << address_
                      << ": a same-host reader did not release its lease within "
-                     << options_.local_release_timeout_ms
-                     << " ms; dropping it";
+                     << options_.local_release_timeout_ms << " ms; dropping it";
       }
       return false;
     }
     Result<wire::ReleaseOutcome> outcome =
         wire::DecodeRelease(release, sizeof(release));
     if (!outcome.ok()) {
-      TH_LOG(WARN) << "data server " << address_ << ": dropping peer: "
-                   << outcome.status().ToString();
+      TH_LOG(WARN) << "data server " << address_
+                   << ": dropping peer: " << outcome.status().ToString();
       return false;
     }
     if (*outcome == wire::ReleaseOutcome::kCopied) {
@@ -509,7 +525,8 @@ class TcpConnection final : public Connection {
   }
 
   Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
-                    int device, const Deadline& deadline, uint64_t* xxh3) override {
+                    int device, const Deadline& deadline,
+                    uint64_t* xxh3) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     // A failure here is about this process's device, not the holder: it
     // must not break the connection.
@@ -562,7 +579,8 @@ class TcpConnection final : public Connection {
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
     if (h.cuda_ipc) {
       Abandon();
-      return DataLoss("holder " + peer_ + " answered with a CUDA IPC reply it was not asked for");
+      return DataLoss("holder " + peer_ +
+                      " answered with a CUDA IPC reply it was not asked for");
     }
     if (!h.local) {
       // Another host (or a holder with same-host reads off): it sent the
@@ -593,12 +611,15 @@ class TcpConnection final : public Connection {
       return Internal("destination holds " + std::to_string(want) +
                       " bytes for a read of " + std::to_string(req.length));
     }
-    const bool ask_ipc = local_->enabled() && !ipc_declined_ && !local_->Refused("ipc " + peer_);
-    TH_RETURN_IF_ERROR(SendRequest(req, ask_ipc ? &local_->identity() : nullptr, deadline, ask_ipc));
+    const bool ask_ipc =
+        local_->enabled() && !ipc_declined_ && !local_->Refused("ipc " + peer_);
+    TH_RETURN_IF_ERROR(SendRequest(req, ask_ipc ? &local_->identity() : nullptr,
+                                   deadline, ask_ipc));
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
     if (h.local || (h.cuda_ipc && !ask_ipc)) {
       Abandon();
-      return DataLoss("holder " + peer_ + " answered with a same-host reply it was not asked for");
+      return DataLoss("holder " + peer_ +
+                      " answered with a same-host reply it was not asked for");
     }
     if (h.cuda_ipc) return CudaIpcRead(h, req, dest, device, deadline, xxh3);
     // The holder sent the bytes (host memory, another host, or memory CUDA
@@ -610,13 +631,15 @@ class TcpConnection final : public Connection {
   // Receives the payload segment by segment into two pinned buffers, hashes
   // each segment there, and copies it to the device while the next one
   // arrives into the other buffer.
-  Status ReceiveToDevice(const wire::ResponseHeader& h, const wire::ReadRequest& req,
+  Status ReceiveToDevice(const wire::ResponseHeader& h,
+                         const wire::ReadRequest& req,
                          std::span<const iovec> dest, const Deadline& deadline,
                          uint64_t* xxh3) {
     if (h.payload_len != req.length) {
       Abandon();
-      return DataLoss("holder " + peer_ + " sent " + std::to_string(h.payload_len) +
-                      " bytes for a read of " + std::to_string(req.length));
+      return DataLoss("holder " + peer_ + " sent " +
+                      std::to_string(h.payload_len) + " bytes for a read of " +
+                      std::to_string(req.length));
     }
     cuda::PinnedPool& pool = cuda::StagingPool();
     Result<cuda::PinnedPool::Lease> bufs = pool.Acquire(2, deadline);
@@ -635,13 +658,16 @@ class TcpConnection final : public Connection {
       uint8_t* buf = bufs->buffer(k % 2);
       // The copy out of this buffer two segments ago must be done.
       TH_RETURN_IF_ERROR(staging_[k % 2].Synchronize());
-      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), buf, len, deadline).WithContext("holder " + peer_));
+      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), buf, len, deadline)
+                             .WithContext("holder " + peer_));
       if (xxh3 != nullptr) hash.Update(buf, len);
-      TH_RETURN_IF_ERROR(ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
-        return staging_[k % 2].CopyAsync(p, buf + done, l);
-      }));
+      TH_RETURN_IF_ERROR(
+          ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+            return staging_[k % 2].CopyAsync(p, buf + done, l);
+          }));
     }
-    for (size_t i = 0; i < 2; ++i) TH_RETURN_IF_ERROR(staging_[i].Synchronize());
+    for (size_t i = 0; i < 2; ++i)
+      TH_RETURN_IF_ERROR(staging_[i].Synchronize());
     if (xxh3 != nullptr) *xxh3 = hash.Digest();
     return Status::Ok();
   }
@@ -650,9 +676,9 @@ class TcpConnection final : public Connection {
   // (once per connection), copy device to device, hash the destination on
   // the device, then release the lease. If the memory cannot be opened,
   // release and read the bytes over TCP instead (and stop asking).
-  Status CudaIpcRead(const wire::ResponseHeader& h, const wire::ReadRequest& req,
-                     std::span<const iovec> dest, int device, const Deadline& deadline,
-                     uint64_t* xxh3) {
+  Status CudaIpcRead(const wire::ResponseHeader& h,
+                     const wire::ReadRequest& req, std::span<const iovec> dest,
+                     int device, const Deadline& deadline, uint64_t* xxh3) {
     std::string body(h.payload_len, '\0');
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
@@ -678,9 +704,10 @@ class TcpConnection final : public Connection {
         }
         src = *base + piece.offset;
       }
-      copied = ForRange(dest, off, piece.length, [&](uint8_t* p, uint64_t l, uint64_t done) {
-        return staging_[0].CopyAsync(p, src + done, l);
-      });
+      copied = ForRange(dest, off, piece.length,
+                        [&](uint8_t* p, uint64_t l, uint64_t done) {
+                          return staging_[0].CopyAsync(p, src + done, l);
+                        });
       if (!copied.ok()) break;
       off += piece.length;
     }
@@ -702,7 +729,8 @@ class TcpConnection final : public Connection {
       // reused under the copy.
       if (PeerClosed()) {
         Abandon();
-        return Unavailable("holder " + peer_ + " ended the lease before the copy finished");
+        return Unavailable("holder " + peer_ +
+                           " ended the lease before the copy finished");
       }
       TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
       if (xxh3 != nullptr) *xxh3 = sum;
@@ -715,14 +743,16 @@ class TcpConnection final : public Connection {
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h2, ReceiveHeader(deadline));
     if (h2.local || h2.cuda_ipc) {
       Abandon();
-      return DataLoss("holder " + peer_ + " answered a TCP read with a same-host reply");
+      return DataLoss("holder " + peer_ +
+                      " answered a TCP read with a same-host reply");
     }
     return ReceiveToDevice(h2, req, dest, deadline, xxh3);
   }
 
   Result<uint8_t*> OpenIpc(const cuda::IpcHandle& handle, int device) {
-    TH_ASSIGN_OR_RETURN(uint8_t* base, cuda::IpcImports::Open(handle, device));
-    if (!opened_.insert(handle).second) cuda::IpcImports::Close(handle);  // one ref each
+    TH_ASSIGN_OR_RETURN(uint8_t * base, cuda::IpcImports::Open(handle, device));
+    if (!opened_.insert(handle).second)
+      cuda::IpcImports::Close(handle);  // one ref each
     return base;
   }
 
@@ -741,11 +771,12 @@ class TcpConnection final : public Connection {
     uint8_t hdr[wire::kResponseHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
                            .WithContext("holder " + peer_));
-    Result<wire::ResponseHeader> h = wire::DecodeResponseHeader(hdr, sizeof(hdr));
+    Result<wire::ResponseHeader> h =
+        wire::DecodeResponseHeader(hdr, sizeof(hdr));
     if (!h.ok()) {
       Abandon();
-      return DataLoss("holder " + peer_ + " sent a bad frame: " +
-                      h.status().message());
+      return DataLoss("holder " + peer_ +
+                      " sent a bad frame: " + h.status().message());
     }
     if (h->status != StatusCode::kOk) {
       std::string msg(h->message_len, '\0');
@@ -795,18 +826,16 @@ class TcpConnection final : public Connection {
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
     Result<wire::LocalReply> reply = wire::DecodeLocalReply(
-        reinterpret_cast<const uint8_t*>(body.data()), body.size(),
-        req.length);
+        reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
     if (!reply.ok()) {
       Abandon();  // closing the connection ends the holder's lease
       return DataLoss("holder " + peer_ + " sent a bad same-host reply: " +
                       reply.status().message());
     }
     Xxh3Stream hash;
-    Status copied =
-        CopyFromProcess(static_cast<pid_t>(reply->pid), reply->pieces, dest,
-                        kCmaSegmentBytes, xxh3 != nullptr ? &hash : nullptr,
-                        local_->copy());
+    Status copied = CopyFromProcess(
+        static_cast<pid_t>(reply->pid), reply->pieces, dest, kCmaSegmentBytes,
+        xxh3 != nullptr ? &hash : nullptr, local_->copy());
     if (copied.ok()) {
       // The holder sends nothing until it has our release; anything to
       // read now means it gave up the lease (timeout, Stop) and its memory
@@ -864,28 +893,29 @@ class TcpConnection final : public Connection {
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const TcpTransportOptions& options)
-      : local_(std::make_shared<LocalReads>(options)), secret_(options.secret) {}
+      : local_(std::make_shared<LocalReads>(options)),
+        secret_(options.secret) {}
 
   std::string_view name() const override { return "tcp"; }
 
-  Result<std::unique_ptr<Server>> Listen(const std::string& host_port,
-                                         ReadSource* source,
-                                         const ServerOptions& options) override {
+  Result<std::unique_ptr<Server>> Listen(
+      const std::string& host_port, ReadSource* source,
+      const ServerOptions& options) override {
     TH_ASSIGN_OR_RETURN(Fd fd, ListenTcp(host_port, 512));
     TH_ASSIGN_OR_RETURN(std::string addr, LocalAddress(fd.get()));
     TH_ASSIGN_OR_RETURN(auto hp, SplitHostPort(host_port));
     TH_ASSIGN_OR_RETURN(auto bound, SplitHostPort(addr));
     // Keep the host as asked (a name stays a name), with the real port.
-    std::string advertised = (hp.first.find(':') != std::string::npos
-                                  ? "[" + hp.first + "]"
-                                  : hp.first) +
-                             ":" + std::to_string(bound.second);
+    std::string advertised =
+        (hp.first.find(':') != std::string::npos ? "[" + hp.first + "]"
+                                                 : hp.first) +
+        ":" + std::to_string(bound.second);
     return std::unique_ptr<Server>(new TcpServer(
         std::move(fd), advertised, source, options, local_, secret_));
   }
 
-  Result<std::unique_ptr<Connection>> Connect(const std::string& address,
-                                              const Deadline& deadline) override {
+  Result<std::unique_ptr<Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
     TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
                            .WithContext("holder " + address));
@@ -911,7 +941,8 @@ std::unique_ptr<Transport> MakeTcpTransport() {
   return MakeTcpTransport(TcpTransportOptions::FromEnv());
 }
 
-std::unique_ptr<Transport> MakeTcpTransport(const TcpTransportOptions& options) {
+std::unique_ptr<Transport> MakeTcpTransport(
+    const TcpTransportOptions& options) {
   return std::make_unique<TcpTransport>(options);
 }
 

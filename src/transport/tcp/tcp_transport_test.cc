@@ -1,16 +1,13 @@
 // Tests of the TCP data plane over loopback: real servers and connections,
 // plus raw sockets playing a misbehaving peer on either side.
-#include "transport/tcp/auth.h"
-#include "transport/tcp/raw_peer_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +18,8 @@
 #include <random>
 #include <thread>
 
+#include "transport/tcp/auth.h"
+#include "transport/tcp/raw_peer_test_util.h"
 #include "transport/tcp/socket_util.h"
 
 namespace tensorhub::transport {
@@ -109,8 +108,8 @@ class TestSource final : public ReadSource {
   std::vector<uint8_t> data_;
   std::mutex mu_;
   std::condition_variable cv_;
-  int active_ = 0;  // guarded by mu_
-  int begun_ = 0;   // guarded by mu_
+  int active_ = 0;                              // guarded by mu_
+  int begun_ = 0;                               // guarded by mu_
   Status refusal_ = NotFound("no such model");  // guarded by mu_
 };
 
@@ -163,10 +162,11 @@ class TcpTransportTest : public ::testing::Test {
   void ExpectGoodRead(Connection& c, uint64_t offset, uint64_t length) {
     std::vector<uint8_t> out(length);
     iovec v{out.data(), out.size()};
-    Status s = c.Read(Req(offset, length), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    Status s =
+        c.Read(Req(offset, length), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_TRUE(std::equal(out.begin(), out.end(),
-                           source_.data().begin() + offset));
+    EXPECT_TRUE(
+        std::equal(out.begin(), out.end(), source_.data().begin() + offset));
   }
 
   std::unique_ptr<Transport> transport_ = MakeTcpOnlyTransport();
@@ -218,7 +218,8 @@ TEST_F(TcpTransportTest, ReadsSeveralMegabytesIntoScatteredDestination) {
     std::vector<iovec> dest;
     for (auto [at, len] : placed) dest.push_back({arena.data() + at, len});
 
-    Status s = conn->Read(Req(offset, length), dest, Deadline::AfterMs(kGenerousMs));
+    Status s =
+        conn->Read(Req(offset, length), dest, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(s.ok()) << s.ToString();
     ASSERT_FALSE(conn->broken());
     uint64_t src_off = offset;
@@ -247,10 +248,12 @@ TEST_F(TcpTransportTest, RefusalCarriesCodeAndMessageAndKeepsConnection) {
   std::vector<uint8_t> out(100);
   iovec v{out.data(), out.size()};
   for (StatusCode code :
-       {StatusCode::kNotFound, StatusCode::kAborted, StatusCode::kInvalidArgument,
-        StatusCode::kResourceExhausted, StatusCode::kPermissionDenied}) {
+       {StatusCode::kNotFound, StatusCode::kAborted,
+        StatusCode::kInvalidArgument, StatusCode::kResourceExhausted,
+        StatusCode::kPermissionDenied}) {
     source_.set_refusal(Status(code, "refused with a reason"));
-    Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    Status s = conn->Read(Req(0, 100, "other"), {&v, 1},
+                          Deadline::AfterMs(kGenerousMs));
     EXPECT_EQ(s.code(), code) << s.ToString();
     EXPECT_NE(s.message().find("refused with a reason"), std::string::npos)
         << s.ToString();
@@ -265,7 +268,8 @@ TEST_F(TcpTransportTest, RefusalCarriesCodeAndMessageAndKeepsConnection) {
 
   // A message longer than the frame allows is cut, not a broken stream.
   source_.set_refusal(NotFound(std::string(5000, 'x')));
-  Status s = conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  Status s =
+      conn->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find(std::string(wire::kMaxMessageBytes, 'x')),
             std::string::npos);
@@ -289,7 +293,8 @@ TEST_F(TcpTransportTest, DestinationOfTheWrongSizeIsRefusedLocally) {
 // the connection handshake.
 class RawHolder {
  public:
-  explicit RawHolder(std::function<void(int)> serve) : serve_(std::move(serve)) {
+  explicit RawHolder(std::function<void(int)> serve)
+      : serve_(std::move(serve)) {
     Result<Fd> l = ListenTcp("127.0.0.1:0", 16);
     EXPECT_TRUE(l.ok()) << l.status().ToString();
     listener_ = std::move(l).value();
@@ -304,7 +309,8 @@ class RawHolder {
         if (fd < 0) continue;
         accepted_.emplace_back(fd);
         // Past the handshake: what is played badly is the read protocol.
-        if (!ServerHandshake(fd, "", Deadline::AfterMs(kGenerousMs)).ok()) continue;
+        if (!ServerHandshake(fd, "", Deadline::AfterMs(kGenerousMs)).ok())
+          continue;
         serve_(fd);
       }
     });
@@ -327,11 +333,13 @@ class RawHolder {
 // Reads one request off `fd` (blocking, bounded).
 bool ReadRequestRaw(int fd, wire::ReadRequest* req) {
   uint8_t hdr[wire::kRequestHeaderBytes];
-  if (!ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)).ok()) return false;
+  if (!ReadExact(fd, hdr, sizeof(hdr), Deadline::AfterMs(kGenerousMs)).ok())
+    return false;
   Result<size_t> n = wire::DecodeReadRequestHeader(hdr, sizeof(hdr), req);
   if (!n.ok()) return false;
   req->model.resize(*n);
-  return ReadExact(fd, req->model.data(), *n, Deadline::AfterMs(kGenerousMs)).ok();
+  return ReadExact(fd, req->model.data(), *n, Deadline::AfterMs(kGenerousMs))
+      .ok();
 }
 
 TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
@@ -355,7 +363,8 @@ TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
   iovec v{out.data(), out.size()};
   // UNAVAILABLE, not DEADLINE_EXCEEDED: the close ended the read, not the
   // (far) deadline.
-  Status s = conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  Status s =
+      conn.Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_TRUE(conn.broken());
 
@@ -397,7 +406,8 @@ TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     std::vector<uint8_t> out(1000);
     iovec v{out.data(), out.size()};
-    Status s = (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    Status s =
+        (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << i << ": " << s.ToString();
     EXPECT_TRUE((*c)->broken()) << i;
   }
@@ -483,7 +493,8 @@ TEST(TcpTransportRawTest, ConnectToAClosedPortIsUnavailableQuickly) {
   Result<std::unique_ptr<Connection>> c =
       t->Connect(address, Deadline::AfterMs(kGenerousMs));
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable)
+      << c.status().ToString();
 
   Result<std::unique_ptr<Connection>> bad =
       t->Connect("no-port-here", Deadline::AfterMs(1000));
@@ -537,7 +548,8 @@ TEST_F(TcpTransportTest, StopWithOpenConnectionsReturnsPromptly) {
   auto took = std::chrono::duration_cast<milliseconds>(Clock::now() - t0);
   // Stop cut the send rather than wait for the stall timeout (60 s): any
   // time well short of that shows it, however loaded the machine.
-  EXPECT_LT(took, milliseconds(o.io_stall_timeout_ms / 2)) << took.count() << " ms";
+  EXPECT_LT(took, milliseconds(o.io_stall_timeout_ms / 2))
+      << took.count() << " ms";
   // The stuck send ended and released its lease.
   EXPECT_TRUE(source_.WaitIdle(0));
   server_->Stop();  // idempotent
@@ -567,7 +579,8 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
   // the handshake fails and Connect says so.
   Result<std::unique_ptr<Connection>> c =
       transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
-  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().ToString();
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable)
+      << c.status().ToString();
   std::vector<uint8_t> out(100);
   iovec v{out.data(), out.size()};
   ExpectGoodRead(*a, 1, 100);
@@ -580,7 +593,8 @@ TEST_F(TcpTransportTest, MaxConnectionsRefusesExtras) {
   while (!served && !d.expired()) {
     Result<std::unique_ptr<Connection>> n =
         transport_->Connect(server_->address(), Deadline::AfterMs(1000));
-    served = n.ok() && (*n)->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(1000)).ok();
+    served = n.ok() &&
+             (*n)->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(1000)).ok();
     if (!served) std::this_thread::sleep_for(milliseconds(20));  // back off
   }
   EXPECT_TRUE(served);
@@ -601,9 +615,10 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
     const char* reader;
     bool served;
   };
-  for (const Case& c : {Case{"s3cret", "s3cret", true}, Case{"s3cret", "other", false},
-                        Case{"s3cret", "", false}, Case{"", "s3cret", false},
-                        Case{"", "", true}}) {
+  for (const Case& c :
+       {Case{"s3cret", "s3cret", true}, Case{"s3cret", "other", false},
+        Case{"s3cret", "", false}, Case{"", "s3cret", false},
+        Case{"", "", true}}) {
     TcpTransportOptions ho;
     ho.local_reads = false;
     ho.secret = c.holder;
@@ -615,8 +630,8 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
     ro.local_reads = false;
     ro.secret = c.reader;
     auto reader_transport = MakeTcpTransport(ro);
-    Result<std::unique_ptr<Connection>> conn =
-        reader_transport->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+    Result<std::unique_ptr<Connection>> conn = reader_transport->Connect(
+        (*server)->address(), Deadline::AfterMs(kGenerousMs));
     if (c.served) {
       ASSERT_TRUE(conn.ok()) << conn.status().ToString();
       ExpectGoodRead(**conn, 0, 1000);
@@ -638,7 +653,8 @@ TEST_F(TcpTransportTest, SharedSecretIsRequiredBothWays) {
 // A peer that skips the handshake and sends a request gets nothing.
 TEST_F(TcpTransportTest, RequestWithoutHandshakeIsRefused) {
   StartServer();
-  Result<Fd> fd = ConnectTcp(server_->address(), Deadline::AfterMs(kGenerousMs));
+  Result<Fd> fd =
+      ConnectTcp(server_->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(fd.ok());
   std::string frame = wire::EncodeReadRequest(Req(0, 100));
   ASSERT_TRUE(SendAllRaw(fd->get(), frame.data(), frame.size()));

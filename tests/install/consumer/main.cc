@@ -35,7 +35,8 @@ int main() {
   if (!reader.ok()) return Fail("connect reader", reader.status());
 
   std::vector<uint8_t> src(1 << 20), dst(src.size());
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 3);
+  for (size_t i = 0; i < src.size(); ++i)
+    src[i] = static_cast<uint8_t>(i * 7 + 3);
   th::TensorRef in;
   in.spec = {"w", th::DType::kU8, {src.size()}};
   in.data = src.data();
