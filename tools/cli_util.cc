@@ -251,6 +251,19 @@ int Fail(const Status& status) {
   return 1;
 }
 
+std::optional<int> TopLevelHelp(int argc, char** argv, const char* usage) {
+  if (argc < 2) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  const std::string first = argv[1];
+  if (first == "-h" || first == "--help" || first == "help") {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  return std::nullopt;
+}
+
 int MovedToLab(const std::string& command) {
   std::fprintf(
       stderr,

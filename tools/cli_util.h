@@ -70,6 +70,11 @@ class ProgressBar {
 
 int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
 
+// A binary's top level: with no command, prints `usage` to stderr and
+// returns 2; with -h, --help or help, prints it to stdout and returns 0;
+// else returns nothing and the command runs.
+std::optional<int> TopLevelHelp(int argc, char** argv, const char* usage);
+
 // For a lab command asked of the product binary: prints the one line that
 // says where it went (`tensorhub-lab COMMAND`, bench/lab/) and returns 2.
 int MovedToLab(const std::string& command);

@@ -2,7 +2,7 @@
 // and the two-process benchmarks. The lab's harnesses and drivers (chaos,
 // sim, bench hub|fanout|workload) are in tensorhub-lab (bench/lab/).
 #include <cstdio>
-#include <cstring>
+#include <optional>
 #include <string>
 
 #include "cli_util.h"
@@ -59,12 +59,7 @@ Environment: TENSORHUB_LOG=debug|info|warn|error
 
 int main(int argc, char** argv) {
   using namespace tensorhub::cli;
-  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 ||
-      std::strcmp(argv[1], "--help") == 0 ||
-      std::strcmp(argv[1], "help") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
+  if (std::optional<int> rc = TopLevelHelp(argc, argv, kUsage)) return *rc;
   std::string cmd = argv[1];
   if (cmd == "serve") return CmdServe(argc, argv);
   if (cmd == "ls") return CmdLs(argc, argv);

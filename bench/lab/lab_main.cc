@@ -2,9 +2,10 @@
 // the drivers that measure the hub and the test bed; none of it is a command
 // users run, so it lives here and not in the product binary (tools/).
 #include <cstdio>
-#include <cstring>
+#include <optional>
 #include <string>
 
+#include "cli_util.h"
 #include "common/log.h"
 
 namespace tensorhub::cli {
@@ -49,12 +50,7 @@ Environment: TENSORHUB_LOG=debug|info|warn|error, TENSORHUB_ROLE_LOG (test-bed r
 
 int main(int argc, char** argv) {
   using namespace tensorhub::cli;
-  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 ||
-      std::strcmp(argv[1], "--help") == 0 ||
-      std::strcmp(argv[1], "help") == 0) {
-    std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
-  }
+  if (std::optional<int> rc = TopLevelHelp(argc, argv, kUsage)) return *rc;
   std::string cmd = argv[1];
   if (cmd == "serve") return CmdServe(argc, argv);
   if (cmd == "sim") return CmdSim(argc, argv);
