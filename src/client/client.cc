@@ -184,13 +184,16 @@ class Client::Impl {
     return registry_.Drain(model, version, epoch, deadline);
   }
 
+  // A fetch, in steps: resolve, map the destination onto the manifest,
+  // release memory that still serves an older version, register as a
+  // filling holder, schedule sources, run the fetcher, report the holding.
   Result<FetchStats> Fetch(std::string_view model_sv, Version version,
                            const std::vector<TensorRef>& dest,
                            const FetchOptions& opts) {
-    std::string model(model_sv);
+    const std::string model(model_sv);
     // The stats measure real time; deadlines and pauses run on clock_.
-    auto t0 = SteadyClock::now();
-    Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
+    const auto t0 = SteadyClock::now();
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
     if (opts.group.size() > 256) {
       return InvalidArgument("reader group id must be at most 256 characters");
     }
@@ -204,12 +207,109 @@ class Client::Impl {
     TH_ASSIGN_OR_RETURN(
         client::Resolved r,
         ResolveWithin(model, version, work, opts.group, opts.group_step));
-    auto t1 = SteadyClock::now();
+    const auto t1 = SteadyClock::now();
     if (!r.manifest.has_value()) {
       return Internal("hub resolved a version without a manifest");
     }
     const Manifest& manifest = *r.manifest;
-    // Map the destination onto the manifest, by name.
+    const Version v = r.version;
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    TH_ASSIGN_OR_RETURN(client::FetchJob job,
+                        MapDestination(model, v, manifest, dest, &ranges));
+    // The mutability contract on the reader's side: memory we are about to
+    // overwrite must stop serving its old version first.
+    for (const auto& [m, old] : registry_.Overlapping(ranges)) {
+      TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
+                             .WithContext("fetch: releasing the destination"));
+    }
+    // Serve chunks onward while still receiving the rest (partial-prefix
+    // serving): register the destination as a filling holder first. Every
+    // exit below that does not complete the fill aborts it (one guard).
+    std::optional<uint64_t> fill_epoch;
+    if (opts.serve) fill_epoch = BeginFill(model, v, manifest, job, work);
+    FillGuard fill(this, model, v, fill_epoch, deadline);
+    const client::SourceRefresher schedule =
+        MakeScheduler(model, v, opts.max_sources, work);
+    TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
+                        FirstSources(schedule, r, vname));
+    client::FetcherOptions fo;
+    fo.streams = opts.connections;
+    fo.on_progress = opts.on_progress;
+    if (fill_epoch.has_value()) {
+      fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
+        registry_.MarkChunk(model, v, e, chunk);
+      };
+    }
+    Result<client::FetchReport> rep = client::RunFetch(
+        *transport_, job, std::move(sources), schedule, fo, work);
+    const auto t2 = SteadyClock::now();
+    if (!rep.ok()) {
+      fill.Abort();
+      (void)hub_->FetchDone(id(), model, v, deadline.remaining_ms());
+      return rep.status();
+    }
+    if (fill_epoch.has_value()) {
+      fill.Complete();
+      EndFill(model, v, manifest, *fill_epoch,
+              deadline);  // also releases the sources
+    } else {
+      Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
+      if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    }
+    FetchStats st;
+    st.version = v;
+    st.bytes = rep->bytes;
+    st.seconds = std::chrono::duration<double>(t2 - t0).count();
+    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.sources_used = rep->sources_used;
+    st.sources = rep->per_source;
+    st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
+    return st;
+  }
+
+  // Aborts a fill (fence and drain the partial copy, tell the hub) when the
+  // fetch leaves without completing it: the one cleanup of every failed
+  // exit. Complete() hands the fill to EndFill instead.
+  class FillGuard {
+   public:
+    FillGuard(Impl* impl, const std::string& model, Version version,
+              std::optional<uint64_t> epoch, const Deadline& deadline)
+        : impl_(impl),
+          model_(model),
+          version_(version),
+          epoch_(epoch),
+          deadline_(deadline) {}
+    ~FillGuard() { Abort(); }
+    FillGuard(const FillGuard&) = delete;
+    FillGuard& operator=(const FillGuard&) = delete;
+
+    void Abort() {
+      if (!epoch_.has_value()) return;
+      impl_->AbortFill(model_, version_, epoch_, deadline_);
+      epoch_.reset();
+    }
+    void Complete() { epoch_.reset(); }
+
+   private:
+    Impl* const impl_;
+    const std::string& model_;
+    const Version version_;
+    std::optional<uint64_t> epoch_;
+    const Deadline& deadline_;
+  };
+
+  // Checks `dest` against the manifest, by tensor name (every tensor of the
+  // version, once, with its dtype, shape and size), and returns the job's
+  // destination bases; `ranges` gets the memory that will be overwritten.
+  Result<client::FetchJob> MapDestination(
+      const std::string& model, Version v, const Manifest& manifest,
+      const std::vector<TensorRef>& dest,
+      std::vector<std::pair<const uint8_t*, uint64_t>>* ranges) {
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
     std::map<std::string, const TensorRef*> by_name;
     for (const TensorRef& t : dest) {
       if (!by_name.emplace(t.spec.name, &t).second) {
@@ -217,15 +317,12 @@ class Client::Impl {
                                "' twice");
       }
     }
-    const std::string vname =
-        "'" + model + "@" + std::to_string(r.version.value()) + "'";
     TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(dest, "fetch"));
     client::FetchJob job;
     job.model = model;
-    job.version = r.version;
+    job.version = v;
     job.manifest = &manifest;
     job.memory = memory;
-    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const PartLayout& p : manifest.parts()) {
       std::vector<uint8_t*> bases;
       for (const TensorLayout& t : p.tensors) {
@@ -246,7 +343,7 @@ class Client::Impl {
                                  " bytes, needs " + std::to_string(t.bytes));
         }
         bases.push_back(static_cast<uint8_t*>(d.data));
-        ranges.push_back({static_cast<const uint8_t*>(d.data), d.bytes});
+        ranges->push_back({static_cast<const uint8_t*>(d.data), d.bytes});
         by_name.erase(it);
       }
       job.dest_bases.push_back(std::move(bases));
@@ -255,24 +352,19 @@ class Client::Impl {
       return InvalidArgument("destination tensor '" + by_name.begin()->first +
                              "' is not part of " + vname);
     }
-    // The mutability contract on the reader's side: memory we are about to
-    // overwrite must stop serving its old version first.
-    for (const auto& [m, v] : registry_.Overlapping(ranges)) {
-      TH_RETURN_IF_ERROR(Unpublish(m, v, work.remaining_ms(), false)
-                             .WithContext("fetch: releasing the destination"));
-    }
-    // Serve chunks onward while still receiving the rest (partial-prefix
-    // serving): register the destination as a filling holder first.
-    std::optional<uint64_t> fill_epoch;
-    if (opts.serve)
-      fill_epoch = BeginFill(model, r.version, manifest, job, work);
-    const Version v = r.version;
+    return job;
+  }
+
+  // The fetcher's way to ask the hub for sources, excluding the ones that
+  // failed this fetch.
+  client::SourceRefresher MakeScheduler(const std::string& model, Version v,
+                                        int max_sources_wanted,
+                                        const Deadline& work) {
     const uint32_t max_sources =
-        static_cast<uint32_t>(std::clamp(opts.max_sources, 1, 16));
-    client::SourceRefresher schedule =
-        [this, model, v, max_sources,
-         work](const std::vector<std::string>& failed)
-        -> Result<client::SourceUpdate> {
+        static_cast<uint32_t>(std::clamp(max_sources_wanted, 1, 16));
+    return [this, model, v, max_sources,
+            work](const std::vector<std::string>& failed)
+               -> Result<client::SourceUpdate> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
       Result<client::Scheduled> srcs = hub_->Schedule(
@@ -290,69 +382,39 @@ class Client::Impl {
       update.unavailable = std::move(srcs->unavailable);
       return update;
     };
+  }
+
+  // The sources a fetch starts from: the hub's schedule, or, when the hub
+  // cannot schedule now (restarting, or it says no complete holder is
+  // left), the holders Resolve listed a moment ago; the fetcher asks the
+  // hub again when they run out.
+  Result<std::vector<client::FetchSource>> FirstSources(
+      const client::SourceRefresher& schedule, const client::Resolved& r,
+      const std::string& vname) {
     Result<client::SourceUpdate> first = schedule({});
-    Result<std::vector<client::FetchSource>> sources =
-        first.ok() ? Result<std::vector<client::FetchSource>>(
-                         std::move(first->sources))
-                   : Result<std::vector<client::FetchSource>>(first.status());
+    std::vector<client::FetchSource> sources;
     if (first.ok() && first->unavailable.has_value()) {
-      // Resolve listed holders a moment ago: some may still have chunks
-      // (filling ones). The fetcher confirms with the hub before giving up.
+      // Some may still have chunks (filling ones). The fetcher confirms
+      // with the hub before giving up.
       TH_LOG(INFO) << "schedule " << vname << ": the hub says "
                    << *first->unavailable
                    << "; trying the holders from resolve";
       sources = ToSources(r.sources);
-    }
-    if (!sources.ok()) {
-      StatusCode c = sources.status().code();
+    } else if (first.ok()) {
+      sources = std::move(first->sources);
+    } else {
+      StatusCode c = first.status().code();
       if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
-        AbortFill(model, v, fill_epoch, deadline);
-        return sources.status();
+        return first.status();
       }
-      // The hub may be restarting: start from the holders it listed a
-      // moment ago; the fetcher asks the hub again when they run out.
-      TH_LOG(WARN) << "schedule " << vname << ": "
-                   << sources.status().ToString()
+      TH_LOG(WARN) << "schedule " << vname << ": " << first.status().ToString()
                    << "; using the holders from resolve";
       sources = ToSources(r.sources);
     }
-    if (sources->empty()) {
-      AbortFill(model, v, fill_epoch, deadline);
+    if (sources.empty()) {
       return Unavailable(vname + " has no holder other than this worker");
     }
-    client::FetcherOptions fo;
-    fo.streams = opts.connections;
-    fo.on_progress = opts.on_progress;
-    if (fill_epoch.has_value()) {
-      fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
-        registry_.MarkChunk(model, v, e, chunk);
-      };
-    }
-    Result<client::FetchReport> rep = client::RunFetch(
-        *transport_, job, std::move(sources).value(), schedule, fo, work);
-    auto t2 = SteadyClock::now();
-    if (!rep.ok()) {
-      AbortFill(model, v, fill_epoch, deadline);
-      (void)hub_->FetchDone(id(), model, v, deadline.remaining_ms());
-      return rep.status();
-    }
-    if (fill_epoch.has_value()) {
-      EndFill(model, v, manifest, *fill_epoch,
-              deadline);  // also releases the sources
-    } else {
-      Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
-      if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
-    }
-    FetchStats st;
-    st.version = r.version;
-    st.bytes = rep->bytes;
-    st.seconds = std::chrono::duration<double>(t2 - t0).count();
-    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
-    st.sources_used = rep->sources_used;
-    st.sources = rep->per_source;
-    st.chunk_retries = rep->chunk_retries;
-    st.chunks_stolen = rep->chunks_stolen;
-    return st;
+    return sources;
   }
 
   Result<std::vector<ModelInfo>> List() { return hub_->List(); }
