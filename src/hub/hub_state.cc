@@ -99,6 +99,27 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
                     "; register again");
   }
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  TH_RETURN_IF_ERROR(CheckPublishArgs(a));
+  TH_ASSIGN_OR_RETURN(VersionEntry * found, VersionForPublish(a));
+  VersionEntry& v = *found;
+  TH_RETURN_IF_ERROR(AcceptPart(v, a));
+  Reference& ref = v.refs[a.worker];
+  Unfile(v, ref);
+  const int serving = ref.serving;  // readers it serves keep counting
+  ref = Reference{};
+  ref.epoch = a.epoch;
+  ref.rank = a.rank;
+  ref.serving = serving;
+  File(v, a.worker, ref, wit->second.reg.labels);
+  wit->second.refs.insert({a.model, a.version});
+  TryCommit(v);
+  UpdateAvailability(v);
+  return v.state;
+}
+
+// The arguments of a publish on their own: name, version number, group,
+// rank, and the part's layout.
+Status HubState::CheckPublishArgs(const PublishArgs& a) {
   TH_RETURN_IF_ERROR(ValidateModelName(a.model));
   if (a.version.value() == 0) {
     return InvalidArgument("version numbers start at 1");
@@ -119,6 +140,13 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
     Status s = Manifest(1, a.chunk_bytes, {p}).Validate();
     if (!s.ok()) return s;
   }
+  return Status::Ok();
+}
+
+// The version a publish adds to, created on its first rank; refused if it
+// was aborted or is published with another group size or chunk size.
+Result<HubState::VersionEntry*> HubState::VersionForPublish(
+    const PublishArgs& a) {
   auto mit = models_.find(a.model);
   if (mit == models_.end()) {
     if (models_.size() >= config_.max_models) {
@@ -157,7 +185,14 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
                            std::to_string(a.group_size) + " and " +
                            std::to_string(a.chunk_bytes));
   }
-  // The hub keeps one reference per worker and version: a second rank from
+  return &v;
+}
+
+// Checks the rank against what the version and the worker hold already, and
+// records a pending version's part. One reference per worker and version.
+Status HubState::AcceptPart(VersionEntry& v, const PublishArgs& a) {
+  const std::string vname = VersionName(a.model, a.version);
+  // A second rank from
   // the same worker would replace the first and leave its part unheld, and
   // a rank from a worker that holds the whole version (it fetched it) would
   // replace its full reference with one part.
@@ -210,18 +245,7 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
     return AlreadyExists("rank " + std::to_string(a.rank) + " of " + vname +
                          " is already held by worker " + h->second.value());
   }
-  Reference& ref = v.refs[a.worker];
-  Unfile(v, ref);
-  const int serving = ref.serving;  // readers it serves keep counting
-  ref = Reference{};
-  ref.epoch = a.epoch;
-  ref.rank = a.rank;
-  ref.serving = serving;
-  File(v, a.worker, ref, wit->second.reg.labels);
-  wit->second.refs.insert({a.model, a.version});
-  TryCommit(v);
-  UpdateAvailability(v);
-  return v.state;
+  return Status::Ok();
 }
 
 void HubState::TryCommit(VersionEntry& v) {

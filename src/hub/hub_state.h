@@ -377,6 +377,10 @@ class HubState {
   void DropReference(const std::string& model, Version version,
                      const WorkerId& worker);
   void Prune(Model& m);
+  // Publish's steps (hub_state.cc).
+  static Status CheckPublishArgs(const PublishArgs& a);
+  Result<VersionEntry*> VersionForPublish(const PublishArgs& a);
+  static Status AcceptPart(VersionEntry& v, const PublishArgs& a);
   static void TryCommit(VersionEntry& v);
   static void SetManifest(VersionEntry& v, Manifest manifest);
   // The part of AddHolder after the manifest is settled: file the holder.
