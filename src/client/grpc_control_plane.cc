@@ -14,6 +14,9 @@
 namespace tensorhub::client {
 namespace {
 
+// Asks of one Register call (see GrpcControlPlane::Register).
+constexpr int kRegisterAttempts = 8;
+
 class GrpcControlPlane final : public ControlPlane {
  public:
   GrpcControlPlane(const std::string& address, std::string secret,
@@ -126,10 +129,6 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
                                             const Labels& labels,
                                             WorkerClass worker_class,
                                             int64_t timeout_ms) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout_ms);
-  // The first registration may wait for the hub to come up.
-  ctx.set_wait_for_ready(true);
   v1::RegisterWorkerRequest req;
   req.set_secret(secret_);
   req.set_worker_id(old_id.value());
@@ -138,10 +137,30 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
   wire::ToProto(labels, req.mutable_labels());
   req.set_worker_class(worker_class == WorkerClass::kSpot ? v1::SPOT
                                                           : v1::RELIABLE);
-  v1::RegisterWorkerResponse resp;
-  TH_RETURN_IF_ERROR(
-      Check(stub_->RegisterWorker(&ctx, req, &resp), "register"));
-  return WorkerId(resp.worker_id());
+  // The first registration may wait for the hub to come up (wait for
+  // ready), and is asked again if the hub went away while it was in flight
+  // (a hub restarting): up to kRegisterAttempts times within timeout_ms. A
+  // registration the old hub took and never answered leaves an id that
+  // expires with its lease.
+  const auto until =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms));
+  Status last;
+  for (int attempt = 0; attempt < kRegisterAttempts; ++attempt) {
+    const int64_t left_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - std::chrono::steady_clock::now())
+            .count();
+    if (attempt > 0 && left_ms <= 0) break;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, std::max<int64_t>(1, left_ms));
+    ctx.set_wait_for_ready(true);
+    v1::RegisterWorkerResponse resp;
+    last = Check(stub_->RegisterWorker(&ctx, req, &resp), "register");
+    if (last.ok()) return WorkerId(resp.worker_id());
+    if (last.code() != StatusCode::kUnavailable) break;
+  }
+  return last;
 }
 
 Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
