@@ -15,6 +15,7 @@
 #include "cuda/device.h"
 #include "gpu_roles.h"
 #include "hub/hub_service.h"
+#include "process_util.h"
 #include "subprocess.h"
 #include "tensorhub/client.h"
 #include "transport/tcp/auth.h"
@@ -43,27 +44,6 @@ std::string NoDevice() {
     std::string why_ = NoDevice();                                 \
     if (!why_.empty()) GTEST_SKIP() << "no CUDA device: " << why_; \
   } while (0)
-
-std::string Word(const std::string& line, int i) {
-  std::istringstream in(line);
-  std::string w;
-  for (int k = 0; k <= i; ++k) in >> w;
-  return w;
-}
-
-Subprocess MustSpawn(const std::vector<std::string>& args) {
-  auto p = Subprocess::Spawn(args, {"TENSORHUB_LOG=warn"});
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return std::move(p).value();
-}
-
-std::string Ask(Subprocess& p, const std::string& cmd,
-                int64_t timeout_ms = 60000) {
-  Status s = p.Send(cmd);
-  if (!s.ok()) return "error " + s.ToString();
-  auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
-  return line.ok() ? *line : "error " + line.status().ToString();
-}
 
 // ---- memory kinds (run everywhere) ------------------------------------------
 
@@ -474,8 +454,6 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
 }  // namespace tensorhub::testing
 
 int main(int argc, char** argv) {
-  int rc = tensorhub::testing::MaybeRunGpuRole(argc, argv);
-  if (rc >= 0) return rc;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensorhub::testing::RoleOrTestsMain(
+      argc, argv, &tensorhub::testing::MaybeRunGpuRole);
 }

@@ -14,6 +14,7 @@
 #include "common/manifest.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "process_util.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
 #include "transport/tcp/auth.h"
@@ -503,10 +504,8 @@ TEST(NoHub, UnreachableHubFailsWithinItsDeadline) {
 }  // namespace tensorhub::testing
 
 int main(int argc, char** argv) {
-  int rc = tensorhub::testing::MaybeRunRole(argc, argv);
-  if (rc >= 0) return rc;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensorhub::testing::RoleOrTestsMain(argc, argv,
+                                             &tensorhub::testing::MaybeRunRole);
 }
 
 namespace tensorhub::testing {

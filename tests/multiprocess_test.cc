@@ -12,6 +12,7 @@
 #include "common/deadline.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "process_util.h"
 #include "subprocess.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
@@ -22,27 +23,6 @@ namespace {
 using cli::Subprocess;
 
 constexpr uint64_t kBytes = 256ull << 20;
-
-std::string Word(const std::string& line, int i) {
-  std::istringstream in(line);
-  std::string w;
-  for (int k = 0; k <= i; ++k) in >> w;
-  return w;
-}
-
-Subprocess MustSpawn(const std::vector<std::string>& args) {
-  auto p = Subprocess::Spawn(args, {"TENSORHUB_LOG=warn"});
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return std::move(p).value();
-}
-
-std::string Ask(Subprocess& p, const std::string& cmd,
-                int64_t timeout_ms = 120000) {
-  Status s = p.Send(cmd);
-  if (!s.ok()) return "error " + s.ToString();
-  auto line = p.ReadLine(Deadline::AfterMs(timeout_ms));
-  return line.ok() ? *line : "error " + line.status().ToString();
-}
 
 // SIGSTOP, then waits until the kernel reports the process stopped (the
 // signal is delivered asynchronously).
@@ -477,8 +457,6 @@ TEST(FailureModes, HubStoppedEveryCallEndsByItsOwnDeadline) {
 }  // namespace tensorhub::testing
 
 int main(int argc, char** argv) {
-  int rc = tensorhub::testing::MaybeRunRole(argc, argv);
-  if (rc >= 0) return rc;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensorhub::testing::RoleOrTestsMain(argc, argv,
+                                             &tensorhub::testing::MaybeRunRole);
 }

@@ -15,6 +15,7 @@
 #include "common/test_point.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "process_util.h"
 #include "subprocess.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
@@ -296,26 +297,6 @@ TEST_F(RetainE2E, ReaderGroupRanksFetchTheSameVersion) {
 
 // ---------------------------------------------------------- multi-process
 
-std::string Word(const std::string& line, int i) {
-  std::istringstream in(line);
-  std::string w;
-  for (int k = 0; k <= i; ++k) in >> w;
-  return w;
-}
-
-std::string Ask(Subprocess& p, const std::string& cmd) {
-  Status s = p.Send(cmd);
-  if (!s.ok()) return "error " + s.ToString();
-  auto line = p.ReadLine(Deadline::AfterMs(60000));
-  return line.ok() ? *line : "error " + line.status().ToString();
-}
-
-Subprocess MustSpawn(const std::vector<std::string>& args) {
-  auto p = Subprocess::Spawn(args, {"TENSORHUB_LOG=warn"});
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return std::move(p).value();
-}
-
 TEST_F(RetainE2E, KeeperProcessKeepsTheVersionUntilKilledThenUnavailable) {
   StartHub(/*keep_latest=*/0, /*lease_ms=*/1000);
   const std::string addr = hub_->address();
@@ -408,8 +389,6 @@ TEST_F(RetainE2E, RetainedVersionSurvivesAHubRestart) {
 }  // namespace tensorhub::testing
 
 int main(int argc, char** argv) {
-  int rc = tensorhub::testing::MaybeRunRole(argc, argv);
-  if (rc >= 0) return rc;
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tensorhub::testing::RoleOrTestsMain(argc, argv,
+                                             &tensorhub::testing::MaybeRunRole);
 }

@@ -1,0 +1,34 @@
+// What the cross-component tests share for driving worker processes (the
+// roles of test_roles.h and gpu_roles.h) over their line protocol, and the
+// main() of a test binary that is also its own worker.
+#ifndef TENSORHUB_TESTS_PROCESS_UTIL_H_
+#define TENSORHUB_TESTS_PROCESS_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "subprocess.h"
+
+namespace tensorhub::testing {
+
+// Word `i` (from 0) of a reply line, or "" past its end.
+std::string Word(const std::string& line, int i);
+
+// Spawns this binary with `args` (a --role=... first) and TENSORHUB_LOG=warn;
+// a failed spawn fails the test.
+cli::Subprocess MustSpawn(const std::vector<std::string>& args);
+
+// Sends one command line and returns the reply line, or "error ..." if the
+// process did not answer within `timeout_ms`.
+std::string Ask(cli::Subprocess& p, const std::string& cmd,
+                int64_t timeout_ms = 120000);
+
+// A test binary's main(): runs the role named by argv if `run_role` finds
+// one (it returns -1 otherwise), else the GoogleTest suite.
+int RoleOrTestsMain(int argc, char** argv,
+                    int (*run_role)(int argc, char** argv));
+
+}  // namespace tensorhub::testing
+
+#endif  // TENSORHUB_TESTS_PROCESS_UTIL_H_
