@@ -95,6 +95,9 @@ ManifestDigest Manifest::Digest() const {
   return ManifestDigest{w.Digest()};
 }
 
+// Long on purpose (about 85 lines): a flat list of independent checks, one
+// per documented limit, each with its own message; splitting it would only
+// scatter the list.
 Status Manifest::Validate() const {
   if (group_size_ == 0 || group_size_ > kMaxGroupSize) {
     return InvalidArgument("manifest: group size " +

@@ -9,6 +9,9 @@
 
 namespace tensorhub::sim {
 
+// Long on purpose (about 115 lines): one progressive-filling pass, the
+// simulator's hot loop, over scratch arrays its phases share; split, each
+// step would pass those arrays around and the pass would read less plainly.
 void MaxMinFair(const std::vector<double>& capacity,
                 const std::vector<FlowLinks>& flows,
                 const std::vector<double>& caps, std::vector<double>* rates,

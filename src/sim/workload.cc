@@ -254,6 +254,45 @@ class Driver {
     return id.ok() ? Status::Ok() : id.status();
   }
 
+  // TensorHub: each shard's trainer publishes version v at the hub. False
+  // (after Fail) if the hub refused or did not commit it.
+  bool PublishToHub(int v) {
+    for (int r = 0; r < c_.tp; ++r) {
+      hub::PublishArgs a;
+      a.worker = Id(r);
+      a.model = Model(r);
+      a.version = Version(static_cast<uint64_t>(v));
+      a.rank = 0;
+      a.group_size = 1;
+      a.chunk_bytes = c_.chunk_bytes;
+      a.part = manifests_[static_cast<size_t>(r)].parts()[0];
+      a.epoch = ++epoch_;
+      Result<VersionState> st = hub_.Publish(a, NowMs());
+      if (!st.ok()) {
+        Fail(st.status().WithContext("sim: publish"));
+        return false;
+      }
+      if (*st != VersionState::kCommitted) {
+        Fail(Internal("sim: version not committed"));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Who fetches at publish time, in a seeded order (the order in which
+  // their Schedule calls reach the hub).
+  std::vector<int> FetchOrder() {
+    std::vector<int> order;
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      const Instance& in = instances_[i];
+      if (in.present && in.wait_start < 0 && !in.arriving)
+        order.push_back(static_cast<int>(i));
+    }
+    std::shuffle(order.begin(), order.end(), rng_);
+    return order;
+  }
+
   // The trainer publishes the next version; every present instance fetches it.
   void Publish() {
     const int v = ++latest_;
@@ -273,32 +312,8 @@ class Driver {
       for (int r = 0; r < c_.tp; ++r)
         engine_.Drop(r, Obj(v - 1, r));  // replaced in place
     }
-    for (int r = 0; r < c_.tp; ++r) {
-      if (IsTh()) {
-        hub::PublishArgs a;
-        a.worker = Id(r);
-        a.model = Model(r);
-        a.version = Version(static_cast<uint64_t>(v));
-        a.rank = 0;
-        a.group_size = 1;
-        a.chunk_bytes = c_.chunk_bytes;
-        a.part = manifests_[static_cast<size_t>(r)].parts()[0];
-        a.epoch = ++epoch_;
-        Result<VersionState> st = hub_.Publish(a, NowMs());
-        if (!st.ok()) return Fail(st.status().WithContext("sim: publish"));
-        if (*st != VersionState::kCommitted)
-          return Fail(Internal("sim: version not committed"));
-      }
-    }
-    // Who fetches at publish time, in a seeded order (the order in which
-    // their Schedule calls reach the hub).
-    std::vector<int> order;
-    for (size_t i = 0; i < instances_.size(); ++i) {
-      const Instance& in = instances_[i];
-      if (in.present && in.wait_start < 0 && !in.arriving)
-        order.push_back(static_cast<int>(i));
-    }
-    std::shuffle(order.begin(), order.end(), rng_);
+    if (IsTh() && !PublishToHub(v)) return;
+    std::vector<int> order = FetchOrder();
     // Each instance needs the version when its current batch ends.
     std::vector<double> arrive(order.size(), 0.0);
     if (c_.arrival_spread_s > 0) {

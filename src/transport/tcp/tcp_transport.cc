@@ -234,7 +234,10 @@ class TcpServer final : public Server {
   }
 
   // Serves requests on one connection until the peer leaves, an I/O error,
-  // or Stop().
+  // or Stop(). Long on purpose (about 105 lines): one request's whole life
+  // (frame, lease, the reply by its path) stays in one loop body, so that
+  // the lease visibly ends at the bottom of the loop on every path, after
+  // the last byte left or after the reader released a same-host reply.
   void Serve(int fd) {
     uint8_t header[wire::kRequestHeaderBytes];
     const int64_t stall_ms = options_.io_stall_timeout_ms;
