@@ -20,6 +20,7 @@ SUITES=${SUITES:-ctest pytest}
 BUILD=${BUILD:-build}
 LOAD=${LOAD:-stress-ng --cpu 0 --cpu-method matrixprod}
 LOGDIR=${LOGDIR:-$(mktemp -d /tmp/th-stress.XXXXXX)}
+mkdir -p "$LOGDIR"
 command -v stress-ng >/dev/null || { echo "stress: installing stress-ng"; apt-get install -y -qq stress-ng >/dev/null; }
 [ -x "$BUILD/tests/multiprocess_test" ] || { echo "stress: no test build in $BUILD (scripts/build.sh $BUILD -DTH_BUILD_TESTS=ON)" >&2; exit 2; }
 
