@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "client/control_plane.h"
+#include "common/deadline.h"
 #include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
 
@@ -142,15 +143,10 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
   // (a hub restarting): up to kRegisterAttempts times within timeout_ms. A
   // registration the old hub took and never answered leaves an id that
   // expires with its lease.
-  const auto until =
-      std::chrono::steady_clock::now() +
-      std::chrono::milliseconds(std::max<int64_t>(0, timeout_ms));
+  const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(0, timeout_ms));
   Status last;
   for (int attempt = 0; attempt < kRegisterAttempts; ++attempt) {
-    const int64_t left_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(
-            until - std::chrono::steady_clock::now())
-            .count();
+    const int64_t left_ms = deadline.remaining_ms();
     if (attempt > 0 && left_ms <= 0) break;
     grpc::ClientContext ctx;
     Prepare(&ctx, std::max<int64_t>(1, left_ms));
