@@ -782,6 +782,7 @@ class HubState::Picker {
   Pick Best(bool full_only) const {
     Pick best;
     for (const Level& level : levels_) {
+      if (!CanImprove(best, level.distance)) break;
       const HolderKey* c = FirstComplete(level.set->complete, full_only);
       const HolderKey* f = FirstFilling(level.set->filling);
       for (const HolderKey* k : {c, f}) {
@@ -852,6 +853,17 @@ class HubState::Picker {
     bool later = hub_.config_.racks_oversubscribed || k.serving > 0 ||
                  distance > kDatacenterDistance;
     return {later, distance, k};
+  }
+
+  // Whether a level at `distance` (farther than every level searched so
+  // far) may hold a holder that ranks before `best`: only while there is no
+  // best yet, or the best is "later" and an idle holder there would not be.
+  // Saves searching the farther levels once the answer is settled.
+  bool CanImprove(const Pick& best, int distance) const {
+    if (best.key == nullptr) return true;
+    if (!std::get<0>(Rank(*best.key, best.distance))) return false;
+    return !hub_.config_.racks_oversubscribed &&
+           distance <= kDatacenterDistance;
   }
 
   bool Usable(const HolderKey& k) const {
