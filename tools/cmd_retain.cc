@@ -36,11 +36,11 @@ int CmdRetain(int argc, char** argv) {
 }
 
 int CmdKeeper(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      {"hub", "secret-file", "name", "datacenter", "rack", "host-label",
-       "data-listen", "advertise-host", "memory-limit", "leave-timeout-ms"},
-      {});
+  auto args = ParseArgs(argc, argv, 2,
+                        {"hub", "secret-file", "name", "datacenter", "rack",
+                         "host-label", "data-listen", "advertise-host",
+                         "memory-limit", "leave-timeout-ms", "metrics-listen"},
+                        {});
   if (!args.ok()) return Fail(args.status());
   if (args->Has("spot")) {
     return Fail(InvalidArgument("a keeper is a reliable worker; no --spot"));

@@ -52,6 +52,8 @@ Common flags:
   --data-listen HOST:PORT  data-plane listen address (default 127.0.0.1:0)
   --advertise-host HOST  host other workers dial for the data plane
   --timeout-ms N         deadline for the call (default depends on the command)
+  --metrics-listen HOST:PORT  serve Prometheus metrics at /metrics (serve, publish,
+                         fetch, keeper; docs/metrics.md)
 Environment: TENSORHUB_LOG=debug|info|warn|error
 )";
 
