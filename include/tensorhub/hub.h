@@ -39,7 +39,7 @@ struct HubOptions {
   // HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 picks a
   // free port, see Hub::metrics_address()). Empty: no metrics endpoint.
   // The metrics are listed in docs/metrics.md.
-  std::string metrics_listen;
+  std::string metrics_listen = "";
 };
 
 class Hub {

@@ -224,25 +224,25 @@ MetricsServer::~MetricsServer() { Stop(); }
 
 void MetricsServer::Stop() {
   if (impl_ == nullptr) return;
+  Impl& impl = *impl_;
   {
-    MutexLock lock(impl_->mu);
-    if (impl_->stopped) return;
-    impl_->stopped = true;
+    MutexLock lock(impl.mu);
+    if (impl.stopped) return;
+    impl.stopped = true;
   }
-  if (!impl_->listener.joinable()) return;  // Start failed before it
+  if (!impl.listener.joinable()) return;  // Start failed before it
   // httplib's stop() only acts once the listener runs: a Stop() right after
   // Start() may come before that, so it is repeated until the listener ended.
-  MutexLock lock(impl_->mu);
-  while (!impl_->listener_done) {
+  MutexLock lock(impl.mu);
+  while (!impl.listener_done) {
     lock.Unlock();
-    impl_->http.stop();
+    impl.http.stop();
     lock.Lock();
-    impl_->cv.wait_for(
-        lock.native(), std::chrono::milliseconds(10),
-        [&]() TH_REQUIRES(impl_->mu) { return impl_->listener_done; });
+    impl.cv.wait_for(lock.native(), std::chrono::milliseconds(10),
+                     [&]() TH_REQUIRES(impl.mu) { return impl.listener_done; });
   }
   lock.Unlock();
-  if (impl_->listener.joinable()) impl_->listener.join();
+  impl.listener.join();
 }
 
 }  // namespace tensorhub::metrics

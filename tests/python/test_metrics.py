@@ -201,7 +201,7 @@ def test_embedded_hub_and_clients_export_what_happened(model_name):
             assert r.value("tensorhub_fetches_total", outcome="ok") == 1
             assert r.value("tensorhub_fetches_total", outcome="error") == 0
             assert r.total("tensorhub_fetched_bytes_total") == nbytes
-            assert r.value("tensorhub_fetched_chunks_total") == 4  # 3 MiB + 56 B in 1 MiB chunks
+            assert r.value("tensorhub_fetched_chunks_total") == reader.describe(model_name, 1).num_chunks
             assert r.value("tensorhub_fetch_seconds_count") == 1
             for stage in STAGES:
                 assert r.value("tensorhub_fetch_stage_seconds_count", stage=stage) == 1
@@ -262,7 +262,8 @@ def test_a_metrics_port_in_use_is_a_clear_error(hub):
 @pytest.fixture
 def cli_cluster(tmp_path):
     """`tensorhub serve`, `tensorhub publish` of a 6 MiB file and `tensorhub
-    keeper`, each with --metrics-listen. Yields (hub, file, data bytes, metrics addresses)."""
+    keeper`, each with --metrics-listen. Yields (hub, file, data bytes,
+    metrics addresses, the publisher's process)."""
     hub_port, hub_metrics, pub_metrics, keeper_metrics = (free_port() for _ in range(4))
     hub = f"127.0.0.1:{hub_port}"
     env = dict(os.environ, TENSORHUB_LOG="warn")
@@ -295,7 +296,7 @@ def cli_cluster(tmp_path):
             "hub": f"127.0.0.1:{hub_metrics}",
             "publisher": f"127.0.0.1:{pub_metrics}",
             "keeper": f"127.0.0.1:{keeper_metrics}",
-        }
+        }, pub
     finally:
         for p in reversed(procs):
             assert stop(p) == 0, p.stderr.read()
@@ -303,14 +304,16 @@ def cli_cluster(tmp_path):
 
 @needs_cli
 def test_cli_processes_export_what_happened(cli_cluster, tmp_path):
-    hub, src, nbytes, addr = cli_cluster
+    hub, src, nbytes, addr, publisher = cli_cluster
     chunks = -(-nbytes // (1 << 20))
     before = Scrape(addr["hub"])
     assert before.value("tensorhub_hub_workers") == 2  # publisher, keeper
     assert before.value("tensorhub_hub_versions", state="committed") == 1
 
-    # A Python worker fetches with its own endpoint (it stays up to be scraped).
-    reader = tensorhub.connect(hub, worker_id="reader", metrics_listen="127.0.0.1:0")
+    # A Python worker fetches with its own endpoint (it stays up to be
+    # scraped). A spot worker: the publisher stays the one reliable copy.
+    reader = tensorhub.connect(hub, worker_id="reader", reliable=False,
+                               metrics_listen="127.0.0.1:0")
     try:
         out = reader.describe("m", "latest").empty("numpy")
         st = reader.fetch("m", "latest", into=out, return_stats=True)
@@ -330,17 +333,23 @@ def test_cli_processes_export_what_happened(cli_cluster, tmp_path):
         assert h.value("tensorhub_hub_rpcs_total", method="Resolve", code="OK") >= (
             before.value("tensorhub_hub_rpcs_total", method="Resolve", code="OK") + 1)
 
-        # The keeper copies a retained version: hub and keeper both count it.
+        # The version is retained and its last reliable holder leaves: the
+        # hub holds the unpublish until the keeper copied it, and both count.
         r_ret = subprocess.run([str(BIN), "retain", "m@1", "--hub", hub], capture_output=True,
                                text=True, timeout=60)
         assert r_ret.returncode == 0, r_ret.stderr
+        assert stop(publisher) == 0, publisher.stderr.read()
+        # The hub let the publisher go once the keeper reported its copy; the
+        # keeper counts it right after that report.
         k = wait_for(lambda: (lambda s: s if s.value("tensorhub_keeper_copies_total") == 1 else None)(
-            Scrape(addr["keeper"])), "the keeper's copy")
+            Scrape(addr["keeper"])), "the keeper's count of its copy")
         assert k.value("tensorhub_keeper_held_bytes") == nbytes
         assert k.total("tensorhub_fetched_bytes_total") == nbytes
         h = Scrape(addr["hub"])
         assert h.value("tensorhub_hub_keeper_copy_requests_total") >= 1
         assert h.value("tensorhub_hub_retained_versions") == 1
+        assert h.value("tensorhub_hub_departures_waiting") == 0
+        assert h.value("tensorhub_hub_rpc_seconds_count", method="KeeperPoll") >= 1
 
         # `tensorhub fetch` closes with the same stage breakdown.
         out_file = tmp_path / "copy.safetensors"
@@ -361,9 +370,8 @@ def test_cli_processes_export_what_happened(cli_cluster, tmp_path):
         assert sum(stages[:5]) <= total + 0.01, f.stdout
 
         # Every metric the dashboard names exists in a real scrape.
-        scraped = set()
-        for s in (Scrape(addr["hub"]), Scrape(addr["publisher"]), Scrape(addr["keeper"]),
-                  Scrape(reader.metrics_address)):
+        scraped = p.names()  # the publisher's, scraped while it ran
+        for s in (Scrape(addr["hub"]), Scrape(addr["keeper"]), Scrape(reader.metrics_address)):
             scraped |= s.names()
         used = dashboard_metric_names()
         assert used, "the dashboard names no tensorhub_ metric"
