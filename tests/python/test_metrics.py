@@ -289,7 +289,9 @@ def cli_cluster(tmp_path):
         pub = start("publish", str(src), "--model", "m", "--version", "1", "--hub", hub,
                     "--chunk-bytes", "1MiB", "--metrics-listen", f"127.0.0.1:{pub_metrics}")
         wait_line(pub, "serving from")
-        keeper = start("keeper", "--hub", hub, "--memory-limit", "64MiB",
+        # --leave-timeout-ms 0: at the end it holds the last reliable copy
+        # of a retained version, and must not wait for another keeper.
+        keeper = start("keeper", "--hub", hub, "--memory-limit", "64MiB", "--leave-timeout-ms", "0",
                        "--metrics-listen", f"127.0.0.1:{keeper_metrics}")
         wait_line(keeper, "keeper")
         yield hub, src, nbytes, {
