@@ -26,6 +26,7 @@
 
 #include "tensorhub/client.h"
 #include "tensorhub/hub.h"
+#include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -459,6 +460,73 @@ PYBIND11_MODULE(_core, m) {
         }
       },
       py::arg("level"));
+
+  // Resharding helpers (include/tensorhub/reshard.h). A box is a pair of
+  // lists (offset, extent).
+  using PyBox = std::pair<std::vector<uint64_t>, std::vector<uint64_t>>;
+  auto to_py = [](const Box& b) { return PyBox{b.offset, b.extent}; };
+  auto dims_of = [](uint64_t heads, uint64_t kv_heads, uint64_t head_dim,
+                    uint64_t experts) {
+    return ModelDims{heads, kv_heads, head_dim, experts};
+  };
+  m.def(
+      "classify_hf_tensor",
+      [](const std::string& name) {
+        return std::string(ShardKindName(ClassifyHfTensor(name)));
+      },
+      py::arg("name"));
+  m.def(
+      "tp_rank_box",
+      [=](const std::string& name, const std::vector<uint64_t>& shape,
+          uint32_t rank, uint32_t tp, uint64_t heads, uint64_t kv_heads,
+          uint64_t head_dim, uint64_t experts) {
+        return to_py(
+            Take(TpRankBox(name, shape, rank, tp,
+                           dims_of(heads, kv_heads, head_dim, experts))));
+      },
+      py::arg("name"), py::arg("shape"), py::arg("rank"), py::arg("tp"),
+      py::arg("num_attention_heads") = 0, py::arg("num_key_value_heads") = 0,
+      py::arg("head_dim") = 0, py::arg("num_experts") = 0);
+  m.def(
+      "ep_rank_box",
+      [=](const std::string& name, const std::vector<uint64_t>& shape,
+          uint32_t rank, uint32_t ep, uint64_t experts) {
+        return to_py(
+            Take(EpRankBox(name, shape, rank, ep, dims_of(0, 0, 0, experts))));
+      },
+      py::arg("name"), py::arg("shape"), py::arg("rank"), py::arg("ep"),
+      py::arg("num_experts"));
+  m.def(
+      "fsdp_shards",
+      [=](const std::vector<uint64_t>& shape, uint32_t k) {
+        std::vector<PyBox> out;
+        for (const Box& b : FsdpShards(shape, k)) out.push_back(to_py(b));
+        return out;
+      },
+      py::arg("shape"), py::arg("k"));
+  m.def(
+      "tp_shards",
+      [=](const std::vector<uint64_t>& shape, uint32_t dim, uint32_t k) {
+        std::vector<PyBox> out;
+        for (const Box& b : Take(TpShards(shape, dim, k))) {
+          out.push_back(to_py(b));
+        }
+        return out;
+      },
+      py::arg("shape"), py::arg("dim"), py::arg("k"));
+  // Converts `count` elements between buffers given by address (the Python
+  // side passes numpy/torch data pointers and checks their sizes).
+  m.def(
+      "convert",
+      [](const std::string& from, const std::string& to, uintptr_t src,
+         uintptr_t dst, uint64_t count, float scale) {
+        Check(ConvertDType(Take(ParseDType(from)), Take(ParseDType(to)),
+                           reinterpret_cast<const void*>(src),
+                           reinterpret_cast<void*>(dst), count, scale));
+      },
+      py::arg("from_dtype"), py::arg("to_dtype"), py::arg("src"),
+      py::arg("dst"), py::arg("count"), py::arg("scale") = 1.0f);
+  m.def("fp8_scale", &Fp8ScaleForAmax, py::arg("amax"));
 
   py::list dtypes;
   for (DType d : {DType::kBool, DType::kU8, DType::kI8, DType::kU16,
