@@ -17,12 +17,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -66,6 +68,15 @@ struct PublishOptions {
   // Free-form pairs stored with this rank's part (at most 64, 16 MiB in
   // all); readers see them in VersionInfo::metadata.
   std::vector<std::pair<std::string, std::string>> metadata;
+  // Shards (reshard.h): a tensor named here is this rank's box of a logical
+  // tensor of that name (its global shape and the box's offset; the box's
+  // extents are the tensor's shape). The ranks' boxes of every tensor must
+  // tile it: the hub refuses the last rank's publish otherwise.
+  std::map<std::string, TensorPiece> pieces;
+  // Segment checksums (about this many bytes each; 0: none), so that
+  // readers of a slice verify what they read (FetchSlices). Computed on
+  // the CPU: tensors in device memory get none.
+  uint64_t segment_bytes = 64 << 10;
 };
 
 struct FetchProgress {

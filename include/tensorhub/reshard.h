@@ -35,6 +35,14 @@ struct Box {
   bool operator==(const Box&) const = default;
 };
 
+// What a trainer rank publishes of a logical tensor: the tensor's global
+// shape and where its box starts (the box's extents are the published
+// tensor's shape). PublishOptions::pieces, by tensor name.
+struct TensorPiece {
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> offset;
+};
+
 // "[0:4, 8:16]" (begin:end per dimension).
 std::string BoxToString(const Box& box);
 

@@ -111,9 +111,10 @@ class Client::Impl {
       if (stream) return stream->Xxh3(pieces);
       return Xxh3Pieces(pieces);
     };
+    PieceOptions pieces{opts.pieces, opts.segment_bytes};
     TH_ASSIGN_OR_RETURN(
         PartLayout part,
-        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
+        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash, pieces));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {

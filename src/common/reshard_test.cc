@@ -15,6 +15,7 @@
 #include "common/checksum.h"
 #include "common/convert.h"
 #include "common/geometry.h"
+#include "common/manifest.h"
 
 namespace tensorhub {
 namespace {
@@ -607,6 +608,115 @@ TEST(ConvertTest, ConvertElementsAndScales) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("I32 to F32"), std::string::npos);
   EXPECT_FALSE(CheckConversion(DType::kF8E4M3, DType::kBF16, "w").ok());
+}
+
+// ------------------------------------------------- manifests with pieces
+
+// Rank r's FSDP rows of "w" (shape [6, 4], F32) plus, on rank 0, "n".
+struct Shards {
+  std::vector<std::vector<float>> rows;
+  std::vector<float> n = std::vector<float>(4, 1.0f);
+};
+
+Result<PartLayout> FsdpPart(Shards& s, uint32_t rank, uint32_t k,
+                            Shape offset_override = {}) {
+  const Shape global{6, 4};
+  const Box box = FsdpShards(global, k)[rank];
+  s.rows.resize(k);
+  s.rows[rank].resize(box.Elements());
+  for (size_t i = 0; i < s.rows[rank].size(); ++i) {
+    s.rows[rank][i] = static_cast<float>(box.offset[0] * 4 + i);
+  }
+  std::vector<TensorRef> refs;
+  refs.push_back({{"w", DType::kF32, box.extent},
+                  s.rows[rank].data(),
+                  box.Elements() * 4,
+                  MemoryLocation::Host()});
+  if (rank == 0)
+    refs.push_back(
+        {{"n", DType::kF32, {4}}, s.n.data(), 16, MemoryLocation::Host()});
+  PieceOptions opts;
+  opts.pieces["w"] = {global,
+                      offset_override.empty() ? box.offset : offset_override};
+  opts.segment_bytes = 32;
+  return BuildPartLayout(
+      rank, refs, kMinChunkBytes,
+      [](std::span<const iovec> p) -> Result<uint64_t> {
+        return Xxh3Pieces(p);
+      },
+      opts);
+}
+
+TEST(ManifestGeometryTest, ShardsTileAndCarrySegments) {
+  Shards s;
+  std::vector<PartLayout> parts = {*FsdpPart(s, 0, 2), *FsdpPart(s, 1, 2)};
+  const Manifest m(2, kMinChunkBytes, parts);
+  ASSERT_TRUE(m.Validate().ok()) << m.Validate().ToString();
+  const TensorLayout& w1 = m.parts()[1].tensors[0];
+  EXPECT_EQ(w1.PieceBox(), B({3, 0}, {3, 4}));
+  EXPECT_EQ(w1.GlobalShape(), (Shape{6, 4}));
+  // 32-byte segments: two rows of 4 floats.
+  EXPECT_EQ(w1.seg, (SegmentShape{2, 4}));
+  ASSERT_EQ(w1.seg_xxh3.size(), 2u);
+  EXPECT_EQ(w1.seg_xxh3[1], Xxh3(s.rows[1].data() + 8, 16));
+  // The digest covers the geometry.
+  std::vector<PartLayout> moved = parts;
+  moved[1].tensors[0].box_offset = {2, 0};
+  EXPECT_NE(Manifest(2, kMinChunkBytes, moved).Digest(), m.Digest());
+}
+
+TEST(ManifestGeometryTest, GapsOverlapsAndDisagreementsAreRefused) {
+  Shards s;
+  // Rank 1 claims rows 4..6 instead of 3..6 (its 3 rows then overflow).
+  Result<PartLayout> bad = FsdpPart(s, 1, 2, {4, 0});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("outside"), std::string::npos);
+  // Three ranks: rank 2's rows moved onto rank 1's.
+  std::vector<PartLayout> parts = {*FsdpPart(s, 0, 3), *FsdpPart(s, 1, 3),
+                                   *FsdpPart(s, 2, 3, {2, 0})};
+  Status st = Manifest(3, kMinChunkBytes, parts).Validate();
+  EXPECT_NE(st.message().find("overlap"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(CheckPiecesTile(parts, /*complete=*/false).code() ==
+              StatusCode::kInvalidArgument);
+  // Only two of three ranks: a gap.
+  parts = {*FsdpPart(s, 0, 3), *FsdpPart(s, 1, 3)};
+  parts[1].rank = 1;
+  st = CheckPiecesTile(parts);
+  EXPECT_NE(st.message().find("no part covers [4:6, 0:4]"), std::string::npos)
+      << st.ToString();
+  EXPECT_TRUE(CheckPiecesTile(parts, /*complete=*/false).ok());
+  // Another global shape for the same name.
+  parts = {*FsdpPart(s, 0, 2), *FsdpPart(s, 1, 2)};
+  parts[1].tensors[0].global_shape = {7, 4};
+  st = Manifest(2, kMinChunkBytes, parts).Validate();
+  EXPECT_NE(st.message().find("global shape"), std::string::npos)
+      << st.ToString();
+  // Segment checksums that do not match the count.
+  parts = {*FsdpPart(s, 0, 2), *FsdpPart(s, 1, 2)};
+  parts[0].tensors[0].seg_xxh3.pop_back();
+  EXPECT_FALSE(Manifest(2, kMinChunkBytes, parts).Validate().ok());
+  // Two unsharded copies of a name in two parts overlap.
+  parts = {*FsdpPart(s, 0, 2), *FsdpPart(s, 1, 2)};
+  parts[1].tensors.push_back(parts[0].tensors[1]);
+  parts[1].tensors.back().offset = parts[1].part_bytes;
+  parts[1].part_bytes += 16;
+  parts[1].chunk_xxh3 = {0};
+  st = Manifest(2, kMinChunkBytes, parts).Validate();
+  EXPECT_NE(st.message().find("tensor 'n'"), std::string::npos)
+      << st.ToString();
+  // A box for a tensor not published.
+  std::vector<float> x(4);
+  std::vector<TensorRef> refs = {
+      {{"x", DType::kF32, {4}}, x.data(), 16, MemoryLocation::Host()}};
+  PieceOptions opts;
+  opts.pieces["y"] = {{8}, {0}};
+  Result<PartLayout> r = BuildPartLayout(
+      0, refs, kMinChunkBytes,
+      [](std::span<const iovec> p) -> Result<uint64_t> {
+        return Xxh3Pieces(p);
+      },
+      opts);
+  EXPECT_FALSE(r.ok());
 }
 
 }  // namespace
