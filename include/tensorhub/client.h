@@ -225,6 +225,21 @@ class Client {
                            const std::vector<TensorRef>& destination,
                            const FetchOptions& options = {});
 
+  // Partial fetch: resolves `version` and pulls only the given boxes of
+  // its logical tensors (reshard.h: TensorSlice), whatever the trainer
+  // ranks' layout, straight into the caller's memory (host memory), with
+  // an optional dtype conversion on the way in. Reads only the segments
+  // the boxes touch (the publisher's segment checksums verify them: at
+  // most one segment more at each end of each range read), striped over
+  // the holders, failing over like Fetch. The slices are not served
+  // onward. INVALID_ARGUMENT (nothing fetched) for an unknown tensor, a box
+  // outside the tensor, a dtype that cannot be converted, a shape that is
+  // not the box's; FAILED_PRECONDITION for a version published without
+  // segment checksums. FetchStats::bytes counts the bytes read.
+  Result<FetchStats> FetchSlices(std::string_view model, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& options = {});
+
   Result<std::vector<ModelInfo>> List();
   // Manifest and holders of one version (Latest() allowed). Uncommitted
   // versions are described too, with their state.

@@ -43,6 +43,20 @@ struct TensorPiece {
   std::vector<uint64_t> offset;
 };
 
+// A destination of Client::FetchSlices: the box `box` of logical tensor
+// `tensor.spec.name`, into `tensor.data` laid out row-major over
+// box.extent (tensor.spec.shape must equal box.extent). tensor.spec.dtype
+// may differ from the published dtype: BF16, F16 and F32 convert to each
+// other and to F8_E4M3 (see ConvertDType); F8_E4M3 then needs
+// `fp8_scales`: one (per tensor) or box.extent[0] (per output channel, for
+// 2+ dimensions), as Fp8ScaleForAmax computes them from the amax the
+// caller knows (the publisher's, e.g. from its metadata).
+struct TensorSlice {
+  TensorRef tensor;
+  Box box;
+  std::vector<float> fp8_scales;
+};
+
 // "[0:4, 8:16]" (begin:end per dimension).
 std::string BoxToString(const Box& box);
 

@@ -18,6 +18,7 @@
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/registry.h"
+#include "client/slice_fetch.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -418,6 +419,95 @@ class Client::Impl {
     return sources;
   }
 
+  // A partial fetch: resolve, check and plan the slices, schedule sources,
+  // run the slice fetcher. The slices are not registered for serving.
+  Result<FetchStats> FetchSlices(std::string_view model_sv, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& opts) {
+    const std::string model(model_sv);
+    const auto t0 = SteadyClock::now();
+    if (opts.group.size() > 256) {
+      return InvalidArgument("reader group id must be at most 256 characters");
+    }
+    std::vector<TensorRef> refs;
+    std::vector<client::SliceDest> dests;
+    for (const TensorSlice& s : slices) {
+      const TensorRef& t = s.tensor;
+      if (t.spec.shape != s.box.extent) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "': shape " +
+                               Describe(t.spec) + " is not the box's " +
+                               BoxToString(s.box));
+      }
+      TH_ASSIGN_OR_RETURN(uint64_t size, t.spec.ByteSize());
+      if (size != t.bytes) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "' has " +
+                               std::to_string(t.bytes) + " bytes, needs " +
+                               std::to_string(size));
+      }
+      refs.push_back(t);
+      dests.push_back({t.spec.name, s.box, t.spec.dtype,
+                       static_cast<uint8_t*>(t.data), s.fp8_scales});
+    }
+    TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(refs, "fetch"));
+    if (!memory.is_host()) {
+      return FailedPrecondition(
+          "fetch of slices: device memory is not supported yet; fetch into "
+          "host memory");
+    }
+    const int64_t reserve_ms =
+        std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
+    const Deadline work =
+        Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
+    TH_ASSIGN_OR_RETURN(
+        client::Resolved r,
+        ResolveWithin(model, version, work, opts.group, opts.group_step));
+    const auto t1 = SteadyClock::now();
+    if (!r.manifest.has_value()) {
+      return Internal("hub resolved a version without a manifest");
+    }
+    const Manifest& manifest = *r.manifest;
+    const Version v = r.version;
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
+    Result<client::SlicePlan> plan =
+        client::PlanSlices(manifest, dests, manifest.chunk_bytes());
+    if (!plan.ok()) return plan.status().WithContext(vname);
+    // Memory we are about to overwrite must stop serving an old version.
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const TensorRef& t : refs) {
+      ranges.push_back({static_cast<const uint8_t*>(t.data), t.bytes});
+    }
+    for (const auto& [m, old] : registry_.Overlapping(ranges)) {
+      TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
+                             .WithContext("fetch: releasing the destination"));
+    }
+    const client::SourceRefresher schedule =
+        MakeScheduler(model, v, opts.max_sources, work);
+    TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
+                        FirstSources(schedule, r, vname));
+    client::FetcherOptions fo;
+    fo.streams = opts.connections;
+    fo.on_progress = opts.on_progress;
+    client::SliceJob job{model, v, &manifest, &*plan, &dests};
+    Result<client::FetchReport> rep = client::RunSliceFetch(
+        *transport_, job, std::move(sources), schedule, fo, work);
+    const auto t2 = SteadyClock::now();
+    Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
+    if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    if (!rep.ok()) return rep.status();
+    FetchStats st;
+    st.version = v;
+    st.bytes = rep->bytes;
+    st.seconds = std::chrono::duration<double>(t2 - t0).count();
+    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.sources_used = rep->sources_used;
+    st.sources = rep->per_source;
+    st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
+    return st;
+  }
+
   Result<std::vector<ModelInfo>> List() { return hub_->List(); }
 
   Status Retain(std::string_view model, Version version, bool retain) {
@@ -792,6 +882,12 @@ Result<FetchStats> Client::Fetch(std::string_view model, Version version,
                                  const std::vector<TensorRef>& destination,
                                  const FetchOptions& options) {
   return impl_->Fetch(model, version, destination, options);
+}
+
+Result<FetchStats> Client::FetchSlices(std::string_view model, Version version,
+                                       const std::vector<TensorSlice>& slices,
+                                       const FetchOptions& options) {
+  return impl_->FetchSlices(model, version, slices, options);
 }
 
 Result<std::vector<ModelInfo>> Client::List() { return impl_->List(); }
