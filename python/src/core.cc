@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -179,10 +180,18 @@ class PyClient {
       const std::string& model, uint64_t version,
       const std::vector<TensorTuple>& tensors, uint32_t rank,
       uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
-      const std::vector<std::pair<std::string, std::string>>& metadata) {
+      const std::vector<std::pair<std::string, std::string>>& metadata,
+      const std::map<std::string,
+                     std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>&
+          pieces,
+      uint64_t segment_bytes) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     PublishOptions po;
+    for (const auto& [name, piece] : pieces) {
+      po.pieces[name] = {piece.first, piece.second};
+    }
+    po.segment_bytes = segment_bytes;
     po.rank = rank;
     po.group_size = group_size;
     po.chunk_bytes = chunk_bytes;
@@ -227,7 +236,42 @@ class PyClient {
       r = c->Fetch(model, Version(version), refs, fo);
       c.reset();
     }
-    FetchStats st = Take(std::move(r));
+    return StatsDict(Take(std::move(r)));
+  }
+
+  // A partial fetch: tensors[i] receives box boxes[i] of its tensor.
+  py::dict FetchSlices(
+      const std::string& model, uint64_t version,
+      const std::vector<TensorTuple>& tensors,
+      const std::vector<
+          std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>& boxes,
+      const std::vector<std::vector<float>>& scales, int64_t timeout_ms,
+      int connections, std::string group, uint64_t group_step) {
+    std::shared_ptr<Client> c = Get();
+    std::vector<TensorRef> refs = ToRefs(tensors);
+    if (boxes.size() != refs.size() || scales.size() != refs.size()) {
+      Throw(InvalidArgument("fetch_slices: one box and scale list per tensor"));
+    }
+    std::vector<TensorSlice> slices;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      slices.push_back(
+          {refs[i], Box{boxes[i].first, boxes[i].second}, scales[i]});
+    }
+    FetchOptions fo;
+    fo.timeout_ms = timeout_ms;
+    fo.connections = connections;
+    fo.group = std::move(group);
+    fo.group_step = group_step;
+    Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = c->FetchSlices(model, Version(version), slices, fo);
+      c.reset();
+    }
+    return StatsDict(Take(std::move(r)));
+  }
+
+  static py::dict StatsDict(const FetchStats& st) {
     py::dict d;
     d["version"] = st.version.value();
     d["bytes"] = st.bytes;
@@ -417,12 +461,17 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("leave_timeout_ms"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
-           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
+           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
+           py::arg("pieces"), py::arg("segment_bytes"))
       .def("unpublish", &PyClient::Unpublish, py::arg("model"),
            py::arg("version"), py::arg("timeout_ms"), py::arg("force"))
       .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
            py::arg("serve"), py::arg("group"), py::arg("group_step"))
+      .def("fetch_slices", &PyClient::FetchSlices, py::arg("model"),
+           py::arg("version"), py::arg("tensors"), py::arg("boxes"),
+           py::arg("scales"), py::arg("timeout_ms"), py::arg("connections"),
+           py::arg("group"), py::arg("group_step"))
       .def("list", &PyClient::List)
       .def("describe", &PyClient::Describe, py::arg("model"),
            py::arg("version"), py::arg("group"), py::arg("group_step"))

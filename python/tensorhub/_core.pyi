@@ -20,7 +20,13 @@ class Client:
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
         group_size: int, chunk_bytes: int, timeout_ms: int,
         metadata: Sequence[Tuple[str, str]],
+        pieces: Dict[str, Tuple[List[int], List[int]]], segment_bytes: int,
     ) -> None: ...
+    def fetch_slices(
+        self, model: str, version: int, tensors: Sequence[_TensorTuple],
+        boxes: Sequence[Tuple[List[int], List[int]]], scales: Sequence[List[float]],
+        timeout_ms: int, connections: int, group: str, group_step: int,
+    ) -> Dict[str, Any]: ...
     def unpublish(self, model: str, version: int, timeout_ms: int, force: bool) -> None: ...
     def fetch(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], timeout_ms: int,

@@ -136,7 +136,32 @@ def convert(src: Any, dst: Any, scale: float = 1.0) -> None:
     _core.convert(_dtype_name(src), _dtype_name(dst), addr(src), addr(dst), n_src, float(scale))
 
 
+def tp_slices(shapes: Mapping[str, Sequence[int]], rank: int, tp: int,
+              config: Optional[Mapping[str, Any]] = None, dtype: Any = None,
+              names: Optional[Sequence[str]] = None) -> Dict[str, Tuple[Any, Box]]:
+    """What TP rank ``rank`` of ``tp`` fetches: ``{name: (empty tensor,
+    box)}`` for ``client.fetch(model, version, into=...)``.
+
+    ``shapes`` maps each tensor's name to its global shape (e.g. ``{k:
+    v.shape for k, v in model.state_dict().items()}``); ``dtype`` is the
+    torch dtype wanted (conversion on the way in; default bfloat16);
+    ``config`` the model's Hugging Face config for the GQA head counts.
+    Tensors the rank holds none of (a vocabulary range past the end) are
+    left out."""
+    import torch  # a torch user's helper
+    dt = dtype if dtype is not None else torch.bfloat16
+    out: Dict[str, Tuple[Any, Box]] = {}
+    for name, shape in shapes.items():
+        if names is not None and name not in names:
+            continue
+        box = tp_rank_box(name, shape, rank, tp, config)
+        if box_elements(box) == 0:
+            continue
+        out[name] = (torch.empty(box[1], dtype=dt), box)
+    return out
+
+
 __all__ = [
     "Box", "classify", "tp_rank_box", "ep_rank_box", "fsdp_shards", "tp_shards",
-    "box_slices", "box_elements", "fp8_scale", "convert", "DTYPE_BYTES",
+    "box_slices", "box_elements", "tp_slices", "fp8_scale", "convert", "DTYPE_BYTES",
 ]
