@@ -131,6 +131,9 @@ struct FetchStats {
 };
 
 struct TensorInfo {
+  // For a tensor published as pieces (PublishOptions::pieces): the logical
+  // tensor, once, with its global shape; `rank` is the first part holding
+  // a piece of it.
   TensorSpec spec;
   uint32_t rank = 0;  // which trainer rank's part holds it
   uint64_t bytes = 0;
@@ -220,7 +223,10 @@ class Client {
   // pulls every chunk from holders into `destination`, verifies each
   // chunk's checksum, retries failed chunks on other holders, and returns
   // the version fetched. `destination` must name exactly the version's
-  // tensors with matching dtypes and shapes.
+  // tensors with matching dtypes and shapes. For a version published as
+  // pieces (PublishOptions::pieces) that is every logical tensor with its
+  // global shape; it is then fetched as whole slices (FetchSlices) and not
+  // served onward.
   Result<FetchStats> Fetch(std::string_view model, Version version,
                            const std::vector<TensorRef>& destination,
                            const FetchOptions& options = {});

@@ -217,6 +217,13 @@ class Client::Impl {
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
+    if (IsSharded(manifest)) {
+      // Pieces of logical tensors: the destination names the logical
+      // tensors, which come whole through the slice path (not served).
+      TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
+                          WholeSlices(manifest, dest, vname));
+      return FetchSlices(model, v, whole, opts);
+    }
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     TH_ASSIGN_OR_RETURN(client::FetchJob job,
                         MapDestination(model, v, manifest, dest, &ranges));
@@ -302,6 +309,49 @@ class Client::Impl {
     std::optional<uint64_t> epoch_;
     const Deadline& deadline_;
   };
+
+  static bool IsSharded(const Manifest& m) {
+    for (const PartLayout& p : m.parts()) {
+      for (const TensorLayout& t : p.tensors) {
+        if (t.sharded()) return true;
+      }
+    }
+    return false;
+  }
+
+  // A full fetch of a sharded version: every logical tensor once, with its
+  // global shape and dtype, as a slice of all of it.
+  static Result<std::vector<TensorSlice>> WholeSlices(
+      const Manifest& manifest, const std::vector<TensorRef>& dest,
+      const std::string& vname) {
+    std::map<std::string, const TensorLayout*> logical;
+    for (const PartLayout& p : manifest.parts()) {
+      for (const TensorLayout& t : p.tensors) logical.emplace(t.spec.name, &t);
+    }
+    std::vector<TensorSlice> out;
+    for (const TensorRef& d : dest) {
+      auto it = logical.find(d.spec.name);
+      if (it == logical.end()) {
+        return InvalidArgument("destination tensor '" + d.spec.name +
+                               "' is not part of " + vname +
+                               " (or is named twice)");
+      }
+      const TensorLayout& t = *it->second;
+      if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.GlobalShape()) {
+        TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+        return InvalidArgument("destination tensor '" + d.spec.name + "' is " +
+                               Describe(d.spec) + " but " + vname + " has " +
+                               Describe(global));
+      }
+      out.push_back({d, Box::Whole(d.spec.shape), {}});
+      logical.erase(it);
+    }
+    if (!logical.empty()) {
+      return InvalidArgument("destination lacks tensor '" +
+                             logical.begin()->first + "' of " + vname);
+    }
+    return out;
+  }
 
   // Checks `dest` against the manifest, by tensor name (every tensor of the
   // version, once, with its dtype, shape and size), and returns the job's
@@ -538,9 +588,19 @@ class Client::Impl {
       vi.total_bytes = m.total_bytes();
       vi.chunk_bytes = m.chunk_bytes();
       vi.num_chunks = m.num_chunks();
+      std::set<std::string> seen;
       for (const PartLayout& p : m.parts()) {
         for (const TensorLayout& t : p.tensors) {
-          vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+          if (!t.sharded()) {
+            vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+            continue;
+          }
+          // A logical tensor held as pieces: once, with its global shape
+          // (what a full fetch allocates), at the first part holding some.
+          if (!seen.insert(t.spec.name).second) continue;
+          TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+          vi.tensors.push_back(
+              TensorInfo{global, p.rank, global.ByteSize().value()});
         }
         vi.metadata.insert(vi.metadata.end(), p.metadata.begin(),
                            p.metadata.end());
