@@ -143,15 +143,22 @@ class Client::Impl {
     Status s =
         hub_->Publish(id(), model, version, opts.rank, opts.group_size,
                       opts.chunk_bytes, part, epoch, false, opts.timeout_ms);
-    if (s.code() == StatusCode::kNotFound && !deadline.expired() &&
-        hub_->Heartbeat(id()).code() == StatusCode::kNotFound) {
-      // The hub forgot this worker (it restarted, or a new leader of an HA
-      // set has not heard from it yet): register again, re-report what we
-      // hold, and publish once more, instead of failing the caller.
-      Rejoin(id());
-      s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
-                        opts.chunk_bytes, part, epoch, false,
-                        std::max<int64_t>(1, deadline.remaining_ms()));
+    if (s.code() == StatusCode::kNotFound && !deadline.expired()) {
+      // The hub answers a publish NOT_FOUND only when it does not know the
+      // worker: it restarted, or a new leader of an HA set has not heard
+      // from us yet. Register again (the heartbeat thread re-reports what
+      // we hold) and publish once more, within the caller's time.
+      Result<WorkerId> again = hub_->Register(
+          id(), options_.name, data_address_, options_.labels,
+          options_.worker_class,
+          std::min(options_.rpc_timeout_ms,
+                   std::max<int64_t>(1, deadline.remaining_ms())));
+      if (again.ok()) {
+        registry_.MarkAllUnreported();
+        s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
+                          opts.chunk_bytes, part, epoch, false,
+                          std::max<int64_t>(1, deadline.remaining_ms()));
+      }
     }
     if (!s.ok()) {
       // Nothing changes: withdraw the local registration again.
