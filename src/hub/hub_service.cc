@@ -736,14 +736,23 @@ class HubServerImpl final : public HubServer {
 std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config,
                                                 std::string secret,
                                                 int64_t rebuild_ms,
-                                                int64_t started_ms) {
-  return std::make_unique<HubServiceImpl>(
-      config, std::move(secret), rebuild_ms,
-      started_ms < 0 ? NowMs() : started_ms);
+                                                int64_t started_ms,
+                                                Coordinator* coord) {
+  return std::make_unique<HubServiceImpl>(config, std::move(secret), rebuild_ms,
+                                          started_ms < 0 ? NowMs() : started_ms,
+                                          coord);
 }
 
 void ExpireLeases(v1::Hub::Service* service) {
   static_cast<HubServiceImpl*>(service)->Expire();
+}
+
+Status ElectService(v1::Hub::Service* service, const DurableState& durable) {
+  return static_cast<HubServiceImpl*>(service)->OnElected(durable);
+}
+
+void DemoteService(v1::Hub::Service* service) {
+  static_cast<HubServiceImpl*>(service)->OnDemoted();
 }
 
 }  // namespace tensorhub::hub
