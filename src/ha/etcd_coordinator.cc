@@ -279,7 +279,8 @@ class EtcdCoordinator final : public hub::Coordinator {
     lease_end_ms_.store(renewed_ms_ + ttl_ms_, std::memory_order_release);
     leading_.store(true, std::memory_order_release);
     SetLeader(o_.advertise);
-    TH_LOG(INFO) << "hub " << o_.advertise << " is the leader (" << rev
+    TH_LOG(INFO) << "hub " << o_.advertise
+                 << " is the leader (leader key revision " << rev
                  << "; restored " << durable.highest.size() << " model(s), "
                  << durable.pins.size() << " pin(s), " << durable.groups.size()
                  << " reader group(s))";
