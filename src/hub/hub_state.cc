@@ -162,7 +162,9 @@ Result<HubState::VersionEntry*> HubState::VersionForPublish(
       return FailedPrecondition(
           "version " + std::to_string(a.version.value()) + " of model '" +
           a.model + "' is not greater than the last one published (" +
-          std::to_string(m.highest.value()) + ")");
+          std::to_string(m.highest.value()) +
+          "): a version number is never used twice, even once no worker "
+          "holds that version");
     }
     VersionEntry v;
     v.group_size = a.group_size;
