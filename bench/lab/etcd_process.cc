@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,29 +88,31 @@ Result<std::unique_ptr<EtcdProcess>> EtcdProcess::Start() {
       "--initial-cluster-state=new",
   };
   std::vector<char*> argv;
-  for (std::string& s : args) argv.push_back(s.data());
+  for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   // Its log goes to a file beside the data (kept only while it runs).
   const std::string log = e->dir_ + "/etcd.log";
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  int rc = posix_spawn(&e->pid_, bin.c_str(), &fa, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    e->pid_ = -1;
-    return Internal("spawning " + bin + ": " + std::strerror(rc));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return Internal(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // The child: only async-signal-safe calls until exec. It dies with
+    // this process (a crashed test leaves no etcd behind).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int in = ::open("/dev/null", O_RDONLY);
+    if (out < 0 || in < 0) ::_exit(127);
+    ::dup2(in, STDIN_FILENO);
+    ::dup2(out, STDOUT_FILENO);
+    ::dup2(out, STDERR_FILENO);
+    ::execve(bin.c_str(), argv.data(), environ);
+    ::_exit(127);
   }
+  e->pid_ = pid;
   TH_ASSIGN_OR_RETURN(std::unique_ptr<ha::EtcdClient> client,
                       ha::EtcdClient::Create(e->endpoint_));
   const Deadline deadline = Deadline::AfterMs(30000);

@@ -19,7 +19,9 @@ Result<std::string> FindEtcd();
 
 class EtcdProcess {
  public:
-  // Starts etcd and returns once it answers a read (within 30 s).
+  // Starts etcd and returns once it answers a read (within 30 s). etcd is
+  // killed when the thread that started it exits (PR_SET_PDEATHSIG): start
+  // it from one that outlives it (the main thread).
   static Result<std::unique_ptr<EtcdProcess>> Start();
   ~EtcdProcess();  // SIGKILL, reap, remove the data directory
   EtcdProcess(const EtcdProcess&) = delete;
