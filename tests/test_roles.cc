@@ -34,6 +34,9 @@ int RunHub(const cli::Args& args) {
   hub::HubServerOptions o;
   o.listen_address = "127.0.0.1:" + args.Get("port");
   o.lease_ms = std::stoll(args.Get("lease-ms", "2000"));
+  o.etcd_endpoints = args.Get("etcd", "");
+  o.etcd_lease_ms = std::stoll(args.Get("etcd-lease-ms", "2000"));
+  if (args.Has("rebuild-ms")) o.rebuild_ms = std::stoll(args.Get("rebuild-ms"));
   cli::BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -208,7 +211,9 @@ int MaybeRunRole(int argc, char** argv) {
   if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
   std::string role = argv[1] + 7;
   auto args = cli::ParseArgs(argc, argv, 2,
-                             {"hub", "port", "lease-ms", "bytes", "name"}, {});
+                             {"hub", "port", "lease-ms", "bytes", "name",
+                              "etcd", "etcd-lease-ms", "rebuild-ms"},
+                             {});
   if (!args.ok()) return cli::Fail(args.status());
   if (role == "hub") return RunHub(*args);
   if (role == "trainer") return RunTrainer(*args);

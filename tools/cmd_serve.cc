@@ -7,10 +7,11 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        {"listen", "lease-ms", "secret-file", "keep-latest",
-                         "rebuild-ms", "metrics-listen"},
-                        {"oversubscribed-racks"});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms", "etcd",
+       "advertise", "etcd-lease-ms", "etcd-prefix", "metrics-listen"},
+      {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
@@ -34,6 +35,16 @@ int CmdServe(int argc, char** argv) {
   if (*keep > 1024)
     return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));
   o.keep_latest = static_cast<uint32_t>(*keep);
+  // A highly available hub set: the hubs elect a leader in etcd.
+  o.etcd_endpoints = args->Get("etcd", "");
+  o.advertise_address = args->Get("advertise", "");
+  o.etcd_prefix = args->Get("etcd-prefix", "/tensorhub/");
+  auto etcd_lease = args->GetU64("etcd-lease-ms", 3000);
+  if (!etcd_lease.ok()) return Fail(etcd_lease.status());
+  if (*etcd_lease < 1000 || *etcd_lease > 600000) {
+    return Fail(InvalidArgument("--etcd-lease-ms must be in [1000, 600000]"));
+  }
+  o.etcd_lease_ms = static_cast<int64_t>(*etcd_lease);
   auto secret = Secret(*args);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;

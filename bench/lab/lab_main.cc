@@ -30,9 +30,10 @@ is in `tensorhub` (tools/).
 
 Commands:
   chaos  [--seed S] [--rounds R] [--readers 4]    seeded fault injection (kill, stop, slow, hub
-         [--bytes 4MiB] [--verbose]              stop/restart) on loopback processes; checks
+         [--bytes 4MiB] [--verbose] [--ha N]     stop/restart) on loopback processes; checks
                                                   bytes, deadlines, availability; exit 1 on
-                                                  any violation
+                                                  any violation. --ha N: an HA set of N hubs
+                                                  on a loopback etcd, with hub failovers
   sim    --scenario standalone|elastic|crossdc|scale|testbed [--csv]
                                                   cluster-scale simulation of the hub's scheduler
   bench hub [--workers 10000] [--threads 4] [--no-rpc]

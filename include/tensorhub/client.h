@@ -35,7 +35,9 @@ class ClientFactory;  // internal: builds a Client on other seams (tests)
 }  // namespace client
 
 struct ClientOptions {
-  // The hub's control address, HOST:PORT.
+  // The hub's control address, HOST:PORT; for a highly available hub set,
+  // its hubs' addresses, comma-separated ("h1:7070,h2:7070,h3:7070"): calls
+  // go to the elected leader and follow it when another hub takes over.
   std::string hub_address = "127.0.0.1:7070";
   // A human-readable name for logs and `tensorhub ls`; defaults to host:pid.
   std::string name;

@@ -154,9 +154,27 @@ class Client::Impl {
     // Register locally first: the hub may route a read to us as soon as it
     // has heard of the reference.
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Add(std::move(h)));
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
     Status s =
         hub_->Publish(id(), model, version, opts.rank, opts.group_size,
                       opts.chunk_bytes, part, epoch, false, opts.timeout_ms);
+    if (s.code() == StatusCode::kNotFound && !deadline.expired()) {
+      // The hub answers a publish NOT_FOUND only when it does not know the
+      // worker: it restarted, or a new leader of an HA set has not heard
+      // from us yet. Register again (the heartbeat thread re-reports what
+      // we hold) and publish once more, within the caller's time.
+      Result<WorkerId> again = hub_->Register(
+          id(), options_.name, data_address_, options_.labels,
+          options_.worker_class,
+          std::min(options_.rpc_timeout_ms,
+                   std::max<int64_t>(1, deadline.remaining_ms())));
+      if (again.ok()) {
+        registry_.MarkAllUnreported();
+        s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
+                          opts.chunk_bytes, part, epoch, false,
+                          std::max<int64_t>(1, deadline.remaining_ms()));
+      }
+    }
     if (!s.ok()) {
       // Nothing changes: withdraw the local registration again.
       (void)registry_.Revoke(model, version);
@@ -957,6 +975,9 @@ class Client::Impl {
       }
     }
     for (const Holding& h : registry_.Unreported()) {
+      // A part whose own Publish has not been acknowledged yet: that call
+      // reports it (as a new version, not a rebuild).
+      if (!h.manifest.has_value() && !h.accepted) continue;
       Status s;
       if (h.manifest.has_value()) {
         s = hub_->AddHolder(id, h.model, h.version, h.epoch, *h.manifest,

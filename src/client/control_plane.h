@@ -125,10 +125,15 @@ class ControlPlane {
                                               int64_t wait_ms) = 0;
 };
 
-// The hub over gRPC at `address` (HOST:PORT), `secret` attached to every
-// call. Each call waits at most rpc_timeout_ms (and at most the caller's
-// timeout_ms where one is given). Connects lazily: never fails here.
-std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
+// The hub over gRPC at `addresses`: HOST:PORT, or the comma-separated
+// hubs of an HA set (docs/design.md, "A highly available hub"), `secret`
+// attached to every call. Each call waits at most rpc_timeout_ms (and at
+// most the caller's timeout_ms where one is given). With several hubs, a
+// call follows the leader: a standby's answer names it, and a hub that
+// cannot be reached passes the call to the next one, all within the call's
+// time; the leader found is asked first by later calls. Connects lazily:
+// never fails here.
+std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& addresses,
                                                    std::string secret,
                                                    int64_t rpc_timeout_ms);
 

@@ -126,6 +126,7 @@ void Registry::MarkReported(const std::string& model, Version version,
   auto it = live_.find({model, version});
   if (it != live_.end() && it->second->holding.epoch == epoch) {
     it->second->holding.reported = reported;
+    if (reported) it->second->holding.accepted = true;
   }
 }
 
