@@ -13,6 +13,7 @@ PKGS=(
   openmpi-bin libopenmpi-dev         # the MPI_Bcast baseline
   python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest
   pybind11-dev
+  libcli11-dev                       # the command lines (tools/, bench/lab/)
 )
 
 missing=()
