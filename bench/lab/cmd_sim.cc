@@ -465,42 +465,51 @@ void AddSimCommand(CommandLine& cl) {
   c->add_option("--measured", f->measured,
                 "testbed: FILE:CHUNK,... of measured fanout result lines");
   // Overrides of the scenario's configuration.
-  auto count = [c](const char* name, std::optional<int>* v,
-                   const char* what = "") {
+  auto count = [c](const char* name, std::optional<int>* v, const char* what) {
     c->add_option(name, *v, what)->check(CLI::NonNegativeNumber);
   };
   auto real = [c](const char* name, std::optional<double>* v,
-                  const char* what = "") {
+                  const char* what) {
     c->add_option(name, *v, what)->check(CLI::NonNegativeNumber);
   };
-  auto size = [c](const char* name, std::optional<uint64_t>* v) {
-    c->add_option(name, *v)->transform(SizeTransform())->type_name("SIZE");
+  auto size = [c](const char* name, std::optional<uint64_t>* v,
+                  const char* what) {
+    c->add_option(name, *v, what)
+        ->transform(SizeTransform())
+        ->type_name("SIZE");
   };
-  count("--trainer-gpus", &f->trainer_gpus);
-  count("--rollout-gpus", &f->rollout_gpus);
-  size("--model-bytes", &f->model_bytes);
-  count("--tp", &f->tp, "tensor-parallel degree of a rollout instance");
-  size("--chunk-bytes", &f->chunk_bytes);
-  size("--segment-bytes", &f->segment_bytes);
+  count("--trainer-gpus", &f->trainer_gpus, "GPUs of the trainer");
+  count("--rollout-gpus", &f->rollout_gpus, "GPUs of the rollouts");
+  size("--model-bytes", &f->model_bytes, "the model's size");
+  count("--tp", &f->tp, "GPUs per rollout instance (tensor parallel)");
+  size("--chunk-bytes", &f->chunk_bytes, "TensorHub's chunk");
+  size("--segment-bytes", &f->segment_bytes,
+       "the broadcast baselines' pipelining segment");
   real("--nic-gbit", &f->nic_gbit, "NIC rate per GPU, each direction");
-  real("--nvlink-gbyte", &f->nvlink_gbyte);
-  count("--gpus-per-node", &f->gpus_per_node);
-  count("--nodes-per-rack", &f->nodes_per_rack);
+  real("--nvlink-gbyte", &f->nvlink_gbyte,
+       "NVLink rate per GPU inside a node, each direction");
+  count("--gpus-per-node", &f->gpus_per_node, "GPUs per node");
+  count("--nodes-per-rack", &f->nodes_per_rack, "nodes per rack");
   real("--rack-oversub", &f->rack_oversub,
        "rack uplink oversubscription (0: no rack limit)");
   c->add_flag("--no-rack-labels", f->no_rack_labels,
               "do not tell the hub the racks");
-  c->add_flag("--hub-idle-first", f->hub_idle_first);
-  real("--wan-gbit", &f->wan_gbit);
+  c->add_flag("--hub-idle-first", f->hub_idle_first,
+              "the hub ranks idle holders first even with oversubscribed "
+              "racks (as a hub not told about them)");
+  real("--wan-gbit", &f->wan_gbit, "the WAN between datacenters");
   real("--efficiency", &f->efficiency,
        "the share of a link's rate that carries payload");
-  count("--rounds", &f->rounds);
-  real("--step-s", &f->step_s);
-  count("--max-sources", &f->max_sources);
-  count("--trainer-copies", &f->trainer_copies);
-  real("--spot-fraction", &f->spot_fraction);
-  real("--arrival-spread-s", &f->arrival_spread_s);
-  c->add_option("--seed", f->seed);
+  count("--rounds", &f->rounds, "versions published");
+  real("--step-s", &f->step_s, "trainer compute between publishes");
+  count("--max-sources", &f->max_sources, "FetchOptions::max_sources");
+  count("--trainer-copies", &f->trainer_copies,
+        "full reliable copies the trainer waits for before unpublishing");
+  real("--spot-fraction", &f->spot_fraction,
+       "share of rollout instances that are spot (join and leave)");
+  real("--arrival-spread-s", &f->arrival_spread_s,
+       "instances need the new version spread over [0, this] s");
+  c->add_option("--seed", f->seed, "the seed of spot and arrival times");
 }
 
 }  // namespace tensorhub::cli
