@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -316,6 +316,46 @@ class StopSignals {
   int signal_ = 0;
 };
 
+// A fetched copy this worker serves (FetchOptions::serve). Release()
+// unpublishes it, which waits for the reads in flight from it; a retained
+// version's last reliable copy first waits for a keeper to copy it, and is
+// dropped anyway after that. The memory may be unmapped only once it is
+// released: a copy that cannot be released ends the process where it stands
+// (exit 1), so that no read runs on unmapped memory. Released at the latest
+// when destroyed.
+class FetchedCopy {
+ public:
+  FetchedCopy(Client& client, std::string model, Version version)
+      : client_(client), model_(std::move(model)), version_(version) {}
+  FetchedCopy(const FetchedCopy&) = delete;
+  FetchedCopy& operator=(const FetchedCopy&) = delete;
+  ~FetchedCopy() { Release(); }
+
+  void Release() {
+    if (released_) return;
+    released_ = true;
+    const std::string name = model_ + "@" + std::to_string(version_.value());
+    Status u = client_.Unpublish(model_, version_, kReleaseTimeoutMs);
+    if (u.code() == StatusCode::kFailedPrecondition) {
+      TH_LOG(WARN) << "releasing " << name << ": " << u.ToString()
+                   << "; dropping this copy anyway";
+      u = client_.Unpublish(model_, version_, kReleaseTimeoutMs,
+                            /*force=*/true);
+    }
+    if (!u.ok()) {
+      Fail(u.WithContext("releasing " + name));
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+  }
+
+ private:
+  Client& client_;
+  const std::string model_;
+  const Version version_;
+  bool released_ = false;
+};
+
 int RunFetch(const FetchFlags& f) {
   auto ref = ParseModelRef(f.ref);
   if (!ref.ok()) return Fail(ref.status());
@@ -370,25 +410,8 @@ int RunFetch(const FetchFlags& f) {
   bar.Finish();
   if (!stats.ok()) return Fail(stats.status());
   stop->Arm();
-  // Whatever happens next, the copy stops being served (and its reads are
-  // drained) before the files are unmapped.
-  bool released = false;
-  auto release = [&]() -> Status {
-    if (released) return Status::Ok();
-    released = true;
-    Status u = (*client)->Unpublish(ref->model, version, kReleaseTimeoutMs);
-    if (u.code() == StatusCode::kFailedPrecondition) {
-      TH_LOG(WARN) << "releasing " << vname << ": " << u.ToString()
-                   << "; dropping this copy anyway";
-      u = (*client)->Unpublish(ref->model, version, kReleaseTimeoutMs,
-                               /*force=*/true);
-    }
-    return u;
-  };
-  struct Guard {
-    std::function<Status()> f;
-    ~Guard() { (void)f(); }
-  } guard{release};
+  // Declared after `dest`: released before the files are unmapped.
+  FetchedCopy copy(**client, ref->model, version);
 
   // In place at once; the mapping stays, and serves, until released.
   for (SafetensorsFileWriter& w : dest->writers) {
@@ -421,8 +444,7 @@ int RunFetch(const FetchFlags& f) {
     TH_LOG(INFO) << "signal " << sig << ": releasing " << vname;
   }
   std::fflush(stdout);
-  Status u = release();
-  if (!u.ok()) return Fail(u.WithContext("releasing " + vname));
+  copy.Release();
   if (f.hold) std::printf("released %s; reads drained\n", vname.c_str());
   return 0;
 }
