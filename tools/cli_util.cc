@@ -259,6 +259,11 @@ void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
                    "the address other hosts dial for this worker's data "
                    "(default: the listen host)")
       ->type_name("HOST");
+  command
+      ->add_option("--metrics-listen", o.metrics_listen,
+                   "serve Prometheus metrics at http://HOST:PORT/metrics "
+                   "(docs/metrics.md)")
+      ->type_name("HOST:PORT");
 }
 
 Result<std::string> ReadSecret(const std::string& secret_file) {
@@ -379,6 +384,16 @@ std::string Hex(uint64_t v) {
 void Reply(const std::string& line) {
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+std::string FormatStages(const FetchStats& st) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "stages: resolve %.3f s, schedule %.3f s, first byte %.3f s, "
+                "transfer %.3f s, verify %.3f s, register %.3f s",
+                st.resolve_seconds, st.schedule_seconds, st.first_byte_seconds,
+                st.transfer_seconds, st.verify_seconds, st.register_seconds);
+  return buf;
 }
 
 int Fail(const Status& status) {

@@ -84,7 +84,8 @@ int UsageError(const std::string& message);
 // AddWorkerFlags, binding it into `options` (or a field here).
 struct WorkerFlags {
   // --hub, --name, --datacenter, --rack, --host-label, --spot,
-  // --data-listen, --advertise-host; the secret is read by ClientOptionsFrom.
+  // --data-listen, --advertise-host, --metrics-listen; the secret is read by
+  // ClientOptionsFrom.
   ClientOptions options;
   std::string secret_file;  // --secret-file
 };
@@ -92,9 +93,9 @@ struct WorkerFlags {
 // --secret-file PATH (else $TENSORHUB_SECRET_FILE, else the secret itself in
 // $TENSORHUB_SECRET).
 void AddHubFlags(CLI::App* command, WorkerFlags* flags);
-// AddHubFlags' flags plus who this worker is and where its data plane
-// listens: --name, --datacenter, --rack, --host-label, --spot,
-// --data-listen, --advertise-host.
+// AddHubFlags' flags plus who this worker is, where its data plane listens
+// and its metrics endpoint: --name, --datacenter, --rack, --host-label,
+// --spot, --data-listen, --advertise-host, --metrics-listen.
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
 // The options the flags give, with the secret read.
 Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags);
@@ -140,6 +141,10 @@ class ProgressBar {
 };
 
 int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
+
+// A fetch's stage breakdown for its closing line (FetchStats' stages):
+// "stages: resolve 0.001 s, schedule ..., register 0.001 s".
+std::string FormatStages(const FetchStats& st);
 
 // For a lab command asked of the product binary: prints the one line that
 // says where it went (`tensorhub-lab COMMAND`, bench/lab/) and returns 2.

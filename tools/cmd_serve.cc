@@ -16,6 +16,7 @@ struct ServeFlags {
   uint32_t keep_latest = 0;
   std::optional<int64_t> rebuild_ms;
   std::string secret_file;
+  std::string metrics_listen;
 };
 
 int RunServe(const ServeFlags& f) {
@@ -25,6 +26,7 @@ int RunServe(const ServeFlags& f) {
   o.racks_oversubscribed = f.oversubscribed_racks;
   if (f.rebuild_ms.has_value()) o.rebuild_ms = *f.rebuild_ms;
   o.keep_latest = f.keep_latest;
+  o.metrics_listen = f.metrics_listen;
   auto secret = ReadSecret(f.secret_file);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;
@@ -71,6 +73,10 @@ void AddServeCommand(CommandLine& cl) {
                 "it: $TENSORHUB_SECRET, if set)")
       ->envname("TENSORHUB_SECRET_FILE")
       ->type_name("PATH");
+  c->add_option("--metrics-listen", f->metrics_listen,
+                "serve Prometheus metrics at http://HOST:PORT/metrics "
+                "(docs/metrics.md)")
+      ->type_name("HOST:PORT");
 }
 
 }  // namespace tensorhub::cli

@@ -56,6 +56,10 @@ struct ClientOptions {
   // retained version (or, as a spot worker, its last copy), wait up to this
   // long, still serving, for a keeper to copy it before leaving.
   int64_t leave_timeout_ms = 10000;
+  // HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 picks a
+  // free port, see Client::metrics_address()). Empty: no metrics endpoint.
+  // The metrics are listed in docs/metrics.md.
+  std::string metrics_listen;
 };
 
 struct PublishOptions {
@@ -106,11 +110,34 @@ struct FetchSourceStats {
   bool was_filling = false;
 };
 
+// Where one fetch's time went. The stages follow each other and add up to
+// total_seconds (less a few microseconds of bookkeeping between them); the
+// metric tensorhub_fetch_stage_seconds{stage} records the same figures
+// (docs/metrics.md):
+//   resolve     the hub round trips that name the version (retries included)
+//   schedule    mapping the destination (releasing memory that still served
+//               an older version: its drain), the filling registration and
+//               the hub's choice of sources
+//   first_byte  from the sources in hand until the first chunk is verified
+//   transfer    the rest of the data plane, less verify
+//   verify      the checksum work's share of the data plane: the time the
+//               streams spent hashing, divided by the number of streams
+//               (they hash in parallel, as the bytes arrive)
+//   register    reporting the copy to the hub (complete holder)
 struct FetchStats {
   Version version;
   uint64_t bytes = 0;
   double seconds = 0;          // from resolve to last verified byte
   double resolve_seconds = 0;  // the hub round trip
+  double schedule_seconds = 0;
+  double first_byte_seconds = 0;
+  double transfer_seconds = 0;
+  double verify_seconds = 0;
+  double register_seconds = 0;
+  double total_seconds = 0;  // the whole call
+  // Of `bytes`, those copied from a holder on this host (cross-memory
+  // attach or CUDA IPC) rather than sent over TCP.
+  uint64_t bytes_same_host = 0;
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
   // Chunks taken back from a holder that had become far slower than the
@@ -226,6 +253,9 @@ class Client {
 
   const WorkerId& id() const;
   std::string data_address() const;
+  // Where the metrics are served (HOST:PORT), empty without
+  // ClientOptions::metrics_listen.
+  std::string metrics_address() const;
 
  private:
   class Impl;

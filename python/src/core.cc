@@ -151,7 +151,8 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms) {
+      std::string secret, int64_t leave_timeout_ms,
+      std::string metrics_listen) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -165,6 +166,7 @@ class PyClient {
     o.max_serving_connections = max_serving_connections;
     o.secret = std::move(secret);
     o.leave_timeout_ms = leave_timeout_ms;
+    o.metrics_listen = std::move(metrics_listen);
     Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -232,6 +234,13 @@ class PyClient {
     d["bytes"] = st.bytes;
     d["seconds"] = st.seconds;
     d["resolve_seconds"] = st.resolve_seconds;
+    d["schedule_seconds"] = st.schedule_seconds;
+    d["first_byte_seconds"] = st.first_byte_seconds;
+    d["transfer_seconds"] = st.transfer_seconds;
+    d["verify_seconds"] = st.verify_seconds;
+    d["register_seconds"] = st.register_seconds;
+    d["total_seconds"] = st.total_seconds;
+    d["bytes_same_host"] = st.bytes_same_host;
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
     d["chunks_stolen"] = st.chunks_stolen;
@@ -298,6 +307,7 @@ class PyClient {
 
   std::string Id() { return Get()->id().value(); }
   std::string DataAddress() { return Get()->data_address(); }
+  std::string MetricsAddress() { return Get()->metrics_address(); }
 
   bool Closed() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -333,8 +343,10 @@ class PyHub {
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
                                       std::string secret, uint32_t keep_latest,
                                       bool oversubscribed_racks,
-                                      int64_t rebuild_ms) {
+                                      int64_t rebuild_ms,
+                                      std::string metrics_listen) {
     HubOptions o;
+    o.metrics_listen = std::move(metrics_listen);
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
     o.rebuild_ms = rebuild_ms;
@@ -349,6 +361,7 @@ class PyHub {
     auto h = std::make_unique<PyHub>();
     h->server_ = Take(std::move(r));
     h->address_ = h->server_->address();
+    h->metrics_address_ = h->server_->metrics_address();
     return h;
   }
 
@@ -358,6 +371,7 @@ class PyHub {
   }
 
   const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
   bool closed() const { return server_ == nullptr; }
 
   void Close() {
@@ -371,6 +385,7 @@ class PyHub {
  private:
   std::unique_ptr<Hub> server_;
   std::string address_;
+  std::string metrics_address_;
 };
 
 }  // namespace
@@ -413,7 +428,7 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("connect_timeout_ms"),
                   py::arg("heartbeat_interval_ms"),
                   py::arg("max_serving_connections"), py::arg("secret"),
-                  py::arg("leave_timeout_ms"))
+                  py::arg("leave_timeout_ms"), py::arg("metrics_listen"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
@@ -430,14 +445,16 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &PyClient::Close)
       .def_property_readonly("closed", &PyClient::Closed)
       .def_property_readonly("id", &PyClient::Id)
-      .def_property_readonly("data_address", &PyClient::DataAddress);
+      .def_property_readonly("data_address", &PyClient::DataAddress)
+      .def_property_readonly("metrics_address", &PyClient::MetricsAddress);
 
   py::class_<PyHub>(m, "Hub")
       .def_static("start", &PyHub::Start, py::arg("listen"),
                   py::arg("lease_ms"), py::arg("secret"),
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
-                  py::arg("rebuild_ms"))
+                  py::arg("rebuild_ms"), py::arg("metrics_listen"))
       .def_property_readonly("address", &PyHub::address)
+      .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);
 

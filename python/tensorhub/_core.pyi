@@ -15,6 +15,7 @@ class Client:
         data_listen: str, advertise_host: str, rpc_timeout_ms: int,
         connect_timeout_ms: int, heartbeat_interval_ms: int,
         max_serving_connections: int, secret: str, leave_timeout_ms: int,
+        metrics_listen: str,
     ) -> "Client": ...
     def publish(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
@@ -36,6 +37,8 @@ class Client:
     def id(self) -> str: ...
     @property
     def data_address(self) -> str: ...
+    @property
+    def metrics_address(self) -> str: ...
 
 class Hub:
     @staticmethod
@@ -46,9 +49,12 @@ class Hub:
         keep_latest: int,
         oversubscribed_racks: bool,
         rebuild_ms: int,
+        metrics_listen: str,
     ) -> "Hub": ...
     @property
     def address(self) -> str: ...
+    @property
+    def metrics_address(self) -> str: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...

@@ -139,6 +139,24 @@ class FetchStats:
     #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
     #: (was_filling: it was itself still receiving the version when chosen).
     sources: List[Dict[str, Any]] = field(default_factory=list)
+    # The stages of the fetch, one after the other: they add up to
+    # total_seconds. The metric tensorhub_fetch_stage_seconds{stage} records
+    # the same figures (docs/metrics.md has what each one covers).
+    schedule_seconds: float = 0.0  #: destination, filling registration, sources
+    first_byte_seconds: float = 0.0  #: until the first chunk is verified
+    transfer_seconds: float = 0.0  #: the rest of the data plane, less verify
+    verify_seconds: float = 0.0  #: the checksum work's share of the data plane
+    register_seconds: float = 0.0  #: reporting the copy to the hub
+    total_seconds: float = 0.0  #: the whole call
+    bytes_same_host: int = 0  #: of bytes, copied from a holder on this host
+
+    #: Stage names, in order (the metric's ``stage`` label values).
+    STAGES = ("resolve", "schedule", "first_byte", "transfer", "verify", "register")
+
+    @property
+    def stages(self) -> Dict[str, float]:
+        """{stage: seconds} for the six stages, in order."""
+        return {s: float(getattr(self, f"{s}_seconds")) for s in self.STAGES}
 
     def bytes_from(self, worker: str) -> int:
         """Bytes this fetch read from the holder whose worker id is ``worker``."""
@@ -319,6 +337,12 @@ class Client:
     def data_address(self) -> str:
         """HOST:PORT where this worker serves reads."""
         return self._core.data_address
+
+    @property
+    def metrics_address(self) -> Optional[str]:
+        """HOST:PORT of this worker's Prometheus endpoint (GET /metrics), or
+        None without ``connect(..., metrics_listen=...)``."""
+        return self._core.metrics_address or None
 
     @property
     def hub(self) -> str:
@@ -576,6 +600,13 @@ class Client:
                 chunk_retries=int(stats["chunk_retries"]),
                 chunks_stolen=int(stats["chunks_stolen"]),
                 sources=[dict(s) for s in stats.get("sources", [])],
+                schedule_seconds=float(stats["schedule_seconds"]),
+                first_byte_seconds=float(stats["first_byte_seconds"]),
+                transfer_seconds=float(stats["transfer_seconds"]),
+                verify_seconds=float(stats["verify_seconds"]),
+                register_seconds=float(stats["register_seconds"]),
+                total_seconds=float(stats["total_seconds"]),
+                bytes_same_host=int(stats["bytes_same_host"]),
             )
         return got
 
@@ -672,7 +703,16 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
+    "metrics_listen": None,
 }
+
+
+def _metrics_listen(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"metrics_listen must be 'HOST:PORT' or None, not {value!r}")
+    return value
 
 
 def connect(
@@ -699,7 +739,9 @@ def connect(
             ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
-            holds).
+            holds), ``metrics_listen`` (HOST:PORT: serve this worker's
+            Prometheus metrics at ``/metrics``, port 0 for a free one, see
+            :attr:`Client.metrics_address`; default None: no endpoint).
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
@@ -735,5 +777,6 @@ def connect(
         max_serving_connections=int(opts["max_serving_connections"]),
         secret=secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
+        metrics_listen=_metrics_listen(opts["metrics_listen"]),
     )
     return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

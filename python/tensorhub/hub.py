@@ -25,6 +25,12 @@ class Hub:
         return self._core.address
 
     @property
+    def metrics_address(self) -> Optional[str]:
+        """HOST:PORT of the hub's Prometheus endpoint (GET /metrics), or None
+        without ``serve_hub(..., metrics_listen=...)``."""
+        return self._core.metrics_address or None
+
+    @property
     def closed(self) -> bool:
         return self._core.closed
 
@@ -52,6 +58,7 @@ def serve_hub(
     keep_latest: int = 0,
     oversubscribed_racks: bool = False,
     rebuild_ms: Optional[int] = None,
+    metrics_listen: Optional[str] = None,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -72,6 +79,10 @@ def serve_hub(
             timeout, rather than NOT_FOUND: a restarted hub learns versions
             from the workers' reports within about a lease. None: lease_ms;
             0: answer from its table at once.
+        metrics_listen: HOST:PORT to serve the hub's Prometheus metrics on
+            (GET /metrics; port 0 picks a free port, see
+            :attr:`Hub.metrics_address`). None: no endpoint
+            (``tensorhub serve --metrics-listen``).
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
@@ -89,6 +100,10 @@ def serve_hub(
         raise InvalidArgumentError(
             f"rebuild_ms must be None or an integer in [0, 3600000], not {rebuild_ms!r}"
         )
+    if metrics_listen is not None and (not isinstance(metrics_listen, str) or not metrics_listen):
+        raise InvalidArgumentError(
+            f"metrics_listen must be 'HOST:PORT' or None, not {metrics_listen!r}"
+        )
     return Hub(
         _core.Hub.start(
             listen=listen,
@@ -97,5 +112,6 @@ def serve_hub(
             keep_latest=keep_latest,
             oversubscribed_racks=oversubscribed_racks,
             rebuild_ms=-1 if rebuild_ms is None else rebuild_ms,
+            metrics_listen=metrics_listen or "",
         )
     )

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/client_deps.h"
+#include "client/client_metrics.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/reachability.h"
@@ -24,6 +25,7 @@
 #include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
+#include "metrics/metrics.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
@@ -41,6 +43,8 @@ class Client::Impl {
         transport_(std::move(deps.transport)) {}
 
   ~Impl() {
+    // First: a scrape reads the server and the registry below.
+    if (metrics_server_) metrics_server_->Stop();
     {
       MutexLock lock(mu_);
       stopping_ = true;
@@ -75,6 +79,15 @@ class Client::Impl {
     }
     hub_is_loopback_ =
         client::HostIsLoopback(client::HostOf(options_.hub_address));
+    if (!options_.metrics_listen.empty()) {
+      // Before registering: a port in use fails Connect with nothing to undo.
+      collector_ = std::make_shared<metrics::FunctionCollector>(
+          [this] { return ScrapeTimeFamilies(); });
+      TH_ASSIGN_OR_RETURN(
+          metrics_server_,
+          metrics::MetricsServer::Start(options_.metrics_listen,
+                                        {metrics_.registry(), collector_}));
+    }
     if (options_.name.empty()) {
       char host[256] = {0};
       ::gethostname(host, sizeof(host) - 1);
@@ -185,15 +198,38 @@ class Client::Impl {
       MutexLock lock(mu_);
       pending_unpublish_.insert({model, version});
     }
-    return registry_.Drain(model, version, epoch, deadline);
+    return TimedDrain(model, version, epoch, deadline);
+  }
+
+  // Registry::Drain, observed by the metrics.
+  Status TimedDrain(const std::string& model, Version version, uint64_t epoch,
+                    const Deadline& deadline) {
+    const auto t0 = SteadyClock::now();
+    Status s = registry_.Drain(model, version, epoch, deadline);
+    metrics_.Drained(
+        std::chrono::duration<double>(SteadyClock::now() - t0).count(), s.ok());
+    return s;
+  }
+
+  Result<FetchStats> Fetch(std::string_view model_sv, Version version,
+                           const std::vector<TensorRef>& dest,
+                           const FetchOptions& opts) {
+    Result<FetchStats> st = FetchOnce(model_sv, version, dest, opts);
+    if (st.ok()) {
+      metrics_.FetchSucceeded(*st);
+    } else {
+      metrics_.FetchFailed();
+    }
+    return st;
   }
 
   // A fetch, in steps: resolve, map the destination onto the manifest,
   // release memory that still serves an older version, register as a
   // filling holder, schedule sources, run the fetcher, report the holding.
-  Result<FetchStats> Fetch(std::string_view model_sv, Version version,
-                           const std::vector<TensorRef>& dest,
-                           const FetchOptions& opts) {
+  // The steps are timed as FetchStats' stages (tensorhub/client.h).
+  Result<FetchStats> FetchOnce(std::string_view model_sv, Version version,
+                               const std::vector<TensorRef>& dest,
+                               const FetchOptions& opts) {
     const std::string model(model_sv);
     // The stats measure real time; deadlines and pauses run on clock_.
     const auto t0 = SteadyClock::now();
@@ -241,9 +277,11 @@ class Client::Impl {
         MakeScheduler(model, v, opts.max_sources, work);
     TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
                         FirstSources(schedule, r, vname));
+    const auto t_sources = SteadyClock::now();
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    fo.metrics = &metrics_;
     if (fill_epoch.has_value()) {
       fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
         registry_.MarkChunk(model, v, e, chunk);
@@ -265,11 +303,30 @@ class Client::Impl {
       Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
+    const auto t3 = SteadyClock::now();
+    auto secs = [](SteadyClock::time_point a, SteadyClock::time_point b) {
+      return std::max(0.0, std::chrono::duration<double>(b - a).count());
+    };
     FetchStats st;
     st.version = v;
     st.bytes = rep->bytes;
-    st.seconds = std::chrono::duration<double>(t2 - t0).count();
-    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.bytes_same_host = rep->bytes_same_host;
+    st.seconds = secs(t0, t2);
+    st.total_seconds = secs(t0, t3);
+    st.resolve_seconds = secs(t0, t1);
+    st.schedule_seconds = secs(t1, t_sources);
+    // The first chunk's time splits the data plane; a version of no chunks
+    // has none (all of it is first byte, which is then ~0).
+    const SteadyClock::time_point t_first =
+        std::clamp(rep->first_chunk_at.value_or(t2), t_sources, t2);
+    st.first_byte_seconds = secs(t_sources, t_first);
+    const double rest = secs(t_first, t2);
+    // Streams hash in parallel as bytes arrive: their summed hashing time
+    // over their number is the checksum's share of the wall time.
+    st.verify_seconds = std::min(
+        rest, rep->verify_seconds_all_streams / std::max(1, rep->streams));
+    st.transfer_seconds = rest - st.verify_seconds;
+    st.register_seconds = secs(t2, t3);
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
@@ -482,6 +539,10 @@ class Client::Impl {
   }
   const WorkerId& id_ref() const { return id_; }
   std::string data_address() const { return data_address_; }
+  std::string metrics_address() const {
+    return metrics_server_ ? metrics_server_->address() : std::string();
+  }
+  client::ClientMetrics& metrics() { return metrics_; }
 
  private:
   static std::string Describe(const TensorSpec& s) {
@@ -544,6 +605,50 @@ class Client::Impl {
     if (!warning.empty()) TH_LOG(WARN) << warning;
   }
 
+  // The figures this worker keeps anyway, read when scraped (a scrape
+  // thread; metrics_server_ stops before what they read goes away).
+  std::vector<prometheus::MetricFamily> ScrapeTimeFamilies() const {
+    using metrics::AddSample;
+    std::vector<prometheus::MetricFamily> out;
+    const uint64_t served = server_->bytes_served();
+    const uint64_t local = server_->bytes_served_local();
+    auto bytes = metrics::CounterFamily(
+        "tensorhub_served_bytes_total",
+        "Bytes this worker served to readers, by path (same_host: copied by "
+        "a reader on this host from this process's memory)");
+    AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kTcp)}},
+              static_cast<double>(served - std::min(served, local)));
+    AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kSameHost)}},
+              static_cast<double>(local));
+    out.push_back(std::move(bytes));
+    auto refused_reads = metrics::CounterFamily(
+        "tensorhub_serve_refusals_total",
+        "Reads and data connections this worker refused, by reason "
+        "(read: unknown, revoked or unready data; auth: the peer did not "
+        "prove the shared secret)");
+    AddSample(refused_reads, {{"reason", "read"}},
+              static_cast<double>(registry_.reads_refused()));
+    AddSample(refused_reads, {{"reason", "auth"}},
+              static_cast<double>(server_->connections_refused()));
+    out.push_back(std::move(refused_reads));
+    auto in_flight =
+        metrics::GaugeFamily("tensorhub_serve_reads_in_flight",
+                             "Reads of this worker's memory in flight now");
+    AddSample(in_flight, {}, static_cast<double>(registry_.reads_in_flight()));
+    out.push_back(std::move(in_flight));
+    const client::Registry::HeldCounts held = registry_.held();
+    auto versions = metrics::GaugeFamily(
+        "tensorhub_held_versions",
+        "Versions this worker holds and serves, by state (filling: a fetch "
+        "still receiving it)");
+    AddSample(versions, {{"state", "complete"}},
+              static_cast<double>(held.complete));
+    AddSample(versions, {{"state", "filling"}},
+              static_cast<double>(held.filling));
+    out.push_back(std::move(versions));
+    return out;
+  }
+
   static constexpr int64_t kUnavailableConfirmMs = 200;
   // Between asks to a hub that did not answer or asked to try again.
   static constexpr int64_t kHubRetryPauseMs = 100;
@@ -580,6 +685,7 @@ class Client::Impl {
                              std::to_string(kUnavailableConfirmMs) +
                              " ms apart, and lists no holder to try");
         }
+        metrics_.HubRetry(kUnavailableConfirmMs / 1000.0);
         clock_.SleepMs(kUnavailableConfirmMs);
         continue;
       }
@@ -591,6 +697,7 @@ class Client::Impl {
         return r.status();
       }
       testpoint::Hit("fetch.hub_unavailable", ++retryable_answers);
+      metrics_.HubRetry(kHubRetryPauseMs / 1000.0);
       clock_.SleepMs(kHubRetryPauseMs);
     }
   }
@@ -655,7 +762,7 @@ class Client::Impl {
       // Fenced at once; reads already admitted get until the deadline. One
       // still running then reads memory the caller may overwrite: the
       // reader's chunk checksum catches that and it reads elsewhere.
-      Status d = registry_.Drain(model, version, *revoked, deadline);
+      Status d = TimedDrain(model, version, *revoked, deadline);
       if (!d.ok()) TH_LOG(WARN) << "abandoned fetch: " << d.ToString();
     }
     // A filling copy never counts as a copy to keep: no wait, force.
@@ -748,6 +855,9 @@ class Client::Impl {
   // Whether the hub is on loopback (reachability.h), set by Start.
   bool hub_is_loopback_ = true;
   std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran
+  client::ClientMetrics metrics_;
+  std::shared_ptr<metrics::FunctionCollector> collector_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
 
   mutable Mutex mu_;
   std::condition_variable cv_;
@@ -769,6 +879,10 @@ ClientDeps DefaultClientDeps(const ClientOptions& options) {
                                       options.rpc_timeout_ms);
   deps.clock = &Clock::Real();
   return deps;
+}
+
+ClientMetrics& ClientFactory::Metrics(Client& client) {
+  return client.impl_->metrics();
 }
 
 Result<std::unique_ptr<Client>> ClientFactory::Connect(
@@ -832,5 +946,6 @@ Result<VersionInfo> Client::Describe(std::string_view model, Version version,
 
 const WorkerId& Client::id() const { return impl_->id_ref(); }
 std::string Client::data_address() const { return impl_->data_address(); }
+std::string Client::metrics_address() const { return impl_->metrics_address(); }
 
 }  // namespace tensorhub

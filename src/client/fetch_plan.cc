@@ -172,6 +172,9 @@ std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
   // from the hub revives it if nothing else holds a chunk.
   slow.dead = true;
   ++steals_;
+  if (steal_waits_ms_.size() < kMaxStealWaits) {
+    steal_waits_ms_.push_back(now_ms - oldest->start_ms);
+  }
   FetchStep step;
   step.kind = FetchStep::Kind::kSteal;
   step.chunk = victim;
@@ -375,6 +378,7 @@ FetchReport FetchPlan::Report() const {
   r.bytes = bytes_done_;
   r.chunk_retries = retries_;
   r.chunks_stolen = steals_;
+  r.steal_waits_ms = steal_waits_ms_;
   for (const SourceState& s : sources_) {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;

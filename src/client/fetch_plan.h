@@ -156,6 +156,7 @@ class FetchPlan {
   double chunk_ms_avg_ = 0;
   uint64_t chunks_timed_ = 0;
   uint32_t steals_ = 0;
+  std::vector<int64_t> steal_waits_ms_;  // at most kMaxStealWaits
   uint32_t retries_ = 0;
   int64_t last_chunk_ms_;
   uint64_t done_chunks_ = 0;

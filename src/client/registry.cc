@@ -157,6 +157,12 @@ void Registry::FinishFill(const std::string& model, Version version,
 
 Result<transport::ServeLease> Registry::BeginRead(
     const wire::ReadRequest& req) {
+  Result<transport::ServeLease> lease = Admit(req);
+  if (!lease.ok()) reads_refused_.fetch_add(1, std::memory_order_relaxed);
+  return lease;
+}
+
+Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   MutexLock lock(mu_);
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
@@ -221,6 +227,15 @@ Result<transport::ServeLease> Registry::BeginRead(
     }
   });
   return lease;
+}
+
+Registry::HeldCounts Registry::held() const {
+  MutexLock lock(mu_);
+  HeldCounts c;
+  for (const auto& [key, e] : live_) {
+    ++(e->holding.filling ? c.filling : c.complete);
+  }
+  return c;
 }
 
 size_t Registry::reads_in_flight() const {

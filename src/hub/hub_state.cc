@@ -996,6 +996,24 @@ std::vector<ModelSummary> HubState::List() const {
   return out;
 }
 
+HubStats HubState::Stats() const {
+  HubStats st;
+  st.workers = workers_.size();
+  st.models = models_.size();
+  for (const auto& [name, m] : models_) {
+    for (const auto& [version, v] : m.versions) {
+      ++st.versions.at(static_cast<size_t>(v.state));
+      for (const auto& [id, r] : v.refs) {
+        ++(r.filling ? st.holders_filling : st.holders_complete);
+      }
+      if (IsRetained(m, version, v)) ++st.retained_versions;
+      st.readers_scheduled += v.assignments.size();
+    }
+  }
+  st.reader_group_pins = num_group_pins();
+  return st;
+}
+
 void HubState::ExpireLeases(int64_t now_ms) {
   std::vector<WorkerId> expired;
   for (const auto& [id, w] : workers_) {

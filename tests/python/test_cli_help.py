@@ -29,12 +29,13 @@ needs_cli = pytest.mark.skipif(not built(BIN), reason=f"CLI binary {BIN} not bui
 needs_lab = pytest.mark.skipif(not built(LAB), reason=f"lab binary {LAB} not built")
 
 HUB = ["--hub", "--secret-file"]
-WORKER = HUB + ["--name", "--datacenter", "--rack", "--host-label", "--spot", "--data-listen", "--advertise-host"]
+WORKER = HUB + ["--name", "--datacenter", "--rack", "--host-label", "--spot", "--data-listen", "--advertise-host",
+                "--metrics-listen"]
 
 # Each command and the flags its help must list.
 CLI_COMMANDS = {
     ("serve",): ["--listen", "--lease-ms", "--oversubscribed-racks", "--keep-latest", "--rebuild-ms",
-                 "--secret-file"],
+                 "--secret-file", "--metrics-listen"],
     ("ls",): HUB + ["--timeout-ms"],
     ("show",): HUB + ["--timeout-ms"],
     ("publish",): WORKER + ["--model", "--version", "--rank", "--group-size", "--chunk-bytes", "--timeout-ms"],
