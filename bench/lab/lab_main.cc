@@ -10,6 +10,7 @@ void AddChaosCommands(CommandLine& cl);
 void AddBenchHubCommand(CommandLine& cl, CLI::App* bench);
 void AddBenchFanoutCommands(CommandLine& cl, CLI::App* bench);
 void AddBenchWorkloadCommand(CommandLine& cl, CLI::App* bench);
+void AddBenchReshardCommand(CommandLine& cl, CLI::App* bench);
 }  // namespace tensorhub::cli
 
 int main(int argc, char** argv) {
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   AddBenchHubCommand(cl, bench);
   AddBenchFanoutCommands(cl, bench);
   AddBenchWorkloadCommand(cl, bench);
+  AddBenchReshardCommand(cl, bench);
   AddServeCommand(cl);
   cl.app().footer(
       "Environment: TENSORHUB_LOG=debug|info|warn|error, TENSORHUB_ROLE_LOG "

@@ -58,7 +58,9 @@ LAB_COMMANDS = {
     ("bench", "workload"): ["--testbed", "--bytes", "--chunk-bytes", "--rounds", "--step-ms", "--batch-ms",
                             "--copies", "--connections", "--port", "--seed", "--spot", "--stay-max",
                             "--timeout-s", "--systems", "--mpi-script", "--mpi-algorithms"],
-    ("serve",): ["--listen", "--lease-ms", "--keep-latest", "--rebuild-ms", "--secret-file"],
+    ("bench", "reshard"): ["--trainers", "--tp", "--scale"],
+    ("serve",): ["--listen", "--lease-ms", "--keep-latest", "--rebuild-ms", "--secret-file",
+                 "--metrics-listen"],
 }
 
 
