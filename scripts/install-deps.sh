@@ -16,6 +16,7 @@ PKGS=(
   prometheus-cpp-dev libcpp-httplib-dev # metrics: registry and text format, the /metrics endpoint
   prometheus                         # promtool, which checks the /metrics output (tests/python/test_metrics.py)
   etcd-server etcd-client            # the HA hub set's election and durable state (tests/ha_test.cc)
+  libcli11-dev                       # the command lines (tools/, bench/lab/)
 )
 
 missing=()

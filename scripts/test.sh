@@ -62,6 +62,8 @@ step "failure masking on the test bed (a holder cut off / slowed mid-fetch)"
 bash tests/testbed/failover_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
+step "the CLI as a full reader on the test bed (CLI fetches pipeline; loopback mistakes named)"
+bash tests/testbed/cli_pipeline_smoke.sh
 step "rollout workloads (standalone, elastic, cross-DC) on small test beds"
 bash tests/testbed/workload_smoke.sh
 

@@ -158,22 +158,25 @@ std::vector<std::string> Words(const std::string& line) {
 //                                        once N >= PAUSE_AFTER chunks are in;
 //                                        the fetch goes on at the line "go".
 //   describe V                           -> state MS NAME | error MS ...
-int RunChaosWorker(const Args& args) {
-  std::string name = args.Get("name", "worker");
-  SetLogPrefix(name.c_str());
-  auto bytes = args.GetU64("bytes", 4 << 20);
-  auto chunk = args.GetU64("chunk-bytes", 64 << 10);
-  auto seed = args.GetU64("seed", 1);
-  if (!bytes.ok() || !chunk.ok() || !seed.ok())
-    return Fail(InvalidArgument("bad flags"));
-  SyntheticModel model(ChaosLayout(*bytes));
+struct ChaosWorkerFlags {
+  std::string hub;
+  std::string name = "worker";
+  uint64_t bytes = 4 << 20;
+  uint64_t chunk_bytes = 64 << 10;
+  uint64_t seed = 1;
+  std::string data_listen = "127.0.0.1:0";
+};
+
+int RunChaosWorker(const ChaosWorkerFlags& f) {
+  SetLogPrefix(f.name.c_str());
+  SyntheticModel model(ChaosLayout(f.bytes));
   ClientOptions o;
-  o.hub_address = args.Get("hub");
-  o.name = name;
+  o.hub_address = f.hub;
+  o.name = f.name;
   o.heartbeat_interval_ms = 200;
   o.rpc_timeout_ms = 1000;
   o.connect_timeout_ms = 20000;
-  o.data_listen_address = args.Get("data-listen", "127.0.0.1:0");
+  o.data_listen_address = f.data_listen;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready");
@@ -188,12 +191,12 @@ int RunChaosWorker(const Args& args) {
     };
     if (w[0] == "publish" && w.size() == 5) {
       uint64_t v = std::stoull(w[1]);
-      model.Fill(ContentKey(*seed, v));
+      model.Fill(ContentKey(f.seed, v));
       PublishOptions po;
       po.rank = static_cast<uint32_t>(std::stoul(w[2]));
       po.group_size = static_cast<uint32_t>(std::stoul(w[3]));
       po.timeout_ms = std::stoll(w[4]);
-      po.chunk_bytes = *chunk;
+      po.chunk_bytes = f.chunk_bytes;
       Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
       s.ok() ? Reply("ok " + ms() + " " + Hex(model.Digest())) : error(s);
     } else if (w[0] == "unpublish" && w.size() == 3) {
@@ -948,46 +951,62 @@ class Chaos {
   std::mutex print_mu_;
 };
 
-}  // namespace
+struct ChaosFlags {
+  uint64_t seed = 1;
+  uint64_t rounds = 30;
+  uint64_t readers = 4;
+  uint64_t bytes = 0;
+  bool verbose = false;
+  uint64_t ha = 0;  // hubs of an HA set on a loopback etcd (0: one hub)
+};
 
-int CmdChaosWorker(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
-  if (!args.ok()) return Fail(args.status());
-  return RunChaosWorker(*args);
-}
-
-int CmdChaos(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2, {"seed", "rounds", "readers", "bytes", "ha"}, {"verbose"});
-  if (!args.ok()) return Fail(args.status());
-  auto seed = args->GetU64("seed", 1);
-  auto rounds = args->GetU64("rounds", 30);
-  auto readers = args->GetU64("readers", 4);
-  auto bytes = ParseBytes(args->Get("bytes", "4MiB"));
-  auto ha = args->GetU64("ha", 0);
-  if (!seed.ok() || !rounds.ok() || !readers.ok() || !bytes.ok() || !ha.ok()) {
-    return Fail(InvalidArgument(
-        "--seed, --rounds, --readers, --bytes, --ha take numbers"));
-  }
-  if (*ha == 1 || *ha > 5) {
-    return Fail(InvalidArgument(
-        "--ha takes the number of hubs of the set, 2 to 5 (0: one hub)"));
-  }
-  if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 ||
-      *bytes < (64 << 10) || *bytes > (1ull << 30)) {
-    return Fail(
-        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], "
-                        "--bytes in [64KiB, 1GiB]"));
-  }
+int RunChaos(const ChaosFlags& f) {
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGINT, KillChildrenAndExit);
   ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
-  Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers),
-              *bytes, args->Has("verbose"), static_cast<int>(*ha));
+  Chaos chaos(f.seed, static_cast<int>(f.rounds), static_cast<int>(f.readers),
+              f.bytes, f.verbose, static_cast<int>(f.ha));
   return chaos.Run();
+}
+
+}  // namespace
+
+void AddChaosCommands(CommandLine& cl) {
+  auto f = std::make_shared<ChaosFlags>();
+  CLI::App* c = cl.Add(
+      "chaos",
+      "seeded fault injection (kill, stop, slow, hub stop/restart) on "
+      "loopback processes; checks bytes, deadlines, availability; exit 1 on "
+      "any violation",
+      [f] { return RunChaos(*f); });
+  c->add_option("--seed", f->seed, "the fault schedule's seed (replays it)")
+      ->capture_default_str();
+  c->add_option("--rounds", f->rounds, "rounds of faults")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100000}))
+      ->capture_default_str();
+  c->add_option("--readers", f->readers, "reader processes")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{32}))
+      ->capture_default_str();
+  AddBytesOption(c, "--bytes", &f->bytes, "4MiB", "the version's size")
+      ->check(CLI::Range(uint64_t{64} << 10, uint64_t{1} << 30));
+  c->add_flag("--verbose", f->verbose, "print every step");
+  c->add_option("--ha", f->ha,
+                "an HA set of N hubs on a loopback etcd, with hub failovers "
+                "(0: one hub)")
+      ->check(CLI::IsMember({0, 2, 3, 4, 5}))
+      ->type_name("N")
+      ->capture_default_str();
+
+  auto w = std::make_shared<ChaosWorkerFlags>();
+  c = cl.Add("_chaos-worker", "a worker process of chaos",
+             [w] { return RunChaosWorker(*w); });
+  c->add_option("--hub", w->hub)->required();
+  c->add_option("--name", w->name);
+  c->add_option("--bytes", w->bytes);
+  c->add_option("--chunk-bytes", w->chunk_bytes);
+  c->add_option("--seed", w->seed);
+  c->add_option("--data-listen", w->data_listen);
 }
 
 }  // namespace tensorhub::cli

@@ -18,6 +18,7 @@
 #include "client/client_metrics.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
+#include "client/reachability.h"
 #include "client/registry.h"
 #include "client/slice_fetch.h"
 #include "common/checksum.h"
@@ -77,6 +78,8 @@ class Client::Impl {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;
     }
+    hub_is_loopback_ =
+        client::HostIsLoopback(client::HostOf(options_.hub_address));
     if (!options_.metrics_listen.empty()) {
       // Before registering: a port in use fails Connect with nothing to undo.
       collector_ = std::make_shared<metrics::FunctionCollector>(
@@ -116,6 +119,7 @@ class Client::Impl {
                              std::to_string(opts.group_size));
     }
     TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(tensors, "publish"));
+    WarnIfUnreachable();
     // The chunk checksums are computed where the bytes are.
     std::unique_ptr<cuda::Stream> stream;
     if (!memory.is_host()) {
@@ -291,7 +295,10 @@ class Client::Impl {
     // serving): register the destination as a filling holder first. Every
     // exit below that does not complete the fill aborts it (one guard).
     std::optional<uint64_t> fill_epoch;
-    if (opts.serve) fill_epoch = BeginFill(model, v, manifest, job, work);
+    if (opts.serve) {
+      WarnIfUnreachable();
+      fill_epoch = BeginFill(model, v, manifest, job, work);
+    }
     FillGuard fill(this, model, v, fill_epoch, deadline);
     const client::SourceRefresher schedule =
         MakeScheduler(model, v, opts.max_sources, work);
@@ -743,14 +750,28 @@ class Client::Impl {
     return memory;
   }
 
-  static std::vector<client::FetchSource> ToSources(
-      const std::vector<client::ResolvedSource>& sources) {
+  std::vector<client::FetchSource> ToSources(
+      const std::vector<client::ResolvedSource>& sources) const {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
       out.push_back(
-          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling});
+          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling,
+           client::LoopbackHolderHint(s.worker.value(), s.data_address,
+                                      s.labels.host, options_.labels.host,
+                                      data_address_, options_.hub_address,
+                                      hub_is_loopback_)});
     }
     return out;
+  }
+
+  // Warns, once, when this worker starts serving (its first publish, or
+  // fetch that serves) if readers on other hosts cannot reach it
+  // (reachability.h).
+  void WarnIfUnreachable() {
+    if (reach_checked_.exchange(true)) return;
+    const std::string warning = client::LoopbackDataPlaneWarning(
+        options_.hub_address, hub_is_loopback_, data_address_);
+    if (!warning.empty()) TH_LOG(WARN) << warning;
   }
 
   // The figures this worker keeps anyway, read when scraped (a scrape
@@ -1003,6 +1024,9 @@ class Client::Impl {
   Registry registry_;
   std::unique_ptr<transport::Server> server_;
   std::string data_address_;
+  // Whether the hub is on loopback (reachability.h), set by Start.
+  bool hub_is_loopback_ = true;
+  std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran
   client::ClientMetrics metrics_;
   std::shared_ptr<metrics::FunctionCollector> collector_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
