@@ -174,6 +174,10 @@ class _Staged:
         self.stats: Optional[FetchStats] = None
         self.error: Optional[BaseException] = None
         self.seconds = 0.0
+        # time.monotonic() when the fetch started and ended (this process's
+        # clock): lets a caller see what the engine did meanwhile.
+        self.started_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
 
@@ -267,7 +271,7 @@ class TensorHubWeightTransferEngine(
             if staged.error is not None:
                 raise staged.error
         t1 = time.monotonic()
-        self._apply(staged)
+        withdraw_s = self._apply(staged)
         apply_s = time.monotonic() - t1
         self._stats = {
             "worker_id": self._client.worker_id,  # type: ignore[union-attr]
@@ -276,9 +280,12 @@ class TensorHubWeightTransferEngine(
             "version": staged.version,
             "staged": fetch_s == 0.0,
             "stage_seconds": staged.seconds if fetch_s == 0.0 else 0.0,
+            "stage_started_at": staged.started_at if fetch_s == 0.0 else None,
+            "stage_finished_at": staged.finished_at if fetch_s == 0.0 else None,
             "wait_seconds": waited_s,
             "fetch_seconds": fetch_s,
             "apply_seconds": apply_s,
+            "withdraw_seconds": withdraw_s,
             "pause_seconds": time.monotonic() - t0,
             "fetch": asdict(staged.stats) if staged.stats is not None else None,
         }
@@ -371,7 +378,7 @@ class TensorHubWeightTransferEngine(
     def _fetch(self, staged: _Staged, step: int, deadline: float) -> None:
         """Fetches into fresh buffers; records the error instead of raising."""
         client = self._client
-        t0 = time.monotonic()
+        t0 = staged.started_at = time.monotonic()
         try:
             assert client is not None
             info = client.describe(staged.model, staged.requested, group=self._group, step=step)
@@ -408,7 +415,8 @@ class TensorHubWeightTransferEngine(
         except BaseException as e:  # handed to the caller of update_weights
             staged.error = e
         finally:
-            staged.seconds = time.monotonic() - t0
+            staged.finished_at = time.monotonic()
+            staged.seconds = staged.finished_at - t0
             staged.done.set()
 
     def _drop(self, staged: _Staged) -> None:
@@ -427,7 +435,8 @@ class TensorHubWeightTransferEngine(
         for alias, name in staged.aliases.items():
             yield alias, staged.tensors[name]
 
-    def _apply(self, staged: _Staged) -> None:
+    def _apply(self, staged: _Staged) -> float:
+        """Loads the staged tensors; returns the seconds spent withdrawing the old version."""
         from vllm.model_executor.model_loader.reload import (
             finalize_layerwise_reload,
             initialize_layerwise_reload,
@@ -440,11 +449,13 @@ class TensorHubWeightTransferEngine(
         # (unpublish waits for its reads in flight).
         with self._lock:
             old, self._held = self._held, (staged.model, staged.version, staged.tensors)  # type: ignore[assignment]
+        t0 = time.monotonic()
         if old is not None and (old[0], old[1]) != (staged.model, staged.version):
             try:
                 self._client.unpublish(old[0], old[1])  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 - the new weights are loaded already
                 logger.warning("tensorhub: withdrawing %s@%s: %s", old[0], old[1], e)
+        return time.monotonic() - t0
 
 
 def _tp_rank() -> int:
