@@ -18,9 +18,10 @@ publishes its new weights as a TensorHub version through the vLLM backend
 One-step off-policy (as verl's one-step-off-policy recipe): the engines
 generate batch s+1 with version s while the trainer learns from batch s, so the
 fetch of the next version (the stage) overlaps generation and the pause between
-two batches covers only the apply. The loss is PPO's clipped ratio against the
-behaviour policy (the version that generated the batch, recomputed by the
-trainer), with group-relative advantages (GRPO, G answers per prompt).
+two batches covers only the apply. The loss is the policy gradient with
+group-relative advantages (GRPO, G answers per prompt), each token weighted by
+its importance weight against the behaviour policy (the version that generated
+the batch, recomputed by the trainer), truncated at --is-cap.
 
 The task: answer any prompt with the target token, as often as possible; the
 reward is the fraction of the answer's tokens equal to it (checkable, no
@@ -395,8 +396,11 @@ class Trainer:
         r = rewards.view(-1, a.group)
         adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).view(-1, 1)
         new = self.logprobs(seqs, prompts.shape[1])
-        ratio = torch.exp(new - old)
-        loss = -torch.min(ratio * adv, ratio.clamp(1 - a.clip, 1 + a.clip) * adv).mean()
+        # Truncated importance weights (as V-trace): the batch came from the
+        # previous version; PPO's clipping would stop the gradient of every
+        # token whose probability already rose by the clip since then.
+        weight = torch.exp(new.detach() - old).clamp(max=a.is_cap)
+        loss = -(weight * adv * new).mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -696,18 +700,18 @@ def summary(args: argparse.Namespace, res: Dict[str, Any]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--engines", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per engine per step")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per engine per step")
     ap.add_argument("--group", type=int, default=8, help="answers per prompt (GRPO group)")
     ap.add_argument("--prompt-len", type=int, default=6)
-    ap.add_argument("--gen-len", type=int, default=8, help="tokens per answer")
+    ap.add_argument("--gen-len", type=int, default=64, help="tokens per answer")
     ap.add_argument("--vocab", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=128, help="a multiple of 64")
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--target", type=int, default=7, help="the token the reward asks for")
-    ap.add_argument("--lr", type=float, default=1e-2)
-    ap.add_argument("--clip", type=float, default=0.2)
+    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument("--is-cap", type=float, default=2.0, help="cap of the importance weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-rise", type=float, default=0.2, help="required reward rise (last fifth - first fifth)")
     ap.add_argument("--logprob-tol", type=float, default=1e-3)
