@@ -575,7 +575,6 @@ def _sync_record(version: int, stats: List[Dict[str, Any]], trainer_worker: str,
         "stage_seconds": max(s["stage_seconds"] for s in stats),
         "wait_seconds": max(s["wait_seconds"] for s in stats),
         "apply_seconds": max(s["apply_seconds"] for s in stats),
-        "withdraw_seconds": max(s["withdraw_seconds"] for s in stats),
         "steps_during_stage": sum(s["steps_during_stage"] for s in stats),
         "tokens_during_stage": sum(s["tokens_during_stage"] for s in stats),
         "inflight_at_stage": [s["inflight_at_stage"] for s in stats],
@@ -608,45 +607,59 @@ def _reward_rise(steps: List[Dict[str, Any]], min_rise: float) -> Tuple[float, f
 
 def _limits(args: argparse.Namespace, trainer: Trainer, sync: Any, engines: List[EngineHandle],
             version: int, failures: List[str]) -> Dict[str, Any]:
-    """In the same run, on the same engines and bytes: loads from a local
-    in-memory state_dict (no TensorHub), updates that are not staged (the
-    fetch inside the pause), and a memcpy of the bytes. Each load follows a
-    generation, as the pause does."""
+    """The pause against its limits, in the same run, on the same engines and
+    bytes (the last version's weights, published again as new versions).
+    Rounds of three, interleaved so that all three see the same conditions,
+    each after a generation as in the loop:
+      local:    load from a local in-memory state_dict (no TensorHub);
+      staged:   stage, generate meanwhile, then the load call (the pause);
+      unstaged: the load call without a stage (fetch and apply in the pause).
+    And a memcpy of the bytes."""
     import torch
 
-    reps = 5
+    reps = args.reps
     sd = trainer.snapshots[version]
+    want = trainer.references[version]
     arrays = [(k, v.numpy()) for k, v in sd.items()]
     client = EngineClient(engines)
-    local, unstaged = [], []
+    out: Dict[str, List[float]] = {k: [] for k in (
+        "local", "staged_pause", "staged_stage", "staged_wait", "staged_apply",
+        "unstaged_pause", "unstaged_fetch", "unstaged_apply", "memcpy")}
     for _ in range(reps):
-        _probe_all(engines, args, trainer.references[version], "before a local load", failures)
+        _probe_all(engines, args, want, "before a local load", failures)
         # All engines at once, as in the pause; the slowest one counts, as there.
-        local.append(max(client._all("local_load", arrays)))
-    for _ in range(reps):
-        _probe_all(engines, args, trainer.references[version], "before an unstaged update", failures)
-        v = sync.publish(sd)  # the same bytes as a new version; withdraws the previous one
+        out["local"].append(max(client._all("local_load", arrays)))
+
+        v = sync.publish(sd)  # withdraws the previous version (the engines hold it)
+        sync.load(v, stage=True)
+        _probe_all(engines, args, want, "while staging", failures)
         t0 = time.monotonic()
         sync.load(v)
-        pause = time.monotonic() - t0
+        out["staged_pause"].append(time.monotonic() - t0)
         stats = [e.call("stats") for e in engines]
-        unstaged.append((pause, max(s["fetch_seconds"] for s in stats), max(s["apply_seconds"] for s in stats)))
-    _probe_all(engines, args, trainer.references[version], "at the end", failures)
-    memcpy = []
+        for key in ("stage", "wait", "apply"):
+            out[f"staged_{key}"].append(max(s[f"{key}_seconds"] for s in stats))
+        if not all(s["staged"] for s in stats):
+            failures.append(f"v{v}: an engine did not use its staged copy")
+
+        v = sync.publish(sd)
+        _probe_all(engines, args, want, "before an unstaged update", failures)
+        t0 = time.monotonic()
+        sync.load(v)
+        out["unstaged_pause"].append(time.monotonic() - t0)
+        stats = [e.call("stats") for e in engines]
+        out["unstaged_fetch"].append(max(s["fetch_seconds"] for s in stats))
+        out["unstaged_apply"].append(max(s["apply_seconds"] for s in stats))
+    _probe_all(engines, args, want, "at the end", failures)
     for _ in range(reps):
         dst = {k: torch.empty_like(v) for k, v in sd.items()}
         t0 = time.monotonic()
         for k, v in sd.items():
             dst[k].copy_(v)
-        memcpy.append(time.monotonic() - t0)
-    return {
-        "local_load_seconds": statistics.mean(local),
-        "memcpy_seconds": statistics.mean(memcpy),
-        "unstaged_pause_seconds": statistics.mean(u[0] for u in unstaged),
-        "unstaged_fetch_seconds": statistics.mean(u[1] for u in unstaged),
-        "unstaged_apply_seconds": statistics.mean(u[2] for u in unstaged),
-        "reps": reps,
-    }
+        out["memcpy"].append(time.monotonic() - t0)
+    res: Dict[str, Any] = {f"{k}_seconds": statistics.mean(v) for k, v in out.items()}
+    res["reps"] = reps
+    return res
 
 
 def _probe_all(engines: List[EngineHandle], args: argparse.Namespace, want: List[List[int]],
@@ -675,27 +688,30 @@ def summary(args: argparse.Namespace, res: Dict[str, Any]) -> None:
     pause = ms([p for _, p in syncs])
     apply = ms([s["apply_seconds"] for s, _ in syncs])
     wait = ms([s["wait_seconds"] for s, _ in syncs])
-    withdraw = ms([s["withdraw_seconds"] for s, _ in syncs])
-    local = lim["local_load_seconds"] * 1e3
-    unstaged = lim["unstaged_pause_seconds"] * 1e3
-    memcpy = lim["memcpy_seconds"] * 1e3
-    print(f"sync of {len(syncs)} versions ({res['bytes'] / 2**20:.2f} MiB, {args.engines} engines), mean ms "
-          f"(the slowest engine each time):", flush=True)
-    print(f"  stage: fetch while generating   {stage:8.2f}   the engines meanwhile finished "
+    print(f"sync in the loop, {len(syncs)} versions of {res['bytes'] / 2**20:.2f} MiB to {args.engines} "
+          f"engines, mean ms (the slowest engine each time):", flush=True)
+    print(f"  stage (fetch in the background)  {stage:8.2f}   meanwhile the engines finished "
           f"{sum(s['steps_during_stage'] for s, _ in syncs)} decode steps, "
-          f"{sum(s['tokens_during_stage'] for s, _ in syncs)} tokens", flush=True)
-    print(f"  pause: load call, trainer side  {pause:8.2f}   = wait for the stage {wait:.2f} + apply "
+          f"{sum(s['tokens_during_stage'] for s, _ in syncs)} tokens "
+          f"({sum(1 for s, _ in syncs if s['steps_during_stage'])} of {len(syncs)} stages overlapped "
+          f"generation)", flush=True)
+    print(f"  pause (the load call)            {pause:8.2f}   = wait for the stage {wait:.2f} + apply "
           f"{apply:.2f} + calls {pause - wait - apply:.2f}", flush=True)
-    print(f"  apply: layerwise reload         {apply:8.2f}   (of which {withdraw:.2f} withdrawing the old "
-          f"version)", flush=True)
-    print(f"limits measured in this run (mean of {lim['reps']}):", flush=True)
-    print(f"  load of the same weights from local memory, same engines  {local:8.2f}   "
-          f"apply / it = {apply / local:.2f}, pause / it = {pause / local:.2f}", flush=True)
-    print(f"  update not staged (fetch in the pause): pause             {unstaged:8.2f}   "
-          f"(fetch {lim['unstaged_fetch_seconds'] * 1e3:.2f} + apply {lim['unstaged_apply_seconds'] * 1e3:.2f}); "
-          f"staged pause / it = {pause / unstaged:.2f}", flush=True)
-    print(f"  memcpy of the bytes                                       {memcpy:8.2f}   "
-          f"stage / it = {stage / memcpy:.0f}", flush=True)
+    print(f"  apply (layerwise reload)         {apply:8.2f}", flush=True)
+    m = lambda k: lim[f"{k}_seconds"] * 1e3  # noqa: E731
+    print(f"the pause against its limits, same run, same engines and bytes, {lim['reps']} interleaved "
+          f"rounds, mean ms:", flush=True)
+    print(f"  load from a local in-memory state_dict (no TensorHub)  {m('local'):8.2f}   the limit",
+          flush=True)
+    print(f"  staged: pause                                          {m('staged_pause'):8.2f}   "
+          f"x{m('staged_pause') / m('local'):.2f} the limit (wait {m('staged_wait'):.2f}, apply "
+          f"{m('staged_apply'):.2f}; the stage took {m('staged_stage'):.2f} before it)", flush=True)
+    print(f"  not staged: pause                                      {m('unstaged_pause'):8.2f}   "
+          f"x{m('unstaged_pause') / m('local'):.2f} the limit (fetch {m('unstaged_fetch'):.2f}, apply "
+          f"{m('unstaged_apply'):.2f}); staged / not staged = "
+          f"{m('staged_pause') / m('unstaged_pause'):.2f}", flush=True)
+    print(f"  memcpy of the bytes                                    {m('memcpy'):8.2f}   "
+          f"the stage's fetch = x{m('staged_stage') / m('memcpy'):.0f} memcpy", flush=True)
 
 
 def main() -> int:
@@ -715,10 +731,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-rise", type=float, default=0.2, help="required reward rise (last fifth - first fifth)")
     ap.add_argument("--logprob-tol", type=float, default=1e-3)
+    ap.add_argument("--reps", type=int, default=5, help="rounds of the final pause-vs-limits measurement")
     ap.add_argument("--json", help="write every step's record and the summary here")
     args = ap.parse_args()
-    if args.steps < 2 or args.engines < 1 or args.hidden % 64 or not 0 <= args.target < args.vocab:
-        ap.error("needs --steps >= 2, --engines >= 1, --hidden a multiple of 64, 0 <= --target < --vocab")
+    if args.steps < 2 or args.engines < 1 or args.reps < 1 or args.hidden % 64 or not 0 <= args.target < args.vocab:
+        ap.error("needs --steps >= 2, --engines >= 1, --reps >= 1, --hidden a multiple of 64, "
+                 "0 <= --target < --vocab")
 
     workdir = tempfile.mkdtemp(prefix="rl_vllm-")
     os.makedirs(os.path.join(workdir, "tmp"))

@@ -18,12 +18,17 @@ rank). An update is ``start_weight_update`` / ``update_weights`` /
    plain ``load_weights`` would fail);
 3. keep the fetched buffers and serve them to other workers (readers pull
    from this engine, not only from the trainer) until the next version
-   replaces them, then withdraw the old one (waiting for its reads).
+   replaces them, then withdraw the old one (in a background thread, after
+   the update returned: the unpublish waits for the old version's reads).
 
 Prefetch: ``update_weights({"model": M, "version": V, "stage": True})``
 starts the fetch in a background thread and returns at once; the engine
 keeps generating. A later ``update_weights({"model": M, "version": V})``
 waits for that fetch and only applies, so the pause covers the apply.
+``stats()`` (and :func:`tensorhub.vllm.worker_stats`) report both parts:
+``stage_seconds`` with ``stage_started_at`` / ``stage_finished_at`` (this
+process's ``time.monotonic()``, to line up with what the engine did
+meanwhile), and ``wait_seconds`` + ``apply_seconds`` in the pause.
 
 The TP ranks of one engine form a TensorHub reader group: with
 ``"version": "latest"`` every rank loads the version the group's first rank
@@ -202,6 +207,9 @@ class TensorHubWeightTransferEngine(
         self._staged: Optional[_Staged] = None
         self._stats: Dict[str, Any] = {}
         self._lock = threading.Lock()  # guards _staged and _held
+        # Withdrawing the version an apply replaced runs here, after the pause.
+        self._withdrawing: Optional[threading.Thread] = None
+        self._withdraw_s = 0.0  # the last withdrawal's seconds
         _LIVE.add(self)
 
     # -- vLLM's interface ----------------------------------------------------
@@ -271,7 +279,7 @@ class TensorHubWeightTransferEngine(
             if staged.error is not None:
                 raise staged.error
         t1 = time.monotonic()
-        withdraw_s = self._apply(staged)
+        self._apply(staged)
         apply_s = time.monotonic() - t1
         self._stats = {
             "worker_id": self._client.worker_id,  # type: ignore[union-attr]
@@ -285,7 +293,7 @@ class TensorHubWeightTransferEngine(
             "wait_seconds": waited_s,
             "fetch_seconds": fetch_s,
             "apply_seconds": apply_s,
-            "withdraw_seconds": withdraw_s,
+            "withdraw_seconds": self._withdraw_s,
             "pause_seconds": time.monotonic() - t0,
             "fetch": asdict(staged.stats) if staged.stats is not None else None,
         }
@@ -301,6 +309,7 @@ class TensorHubWeightTransferEngine(
         staged = self._staged
         if staged is not None and staged.thread is not None:
             staged.done.wait(timeout=(self._info.timeout_s if self._info else 10.0))
+        self._join_withdraw()
         client, self._client = self._client, None
         if client is not None:
             client.close()
@@ -435,8 +444,7 @@ class TensorHubWeightTransferEngine(
         for alias, name in staged.aliases.items():
             yield alias, staged.tensors[name]
 
-    def _apply(self, staged: _Staged) -> float:
-        """Loads the staged tensors; returns the seconds spent withdrawing the old version."""
+    def _apply(self, staged: _Staged) -> None:
         from vllm.model_executor.model_loader.reload import (
             finalize_layerwise_reload,
             initialize_layerwise_reload,
@@ -445,17 +453,37 @@ class TensorHubWeightTransferEngine(
         initialize_layerwise_reload(self.model)
         self.model.load_weights(self._weights(staged))
         finalize_layerwise_reload(self.model, self.model_config)
-        # The new version is in the model: serve it, withdraw the old one
-        # (unpublish waits for its reads in flight).
+        # The new version is in the model: serve it, and withdraw the old one
+        # in the background (unpublish waits for its reads in flight, and the
+        # engine need not wait for that: the pause covers the apply only).
         with self._lock:
             old, self._held = self._held, (staged.model, staged.version, staged.tensors)  # type: ignore[assignment]
-        t0 = time.monotonic()
         if old is not None and (old[0], old[1]) != (staged.model, staged.version):
-            try:
-                self._client.unpublish(old[0], old[1])  # type: ignore[union-attr]
-            except Exception as e:  # noqa: BLE001 - the new weights are loaded already
-                logger.warning("tensorhub: withdrawing %s@%s: %s", old[0], old[1], e)
-        return time.monotonic() - t0
+            self._join_withdraw()
+            # The thread holds `old`, so its buffers live until the drain ends.
+            self._withdrawing = threading.Thread(
+                target=self._withdraw, args=(old,), name="tensorhub-withdraw", daemon=True
+            )
+            self._withdrawing.start()
+
+    def _withdraw(self, old: Tuple[str, int, Dict[str, torch.Tensor]]) -> None:
+        t0 = time.monotonic()
+        try:
+            self._client.unpublish(old[0], old[1])  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001 - the new weights are loaded already
+            logger.warning("tensorhub: withdrawing %s@%s: %s", old[0], old[1], e)
+        self._withdraw_s = time.monotonic() - t0
+
+    def _join_withdraw(self) -> None:
+        """Waits for the previous withdrawal (done long before, as a rule)."""
+        t = self._withdrawing
+        if t is None:
+            return
+        t.join(timeout=self._info.timeout_s if self._info else 10.0)
+        if t.is_alive():
+            logger.warning("tensorhub: withdrawing an old version is still waiting for its reads")
+        else:
+            self._withdrawing = None
 
 
 def _tp_rank() -> int:
