@@ -623,12 +623,12 @@ def _limits(args: argparse.Namespace, trainer: Trainer, sync: Any, engines: List
     arrays = [(k, v.numpy()) for k, v in sd.items()]
     client = EngineClient(engines)
     out: Dict[str, List[float]] = {k: [] for k in (
-        "local", "staged_pause", "staged_stage", "staged_wait", "staged_apply",
+        "local_load", "staged_pause", "staged_stage", "staged_wait", "staged_apply",
         "unstaged_pause", "unstaged_fetch", "unstaged_apply", "memcpy")}
     for _ in range(reps):
         _probe_all(engines, args, want, "before a local load", failures)
         # All engines at once, as in the pause; the slowest one counts, as there.
-        out["local"].append(max(client._all("local_load", arrays)))
+        out["local_load"].append(max(client._all("local_load", arrays)))
 
         v = sync.publish(sd)  # withdraws the previous version (the engines hold it)
         sync.load(v, stage=True)
@@ -701,13 +701,13 @@ def summary(args: argparse.Namespace, res: Dict[str, Any]) -> None:
     m = lambda k: lim[f"{k}_seconds"] * 1e3  # noqa: E731
     print(f"the pause against its limits, same run, same engines and bytes, {lim['reps']} interleaved "
           f"rounds, mean ms:", flush=True)
-    print(f"  load from a local in-memory state_dict (no TensorHub)  {m('local'):8.2f}   the limit",
+    print(f"  load from a local in-memory state_dict (no TensorHub)  {m('local_load'):8.2f}   the limit",
           flush=True)
     print(f"  staged: pause                                          {m('staged_pause'):8.2f}   "
-          f"x{m('staged_pause') / m('local'):.2f} the limit (wait {m('staged_wait'):.2f}, apply "
+          f"x{m('staged_pause') / m('local_load'):.2f} the limit (wait {m('staged_wait'):.2f}, apply "
           f"{m('staged_apply'):.2f}; the stage took {m('staged_stage'):.2f} before it)", flush=True)
     print(f"  not staged: pause                                      {m('unstaged_pause'):8.2f}   "
-          f"x{m('unstaged_pause') / m('local'):.2f} the limit (fetch {m('unstaged_fetch'):.2f}, apply "
+          f"x{m('unstaged_pause') / m('local_load'):.2f} the limit (fetch {m('unstaged_fetch'):.2f}, apply "
           f"{m('unstaged_apply'):.2f}); staged / not staged = "
           f"{m('staged_pause') / m('unstaged_pause'):.2f}", flush=True)
     print(f"  memcpy of the bytes                                    {m('memcpy'):8.2f}   "
