@@ -215,8 +215,8 @@ class EngineLoop:
         return getattr(self.llm, method)(*args)
 
 
-def engine_main(conn: Any, model_dir: str, seed: int) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def engine_main(conn: Any, model_dir: str, seed: int, max_seqs: int, max_len: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # 2 engines and a trainer share the cores
     try:
         from vllm import LLM
 
@@ -225,8 +225,8 @@ def engine_main(conn: Any, model_dir: str, seed: int) -> None:
             load_format="dummy",  # the trainer's weights come through TensorHub
             skip_tokenizer_init=True,
             dtype="float32",
-            max_model_len=128,
-            max_num_seqs=256,
+            max_model_len=max_len,
+            max_num_seqs=max_seqs,  # a whole batch in one step
             kv_cache_memory_bytes=64 << 20,
             enforce_eager=True,
             distributed_executor_backend="uni",
@@ -312,12 +312,15 @@ class EngineClient:
         self._all("finish_weight_update", weight_version)
 
 
-def start_engines(n: int, model_dir: str, seed: int) -> List[EngineHandle]:
+def start_engines(args: argparse.Namespace, model_dir: str) -> List[EngineHandle]:
     ctx = mp.get_context("spawn")  # vLLM's CPU platform, and gRPC threads, need spawn
     engines = []
-    for i in range(n):
+    max_seqs = args.prompts * args.group + len(PROBES)
+    max_len = args.prompt_len + args.gen_len
+    for i in range(args.engines):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=engine_main, args=(child, model_dir, seed + i), daemon=True)
+        p = ctx.Process(target=engine_main, args=(child, model_dir, args.seed + i, max_seqs, max_len),
+                        daemon=True)
         p.start()
         engines.append(EngineHandle(f"engine{i}", parent, p))
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -386,7 +389,7 @@ class Trainer:
         return logp.gather(-1, seqs[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
 
     def train(self, prompts: Any, answers: Any, rewards: Any, vllm_logp: Any, behaviour: int) -> Dict[str, float]:
-        """One GRPO step with PPO's clipped ratio; returns diagnostics."""
+        """One policy-gradient step on a batch of the version ``behaviour``."""
         import torch
 
         a = self.args
@@ -450,7 +453,7 @@ def run(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
     engines: List[EngineHandle] = []
     t_start = time.monotonic()
     try:
-        engines = start_engines(args.engines, model_dir, args.seed)
+        engines = start_engines(args, model_dir)
         result["engine_start_seconds"] = time.monotonic() - t_start
         trainer = Trainer(args, model_dir)
         n_params = sum(p.numel() for p in trainer.model.parameters())
@@ -466,7 +469,7 @@ def run(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
               f"x {args.group} answers of {args.gen_len} tokens", flush=True)
         print(f"{'step':>4} {'reward':>6} {'gen_v':>5} {'gen_ms':>6} {'train_ms':>8} | sync of v: "
               f"{'stage_ms':>8} {'(steps,tok)':>11} {'pause_ms':>8} {'wait_ms':>7} {'apply_ms':>8} "
-              f"{'peer_bytes':>10}", flush=True)
+              f"{'MiB from engines':>16}", flush=True)
 
         # Version 1: the initial weights, loaded without staging.
         v = sync.publish(trainer.state_dict())
@@ -491,7 +494,7 @@ def run(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
                 sync.load(staged)
                 rec["pause_seconds"] = time.monotonic() - t0
                 stats = [e.call("stats") for e in engines]
-                rec["sync"] = _sync_record(staged, stats, sync.hub_client.worker_id, engines)
+                rec["sync"] = _sync_record(staged, stats)
                 for i, s in enumerate(stats):
                     if not s["staged"] or s["fetch_seconds"] != 0.0 or s["version"] != staged:
                         failures.append(f"step {step}: engine{i} applied v{s['version']} without its "
@@ -564,11 +567,11 @@ def run(args: argparse.Namespace, workdir: str) -> Dict[str, Any]:
     return result
 
 
-def _sync_record(version: int, stats: List[Dict[str, Any]], trainer_worker: str,
-                 engines: List[EngineHandle]) -> Dict[str, Any]:
-    names = {e.name for e in engines}
+def _sync_record(version: int, stats: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One update's figures over the engines (their worker stats)."""
+    engine_ids = {s["worker_id"] for s in stats}
     peer = sum(src["bytes"] for s in stats if s["fetch"]
-               for src in s["fetch"]["sources"] if src["worker"] in names)
+               for src in s["fetch"]["sources"] if src["worker"] in engine_ids)
     total = sum(s["fetch"]["bytes"] for s in stats if s["fetch"])
     return {
         "version": version,
@@ -589,13 +592,13 @@ def _print_step(rec: Dict[str, Any]) -> None:
             f"{rec.get('train_seconds', 0) * 1e3:>8.0f} | ")
     s = rec.get("sync")
     if s is None:
-        line += "-"
-    else:
-        line += (f"v{s['version']:<7} {s['stage_seconds'] * 1e3:>8.1f} "
-                 f"{'(' + str(s['steps_during_stage']) + ',' + str(s['tokens_during_stage']) + ')':>11} "
-                 f"{rec['pause_seconds'] * 1e3:>8.1f} {s['wait_seconds'] * 1e3:>7.1f} "
-                 f"{s['apply_seconds'] * 1e3:>8.1f} {s['peer_bytes']:>10}")
-    print(line, flush=True)
+        print(line + "-", flush=True)
+        return
+    overlap = f"({s['steps_during_stage']},{s['tokens_during_stage']})"
+    peer = f"{s['peer_bytes'] / 2**20:.2f}/{s['fetched_bytes'] / 2**20:.2f}"
+    print(line + f"v{s['version']:<7} {s['stage_seconds'] * 1e3:>8.1f} {overlap:>11} "
+          f"{rec['pause_seconds'] * 1e3:>8.1f} {s['wait_seconds'] * 1e3:>7.1f} "
+          f"{s['apply_seconds'] * 1e3:>8.1f} {peer:>16}", flush=True)
 
 
 def _reward_rise(steps: List[Dict[str, Any]], min_rise: float) -> Tuple[float, float, bool]:
@@ -734,9 +737,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="rounds of the final pause-vs-limits measurement")
     ap.add_argument("--json", help="write every step's record and the summary here")
     args = ap.parse_args()
-    if args.steps < 2 or args.engines < 1 or args.reps < 1 or args.hidden % 64 or not 0 <= args.target < args.vocab:
+    if (args.steps < 2 or args.engines < 1 or args.reps < 1 or args.hidden % 64 or args.vocab < 64
+            or not 0 <= args.target < args.vocab):
         ap.error("needs --steps >= 2, --engines >= 1, --reps >= 1, --hidden a multiple of 64, "
-                 "0 <= --target < --vocab")
+                 "--vocab >= 64, 0 <= --target < --vocab")
 
     workdir = tempfile.mkdtemp(prefix="rl_vllm-")
     os.makedirs(os.path.join(workdir, "tmp"))
