@@ -79,6 +79,7 @@ MODEL = "policy"
 PROBES = [[1, 2, 3, 4, 5, 6], [40, 30, 20, 10, 0, 50]]  # greedy, checked every step
 CALL_TIMEOUT_S = 120.0  # any one call to an engine
 START_TIMEOUT_S = 300.0  # engine start (model build, KV cache)
+Request = Tuple[str, List[int], Dict[str, Any]]  # (id, prompt token ids, SamplingParams fields)
 
 
 def model_config(args: argparse.Namespace) -> Dict[str, Any]:
@@ -183,12 +184,13 @@ class EngineLoop:
             self.conn.send(("reply", "err", f"{type(e).__name__}: {e}"))
         return True
 
-    def generate(self, batch_id: int, requests: List[Tuple[str, List[int], Dict[str, Any]]]) -> None:
+    def generate(self, batch_id: int, requests: List[Request]) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         assert self.batch is None, "one batch at a time"
-        self.batch = {"id": batch_id, "t0": time.monotonic(), "left": len(requests), "requests": {}, "ids": {}}
+        self.batch = {"id": batch_id, "t0": time.monotonic(), "left": len(requests),
+                      "requests": {}, "ids": {}}
         for rid, prompt, params in requests:
             self.batch["requests"][rid] = {"tokens": [], "logprobs": [], "versions": None}
             sp = SamplingParams(**params, ignore_eos=True, logprobs=0, output_kind=RequestOutputKind.DELTA)
@@ -395,7 +397,8 @@ class Trainer:
         logp = torch.log_softmax(logits[:, prompt_len - 1:].float(), dim=-1)
         return logp.gather(-1, seqs[:, prompt_len:].unsqueeze(-1)).squeeze(-1)
 
-    def train(self, prompts: Any, answers: Any, rewards: Any, vllm_logp: Any, behaviour: int) -> Dict[str, float]:
+    def train(self, prompts: Any, answers: Any, rewards: Any, vllm_logp: Any,
+              behaviour: int) -> Dict[str, float]:
         """One policy-gradient step on a batch of the version ``behaviour``."""
         import torch
 
@@ -418,7 +421,7 @@ class Trainer:
         return {"loss": loss.item(), "logprob_diff": (old - vllm_logp).abs().max().item()}
 
 
-def make_batch(args: argparse.Namespace, step: int, engines: int) -> List[List[Tuple[str, List[int], Dict[str, Any]]]]:
+def make_batch(args: argparse.Namespace, step: int, engines: int) -> List[List[Request]]:
     """Batch ``step``: per engine, P prompts x G seeded samples, and the greedy probes."""
     import torch
 
@@ -595,8 +598,8 @@ def _sync_record(version: int, stats: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _print_step(rec: Dict[str, Any]) -> None:
-    line = (f"{rec['step']:>4} {rec['reward']:>6.3f} {rec['gen_version']:>5} {rec['gen_seconds'] * 1e3:>6.0f} "
-            f"{rec.get('train_seconds', 0) * 1e3:>8.0f} | ")
+    line = (f"{rec['step']:>4} {rec['reward']:>6.3f} {rec['gen_version']:>5} "
+            f"{rec['gen_seconds'] * 1e3:>6.0f} {rec.get('train_seconds', 0) * 1e3:>8.0f} | ")
     s = rec.get("sync")
     if s is None:
         print(line + "-", flush=True)
@@ -612,7 +615,7 @@ def _reward_rise(steps: List[Dict[str, Any]], min_rise: float) -> Tuple[float, f
     k = max(1, len(steps) // 5)
     first = statistics.mean(r["reward"] for r in steps[:k])
     last = statistics.mean(r["reward"] for r in steps[-k:])
-    return first, last, last >= first + min_rise
+    return first, last, min_rise <= 0 or last >= first + min_rise
 
 
 def _limits(args: argparse.Namespace, trainer: Trainer, sync: Any, engines: List[EngineHandle],
@@ -682,7 +685,8 @@ def _limits(args: argparse.Namespace, trainer: Trainer, sync: Any, engines: List
 def _probe_all(engines: List[EngineHandle], args: argparse.Namespace, want: List[List[int]],
                when: str, failures: List[str]) -> None:
     """Greedy answers to the probes on every engine, checked against transformers'."""
-    reqs = [(f"check-probe{k}", p, {"temperature": 0.0, "max_tokens": args.gen_len}) for k, p in enumerate(PROBES)]
+    reqs = [(f"check-probe{k}", p, {"temperature": 0.0, "max_tokens": args.gen_len})
+            for k, p in enumerate(PROBES)]
     for e in engines:
         e.conn.send(("generate", -1, reqs))
     for e in engines:
@@ -746,7 +750,9 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=2e-2)
     ap.add_argument("--is-cap", type=float, default=2.0, help="cap of the importance weights")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--min-rise", type=float, default=0.2, help="required reward rise (last fifth - first fifth)")
+    ap.add_argument("--min-rise", type=float, default=0.2,
+                    help="required reward rise (mean of the last fifth of the steps - the first fifth); "
+                         "0: no check")
     ap.add_argument("--logprob-tol", type=float, default=1e-3)
     ap.add_argument("--reps", type=int, default=5, help="rounds of the final pause-vs-limits measurement")
     ap.add_argument("--json", help="write every step's record and the summary here")
