@@ -764,8 +764,8 @@ def main() -> int:
 
     workdir = tempfile.mkdtemp(prefix="rl_vllm-")
     os.makedirs(os.path.join(workdir, "tmp"))
-    # vLLM on the CPU (see ENGINES.md): no downloads, in-process engines, a
-    # private temp dir for its socket files.
+    # vLLM on the CPU: no downloads, in-process engines (one process each),
+    # and a private temp dir for the socket files vLLM leaves behind.
     os.environ.update({
         "VLLM_TARGET_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
@@ -777,7 +777,7 @@ def main() -> int:
         "TMPDIR": os.path.join(workdir, "tmp"),
         # With enforce_eager the model runs eagerly, but vLLM still compiles a
         # few sampler helpers with inductor at first use (a C++ compiler run,
-        # about 15 s per engine on 2 cores); eager is as good at this size.
+        # about 15 s per engine on 2 cores); they are tiny ops at this size.
         "TORCHDYNAMO_DISABLE": "1",
     })
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # (its per-update warnings are noise here)
