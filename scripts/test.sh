@@ -74,7 +74,7 @@ step "Python package and pytest"
 bash python/setup_env.sh
 TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q tests/python
 
-step "real engines: two vLLM engines following a trainer, HF checkpoints, verl (CPU)"
+step "real engines: two vLLM engines following a trainer, the RL example on them, HF checkpoints, verl (CPU)"
 bash tests/engines/run.sh
 
 step "all tests passed"
