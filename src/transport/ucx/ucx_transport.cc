@@ -565,20 +565,15 @@ class UcxConnection final : public Connection {
     Teardown();
   }
 
-  // Connects the endpoint to the holder's worker.
+  // Connects the endpoint to the holder's worker. Asks UCX to report a
+  // holder that died (failing the reads on it at once instead of at their
+  // deadline); the wires that cannot (shared memory in UCX 1.13) are used
+  // without it, their reads then bounded by the deadline alone.
   Status Open(const std::string& remote_address) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
-    // A holder that dies fails the reads on it instead of hanging them.
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
-      static_cast<UcxConnection*>(arg)->ep_failed_.store(true);
-    };
-    ep.err_handler.arg = this;
-    ucs_status_t s = ucp_ep_create(worker_->get(), &ep, &ep_);
+    ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
+    if (s == UCS_ERR_UNREACHABLE) {
+      s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
+    }
     if (s != UCS_OK) {
       ep_ = nullptr;
       return UcsError(s, "connecting a UCX endpoint to holder " + peer_);
@@ -818,6 +813,23 @@ class UcxConnection final : public Connection {
     }
     if (!result.ok()) Abandon();
     return result;
+  }
+
+  ucs_status_t CreateEp(const std::string& remote_address,
+                        ucp_err_handling_mode_t mode) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    ep.err_mode = mode;
+    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+        static_cast<UcxConnection*>(arg)->ep_failed_.store(true);
+      };
+      ep.err_handler.arg = this;
+    }
+    return ucp_ep_create(worker_->get(), &ep, &ep_);
   }
 
   // Device destination: each segment is read into one of two pinned
