@@ -17,12 +17,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -76,6 +78,15 @@ struct PublishOptions {
   // Free-form pairs stored with this rank's part (at most 64, 16 MiB in
   // all); readers see them in VersionInfo::metadata.
   std::vector<std::pair<std::string, std::string>> metadata;
+  // Shards (reshard.h): a tensor named here is this rank's box of a logical
+  // tensor of that name (its global shape and the box's offset; the box's
+  // extents are the tensor's shape). The ranks' boxes of every tensor must
+  // tile it: the hub refuses the last rank's publish otherwise.
+  std::map<std::string, TensorPiece> pieces;
+  // Segment checksums (about this many bytes each; 0: none), so that
+  // readers of a slice verify what they read (FetchSlices). Computed on
+  // the CPU: tensors in device memory get none.
+  uint64_t segment_bytes = 64 << 10;
 };
 
 struct FetchProgress {
@@ -155,6 +166,9 @@ struct FetchStats {
 };
 
 struct TensorInfo {
+  // For a tensor published as pieces (PublishOptions::pieces): the logical
+  // tensor, once, with its global shape; `rank` is the first part holding
+  // a piece of it.
   TensorSpec spec;
   uint32_t rank = 0;  // which trainer rank's part holds it
   uint64_t bytes = 0;
@@ -244,10 +258,28 @@ class Client {
   // pulls every chunk from holders into `destination`, verifies each
   // chunk's checksum, retries failed chunks on other holders, and returns
   // the version fetched. `destination` must name exactly the version's
-  // tensors with matching dtypes and shapes.
+  // tensors with matching dtypes and shapes. For a version published as
+  // pieces (PublishOptions::pieces) that is every logical tensor with its
+  // global shape; it is then fetched as whole slices (FetchSlices) and not
+  // served onward.
   Result<FetchStats> Fetch(std::string_view model, Version version,
                            const std::vector<TensorRef>& destination,
                            const FetchOptions& options = {});
+
+  // Partial fetch: resolves `version` and pulls only the given boxes of
+  // its logical tensors (reshard.h: TensorSlice), whatever the trainer
+  // ranks' layout, straight into the caller's memory (host memory), with
+  // an optional dtype conversion on the way in. Reads only the segments
+  // the boxes touch (the publisher's segment checksums verify them: at
+  // most one segment more at each end of each range read), striped over
+  // the holders, failing over like Fetch. The slices are not served
+  // onward. INVALID_ARGUMENT (nothing fetched) for an unknown tensor, a box
+  // outside the tensor, a dtype that cannot be converted, a shape that is
+  // not the box's; FAILED_PRECONDITION for a version published without
+  // segment checksums. FetchStats::bytes counts the bytes read.
+  Result<FetchStats> FetchSlices(std::string_view model, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& options = {});
 
   Result<std::vector<ModelInfo>> List();
   // Manifest and holders of one version (Latest() allowed). Uncommitted

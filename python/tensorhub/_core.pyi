@@ -21,7 +21,13 @@ class Client:
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
         group_size: int, chunk_bytes: int, timeout_ms: int,
         metadata: Sequence[Tuple[str, str]],
+        pieces: Dict[str, Tuple[List[int], List[int]]], segment_bytes: int,
     ) -> None: ...
+    def fetch_slices(
+        self, model: str, version: int, tensors: Sequence[_TensorTuple],
+        boxes: Sequence[Tuple[List[int], List[int]]], scales: Sequence[List[float]],
+        timeout_ms: int, connections: int, group: str, group_step: int,
+    ) -> Dict[str, Any]: ...
     def unpublish(self, model: str, version: int, timeout_ms: int, force: bool) -> None: ...
     def fetch(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], timeout_ms: int,
@@ -58,3 +64,25 @@ class Hub:
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+
+# Resharding helpers (include/tensorhub/reshard.h); a box is (offset, extent).
+def classify_hf_tensor(name: str) -> str: ...
+def tp_rank_box(
+    name: str,
+    shape: List[int],
+    rank: int,
+    tp: int,
+    num_attention_heads: int = 0,
+    num_key_value_heads: int = 0,
+    head_dim: int = 0,
+    num_experts: int = 0,
+) -> Tuple[List[int], List[int]]: ...
+def ep_rank_box(
+    name: str, shape: List[int], rank: int, ep: int, num_experts: int
+) -> Tuple[List[int], List[int]]: ...
+def fsdp_shards(shape: List[int], k: int) -> List[Tuple[List[int], List[int]]]: ...
+def tp_shards(shape: List[int], dim: int, k: int) -> List[Tuple[List[int], List[int]]]: ...
+def convert(
+    from_dtype: str, to_dtype: str, src: int, dst: int, count: int, scale: float = 1.0
+) -> None: ...
+def fp8_scale(amax: float) -> float: ...

@@ -13,6 +13,7 @@ from typing import (
     Literal,
     Mapping,
     Optional,
+    Sequence,
     Tuple,
     Union,
     overload,
@@ -362,8 +363,17 @@ class Client:
         *,
         metadata: Optional[Mapping[str, str]] = None,
         dtypes: Optional[Mapping[str, str]] = None,
+        pieces: Optional[Mapping[str, Tuple[Sequence[int], Sequence[int]]]] = None,
+        segment_bytes: int = 64 << 10,
     ) -> None:
         """Registers references to ``tensors`` as rank ``rank`` of ``model@version``.
+
+        ``pieces`` publishes shards: ``{name: (global_shape, offset)}`` says
+        that ``tensors[name]`` is the box at ``offset`` of a logical tensor of
+        ``global_shape`` (see :mod:`tensorhub.reshard`: ``fsdp_shards``,
+        ``tp_shards``). The ranks' boxes must tile every tensor; the hub
+        refuses the last rank's publish otherwise. ``segment_bytes`` sets
+        the segment checksums readers of slices verify with (0: none).
 
         No copy is made: other workers read the arrays' memory directly until
         :meth:`unpublish`. The client holds a reference to every array until
@@ -411,6 +421,9 @@ class Client:
             self._core.publish(
                 model, v, tuples, int(rank), int(group_size), cb,
                 _ms(timeout, _DEFAULT_PUBLISH_TIMEOUT_S, "timeout"), md,
+                {str(k): ([int(x) for x in g], [int(x) for x in o])
+                 for k, (g, o) in (pieces or {}).items()},
+                int(segment_bytes),
             )
         except BaseException:
             # Publish withdraws its local registration on failure.
@@ -452,6 +465,41 @@ class Client:
             self._drop(model, v)
             raise
         self._drop(model, v)
+
+    def _fetch_slices(self, model, v, into, timeout, connections, return_stats, group, step):
+        """fetch(into={name: (tensor, box)}) or (tensor, box, fp8_scales):
+        each tensor receives that box of the logical tensor (see
+        :func:`tensorhub.reshard.tp_slices`), converted to the tensor's own
+        dtype (BF16/F16/F32 to each other; F8_E4M3 needs the scales: one,
+        or one per row of the box, see :func:`tensorhub.reshard.fp8_scale`).
+        Slices are not served onward."""
+        tensors, boxes, scales = {}, [], []
+        for name, entry in into.items():
+            if len(entry) not in (2, 3):
+                raise InvalidArgumentError(
+                    f"into[{name!r}] must be (tensor, box) or (tensor, box, fp8_scales)")
+            tensors[name] = entry[0]
+            off, ext = entry[1]
+            boxes.append(([int(x) for x in off], [int(x) for x in ext]))
+            scales.append([float(x) for x in entry[2]] if len(entry) == 3 else [])
+        tuples = _tensors.to_tuples(tensors, writable=True, dtypes=None)
+        group_id, step = _group(group, step)
+        stats = self._core.fetch_slices(
+            model, v, tuples, boxes, scales,
+            _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout"), int(connections),
+            group_id, step)
+        if return_stats:
+            return FetchStats(
+                version=int(stats["version"]),
+                bytes=int(stats["bytes"]),
+                seconds=float(stats["seconds"]),
+                resolve_seconds=float(stats["resolve_seconds"]),
+                sources_used=int(stats["sources_used"]),
+                chunk_retries=int(stats["chunk_retries"]),
+                chunks_stolen=int(stats["chunks_stolen"]),
+                sources=[dict(s) for s in stats.get("sources", [])],
+            )
+        return int(stats["version"])
 
     def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:
         with self._lock:
@@ -559,6 +607,9 @@ class Client:
                 "fetch needs into= (names -> arrays to fill); allocate them with "
                 "client.describe(model, version).empty()"
             )
+        if into and all(isinstance(x, tuple) for x in into.values()):
+            return self._fetch_slices(model, v, into, timeout, connections,
+                                      return_stats, group, step)
         if not isinstance(connections, int) or connections < 1:
             raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
         timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")

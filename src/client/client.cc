@@ -19,6 +19,7 @@
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/registry.h"
+#include "client/slice_fetch.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -125,9 +126,10 @@ class Client::Impl {
       if (stream) return stream->Xxh3(pieces);
       return Xxh3Pieces(pieces);
     };
+    PieceOptions pieces{opts.pieces, opts.segment_bytes};
     TH_ASSIGN_OR_RETURN(
         PartLayout part,
-        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
+        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash, pieces));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -252,6 +254,13 @@ class Client::Impl {
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
+    if (IsSharded(manifest)) {
+      // Pieces of logical tensors: the destination names the logical
+      // tensors, which come whole through the slice path (not served).
+      TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
+                          WholeSlices(manifest, dest, vname));
+      return FetchSlices(model, v, whole, opts);
+    }
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     TH_ASSIGN_OR_RETURN(client::FetchJob job,
                         MapDestination(model, v, manifest, dest, &ranges));
@@ -361,6 +370,49 @@ class Client::Impl {
     std::optional<uint64_t> epoch_;
     const Deadline& deadline_;
   };
+
+  static bool IsSharded(const Manifest& m) {
+    for (const PartLayout& p : m.parts()) {
+      for (const TensorLayout& t : p.tensors) {
+        if (t.sharded()) return true;
+      }
+    }
+    return false;
+  }
+
+  // A full fetch of a sharded version: every logical tensor once, with its
+  // global shape and dtype, as a slice of all of it.
+  static Result<std::vector<TensorSlice>> WholeSlices(
+      const Manifest& manifest, const std::vector<TensorRef>& dest,
+      const std::string& vname) {
+    std::map<std::string, const TensorLayout*> logical;
+    for (const PartLayout& p : manifest.parts()) {
+      for (const TensorLayout& t : p.tensors) logical.emplace(t.spec.name, &t);
+    }
+    std::vector<TensorSlice> out;
+    for (const TensorRef& d : dest) {
+      auto it = logical.find(d.spec.name);
+      if (it == logical.end()) {
+        return InvalidArgument("destination tensor '" + d.spec.name +
+                               "' is not part of " + vname +
+                               " (or is named twice)");
+      }
+      const TensorLayout& t = *it->second;
+      if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.GlobalShape()) {
+        TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+        return InvalidArgument("destination tensor '" + d.spec.name + "' is " +
+                               Describe(d.spec) + " but " + vname + " has " +
+                               Describe(global));
+      }
+      out.push_back({d, Box::Whole(d.spec.shape), {}});
+      logical.erase(it);
+    }
+    if (!logical.empty()) {
+      return InvalidArgument("destination lacks tensor '" +
+                             logical.begin()->first + "' of " + vname);
+    }
+    return out;
+  }
 
   // Checks `dest` against the manifest, by tensor name (every tensor of the
   // version, once, with its dtype, shape and size), and returns the job's
@@ -478,6 +530,95 @@ class Client::Impl {
     return sources;
   }
 
+  // A partial fetch: resolve, check and plan the slices, schedule sources,
+  // run the slice fetcher. The slices are not registered for serving.
+  Result<FetchStats> FetchSlices(std::string_view model_sv, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& opts) {
+    const std::string model(model_sv);
+    const auto t0 = SteadyClock::now();
+    if (opts.group.size() > 256) {
+      return InvalidArgument("reader group id must be at most 256 characters");
+    }
+    std::vector<TensorRef> refs;
+    std::vector<client::SliceDest> dests;
+    for (const TensorSlice& s : slices) {
+      const TensorRef& t = s.tensor;
+      if (t.spec.shape != s.box.extent) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "': shape " +
+                               Describe(t.spec) + " is not the box's " +
+                               BoxToString(s.box));
+      }
+      TH_ASSIGN_OR_RETURN(uint64_t size, t.spec.ByteSize());
+      if (size != t.bytes) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "' has " +
+                               std::to_string(t.bytes) + " bytes, needs " +
+                               std::to_string(size));
+      }
+      refs.push_back(t);
+      dests.push_back({t.spec.name, s.box, t.spec.dtype,
+                       static_cast<uint8_t*>(t.data), s.fp8_scales});
+    }
+    TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(refs, "fetch"));
+    if (!memory.is_host()) {
+      return FailedPrecondition(
+          "fetch of slices: device memory is not supported yet; fetch into "
+          "host memory");
+    }
+    const int64_t reserve_ms =
+        std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
+    const Deadline work =
+        Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
+    TH_ASSIGN_OR_RETURN(
+        client::Resolved r,
+        ResolveWithin(model, version, work, opts.group, opts.group_step));
+    const auto t1 = SteadyClock::now();
+    if (!r.manifest.has_value()) {
+      return Internal("hub resolved a version without a manifest");
+    }
+    const Manifest& manifest = *r.manifest;
+    const Version v = r.version;
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
+    Result<client::SlicePlan> plan =
+        client::PlanSlices(manifest, dests, manifest.chunk_bytes());
+    if (!plan.ok()) return plan.status().WithContext(vname);
+    // Memory we are about to overwrite must stop serving an old version.
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const TensorRef& t : refs) {
+      ranges.push_back({static_cast<const uint8_t*>(t.data), t.bytes});
+    }
+    for (const auto& [m, old] : registry_.Overlapping(ranges)) {
+      TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
+                             .WithContext("fetch: releasing the destination"));
+    }
+    const client::SourceRefresher schedule =
+        MakeScheduler(model, v, opts.max_sources, work);
+    TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
+                        FirstSources(schedule, r, vname));
+    client::FetcherOptions fo;
+    fo.streams = opts.connections;
+    fo.on_progress = opts.on_progress;
+    client::SliceJob job{model, v, &manifest, &*plan, &dests};
+    Result<client::FetchReport> rep = client::RunSliceFetch(
+        *transport_, job, std::move(sources), schedule, fo, work);
+    const auto t2 = SteadyClock::now();
+    Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
+    if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    if (!rep.ok()) return rep.status();
+    FetchStats st;
+    st.version = v;
+    st.bytes = rep->bytes;
+    st.seconds = std::chrono::duration<double>(t2 - t0).count();
+    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.sources_used = rep->sources_used;
+    st.sources = rep->per_source;
+    st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
+    return st;
+  }
+
   Result<std::vector<ModelInfo>> List() { return hub_->List(); }
 
   Status Retain(std::string_view model, Version version, bool retain) {
@@ -508,9 +649,19 @@ class Client::Impl {
       vi.total_bytes = m.total_bytes();
       vi.chunk_bytes = m.chunk_bytes();
       vi.num_chunks = m.num_chunks();
+      std::set<std::string> seen;
       for (const PartLayout& p : m.parts()) {
         for (const TensorLayout& t : p.tensors) {
-          vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+          if (!t.sharded()) {
+            vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+            continue;
+          }
+          // A logical tensor held as pieces: once, with its global shape
+          // (what a full fetch allocates), at the first part holding some.
+          if (!seen.insert(t.spec.name).second) continue;
+          TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+          vi.tensors.push_back(
+              TensorInfo{global, p.rank, global.ByteSize().value()});
         }
         vi.metadata.insert(vi.metadata.end(), p.metadata.begin(),
                            p.metadata.end());
@@ -958,6 +1109,12 @@ Result<FetchStats> Client::Fetch(std::string_view model, Version version,
                                  const std::vector<TensorRef>& destination,
                                  const FetchOptions& options) {
   return impl_->Fetch(model, version, destination, options);
+}
+
+Result<FetchStats> Client::FetchSlices(std::string_view model, Version version,
+                                       const std::vector<TensorSlice>& slices,
+                                       const FetchOptions& options) {
+  return impl_->FetchSlices(model, version, slices, options);
 }
 
 Result<std::vector<ModelInfo>> Client::List() { return impl_->List(); }

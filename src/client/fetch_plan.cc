@@ -15,18 +15,33 @@ bool FetchPlan::SourceState::Has(uint64_t chunk) const {
   return false;
 }
 
+namespace {
+std::vector<uint64_t> ChunkSizes(const Manifest& manifest) {
+  std::vector<uint64_t> out(manifest.num_chunks());
+  for (uint64_t c = 0; c < out.size(); ++c) out[c] = manifest.Chunk(c).bytes;
+  return out;
+}
+}  // namespace
+
 FetchPlan::FetchPlan(std::string label, const Manifest& manifest,
                      std::vector<FetchSource> sources, bool can_refresh,
                      const FetcherOptions& options, int64_t start_ms,
                      int64_t deadline_ms, size_t max_sources)
+    : FetchPlan(std::move(label), ChunkSizes(manifest), std::move(sources),
+                can_refresh, options, start_ms, deadline_ms, max_sources) {}
+
+FetchPlan::FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
+                     std::vector<FetchSource> sources, bool can_refresh,
+                     const FetcherOptions& options, int64_t start_ms,
+                     int64_t deadline_ms, size_t max_sources)
     : label_(std::move(label)),
-      manifest_(manifest),
+      item_bytes_(std::move(item_bytes)),
       can_refresh_(can_refresh),
       options_(options),
       start_ms_(start_ms),
       deadline_ms_(deadline_ms),
       max_sources_(std::max<size_t>(1, max_sources)),
-      total_chunks_(manifest.num_chunks()),
+      total_chunks_(item_bytes_.size()),
       last_chunk_ms_(start_ms) {
   for (FetchSource& s : sources) AddSource(std::move(s));
   attempts_.assign(total_chunks_, 0);
@@ -259,7 +274,7 @@ void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {
   // ends the fetch.
   TH_CHECK(!done_[chunk]);
   done_[chunk] = 1;
-  const uint64_t bytes = manifest_.Chunk(chunk).bytes;
+  const uint64_t bytes = item_bytes_[chunk];
   SourceState& s = sources_[f.src];
   ++s.chunks_served;
   s.bytes_served += bytes;

@@ -196,8 +196,8 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
                     std::to_string(req.part) + " of " + name);
   }
   const PartLayout& layout = pit->second;
-  if (req.offset > layout.part_bytes ||
-      req.length > layout.part_bytes - req.offset) {
+  if (req.offset > layout.part_bytes || req.span_end() > layout.part_bytes ||
+      req.span_end() < req.offset) {
     return InvalidArgument("read past the end of part " +
                            std::to_string(req.part) + " of " + name);
   }
@@ -206,8 +206,8 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
     // touches has been received and verified here.
     const Manifest& m = *e->holding.manifest;
     uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
-    uint64_t last = m.chunk_base(req.part) +
-                    (req.offset + req.length - 1) / m.chunk_bytes();
+    uint64_t last =
+        m.chunk_base(req.part) + (req.span_end() - 1) / m.chunk_bytes();
     auto ready = [&] {
       if (e->revoked || !e->holding.filling) return true;
       for (uint64_t c = first; c <= last; ++c) {
@@ -230,8 +230,15 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
   lease.registration = e->registration.get();
-  AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
-               &lease.pieces);
+  if (req.run == 0) {
+    AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
+                 &lease.pieces);
+  } else {
+    for (uint64_t i = 0; i < req.runs(); ++i) {
+      AppendPieces(layout, e->holding.bases.at(req.part),
+                   req.offset + i * req.stride, req.run, &lease.pieces);
+    }
+  }
   ++e->inflight;
   // The pin's deleter ends the read: the last one of a revoked registration
   // wakes Drain().

@@ -264,9 +264,9 @@ class TcpServer final : public Server {
         return;
       }
       wire::ReadRequest req;
-      bool local = false, cuda_ipc = false;
+      bool local = false, cuda_ipc = false, strided = false;
       Result<size_t> model_len = wire::DecodeReadRequestHeader(
-          header, sizeof(header), &req, &local, &cuda_ipc);
+          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
       if (!model_len.ok()) {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_
@@ -278,6 +278,15 @@ class TcpServer final : public Server {
       if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
                .ok()) {
         return;
+      }
+      if (strided) {
+        uint8_t st[wire::kStrideBytes];
+        if (!ReadExact(fd, st, sizeof(st), deadline, stall_ms).ok()) return;
+        Status bad = wire::DecodeStride(st, sizeof(st), &req);
+        if (!bad.ok()) {
+          (void)SendError(fd, bad, deadline);
+          return;
+        }
       }
       // The reader's identity, if it offers to copy the bytes itself.
       std::optional<wire::HostIdentity> reader;

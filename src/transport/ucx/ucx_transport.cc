@@ -366,9 +366,9 @@ class UcxServer final : public Server {
         return;
       }
       wire::ReadRequest req;
-      bool local = false, cuda_ipc = false;
+      bool local = false, cuda_ipc = false, strided = false;
       Result<size_t> model_len = wire::DecodeReadRequestHeader(
-          header, sizeof(header), &req, &local, &cuda_ipc);
+          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
       if (!model_len.ok() || local || cuda_ipc) {
         Status why = model_len.ok() ? InvalidArgument(
                                           "same-host reads are not offered "
@@ -383,6 +383,15 @@ class UcxServer final : public Server {
       if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
                .ok()) {
         return;
+      }
+      if (strided) {
+        uint8_t st[wire::kStrideBytes];
+        if (!ReadExact(fd, st, sizeof(st), deadline, stall_ms).ok()) return;
+        Status bad = wire::DecodeStride(st, sizeof(st), &req);
+        if (!bad.ok()) {
+          (void)SendError(fd, bad, deadline);
+          return;
+        }
       }
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
