@@ -64,6 +64,12 @@ struct ClientOptions {
   // free port, see Client::metrics_address()). Empty: no metrics endpoint.
   // The metrics are listed in docs/metrics.md.
   std::string metrics_listen;
+  // Data-plane transports in order of preference ("ucx", "tcp"); the first
+  // this build and machine can run is used for serving and reading, and the
+  // choice is logged. Empty: the environment's TENSORHUB_TRANSPORTS (a comma
+  // list, e.g. "ucx,tcp"), else tcp. Every worker of a cluster must pick the
+  // same one (a worker does not yet advertise several, docs/design.md).
+  std::vector<std::string> transports;
 };
 
 struct PublishOptions {
@@ -121,6 +127,8 @@ struct FetchSourceStats {
   // The holder was itself still receiving the version when it was chosen:
   // it served chunks it had verified while the rest was still arriving.
   bool was_filling = false;
+  // The data-plane transport the chunks came over ("tcp", "ucx").
+  std::string transport;
 };
 
 // Where one fetch's time went. The stages follow each other and add up to

@@ -28,6 +28,7 @@
 #include "cuda/device.h"
 #include "metrics/metrics.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace tensorhub {
 
@@ -356,6 +357,9 @@ class Client::Impl {
     st.register_seconds = secs(t2, t3);
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
+    for (FetchSourceStats& fs : st.sources) {
+      fs.transport = std::string(transport_->name());
+    }
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
     return st;
@@ -1042,11 +1046,60 @@ class Client::Impl {
 
 namespace client {
 
-ClientDeps DefaultClientDeps(const ClientOptions& options) {
-  ClientDeps deps;
+namespace {
+
+// The transports asked for, in order: the options', else the
+// environment's TENSORHUB_TRANSPORTS, else tcp.
+std::vector<std::string> WantedTransports(const ClientOptions& options) {
+  if (!options.transports.empty()) return options.transports;
+  std::vector<std::string> out;
+  const char* env = std::getenv("TENSORHUB_TRANSPORTS");
+  std::string list = env != nullptr ? env : "";
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (out.empty()) out.push_back("tcp");
+  return out;
+}
+
+// The first transport of the list this build and machine can run; tcp if
+// none can.
+std::unique_ptr<transport::Transport> PickTransport(
+    const ClientOptions& options) {
+  for (const std::string& name : WantedTransports(options)) {
+    if (name == "ucx") {
+      transport::UcxTransportOptions u;
+      u.secret = options.secret;
+      Result<std::unique_ptr<transport::Transport>> t =
+          transport::MakeUcxTransport(u);
+      if (t.ok()) {
+        TH_LOG(INFO) << "data plane: ucx";
+        return std::move(t).value();
+      }
+      TH_LOG(WARN) << "data plane: ucx asked for but unavailable ("
+                   << t.status().ToString() << "); trying the next one";
+      continue;
+    }
+    if (name != "tcp") {
+      TH_LOG(WARN) << "data plane: unknown transport '" << name
+                   << "' skipped (known: ucx, tcp)";
+      continue;
+    }
+    break;
+  }
   transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
   t.secret = options.secret;  // the data plane requires the hub's secret too
-  deps.transport = transport::MakeTcpTransport(t);
+  TH_LOG(INFO) << "data plane: tcp";
+  return transport::MakeTcpTransport(t);
+}
+
+}  // namespace
+
+ClientDeps DefaultClientDeps(const ClientOptions& options) {
+  ClientDeps deps;
+  deps.transport = PickTransport(options);
   deps.control = MakeGrpcControlPlane(options.hub_address, options.secret,
                                       options.rpc_timeout_ms);
   deps.clock = &Clock::Real();

@@ -31,8 +31,9 @@ struct ClientDeps {
   const Clock* clock = &Clock::Real();
 };
 
-// Today's product choice: TCP (TcpTransportOptions::FromEnv, with the
-// options' secret), the hub over gRPC, the real clock.
+// Today's product choice: the first of ClientOptions::transports (or
+// TENSORHUB_TRANSPORTS) that runs here, UCX or TCP (TcpTransportOptions::
+// FromEnv), with the options' secret; the hub over gRPC; the real clock.
 ClientDeps DefaultClientDeps(const ClientOptions& options);
 
 // Builds a Client on the given seams (the one friend of Client).

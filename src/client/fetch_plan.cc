@@ -398,7 +398,8 @@ FetchReport FetchPlan::Report() const {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;
     r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
-                            s.bytes_served, s.chunks_served, s.source.filling});
+                            s.bytes_served, s.chunks_served, s.source.filling,
+                            ""});
   }
   return r;
 }

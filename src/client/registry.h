@@ -107,6 +107,10 @@ class Registry final : public transport::ReadSource {
     uint64_t inflight = 0;      // guarded by Registry::mu_
     bool revoked = false;       // guarded by Registry::mu_
     std::vector<uint8_t> have;  // per global chunk, while filling
+    // The whole registered memory, for transports that register it once
+    // per publish (transport.h). Destroyed once the registration is revoked
+    // and drained (guarded by Registry::mu_), before Drain() returns.
+    std::unique_ptr<transport::Registration> registration;
   };
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
       TH_REQUIRES(mu_);
