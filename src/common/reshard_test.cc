@@ -512,8 +512,8 @@ TEST(ConvertTest, F8E4M3MatchesTheNearestValueRule) {
     if (std::isnan(f)) return -1;  // NaN
     // Past 464 (the tie between 448 and 480, which goes to even), inf
     // included: saturates to 448, as torch's cast does.
-    uint8_t r = std::fabs(f) > 464.0f ? uint8_t{0x7E}
-                                      : NearestOf(table, std::fabs(f));
+    uint8_t r =
+        std::fabs(f) > 464.0f ? uint8_t{0x7E} : NearestOf(table, std::fabs(f));
     if (std::signbit(f)) r |= 0x80;
     return r;
   };
