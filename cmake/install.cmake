@@ -9,7 +9,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # th_client and th_hub are what a user names; the rest are what they link.
-set(TH_INSTALLED_LIBS th_client th_hub th_hub_state th_transport_tcp th_wire th_cuda
+set(TH_INSTALLED_LIBS th_client th_hub th_hub_state th_transport_tcp th_tls th_wire th_cuda
     th_proto th_common)
 foreach(lib ${TH_INSTALLED_LIBS})
   string(REGEX REPLACE "^th_" "" name ${lib})

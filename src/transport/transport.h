@@ -72,8 +72,13 @@ class Server {
   virtual uint64_t bytes_served() const = 0;
   virtual uint64_t bytes_served_local() const { return 0; }
   virtual uint64_t bytes_served_staged() const { return 0; }
-  // Connections refused because the peer did not prove the shared secret.
+  // Connections refused because the peer did not prove the shared secret
+  // (or, with TLS, show a trusted certificate).
   virtual uint64_t connections_refused() const { return 0; }
+  // Connections served over TLS; of which the kernel encrypts the sends
+  // (kTLS: the bytes still leave straight from the served memory).
+  virtual uint64_t connections_tls() const { return 0; }
+  virtual uint64_t connections_kernel_tls() const { return 0; }
 };
 
 // One reader-to-holder channel. Not thread-safe: one read at a time. After
@@ -101,6 +106,9 @@ class Connection {
                             uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
+  // Runs over TLS; the kernel decrypts what it receives (kTLS).
+  virtual bool tls() const { return false; }
+  virtual bool kernel_tls() const { return false; }
   // Makes a Read running on another thread end soon with an error, and
   // breaks the connection. The one method that may be called while another
   // thread is inside Read (the reader uses it to move a read away from a
