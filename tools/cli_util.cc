@@ -172,7 +172,18 @@ Result<ClientOptions> ClientOptionsFrom(const Args& args) {
   o.data_advertise_host = args.Get("advertise-host");
   TH_ASSIGN_OR_RETURN(uint64_t t, args.GetU64("timeout-ms", 10000));
   o.connect_timeout_ms = static_cast<int64_t>(t);
+  o.tls_ca_file = args.Get("tls-ca");
+  o.tls_cert_file = args.Get("tls-cert");
+  o.tls_key_file = args.Get("tls-key");
+  o.tls_server_name = args.Get("tls-server-name");
+  o.data_tls = args.Has(kDataTlsFlag);
   return o;
+}
+
+std::vector<std::string> WithTlsFlags(std::vector<std::string> value_flags) {
+  for (const char* f : {"tls-ca", "tls-cert", "tls-key", "tls-server-name"})
+    value_flags.push_back(f);
+  return value_flags;
 }
 
 Result<ModelRef> ParseModelRef(const std::string& text) {

@@ -39,8 +39,13 @@ std::string HubAddress(const Args& args);
 // --secret-file, else $TENSORHUB_SECRET_FILE, else $TENSORHUB_SECRET.
 Result<std::string> Secret(const Args& args);
 // Client options from the common flags (--hub, --name, --datacenter, --rack,
-// --host-label, --spot, --data-listen, --advertise-host).
+// --host-label, --spot, --data-listen, --advertise-host, the TLS flags).
 Result<ClientOptions> ClientOptionsFrom(const Args& args);
+// `value_flags` and the TLS flags of every command that talks to the hub:
+// --tls-ca, --tls-cert, --tls-key, --tls-server-name. Worker commands also
+// take the bare flag kDataTlsFlag (--data-tls).
+std::vector<std::string> WithTlsFlags(std::vector<std::string> value_flags);
+inline constexpr char kDataTlsFlag[] = "data-tls";
 
 // "model", "model@7", "model@latest".
 struct ModelRef {

@@ -1,7 +1,10 @@
 // `tensorhub bench pair`: one holder process, one reader, loopback. Prints
 // TensorHub's fetch rate beside the limits measured in the same run: a plain
 // TCP socket pair moving the same bytes (1 stream, and as many streams as the
-// fetch uses) and memcpy.
+// fetch uses) and memcpy. With --data-tls, a second holder serves the same
+// bytes over data-plane TLS (certificates from a throwaway CA made with the
+// openssl command), fetched in the same rounds, so TLS's cost is measured
+// beside plain TCP; the line above the table says whether kernel TLS ran.
 //
 // `tensorhub bench local`: the same two processes, fetching over the
 // intra-host path (cross-memory attach) and, for comparison, forced over
@@ -25,6 +28,8 @@
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "subprocess.h"
+#include "tls/throwaway_pki.h"
+#include "tls/tls.h"
 #include "transport/tcp/cma.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -33,6 +38,7 @@ namespace tensorhub::cli {
 namespace {
 
 constexpr char kModel[] = "bench-pair";
+constexpr char kTlsModel[] = "bench-pair-tls";  // served by the TLS holder
 
 std::vector<TensorSpec> FlatLayout(uint64_t bytes) {
   // 64 MiB tensors plus a tail: big tensors like a real model's matrices.
@@ -167,14 +173,16 @@ struct TwoProcessFlags {
   uint64_t chunk_bytes = 0;
   uint64_t repeat = 0;
   uint64_t connections = 0;
+  bool data_tls = false;  // pair only
 };
 
 Result<TwoProcessFlags> ParseTwoProcessFlags(int argc, char** argv) {
   TH_ASSIGN_OR_RETURN(
-      Args args,
-      ParseArgs(argc, argv, 3,
-                {"bytes", "repeat", "connections", "chunk-bytes"}, {}));
+      Args args, ParseArgs(argc, argv, 3,
+                           {"bytes", "repeat", "connections", "chunk-bytes"},
+                           {kDataTlsFlag}));
   TwoProcessFlags f;
+  f.data_tls = args.Has(kDataTlsFlag);
   TH_ASSIGN_OR_RETURN(f.bytes, ParseBytes(args.Get("bytes", "1GiB")));
   TH_ASSIGN_OR_RETURN(f.chunk_bytes,
                       ParseBytes(args.Get("chunk-bytes", "4MiB")));
@@ -191,31 +199,85 @@ Result<TwoProcessFlags> ParseTwoProcessFlags(int argc, char** argv) {
 
 struct HubAndHolder {
   std::unique_ptr<Hub> hub;
-  Subprocess holder;
-  std::string digest;  // of the bytes the holder published
+  std::optional<Subprocess> holder;  // set once started
+  std::string digest;                // of the bytes the holder published
+  // With data-plane TLS (bench pair --data-tls): the certificates (the hub
+  // runs TLS too, so every client needs the CA), and a second holder of the
+  // same bytes under kTlsModel, serving over TLS.
+  std::unique_ptr<tls::ThrowawayPki> pki;
+  std::optional<Subprocess> tls_holder;
 };
 
-// An embedded hub and a holder process that has published `bytes`.
-Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
-                                       const std::string& holder_log) {
-  HubOptions ho;
-  ho.listen_address = "127.0.0.1:0";
-  TH_ASSIGN_OR_RETURN(std::unique_ptr<Hub> hub, Hub::Start(ho));
-  TH_ASSIGN_OR_RETURN(
-      Subprocess holder,
-      Subprocess::Spawn(
-          {"bench", "_holder", "--hub", hub->address(), "--bytes",
-           std::to_string(bytes), "--chunk-bytes", std::to_string(chunk)},
-          {"TENSORHUB_LOG=" + holder_log}));
+// The TLS files of a worker of `pki` (its hub address's host is 127.0.0.1).
+void UseTls(const tls::ThrowawayPki& pki, ClientOptions* o) {
+  o->tls_ca_file = pki.ca;
+  o->tls_cert_file = pki.worker_cert;
+  o->tls_key_file = pki.worker_key;
+}
+
+Result<Subprocess> StartHolder(const std::string& hub, uint64_t bytes,
+                               uint64_t chunk, const std::string& holder_log,
+                               const tls::ThrowawayPki* pki, bool data_tls,
+                               std::string* digest) {
+  std::vector<std::string> args = {"bench",         "_holder",
+                                   "--hub",         hub,
+                                   "--bytes",       std::to_string(bytes),
+                                   "--chunk-bytes", std::to_string(chunk)};
+  if (pki != nullptr) {
+    for (const std::string& a :
+         {std::string("--tls-ca"), pki->ca, std::string("--tls-cert"),
+          pki->worker_cert, std::string("--tls-key"), pki->worker_key}) {
+      args.push_back(a);
+    }
+  }
+  if (data_tls) {
+    args.push_back("--data-tls");
+    args.push_back("--model");
+    args.push_back(kTlsModel);
+  }
+  TH_ASSIGN_OR_RETURN(Subprocess holder,
+                      Subprocess::Spawn(args, {"TENSORHUB_LOG=" + holder_log}));
   TH_ASSIGN_OR_RETURN(std::string ready,
                       holder.ReadLine(Deadline::AfterMs(120000)));
   if (ready.rfind("ready ", 0) != 0) return Internal("holder: " + ready);
-  return HubAndHolder{std::move(hub), std::move(holder), ready.substr(6)};
+  *digest = ready.substr(6);
+  return holder;
+}
+
+// An embedded hub and a holder process that has published `bytes`; with
+// `data_tls`, the hub on TLS and a second holder serving over TLS.
+Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
+                                       const std::string& holder_log,
+                                       bool data_tls = false) {
+  HubAndHolder out;
+  HubOptions ho;
+  ho.listen_address = "127.0.0.1:0";
+  if (data_tls) {
+    TH_ASSIGN_OR_RETURN(out.pki, tls::ThrowawayPki::Make());
+    ho.tls_cert_file = out.pki->hub_cert;
+    ho.tls_key_file = out.pki->hub_key;
+  }
+  TH_ASSIGN_OR_RETURN(out.hub, Hub::Start(ho));
+  TH_ASSIGN_OR_RETURN(Subprocess holder,
+                      StartHolder(out.hub->address(), bytes, chunk, holder_log,
+                                  out.pki.get(), false, &out.digest));
+  out.holder.emplace(std::move(holder));
+  if (data_tls) {
+    std::string digest;
+    TH_ASSIGN_OR_RETURN(Subprocess tls_holder,
+                        StartHolder(out.hub->address(), bytes, chunk,
+                                    holder_log, out.pki.get(), true, &digest));
+    out.tls_holder.emplace(std::move(tls_holder));
+    if (digest != out.digest) return Internal("the two holders differ");
+  }
+  return out;
 }
 
 // The holder side of `bench pair`, as its own process.
 int CmdBenchHolder(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "bytes", "chunk-bytes"}, {});
+  auto args = ParseArgs(argc, argv, 2,
+                        WithTlsFlags({"hub", "bytes", "chunk-bytes", "model"}),
+                        {kDataTlsFlag});
   if (!args.ok()) return Fail(args.status());
   auto bytes = args->GetU64("bytes", 0);
   auto chunk = args->GetU64("chunk-bytes", 4 << 20);
@@ -223,14 +285,15 @@ int CmdBenchHolder(int argc, char** argv) {
     return Fail(InvalidArgument("bad holder flags"));
   SyntheticModel model(FlatLayout(*bytes));
   model.Fill(1);
-  ClientOptions o;
-  o.hub_address = args->Get("hub");
-  o.name = "bench-holder";
-  auto client = Client::Connect(o);
+  auto o = ClientOptionsFrom(*args);
+  if (!o.ok()) return Fail(o.status());
+  o->name = "bench-holder";
+  auto client = Client::Connect(*o);
   if (!client.ok()) return Fail(client.status());
   PublishOptions po;
   po.chunk_bytes = *chunk;
-  Status s = (*client)->Publish(kModel, Version(1), model.tensors(), po);
+  Status s = (*client)->Publish(args->Get("model", kModel), Version(1),
+                                model.tensors(), po);
   if (!s.ok()) return Fail(s);
   Reply("ready " + Hex(model.Digest()));
   std::string line;
@@ -263,16 +326,25 @@ int CmdBench(int argc, char** argv) {
   // switch the intra-host path off for both processes (see bench local).
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
 
-  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn", f.data_tls);
   if (!pair.ok()) return Fail(pair.status());
-  auto& [hub, holder, digest] = *pair;
+  HubAndHolder& hh = *pair;
 
   SyntheticModel dest(FlatLayout(f.bytes));
   ClientOptions o;
-  o.hub_address = hub->address();
+  o.hub_address = hh.hub->address();
   o.name = "bench-reader";
+  if (hh.pki) UseTls(*hh.pki, &o);
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
+  std::unique_ptr<Client> tls_reader;
+  if (f.data_tls) {
+    o.name = "bench-reader-tls";
+    o.data_tls = true;
+    auto r = Client::Connect(o);
+    if (!r.ok()) return Fail(r.status().WithContext("TLS reader"));
+    tls_reader = std::move(r).value();
+  }
   SyntheticModel src(FlatLayout(f.bytes));
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
@@ -283,17 +355,44 @@ int CmdBench(int argc, char** argv) {
       "each)\n",
       FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
       static_cast<unsigned long long>(f.repeat));
-  double th = 0, raw1 = 0, rawn = 0, mc = 0;
-  for (uint64_t r = 0; r < f.repeat; ++r) {
+  if (f.data_tls) {
+    tls::KernelTlsSupport k = tls::KernelTls();
+    std::printf(
+        "data-plane TLS: mutual TLS 1.3 (throwaway CA made with openssl); "
+        "kernel TLS %s\n",
+        k.available ? "available on this kernel"
+                    : ("not available: " + k.why).c_str());
+  }
+  const std::string holder_digest = hh.digest;
+  auto fetch = [&](Client& c, const char* model,
+                   FetchStats* stats) -> Result<double> {
     FetchOptions fo;
     fo.serve = false;
     fo.connections = static_cast<int>(f.connections);
-    auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
-    if (!st.ok()) return Fail(st.status());
-    if (digest != Hex(dest.Digest()))
-      return Fail(DataLoss("fetched bytes differ from the holder's"));
-    double gbps = st->bytes / st->seconds / 1e9;
-    th = std::max(th, gbps);
+    std::memset(dst_base, 0, dest.total_bytes());  // a fetch must write it
+    auto st = c.Fetch(model, Version(1), dest.tensors(), fo);
+    if (!st.ok()) return st.status();
+    if (holder_digest != Hex(dest.Digest()))
+      return DataLoss("fetched bytes differ from the holder's");
+    *stats = *st;
+    return st->bytes / st->seconds / 1e9;
+  };
+  double th = 0, tls_gbps = 0, raw1 = 0, rawn = 0, mc = 0;
+  FetchStats tls_stats;
+  for (uint64_t r = 0; r < f.repeat; ++r) {
+    FetchStats st;
+    auto gbps = fetch(**reader, kModel, &st);
+    if (!gbps.ok()) return Fail(gbps.status());
+    th = std::max(th, *gbps);
+    double tls_run = 0;
+    if (tls_reader) {
+      auto t = fetch(*tls_reader, kTlsModel, &tls_stats);
+      if (!t.ok()) return Fail(t.status().WithContext("TLS fetch"));
+      if (tls_stats.tls_connections == 0)
+        return Fail(Internal("the TLS fetch opened no TLS connection"));
+      tls_run = *t;
+      tls_gbps = std::max(tls_gbps, tls_run);
+    }
     auto a = RawTcp(src_base, dst_base, src.total_bytes(), 1);
     if (!a.ok()) return Fail(a.status());
     raw1 = std::max(raw1, *a);
@@ -302,25 +401,48 @@ int CmdBench(int argc, char** argv) {
     if (!b.ok()) return Fail(b.status());
     rawn = std::max(rawn, *b);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
+    char tls_part[64] = "";
+    if (tls_reader) {
+      std::snprintf(tls_part, sizeof(tls_part), ", tensorhub TLS %.2f GB/s",
+                    tls_run);
+    }
     std::printf(
-        "  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu "
-        "%.2f GB/s, memcpy %.2f GB/s\n",
-        static_cast<unsigned long long>(r + 1), gbps, *a,
+        "  run %llu: tensorhub %.2f GB/s%s, raw TCP x1 %.2f GB/s, raw TCP "
+        "x%llu %.2f GB/s, memcpy %.2f GB/s\n",
+        static_cast<unsigned long long>(r + 1), *gbps, tls_part, *a,
         static_cast<unsigned long long>(f.connections), *b, mc);
   }
-  (void)holder.Send("quit");
-  holder.Stop(5000);
-  std::printf("\n%-44s %8s %10s\n", "", "GB/s", "tensorhub/x");
-  std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th,
+  (void)hh.holder->Send("quit");
+  hh.holder->Stop(5000);
+  if (hh.tls_holder) {
+    (void)hh.tls_holder->Send("quit");
+    hh.tls_holder->Stop(5000);
+  }
+  std::printf("\n%-48s %8s %10s\n", "", "GB/s", "tensorhub/x");
+  std::printf("%-48s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th,
               "");
-  std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream",
+  if (tls_reader) {
+    char label[96];
+    std::snprintf(label, sizeof(label),
+                  "tensorhub fetch over TLS (%s kTLS recv)",
+                  tls_stats.kernel_tls_connections > 0 ? "with" : "no");
+    std::printf("%-48s %8.2f %10.2f\n", label, tls_gbps, th / tls_gbps);
+  }
+  std::printf("%-48s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream",
               raw1, th / raw1);
   char label[64];
   std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams",
                 static_cast<unsigned long long>(f.connections));
-  std::printf("%-44s %8.2f %10.2f\n", label, rawn, th / rawn);
-  std::printf("%-44s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
+  std::printf("%-48s %8.2f %10.2f\n", label, rawn, th / rawn);
+  std::printf("%-48s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
   std::printf("\nratio vs raw socket pair: %.2f (target >= 0.90)\n", th / raw1);
+  if (tls_reader) {
+    std::printf(
+        "TLS / plain TCP fetch: %.2f; TLS fetch / raw socket pair: %.2f (%u "
+        "TLS connections, %u decrypted by the kernel)\n",
+        tls_gbps / th, tls_gbps / raw1, tls_stats.tls_connections,
+        tls_stats.kernel_tls_connections);
+  }
   return 0;
 }
 
@@ -334,9 +456,14 @@ int CmdBenchLocal(int argc, char** argv) {
   }
   SetLogLevel(LogLevel::kWarn);
 
+  if (f.data_tls) {
+    return Fail(InvalidArgument("--data-tls is for bench pair (TCP)"));
+  }
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "info");
   if (!pair.ok()) return Fail(pair.status());
-  auto& [hub, holder, digest] = *pair;
+  auto& hub = pair->hub;
+  Subprocess& holder = *pair->holder;
+  const std::string& digest = pair->digest;
 
   ClientOptions o;
   o.hub_address = hub->address();

@@ -21,9 +21,9 @@ namespace {
 // fetched file is the published file byte for byte.
 constexpr char kHeaderKey[] = "safetensors.header";
 
-const std::vector<std::string> kCommonFlags = {
-    "hub",        "secret-file", "name",           "datacenter", "rack",
-    "host-label", "data-listen", "advertise-host", "timeout-ms"};
+const std::vector<std::string> kCommonFlags =
+    WithTlsFlags({"hub", "secret-file", "name", "datacenter", "rack",
+                  "host-label", "data-listen", "advertise-host", "timeout-ms"});
 
 std::vector<std::string> With(std::vector<std::string> v,
                               std::initializer_list<const char*> more) {
@@ -134,7 +134,7 @@ int CmdPublish(int argc, char** argv) {
   auto args = ParseArgs(argc, argv, 2,
                         With(kCommonFlags, {"model", "version", "rank",
                                             "group-size", "chunk-bytes"}),
-                        {"spot"});
+                        {"spot", kDataTlsFlag});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1 || !args->Has("model") ||
       !args->Has("version")) {
@@ -212,7 +212,7 @@ int CmdFetch(int argc, char** argv) {
   auto args = ParseArgs(
       argc, argv, 2,
       With(kCommonFlags, {"o", "output", "connections", "group", "step"}),
-      {"spot"});
+      {"spot", kDataTlsFlag});
   if (!args.ok()) return Fail(args.status());
   std::string out = args->Get("o", args->Get("output"));
   // Accept the conventional "-o FILE" too.

@@ -15,8 +15,8 @@ Result<std::unique_ptr<Client>> ConnectQuiet(const Args& args) {
 }  // namespace
 
 int CmdLs(int argc, char** argv) {
-  auto args =
-      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args = ParseArgs(argc, argv, 2,
+                        WithTlsFlags({"hub", "secret-file", "timeout-ms"}), {});
   if (!args.ok()) return Fail(args.status());
   auto client = ConnectQuiet(*args);
   if (!client.ok()) return Fail(client.status());
@@ -44,8 +44,8 @@ int CmdLs(int argc, char** argv) {
 }
 
 int CmdShow(int argc, char** argv) {
-  auto args =
-      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args = ParseArgs(argc, argv, 2,
+                        WithTlsFlags({"hub", "secret-file", "timeout-ms"}), {});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
     return Fail(

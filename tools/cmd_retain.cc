@@ -9,8 +9,8 @@ namespace tensorhub::cli {
 
 int CmdRetain(int argc, char** argv) {
   const bool retain = std::string(argv[1]) == "retain";
-  auto args =
-      ParseArgs(argc, argv, 2, {"hub", "secret-file", "timeout-ms"}, {});
+  auto args = ParseArgs(argc, argv, 2,
+                        WithTlsFlags({"hub", "secret-file", "timeout-ms"}), {});
   if (!args.ok()) return Fail(args.status());
   if (args->positional.size() != 1) {
     return Fail(InvalidArgument(std::string("usage: tensorhub ") + argv[1] +
@@ -38,9 +38,10 @@ int CmdRetain(int argc, char** argv) {
 int CmdKeeper(int argc, char** argv) {
   auto args = ParseArgs(
       argc, argv, 2,
-      {"hub", "secret-file", "name", "datacenter", "rack", "host-label",
-       "data-listen", "advertise-host", "memory-limit", "leave-timeout-ms"},
-      {});
+      WithTlsFlags({"hub", "secret-file", "name", "datacenter", "rack",
+                    "host-label", "data-listen", "advertise-host",
+                    "memory-limit", "leave-timeout-ms"}),
+      {kDataTlsFlag});
   if (!args.ok()) return Fail(args.status());
   if (args->Has("spot")) {
     return Fail(InvalidArgument("a keeper is a reliable worker; no --spot"));

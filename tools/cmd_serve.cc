@@ -7,10 +7,10 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms"},
-      {"oversubscribed-racks"});
+  auto args = ParseArgs(argc, argv, 2,
+                        {"listen", "lease-ms", "secret-file", "keep-latest",
+                         "rebuild-ms", "tls-cert", "tls-key", "tls-client-ca"},
+                        {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
@@ -36,6 +36,9 @@ int CmdServe(int argc, char** argv) {
   auto secret = Secret(*args);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;
+  o.tls_cert_file = args->Get("tls-cert");
+  o.tls_key_file = args->Get("tls-key");
+  o.tls_client_ca_file = args->Get("tls-client-ca");
   BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);

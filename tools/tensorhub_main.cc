@@ -32,6 +32,8 @@ Commands:
          [--keep-latest K]                        retain the latest K versions per model
          [--rebuild-ms N]                         after a start, answer unknown versions
                                                   UNAVAILABLE for N ms (default: the lease)
+         [--tls-cert F --tls-key F]               serve gRPC over TLS only (PEM files)
+         [--tls-client-ca F]                      and require client certificates (mTLS)
   ls                                              models, versions, state, holders
   show   MODEL[@VERSION|@latest]                  manifest and holders of a version
   publish FILE.safetensors --model M --version V  hold a file's tensors (memory-mapped)
@@ -41,7 +43,7 @@ Commands:
   retain MODEL@VERSION / unretain MODEL@VERSION   pin a version / withdraw the pin
   keeper [--memory-limit BYTES]                   hold retained versions in host memory
   demo   [--rollouts 4] [--rounds 5] [--scale 1.0]  trainer + rollouts, ~1 GB bf16 model
-  bench  pair [--bytes 1GiB]                      holder -> reader on loopback vs raw TCP
+  bench  pair [--bytes 1GiB] [--data-tls]         holder -> reader on loopback vs raw TCP
   bench  local [--bytes 1GiB]                     the same on the intra-host path vs memcpy
   (chaos, sim and bench hub|fanout|workload moved to the lab binary: tensorhub-lab, bench/lab/)
 
@@ -52,6 +54,11 @@ Common flags:
   --data-listen HOST:PORT  data-plane listen address (default 127.0.0.1:0)
   --advertise-host HOST  host other workers dial for the data plane
   --timeout-ms N         deadline for the call (default depends on the command)
+  --tls-ca F             talk TLS to the hub, trusting hub certificates signed by F
+  --tls-cert F --tls-key F  this worker's certificate (mutual TLS; data-plane TLS)
+  --tls-server-name NAME the name the hub's certificate must have (default: --hub's host)
+  --data-tls             TLS on data connections too (publish, fetch, keeper; every
+                         worker must agree; kernel TLS where available)
 Environment: TENSORHUB_LOG=debug|info|warn|error
 )";
 

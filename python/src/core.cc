@@ -235,6 +235,8 @@ class PyClient {
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
     d["chunks_stolen"] = st.chunks_stolen;
+    d["tls_connections"] = st.tls_connections;
+    d["kernel_tls_connections"] = st.kernel_tls_connections;
     py::list sources;
     for (const FetchSourceStats& src : st.sources) {
       py::dict sd;

@@ -136,6 +136,10 @@ class FetchStats:
     sources_used: int
     chunk_retries: int
     chunks_stolen: int = 0  #: chunks moved away from a holder that became very slow
+    #: data-plane connections opened over TLS (``data_tls``), and of those,
+    #: how many the kernel decrypts (kTLS)
+    tls_connections: int = 0
+    kernel_tls_connections: int = 0
     #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
     #: (was_filling: it was itself still receiving the version when chosen).
     sources: List[Dict[str, Any]] = field(default_factory=list)
@@ -575,6 +579,8 @@ class Client:
                 sources_used=int(stats["sources_used"]),
                 chunk_retries=int(stats["chunk_retries"]),
                 chunks_stolen=int(stats["chunks_stolen"]),
+                tls_connections=int(stats["tls_connections"]),
+                kernel_tls_connections=int(stats["kernel_tls_connections"]),
                 sources=[dict(s) for s in stats.get("sources", [])],
             )
         return got

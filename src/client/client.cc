@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/client_deps.h"
+#include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/registry.h"
@@ -23,6 +24,7 @@
 #include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
+#include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
@@ -68,6 +70,16 @@ class Client::Impl {
         server_,
         transport_->Listen(options_.data_listen_address, &registry_, so));
     data_address_ = server_->address();
+    if (options_.secret.empty() && !options_.data_tls &&
+        !tls::IsLoopbackListen(options_.data_listen_address)) {
+      TH_LOG(WARN) << "data server listens on " << data_address_
+                   << " with neither a shared secret nor data-plane TLS: "
+                      "anyone who can reach it can read every version this "
+                      "worker holds, and the bytes cross the network in the "
+                      "clear. Set a secret (--secret-file) on every worker "
+                      "and the hub, and --data-tls for links you do not "
+                      "trust (docs/security.md).";
+    }
     if (!options_.data_advertise_host.empty()) {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;
@@ -267,6 +279,8 @@ class Client::Impl {
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
+    st.tls_connections = rep->tls_connections;
+    st.kernel_tls_connections = rep->kernel_tls_connections;
     return st;
   }
 
@@ -736,13 +750,16 @@ class Client::Impl {
 
 namespace client {
 
-ClientDeps DefaultClientDeps(const ClientOptions& options) {
+Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
+  TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
   ClientDeps deps;
   transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
   t.secret = options.secret;  // the data plane requires the hub's secret too
+  t.tls = tls.data;
   deps.transport = transport::MakeTcpTransport(t);
-  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret,
-                                      options.rpc_timeout_ms);
+  deps.control =
+      MakeGrpcControlPlane(options.hub_address, options.secret,
+                           options.rpc_timeout_ms, std::move(tls.hub));
   deps.clock = &Clock::Real();
   return deps;
 }
@@ -761,8 +778,9 @@ Result<std::unique_ptr<Client>> ClientFactory::Connect(
 }  // namespace client
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  return client::ClientFactory::Connect(options,
-                                        client::DefaultClientDeps(options));
+  TH_ASSIGN_OR_RETURN(client::ClientDeps deps,
+                      client::DefaultClientDeps(options));
+  return client::ClientFactory::Connect(options, std::move(deps));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -30,8 +30,10 @@ struct ClientDeps {
 };
 
 // Today's product choice: TCP (TcpTransportOptions::FromEnv, with the
-// options' secret), the hub over gRPC, the real clock.
-ClientDeps DefaultClientDeps(const ClientOptions& options);
+// options' secret and data-plane TLS), the hub over gRPC (with TLS if the
+// options ask for it), the real clock. INVALID_ARGUMENT for TLS files that
+// are missing, unreadable or do not match (client/client_tls.h).
+Result<ClientDeps> DefaultClientDeps(const ClientOptions& options);
 
 // Builds a Client on the given seams (the one friend of Client).
 class ClientFactory {

@@ -125,12 +125,27 @@ class ControlPlane {
                                               int64_t wait_ms) = 0;
 };
 
+// TLS to the hub: the PEM text of ClientOptions' files, read and checked
+// (client/client_tls.h).
+struct HubTls {
+  std::string ca_pem;  // the hub's certificate must chain to it; empty: none
+  std::string cert_chain_pem;  // this worker's, for mutual TLS (or empty)
+  std::string key_pem;
+  std::string server_name;  // the name to check instead of the address's
+  bool enabled() const { return !ca_pem.empty(); }
+};
+
 // The hub over gRPC at `address` (HOST:PORT), `secret` attached to every
-// call. Each call waits at most rpc_timeout_ms (and at most the caller's
-// timeout_ms where one is given). Connects lazily: never fails here.
+// call, over TLS if tls.enabled(). Each call waits at most rpc_timeout_ms
+// (and at most the caller's timeout_ms where one is given). Connects
+// lazily: never fails here. A Register that cannot reach the hub looks at
+// what the hub's port speaks and, when TLS is the reason (one end without
+// it, a certificate missing or not trusted), returns that instead:
+// FAILED_PRECONDITION or PERMISSION_DENIED, saying what to set.
 std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
                                                    std::string secret,
-                                                   int64_t rpc_timeout_ms);
+                                                   int64_t rpc_timeout_ms,
+                                                   HubTls tls = {});
 
 }  // namespace tensorhub::client
 

@@ -1,6 +1,7 @@
 #include "client/fetcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -61,7 +62,10 @@ class FetchRun {
       options_.on_progress(
           FetchProgress{plan_.bytes_done(), job_.manifest->total_bytes()});
     }
-    return plan_.Report();
+    FetchReport report = plan_.Report();
+    report.tls_connections = tls_connections_.load();
+    report.kernel_tls_connections = kernel_tls_connections_.load();
+    return report;
   }
 
  private:
@@ -134,6 +138,8 @@ class FetchRun {
       Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
           step.address, deadline_.Cap(options_.connect_timeout_ms));
       if (!c.ok()) return c.status();
+      if ((*c)->tls()) tls_connections_.fetch_add(1);
+      if ((*c)->kernel_tls()) kernel_tls_connections_.fetch_add(1);
       it = conns.insert_or_assign(step.address, std::move(c).value()).first;
     }
     {
@@ -201,6 +207,8 @@ class FetchRun {
   // The connection each connected read runs on; at most one per stream.
   std::map<uint64_t, transport::Connection*> cancellable_ TH_GUARDED_BY(mu_);
   int running_ TH_GUARDED_BY(mu_) = 0;  // streams
+  std::atomic<uint32_t> tls_connections_{0};
+  std::atomic<uint32_t> kernel_tls_connections_{0};
 };
 
 }  // namespace

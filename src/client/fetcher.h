@@ -83,6 +83,9 @@ struct FetchReport {
   uint32_t chunk_retries = 0;
   uint32_t chunks_stolen = 0;  // reads moved away from a slow source
   std::vector<FetchSourceStats> per_source;  // those that served a chunk
+  // Connections opened over TLS; of which the kernel decrypts (kTLS).
+  uint32_t tls_connections = 0;
+  uint32_t kernel_tls_connections = 0;
 };
 
 // What the hub answered when asked again for sources.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "common/deadline.h"
 #include "tensorhub.grpc.pb.h"
@@ -17,11 +18,14 @@ namespace {
 
 // Asks of one Register call (see GrpcControlPlane::Register).
 constexpr int kRegisterAttempts = 8;
+// At most this long, after a Register that could not reach the hub, to see
+// whether TLS is the reason.
+constexpr int64_t kDiagnoseMs = 3000;
 
 class GrpcControlPlane final : public ControlPlane {
  public:
   GrpcControlPlane(const std::string& address, std::string secret,
-                   int64_t rpc_timeout_ms);
+                   int64_t rpc_timeout_ms, HubTls tls);
 
   Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
                             const std::string& data_address,
@@ -73,14 +77,17 @@ class GrpcControlPlane final : public ControlPlane {
   const std::string address_;
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
+  const HubTls tls_;
   std::unique_ptr<v1::Hub::Stub> stub_;
 };
 
 GrpcControlPlane::GrpcControlPlane(const std::string& address,
-                                   std::string secret, int64_t rpc_timeout_ms)
+                                   std::string secret, int64_t rpc_timeout_ms,
+                                   HubTls tls)
     : address_(address),
       secret_(std::move(secret)),
-      rpc_timeout_ms_(rpc_timeout_ms) {
+      rpc_timeout_ms_(rpc_timeout_ms),
+      tls_(std::move(tls)) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a hub restart instead of backing off for long.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -88,8 +95,19 @@ GrpcControlPlane::GrpcControlPlane(const std::string& address,
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      grpc::InsecureChannelCredentials();
+  if (tls_.enabled()) {
+    grpc::SslCredentialsOptions so;
+    so.pem_root_certs = tls_.ca_pem;
+    so.pem_cert_chain = tls_.cert_chain_pem;
+    so.pem_private_key = tls_.key_pem;
+    creds = grpc::SslCredentials(so);
+    if (!tls_.server_name.empty()) {
+      args.SetSslTargetNameOverride(tls_.server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
   stub_ = v1::Hub::NewStub(channel);
 }
 
@@ -155,6 +173,15 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
     last = Check(stub_->RegisterWorker(&ctx, req, &resp), "register");
     if (last.ok()) return WorkerId(resp.worker_id());
     if (last.code() != StatusCode::kUnavailable) break;
+  }
+  if (last.code() == StatusCode::kUnavailable ||
+      last.code() == StatusCode::kDeadlineExceeded) {
+    // gRPC says only that it could not connect; if TLS is why (one end
+    // without it, a certificate missing or not trusted), say that.
+    Status why = DiagnoseHubTls(
+        address_, tls_,
+        Deadline::AfterMs(std::min<int64_t>(rpc_timeout_ms_, kDiagnoseMs)));
+    if (!why.ok()) return why;
   }
   return last;
 }
@@ -402,9 +429,10 @@ Result<std::vector<ModelInfo>> GrpcControlPlane::List() {
 
 std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
                                                    std::string secret,
-                                                   int64_t rpc_timeout_ms) {
+                                                   int64_t rpc_timeout_ms,
+                                                   HubTls tls) {
   return std::make_unique<GrpcControlPlane>(address, std::move(secret),
-                                            rpc_timeout_ms);
+                                            rpc_timeout_ms, std::move(tls));
 }
 
 }  // namespace tensorhub::client

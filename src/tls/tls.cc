@@ -288,6 +288,21 @@ bool IsIpAddress(const std::string& host) {
 
 }  // namespace
 
+bool IsLoopbackListen(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "localhost") return true;
+  in_addr a4;
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) {
+    return (ntohl(a4.s_addr) >> 24) == 127;
+  }
+  in6_addr a6;
+  return ::inet_pton(AF_INET6, host.c_str(), &a6) == 1 &&
+         IN6_IS_ADDR_LOOPBACK(&a6);
+}
+
 std::string DrainErrors() {
   std::string out;
   while (unsigned long e = ERR_get_error()) {

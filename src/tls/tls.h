@@ -164,6 +164,11 @@ struct ProbeResult {
 ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
                   const Deadline& deadline);
 
+// Whether a server bound to HOST:PORT `address` is reachable only from this
+// machine: 127.0.0.0/8, ::1 or localhost. 0.0.0.0, [::], other addresses and
+// names: no.
+bool IsLoopbackListen(const std::string& address);
+
 // The OpenSSL errors queued on this thread, as one line (and clears them).
 std::string DrainErrors();
 

@@ -1,5 +1,5 @@
 // TLS credentials and sessions over loopback TCP, with certificates made by
-// the openssl command (tls/test_pki.h).
+// the openssl command (tls/throwaway_pki.h).
 #include "tls/tls.h"
 
 #include <fcntl.h>
@@ -14,12 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "tls/test_pki.h"
+#include "tls/throwaway_pki.h"
 
 namespace tensorhub::tls {
 namespace {
-
-using testing::TestPki;
 
 // Only matters if a call hangs; the tests check statuses, not the clock.
 constexpr int64_t kGenerousMs = 30000;
@@ -62,7 +60,7 @@ struct SocketPair {
 class TlsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto p = TestPki::Make();
+    auto p = ThrowawayPki::Make();
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     pki_ = std::move(p).value().release();
   }
@@ -87,10 +85,10 @@ class TlsTest : public ::testing::Test {
     return ctx.ok() ? *ctx : nullptr;
   }
 
-  static TestPki* pki_;
+  static ThrowawayPki* pki_;
 };
 
-TestPki* TlsTest::pki_ = nullptr;
+ThrowawayPki* TlsTest::pki_ = nullptr;
 
 TEST_F(TlsTest, LoadsCredentialsAndNamesEveryBadFileWithItsOption) {
   PemFiles f;

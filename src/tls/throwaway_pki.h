@@ -1,9 +1,11 @@
-// Tests only: a throwaway public-key infrastructure made with the `openssl`
-// command (Debian's openssl package), as an operator would make one. One CA
-// signs a certificate for the hub and two for workers; a second, unrelated
-// CA signs a "rogue" worker certificate, for the refusals. Header-only.
-#ifndef TENSORHUB_TLS_TEST_PKI_H_
-#define TENSORHUB_TLS_TEST_PKI_H_
+// A throwaway public-key infrastructure for tests and `tensorhub bench pair
+// --data-tls`, made with the `openssl` command (Debian's openssl package) as
+// an operator would make one. One CA signs a certificate for the hub and
+// two for workers; a second, unrelated CA signs a "rogue" worker
+// certificate, for the refusals. Never for production: the keys lie in
+// /tmp. Header-only.
+#ifndef TENSORHUB_TLS_THROWAWAY_PKI_H_
+#define TENSORHUB_TLS_THROWAWAY_PKI_H_
 
 #include <stdlib.h>
 
@@ -15,9 +17,9 @@
 
 #include "tensorhub/status.h"
 
-namespace tensorhub::tls::testing {
+namespace tensorhub::tls {
 
-class TestPki {
+class ThrowawayPki {
  public:
   std::string dir;
   std::string ca;  // the deployment's CA certificate
@@ -32,10 +34,10 @@ class TestPki {
 
   // Makes it all in a new directory under /tmp (removed by the
   // destructor). UNAVAILABLE with the commands' output if openssl fails.
-  static Result<std::unique_ptr<TestPki>> Make() {
+  static Result<std::unique_ptr<ThrowawayPki>> Make() {
     char tmpl[] = "/tmp/tensorhub-pki-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) return Unavailable("mkdtemp failed");
-    std::unique_ptr<TestPki> p(new TestPki());
+    std::unique_ptr<ThrowawayPki> p(new ThrowawayPki());
     p->dir = tmpl;
     TH_RETURN_IF_ERROR(p->Write("leaf.ext",
                                 "basicConstraints=CA:FALSE\n"
@@ -71,7 +73,7 @@ class TestPki {
     return p;
   }
 
-  ~TestPki() {
+  ~ThrowawayPki() {
     std::error_code ec;
     if (!dir.empty()) std::filesystem::remove_all(dir, ec);
   }
@@ -79,7 +81,7 @@ class TestPki {
   std::string Path(const std::string& name) const { return dir + "/" + name; }
 
  private:
-  TestPki() = default;
+  ThrowawayPki() = default;
 
   Status Write(const std::string& name, const std::string& text) {
     std::ofstream out(Path(name));
@@ -124,6 +126,6 @@ class TestPki {
   }
 };
 
-}  // namespace tensorhub::tls::testing
+}  // namespace tensorhub::tls
 
-#endif  // TENSORHUB_TLS_TEST_PKI_H_
+#endif  // TENSORHUB_TLS_THROWAWAY_PKI_H_
