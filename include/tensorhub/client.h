@@ -61,10 +61,10 @@ struct ClientOptions {
   // (INVALID_ARGUMENT naming a bad one), and if the hub cannot be reached
   // because of TLS (one end without it, a certificate not trusted or
   // missing) says so: FAILED_PRECONDITION or PERMISSION_DENIED.
-  std::string tls_ca_file;
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  std::string tls_server_name;
+  std::string tls_ca_file{};
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_server_name{};
   // TLS on data-plane connections too, both ways (mutual: every worker
   // shows its certificate, which must chain to tls_ca_file; needs all three
   // files, and implies TLS to the hub). Kernel TLS where the kernel has it,

@@ -29,9 +29,9 @@ struct HubOptions {
   // too, every caller must present a certificate signed by that CA (mutual
   // TLS). Files are read and checked by Start (INVALID_ARGUMENT naming a
   // bad one). All empty: plaintext.
-  std::string tls_cert_file;
-  std::string tls_key_file;
-  std::string tls_client_ca_file;
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_client_ca_file{};
   // Retain the latest K committed versions of every model (0: only what
   // Retain() pins). See Client::Retain.
   uint32_t keep_latest = 0;

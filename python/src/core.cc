@@ -151,7 +151,9 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms) {
+      std::string secret, int64_t leave_timeout_ms, std::string tls_ca,
+      std::string tls_cert, std::string tls_key, std::string tls_server_name,
+      bool data_tls) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -165,6 +167,11 @@ class PyClient {
     o.max_serving_connections = max_serving_connections;
     o.secret = std::move(secret);
     o.leave_timeout_ms = leave_timeout_ms;
+    o.tls_ca_file = std::move(tls_ca);
+    o.tls_cert_file = std::move(tls_cert);
+    o.tls_key_file = std::move(tls_key);
+    o.tls_server_name = std::move(tls_server_name);
+    o.data_tls = data_tls;
     Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -335,7 +342,9 @@ class PyHub {
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
                                       std::string secret, uint32_t keep_latest,
                                       bool oversubscribed_racks,
-                                      int64_t rebuild_ms) {
+                                      int64_t rebuild_ms, std::string tls_cert,
+                                      std::string tls_key,
+                                      std::string tls_client_ca) {
     HubOptions o;
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
@@ -343,6 +352,9 @@ class PyHub {
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
+    o.tls_cert_file = std::move(tls_cert);
+    o.tls_key_file = std::move(tls_key);
+    o.tls_client_ca_file = std::move(tls_client_ca);
     Result<std::unique_ptr<Hub>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -415,7 +427,9 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("connect_timeout_ms"),
                   py::arg("heartbeat_interval_ms"),
                   py::arg("max_serving_connections"), py::arg("secret"),
-                  py::arg("leave_timeout_ms"))
+                  py::arg("leave_timeout_ms"), py::arg("tls_ca"),
+                  py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_server_name"), py::arg("data_tls"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
@@ -438,7 +452,8 @@ PYBIND11_MODULE(_core, m) {
       .def_static("start", &PyHub::Start, py::arg("listen"),
                   py::arg("lease_ms"), py::arg("secret"),
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
-                  py::arg("rebuild_ms"))
+                  py::arg("rebuild_ms"), py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_client_ca"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);

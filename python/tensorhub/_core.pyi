@@ -15,6 +15,8 @@ class Client:
         data_listen: str, advertise_host: str, rpc_timeout_ms: int,
         connect_timeout_ms: int, heartbeat_interval_ms: int,
         max_serving_connections: int, secret: str, leave_timeout_ms: int,
+        tls_ca: str, tls_cert: str, tls_key: str, tls_server_name: str,
+        data_tls: bool,
     ) -> "Client": ...
     def publish(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
@@ -46,6 +48,9 @@ class Hub:
         keep_latest: int,
         oversubscribed_racks: bool,
         rebuild_ms: int,
+        tls_cert: str,
+        tls_key: str,
+        tls_client_ca: str,
     ) -> "Hub": ...
     @property
     def address(self) -> str: ...

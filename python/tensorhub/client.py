@@ -183,6 +183,21 @@ def _ms(timeout: Optional[float], default_s: float, what: str) -> int:
     return int(round(float(timeout) * 1000))
 
 
+def _path(path: Any, what: str) -> str:
+    """A file path option (str or os.PathLike) as a string; None: ""."""
+    if path is None:
+        return ""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"{what} must be a file path, not {path!r}")
+    return os.fspath(path)
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{what} must be a bool, not {value!r}")
+    return value
+
+
 def _model(model: Any) -> str:
     if not isinstance(model, str) or not model:
         raise InvalidArgumentError(f"model must be a non-empty string, not {model!r}")
@@ -678,6 +693,11 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
+    "tls_ca": None,
+    "tls_cert": None,
+    "tls_key": None,
+    "tls_server_name": None,
+    "data_tls": False,
 }
 
 
@@ -705,12 +725,23 @@ def connect(
             ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
-            holds).
+            holds). TLS (PEM file paths, see docs/security.md): ``tls_ca``
+            (talk TLS to the hub, trusting a hub certificate signed by this
+            CA), ``tls_cert`` and ``tls_key`` (this worker's certificate, for
+            a hub that requires client certificates and for data-plane TLS),
+            ``tls_server_name`` (the name the hub's certificate must have,
+            default the host in ``hub``), ``data_tls`` (False: TLS on
+            data-plane connections too; every worker must agree).
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
             within ``connect_timeout``.
-        PermissionDeniedError: wrong secret.
+        PermissionDeniedError: wrong secret, or a TLS certificate missing
+            or not trusted (by either end).
+        FailedPreconditionError: one end uses TLS and the other does not
+            (the message says what to set).
+        InvalidArgumentError: a TLS file missing, unreadable or not
+            matching.
     """
     unknown = set(options) - set(_OPTION_DEFAULTS)
     if unknown:
@@ -741,5 +772,10 @@ def connect(
         max_serving_connections=int(opts["max_serving_connections"]),
         secret=secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
+        tls_ca=_path(opts["tls_ca"], "tls_ca"),
+        tls_cert=_path(opts["tls_cert"], "tls_cert"),
+        tls_key=_path(opts["tls_key"], "tls_key"),
+        tls_server_name=str(opts["tls_server_name"] or ""),
+        data_tls=_flag(opts["data_tls"], "data_tls"),
     )
     return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

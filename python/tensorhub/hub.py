@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any, Optional, Union
 
 from . import _core
+from .client import _path
 from .errors import InvalidArgumentError
 
 
@@ -52,6 +54,9 @@ def serve_hub(
     keep_latest: int = 0,
     oversubscribed_racks: bool = False,
     rebuild_ms: Optional[int] = None,
+    tls_cert: Optional[Union[str, os.PathLike]] = None,
+    tls_key: Optional[Union[str, os.PathLike]] = None,
+    tls_client_ca: Optional[Union[str, os.PathLike]] = None,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -72,9 +77,18 @@ def serve_hub(
             timeout, rather than NOT_FOUND: a restarted hub learns versions
             from the workers' reports within about a lease. None: lease_ms;
             0: answer from its table at once.
+        tls_cert, tls_key: PEM files of the hub's certificate and key: the
+            hub then accepts only TLS connections (clients need ``tls_ca``).
+        tls_client_ca: with them, require every client to present a
+            certificate signed by this CA (mutual TLS). See docs/security.md.
+
+    A hub on a non-loopback address with neither ``secret`` nor TLS logs a
+    warning that says what anyone who can reach it can do.
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
+        InvalidArgumentError: a TLS file is missing, unreadable or does not
+            match (the message names it).
     """
     if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
         raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
@@ -97,5 +111,8 @@ def serve_hub(
             keep_latest=keep_latest,
             oversubscribed_racks=oversubscribed_racks,
             rebuild_ms=-1 if rebuild_ms is None else rebuild_ms,
+            tls_cert=_path(tls_cert, "tls_cert"),
+            tls_key=_path(tls_key, "tls_key"),
+            tls_client_ca=_path(tls_client_ca, "tls_client_ca"),
         )
     )

@@ -1,5 +1,6 @@
 #include "client/client_tls.h"
 
+#include "common/log.h"
 #include "tls/tls.h"
 #include "transport/tcp/socket_util.h"
 
@@ -55,6 +56,13 @@ Status DiagnoseHubTls(const std::string& address, const HubTls& hub_tls,
   creds.key = hub_tls.key_pem;
   tls::ProbeResult r = tls::Probe(
       fd->get(), hub_tls.enabled() ? &creds : nullptr, host, deadline);
+  TH_LOG(DEBUG) << "TLS probe of " << address << ": speaks TLS "
+                << r.server_speaks_tls << ", asked for a certificate "
+                << r.certificate_requested << ", handshake done "
+                << r.handshake_done << ", accepted " << r.accepted
+                << ", closed after the handshake " << r.closed_after_handshake
+                << ", verify error '" << r.verify_error << "', alert '"
+                << r.alert << "', error '" << r.error << "'";
   const std::string hub = "the hub at " + address;
   if (!hub_tls.enabled()) {
     if (!r.server_speaks_tls) return Status::Ok();
@@ -82,17 +90,24 @@ Status DiagnoseHubTls(const std::string& address, const HubTls& hub_tls,
                     "(--tls-server-name) to one)"
               : " (it must be signed by the CA in tls_ca (--tls-ca))"));
   }
-  if (!r.alert.empty()) {
+  if (!r.alert.empty() ||
+      (r.closed_after_handshake && r.certificate_requested)) {
+    // A refusal right after the handshake by a server that asked for our
+    // certificate is about the certificate (gRPC closes without an alert).
+    const std::string said =
+        r.alert.empty()
+            ? "it asked for a client certificate and closed the connection "
+              "after the handshake"
+            : "it sent the alert '" + r.alert + "'";
     if (hub_tls.cert_chain_pem.empty()) {
       return PermissionDenied(
           hub +
           " requires a client certificate (mutual TLS) and this client has "
-          "none: set tls_cert and tls_key (--tls-cert, --tls-key) (the hub "
-          "said: " +
-          r.alert + ")");
+          "none: set tls_cert and tls_key (--tls-cert, --tls-key) (" +
+          said + ")");
     }
     return PermissionDenied(
-        hub + " refused this client's certificate (" + r.alert +
+        hub + " refused this client's certificate (" + said +
         "): it must be signed by a CA the hub trusts (its tls_client_ca, "
         "--tls-client-ca)");
   }

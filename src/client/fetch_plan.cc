@@ -42,6 +42,7 @@ FetchPlan::FetchPlan(std::string label, const Manifest& manifest,
 void FetchPlan::AddSource(FetchSource s) {
   for (SourceState& k : sources_) {
     if (k.source.address == s.address && k.source.epoch == s.epoch) {
+      if (k.refused) return;
       // The hub still lists it, so its failure may have been passing (a
       // refusal under load, a stall, a dropped connection): try it again.
       // max_attempts_per_chunk bounds how often a bad source is retried.
@@ -230,6 +231,19 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
   s.dead = true;
   s.corrupt = s.corrupt || status.code() == StatusCode::kDataLoss;
   ++retries_;
+  if (status.code() == StatusCode::kFailedPrecondition) {
+    // Configured differently from this reader: when every holder known is,
+    // the fetch ends now with the reason, not at its deadline.
+    s.refused = true;
+    bool all_refused = true;
+    for (const SourceState& k : sources_)
+      all_refused = all_refused && k.refused;
+    if (all_refused) {
+      Fail(status.WithContext("fetch of '" + label_ +
+                              "': every holder known refused this reader"));
+      return;
+    }
+  }
   if (f.stolen) {
     // Not the chunk's fault: it goes straight to another source.
     pending_.push_front(chunk);

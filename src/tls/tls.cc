@@ -9,6 +9,8 @@
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -159,6 +161,42 @@ Status TrustCas(SSL_CTX* ctx, const std::string& ca_pem) {
   return Status::Ok();
 }
 
+// OpenSSL writes to the socket with write(2), which raises SIGPIPE when the
+// peer has gone (and kills a process that did not ignore it): blocks SIGPIPE
+// in this thread while OpenSSL may write, and takes back one it raised. A
+// library must not change the process's signal handling; the plain socket
+// path uses MSG_NOSIGNAL instead.
+class ScopedNoSigpipe {
+ public:
+  ScopedNoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedNoSigpipe() {
+    if (sigismember(&old_, SIGPIPE)) return;  // blocked before: leave it
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (!was_pending_ && sigpending(&pending) == 0 &&
+        sigismember(&pending, SIGPIPE)) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) < 0 && errno == EINTR) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedNoSigpipe(const ScopedNoSigpipe&) = delete;
+  ScopedNoSigpipe& operator=(const ScopedNoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+};
+
 // Waits until `fd` is ready for `events`, or the deadline passes.
 Status WaitFor(int fd, short events, const Deadline& deadline,
                const char* what) {
@@ -180,6 +218,7 @@ struct Observed {
   int alert_received = -1;
   int alert_sent = -1;
   bool handshake_message_received = false;
+  bool certificate_requested = false;  // the peer asked for ours
 };
 
 int ObservedIndex() {
@@ -199,11 +238,16 @@ void InfoCallback(const SSL* ssl, int where, int ret) {
   if ((where & SSL_CB_WRITE) != 0) o->alert_sent = desc;
 }
 
-void MessageCallback(int write_p, int, int content_type, const void*, size_t,
-                     SSL* ssl, void*) {
+void MessageCallback(int write_p, int, int content_type, const void* buf,
+                     size_t len, SSL* ssl, void*) {
   auto* o = static_cast<Observed*>(SSL_get_ex_data(ssl, ObservedIndex()));
   if (o != nullptr && write_p == 0 && content_type == SSL3_RT_HANDSHAKE) {
     o->handshake_message_received = true;
+    // A handshake message starts with its type.
+    if (len > 0 &&
+        static_cast<const uint8_t*>(buf)[0] == SSL3_MT_CERTIFICATE_REQUEST) {
+      o->certificate_requested = true;
+    }
   }
 }
 
@@ -431,6 +475,7 @@ Result<std::unique_ptr<Session>> Session::Handshake(SSL_CTX* ctx, Role role,
   } else {
     SSL_set_connect_state(ssl);
   }
+  ScopedNoSigpipe no_sigpipe;
   while (true) {
     ERR_clear_error();
     errno = 0;
@@ -459,6 +504,7 @@ Status Session::Transfer(std::span<const iovec> iov, const Deadline& deadline,
                          int64_t stall_ms, bool write) {
   auto* observed =
       static_cast<Observed*>(SSL_get_ex_data(ssl_, ObservedIndex()));
+  ScopedNoSigpipe no_sigpipe;  // a read may write too (alerts, key updates)
   for (const iovec& v : iov) {
     auto* p = static_cast<uint8_t*>(v.iov_base);
     size_t off = 0;
@@ -526,6 +572,8 @@ ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
   }
   static const unsigned char kAlpn[] = {2, 'h', '2'};
   SSL_CTX_set_alpn_protos(ctx.get(), kAlpn, sizeof(kAlpn));
+  // A close without close_notify reads as SSL_ERROR_ZERO_RETURN.
+  SSL_CTX_set_options(ctx.get(), SSL_OP_IGNORE_UNEXPECTED_EOF);
   if (creds != nullptr) {
     Status s = TrustCas(ctx.get(), creds->ca);
     if (s.ok() && creds->has_identity()) s = UseIdentity(ctx.get(), *creds);
@@ -557,8 +605,10 @@ ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
       X509_VERIFY_PARAM_set1_host(param, host.c_str(), 0);
     }
   }
+  ScopedNoSigpipe no_sigpipe;
   auto fail = [&](int err) {
     r.server_speaks_tls = o.handshake_message_received;
+    r.certificate_requested = o.certificate_requested;
     const long verify = SSL_get_verify_result(ssl);
     if (verify != X509_V_OK && creds != nullptr) {
       r.verify_error = X509_verify_cert_error_string(verify);
@@ -585,7 +635,15 @@ ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
     }
   }
   r.server_speaks_tls = true;
+  r.certificate_requested = o.certificate_requested;
+  r.handshake_done = true;
   if (creds == nullptr) return r;
+  auto fail_after_handshake = [&](int err) {
+    fail(err);
+    r.closed_after_handshake =
+        r.alert.empty() &&
+        (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL);
+  };
   // The HTTP/2 client preface and an empty SETTINGS frame: a server that
   // accepted us answers with its SETTINGS; one that refused our
   // certificate has sent an alert instead.
@@ -603,7 +661,7 @@ ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
     }
     const int err = SSL_get_error(ssl, rc);
     if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
-      fail(err);
+      fail_after_handshake(err);
       return r;
     }
     if (!WaitFor(fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline,
@@ -624,7 +682,7 @@ ProbeResult Probe(int fd, const Credentials* creds, const std::string& host,
     }
     const int err = SSL_get_error(ssl, rc);
     if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
-      fail(err);
+      fail_after_handshake(err);
       return r;
     }
     Status w = WaitFor(fd, err == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT,

@@ -144,12 +144,20 @@ class Session {
 struct ProbeResult {
   // A TLS handshake message came back: the server speaks TLS.
   bool server_speaks_tls = false;
+  // It asked for a client certificate (mutual TLS).
+  bool certificate_requested = false;
+  // The handshake finished (on this end: with TLS 1.3 the server may still
+  // refuse our certificate afterwards).
+  bool handshake_done = false;
   // Our check of its certificate failed: why (else empty).
   std::string verify_error;
   // The alert the server sent, e.g. "certificate required" (else empty).
   std::string alert;
   // After the handshake it answered our HTTP/2 preface: it accepted us.
   bool accepted = false;
+  // After the handshake it closed the connection without a word (gRPC's
+  // TLS sends no alert when it refuses a client certificate).
+  bool closed_after_handshake = false;
   // OpenSSL's or the socket's last error, for messages.
   std::string error;
 };

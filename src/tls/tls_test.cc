@@ -274,5 +274,36 @@ TEST_F(TlsTest, PlainPeerAndSilentPeer) {
   }
 }
 
+// OpenSSL writes with write(2): a peer that has gone must give an error,
+// not a SIGPIPE that kills the process (nothing here ignores SIGPIPE).
+TEST_F(TlsTest, WritingToAPeerThatLeftIsAnErrorNotASignal) {
+  auto server_ctx = DataContext(pki_->worker_cert, pki_->worker_key, pki_->ca);
+  auto client_ctx =
+      DataContext(pki_->worker2_cert, pki_->worker2_key, pki_->ca);
+  ASSERT_TRUE(server_ctx && client_ctx);
+  SocketPair sp;
+  ASSERT_GE(sp.a, 0);
+  auto server = std::async(std::launch::async, [&] {
+    return Session::Handshake(server_ctx->server(), Session::Role::kServer,
+                              sp.a, Deadline::AfterMs(kGenerousMs));
+  });
+  auto c = Session::Handshake(client_ctx->client(), Session::Role::kClient,
+                              sp.b, Deadline::AfterMs(kGenerousMs));
+  auto s = server.get();
+  ASSERT_TRUE(c.ok() && s.ok());
+  c->reset();
+  ::close(sp.b);  // the reader leaves
+  sp.b = -1;
+  std::vector<uint8_t> big(8 << 20, 7);
+  iovec v{big.data(), big.size()};
+  Status w;
+  // The first writes may still land in the socket buffer; the peer's reset
+  // then fails a later one.
+  for (int i = 0; i < 64 && w.ok(); ++i) {
+    w = (*s)->Write({&v, 1}, Deadline::AfterMs(kGenerousMs));
+  }
+  EXPECT_EQ(w.code(), StatusCode::kUnavailable) << w.ToString();
+}
+
 }  // namespace
 }  // namespace tensorhub::tls

@@ -39,11 +39,13 @@ Status ServerHandshake(Stream& s, const std::string& secret,
   if (tls != nullptr) {
     auto start = wire::EncodeStartTls();
     TH_RETURN_IF_ERROR(Send(s, start.data(), start.size(), deadline));
-    TH_ASSIGN_OR_RETURN(
-        std::unique_ptr<tls::Session> session,
-        tls::Session::Handshake(tls->server(), tls::Session::Role::kServer,
-                                s.fd(), deadline));
-    s.Secure(std::move(session));
+    Result<std::unique_ptr<tls::Session>> session = tls::Session::Handshake(
+        tls->server(), tls::Session::Role::kServer, s.fd(), deadline);
+    if (!session.ok()) {
+      return session.status().WithContext(
+          "this holder uses TLS on the data plane (data_tls)");
+    }
+    s.Secure(std::move(session).value());
   }
   wire::Nonce nonce;
   if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {

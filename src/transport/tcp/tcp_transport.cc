@@ -279,25 +279,8 @@ class TcpServer final : public Server {
   void Serve(int fd) {
     uint8_t header[wire::kRequestHeaderBytes];
     const int64_t stall_ms = options_.io_stall_timeout_ms;
-    // Nothing is read from or served to a peer that has not proven it knows
-    // the shared secret (and, with TLS, shown a certificate of the
-    // deployment's CA).
     Stream stream(fd);
-    Status auth = ServerHandshake(stream, secret_, tls_.get(),
-                                  Deadline::AfterMs(stall_ms));
-    if (!auth.ok()) {
-      TH_LOG(WARN) << "data server " << address_ << ": refused "
-                   << PeerAddress(fd) << ": " << auth.ToString();
-      refused_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
-    if (stream.tls()) {
-      connections_tls_.fetch_add(1, std::memory_order_relaxed);
-      if (stream.session()->kernel_send()) {
-        connections_kernel_tls_.fetch_add(1, std::memory_order_relaxed);
-      }
-      notice_->Note(*stream.session(), "serving");
-    }
+    if (!Admit(stream)) return;
     StagingStreams staging;  // for reads of device memory, made on first use
     while (!stopping_.load()) {
       if (!stream.HasBufferedInput()) {
@@ -396,6 +379,31 @@ class TcpServer final : public Server {
       if (!s.ok()) return;
       bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
     }
+  }
+
+  // Nothing is read from or served to a peer that has not proven it knows
+  // the shared secret (and, with TLS, shown a certificate of the
+  // deployment's CA): the handshake, within the stall bound. False: the
+  // peer was refused (logged and counted).
+  bool Admit(Stream& stream) {
+    const std::string peer = PeerAddress(stream.fd());  // while it is there
+    Status auth =
+        ServerHandshake(stream, secret_, tls_.get(),
+                        Deadline::AfterMs(options_.io_stall_timeout_ms));
+    if (!auth.ok()) {
+      TH_LOG(WARN) << "data server " << address_ << ": refused " << peer << ": "
+                   << auth.ToString();
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (stream.tls()) {
+      connections_tls_.fetch_add(1, std::memory_order_relaxed);
+      if (stream.session()->kernel_send()) {
+        connections_kernel_tls_.fetch_add(1, std::memory_order_relaxed);
+      }
+      notice_->Note(*stream.session(), "serving");
+    }
+    return true;
   }
 
   // The CUDA IPC reply for a lease of device memory: one handle per
