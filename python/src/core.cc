@@ -420,16 +420,15 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<PyClient>(m, "Client")
-      .def_static("connect", &PyClient::Connect, py::arg("hub"),
-                  py::arg("name"), py::arg("datacenter"), py::arg("rack"),
-                  py::arg("host"), py::arg("reliable"), py::arg("data_listen"),
-                  py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
-                  py::arg("connect_timeout_ms"),
-                  py::arg("heartbeat_interval_ms"),
-                  py::arg("max_serving_connections"), py::arg("secret"),
-                  py::arg("leave_timeout_ms"), py::arg("tls_ca"),
-                  py::arg("tls_cert"), py::arg("tls_key"),
-                  py::arg("tls_server_name"), py::arg("data_tls"))
+      .def_static(
+          "connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
+          py::arg("datacenter"), py::arg("rack"), py::arg("host"),
+          py::arg("reliable"), py::arg("data_listen"),
+          py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
+          py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
+          py::arg("max_serving_connections"), py::arg("secret"),
+          py::arg("leave_timeout_ms"), py::arg("tls_ca"), py::arg("tls_cert"),
+          py::arg("tls_key"), py::arg("tls_server_name"), py::arg("data_tls"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
@@ -452,8 +451,8 @@ PYBIND11_MODULE(_core, m) {
       .def_static("start", &PyHub::Start, py::arg("listen"),
                   py::arg("lease_ms"), py::arg("secret"),
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
-                  py::arg("rebuild_ms"), py::arg("tls_cert"), py::arg("tls_key"),
-                  py::arg("tls_client_ca"))
+                  py::arg("rebuild_ms"), py::arg("tls_cert"),
+                  py::arg("tls_key"), py::arg("tls_client_ca"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);

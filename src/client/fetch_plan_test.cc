@@ -45,13 +45,14 @@ Manifest MakeManifest(uint32_t parts, uint64_t chunks_per_part) {
 
 // What a simulated holder does with one read.
 enum class Outcome {
-  kOk,        // the bytes, after the holder's latency
-  kCorrupt,   // bytes that fail their checksum, after the latency
-  kRefuse,    // refused at once (connect or request)
-  kMismatch,  // refused at once on principle (FAILED_PRECONDITION: e.g.
-              // data-plane TLS on one end only)
-  kStall,     // never answers: the read ends at its read deadline
-  kClose,     // the connection drops halfway through the latency
+  kOk,       // the bytes, after the holder's latency
+  kCorrupt,  // bytes that fail their checksum, after the latency
+  kRefuse,   // refused at once (connect or request)
+  kStall,    // never answers: the read ends at its read deadline
+  kClose,    // the connection drops halfway through the latency
+  // Refused at once on principle (FAILED_PRECONDITION: e.g. data-plane TLS
+  // on one end only). Last: the random scenarios draw from the four above.
+  kMismatch,
 };
 
 struct SimHolder {
@@ -542,19 +543,22 @@ TEST(FetchPlanTest, NoLiveHolderEndsUnavailableAtTheDeadline) {
 TEST(FetchPlanTest, AMismatchedHolderIsNotRetried) {
   Manifest m = MakeManifest(1, 16);
   SimHolder odd = Whole("odd", m);
-  odd.behave = [](uint64_t, int) { return Outcome::kMismatch; };
-  SimHolder good = Whole("good", m);
-  good.latency_ms = 50;  // slow enough for several refreshes to come by
-  Sim sim(m, {odd, good}, PlanOptions(), 60000,
+  odd.behave = [](uint64_t, int) { return Always(Outcome::kMismatch); };
+  SimHolder half = Whole("half", m);
+  half.chunks = {{0, 8}};  // the rest only odd has, until the hub names late
+  SimHolder late = Whole("late", m);
+  late.listed = false;
+  Sim sim(m, {odd, half, late}, PlanOptions(), 60000,
           [&](int64_t, int) -> Result<SourceUpdate> {
             return SourceUpdate(
-                std::vector<FetchSource>{odd.Source(), good.Source()});
+                std::vector<FetchSource>{odd.Source(), late.Source()});
           });
   ASSERT_TRUE(sim.Run().ok());
   ExpectEveryChunkOnce(sim);
+  EXPECT_GE(sim.refresh_ms.size(), 1u);
   // Only the reads started before its first refusal came back.
   EXPECT_LE(sim.holder("odd").reads, PlanOptions().streams);
-  EXPECT_GE(sim.refresh_ms.size(), 2u);
+  EXPECT_GT(sim.holder("late").reads, 0);
 }
 
 // When every holder known refuses on principle, the fetch ends at once with
@@ -562,7 +566,7 @@ TEST(FetchPlanTest, AMismatchedHolderIsNotRetried) {
 TEST(FetchPlanTest, EveryHolderMismatchedEndsTheFetchAtOnce) {
   Manifest m = MakeManifest(1, 8);
   SimHolder a = Whole("a", m);
-  a.behave = [](uint64_t, int) { return Outcome::kMismatch; };
+  a.behave = [](uint64_t, int) { return Always(Outcome::kMismatch); };
   SimHolder b = Whole("b", m);
   b.behave = a.behave;
   Sim sim(

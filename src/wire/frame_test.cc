@@ -707,9 +707,9 @@ TEST(HandshakeFrameTest, RoundTripsAndRejections) {
   EXPECT_FALSE(DecodeChallenge(t.data(), t.size()).ok());
   EXPECT_FALSE(DecodeHolderHello(t.data(), t.size() - 1).ok());
   t[4] = 9;
-  EXPECT_NE(DecodeHolderHello(t.data(), t.size()).status().message().find(
-                "version"),
-            std::string::npos);
+  EXPECT_NE(
+      DecodeHolderHello(t.data(), t.size()).status().message().find("version"),
+      std::string::npos);
   Mac m{};
   m[0] = 1;
   auto p = EncodeProof(m);
