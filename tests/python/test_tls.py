@@ -103,7 +103,7 @@ def test_misconfigured_clients_get_errors_that_say_what_to_set(mtls_hub, pki):
         tensorhub.connect(mtls_hub.address, **_worker(pki, tls_ca=pki / "other-ca.pem"), **quick)
     with pytest.raises(tensorhub.InvalidArgumentError, match="tls_key"):
         tensorhub.connect(mtls_hub.address, **_worker(pki, tls_key=pki / "missing.key"), **quick)
-    with pytest.raises(tensorhub.InvalidArgumentError, match="tls_ca"):
+    with pytest.raises(tensorhub.InvalidArgumentError, match="tls_client_ca"):
         tensorhub.serve_hub("127.0.0.1:0", tls_cert=pki / "hub.pem", tls_key=pki / "hub.key",
                             tls_client_ca=pki / "missing.pem")
 
@@ -201,8 +201,13 @@ def test_cli_publish_and_fetch_over_tls_on_both_planes(pki, tmp_path):
         _safetensors(src, np.random.default_rng(9).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes())
         pub = subprocess.Popen([str(BIN), "publish", str(src), "--model", "m", "--version", "1", *tls],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = pub.stdout.readline()
-        assert "serving from" in line, (line, pub.stderr.read() if pub.poll() is not None else "")
+        lines = []
+        while not lines or "serving from" not in lines[-1]:
+            line = pub.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        assert lines and "serving from" in lines[-1], (lines, pub.stderr.read() if pub.poll() is not None else "")
         out = tmp_path / "out.safetensors"
         r = subprocess.run([str(BIN), "fetch", "m@latest", "-o", str(out), *tls], capture_output=True, text=True,
                            timeout=120, env=env)
