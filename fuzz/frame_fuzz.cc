@@ -48,6 +48,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (sum != length) __builtin_trap();
   }
+  // A strided request: its header, then (after the name) run and stride;
+  // accepted ones stay inside the bounds every holder relies on.
+  bool strided = false;
+  auto sn = tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local,
+                                                     nullptr, &strided);
+  if (sn.ok() && strided && size >= tensorhub::wire::kRequestHeaderBytes + 16) {
+    const uint8_t* st = data + size - 16;
+    if (tensorhub::wire::DecodeStride(st, 16, &req).ok()) {
+      if (req.run == 0 || req.length % req.run != 0 || req.stride < req.run ||
+          req.runs() > tensorhub::wire::kMaxStridedRuns ||
+          req.span_end() < req.offset) {
+        __builtin_trap();
+      }
+    }
+  }
   bool ipc = false;
   auto in =
       tensorhub::wire::DecodeReadRequestHeader(data, size, &req, &local, &ipc);

@@ -6,7 +6,8 @@
 #      python3-numpy, python3-pytest, pybind11-dev.
 #   2. A venv at .venv on /usr/bin/python3 with --system-site-packages, so it
 #      sees Debian's torch and numpy.
-#   3. pip: scikit-build-core, pybind11 (the build backend), safetensors (tests).
+#   3. pip: scikit-build-core, pybind11 (the build backend), safetensors and
+#      prometheus_client (tests: its parser reads the /metrics endpoints).
 #   4. pip wheel . : builds tensorhub._core from the project's CMake tree
 #      (incrementally, in build-python/) with 2 jobs into build-python/dist/,
 #      and installs that wheel.
@@ -34,8 +35,9 @@ need=()
 "$VENV/bin/python" -c 'import scikit_build_core' 2>/dev/null || need+=("scikit-build-core>=0.10")
 "$VENV/bin/python" -c 'import pybind11' 2>/dev/null || need+=("pybind11>=2.10")
 "$VENV/bin/python" -c 'import safetensors.numpy' 2>/dev/null || need+=("safetensors")
+"$VENV/bin/python" -c 'import prometheus_client.parser' 2>/dev/null || need+=("prometheus_client")
 if [ ${#need[@]} -eq 0 ]; then
-  say "pip packages present: scikit-build-core pybind11 safetensors"
+  say "pip packages present: scikit-build-core pybind11 safetensors prometheus_client"
 else
   say "pip install ${need[*]}"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${need[@]}"

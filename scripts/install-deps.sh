@@ -14,6 +14,8 @@ PKGS=(
   openmpi-bin libopenmpi-dev         # the MPI_Bcast baseline
   python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest
   pybind11-dev
+  prometheus-cpp-dev libcpp-httplib-dev # metrics: registry and text format, the /metrics endpoint
+  prometheus                         # promtool, which checks the /metrics output (tests/python/test_metrics.py)
 )
 
 missing=()

@@ -170,6 +170,7 @@ Result<ClientOptions> ClientOptionsFrom(const Args& args) {
   if (args.Has("spot")) o.worker_class = WorkerClass::kSpot;
   if (args.Has("data-listen")) o.data_listen_address = args.Get("data-listen");
   o.data_advertise_host = args.Get("advertise-host");
+  o.metrics_listen = args.Get("metrics-listen");
   TH_ASSIGN_OR_RETURN(uint64_t t, args.GetU64("timeout-ms", 10000));
   o.connect_timeout_ms = static_cast<int64_t>(t);
   o.tls_ca_file = args.Get("tls-ca");
@@ -255,6 +256,16 @@ std::string Hex(uint64_t v) {
 void Reply(const std::string& line) {
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+std::string FormatStages(const FetchStats& st) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "stages: resolve %.3f s, schedule %.3f s, first byte %.3f s, "
+                "transfer %.3f s, verify %.3f s, register %.3f s",
+                st.resolve_seconds, st.schedule_seconds, st.first_byte_seconds,
+                st.transfer_seconds, st.verify_seconds, st.register_seconds);
+  return buf;
 }
 
 int Fail(const Status& status) {

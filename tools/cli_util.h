@@ -39,7 +39,8 @@ std::string HubAddress(const Args& args);
 // --secret-file, else $TENSORHUB_SECRET_FILE, else $TENSORHUB_SECRET.
 Result<std::string> Secret(const Args& args);
 // Client options from the common flags (--hub, --name, --datacenter, --rack,
-// --host-label, --spot, --data-listen, --advertise-host, the TLS flags).
+// --host-label, --spot, --data-listen, --advertise-host, --metrics-listen, the
+// TLS flags).
 Result<ClientOptions> ClientOptionsFrom(const Args& args);
 // `value_flags` and the TLS flags of every command that talks to the hub:
 // --tls-ca, --tls-cert, --tls-key, --tls-server-name. Worker commands also
@@ -74,6 +75,10 @@ class ProgressBar {
 };
 
 int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
+
+// A fetch's stage breakdown for its closing line (FetchStats' stages):
+// "stages: resolve 0.001 s, schedule ..., register 0.001 s".
+std::string FormatStages(const FetchStats& st);
 
 // A binary's top level: with no command, prints `usage` to stderr and
 // returns 2; with -h, --help or help, prints it to stdout and returns 0;

@@ -21,9 +21,9 @@ namespace {
 // fetched file is the published file byte for byte.
 constexpr char kHeaderKey[] = "safetensors.header";
 
-const std::vector<std::string> kCommonFlags =
-    WithTlsFlags({"hub", "secret-file", "name", "datacenter", "rack",
-                  "host-label", "data-listen", "advertise-host", "timeout-ms"});
+const std::vector<std::string> kCommonFlags = WithTlsFlags(
+    {"hub", "secret-file", "name", "datacenter", "rack", "host-label",
+     "data-listen", "advertise-host", "timeout-ms", "metrics-listen"});
 
 std::vector<std::string> With(std::vector<std::string> v,
                               std::initializer_list<const char*> more) {
@@ -118,13 +118,13 @@ int FetchCheckpoint(Client& client, const ModelRef& ref,
   }
   std::printf(
       "fetched %s@%llu -> %s/: %zu shard(s) and %zu file(s), %s in %.2f s "
-      "(%.2f GB/s) from %u holder(s), %u chunk retries\n",
+      "(%.2f GB/s) from %u holder(s), %u chunk retries; %s\n",
       ref.model.c_str(),
       static_cast<unsigned long long>(stats->version.value()), dir.c_str(),
       ckpt->shards.size(), ckpt->files.size(),
       FormatBytes(stats->bytes).c_str(), stats->seconds,
       stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-      stats->sources_used, stats->chunk_retries);
+      stats->sources_used, stats->chunk_retries, FormatStages(*stats).c_str());
   return 0;
 }
 
@@ -312,12 +312,12 @@ int CmdFetch(int argc, char** argv) {
   if (!c.ok()) return Fail(c);
   std::printf(
       "fetched %s@%llu -> %s: %s in %.2f s (%.2f GB/s) from %u holder(s), %u "
-      "chunk retries\n",
+      "chunk retries; %s\n",
       ref->model.c_str(),
       static_cast<unsigned long long>(stats->version.value()), out.c_str(),
       FormatBytes(stats->bytes).c_str(), stats->seconds,
       stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-      stats->sources_used, stats->chunk_retries);
+      stats->sources_used, stats->chunk_retries, FormatStages(*stats).c_str());
   return 0;
 }
 

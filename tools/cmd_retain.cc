@@ -40,7 +40,7 @@ int CmdKeeper(int argc, char** argv) {
       argc, argv, 2,
       WithTlsFlags({"hub", "secret-file", "name", "datacenter", "rack",
                     "host-label", "data-listen", "advertise-host",
-                    "memory-limit", "leave-timeout-ms"}),
+                    "memory-limit", "leave-timeout-ms", "metrics-listen"}),
       {kDataTlsFlag});
   if (!args.ok()) return Fail(args.status());
   if (args->Has("spot")) {

@@ -9,11 +9,13 @@ namespace tensorhub::cli {
 int CmdServe(int argc, char** argv) {
   auto args = ParseArgs(argc, argv, 2,
                         {"listen", "lease-ms", "secret-file", "keep-latest",
-                         "rebuild-ms", "tls-cert", "tls-key", "tls-client-ca"},
+                         "rebuild-ms", "metrics-listen", "tls-cert", "tls-key",
+                         "tls-client-ca"},
                         {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");
+  o.metrics_listen = args->Get("metrics-listen");
   auto lease = args->GetU64("lease-ms", 5000);
   if (!lease.ok()) return Fail(lease.status());
   if (*lease < 100 || *lease > 3600000) {

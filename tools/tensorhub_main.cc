@@ -54,6 +54,8 @@ Common flags:
   --data-listen HOST:PORT  data-plane listen address (default 127.0.0.1:0)
   --advertise-host HOST  host other workers dial for the data plane
   --timeout-ms N         deadline for the call (default depends on the command)
+  --metrics-listen HOST:PORT  serve Prometheus metrics at /metrics (serve, publish,
+                         fetch, keeper; docs/metrics.md)
   --tls-ca F             talk TLS to the hub, trusting hub certificates signed by F
   --tls-cert F --tls-key F  this worker's certificate (mutual TLS; data-plane TLS)
   --tls-server-name NAME the name the hub's certificate must have (default: --hub's host)

@@ -18,6 +18,7 @@ int CmdBenchReader(int argc, char** argv);
 int CmdBenchFanout(int argc, char** argv);
 int CmdBenchHub(int argc, char** argv);
 int CmdBenchWorkload(int argc, char** argv);
+int CmdBenchReshard(int argc, char** argv);
 }  // namespace tensorhub::cli
 
 namespace {
@@ -37,6 +38,10 @@ Commands:
   bench hub [--workers 10000] [--threads 4] [--no-rpc]
                                                   hub CPU for one version to N readers: the state
                                                   machine and `serve` over gRPC
+  bench reshard [--trainers 4] [--tp 4] [--scale 1.0]
+                                                  a 0.5B Llama-shaped model, trainer FSDP(K) to
+                                                  rollout TP(M): partial fetch vs full fetch +
+                                                  slicing, bytes and time per rank vs the bound
   bench fanout --testbed PREFIX --readers N       fan-out on bench/testbed.sh's hosts
   bench workload standalone|elastic|crossdc --testbed PREFIX
                                                   trainer loop + rollouts: GPU stall vs
@@ -64,11 +69,12 @@ int main(int argc, char** argv) {
     if (what == "fanout") return CmdBenchFanout(argc, argv);
     if (what == "workload") return CmdBenchWorkload(argc, argv);
     if (what == "hub") return CmdBenchHub(argc, argv);
-    std::fprintf(
-        stderr,
-        "tensorhub-lab: unknown benchmark '%s': bench hub|fanout|workload "
-        "(bench pair and bench local are in `tensorhub`)\n",
-        what.c_str());
+    if (what == "reshard") return CmdBenchReshard(argc, argv);
+    std::fprintf(stderr,
+                 "tensorhub-lab: unknown benchmark '%s': bench "
+                 "hub|fanout|workload|reshard "
+                 "(bench pair and bench local are in `tensorhub`)\n",
+                 what.c_str());
     return 2;
   }
   std::fprintf(stderr, "tensorhub-lab: unknown command '%s'\n\n%s", cmd.c_str(),

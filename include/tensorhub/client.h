@@ -17,12 +17,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -77,6 +79,10 @@ struct ClientOptions {
   // retained version (or, as a spot worker, its last copy), wait up to this
   // long, still serving, for a keeper to copy it before leaving.
   int64_t leave_timeout_ms = 10000;
+  // HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 picks a
+  // free port, see Client::metrics_address()). Empty: no metrics endpoint.
+  // The metrics are listed in docs/metrics.md.
+  std::string metrics_listen;
 };
 
 struct PublishOptions {
@@ -87,6 +93,15 @@ struct PublishOptions {
   // Free-form pairs stored with this rank's part (at most 64, 16 MiB in
   // all); readers see them in VersionInfo::metadata.
   std::vector<std::pair<std::string, std::string>> metadata;
+  // Shards (reshard.h): a tensor named here is this rank's box of a logical
+  // tensor of that name (its global shape and the box's offset; the box's
+  // extents are the tensor's shape). The ranks' boxes of every tensor must
+  // tile it: the hub refuses the last rank's publish otherwise.
+  std::map<std::string, TensorPiece> pieces;
+  // Segment checksums (about this many bytes each; 0: none), so that
+  // readers of a slice verify what they read (FetchSlices). Computed on
+  // the CPU: tensors in device memory get none.
+  uint64_t segment_bytes = 64 << 10;
 };
 
 struct FetchProgress {
@@ -127,11 +142,34 @@ struct FetchSourceStats {
   bool was_filling = false;
 };
 
+// Where one fetch's time went. The stages follow each other and add up to
+// total_seconds (less a few microseconds of bookkeeping between them); the
+// metric tensorhub_fetch_stage_seconds{stage} records the same figures
+// (docs/metrics.md):
+//   resolve     the hub round trips that name the version (retries included)
+//   schedule    mapping the destination (releasing memory that still served
+//               an older version: its drain), the filling registration and
+//               the hub's choice of sources
+//   first_byte  from the sources in hand until the first chunk is verified
+//   transfer    the rest of the data plane, less verify
+//   verify      the checksum work's share of the data plane: the time the
+//               streams spent hashing, divided by the number of streams
+//               (they hash in parallel, as the bytes arrive)
+//   register    reporting the copy to the hub (complete holder)
 struct FetchStats {
   Version version;
   uint64_t bytes = 0;
   double seconds = 0;          // from resolve to last verified byte
   double resolve_seconds = 0;  // the hub round trip
+  double schedule_seconds = 0;
+  double first_byte_seconds = 0;
+  double transfer_seconds = 0;
+  double verify_seconds = 0;
+  double register_seconds = 0;
+  double total_seconds = 0;  // the whole call
+  // Of `bytes`, those copied from a holder on this host (cross-memory
+  // attach or CUDA IPC) rather than sent over TCP.
+  uint64_t bytes_same_host = 0;
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
   // Chunks taken back from a holder that had become far slower than the
@@ -146,6 +184,9 @@ struct FetchStats {
 };
 
 struct TensorInfo {
+  // For a tensor published as pieces (PublishOptions::pieces): the logical
+  // tensor, once, with its global shape; `rank` is the first part holding
+  // a piece of it.
   TensorSpec spec;
   uint32_t rank = 0;  // which trainer rank's part holds it
   uint64_t bytes = 0;
@@ -235,10 +276,28 @@ class Client {
   // pulls every chunk from holders into `destination`, verifies each
   // chunk's checksum, retries failed chunks on other holders, and returns
   // the version fetched. `destination` must name exactly the version's
-  // tensors with matching dtypes and shapes.
+  // tensors with matching dtypes and shapes. For a version published as
+  // pieces (PublishOptions::pieces) that is every logical tensor with its
+  // global shape; it is then fetched as whole slices (FetchSlices) and not
+  // served onward.
   Result<FetchStats> Fetch(std::string_view model, Version version,
                            const std::vector<TensorRef>& destination,
                            const FetchOptions& options = {});
+
+  // Partial fetch: resolves `version` and pulls only the given boxes of
+  // its logical tensors (reshard.h: TensorSlice), whatever the trainer
+  // ranks' layout, straight into the caller's memory (host memory), with
+  // an optional dtype conversion on the way in. Reads only the segments
+  // the boxes touch (the publisher's segment checksums verify them: at
+  // most one segment more at each end of each range read), striped over
+  // the holders, failing over like Fetch. The slices are not served
+  // onward. INVALID_ARGUMENT (nothing fetched) for an unknown tensor, a box
+  // outside the tensor, a dtype that cannot be converted, a shape that is
+  // not the box's; FAILED_PRECONDITION for a version published without
+  // segment checksums. FetchStats::bytes counts the bytes read.
+  Result<FetchStats> FetchSlices(std::string_view model, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& options = {});
 
   Result<std::vector<ModelInfo>> List();
   // Manifest and holders of one version (Latest() allowed). Uncommitted
@@ -252,6 +311,9 @@ class Client {
 
   const WorkerId& id() const;
   std::string data_address() const;
+  // Where the metrics are served (HOST:PORT), empty without
+  // ClientOptions::metrics_listen.
+  std::string metrics_address() const;
 
  private:
   class Impl;

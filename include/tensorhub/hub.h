@@ -46,17 +46,25 @@ struct HubOptions {
   // callers retry within their deadline, instead of NOT_FOUND, which is
   // final. -1: lease_ms. 0: answer from the table at once.
   int64_t rebuild_ms = -1;
+  // HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 picks a
+  // free port, see Hub::metrics_address()). Empty: no metrics endpoint.
+  // The metrics are listed in docs/metrics.md.
+  std::string metrics_listen = "";
 };
 
 class Hub {
  public:
   // Binds and starts serving; returns once the hub accepts calls.
-  // UNAVAILABLE if the address cannot be bound; INVALID_ARGUMENT for TLS
-  // files that are missing, unreadable or do not match.
+  // UNAVAILABLE if the address (or the metrics address) cannot be bound;
+  // INVALID_ARGUMENT for TLS files that are missing, unreadable or do not
+  // match.
   static Result<std::unique_ptr<Hub>> Start(const HubOptions& options);
   virtual ~Hub() = default;
   // The bound address (the real port when 0 was asked for).
   virtual std::string address() const = 0;
+  // Where the metrics are served (HOST:PORT), empty without
+  // HubOptions::metrics_listen.
+  virtual std::string metrics_address() const { return std::string(); }
   // Blocks until Shutdown() is called from another thread.
   virtual void Wait() = 0;
   // Stops accepting calls and finishes calls in flight (bounded: 2 s).

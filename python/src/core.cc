@@ -17,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,7 @@
 
 #include "tensorhub/client.h"
 #include "tensorhub/hub.h"
+#include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -151,9 +153,9 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms, std::string tls_ca,
-      std::string tls_cert, std::string tls_key, std::string tls_server_name,
-      bool data_tls) {
+      std::string secret, int64_t leave_timeout_ms,
+      std::string metrics_listen, std::string tls_ca, std::string tls_cert,
+      std::string tls_key, std::string tls_server_name, bool data_tls) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -167,6 +169,7 @@ class PyClient {
     o.max_serving_connections = max_serving_connections;
     o.secret = std::move(secret);
     o.leave_timeout_ms = leave_timeout_ms;
+    o.metrics_listen = std::move(metrics_listen);
     o.tls_ca_file = std::move(tls_ca);
     o.tls_cert_file = std::move(tls_cert);
     o.tls_key_file = std::move(tls_key);
@@ -185,10 +188,18 @@ class PyClient {
       const std::string& model, uint64_t version,
       const std::vector<TensorTuple>& tensors, uint32_t rank,
       uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
-      const std::vector<std::pair<std::string, std::string>>& metadata) {
+      const std::vector<std::pair<std::string, std::string>>& metadata,
+      const std::map<std::string,
+                     std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>&
+          pieces,
+      uint64_t segment_bytes) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     PublishOptions po;
+    for (const auto& [name, piece] : pieces) {
+      po.pieces[name] = {piece.first, piece.second};
+    }
+    po.segment_bytes = segment_bytes;
     po.rank = rank;
     po.group_size = group_size;
     po.chunk_bytes = chunk_bytes;
@@ -233,12 +244,54 @@ class PyClient {
       r = c->Fetch(model, Version(version), refs, fo);
       c.reset();
     }
-    FetchStats st = Take(std::move(r));
+    return StatsDict(Take(std::move(r)));
+  }
+
+  // A partial fetch: tensors[i] receives box boxes[i] of its tensor.
+  py::dict FetchSlices(
+      const std::string& model, uint64_t version,
+      const std::vector<TensorTuple>& tensors,
+      const std::vector<
+          std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>& boxes,
+      const std::vector<std::vector<float>>& scales, int64_t timeout_ms,
+      int connections, std::string group, uint64_t group_step) {
+    std::shared_ptr<Client> c = Get();
+    std::vector<TensorRef> refs = ToRefs(tensors);
+    if (boxes.size() != refs.size() || scales.size() != refs.size()) {
+      Throw(InvalidArgument("fetch_slices: one box and scale list per tensor"));
+    }
+    std::vector<TensorSlice> slices;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      slices.push_back(
+          {refs[i], Box{boxes[i].first, boxes[i].second}, scales[i]});
+    }
+    FetchOptions fo;
+    fo.timeout_ms = timeout_ms;
+    fo.connections = connections;
+    fo.group = std::move(group);
+    fo.group_step = group_step;
+    Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
+    {
+      py::gil_scoped_release nogil;
+      r = c->FetchSlices(model, Version(version), slices, fo);
+      c.reset();
+    }
+    return StatsDict(Take(std::move(r)));
+  }
+
+  static py::dict StatsDict(const FetchStats& st) {
     py::dict d;
     d["version"] = st.version.value();
     d["bytes"] = st.bytes;
     d["seconds"] = st.seconds;
     d["resolve_seconds"] = st.resolve_seconds;
+    d["schedule_seconds"] = st.schedule_seconds;
+    d["first_byte_seconds"] = st.first_byte_seconds;
+    d["transfer_seconds"] = st.transfer_seconds;
+    d["verify_seconds"] = st.verify_seconds;
+    d["register_seconds"] = st.register_seconds;
+    d["total_seconds"] = st.total_seconds;
+    d["bytes_same_host"] = st.bytes_same_host;
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
     d["chunks_stolen"] = st.chunks_stolen;
@@ -307,6 +360,7 @@ class PyClient {
 
   std::string Id() { return Get()->id().value(); }
   std::string DataAddress() { return Get()->data_address(); }
+  std::string MetricsAddress() { return Get()->metrics_address(); }
 
   bool Closed() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -342,10 +396,12 @@ class PyHub {
   static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
                                       std::string secret, uint32_t keep_latest,
                                       bool oversubscribed_racks,
-                                      int64_t rebuild_ms, std::string tls_cert,
-                                      std::string tls_key,
+                                      int64_t rebuild_ms,
+                                      std::string metrics_listen,
+                                      std::string tls_cert, std::string tls_key,
                                       std::string tls_client_ca) {
     HubOptions o;
+    o.metrics_listen = std::move(metrics_listen);
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
     o.rebuild_ms = rebuild_ms;
@@ -363,6 +419,7 @@ class PyHub {
     auto h = std::make_unique<PyHub>();
     h->server_ = Take(std::move(r));
     h->address_ = h->server_->address();
+    h->metrics_address_ = h->server_->metrics_address();
     return h;
   }
 
@@ -372,6 +429,7 @@ class PyHub {
   }
 
   const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
   bool closed() const { return server_ == nullptr; }
 
   void Close() {
@@ -385,6 +443,7 @@ class PyHub {
  private:
   std::unique_ptr<Hub> server_;
   std::string address_;
+  std::string metrics_address_;
 };
 
 }  // namespace
@@ -427,16 +486,22 @@ PYBIND11_MODULE(_core, m) {
           py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
           py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
           py::arg("max_serving_connections"), py::arg("secret"),
-          py::arg("leave_timeout_ms"), py::arg("tls_ca"), py::arg("tls_cert"),
-          py::arg("tls_key"), py::arg("tls_server_name"), py::arg("data_tls"))
+          py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
+          py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
+          py::arg("tls_server_name"), py::arg("data_tls"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
-           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"))
+           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
+           py::arg("pieces"), py::arg("segment_bytes"))
       .def("unpublish", &PyClient::Unpublish, py::arg("model"),
            py::arg("version"), py::arg("timeout_ms"), py::arg("force"))
       .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
            py::arg("serve"), py::arg("group"), py::arg("group_step"))
+      .def("fetch_slices", &PyClient::FetchSlices, py::arg("model"),
+           py::arg("version"), py::arg("tensors"), py::arg("boxes"),
+           py::arg("scales"), py::arg("timeout_ms"), py::arg("connections"),
+           py::arg("group"), py::arg("group_step"))
       .def("list", &PyClient::List)
       .def("describe", &PyClient::Describe, py::arg("model"),
            py::arg("version"), py::arg("group"), py::arg("group_step"))
@@ -445,15 +510,18 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &PyClient::Close)
       .def_property_readonly("closed", &PyClient::Closed)
       .def_property_readonly("id", &PyClient::Id)
-      .def_property_readonly("data_address", &PyClient::DataAddress);
+      .def_property_readonly("data_address", &PyClient::DataAddress)
+      .def_property_readonly("metrics_address", &PyClient::MetricsAddress);
 
   py::class_<PyHub>(m, "Hub")
       .def_static("start", &PyHub::Start, py::arg("listen"),
                   py::arg("lease_ms"), py::arg("secret"),
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
-                  py::arg("rebuild_ms"), py::arg("tls_cert"),
-                  py::arg("tls_key"), py::arg("tls_client_ca"))
+                  py::arg("rebuild_ms"), py::arg("metrics_listen"),
+                  py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_client_ca"))
       .def_property_readonly("address", &PyHub::address)
+      .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);
 
@@ -475,6 +543,73 @@ PYBIND11_MODULE(_core, m) {
         }
       },
       py::arg("level"));
+
+  // Resharding helpers (include/tensorhub/reshard.h). A box is a pair of
+  // lists (offset, extent).
+  using PyBox = std::pair<std::vector<uint64_t>, std::vector<uint64_t>>;
+  auto to_py = [](const Box& b) { return PyBox{b.offset, b.extent}; };
+  auto dims_of = [](uint64_t heads, uint64_t kv_heads, uint64_t head_dim,
+                    uint64_t experts) {
+    return ModelDims{heads, kv_heads, head_dim, experts};
+  };
+  m.def(
+      "classify_hf_tensor",
+      [](const std::string& name) {
+        return std::string(ShardKindName(ClassifyHfTensor(name)));
+      },
+      py::arg("name"));
+  m.def(
+      "tp_rank_box",
+      [=](const std::string& name, const std::vector<uint64_t>& shape,
+          uint32_t rank, uint32_t tp, uint64_t heads, uint64_t kv_heads,
+          uint64_t head_dim, uint64_t experts) {
+        return to_py(
+            Take(TpRankBox(name, shape, rank, tp,
+                           dims_of(heads, kv_heads, head_dim, experts))));
+      },
+      py::arg("name"), py::arg("shape"), py::arg("rank"), py::arg("tp"),
+      py::arg("num_attention_heads") = 0, py::arg("num_key_value_heads") = 0,
+      py::arg("head_dim") = 0, py::arg("num_experts") = 0);
+  m.def(
+      "ep_rank_box",
+      [=](const std::string& name, const std::vector<uint64_t>& shape,
+          uint32_t rank, uint32_t ep, uint64_t experts) {
+        return to_py(
+            Take(EpRankBox(name, shape, rank, ep, dims_of(0, 0, 0, experts))));
+      },
+      py::arg("name"), py::arg("shape"), py::arg("rank"), py::arg("ep"),
+      py::arg("num_experts"));
+  m.def(
+      "fsdp_shards",
+      [=](const std::vector<uint64_t>& shape, uint32_t k) {
+        std::vector<PyBox> out;
+        for (const Box& b : FsdpShards(shape, k)) out.push_back(to_py(b));
+        return out;
+      },
+      py::arg("shape"), py::arg("k"));
+  m.def(
+      "tp_shards",
+      [=](const std::vector<uint64_t>& shape, uint32_t dim, uint32_t k) {
+        std::vector<PyBox> out;
+        for (const Box& b : Take(TpShards(shape, dim, k))) {
+          out.push_back(to_py(b));
+        }
+        return out;
+      },
+      py::arg("shape"), py::arg("dim"), py::arg("k"));
+  // Converts `count` elements between buffers given by address (the Python
+  // side passes numpy/torch data pointers and checks their sizes).
+  m.def(
+      "convert",
+      [](const std::string& from, const std::string& to, uintptr_t src,
+         uintptr_t dst, uint64_t count, float scale) {
+        Check(ConvertDType(Take(ParseDType(from)), Take(ParseDType(to)),
+                           reinterpret_cast<const void*>(src),
+                           reinterpret_cast<void*>(dst), count, scale));
+      },
+      py::arg("from_dtype"), py::arg("to_dtype"), py::arg("src"),
+      py::arg("dst"), py::arg("count"), py::arg("scale") = 1.0f);
+  m.def("fp8_scale", &Fp8ScaleForAmax, py::arg("amax"));
 
   py::list dtypes;
   for (DType d : {DType::kBool, DType::kU8, DType::kI8, DType::kU16,

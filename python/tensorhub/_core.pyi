@@ -15,6 +15,7 @@ class Client:
         data_listen: str, advertise_host: str, rpc_timeout_ms: int,
         connect_timeout_ms: int, heartbeat_interval_ms: int,
         max_serving_connections: int, secret: str, leave_timeout_ms: int,
+        metrics_listen: str,
         tls_ca: str, tls_cert: str, tls_key: str, tls_server_name: str,
         data_tls: bool,
     ) -> "Client": ...
@@ -22,7 +23,13 @@ class Client:
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
         group_size: int, chunk_bytes: int, timeout_ms: int,
         metadata: Sequence[Tuple[str, str]],
+        pieces: Dict[str, Tuple[List[int], List[int]]], segment_bytes: int,
     ) -> None: ...
+    def fetch_slices(
+        self, model: str, version: int, tensors: Sequence[_TensorTuple],
+        boxes: Sequence[Tuple[List[int], List[int]]], scales: Sequence[List[float]],
+        timeout_ms: int, connections: int, group: str, group_step: int,
+    ) -> Dict[str, Any]: ...
     def unpublish(self, model: str, version: int, timeout_ms: int, force: bool) -> None: ...
     def fetch(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], timeout_ms: int,
@@ -38,6 +45,8 @@ class Client:
     def id(self) -> str: ...
     @property
     def data_address(self) -> str: ...
+    @property
+    def metrics_address(self) -> str: ...
 
 class Hub:
     @staticmethod
@@ -48,6 +57,7 @@ class Hub:
         keep_latest: int,
         oversubscribed_racks: bool,
         rebuild_ms: int,
+        metrics_listen: str,
         tls_cert: str,
         tls_key: str,
         tls_client_ca: str,
@@ -55,5 +65,29 @@ class Hub:
     @property
     def address(self) -> str: ...
     @property
+    def metrics_address(self) -> str: ...
+    @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
+
+# Resharding helpers (include/tensorhub/reshard.h); a box is (offset, extent).
+def classify_hf_tensor(name: str) -> str: ...
+def tp_rank_box(
+    name: str,
+    shape: List[int],
+    rank: int,
+    tp: int,
+    num_attention_heads: int = 0,
+    num_key_value_heads: int = 0,
+    head_dim: int = 0,
+    num_experts: int = 0,
+) -> Tuple[List[int], List[int]]: ...
+def ep_rank_box(
+    name: str, shape: List[int], rank: int, ep: int, num_experts: int
+) -> Tuple[List[int], List[int]]: ...
+def fsdp_shards(shape: List[int], k: int) -> List[Tuple[List[int], List[int]]]: ...
+def tp_shards(shape: List[int], dim: int, k: int) -> List[Tuple[List[int], List[int]]]: ...
+def convert(
+    from_dtype: str, to_dtype: str, src: int, dst: int, count: int, scale: float = 1.0
+) -> None: ...
+def fp8_scale(amax: float) -> float: ...

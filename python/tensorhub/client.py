@@ -13,6 +13,7 @@ from typing import (
     Literal,
     Mapping,
     Optional,
+    Sequence,
     Tuple,
     Union,
     overload,
@@ -143,6 +144,24 @@ class FetchStats:
     #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
     #: (was_filling: it was itself still receiving the version when chosen).
     sources: List[Dict[str, Any]] = field(default_factory=list)
+    # The stages of the fetch, one after the other: they add up to
+    # total_seconds. The metric tensorhub_fetch_stage_seconds{stage} records
+    # the same figures (docs/metrics.md has what each one covers).
+    schedule_seconds: float = 0.0  #: destination, filling registration, sources
+    first_byte_seconds: float = 0.0  #: until the first chunk is verified
+    transfer_seconds: float = 0.0  #: the rest of the data plane, less verify
+    verify_seconds: float = 0.0  #: the checksum work's share of the data plane
+    register_seconds: float = 0.0  #: reporting the copy to the hub
+    total_seconds: float = 0.0  #: the whole call
+    bytes_same_host: int = 0  #: of bytes, copied from a holder on this host
+
+    #: Stage names, in order (the metric's ``stage`` label values).
+    STAGES = ("resolve", "schedule", "first_byte", "transfer", "verify", "register")
+
+    @property
+    def stages(self) -> Dict[str, float]:
+        """{stage: seconds} for the six stages, in order."""
+        return {s: float(getattr(self, f"{s}_seconds")) for s in self.STAGES}
 
     def bytes_from(self, worker: str) -> int:
         """Bytes this fetch read from the holder whose worker id is ``worker``."""
@@ -340,6 +359,12 @@ class Client:
         return self._core.data_address
 
     @property
+    def metrics_address(self) -> Optional[str]:
+        """HOST:PORT of this worker's Prometheus endpoint (GET /metrics), or
+        None without ``connect(..., metrics_listen=...)``."""
+        return self._core.metrics_address or None
+
+    @property
     def hub(self) -> str:
         return self._options["hub"]
 
@@ -357,8 +382,17 @@ class Client:
         *,
         metadata: Optional[Mapping[str, str]] = None,
         dtypes: Optional[Mapping[str, str]] = None,
+        pieces: Optional[Mapping[str, Tuple[Sequence[int], Sequence[int]]]] = None,
+        segment_bytes: int = 64 << 10,
     ) -> None:
         """Registers references to ``tensors`` as rank ``rank`` of ``model@version``.
+
+        ``pieces`` publishes shards: ``{name: (global_shape, offset)}`` says
+        that ``tensors[name]`` is the box at ``offset`` of a logical tensor of
+        ``global_shape`` (see :mod:`tensorhub.reshard`: ``fsdp_shards``,
+        ``tp_shards``). The ranks' boxes must tile every tensor; the hub
+        refuses the last rank's publish otherwise. ``segment_bytes`` sets
+        the segment checksums readers of slices verify with (0: none).
 
         No copy is made: other workers read the arrays' memory directly until
         :meth:`unpublish`. The client holds a reference to every array until
@@ -406,6 +440,9 @@ class Client:
             self._core.publish(
                 model, v, tuples, int(rank), int(group_size), cb,
                 _ms(timeout, _DEFAULT_PUBLISH_TIMEOUT_S, "timeout"), md,
+                {str(k): ([int(x) for x in g], [int(x) for x in o])
+                 for k, (g, o) in (pieces or {}).items()},
+                int(segment_bytes),
             )
         except BaseException:
             # Publish withdraws its local registration on failure.
@@ -447,6 +484,41 @@ class Client:
             self._drop(model, v)
             raise
         self._drop(model, v)
+
+    def _fetch_slices(self, model, v, into, timeout, connections, return_stats, group, step):
+        """fetch(into={name: (tensor, box)}) or (tensor, box, fp8_scales):
+        each tensor receives that box of the logical tensor (see
+        :func:`tensorhub.reshard.tp_slices`), converted to the tensor's own
+        dtype (BF16/F16/F32 to each other; F8_E4M3 needs the scales: one,
+        or one per row of the box, see :func:`tensorhub.reshard.fp8_scale`).
+        Slices are not served onward."""
+        tensors, boxes, scales = {}, [], []
+        for name, entry in into.items():
+            if len(entry) not in (2, 3):
+                raise InvalidArgumentError(
+                    f"into[{name!r}] must be (tensor, box) or (tensor, box, fp8_scales)")
+            tensors[name] = entry[0]
+            off, ext = entry[1]
+            boxes.append(([int(x) for x in off], [int(x) for x in ext]))
+            scales.append([float(x) for x in entry[2]] if len(entry) == 3 else [])
+        tuples = _tensors.to_tuples(tensors, writable=True, dtypes=None)
+        group_id, step = _group(group, step)
+        stats = self._core.fetch_slices(
+            model, v, tuples, boxes, scales,
+            _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout"), int(connections),
+            group_id, step)
+        if return_stats:
+            return FetchStats(
+                version=int(stats["version"]),
+                bytes=int(stats["bytes"]),
+                seconds=float(stats["seconds"]),
+                resolve_seconds=float(stats["resolve_seconds"]),
+                sources_used=int(stats["sources_used"]),
+                chunk_retries=int(stats["chunk_retries"]),
+                chunks_stolen=int(stats["chunks_stolen"]),
+                sources=[dict(s) for s in stats.get("sources", [])],
+            )
+        return int(stats["version"])
 
     def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:
         with self._lock:
@@ -554,6 +626,9 @@ class Client:
                 "fetch needs into= (names -> arrays to fill); allocate them with "
                 "client.describe(model, version).empty()"
             )
+        if into and all(isinstance(x, tuple) for x in into.values()):
+            return self._fetch_slices(model, v, into, timeout, connections,
+                                      return_stats, group, step)
         if not isinstance(connections, int) or connections < 1:
             raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
         timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")
@@ -597,6 +672,13 @@ class Client:
                 tls_connections=int(stats["tls_connections"]),
                 kernel_tls_connections=int(stats["kernel_tls_connections"]),
                 sources=[dict(s) for s in stats.get("sources", [])],
+                schedule_seconds=float(stats["schedule_seconds"]),
+                first_byte_seconds=float(stats["first_byte_seconds"]),
+                transfer_seconds=float(stats["transfer_seconds"]),
+                verify_seconds=float(stats["verify_seconds"]),
+                register_seconds=float(stats["register_seconds"]),
+                total_seconds=float(stats["total_seconds"]),
+                bytes_same_host=int(stats["bytes_same_host"]),
             )
         return got
 
@@ -693,12 +775,21 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
+    "metrics_listen": None,
     "tls_ca": None,
     "tls_cert": None,
     "tls_key": None,
     "tls_server_name": None,
     "data_tls": False,
 }
+
+
+def _metrics_listen(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgumentError(f"metrics_listen must be 'HOST:PORT' or None, not {value!r}")
+    return value
 
 
 def connect(
@@ -725,10 +816,13 @@ def connect(
             ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
-            holds). TLS (PEM file paths, see docs/security.md): ``tls_ca``
-            (talk TLS to the hub, trusting a hub certificate signed by this
-            CA), ``tls_cert`` and ``tls_key`` (this worker's certificate, for
-            a hub that requires client certificates and for data-plane TLS),
+            holds), ``metrics_listen`` (HOST:PORT: serve this worker's
+            Prometheus metrics at ``/metrics``, port 0 for a free one, see
+            :attr:`Client.metrics_address`; default None: no endpoint). TLS
+            (PEM file paths, see docs/security.md): ``tls_ca`` (talk TLS to
+            the hub, trusting a hub certificate signed by this CA),
+            ``tls_cert`` and ``tls_key`` (this worker's certificate, for a
+            hub that requires client certificates and for data-plane TLS),
             ``tls_server_name`` (the name the hub's certificate must have,
             default the host in ``hub``), ``data_tls`` (False: TLS on
             data-plane connections too; every worker must agree).
@@ -772,6 +866,7 @@ def connect(
         max_serving_connections=int(opts["max_serving_connections"]),
         secret=secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
+        metrics_listen=_metrics_listen(opts["metrics_listen"]),
         tls_ca=_path(opts["tls_ca"], "tls_ca"),
         tls_cert=_path(opts["tls_cert"], "tls_cert"),
         tls_key=_path(opts["tls_key"], "tls_key"),

@@ -27,6 +27,12 @@ class Hub:
         return self._core.address
 
     @property
+    def metrics_address(self) -> Optional[str]:
+        """HOST:PORT of the hub's Prometheus endpoint (GET /metrics), or None
+        without ``serve_hub(..., metrics_listen=...)``."""
+        return self._core.metrics_address or None
+
+    @property
     def closed(self) -> bool:
         return self._core.closed
 
@@ -54,6 +60,7 @@ def serve_hub(
     keep_latest: int = 0,
     oversubscribed_racks: bool = False,
     rebuild_ms: Optional[int] = None,
+    metrics_listen: Optional[str] = None,
     tls_cert: Optional[Union[str, os.PathLike]] = None,
     tls_key: Optional[Union[str, os.PathLike]] = None,
     tls_client_ca: Optional[Union[str, os.PathLike]] = None,
@@ -77,6 +84,10 @@ def serve_hub(
             timeout, rather than NOT_FOUND: a restarted hub learns versions
             from the workers' reports within about a lease. None: lease_ms;
             0: answer from its table at once.
+        metrics_listen: HOST:PORT to serve the hub's Prometheus metrics on
+            (GET /metrics; port 0 picks a free port, see
+            :attr:`Hub.metrics_address`). None: no endpoint
+            (``tensorhub serve --metrics-listen``).
         tls_cert, tls_key: PEM files of the hub's certificate and key: the
             hub then accepts only TLS connections (clients need ``tls_ca``).
         tls_client_ca: with them, require every client to present a
@@ -103,6 +114,10 @@ def serve_hub(
         raise InvalidArgumentError(
             f"rebuild_ms must be None or an integer in [0, 3600000], not {rebuild_ms!r}"
         )
+    if metrics_listen is not None and (not isinstance(metrics_listen, str) or not metrics_listen):
+        raise InvalidArgumentError(
+            f"metrics_listen must be 'HOST:PORT' or None, not {metrics_listen!r}"
+        )
     return Hub(
         _core.Hub.start(
             listen=listen,
@@ -111,6 +126,7 @@ def serve_hub(
             keep_latest=keep_latest,
             oversubscribed_racks=oversubscribed_racks,
             rebuild_ms=-1 if rebuild_ms is None else rebuild_ms,
+            metrics_listen=metrics_listen or "",
             tls_cert=_path(tls_cert, "tls_cert"),
             tls_key=_path(tls_key, "tls_key"),
             tls_client_ca=_path(tls_client_ca, "tls_client_ca"),

@@ -16,15 +16,18 @@
 
 #include "client/client_deps.h"
 #include "client/client_tls.h"
+#include "client/client_metrics.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/registry.h"
+#include "client/slice_fetch.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
 #include "tls/tls.h"
+#include "metrics/metrics.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
@@ -42,6 +45,8 @@ class Client::Impl {
         transport_(std::move(deps.transport)) {}
 
   ~Impl() {
+    // First: a scrape reads the server and the registry below.
+    if (metrics_server_) metrics_server_->Stop();
     {
       MutexLock lock(mu_);
       stopping_ = true;
@@ -84,6 +89,15 @@ class Client::Impl {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;
     }
+    if (!options_.metrics_listen.empty()) {
+      // Before registering: a port in use fails Connect with nothing to undo.
+      collector_ = std::make_shared<metrics::FunctionCollector>(
+          [this] { return ScrapeTimeFamilies(); });
+      TH_ASSIGN_OR_RETURN(
+          metrics_server_,
+          metrics::MetricsServer::Start(options_.metrics_listen,
+                                        {metrics_.registry(), collector_}));
+    }
     if (options_.name.empty()) {
       char host[256] = {0};
       ::gethostname(host, sizeof(host) - 1);
@@ -123,9 +137,10 @@ class Client::Impl {
       if (stream) return stream->Xxh3(pieces);
       return Xxh3Pieces(pieces);
     };
+    PieceOptions pieces{opts.pieces, opts.segment_bytes};
     TH_ASSIGN_OR_RETURN(
         PartLayout part,
-        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash));
+        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash, pieces));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -193,15 +208,38 @@ class Client::Impl {
       MutexLock lock(mu_);
       pending_unpublish_.insert({model, version});
     }
-    return registry_.Drain(model, version, epoch, deadline);
+    return TimedDrain(model, version, epoch, deadline);
+  }
+
+  // Registry::Drain, observed by the metrics.
+  Status TimedDrain(const std::string& model, Version version, uint64_t epoch,
+                    const Deadline& deadline) {
+    const auto t0 = SteadyClock::now();
+    Status s = registry_.Drain(model, version, epoch, deadline);
+    metrics_.Drained(
+        std::chrono::duration<double>(SteadyClock::now() - t0).count(), s.ok());
+    return s;
+  }
+
+  Result<FetchStats> Fetch(std::string_view model_sv, Version version,
+                           const std::vector<TensorRef>& dest,
+                           const FetchOptions& opts) {
+    Result<FetchStats> st = FetchOnce(model_sv, version, dest, opts);
+    if (st.ok()) {
+      metrics_.FetchSucceeded(*st);
+    } else {
+      metrics_.FetchFailed();
+    }
+    return st;
   }
 
   // A fetch, in steps: resolve, map the destination onto the manifest,
   // release memory that still serves an older version, register as a
   // filling holder, schedule sources, run the fetcher, report the holding.
-  Result<FetchStats> Fetch(std::string_view model_sv, Version version,
-                           const std::vector<TensorRef>& dest,
-                           const FetchOptions& opts) {
+  // The steps are timed as FetchStats' stages (tensorhub/client.h).
+  Result<FetchStats> FetchOnce(std::string_view model_sv, Version version,
+                               const std::vector<TensorRef>& dest,
+                               const FetchOptions& opts) {
     const std::string model(model_sv);
     // The stats measure real time; deadlines and pauses run on clock_.
     const auto t0 = SteadyClock::now();
@@ -227,6 +265,13 @@ class Client::Impl {
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
+    if (IsSharded(manifest)) {
+      // Pieces of logical tensors: the destination names the logical
+      // tensors, which come whole through the slice path (not served).
+      TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
+                          WholeSlices(manifest, dest, vname));
+      return FetchSlices(model, v, whole, opts);
+    }
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     TH_ASSIGN_OR_RETURN(client::FetchJob job,
                         MapDestination(model, v, manifest, dest, &ranges));
@@ -246,9 +291,11 @@ class Client::Impl {
         MakeScheduler(model, v, opts.max_sources, work);
     TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
                         FirstSources(schedule, r, vname));
+    const auto t_sources = SteadyClock::now();
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    fo.metrics = &metrics_;
     if (fill_epoch.has_value()) {
       fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
         registry_.MarkChunk(model, v, e, chunk);
@@ -270,11 +317,30 @@ class Client::Impl {
       Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
+    const auto t3 = SteadyClock::now();
+    auto secs = [](SteadyClock::time_point a, SteadyClock::time_point b) {
+      return std::max(0.0, std::chrono::duration<double>(b - a).count());
+    };
     FetchStats st;
     st.version = v;
     st.bytes = rep->bytes;
-    st.seconds = std::chrono::duration<double>(t2 - t0).count();
-    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.bytes_same_host = rep->bytes_same_host;
+    st.seconds = secs(t0, t2);
+    st.total_seconds = secs(t0, t3);
+    st.resolve_seconds = secs(t0, t1);
+    st.schedule_seconds = secs(t1, t_sources);
+    // The first chunk's time splits the data plane; a version of no chunks
+    // has none (all of it is first byte, which is then ~0).
+    const SteadyClock::time_point t_first =
+        std::clamp(rep->first_chunk_at.value_or(t2), t_sources, t2);
+    st.first_byte_seconds = secs(t_sources, t_first);
+    const double rest = secs(t_first, t2);
+    // Streams hash in parallel as bytes arrive: their summed hashing time
+    // over their number is the checksum's share of the wall time.
+    st.verify_seconds = std::min(
+        rest, rep->verify_seconds_all_streams / std::max(1, rep->streams));
+    st.transfer_seconds = rest - st.verify_seconds;
+    st.register_seconds = secs(t2, t3);
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
@@ -314,6 +380,49 @@ class Client::Impl {
     std::optional<uint64_t> epoch_;
     const Deadline& deadline_;
   };
+
+  static bool IsSharded(const Manifest& m) {
+    for (const PartLayout& p : m.parts()) {
+      for (const TensorLayout& t : p.tensors) {
+        if (t.sharded()) return true;
+      }
+    }
+    return false;
+  }
+
+  // A full fetch of a sharded version: every logical tensor once, with its
+  // global shape and dtype, as a slice of all of it.
+  static Result<std::vector<TensorSlice>> WholeSlices(
+      const Manifest& manifest, const std::vector<TensorRef>& dest,
+      const std::string& vname) {
+    std::map<std::string, const TensorLayout*> logical;
+    for (const PartLayout& p : manifest.parts()) {
+      for (const TensorLayout& t : p.tensors) logical.emplace(t.spec.name, &t);
+    }
+    std::vector<TensorSlice> out;
+    for (const TensorRef& d : dest) {
+      auto it = logical.find(d.spec.name);
+      if (it == logical.end()) {
+        return InvalidArgument("destination tensor '" + d.spec.name +
+                               "' is not part of " + vname +
+                               " (or is named twice)");
+      }
+      const TensorLayout& t = *it->second;
+      if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.GlobalShape()) {
+        TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+        return InvalidArgument("destination tensor '" + d.spec.name + "' is " +
+                               Describe(d.spec) + " but " + vname + " has " +
+                               Describe(global));
+      }
+      out.push_back({d, Box::Whole(d.spec.shape), {}});
+      logical.erase(it);
+    }
+    if (!logical.empty()) {
+      return InvalidArgument("destination lacks tensor '" +
+                             logical.begin()->first + "' of " + vname);
+    }
+    return out;
+  }
 
   // Checks `dest` against the manifest, by tensor name (every tensor of the
   // version, once, with its dtype, shape and size), and returns the job's
@@ -431,6 +540,95 @@ class Client::Impl {
     return sources;
   }
 
+  // A partial fetch: resolve, check and plan the slices, schedule sources,
+  // run the slice fetcher. The slices are not registered for serving.
+  Result<FetchStats> FetchSlices(std::string_view model_sv, Version version,
+                                 const std::vector<TensorSlice>& slices,
+                                 const FetchOptions& opts) {
+    const std::string model(model_sv);
+    const auto t0 = SteadyClock::now();
+    if (opts.group.size() > 256) {
+      return InvalidArgument("reader group id must be at most 256 characters");
+    }
+    std::vector<TensorRef> refs;
+    std::vector<client::SliceDest> dests;
+    for (const TensorSlice& s : slices) {
+      const TensorRef& t = s.tensor;
+      if (t.spec.shape != s.box.extent) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "': shape " +
+                               Describe(t.spec) + " is not the box's " +
+                               BoxToString(s.box));
+      }
+      TH_ASSIGN_OR_RETURN(uint64_t size, t.spec.ByteSize());
+      if (size != t.bytes) {
+        return InvalidArgument("slice of tensor '" + t.spec.name + "' has " +
+                               std::to_string(t.bytes) + " bytes, needs " +
+                               std::to_string(size));
+      }
+      refs.push_back(t);
+      dests.push_back({t.spec.name, s.box, t.spec.dtype,
+                       static_cast<uint8_t*>(t.data), s.fp8_scales});
+    }
+    TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(refs, "fetch"));
+    if (!memory.is_host()) {
+      return FailedPrecondition(
+          "fetch of slices: device memory is not supported yet; fetch into "
+          "host memory");
+    }
+    const int64_t reserve_ms =
+        std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
+    const Deadline work =
+        Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
+    TH_ASSIGN_OR_RETURN(
+        client::Resolved r,
+        ResolveWithin(model, version, work, opts.group, opts.group_step));
+    const auto t1 = SteadyClock::now();
+    if (!r.manifest.has_value()) {
+      return Internal("hub resolved a version without a manifest");
+    }
+    const Manifest& manifest = *r.manifest;
+    const Version v = r.version;
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
+    Result<client::SlicePlan> plan =
+        client::PlanSlices(manifest, dests, manifest.chunk_bytes());
+    if (!plan.ok()) return plan.status().WithContext(vname);
+    // Memory we are about to overwrite must stop serving an old version.
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const TensorRef& t : refs) {
+      ranges.push_back({static_cast<const uint8_t*>(t.data), t.bytes});
+    }
+    for (const auto& [m, old] : registry_.Overlapping(ranges)) {
+      TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
+                             .WithContext("fetch: releasing the destination"));
+    }
+    const client::SourceRefresher schedule =
+        MakeScheduler(model, v, opts.max_sources, work);
+    TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
+                        FirstSources(schedule, r, vname));
+    client::FetcherOptions fo;
+    fo.streams = opts.connections;
+    fo.on_progress = opts.on_progress;
+    client::SliceJob job{model, v, &manifest, &*plan, &dests};
+    Result<client::FetchReport> rep = client::RunSliceFetch(
+        *transport_, job, std::move(sources), schedule, fo, work);
+    const auto t2 = SteadyClock::now();
+    Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
+    if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    if (!rep.ok()) return rep.status();
+    FetchStats st;
+    st.version = v;
+    st.bytes = rep->bytes;
+    st.seconds = std::chrono::duration<double>(t2 - t0).count();
+    st.resolve_seconds = std::chrono::duration<double>(t1 - t0).count();
+    st.sources_used = rep->sources_used;
+    st.sources = rep->per_source;
+    st.chunk_retries = rep->chunk_retries;
+    st.chunks_stolen = rep->chunks_stolen;
+    return st;
+  }
+
   Result<std::vector<ModelInfo>> List() { return hub_->List(); }
 
   Status Retain(std::string_view model, Version version, bool retain) {
@@ -461,9 +659,19 @@ class Client::Impl {
       vi.total_bytes = m.total_bytes();
       vi.chunk_bytes = m.chunk_bytes();
       vi.num_chunks = m.num_chunks();
+      std::set<std::string> seen;
       for (const PartLayout& p : m.parts()) {
         for (const TensorLayout& t : p.tensors) {
-          vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+          if (!t.sharded()) {
+            vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
+            continue;
+          }
+          // A logical tensor held as pieces: once, with its global shape
+          // (what a full fetch allocates), at the first part holding some.
+          if (!seen.insert(t.spec.name).second) continue;
+          TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+          vi.tensors.push_back(
+              TensorInfo{global, p.rank, global.ByteSize().value()});
         }
         vi.metadata.insert(vi.metadata.end(), p.metadata.begin(),
                            p.metadata.end());
@@ -489,6 +697,10 @@ class Client::Impl {
   }
   const WorkerId& id_ref() const { return id_; }
   std::string data_address() const { return data_address_; }
+  std::string metrics_address() const {
+    return metrics_server_ ? metrics_server_->address() : std::string();
+  }
+  client::ClientMetrics& metrics() { return metrics_; }
 
  private:
   static std::string Describe(const TensorSpec& s) {
@@ -537,6 +749,50 @@ class Client::Impl {
     return out;
   }
 
+  // The figures this worker keeps anyway, read when scraped (a scrape
+  // thread; metrics_server_ stops before what they read goes away).
+  std::vector<prometheus::MetricFamily> ScrapeTimeFamilies() const {
+    using metrics::AddSample;
+    std::vector<prometheus::MetricFamily> out;
+    const uint64_t served = server_->bytes_served();
+    const uint64_t local = server_->bytes_served_local();
+    auto bytes = metrics::CounterFamily(
+        "tensorhub_served_bytes_total",
+        "Bytes this worker served to readers, by path (same_host: copied by "
+        "a reader on this host from this process's memory)");
+    AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kTcp)}},
+              static_cast<double>(served - std::min(served, local)));
+    AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kSameHost)}},
+              static_cast<double>(local));
+    out.push_back(std::move(bytes));
+    auto refused_reads = metrics::CounterFamily(
+        "tensorhub_serve_refusals_total",
+        "Reads and data connections this worker refused, by reason "
+        "(read: unknown, revoked or unready data; auth: the peer did not "
+        "prove the shared secret)");
+    AddSample(refused_reads, {{"reason", "read"}},
+              static_cast<double>(registry_.reads_refused()));
+    AddSample(refused_reads, {{"reason", "auth"}},
+              static_cast<double>(server_->connections_refused()));
+    out.push_back(std::move(refused_reads));
+    auto in_flight =
+        metrics::GaugeFamily("tensorhub_serve_reads_in_flight",
+                             "Reads of this worker's memory in flight now");
+    AddSample(in_flight, {}, static_cast<double>(registry_.reads_in_flight()));
+    out.push_back(std::move(in_flight));
+    const client::Registry::HeldCounts held = registry_.held();
+    auto versions = metrics::GaugeFamily(
+        "tensorhub_held_versions",
+        "Versions this worker holds and serves, by state (filling: a fetch "
+        "still receiving it)");
+    AddSample(versions, {{"state", "complete"}},
+              static_cast<double>(held.complete));
+    AddSample(versions, {{"state", "filling"}},
+              static_cast<double>(held.filling));
+    out.push_back(std::move(versions));
+    return out;
+  }
+
   static constexpr int64_t kUnavailableConfirmMs = 200;
   // Between asks to a hub that did not answer or asked to try again.
   static constexpr int64_t kHubRetryPauseMs = 100;
@@ -573,6 +829,7 @@ class Client::Impl {
                              std::to_string(kUnavailableConfirmMs) +
                              " ms apart, and lists no holder to try");
         }
+        metrics_.HubRetry(kUnavailableConfirmMs / 1000.0);
         clock_.SleepMs(kUnavailableConfirmMs);
         continue;
       }
@@ -584,6 +841,7 @@ class Client::Impl {
         return r.status();
       }
       testpoint::Hit("fetch.hub_unavailable", ++retryable_answers);
+      metrics_.HubRetry(kHubRetryPauseMs / 1000.0);
       clock_.SleepMs(kHubRetryPauseMs);
     }
   }
@@ -648,7 +906,7 @@ class Client::Impl {
       // Fenced at once; reads already admitted get until the deadline. One
       // still running then reads memory the caller may overwrite: the
       // reader's chunk checksum catches that and it reads elsewhere.
-      Status d = registry_.Drain(model, version, *revoked, deadline);
+      Status d = TimedDrain(model, version, *revoked, deadline);
       if (!d.ok()) TH_LOG(WARN) << "abandoned fetch: " << d.ToString();
     }
     // A filling copy never counts as a copy to keep: no wait, force.
@@ -738,6 +996,9 @@ class Client::Impl {
   Registry registry_;
   std::unique_ptr<transport::Server> server_;
   std::string data_address_;
+  client::ClientMetrics metrics_;
+  std::shared_ptr<metrics::FunctionCollector> collector_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
 
   mutable Mutex mu_;
   std::condition_variable cv_;
@@ -762,6 +1023,10 @@ Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
                            options.rpc_timeout_ms, std::move(tls.hub));
   deps.clock = &Clock::Real();
   return deps;
+}
+
+ClientMetrics& ClientFactory::Metrics(Client& client) {
+  return client.impl_->metrics();
 }
 
 Result<std::unique_ptr<Client>> ClientFactory::Connect(
@@ -811,6 +1076,12 @@ Result<FetchStats> Client::Fetch(std::string_view model, Version version,
   return impl_->Fetch(model, version, destination, options);
 }
 
+Result<FetchStats> Client::FetchSlices(std::string_view model, Version version,
+                                       const std::vector<TensorSlice>& slices,
+                                       const FetchOptions& options) {
+  return impl_->FetchSlices(model, version, slices, options);
+}
+
 Result<std::vector<ModelInfo>> Client::List() { return impl_->List(); }
 
 Result<VersionInfo> Client::Describe(std::string_view model, Version version) {
@@ -826,5 +1097,6 @@ Result<VersionInfo> Client::Describe(std::string_view model, Version version,
 
 const WorkerId& Client::id() const { return impl_->id_ref(); }
 std::string Client::data_address() const { return impl_->data_address(); }
+std::string Client::metrics_address() const { return impl_->metrics_address(); }
 
 }  // namespace tensorhub

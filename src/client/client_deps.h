@@ -17,6 +17,8 @@
 
 namespace tensorhub::client {
 
+class ClientMetrics;  // client/client_metrics.h
+
 struct ClientDeps {
   // Owned by the client. Serves this worker's reads and reads from holders.
   std::unique_ptr<transport::Transport> transport;
@@ -43,6 +45,8 @@ class ClientFactory {
   // is missing.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options,
                                                  ClientDeps deps);
+  // The client's metrics (the keeper adds its own to the same registry).
+  static ClientMetrics& Metrics(Client& client);
 };
 
 }  // namespace tensorhub::client

@@ -13,8 +13,10 @@
 #include <set>
 
 #include "client/client_deps.h"
+#include "client/client_metrics.h"
 #include "client/control_plane.h"
 #include "common/clock.h"
+#include "metrics/metrics.h"
 #include "transport/fake/fake_transport.h"
 
 namespace tensorhub::client {
@@ -335,6 +337,72 @@ TEST_F(ClientOnFakes, FetchOfAnUnknownVersionIsNotFound) {
   Result<FetchStats> r = c->Fetch(kModel, Version(9), none, FetchOptions{});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+}
+
+std::string MetricsText(Client& c) {
+  return metrics::Render({ClientFactory::Metrics(c).registry()});
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line + "\n") != std::string::npos;
+}
+
+// The stages of FetchStats follow each other and add up to the whole call,
+// and the metrics count what the fetch did: its bytes by path, its chunks,
+// its retries, one observation per stage.
+TEST_F(ClientOnFakes, StatsAndMetricsCarryTheFetchStages) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  transport_->AddHolder("b", ServeFrom(v_));
+  transport_->Inject(
+      Fault{"a", FaultWhere::kReadHeader, FaultWhat::kRefuse, 0, -1});
+  hub_->holders = {Holder("a", v_), Holder("b", v_)};
+  hub_->sources_per_answer = 1;
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double stages[] = {r->resolve_seconds,    r->schedule_seconds,
+                           r->first_byte_seconds, r->transfer_seconds,
+                           r->verify_seconds,     r->register_seconds};
+  double sum = 0;
+  for (double s : stages) {
+    EXPECT_GE(s, 0);
+    sum += s;
+  }
+  EXPECT_LE(sum, r->total_seconds + 1e-6);
+  EXPECT_LE(r->seconds, r->total_seconds);
+  EXPECT_EQ(r->bytes_same_host, 0u);  // the fake transport has no such path
+
+  const std::string text = MetricsText(*c);
+  const uint64_t bytes = v_.manifest.total_bytes();
+  EXPECT_TRUE(Has(text, "tensorhub_fetched_bytes_total{path=\"tcp\"} " +
+                            std::to_string(bytes)))
+      << text;
+  EXPECT_TRUE(Has(text, "tensorhub_fetched_bytes_total{path=\"same_host\"} 0"));
+  EXPECT_TRUE(Has(text, "tensorhub_fetched_chunks_total " +
+                            std::to_string(v_.manifest.num_chunks())));
+  EXPECT_TRUE(Has(text, "tensorhub_fetches_total{outcome=\"ok\"} 1"));
+  EXPECT_TRUE(Has(text, "tensorhub_fetches_total{outcome=\"error\"} 0"));
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_chunk_retries_total " +
+                            std::to_string(r->chunk_retries)));
+  for (const char* stage : {"resolve", "schedule", "first_byte", "transfer",
+                            "verify", "register"}) {
+    EXPECT_TRUE(Has(text, "tensorhub_fetch_stage_seconds_count{stage=\"" +
+                              std::string(stage) + "\"} 1"))
+        << stage;
+  }
+}
+
+TEST_F(ClientOnFakes, AFailedFetchCountsAsAnError) {
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  std::vector<TensorRef> none;
+  ASSERT_FALSE(c->Fetch(kModel, Version(9), none, FetchOptions{}).ok());
+  const std::string text = MetricsText(*c);
+  EXPECT_TRUE(Has(text, "tensorhub_fetches_total{outcome=\"error\"} 1"))
+      << text;
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_seconds_count 0"));
+  EXPECT_TRUE(c->metrics_address().empty());  // no endpoint unless asked
 }
 
 }  // namespace

@@ -15,18 +15,33 @@ bool FetchPlan::SourceState::Has(uint64_t chunk) const {
   return false;
 }
 
+namespace {
+std::vector<uint64_t> ChunkSizes(const Manifest& manifest) {
+  std::vector<uint64_t> out(manifest.num_chunks());
+  for (uint64_t c = 0; c < out.size(); ++c) out[c] = manifest.Chunk(c).bytes;
+  return out;
+}
+}  // namespace
+
 FetchPlan::FetchPlan(std::string label, const Manifest& manifest,
                      std::vector<FetchSource> sources, bool can_refresh,
                      const FetcherOptions& options, int64_t start_ms,
                      int64_t deadline_ms, size_t max_sources)
+    : FetchPlan(std::move(label), ChunkSizes(manifest), std::move(sources),
+                can_refresh, options, start_ms, deadline_ms, max_sources) {}
+
+FetchPlan::FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
+                     std::vector<FetchSource> sources, bool can_refresh,
+                     const FetcherOptions& options, int64_t start_ms,
+                     int64_t deadline_ms, size_t max_sources)
     : label_(std::move(label)),
-      manifest_(manifest),
+      item_bytes_(std::move(item_bytes)),
       can_refresh_(can_refresh),
       options_(options),
       start_ms_(start_ms),
       deadline_ms_(deadline_ms),
       max_sources_(std::max<size_t>(1, max_sources)),
-      total_chunks_(manifest.num_chunks()),
+      total_chunks_(item_bytes_.size()),
       last_chunk_ms_(start_ms) {
   for (FetchSource& s : sources) AddSource(std::move(s));
   attempts_.assign(total_chunks_, 0);
@@ -172,6 +187,9 @@ std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
   // from the hub revives it if nothing else holds a chunk.
   slow.dead = true;
   ++steals_;
+  if (steal_waits_ms_.size() < kMaxStealWaits) {
+    steal_waits_ms_.push_back(now_ms - oldest->start_ms);
+  }
   FetchStep step;
   step.kind = FetchStep::Kind::kSteal;
   step.chunk = victim;
@@ -270,7 +288,7 @@ void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {
   // ends the fetch.
   TH_CHECK(!done_[chunk]);
   done_[chunk] = 1;
-  const uint64_t bytes = manifest_.Chunk(chunk).bytes;
+  const uint64_t bytes = item_bytes_[chunk];
   SourceState& s = sources_[f.src];
   ++s.chunks_served;
   s.bytes_served += bytes;
@@ -370,6 +388,7 @@ FetchReport FetchPlan::Report() const {
   r.bytes = bytes_done_;
   r.chunk_retries = retries_;
   r.chunks_stolen = steals_;
+  r.steal_waits_ms = steal_waits_ms_;
   for (const SourceState& s : sources_) {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;

@@ -12,8 +12,8 @@
 //   SourcesRefreshed(now, update or error)
 //
 // Threads: not thread-safe; the caller serializes every call (RunFetch holds
-// one mutex around them). Owns its copy of the sources; borrows `manifest`,
-// which must outlive it.
+// one mutex around them). Owns its copy of the sources and of the chunk
+// (item) sizes; borrows nothing.
 //
 // Bounds: at most `max_sources` sources are kept (see AddSource); one
 // in-flight entry per read handed out (at most one per stream); pending,
@@ -88,6 +88,12 @@ class FetchPlan {
             std::vector<FetchSource> sources, bool can_refresh,
             const FetcherOptions& options, int64_t start_ms,
             int64_t deadline_ms, size_t max_sources = kFetchMaxSources);
+  // The same over any list of items (a partial fetch's reads): item i has
+  // item_bytes[i] bytes, and a source's `chunks` ranges name item ids.
+  FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
+            std::vector<FetchSource> sources, bool can_refresh,
+            const FetcherOptions& options, int64_t start_ms,
+            int64_t deadline_ms, size_t max_sources = kFetchMaxSources);
 
   FetchStep NextStep(int64_t now_ms);
   void ReadConnected(uint64_t chunk);
@@ -139,7 +145,7 @@ class FetchPlan {
   void ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f);
 
   const std::string label_;
-  const Manifest& manifest_;
+  const std::vector<uint64_t> item_bytes_;  // per chunk (or item)
   const bool can_refresh_;
   const FetcherOptions options_;  // its callbacks are not used here
   const int64_t start_ms_;
@@ -155,6 +161,7 @@ class FetchPlan {
   double chunk_ms_avg_ = 0;
   uint64_t chunks_timed_ = 0;
   uint32_t steals_ = 0;
+  std::vector<int64_t> steal_waits_ms_;  // at most kMaxStealWaits
   uint32_t retries_ = 0;
   int64_t last_chunk_ms_;
   uint64_t done_chunks_ = 0;

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "client/client_metrics.h"
 #include "client/fetch_plan.h"
 #include "common/checksum.h"
 #include "common/mutex.h"
@@ -52,6 +53,8 @@ class FetchRun {
     // Every stream has ended: nothing else touches the plan now (the lock
     // is for the analysis, which cannot know that).
     MutexLock lock(mu_);
+    FetchReport report = plan_.Report();
+    if (options_.metrics != nullptr) options_.metrics->FetchPlanEnded(report);
     if (!plan_.error().ok()) return plan_.error();
     if (plan_.chunks_done() != total_chunks) {
       return Internal("fetch ended with " +
@@ -62,7 +65,10 @@ class FetchRun {
       options_.on_progress(
           FetchProgress{plan_.bytes_done(), job_.manifest->total_bytes()});
     }
-    FetchReport report = plan_.Report();
+    report.bytes_same_host = bytes_same_host_;
+    report.verify_seconds_all_streams = static_cast<double>(verify_ns_) / 1e9;
+    report.streams = n;
+    report.first_chunk_at = first_chunk_at_;
     report.tls_connections = tls_connections_.load();
     report.kernel_tls_connections = kernel_tls_connections_.load();
     return report;
@@ -102,12 +108,23 @@ class FetchRun {
         }
         case FetchStep::Kind::kRead: {
           lock.Unlock();
-          Status st =
-              ReadChunk(conns, step, job_.manifest->Chunk(step.chunk), &pieces);
+          const ChunkLoc& loc = job_.manifest->Chunk(step.chunk);
+          transport::ReadInfo info;
+          Status st = ReadChunk(conns, step, loc, &pieces, &info);
           lock.Lock();
           const uint64_t done_now = FinishRead(step, st, conns);
           if (done_now == 0) break;
+          if (info.same_host) bytes_same_host_ += loc.bytes;
+          verify_ns_ += info.verify_ns;
+          if (!first_chunk_at_.has_value()) {
+            first_chunk_at_ = std::chrono::steady_clock::now();
+          }
           lock.Unlock();
+          if (options_.metrics != nullptr) {
+            options_.metrics->ChunkFetched(loc.bytes, info.same_host
+                                                          ? DataPath::kSameHost
+                                                          : DataPath::kTcp);
+          }
           if (options_.on_chunk) options_.on_chunk(step.chunk);
           testpoint::Hit("fetcher.chunk_done", done_now);
           lock.Lock();
@@ -132,7 +149,7 @@ class FetchRun {
   }
 
   Status ReadChunk(Conns& conns, const FetchStep& step, const ChunkLoc& loc,
-                   std::vector<iovec>* pieces) {
+                   std::vector<iovec>* pieces, transport::ReadInfo* info) {
     auto it = conns.find(step.address);
     if (it == conns.end() || it->second->broken()) {
       Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
@@ -167,6 +184,7 @@ class FetchRun {
       TH_RETURN_IF_ERROR(it->second->ReadDevice(
           req, *pieces, job_.memory.device, read_deadline, &got));
     }
+    *info = it->second->last_read();
     if (got != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
                       std::to_string(loc.offset) + " from " + step.address +
@@ -207,6 +225,11 @@ class FetchRun {
   // The connection each connected read runs on; at most one per stream.
   std::map<uint64_t, transport::Connection*> cancellable_ TH_GUARDED_BY(mu_);
   int running_ TH_GUARDED_BY(mu_) = 0;  // streams
+  // For FetchReport's I/O figures.
+  uint64_t bytes_same_host_ TH_GUARDED_BY(mu_) = 0;
+  int64_t verify_ns_ TH_GUARDED_BY(mu_) = 0;
+  std::optional<std::chrono::steady_clock::time_point> first_chunk_at_
+      TH_GUARDED_BY(mu_);
   std::atomic<uint32_t> tls_connections_{0};
   std::atomic<uint32_t> kernel_tls_connections_{0};
 };

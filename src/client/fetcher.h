@@ -22,6 +22,7 @@
 #ifndef TENSORHUB_CLIENT_FETCHER_H_
 #define TENSORHUB_CLIENT_FETCHER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -34,6 +35,8 @@
 #include "transport/transport.h"
 
 namespace tensorhub::client {
+
+class ClientMetrics;  // client/client_metrics.h
 
 struct FetchSource {
   std::string worker;  // the hub's id for it (for excluding it later)
@@ -75,6 +78,9 @@ struct FetcherOptions {
   // Called once per chunk right after it was verified (from a stream
   // thread, no lock held): the caller may serve it onward from then on.
   std::function<void(uint64_t global_chunk)> on_chunk;
+  // Counts chunks, bytes by path, retries and steals as they happen (not
+  // owned; may be null).
+  ClientMetrics* metrics = nullptr;
 };
 
 struct FetchReport {
@@ -82,11 +88,22 @@ struct FetchReport {
   uint32_t sources_used = 0;
   uint32_t chunk_retries = 0;
   uint32_t chunks_stolen = 0;  // reads moved away from a slow source
+  // How long each stolen read had run when it was taken away (at most
+  // kMaxStealWaits of them), on the deadline's clock.
+  std::vector<int64_t> steal_waits_ms;
   std::vector<FetchSourceStats> per_source;  // those that served a chunk
+  // Filled by RunFetch (I/O, not policy): of `bytes`, those copied from a
+  // holder on this host; the checksum time summed over the streams; the
+  // streams run; and when (real time) the first chunk was verified.
+  uint64_t bytes_same_host = 0;
+  double verify_seconds_all_streams = 0;
+  int streams = 0;
+  std::optional<std::chrono::steady_clock::time_point> first_chunk_at;
   // Connections opened over TLS; of which the kernel decrypts (kTLS).
   uint32_t tls_connections = 0;
   uint32_t kernel_tls_connections = 0;
 };
+inline constexpr size_t kMaxStealWaits = 64;
 
 // What the hub answered when asked again for sources.
 struct SourceUpdate {

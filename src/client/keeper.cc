@@ -6,6 +6,8 @@
 #include <chrono>
 #include <new>
 
+#include "client/client_deps.h"
+#include "client/client_metrics.h"
 #include "client/client_tls.h"
 #include "common/deadline.h"
 #include "common/log.h"
@@ -25,6 +27,42 @@ uint64_t HalfOfPhysicalMemory() {
 }
 
 }  // namespace
+
+// The keeper's figures, in its client's metrics registry (docs/metrics.md).
+struct Keeper::Metrics {
+  explicit Metrics(prometheus::Registry& r)
+      : copies(Counter(r, "tensorhub_keeper_copies_total",
+                       "Retained versions this keeper copied")),
+        releases(Counter(r, "tensorhub_keeper_releases_total",
+                         "Copies this keeper dropped once no longer "
+                         "retained")),
+        refusals(Counter(r, "tensorhub_keeper_refusals_total",
+                         "Versions that did not fit in the keeper's memory "
+                         "limit (counted once until room is made)")),
+        failures(Counter(r, "tensorhub_keeper_copy_failures_total",
+                         "Copies that failed (retried on a later poll)")),
+        held_bytes(prometheus::BuildGauge()
+                       .Name("tensorhub_keeper_held_bytes")
+                       .Help("Bytes of retained versions this keeper holds")
+                       .Register(r)
+                       .Add({})),
+        limit_bytes(prometheus::BuildGauge()
+                        .Name("tensorhub_keeper_memory_limit_bytes")
+                        .Help("The keeper's memory limit")
+                        .Register(r)
+                        .Add({})) {}
+  static prometheus::Counter& Counter(prometheus::Registry& r,
+                                      const std::string& name,
+                                      const std::string& help) {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+  }
+  prometheus::Counter& copies;
+  prometheus::Counter& releases;
+  prometheus::Counter& refusals;
+  prometheus::Counter& failures;
+  prometheus::Gauge& held_bytes;
+  prometheus::Gauge& limit_bytes;
+};
 
 Result<std::unique_ptr<Keeper>> Keeper::Start(const KeeperOptions& options) {
   if (options.poll_wait_ms < 0 || options.poll_wait_ms > 30000) {
@@ -56,7 +94,11 @@ Keeper::Keeper(const KeeperOptions& options, std::unique_ptr<Client> client,
       client_(std::move(client)),
       hub_(MakeGrpcControlPlane(
           options.client.hub_address, options.client.secret,
-          options.client.rpc_timeout_ms, std::move(hub_tls))) {}
+          options.client.rpc_timeout_ms, std::move(hub_tls))),
+      metrics_(std::make_unique<Metrics>(
+          *ClientFactory::Metrics(*client_).registry())) {
+  metrics_->limit_bytes.Set(static_cast<double>(limit_bytes_));
+}
 
 Keeper::~Keeper() {
   Stop();
@@ -158,6 +200,7 @@ bool Keeper::Keep(const KeeperItem& item) {
                     << item.total_bytes << " bytes; holding " << used << " of "
                     << limit_bytes_ << "). Start another keeper "
                     << "or raise --memory-limit";
+      metrics_->refusals.Increment();
       MutexLock lock(mu_);
       ++stats_.refused;
     }
@@ -166,6 +209,7 @@ bool Keeper::Keep(const KeeperItem& item) {
   auto fail = [&](const Status& s) {
     TH_LOG(WARN) << "keeper could not copy " << Name(item) << ": "
                  << s.ToString();
+    metrics_->failures.Increment();
     MutexLock lock(mu_);
     ++stats_.failed;
     return false;
@@ -202,6 +246,8 @@ bool Keeper::Keep(const KeeperItem& item) {
                << " bytes, copied in " << secs << " s)";
   held_[key] = std::move(h);
   refused_.erase(key);
+  metrics_->copies.Increment();
+  metrics_->held_bytes.Increment(static_cast<double>(item.total_bytes));
   MutexLock lock(mu_);
   ++stats_.fetched;
   stats_.versions_held = held_.size();
@@ -254,6 +300,8 @@ bool Keeper::Drop(const KeeperItem& item) {
   held_.erase(it);
   refused_.clear();  // room again: retry and re-log what did not fit
   TH_LOG(INFO) << "keeper released " << Name(item) << " (no longer retained)";
+  metrics_->releases.Increment();
+  metrics_->held_bytes.Decrement(static_cast<double>(size));
   MutexLock lock(mu_);
   ++stats_.released;
   stats_.versions_held = held_.size();

@@ -66,6 +66,7 @@ class Keeper {
 
  private:
   using Key = std::pair<std::string, Version>;
+  struct Metrics;  // keeper.cc
   struct Held {
     std::unique_ptr<uint8_t[]> bytes;
     uint64_t size = 0;
@@ -85,9 +86,10 @@ class Keeper {
   uint64_t limit_bytes_ = 0;
   std::unique_ptr<Client> client_;
   std::unique_ptr<ControlPlane> hub_;
-  std::map<Key, Held> held_;     // loop thread only
-  std::vector<Held> undrained_;  // loop thread only; freed at exit
-  std::set<Key> refused_;        // loop thread only: logged once
+  const std::unique_ptr<Metrics> metrics_;  // in client_'s registry
+  std::map<Key, Held> held_;                // loop thread only
+  std::vector<Held> undrained_;             // loop thread only; freed at exit
+  std::set<Key> refused_;                   // loop thread only: logged once
   // Hub restarts (loop thread only): the hub's incarnation last seen, the
   // Retain pins of versions we hold as the hub last reported them, the pins
   // still to restore after a restart, and until when releases wait (the

@@ -157,6 +157,12 @@ void Registry::FinishFill(const std::string& model, Version version,
 
 Result<transport::ServeLease> Registry::BeginRead(
     const wire::ReadRequest& req) {
+  Result<transport::ServeLease> lease = Admit(req);
+  if (!lease.ok()) reads_refused_.fetch_add(1, std::memory_order_relaxed);
+  return lease;
+}
+
+Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   MutexLock lock(mu_);
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
@@ -175,8 +181,8 @@ Result<transport::ServeLease> Registry::BeginRead(
                     std::to_string(req.part) + " of " + name);
   }
   const PartLayout& layout = pit->second;
-  if (req.offset > layout.part_bytes ||
-      req.length > layout.part_bytes - req.offset) {
+  if (req.offset > layout.part_bytes || req.span_end() > layout.part_bytes ||
+      req.span_end() < req.offset) {
     return InvalidArgument("read past the end of part " +
                            std::to_string(req.part) + " of " + name);
   }
@@ -185,8 +191,8 @@ Result<transport::ServeLease> Registry::BeginRead(
     // touches has been received and verified here.
     const Manifest& m = *e->holding.manifest;
     uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
-    uint64_t last = m.chunk_base(req.part) +
-                    (req.offset + req.length - 1) / m.chunk_bytes();
+    uint64_t last =
+        m.chunk_base(req.part) + (req.span_end() - 1) / m.chunk_bytes();
     auto ready = [&] {
       if (e->revoked || !e->holding.filling) return true;
       for (uint64_t c = first; c <= last; ++c) {
@@ -208,8 +214,15 @@ Result<transport::ServeLease> Registry::BeginRead(
   }
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
-  AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
-               &lease.pieces);
+  if (req.run == 0) {
+    AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
+                 &lease.pieces);
+  } else {
+    for (uint64_t i = 0; i < req.runs(); ++i) {
+      AppendPieces(layout, e->holding.bases.at(req.part),
+                   req.offset + i * req.stride, req.run, &lease.pieces);
+    }
+  }
   ++e->inflight;
   // The pin's deleter ends the read: the last one of a revoked registration
   // wakes Drain().
@@ -221,6 +234,15 @@ Result<transport::ServeLease> Registry::BeginRead(
     }
   });
   return lease;
+}
+
+Registry::HeldCounts Registry::held() const {
+  MutexLock lock(mu_);
+  HeldCounts c;
+  for (const auto& [key, e] : live_) {
+    ++(e->holding.filling ? c.filling : c.complete);
+  }
+  return c;
 }
 
 size_t Registry::reads_in_flight() const {

@@ -8,6 +8,7 @@
 #ifndef TENSORHUB_CLIENT_REGISTRY_H_
 #define TENSORHUB_CLIENT_REGISTRY_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -85,8 +86,18 @@ class Registry final : public transport::ReadSource {
       const wire::ReadRequest& req) override;
 
   size_t reads_in_flight() const;
+  // Reads BeginRead refused (unknown or revoked registration, a bad range,
+  // a chunk that did not arrive in time).
+  uint64_t reads_refused() const { return reads_refused_.load(); }
+  // Live registrations: complete copies, and fetches still filling.
+  struct HeldCounts {
+    size_t complete = 0;
+    size_t filling = 0;
+  };
+  HeldCounts held() const;
 
  private:
+  Result<transport::ServeLease> Admit(const wire::ReadRequest& req);
   struct Entry {
     Holding holding;
     uint64_t inflight = 0;      // guarded by Registry::mu_
@@ -98,6 +109,7 @@ class Registry final : public transport::ReadSource {
   using Key = std::pair<std::string, Version>;
 
   const int64_t fill_wait_ms_;
+  std::atomic<uint64_t> reads_refused_{0};
   mutable Mutex mu_;
   std::condition_variable drained_;
   std::condition_variable chunk_arrived_;

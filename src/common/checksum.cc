@@ -1,5 +1,7 @@
 #include "common/checksum.h"
 
+#include <chrono>
+
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
@@ -44,7 +46,7 @@ uint64_t Xxh3Pieces(std::span<const iovec> pieces) {
   return stream.Digest();
 }
 
-Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+Xxh3Stream::Xxh3Stream(bool timed) : state_(XXH3_createState()), timed_(timed) {
   TH_CHECK(state_ != nullptr);
 #ifdef TH_HAVE_AVX2_TU
   if (UseAvx2()) {
@@ -60,6 +62,15 @@ Xxh3Stream::~Xxh3Stream() {
 }
 
 void Xxh3Stream::Update(const void* data, size_t bytes) {
+  if (!timed_) return UpdateUntimed(data, bytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  UpdateUntimed(data, bytes);
+  update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+}
+
+void Xxh3Stream::UpdateUntimed(const void* data, size_t bytes) {
 #ifdef TH_HAVE_AVX2_TU
   if (UseAvx2()) return internal::Xxh3Avx2Update(state_, data, bytes);
 #endif

@@ -18,15 +18,23 @@ uint64_t Xxh3Pieces(std::span<const iovec> pieces);
 // Equals Xxh3 over everything passed. Owns its (heap) state.
 class Xxh3Stream {
  public:
-  Xxh3Stream();
+  // `timed`: measure the time spent in Update() (two clock reads per call;
+  // the fetch's "verify" stage, docs/metrics.md).
+  explicit Xxh3Stream(bool timed = false);
   ~Xxh3Stream();
   Xxh3Stream(const Xxh3Stream&) = delete;
   Xxh3Stream& operator=(const Xxh3Stream&) = delete;
   void Update(const void* data, size_t bytes);
   uint64_t Digest() const;
+  // Nanoseconds spent in Update() (0 unless constructed `timed`).
+  int64_t update_ns() const { return update_ns_; }
 
  private:
+  void UpdateUntimed(const void* data, size_t bytes);
+
   void* state_;  // XXH3_state_t
+  const bool timed_;
+  int64_t update_ns_ = 0;
 };
 
 }  // namespace tensorhub

@@ -587,6 +587,9 @@ TEST(ManifestValidateTest, EachRule) {
     ExpectInvalid(e, "17 dims");
     shape.pop_back();
     e.parts[0].tensors[0].spec.shape = shape;
+    // The segment checksums were of the old shape.
+    e.parts[0].tensors[0].seg = {};
+    e.parts[0].tensors[0].seg_xxh3.clear();
     EXPECT_TRUE(e.Build().Validate().ok()) << "16 dims are allowed";
   }
   {  // spec size overflows or disagrees with bytes

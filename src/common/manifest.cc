@@ -1,6 +1,7 @@
 #include "common/manifest.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 
@@ -83,6 +84,11 @@ ManifestDigest Manifest::Digest() const {
       w.U64s(t.spec.shape);
       w.U64(t.offset);
       w.U64(t.bytes);
+      w.U64s(t.global_shape);
+      w.U64s(t.box_offset);
+      w.U64(t.seg.rows);
+      w.U64(t.seg.cols);
+      w.U64s(t.seg_xxh3);
     }
     w.U64(p.part_bytes);
     w.U64s(p.chunk_xxh3);
@@ -95,9 +101,106 @@ ManifestDigest Manifest::Digest() const {
   return ManifestDigest{w.Digest()};
 }
 
-// Long on purpose (about 85 lines): a flat list of independent checks, one
+namespace {
+
+// A tensor's geometry and segment claims, on their own.
+Status ValidatePiece(const TensorLayout& t) {
+  const std::string what = "manifest: tensor '" + t.spec.name + "'";
+  if (!t.sharded() && !t.box_offset.empty()) {
+    return InvalidArgument(what + " has a box offset but no global shape");
+  }
+  if (t.sharded()) {
+    if (t.global_shape.size() != t.spec.shape.size() ||
+        t.box_offset.size() != t.spec.shape.size()) {
+      return InvalidArgument(what +
+                             ": global shape, box offset and shape differ "
+                             "in rank");
+    }
+    TH_RETURN_IF_ERROR(CheckBoxInShape(t.PieceBox(), t.global_shape, what));
+    TensorSpec global{t.spec.name, t.spec.dtype, t.global_shape};
+    Result<uint64_t> size = global.ByteSize();
+    if (!size.ok()) return size.status().WithContext(what);
+  }
+  TH_RETURN_IF_ERROR(
+      CheckSegmentShape(t.spec.shape, DTypeBytes(t.spec.dtype), t.seg, what));
+  if (t.seg_xxh3.size() != NumSegments(t.spec.shape, t.seg)) {
+    return InvalidArgument(what + " has " + std::to_string(t.seg_xxh3.size()) +
+                           " segment checksums for " +
+                           std::to_string(NumSegments(t.spec.shape, t.seg)) +
+                           " segments");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Long on purpose (about 70 lines): a flat list of independent checks, one
 // per documented limit, each with its own message; splitting it would only
 // scatter the list.
+Status Manifest::ValidatePart(const PartLayout& p, uint64_t chunk_bytes) {
+  const uint32_t r = p.rank;
+  if (p.tensors.size() > kMaxTensorsPerPart) {
+    return InvalidArgument("manifest: too many tensors in part " +
+                           std::to_string(r));
+  }
+  std::set<std::string_view> names;
+  uint64_t offset = 0, segments = 0;
+  for (const TensorLayout& t : p.tensors) {
+    if (t.spec.name.empty() || t.spec.name.size() > kMaxNameBytes) {
+      return InvalidArgument("manifest: tensor name empty or longer than " +
+                             std::to_string(kMaxNameBytes) + " bytes");
+    }
+    if (!names.insert(t.spec.name).second) {
+      return InvalidArgument("manifest: tensor '" + t.spec.name +
+                             "' appears twice in part " + std::to_string(r));
+    }
+    if (t.spec.shape.size() > 16) {
+      return InvalidArgument("manifest: tensor '" + t.spec.name +
+                             "' has more than 16 dimensions");
+    }
+    Result<uint64_t> size = t.spec.ByteSize();
+    if (!size.ok()) return size.status().WithContext("manifest");
+    if (*size != t.bytes || t.offset != offset) {
+      return InvalidArgument("manifest: tensor '" + t.spec.name +
+                             "' has inconsistent offset or size");
+    }
+    if (offset > UINT64_MAX - t.bytes) {
+      return InvalidArgument("manifest: part size overflows");
+    }
+    offset += t.bytes;
+    TH_RETURN_IF_ERROR(ValidatePiece(t));
+    segments += t.seg_xxh3.size();
+    if (segments > kMaxSegmentsPerVersion) {
+      return InvalidArgument("manifest: more than " +
+                             std::to_string(kMaxSegmentsPerVersion) +
+                             " segment checksums; use larger segments");
+    }
+  }
+  if (offset != p.part_bytes) {
+    return InvalidArgument("manifest: part " + std::to_string(r) +
+                           " size does not match its tensors");
+  }
+  if (p.metadata.size() > kMaxMetadataEntries) {
+    return InvalidArgument(
+        "manifest: part " + std::to_string(r) + " has more than " +
+        std::to_string(kMaxMetadataEntries) + " metadata entries");
+  }
+  size_t meta_bytes = 0;
+  for (const auto& [k, v] : p.metadata) meta_bytes += k.size() + v.size();
+  if (meta_bytes > kMaxMetadataBytes) {
+    return InvalidArgument("manifest: part " + std::to_string(r) +
+                           " metadata exceeds " +
+                           std::to_string(kMaxMetadataBytes) + " bytes");
+  }
+  uint64_t n = ChunksFor(p.part_bytes, chunk_bytes);
+  if (n != p.chunk_xxh3.size()) {
+    return InvalidArgument("manifest: part " + std::to_string(r) + " has " +
+                           std::to_string(p.chunk_xxh3.size()) +
+                           " checksums for " + std::to_string(n) + " chunks");
+  }
+  return Status::Ok();
+}
+
 Status Manifest::Validate() const {
   if (group_size_ == 0 || group_size_ > kMaxGroupSize) {
     return InvalidArgument("manifest: group size " +
@@ -115,71 +218,58 @@ Status Manifest::Validate() const {
                            " parts for a group of " +
                            std::to_string(group_size_));
   }
-  std::set<std::string> names;
-  uint64_t chunks = 0;
+  uint64_t chunks = 0, segments = 0;
   for (uint32_t r = 0; r < parts_.size(); ++r) {
     const PartLayout& p = parts_[r];
     if (p.rank != r) {
       return InvalidArgument("manifest: part " + std::to_string(r) +
                              " claims rank " + std::to_string(p.rank));
     }
-    if (p.tensors.size() > kMaxTensorsPerPart) {
-      return InvalidArgument("manifest: too many tensors in part " +
-                             std::to_string(r));
-    }
-    uint64_t offset = 0;
-    for (const TensorLayout& t : p.tensors) {
-      if (t.spec.name.empty() || t.spec.name.size() > kMaxNameBytes) {
-        return InvalidArgument("manifest: tensor name empty or longer than " +
-                               std::to_string(kMaxNameBytes) + " bytes");
-      }
-      if (!names.insert(t.spec.name).second) {
-        return InvalidArgument("manifest: tensor '" + t.spec.name +
-                               "' appears twice");
-      }
-      if (t.spec.shape.size() > 16) {
-        return InvalidArgument("manifest: tensor '" + t.spec.name +
-                               "' has more than 16 dimensions");
-      }
-      Result<uint64_t> size = t.spec.ByteSize();
-      if (!size.ok()) return size.status().WithContext("manifest");
-      if (*size != t.bytes || t.offset != offset) {
-        return InvalidArgument("manifest: tensor '" + t.spec.name +
-                               "' has inconsistent offset or size");
-      }
-      if (offset > UINT64_MAX - t.bytes) {
-        return InvalidArgument("manifest: part size overflows");
-      }
-      offset += t.bytes;
-    }
-    if (offset != p.part_bytes) {
-      return InvalidArgument("manifest: part " + std::to_string(r) +
-                             " size does not match its tensors");
-    }
-    if (p.metadata.size() > kMaxMetadataEntries) {
-      return InvalidArgument(
-          "manifest: part " + std::to_string(r) + " has more than " +
-          std::to_string(kMaxMetadataEntries) + " metadata entries");
-    }
-    size_t meta_bytes = 0;
-    for (const auto& [k, v] : p.metadata) meta_bytes += k.size() + v.size();
-    if (meta_bytes > kMaxMetadataBytes) {
-      return InvalidArgument("manifest: part " + std::to_string(r) +
-                             " metadata exceeds " +
-                             std::to_string(kMaxMetadataBytes) + " bytes");
-    }
-    uint64_t n = ChunksFor(p.part_bytes, chunk_bytes_);
-    if (n != p.chunk_xxh3.size()) {
-      return InvalidArgument("manifest: part " + std::to_string(r) + " has " +
-                             std::to_string(p.chunk_xxh3.size()) +
-                             " checksums for " + std::to_string(n) + " chunks");
-    }
-    chunks += n;
+    TH_RETURN_IF_ERROR(ValidatePart(p, chunk_bytes_));
+    for (const TensorLayout& t : p.tensors) segments += t.seg_xxh3.size();
+    chunks += p.chunk_xxh3.size();
     if (chunks > kMaxChunksPerVersion) {
       return InvalidArgument("manifest: more than " +
                              std::to_string(kMaxChunksPerVersion) +
                              " chunks; use a larger chunk size");
     }
+    if (segments > kMaxSegmentsPerVersion) {
+      return InvalidArgument("manifest: more than " +
+                             std::to_string(kMaxSegmentsPerVersion) +
+                             " segment checksums; use larger segments");
+    }
+  }
+  return CheckPiecesTile(parts_);
+}
+
+Status CheckPiecesTile(std::span<const PartLayout> parts, bool complete) {
+  std::map<std::string_view,
+           std::vector<std::pair<uint32_t, const TensorLayout*>>>
+      by_name;
+  for (const PartLayout& p : parts) {
+    for (const TensorLayout& t : p.tensors) {
+      by_name[t.spec.name].push_back({p.rank, &t});
+    }
+  }
+  for (const auto& [name, pieces] : by_name) {
+    const TensorLayout& first = *pieces.front().second;
+    if (pieces.size() == 1 && !first.sharded()) continue;  // the usual case
+    const std::vector<uint64_t> global = first.GlobalShape();
+    std::vector<TilePiece> tiles;
+    for (const auto& [rank, t] : pieces) {
+      if (t->spec.dtype != first.spec.dtype || t->GlobalShape() != global) {
+        return InvalidArgument(
+            "tensor '" + std::string(name) + "': part " + std::to_string(rank) +
+            " has it as " + std::string(DTypeName(t->spec.dtype)) +
+            " of global shape " + BoxToString(Box::Whole(t->GlobalShape())) +
+            ", part " + std::to_string(pieces.front().first) + " as " +
+            std::string(DTypeName(first.spec.dtype)) + " of " +
+            BoxToString(Box::Whole(global)));
+      }
+      tiles.push_back({rank, t->PieceBox()});
+    }
+    TH_RETURN_IF_ERROR(complete ? CheckTiling(name, global, tiles)
+                                : CheckNoOverlap(name, tiles));
   }
   return Status::Ok();
 }
@@ -196,7 +286,8 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes,
-                                   const ChunkHasher& hash_chunk) {
+                                   const ChunkHasher& hash_chunk,
+                                   const PieceOptions& options) {
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
     return InvalidArgument("chunk size " + std::to_string(chunk_bytes) +
                            " out of [" + std::to_string(kMinChunkBytes) + ", " +
@@ -229,9 +320,38 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
     if (t.data == nullptr && t.bytes > 0) {
       return InvalidArgument("tensor '" + t.spec.name + "' has no data");
     }
-    part.tensors.push_back({t.spec, part.part_bytes, t.bytes});
+    TensorLayout layout;
+    layout.spec = t.spec;
+    layout.offset = part.part_bytes;
+    layout.bytes = t.bytes;
+    if (auto it = options.pieces.find(t.spec.name);
+        it != options.pieces.end()) {
+      layout.global_shape = it->second.global_shape;
+      layout.box_offset = it->second.offset;
+    }
+    TH_RETURN_IF_ERROR(ValidatePiece(layout).WithContext("publish"));
+    part.tensors.push_back(std::move(layout));
     part.part_bytes += t.bytes;
     bases.push_back(static_cast<uint8_t*>(t.data));
+  }
+  for (const auto& [name, piece] : options.pieces) {
+    if (names.count(name) == 0) {
+      return InvalidArgument("a box is given for tensor '" + name +
+                             "', which is not published");
+    }
+  }
+  if (options.segment_bytes > 0 && !part.tensors.empty()) {
+    // Segment checksums, on the CPU: host memory only (a device hasher
+    // below computes chunk checksums only).
+    for (size_t i = 0; i < part.tensors.size(); ++i) {
+      TensorLayout& t = part.tensors[i];
+      if (tensors[i].memory.kind != MemoryKind::kHost) break;
+      t.seg = ChooseSegmentShape(
+          t.spec.shape, DTypeBytes(t.spec.dtype), options.segment_bytes,
+          ClassifyHfTensor(t.spec.name) == ShardKind::kRow);
+      t.seg_xxh3 = SegmentChecksums(bases[i], t.spec.shape,
+                                    DTypeBytes(t.spec.dtype), t.seg);
+    }
   }
   uint64_t n = ChunksFor(part.part_bytes, chunk_bytes);
   part.chunk_xxh3.reserve(n);

@@ -14,11 +14,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/geometry.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -35,11 +37,41 @@ inline constexpr uint32_t kMaxGroupSize = 4096;
 inline constexpr size_t kMaxNameBytes = 1024;
 inline constexpr size_t kMaxMetadataEntries = 64;
 inline constexpr size_t kMaxMetadataBytes = 16u << 20;
+// Segment checksums per version (8 bytes each: 128 MiB of manifest).
+inline constexpr uint64_t kMaxSegmentsPerVersion = 1u << 24;
 
+// One tensor a part stores. `spec.name` is the logical tensor's name and
+// `spec.shape` the shape of what this part stores of it: the whole tensor,
+// or (`global_shape` set) the box of it at `box_offset` with extents
+// spec.shape. Several parts may store boxes of one logical tensor; a
+// version's boxes of a tensor must tile its global shape (Validate).
 struct TensorLayout {
+  TensorLayout() = default;
+  TensorLayout(TensorSpec s, uint64_t off, uint64_t size)
+      : spec(std::move(s)), offset(off), bytes(size) {}
+
   TensorSpec spec;
   uint64_t offset = 0;  // inside the part
   uint64_t bytes = 0;
+  // Empty: the whole tensor (global shape = spec.shape, offset 0).
+  std::vector<uint64_t> global_shape;
+  std::vector<uint64_t> box_offset;
+  // Segment checksums (geometry.h): tiles of `seg` of this piece's matrix
+  // view, row-block major. seg {0, 0} and none: a manifest without them
+  // (older publishers, device memory); such pieces are read whole.
+  SegmentShape seg;
+  std::vector<uint64_t> seg_xxh3;
+
+  bool sharded() const { return !global_shape.empty(); }
+  // The global shape and this piece's box of it.
+  std::vector<uint64_t> GlobalShape() const {
+    return sharded() ? global_shape : spec.shape;
+  }
+  Box PieceBox() const {
+    Box b = Box::Whole(spec.shape);
+    if (sharded()) b.offset = box_offset;
+    return b;
+  }
   bool operator==(const TensorLayout&) const = default;
 };
 
@@ -89,8 +121,13 @@ class Manifest {
   ChunkLoc Chunk(uint64_t global_chunk) const;
 
   // Checks every claim against the bounds above and against itself (offsets
-  // tile each part, chunk counts match sizes, names unique per version).
+  // tile each part, chunk and segment counts match sizes, each name once
+  // per part, and every logical tensor's pieces agree on dtype and global
+  // shape and tile it exactly: CheckTiling).
   Status Validate() const;
+  // The checks of one part on its own (no tiling across parts): what a hub
+  // can check of one rank's publish.
+  static Status ValidatePart(const PartLayout& part, uint64_t chunk_bytes);
 
   // XXH3-64 over every field that operator== compares, each length-prefixed
   // so that no two different manifests share one encoding. O(manifest).
@@ -111,6 +148,13 @@ class Manifest {
 
 // Lays out `tensors` as part `rank` and checksums every chunk (reads the
 // tensor bytes). Rejects duplicate names and sizes that disagree with specs.
+// Where a publisher's tensor sits in its logical tensor, by name (absent:
+// the whole tensor), and how its segment checksums are cut.
+struct PieceOptions {
+  std::map<std::string, TensorPiece> pieces;
+  // Target bytes of a segment; 0: no segment checksums.
+  uint64_t segment_bytes = kDefaultSegmentBytes;
+};
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes);
@@ -120,9 +164,16 @@ using ChunkHasher = std::function<Result<uint64_t>(std::span<const iovec>)>;
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes,
-                                   const ChunkHasher& hash_chunk);
+                                   const ChunkHasher& hash_chunk,
+                                   const PieceOptions& pieces = {});
 
 uint64_t ChunksFor(uint64_t bytes, uint64_t chunk_bytes);
+
+// Each logical tensor's pieces across `parts` agree on dtype and global
+// shape and do not overlap; with `complete` (every part of the version is
+// there) they also tile the global shape exactly. Errors name the tensor
+// and the boxes.
+Status CheckPiecesTile(std::span<const PartLayout> parts, bool complete = true);
 
 // Appends to `out` the memory pieces holding bytes [offset, offset+bytes) of
 // a part whose tensor i starts at bases[i]. The range must lie in the part.

@@ -17,8 +17,10 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/test_point.h"
+#include "hub/hub_metrics.h"
 #include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
+#include "metrics/metrics.h"
 #include "tensorhub.grpc.pb.h"
 #include "tls/tls.h"
 #include "wire/proto_convert.h"
@@ -145,12 +147,14 @@ class HubServiceImpl final : public v1::Hub::Service {
       const int64_t deadline = NowMs() + req->wait_ms();
       state_.SetDeparting(worker, req->model(), version, true);
       changed_.notify_all();  // keepers polling learn of the work
+      metrics_.DepartureWaiting(+1);
       testpoint::Hit("hub.departure_held", 1);
       while (!keep.ok() && NowMs() < deadline && !ctx->IsCancelled()) {
         WaitChange(lock, deadline);
         (void)state_.Heartbeat(worker, NowMs());
         keep = state_.CheckDeparture(worker, req->model(), version);
       }
+      metrics_.DepartureWaiting(-1);
       state_.SetDeparting(worker, req->model(), version, false);
       if (!keep.ok()) {
         changed_.notify_all();
@@ -204,6 +208,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     const uint64_t incarnation = state_.config().incarnation;
     lock.Unlock();
+    metrics_.KeeperWork(work.fetch.size(), work.release.size());
     for (const KeeperTask& t : work.fetch) ToProto(t, resp->add_fetch());
     for (const KeeperTask& t : work.release) ToProto(t, resp->add_release());
     for (const KeeperTask& t : work.pinned) ToProto(t, resp->add_pinned());
@@ -356,6 +361,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       auto marked = blocked;
       for (const auto& [m, v] : marked) state_.SetDeparting(worker, m, v, true);
       changed_.notify_all();
+      metrics_.DepartureWaiting(+1);
       // Runs with the hub's lock held: a test's action must not call the hub.
       testpoint::Hit("hub.departure_held", blocked.size());
       while (!blocked.empty() && NowMs() < deadline && !ctx->IsCancelled()) {
@@ -363,6 +369,7 @@ class HubServiceImpl final : public v1::Hub::Service {
         (void)state_.Heartbeat(worker, NowMs());
         blocked = state_.BlockedDepartures(worker);
       }
+      metrics_.DepartureWaiting(-1);
       for (const auto& [m, v] : marked)
         state_.SetDeparting(worker, m, v, false);
     }
@@ -377,6 +384,18 @@ class HubServiceImpl final : public v1::Hub::Service {
     return wire::ToGrpc(s);
   }
 
+  HubMetrics& metrics() { return metrics_; }
+
+  // The families about the table, computed now (a scrape thread).
+  std::vector<prometheus::MetricFamily> StateFamilies() {
+    HubStats stats;
+    {
+      MutexLock lock(mu_);
+      stats = state_.Stats();
+    }
+    return HubMetrics::StateFamilies(stats, Rebuilding(), rebuild_ms_ / 1e3);
+  }
+
   void Expire() {
     MutexLock lock(mu_);
     size_t before = state_.num_workers();
@@ -384,6 +403,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (state_.num_workers() < before) {
       TH_LOG(INFO) << (before - state_.num_workers())
                    << " worker(s) lost their lease";
+      metrics_.LeasesExpired(before - state_.num_workers());
       changed_.notify_all();
     }
   }
@@ -404,12 +424,13 @@ class HubServiceImpl final : public v1::Hub::Service {
   // answered as an UNAVAILABLE error that says so: callers retry within
   // their deadline, and no reader takes them for final.
   bool Rebuilding() const { return NowMs() - started_ms_ < rebuild_ms_; }
-  Status DuringRebuild(const Status& s) const {
+  Status DuringRebuild(const Status& s) {
     if (s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kUnavailable)
       return s;
     const int64_t age_ms = NowMs() - started_ms_;
     if (age_ms >= rebuild_ms_) return s;
+    metrics_.RebuildAnswer();
     return Unavailable(
         "hub started " + std::to_string(age_ms) +
         " ms ago and is rebuilding its state from the workers' reports (for " +
@@ -491,16 +512,21 @@ class HubServiceImpl final : public v1::Hub::Service {
   const std::string secret_;
   const int64_t rebuild_ms_;
   const int64_t started_ms_;
+  HubMetrics metrics_;
 };
 
 class HubServerImpl final : public HubServer {
  public:
   HubServerImpl(std::unique_ptr<HubServiceImpl> service,
                 std::unique_ptr<grpc::Server> server, std::string address,
-                int64_t lease_ms)
+                int64_t lease_ms,
+                std::shared_ptr<metrics::FunctionCollector> collector,
+                std::unique_ptr<metrics::MetricsServer> metrics_server)
       : service_(std::move(service)),
         server_(std::move(server)),
-        address_(std::move(address)) {
+        address_(std::move(address)),
+        collector_(std::move(collector)),
+        metrics_server_(std::move(metrics_server)) {
     int64_t tick = std::max<int64_t>(50, lease_ms / 10);
     expiry_ = std::thread([this, tick] {
       MutexLock lock(mu_);
@@ -516,6 +542,9 @@ class HubServerImpl final : public HubServer {
   ~HubServerImpl() override { Shutdown(); }
 
   std::string address() const override { return address_; }
+  std::string metrics_address() const override {
+    return metrics_server_ ? metrics_server_->address() : std::string();
+  }
 
   void Wait() override {
     MutexLock lock(mu_);
@@ -530,6 +559,7 @@ class HubServerImpl final : public HubServer {
       stopping_ = true;
     }
     cv_.notify_all();
+    if (metrics_server_) metrics_server_->Stop();
     if (expiry_.joinable()) expiry_.join();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
@@ -539,6 +569,9 @@ class HubServerImpl final : public HubServer {
   std::unique_ptr<HubServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  // Scrapes read service_: stopped in Shutdown, before anything goes.
+  std::shared_ptr<metrics::FunctionCollector> collector_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
   Mutex mu_;
   std::condition_variable cv_;
   bool stopping_ TH_GUARDED_BY(mu_) = false;
@@ -650,7 +683,23 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   const bool tls = !options.tls_cert_file.empty();
   const bool client_certs = !options.tls_client_ca_file.empty();
   WarnIfExposed(options, tls, client_certs);
+  std::shared_ptr<metrics::FunctionCollector> collector;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
   grpc::ServerBuilder builder;
+  if (!options.metrics_listen.empty()) {
+    HubServiceImpl* svc = service.get();
+    collector = std::make_shared<metrics::FunctionCollector>(
+        [svc] { return svc->StateFamilies(); });
+    TH_ASSIGN_OR_RETURN(metrics_server,
+                        metrics::MetricsServer::Start(
+                            options.metrics_listen,
+                            {service->metrics().registry(), collector}));
+    std::vector<
+        std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(service->metrics().NewInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   int port = 0;
   builder.AddListeningPort(options.listen_address, credentials, &port);
   builder.RegisterService(service.get());
@@ -681,7 +730,8 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                        : std::string())
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
-      std::move(service), std::move(server), address, options.lease_ms));
+      std::move(service), std::move(server), address, options.lease_ms,
+      std::move(collector), std::move(metrics_server)));
 }
 
 }  // namespace tensorhub

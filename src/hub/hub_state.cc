@@ -133,14 +133,14 @@ Status HubState::CheckPublishArgs(const PublishArgs& a) {
                            " is not in a group of " +
                            std::to_string(a.group_size));
   }
-  {
-    // Validate the part alone by wrapping it as a one-part manifest.
-    PartLayout p = a.part;
-    p.rank = 0;
-    Status s = Manifest(1, a.chunk_bytes, {p}).Validate();
-    if (!s.ok()) return s;
+  if (a.chunk_bytes < kMinChunkBytes || a.chunk_bytes > kMaxChunkBytes) {
+    return InvalidArgument("chunk size " + std::to_string(a.chunk_bytes) +
+                           " out of [" + std::to_string(kMinChunkBytes) + ", " +
+                           std::to_string(kMaxChunkBytes) + "]");
   }
-  return Status::Ok();
+  // The part alone; how its pieces tile with the other ranks' is checked
+  // by AcceptPart.
+  return Manifest::ValidatePart(a.part, a.chunk_bytes);
 }
 
 // The version a publish adds to, created on its first rank; refused if it
@@ -225,15 +225,24 @@ Status HubState::AcceptPart(VersionEntry& v, const PublishArgs& a) {
                            " was already published with other contents");
     }
     if (!slot.has_value()) {
-      std::set<std::string> names;
-      for (const auto& other : v.parts) {
-        if (!other.has_value()) continue;
-        for (const TensorLayout& t : other->tensors) names.insert(t.spec.name);
-      }
-      for (const TensorLayout& t : a.part.tensors) {
-        if (names.count(t.spec.name) > 0) {
-          return InvalidArgument("tensor '" + t.spec.name + "' of " + vname +
-                                 " is published by two ranks");
+      // With this rank the last, every tensor's pieces across the ranks
+      // must tile it exactly (the commit check, O(manifest) once per
+      // version). A refused part changes nothing: the version stays
+      // pending, and the rank may publish a corrected part.
+      const size_t have = std::count_if(
+          v.parts.begin(), v.parts.end(),
+          [](const std::optional<PartLayout>& p) { return p.has_value(); });
+      if (have + 1 == v.parts.size()) {
+        std::vector<PartLayout> parts;
+        for (uint32_t r = 0; r < v.parts.size(); ++r) {
+          parts.push_back(r == a.rank ? a.part : *v.parts[r]);
+        }
+        Status tiles = CheckPiecesTile(parts);
+        if (!tiles.ok()) {
+          return InvalidArgument(vname + ": rank " + std::to_string(a.rank) +
+                                 ", the last to publish, refused (the parts "
+                                 "do not tile): " +
+                                 tiles.message());
         }
       }
       slot = a.part;
@@ -994,6 +1003,24 @@ std::vector<ModelSummary> HubState::List() const {
     out.push_back(std::move(ms));
   }
   return out;
+}
+
+HubStats HubState::Stats() const {
+  HubStats st;
+  st.workers = workers_.size();
+  st.models = models_.size();
+  for (const auto& [name, m] : models_) {
+    for (const auto& [version, v] : m.versions) {
+      ++st.versions.at(static_cast<size_t>(v.state));
+      for (const auto& [id, r] : v.refs) {
+        ++(r.filling ? st.holders_filling : st.holders_complete);
+      }
+      if (IsRetained(m, version, v)) ++st.retained_versions;
+      st.readers_scheduled += v.assignments.size();
+    }
+  }
+  st.reader_group_pins = num_group_pins();
+  return st;
 }
 
 void HubState::ExpireLeases(int64_t now_ms) {

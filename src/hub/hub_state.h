@@ -10,6 +10,7 @@
 #ifndef TENSORHUB_HUB_HUB_STATE_H_
 #define TENSORHUB_HUB_HUB_STATE_H_
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -137,6 +138,21 @@ struct ModelSummary {
   std::vector<VersionSummary> versions;
 };
 
+// Counts over the whole table (HubState::Stats), for the hub's metrics.
+struct HubStats {
+  size_t workers = 0;
+  size_t models = 0;
+  // Versions by state, indexed by VersionState's value.
+  std::array<size_t, 4> versions{};
+  // References to versions: complete copies, and readers still receiving.
+  size_t holders_complete = 0;
+  size_t holders_filling = 0;
+  size_t retained_versions = 0;
+  size_t reader_group_pins = 0;
+  // Readers holding sources Schedule() gave them (fetches in flight).
+  size_t readers_scheduled = 0;
+};
+
 // Names of models: 1-256 printable ASCII characters without '@' or spaces.
 Status ValidateModelName(const std::string& model);
 
@@ -210,6 +226,8 @@ class HubState {
   std::optional<VersionState> StateOf(const std::string& model,
                                       Version version);
   std::vector<ModelSummary> List() const;
+  // Read only; O(versions + references).
+  HubStats Stats() const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and
   // costs less than keeping an expiry order current on every heartbeat.

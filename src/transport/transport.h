@@ -81,6 +81,15 @@ class Server {
   virtual uint64_t connections_kernel_tls() const { return 0; }
 };
 
+// How one read moved its bytes, for metrics and FetchStats.
+struct ReadInfo {
+  // Copied by the reader from a holder on its own host (cross-memory
+  // attach or CUDA IPC), not sent over the connection.
+  bool same_host = false;
+  // Time spent computing the checksum asked for (0 when none was).
+  int64_t verify_ns = 0;
+};
+
 // One reader-to-holder channel. Not thread-safe: one read at a time. After
 // any I/O error the connection is broken and every later Read fails fast;
 // open a new one.
@@ -109,6 +118,9 @@ class Connection {
   // Runs over TLS; the kernel decrypts what it receives (kTLS).
   virtual bool tls() const { return false; }
   virtual bool kernel_tls() const { return false; }
+  // How the last Read or ReadDevice that succeeded moved its bytes
+  // (unspecified after one that failed).
+  virtual ReadInfo last_read() const { return {}; }
   // Makes a Read running on another thread end soon with an error, and
   // breaks the connection. The one method that may be called while another
   // thread is inside Read (the reader uses it to move a read away from a

@@ -42,13 +42,16 @@ bool KnownStatus(uint8_t code) {
 std::string EncodeReadRequest(const ReadRequest& req, const HostIdentity* local,
                               bool cuda_ipc) {
   const size_t tail = local != nullptr ? kHostIdentityBytes : 0;
-  std::string out(kRequestHeaderBytes + req.model.size() + tail, '\0');
+  const size_t stride = req.run != 0 ? kStrideBytes : 0;
+  std::string out(kRequestHeaderBytes + req.model.size() + stride + tail, '\0');
   auto* p = reinterpret_cast<uint8_t*>(out.data());
   Put<uint32_t>(p + 0, kRequestMagic);
   Put<uint16_t>(p + 4, static_cast<uint16_t>(req.model.size()));
-  Put<uint16_t>(p + 6, local == nullptr ? 0
-                       : cuda_ipc       ? kRequestFlagCudaIpc
-                                        : kRequestFlagLocal);
+  uint16_t flags = local == nullptr ? 0
+                   : cuda_ipc       ? kRequestFlagCudaIpc
+                                    : kRequestFlagLocal;
+  if (stride != 0) flags |= kRequestFlagStrided;
+  Put<uint16_t>(p + 6, flags);
   Put<uint64_t>(p + 8, req.version);
   Put<uint64_t>(p + 16, req.epoch);
   Put<uint32_t>(p + 24, req.part);
@@ -56,8 +59,12 @@ std::string EncodeReadRequest(const ReadRequest& req, const HostIdentity* local,
   Put<uint64_t>(p + 32, req.offset);
   Put<uint64_t>(p + 40, req.length);
   std::memcpy(p + kRequestHeaderBytes, req.model.data(), req.model.size());
+  if (stride != 0) {
+    Put<uint64_t>(p + kRequestHeaderBytes + req.model.size(), req.run);
+    Put<uint64_t>(p + kRequestHeaderBytes + req.model.size() + 8, req.stride);
+  }
   if (local != nullptr) {
-    uint8_t* id = p + kRequestHeaderBytes + req.model.size();
+    uint8_t* id = p + kRequestHeaderBytes + req.model.size() + stride;
     std::memcpy(id, local->boot_id.data(), 16);
     Put<uint64_t>(id + 16, local->pid_ns);
     Put<uint64_t>(id + 24, local->net_ns);
@@ -76,9 +83,33 @@ Result<HostIdentity> DecodeHostIdentity(const uint8_t* p, size_t size) {
   return id;
 }
 
+Status DecodeStride(const uint8_t* p, size_t size, ReadRequest* req) {
+  if (size < kStrideBytes) {
+    return InvalidArgument(
+        "strided read request: stride shorter than 16 bytes");
+  }
+  req->run = Get<uint64_t>(p);
+  req->stride = Get<uint64_t>(p + 8);
+  if (req->run == 0 || req->length % req->run != 0 || req->stride < req->run ||
+      req->length / req->run > kMaxStridedRuns) {
+    return InvalidArgument("strided read request: run " +
+                           std::to_string(req->run) + ", stride " +
+                           std::to_string(req->stride) + " for " +
+                           std::to_string(req->length) + " bytes");
+  }
+  const uint64_t n = req->length / req->run;
+  uint64_t span = 0;
+  if (__builtin_mul_overflow(n - 1, req->stride, &span) ||
+      __builtin_add_overflow(span, req->run, &span) ||
+      req->offset > UINT64_MAX - span) {
+    return InvalidArgument("strided read request range overflows");
+  }
+  return Status::Ok();
+}
+
 Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
                                        ReadRequest* out, bool* local,
-                                       bool* cuda_ipc) {
+                                       bool* cuda_ipc, bool* strided) {
   if (size < kRequestHeaderBytes) {
     return InvalidArgument("read request shorter than its header");
   }
@@ -92,7 +123,8 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
   }
   const uint16_t flags = Get<uint16_t>(p + 6);
   const uint16_t known = (local != nullptr ? kRequestFlagLocal : 0) |
-                         (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0);
+                         (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0) |
+                         (strided != nullptr ? kRequestFlagStrided : 0);
   if ((flags & ~known) != 0 || Get<uint32_t>(p + 28) != 0) {
     return InvalidArgument("read request has unknown flags");
   }
@@ -101,6 +133,7 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
   }
   if (local != nullptr) *local = (flags & kRequestFlagLocal) != 0;
   if (cuda_ipc != nullptr) *cuda_ipc = (flags & kRequestFlagCudaIpc) != 0;
+  if (strided != nullptr) *strided = (flags & kRequestFlagStrided) != 0;
   out->version = Get<uint64_t>(p + 8);
   out->epoch = Get<uint64_t>(p + 16);
   out->part = Get<uint32_t>(p + 24);

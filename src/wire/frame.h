@@ -3,7 +3,8 @@
 // I/O. All integers little-endian. See docs/wire.md.
 //
 //   ReadRequest  (48 bytes, then `model_len` bytes of model name, then, if
-//                 flags has kRequestFlagLocal, 32 bytes of HostIdentity)
+//                 flags has kRequestFlagStrided, u64 run | u64 stride, then,
+//                 if flags has kRequestFlagLocal, 32 bytes of HostIdentity)
 //     u32 magic 'THQ1' | u16 model_len | u16 flags | u64 version |
 //     u64 epoch | u32 part | u32 reserved(0) | u64 offset | u64 length
 //   ReadResponse (24 bytes, then `message_len` bytes, then `payload_len`)
@@ -60,6 +61,13 @@ inline constexpr size_t kMaxLocalReplyBytes =
     kLocalReplyHeaderBytes + kMaxLocalPieces * kLocalPieceBytes;
 inline constexpr size_t kReleaseBytes = 16;
 
+// Strided reads: 16 bytes after the model name (before a host identity):
+// u64 run | u64 stride. length must be a multiple of run, stride >= run,
+// at most kMaxStridedRuns runs.
+inline constexpr uint16_t kRequestFlagStrided = 0x0004;
+inline constexpr size_t kStrideBytes = 16;
+inline constexpr uint64_t kMaxStridedRuns = 1u << 16;
+
 // Intra-host reads of device memory by CUDA IPC.
 inline constexpr uint16_t kRequestFlagCudaIpc = 0x0002;
 inline constexpr uint8_t kResponseFlagCudaIpc = 0x02;
@@ -87,7 +95,17 @@ struct ReadRequest {
   uint64_t epoch = 0;
   uint32_t part = 0;
   uint64_t offset = 0;
-  uint64_t length = 0;
+  uint64_t length = 0;  // bytes in all
+  // Strided (kRequestFlagStrided; run 0: one contiguous range): length /
+  // run runs of `run` bytes, run i at offset + i * stride. A column slice
+  // of a row-major matrix is one such request, not one per row.
+  uint64_t run = 0;
+  uint64_t stride = 0;
+  uint64_t runs() const { return run == 0 ? 1 : length / run; }
+  // One past the last byte the request touches.
+  uint64_t span_end() const {
+    return run == 0 ? offset + length : offset + (runs() - 1) * stride + run;
+  }
 };
 
 struct ResponseHeader {
@@ -142,10 +160,15 @@ std::string EncodeReadRequest(const ReadRequest& req,
 // kHostIdentityBytes follow the name (decode them with DecodeHostIdentity).
 // Without `local` the flag is refused like any unknown flag. Likewise
 // `cuda_ipc` for kRequestFlagCudaIpc (the identity follows then too); a
-// request may not carry both flags.
+// request may not carry both flags. A caller that handles strided reads
+// passes `strided`: set when kRequestFlagStrided is; kStrideBytes then
+// follow the name (DecodeStride).
 Result<size_t> DecodeReadRequestHeader(const uint8_t* bytes, size_t size,
                                        ReadRequest* out, bool* local = nullptr,
-                                       bool* cuda_ipc = nullptr);
+                                       bool* cuda_ipc = nullptr,
+                                       bool* strided = nullptr);
+// Fills req->run and req->stride and checks them against req->length.
+Status DecodeStride(const uint8_t* bytes, size_t size, ReadRequest* req);
 Result<HostIdentity> DecodeHostIdentity(const uint8_t* bytes, size_t size);
 
 // The body of a local response; its size is the header's payload_len.

@@ -65,6 +65,51 @@ TEST(ReadRequestTest, RoundTrip) {
   EXPECT_TRUE(out.model.empty()) << "the caller reads the name itself";
 }
 
+TEST(ReadRequestTest, StridedRoundTripAndRules) {
+  ReadRequest r = SampleRequest();
+  r.offset = 100;
+  r.run = 16;
+  r.stride = 64;
+  r.length = 16 * 10;
+  std::string enc = EncodeReadRequest(r);
+  ASSERT_EQ(enc.size(), kRequestHeaderBytes + r.model.size() + kStrideBytes);
+  const auto* p = reinterpret_cast<const uint8_t*>(enc.data());
+  ReadRequest out;
+  // A holder that does not take strided reads refuses the flag.
+  EXPECT_FALSE(DecodeReadRequestHeader(p, enc.size(), &out).ok());
+  bool strided = false;
+  Result<size_t> n =
+      DecodeReadRequestHeader(p, enc.size(), &out, nullptr, nullptr, &strided);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_TRUE(strided);
+  ASSERT_TRUE(
+      DecodeStride(p + kRequestHeaderBytes + *n, kStrideBytes, &out).ok());
+  EXPECT_EQ(out.run, 16u);
+  EXPECT_EQ(out.stride, 64u);
+  EXPECT_EQ(out.runs(), 10u);
+  EXPECT_EQ(out.span_end(), 100u + 9 * 64 + 16);
+  // The rules: run divides length, stride >= run, a bounded run count, no
+  // overflow.
+  auto check = [&](uint64_t length, uint64_t run, uint64_t stride,
+                   uint64_t offset = 0) {
+    ReadRequest q;
+    q.length = length;
+    q.offset = offset;
+    uint8_t b[16];
+    std::memcpy(b, &run, 8);
+    std::memcpy(b + 8, &stride, 8);
+    return DecodeStride(b, sizeof(b), &q).ok();
+  };
+  EXPECT_TRUE(check(160, 16, 16));
+  EXPECT_FALSE(check(160, 0, 16));
+  EXPECT_FALSE(check(161, 16, 64));
+  EXPECT_FALSE(check(160, 16, 15));
+  EXPECT_FALSE(check((kMaxStridedRuns + 1) * 4, 4, 4));
+  EXPECT_TRUE(check(kMaxStridedRuns * 4, 4, 4));
+  EXPECT_FALSE(check(48, 16, UINT64_MAX / 2 + 1));  // 2 strides overflow
+  EXPECT_FALSE(check(32, 16, 16, UINT64_MAX - 20));
+}
+
 TEST(ReadRequestTest, FieldOffsetsAreLittleEndian) {
   ReadRequest r = SampleRequest();
   std::vector<uint8_t> b = EncodedHeader(r);

@@ -12,6 +12,11 @@ void ToProto(const PartLayout& part, v1::PartManifest* out) {
     for (uint64_t d : t.spec.shape) e->add_shape(d);
     e->set_offset(t.offset);
     e->set_bytes(t.bytes);
+    for (uint64_t d : t.global_shape) e->add_global_shape(d);
+    for (uint64_t d : t.box_offset) e->add_box_offset(d);
+    e->set_seg_rows(t.seg.rows);
+    e->set_seg_cols(t.seg.cols);
+    for (uint64_t c : t.seg_xxh3) e->add_seg_xxh3(c);
   }
   for (uint64_t c : part.chunk_xxh3) out->add_chunk_xxh3(c);
   for (const auto& [k, v] : part.metadata) {
@@ -31,8 +36,13 @@ Result<PartLayout> FromProto(const v1::PartManifest& in) {
   part.part_bytes = in.part_bytes();
   part.tensors.reserve(in.tensors_size());
   for (const v1::TensorEntry& e : in.tensors()) {
-    if (e.shape_size() > 16) {
+    if (e.shape_size() > 16 || e.global_shape_size() > 16 ||
+        e.box_offset_size() > 16) {
       return InvalidArgument("tensor '" + e.name() + "' has rank > 16");
+    }
+    if (static_cast<uint64_t>(e.seg_xxh3_size()) > kMaxSegmentsPerVersion) {
+      return InvalidArgument("tensor '" + e.name() +
+                             "' has too many segment checksums");
     }
     TensorLayout t;
     t.spec.name = e.name();
@@ -40,6 +50,10 @@ Result<PartLayout> FromProto(const v1::PartManifest& in) {
     t.spec.shape.assign(e.shape().begin(), e.shape().end());
     t.offset = e.offset();
     t.bytes = e.bytes();
+    t.global_shape.assign(e.global_shape().begin(), e.global_shape().end());
+    t.box_offset.assign(e.box_offset().begin(), e.box_offset().end());
+    t.seg = {e.seg_rows(), e.seg_cols()};
+    t.seg_xxh3.assign(e.seg_xxh3().begin(), e.seg_xxh3().end());
     part.tensors.push_back(std::move(t));
   }
   part.chunk_xxh3.assign(in.chunk_xxh3().begin(), in.chunk_xxh3().end());

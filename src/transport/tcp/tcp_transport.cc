@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <list>
 #include <mutex>
@@ -272,7 +273,7 @@ class TcpServer final : public Server {
   }
 
   // Serves requests on one connection until the peer leaves, an I/O error,
-  // or Stop(). Long on purpose (about 105 lines): one request's whole life
+  // or Stop(). Long on purpose (about 115 lines): one request's whole life
   // (frame, lease, the reply by its path) stays in one loop body, so that
   // the lease visibly ends at the bottom of the loop on every path, after
   // the last byte left or after the reader released a same-host reply.
@@ -296,9 +297,9 @@ class TcpServer final : public Server {
         return;
       }
       wire::ReadRequest req;
-      bool local = false, cuda_ipc = false;
+      bool local = false, cuda_ipc = false, strided = false;
       Result<size_t> model_len = wire::DecodeReadRequestHeader(
-          header, sizeof(header), &req, &local, &cuda_ipc);
+          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
       if (!model_len.ok()) {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_
@@ -312,6 +313,15 @@ class TcpServer final : public Server {
                           stall_ms)
                .ok()) {
         return;
+      }
+      if (strided) {
+        uint8_t st[wire::kStrideBytes];
+        if (!stream.ReadExact(st, sizeof(st), deadline, stall_ms).ok()) return;
+        Status bad = wire::DecodeStride(st, sizeof(st), &req);
+        if (!bad.ok()) {
+          (void)SendError(stream, bad, deadline);
+          return;
+        }
       }
       // The reader's identity, if it offers to copy the bytes itself.
       std::optional<wire::HostIdentity> reader;
@@ -596,6 +606,7 @@ class TcpConnection final : public Connection {
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
               const Deadline& deadline, uint64_t* xxh3) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
+    last_read_ = ReadInfo{};
     return Finish(DoRead(req, dest, deadline, xxh3));
   }
 
@@ -606,6 +617,7 @@ class TcpConnection final : public Connection {
     // A failure here is about this process's device, not the holder: it
     // must not break the connection.
     TH_RETURN_IF_ERROR(staging_.Ensure(device));
+    last_read_ = ReadInfo{};
     return Finish(DoReadDevice(req, dest, device, deadline, xxh3));
   }
 
@@ -634,6 +646,7 @@ class TcpConnection final : public Connection {
   bool kernel_tls() const override {
     return stream_.tls() && stream_.session()->kernel_recv();
   }
+  ReadInfo last_read() const override { return last_read_; }
   void Cancel() override {
     // Under fd_mu_ so that the descriptor cannot be closed (and its number
     // reused by another socket) between the check and the shutdown.
@@ -730,7 +743,7 @@ class TcpConnection final : public Connection {
       StagingStreams& s;
       ~SyncOnExit() { s.Sync(); }
     } sync_on_exit{staging_};
-    Xxh3Stream hash;
+    Xxh3Stream hash(/*timed=*/true);
     const uint64_t seg = pool.buffer_bytes();
     for (uint64_t k = 0, off = 0; off < req.length; ++k, off += seg) {
       const uint64_t len = std::min(seg, req.length - off);
@@ -748,6 +761,7 @@ class TcpConnection final : public Connection {
     for (size_t i = 0; i < 2; ++i)
       TH_RETURN_IF_ERROR(staging_[i].Synchronize());
     if (xxh3 != nullptr) *xxh3 = hash.Digest();
+    last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
 
@@ -793,7 +807,12 @@ class TcpConnection final : public Connection {
     uint64_t sum = 0;
     if (copied.ok()) {
       if (xxh3 != nullptr) {
+        const auto t0 = std::chrono::steady_clock::now();
         Result<uint64_t> r = staging_[0].Xxh3(dest);
+        last_read_.verify_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - t0)
+                .count();
         copied = r.status();
         if (r.ok()) sum = *r;
       } else {
@@ -813,6 +832,7 @@ class TcpConnection final : public Connection {
       }
       TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
       if (xxh3 != nullptr) *xxh3 = sum;
+      last_read_.same_host = true;
       return Status::Ok();
     }
     TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
@@ -880,7 +900,7 @@ class TcpConnection final : public Connection {
     }
     // Hash each segment right after it lands, while it is still in cache:
     // one pass over memory instead of two.
-    Xxh3Stream hash;
+    Xxh3Stream hash(/*timed=*/true);
     for (const iovec& piece : dest) {
       auto* p = static_cast<uint8_t*>(piece.iov_base);
       for (size_t off = 0; off < piece.iov_len; off += kHashSegmentBytes) {
@@ -891,6 +911,7 @@ class TcpConnection final : public Connection {
       }
     }
     *xxh3 = hash.Digest();
+    last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
 
@@ -910,7 +931,7 @@ class TcpConnection final : public Connection {
       return DataLoss("holder " + peer_ + " sent a bad same-host reply: " +
                       reply.status().message());
     }
-    Xxh3Stream hash;
+    Xxh3Stream hash(/*timed=*/true);
     Status copied = CopyFromProcess(
         static_cast<pid_t>(reply->pid), reply->pieces, dest, kCmaSegmentBytes,
         xxh3 != nullptr ? &hash : nullptr, local_->copy());
@@ -925,6 +946,7 @@ class TcpConnection final : public Connection {
       }
       TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
       if (xxh3 != nullptr) *xxh3 = hash.Digest();
+      last_read_ = ReadInfo{true, hash.update_ns()};
       return Status::Ok();
     }
     TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
@@ -963,6 +985,7 @@ class TcpConnection final : public Connection {
   std::string peer_;
   const std::shared_ptr<LocalReads> local_;
   bool broken_ = false;
+  ReadInfo last_read_;  // the reading thread's, like broken_
   bool local_declined_ = false;
   bool ipc_declined_ = false;
   // Device reads: staging streams, and the holder allocations this

@@ -1,0 +1,261 @@
+// `tensorhub-lab bench reshard`: a Llama-shaped model of about 0.5B
+// parameters (hidden 1024, 16 heads / 8 kv heads, MLP 4096, 24 layers,
+// vocabulary 50304, untied lm_head; bf16, about 0.95 GB) published by a
+// trainer group as FSDP(K) shards, fetched by rollout ranks of TP(M).
+//
+// In one process on loopback (a hub, K trainer clients, one reader client
+// per TP rank, the TCP data plane), each TP rank is measured alone:
+//   partial: FetchSlices of the rank's boxes (TpRankBox);
+//   full + slice: a full fetch of every logical tensor, then copying the
+//     rank's boxes out of it (what a rank does without partial fetch);
+// and the bytes the holders served (their own counters) against the bound:
+// the rank's share, i.e. the bytes of its boxes (1/TP of the sharded
+// tensors plus the replicated ones). Prints both ratios per rank.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+
+#include "cli_util.h"
+#include "client/client_deps.h"
+#include "common/deadline.h"
+#include "common/geometry.h"
+#include "tensorhub/client.h"
+#include "tensorhub/hub.h"
+#include "tensorhub/reshard.h"
+#include "transport/transport.h"
+
+namespace tensorhub::cli {
+namespace {
+
+using Shape = std::vector<uint64_t>;
+
+// Forwards to the TCP transport and keeps its server, for its counter.
+class CountingTransport : public transport::Transport {
+ public:
+  explicit CountingTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  Result<std::unique_ptr<transport::Server>> Listen(
+      const std::string& host_port, transport::ReadSource* source,
+      const transport::ServerOptions& options) override {
+    auto s = inner_->Listen(host_port, source, options);
+    if (s.ok()) *server_ = s->get();
+    return s;
+  }
+  Result<std::unique_ptr<transport::Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override {
+    return inner_->Connect(address, deadline);
+  }
+  std::shared_ptr<transport::Server*> server_ =
+      std::make_shared<transport::Server*>(nullptr);
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+struct Worker {
+  std::unique_ptr<Client> client;
+  std::shared_ptr<transport::Server*> server;
+};
+
+std::vector<std::pair<std::string, Shape>> LlamaHalfB(double scale) {
+  const uint64_t h = 1024, inter = 4096, kv = 512;
+  const uint64_t vocab = static_cast<uint64_t>(50304 * scale) / 64 * 64 + 64;
+  const int layers = std::max(1, static_cast<int>(24 * scale));
+  std::vector<std::pair<std::string, Shape>> out = {
+      {"model.embed_tokens.weight", {vocab, h}}};
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "input_layernorm.weight", {h}});
+    out.push_back({p + "self_attn.q_proj.weight", {h, h}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv, h}});
+    out.push_back({p + "self_attn.o_proj.weight", {h, h}});
+    out.push_back({p + "post_attention_layernorm.weight", {h}});
+    out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+    out.push_back({p + "mlp.up_proj.weight", {inter, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, inter}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  out.push_back({"lm_head.weight", {vocab, h}});
+  return out;
+}
+
+Result<Worker> NewWorker(const std::string& hub, const std::string& name) {
+  ClientOptions o;
+  o.hub_address = hub;
+  o.name = name;
+  TH_ASSIGN_OR_RETURN(client::ClientDeps deps, client::DefaultClientDeps(o));
+  auto counting =
+      std::make_unique<CountingTransport>(std::move(deps.transport));
+  Worker w;
+  w.server = counting->server_;
+  deps.transport = std::move(counting);
+  TH_ASSIGN_OR_RETURN(w.client,
+                      client::ClientFactory::Connect(o, std::move(deps)));
+  return w;
+}
+
+uint64_t Served(const std::vector<Worker>& ws) {
+  uint64_t n = 0;
+  for (const Worker& w : ws) n += (*w.server)->bytes_served();
+  return n;
+}
+
+// The holders' counters since `before`, once they have caught up with
+// `received` (a holder counts a read when its send returned, which may be
+// just after the reader has the bytes); bounded by 10 s.
+uint64_t ServedSince(const std::vector<Worker>& ws, uint64_t before,
+                     uint64_t received) {
+  const Deadline deadline = Deadline::AfterMs(10000);
+  uint64_t n = Served(ws) - before;
+  while (n < received && !deadline.expired()) {
+    std::this_thread::yield();
+    n = Served(ws) - before;
+  }
+  return n;
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+      .count();
+}
+
+// Long on purpose (about 95 lines): one run's setup, the two ways of
+// fetching and the report read best as one sequence.
+int Run(uint32_t k, uint32_t tp, double scale) {
+  const ModelDims dims{16, 8, 64, 0};
+  const auto model = LlamaHalfB(scale);
+  HubOptions ho;
+  ho.listen_address = "127.0.0.1:0";
+  ho.rebuild_ms = 0;
+  Result<std::unique_ptr<Hub>> hub = Hub::Start(ho);
+  if (!hub.ok()) return Fail(hub.status());
+  std::vector<Worker> trainers;
+  std::deque<std::vector<uint8_t>> pieces;
+  uint64_t total = 0;
+  for (uint32_t r = 0; r < k; ++r) {
+    Result<Worker> w =
+        NewWorker((*hub)->address(), "trainer" + std::to_string(r));
+    if (!w.ok()) return Fail(w.status());
+    trainers.push_back(std::move(*w));
+    std::vector<TensorRef> refs;
+    PublishOptions po;
+    po.rank = r;
+    po.group_size = k;
+    for (const auto& [name, shape] : model) {
+      const Box box = FsdpShards(shape, k)[r];
+      if (box.Elements() == 0) continue;
+      std::vector<uint8_t>& bytes = pieces.emplace_back(box.Elements() * 2);
+      for (size_t i = 0; i < bytes.size(); ++i)
+        bytes[i] = static_cast<uint8_t>(i * 7 + r);
+      refs.push_back({{name, DType::kBF16, box.extent},
+                      bytes.data(),
+                      bytes.size(),
+                      MemoryLocation::Host()});
+      po.pieces[name] = {shape, box.offset};
+      total += bytes.size();
+    }
+    Status s = trainers.back().client->Publish("m", Version(1), refs, po);
+    if (!s.ok()) return Fail(s);
+  }
+  std::printf(
+      "model: %zu tensors, %s (bf16), trainer FSDP(%u), rollout TP(%u)\n",
+      model.size(), FormatBytes(total).c_str(), k, tp);
+  std::printf("%-5s %12s %12s %12s %9s %9s %9s %9s\n", "rank", "bound",
+              "partial", "full", "part/bnd", "full/bnd", "t_part s",
+              "t_full s");
+  for (uint32_t rank = 0; rank < tp; ++rank) {
+    Result<Worker> reader =
+        NewWorker((*hub)->address(), "rank" + std::to_string(rank));
+    if (!reader.ok()) return Fail(reader.status());
+    std::vector<TensorSlice> slices;
+    std::deque<std::vector<uint8_t>> out;
+    uint64_t bound = 0;
+    for (const auto& [name, shape] : model) {
+      Result<Box> box = TpRankBox(name, shape, rank, tp, dims);
+      if (!box.ok()) return Fail(box.status());
+      if (box->Elements() == 0) continue;
+      std::vector<uint8_t>& o = out.emplace_back(box->Elements() * 2);
+      slices.push_back({{{name, DType::kBF16, box->extent},
+                         o.data(),
+                         o.size(),
+                         MemoryLocation::Host()},
+                        *box,
+                        {}});
+      bound += o.size();
+    }
+    uint64_t before = Served(trainers);
+    auto t0 = std::chrono::steady_clock::now();
+    Result<FetchStats> st =
+        reader->client->FetchSlices("m", Version(1), slices);
+    const double t_part = Since(t0);
+    if (!st.ok()) return Fail(st.status());
+    const uint64_t partial = ServedSince(trainers, before, st->bytes);
+    // Full fetch, then slice out the same boxes.
+    std::vector<std::vector<uint8_t>> whole;
+    std::vector<TensorRef> dest;
+    whole.reserve(model.size());
+    for (const auto& [name, shape] : model) {
+      whole.emplace_back(Box::Whole(shape).Elements() * 2);
+      dest.push_back({{name, DType::kBF16, shape},
+                      whole.back().data(),
+                      whole.back().size(),
+                      MemoryLocation::Host()});
+    }
+    before = Served(trainers);
+    t0 = std::chrono::steady_clock::now();
+    Result<FetchStats> full = reader->client->Fetch("m", Version(1), dest);
+    if (!full.ok()) return Fail(full.status());
+    size_t ti = 0;
+    for (const TensorSlice& s : slices) {
+      while (model[ti].first != s.tensor.spec.name) ++ti;
+      const Box whole_box = Box::Whole(model[ti].second);
+      for (const StridedRun& r : PlanCopy(s.box, whole_box, s.box, 2)) {
+        for (uint64_t i = 0; i < r.count; ++i) {
+          std::memcpy(static_cast<uint8_t*>(s.tensor.data) + r.dst_offset +
+                          i * r.dst_stride,
+                      whole[ti].data() + r.src_offset + i * r.src_stride,
+                      r.run_bytes);
+        }
+      }
+    }
+    const double t_full = Since(t0);
+    const uint64_t full_bytes = ServedSince(trainers, before, full->bytes);
+    std::printf("%-5u %12s %12s %12s %9.3f %9.3f %9.2f %9.2f\n", rank,
+                FormatBytes(bound).c_str(), FormatBytes(partial).c_str(),
+                FormatBytes(full_bytes).c_str(),
+                static_cast<double>(partial) / bound,
+                static_cast<double>(full_bytes) / bound, t_part, t_full);
+  }
+  std::printf(
+      "bound: the bytes of the rank's boxes (1/%u of the split tensors plus "
+      "the "
+      "replicated ones); partial and full: bytes the trainers served (their "
+      "counters); times on loopback, one rank at a time\n",
+      tp);
+  return 0;
+}
+
+}  // namespace
+
+int CmdBenchReshard(int argc, char** argv) {
+  Result<Args> args = ParseArgs(argc, argv, 3, {"trainers", "tp", "scale"}, {});
+  if (!args.ok()) return Fail(args.status());
+  Result<uint64_t> k = args->GetU64("trainers", 4);
+  Result<uint64_t> tp = args->GetU64("tp", 4);
+  Result<double> scale = args->GetDouble("scale", 1.0);
+  if (!k.ok() || !tp.ok() || !scale.ok() || *k == 0 || *tp == 0 || *k > 64 ||
+      *tp > 64 || *scale <= 0 || *scale > 1) {
+    std::fprintf(stderr,
+                 "usage: tensorhub-lab bench reshard [--trainers 4] [--tp 4] "
+                 "[--scale 1.0]\n");
+    return 2;
+  }
+  return Run(static_cast<uint32_t>(*k), static_cast<uint32_t>(*tp), *scale);
+}
+
+}  // namespace tensorhub::cli

@@ -1,0 +1,489 @@
+#include "client/slice_fetch.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "client/fetch_plan.h"
+#include "common/checksum.h"
+#include "common/convert.h"
+#include "common/mutex.h"
+#include "common/test_point.h"
+
+namespace tensorhub::client {
+namespace {
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) {
+  return a == 0 ? 0 : (a - 1) / b + 1;
+}
+
+struct PieceRef {
+  uint32_t part;
+  uint32_t tensor;
+};
+
+// Intersects [begin, end) with sorted disjoint intervals.
+std::vector<std::pair<uint64_t, uint64_t>> Clip(
+    const std::vector<std::pair<uint64_t, uint64_t>>& rows, uint64_t begin,
+    uint64_t end) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  for (const auto& [b, e] : rows) {
+    const uint64_t lo = std::max(b, begin), hi = std::min(e, end);
+    if (lo < hi) out.push_back({lo, hi});
+  }
+  return out;
+}
+
+Status CheckDest(const SliceDest& d, const TensorLayout& t) {
+  const std::string what = "slice of tensor '" + d.name + "'";
+  TH_RETURN_IF_ERROR(CheckBoxInShape(d.box, t.GlobalShape(), what));
+  TH_RETURN_IF_ERROR(CheckConversion(t.spec.dtype, d.dtype, what));
+  if (d.data == nullptr && d.box.Elements() > 0) {
+    return InvalidArgument(what + " has no memory");
+  }
+  if (NeedsScale(d.dtype) && d.dtype != t.spec.dtype) {
+    // Per output channel (a row of dim 0) for 2+ dimensions.
+    const uint64_t rows = d.box.rank() < 2 ? 1 : d.box.extent[0];
+    if (d.scales.size() != 1 && d.scales.size() != rows) {
+      return InvalidArgument(what + ": F8_E4M3 needs 1 scale (per tensor) or " +
+                             std::to_string(rows) +
+                             " (per row of the box), got " +
+                             std::to_string(d.scales.size()));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Long on purpose (about 85 lines): the intersection, the growth to
+// segments and the cut into items are one walk over the pieces.
+Result<SlicePlan> PlanSlices(const Manifest& manifest,
+                             const std::vector<SliceDest>& dests,
+                             uint64_t item_bytes) {
+  std::map<std::string_view, std::vector<PieceRef>> pieces;
+  for (const PartLayout& p : manifest.parts()) {
+    for (uint32_t i = 0; i < p.tensors.size(); ++i) {
+      pieces[p.tensors[i].spec.name].push_back({p.rank, i});
+    }
+  }
+  SlicePlan plan;
+  for (uint32_t di = 0; di < dests.size(); ++di) {
+    const SliceDest& d = dests[di];
+    auto it = pieces.find(d.name);
+    if (it == pieces.end()) {
+      return InvalidArgument("tensor '" + d.name +
+                             "' is not part of the version");
+    }
+    const TensorLayout& first =
+        manifest.parts()[it->second[0].part].tensors[it->second[0].tensor];
+    TH_RETURN_IF_ERROR(CheckDest(d, first));
+    const uint64_t elem = DTypeBytes(first.spec.dtype);
+    plan.wanted_bytes += d.box.Elements() * elem;
+    for (const PieceRef& ref : it->second) {
+      const TensorLayout& t = manifest.parts()[ref.part].tensors[ref.tensor];
+      const Box piece = t.PieceBox();
+      std::optional<Box> inter = Intersect(d.box, piece);
+      if (!inter.has_value()) continue;
+      if (t.seg.rows == 0) {
+        return FailedPrecondition(
+            "tensor '" + d.name + "' in part " + std::to_string(ref.part) +
+            " has no segment checksums (an older publisher, or device "
+            "memory), so a slice of it cannot be verified: fetch it whole");
+      }
+      Box local = *inter;
+      for (size_t k = 0; k < local.rank(); ++k)
+        local.offset[k] -= piece.offset[k];
+      const MatrixView m = MatrixOf(t.spec.shape);
+      const std::vector<MatrixRect> want = RectsOfBox(t.spec.shape, local);
+      if (want.empty()) continue;
+      std::vector<std::pair<uint64_t, uint64_t>> rows;
+      for (const MatrixRect& r : want) rows.push_back({r.row_begin, r.row_end});
+      for (const MatrixRect& grown : CoveringSegments(want, m, t.seg)) {
+        const uint64_t row_bytes = (grown.col_end - grown.col_begin) * elem;
+        // Whole row blocks per item, about item_bytes, at most
+        // kMaxStridedRuns rows.
+        uint64_t block_rows = std::max<uint64_t>(
+            1, item_bytes / std::max<uint64_t>(1, row_bytes * t.seg.rows));
+        block_rows = std::min<uint64_t>(
+            block_rows * t.seg.rows,
+            std::max<uint64_t>(
+                t.seg.rows, wire::kMaxStridedRuns / t.seg.rows * t.seg.rows));
+        for (uint64_t r0 = grown.row_begin; r0 < grown.row_end;
+             r0 += block_rows) {
+          SliceItem item;
+          item.part = ref.part;
+          item.tensor = ref.tensor;
+          item.dest = di;
+          item.read = grown;
+          item.read.row_begin = r0;
+          item.read.row_end = std::min(grown.row_end, r0 + block_rows);
+          item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
+          item.col_begin = want[0].col_begin;
+          item.col_end = want[0].col_end;
+          item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
+          const uint64_t begin =
+              t.offset +
+              (item.read.row_begin * m.cols + grown.col_begin) * elem;
+          const uint64_t end =
+              t.offset +
+              ((item.read.row_end - 1) * m.cols + grown.col_end) * elem;
+          const uint64_t base = manifest.chunk_base(ref.part);
+          item.chunk_first = base + begin / manifest.chunk_bytes();
+          item.chunk_last = base + (end - 1) / manifest.chunk_bytes();
+          plan.read_bytes += item.bytes;
+          plan.max_item_bytes = std::max(plan.max_item_bytes, item.bytes);
+          plan.items.push_back(std::move(item));
+        }
+      }
+    }
+  }
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const SliceItem& a, const SliceItem& b) {
+                     return std::tie(a.part, a.chunk_first) <
+                            std::tie(b.part, b.chunk_first);
+                   });
+  return plan;
+}
+
+std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
+                                         std::vector<FetchSource> sources) {
+  for (FetchSource& s : sources) {
+    std::vector<std::pair<uint64_t, uint64_t>> items;
+    for (uint64_t i = 0; i < plan.items.size(); ++i) {
+      const SliceItem& it = plan.items[i];
+      const bool has =
+          std::any_of(s.chunks.begin(), s.chunks.end(), [&](const auto& range) {
+            return range.first <= it.chunk_first &&
+                   it.chunk_last < range.second;
+          });
+      if (!has) continue;
+      if (!items.empty() && items.back().second == i) {
+        ++items.back().second;
+      } else {
+        items.push_back({i, i + 1});
+      }
+    }
+    s.chunks = std::move(items);
+  }
+  return sources;
+}
+
+namespace {
+
+using Conns = std::map<std::string, std::unique_ptr<transport::Connection>>;
+
+// Where one row of an item lands: up to three pieces (overhang before,
+// wanted, overhang after), each (first column, memory).
+struct RowLanding {
+  std::pair<uint64_t, uint8_t*> piece[3];
+  int n = 0;
+};
+
+// The I/O around a FetchPlan over items, as FetchRun is around chunks
+// (fetcher.cc): `streams` threads take steps under mu_ and do them with
+// mu_ released.
+class SliceRun {
+ public:
+  SliceRun(transport::Transport& transport, const SliceJob& job,
+           std::vector<FetchSource> sources, const SourceRefresher& refresh,
+           const FetcherOptions& options, const Deadline& deadline)
+      : transport_(transport),
+        job_(job),
+        refresh_(refresh),
+        options_(options),
+        deadline_(deadline),
+        clock_(deadline.clock()),
+        plan_(job.model + "@" + std::to_string(job.version.value()),
+              ItemSizes(*job.plan),
+              SourcesForItems(*job.plan, std::move(sources)),
+              static_cast<bool>(refresh), options, clock_.NowMs(),
+              deadline.at_ms()) {}
+
+  Result<FetchReport> Run() {
+    const uint64_t total = job_.plan->items.size();
+    const int n =
+        std::max(1, std::min<int>(options_.streams, static_cast<int>(total)));
+    {
+      MutexLock lock(mu_);
+      running_ = n;
+    }
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) threads.emplace_back([this] { Stream(); });
+    for (std::thread& t : threads) t.join();
+    MutexLock lock(mu_);
+    if (!plan_.error().ok()) return plan_.error();
+    if (plan_.chunks_done() != total) {
+      return Internal("slice fetch ended with " +
+                      std::to_string(total - plan_.chunks_done()) +
+                      " reads missing");
+    }
+    if (options_.on_progress) {
+      options_.on_progress(
+          FetchProgress{plan_.bytes_done(), job_.plan->read_bytes});
+    }
+    return plan_.Report();
+  }
+
+ private:
+  static std::vector<uint64_t> ItemSizes(const SlicePlan& plan) {
+    std::vector<uint64_t> out;
+    for (const SliceItem& i : plan.items) out.push_back(i.bytes);
+    return out;
+  }
+
+  void Stream() {
+    Conns conns;
+    std::vector<uint8_t> scratch(job_.plan->max_item_bytes);
+    MutexLock lock(mu_);
+    for (;;) {
+      const int64_t now_ms = clock_.NowMs();
+      FetchStep step = plan_.NextStep(now_ms);
+      switch (step.kind) {
+        case FetchStep::Kind::kDone:
+          --running_;
+          cv_.notify_all();
+          return;
+        case FetchStep::Kind::kWait:
+          clock_.WaitFor(cv_, lock.native(),
+                         std::max<int64_t>(1, step.until_ms - now_ms));
+          break;
+        case FetchStep::Kind::kSteal:
+          cancellable_.at(step.chunk)->Cancel();
+          break;
+        case FetchStep::Kind::kRefresh: {
+          lock.Unlock();
+          Result<SourceUpdate> fresh = refresh_(step.failed);
+          if (fresh.ok()) {
+            fresh->sources =
+                SourcesForItems(*job_.plan, std::move(fresh->sources));
+          }
+          lock.Lock();
+          plan_.SourcesRefreshed(clock_.NowMs(), std::move(fresh));
+          cv_.notify_all();
+          break;
+        }
+        case FetchStep::Kind::kRead: {
+          lock.Unlock();
+          Status st = ReadItem(conns, step, scratch);
+          lock.Lock();
+          cancellable_.erase(step.chunk);
+          plan_.ReadFinished(clock_.NowMs(), step.chunk, st);
+          cv_.notify_all();
+          if (!st.ok()) {
+            conns.erase(step.address);
+          } else {
+            const uint64_t done = plan_.chunks_done();
+            lock.Unlock();
+            testpoint::Hit("fetcher.slice_done", done);
+            lock.Lock();
+          }
+          break;
+        }
+      }
+    }
+  }
+
+  // Where row r of `item` lands: overhang into `scratch` (advancing
+  // *used), wanted columns into the destination (or, when converting,
+  // everything into scratch).
+  RowLanding Land(const SliceItem& item, const TensorLayout& t, uint64_t r,
+                  bool convert, uint8_t* scratch, uint64_t* used) const {
+    const uint64_t elem = DTypeBytes(t.spec.dtype);
+    const MatrixRect& rd = item.read;
+    RowLanding out;
+    auto to_scratch = [&](uint64_t c0, uint64_t c1) {
+      if (c0 >= c1) return;
+      out.piece[out.n++] = {c0, scratch + *used};
+      *used += (c1 - c0) * elem;
+    };
+    const bool wanted = std::any_of(
+        item.rows.begin(), item.rows.end(),
+        [&](const auto& iv) { return iv.first <= r && r < iv.second; });
+    if (convert || !wanted) {
+      to_scratch(rd.col_begin, rd.col_end);
+      return out;
+    }
+    to_scratch(rd.col_begin, item.col_begin);
+    out.piece[out.n++] = {item.col_begin, DestRow(item, t, r)};
+    to_scratch(item.col_end, rd.col_end);
+    return out;
+  }
+
+  // The destination address of (piece row r, column item.col_begin).
+  uint8_t* DestRow(const SliceItem& item, const TensorLayout& t,
+                   uint64_t r) const {
+    const SliceDest& d = (*job_.dests)[item.dest];
+    const Box piece = t.PieceBox();
+    const size_t n = piece.rank();
+    const uint64_t elem = DTypeBytes(d.dtype);
+    if (n == 0) return d.data;
+    // Unravel r over the piece's leading dimensions, then ravel the global
+    // index over the destination box.
+    std::vector<uint64_t> idx(n, 0);
+    uint64_t rest = r;
+    for (size_t k = n - 1; k-- > 0;) {
+      idx[k] = rest % piece.extent[k];
+      rest /= piece.extent[k];
+    }
+    idx[n - 1] = item.col_begin;
+    uint64_t lin = 0;
+    for (size_t k = 0; k < n; ++k) {
+      lin =
+          lin * d.box.extent[k] + (idx[k] + piece.offset[k] - d.box.offset[k]);
+    }
+    return d.data + lin * elem;
+  }
+
+  Status ReadItem(Conns& conns, const FetchStep& step,
+                  std::vector<uint8_t>& scratch) {
+    const SliceItem& item = job_.plan->items[step.chunk];
+    const SliceDest& d = (*job_.dests)[item.dest];
+    const PartLayout& part = job_.manifest->parts()[item.part];
+    const TensorLayout& t = part.tensors[item.tensor];
+    const uint64_t elem = DTypeBytes(t.spec.dtype);
+    const MatrixView m = MatrixOf(t.spec.shape);
+    const MatrixRect& rd = item.read;
+    const bool convert = d.dtype != t.spec.dtype;
+    auto it = conns.find(step.address);
+    if (it == conns.end() || it->second->broken()) {
+      Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
+          step.address, deadline_.Cap(options_.connect_timeout_ms));
+      if (!c.ok()) return c.status();
+      it = conns.insert_or_assign(step.address, std::move(c).value()).first;
+    }
+    {
+      MutexLock l(mu_);
+      cancellable_[step.chunk] = it->second.get();
+      plan_.ReadConnected(step.chunk);
+    }
+    // Land every row; neighbouring pieces that touch in memory merge.
+    std::vector<RowLanding> rows;
+    std::vector<iovec> dest;
+    uint64_t used = 0;
+    for (uint64_t r = rd.row_begin; r < rd.row_end; ++r) {
+      rows.push_back(Land(item, t, r, convert, scratch.data(), &used));
+      const RowLanding& l = rows.back();
+      for (int k = 0; k < l.n; ++k) {
+        const uint64_t c1 = k + 1 < l.n ? l.piece[k + 1].first : rd.col_end;
+        const size_t len = (c1 - l.piece[k].first) * elem;
+        if (!dest.empty() &&
+            static_cast<uint8_t*>(dest.back().iov_base) + dest.back().iov_len ==
+                l.piece[k].second) {
+          dest.back().iov_len += len;
+        } else {
+          dest.push_back({l.piece[k].second, len});
+        }
+      }
+    }
+    wire::ReadRequest req;
+    req.model = job_.model;
+    req.version = job_.version.value();
+    req.epoch = step.epoch;
+    req.part = item.part;
+    req.offset = t.offset + (rd.row_begin * m.cols + rd.col_begin) * elem;
+    req.length = item.bytes;
+    const uint64_t run = (rd.col_end - rd.col_begin) * elem;
+    if (run != m.cols * elem && rd.row_end - rd.row_begin > 1) {
+      req.run = run;
+      req.stride = m.cols * elem;
+    }
+    TH_RETURN_IF_ERROR(it->second->Read(
+        req, dest, deadline_.Cap(options_.read_timeout_ms), nullptr));
+    TH_RETURN_IF_ERROR(Verify(item, t, rows, step.address));
+    if (convert) Convert(item, t, rows);
+    return Status::Ok();
+  }
+
+  // Every segment of the read against the manifest, hashed where its rows
+  // landed.
+  Status Verify(const SliceItem& item, const TensorLayout& t,
+                const std::vector<RowLanding>& rows,
+                const std::string& address) const {
+    const uint64_t elem = DTypeBytes(t.spec.dtype);
+    const MatrixView m = MatrixOf(t.spec.shape);
+    const MatrixRect& rd = item.read;
+    const uint64_t col_blocks = CeilDiv(m.cols, t.seg.cols);
+    for (uint64_t id : SegmentIdsOf(rd, m, t.seg)) {
+      const uint64_t r0 = id / col_blocks * t.seg.rows;
+      const uint64_t r1 = std::min(m.rows, r0 + t.seg.rows);
+      const uint64_t c0 = id % col_blocks * t.seg.cols;
+      const uint64_t c1 = std::min(m.cols, c0 + t.seg.cols);
+      Xxh3Stream h;
+      for (uint64_t r = r0; r < r1; ++r) {
+        const RowLanding& l = rows[r - rd.row_begin];
+        for (int k = 0; k < l.n; ++k) {
+          const uint64_t b = l.piece[k].first;
+          const uint64_t e = k + 1 < l.n ? l.piece[k + 1].first : rd.col_end;
+          const uint64_t lo = std::max(b, c0), hi = std::min(e, c1);
+          if (lo < hi)
+            h.Update(l.piece[k].second + (lo - b) * elem, (hi - lo) * elem);
+        }
+      }
+      if (h.Digest() != t.seg_xxh3[id]) {
+        return DataLoss("segment " + std::to_string(id) + " of tensor '" +
+                        t.spec.name + "' in part " + std::to_string(item.part) +
+                        " from " + address + " failed its checksum");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The wanted columns of the wanted rows, from scratch into the caller's
+  // memory in its dtype.
+  void Convert(const SliceItem& item, const TensorLayout& t,
+               const std::vector<RowLanding>& rows) const {
+    const SliceDest& d = (*job_.dests)[item.dest];
+    const uint64_t elem = DTypeBytes(t.spec.dtype);
+    const Box piece = t.PieceBox();
+    for (const auto& [b, e] : item.rows) {
+      for (uint64_t r = b; r < e; ++r) {
+        const RowLanding& l = rows[r - item.read.row_begin];
+        const uint8_t* src =
+            l.piece[0].second + (item.col_begin - item.read.col_begin) * elem;
+        float scale = d.scales.empty() ? 1.0f : d.scales[0];
+        if (d.scales.size() > 1) {
+          // The output channel: row r's dim-0 index, in the box.
+          uint64_t row0 = r;
+          for (size_t k = piece.rank() - 1; k-- > 1;) row0 /= piece.extent[k];
+          scale = d.scales[row0 + piece.offset[0] - d.box.offset[0]];
+        }
+        ConvertElements(t.spec.dtype, d.dtype, src, DestRow(item, t, r),
+                        item.col_end - item.col_begin, scale);
+      }
+    }
+  }
+
+  transport::Transport& transport_;
+  const SliceJob& job_;
+  const SourceRefresher& refresh_;
+  const FetcherOptions& options_;
+  const Deadline deadline_;
+  const Clock& clock_;
+
+  Mutex mu_;
+  std::condition_variable cv_;
+  FetchPlan plan_ TH_GUARDED_BY(mu_);
+  std::map<uint64_t, transport::Connection*> cancellable_ TH_GUARDED_BY(mu_);
+  int running_ TH_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace
+
+Result<FetchReport> RunSliceFetch(transport::Transport& transport,
+                                  const SliceJob& job,
+                                  std::vector<FetchSource> sources,
+                                  const SourceRefresher& refresh,
+                                  const FetcherOptions& options,
+                                  const Deadline& deadline) {
+  if (job.manifest == nullptr || job.plan == nullptr || job.dests == nullptr) {
+    return Internal("slice fetch job incomplete");
+  }
+  if (job.plan->items.empty()) return FetchReport{};
+  SliceRun run(transport, job, std::move(sources), refresh, options, deadline);
+  return run.Run();
+}
+
+}  // namespace tensorhub::client

@@ -1,0 +1,90 @@
+// Partial fetch: a reader names boxes of logical tensors and gets exactly
+// those, read from the parts that hold them whatever their layout.
+//
+// PlanSlices (pure) intersects each wanted box with every piece of its
+// tensor, grows each intersection to whole segments (the manifest's
+// segment checksums, geometry.h) and cuts the result into reads ("items")
+// of about one chunk: one strided read per item (a column slice is one
+// request of `rows` runs, not one per row). RunSliceFetch runs the items
+// over the holders like RunFetch runs chunks (the same FetchPlan: striping,
+// failover, work stealing, deadlines): bytes the caller wants land straight
+// in its memory, the segment overhang in a per-stream scratch buffer; every
+// segment read is verified (XXH3-64) before the item counts. With a dtype
+// conversion the item lands in the scratch buffer, is verified there, and
+// is converted into the caller's memory.
+#ifndef TENSORHUB_CLIENT_SLICE_FETCH_H_
+#define TENSORHUB_CLIENT_SLICE_FETCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/fetcher.h"
+#include "common/geometry.h"
+#include "common/manifest.h"
+
+namespace tensorhub::client {
+
+struct SliceDest {
+  std::string name;          // the logical tensor
+  Box box;                   // of the global tensor
+  DType dtype = DType::kU8;  // wanted (conversion from the published one)
+  uint8_t* data = nullptr;   // row-major over box.extent
+  // F8_E4M3 only: one scale (per tensor) or box.extent[0] (per row).
+  std::vector<float> scales;
+};
+
+// One read: a segment-aligned rectangle of one piece's matrix view, and
+// which of its rows and columns the caller wants.
+struct SliceItem {
+  uint32_t part = 0;
+  uint32_t tensor = 0;  // index in the part
+  uint32_t dest = 0;    // index in the destinations
+  MatrixRect read;
+  // Wanted: these rows (sorted, disjoint [begin, end) intervals inside
+  // read's rows) x columns [col_begin, col_end).
+  std::vector<std::pair<uint64_t, uint64_t>> rows;
+  uint64_t col_begin = 0, col_end = 0;
+  uint64_t bytes = 0;                        // read bytes
+  uint64_t chunk_first = 0, chunk_last = 0;  // global chunks the read spans
+};
+
+struct SlicePlan {
+  std::vector<SliceItem> items;  // by (part, offset in the part)
+  uint64_t wanted_bytes = 0;     // in the published dtype
+  uint64_t read_bytes = 0;       // with the segment overhang
+  uint64_t max_item_bytes = 0;
+};
+
+// Checks the destinations against the manifest (known tensor, box inside
+// its global shape, a conversion that exists, scales where F8 needs them,
+// sizes) and plans the reads. INVALID_ARGUMENT naming the tensor for bad
+// input; FAILED_PRECONDITION for a piece without segment checksums.
+Result<SlicePlan> PlanSlices(const Manifest& manifest,
+                             const std::vector<SliceDest>& dests,
+                             uint64_t item_bytes);
+
+// The sources' chunk ranges, as ranges of the plan's item ids.
+std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
+                                         std::vector<FetchSource> sources);
+
+struct SliceJob {
+  std::string model;
+  Version version;
+  const Manifest* manifest = nullptr;
+  const SlicePlan* plan = nullptr;
+  const std::vector<SliceDest>* dests = nullptr;
+};
+
+// `sources` and the refresher's answers name chunk ranges (as the hub
+// gives them); they are mapped onto items here.
+Result<FetchReport> RunSliceFetch(transport::Transport& transport,
+                                  const SliceJob& job,
+                                  std::vector<FetchSource> sources,
+                                  const SourceRefresher& refresh,
+                                  const FetcherOptions& options,
+                                  const Deadline& deadline);
+
+}  // namespace tensorhub::client
+
+#endif  // TENSORHUB_CLIENT_SLICE_FETCH_H_

@@ -1,0 +1,444 @@
+// Partial fetch end to end: a real hub, real clients and the TCP data plane
+// on loopback. Trainer layouts FSDP(k) and TP(k), reader layouts TP(m), on
+// a tiny Llama-shaped model with odd sizes: every rank's slices equal the
+// full tensors sliced, byte for byte, and the holders served at most each
+// rank's share plus the segment overhead (counted on the holders' own
+// served-byte counters).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "client/client_deps.h"
+#include "common/convert.h"
+#include "common/deadline.h"
+#include "common/geometry.h"
+#include "common/test_point.h"
+#include "hub/hub_service.h"
+#include "tensorhub/client.h"
+#include "tensorhub/hub.h"
+#include "tensorhub/reshard.h"
+#include "transport/transport.h"
+
+namespace tensorhub {
+namespace {
+
+using Shape = std::vector<uint64_t>;
+constexpr uint64_t kSegmentBytes = 512;
+
+// Forwards to the TCP transport and keeps its server, to read its
+// served-byte counter.
+class CountingTransport : public transport::Transport {
+ public:
+  explicit CountingTransport(std::unique_ptr<transport::Transport> inner)
+      : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  Result<std::unique_ptr<transport::Server>> Listen(
+      const std::string& host_port, transport::ReadSource* source,
+      const transport::ServerOptions& options) override {
+    auto s = inner_->Listen(host_port, source, options);
+    if (s.ok()) *server_ = s->get();
+    return s;
+  }
+  Result<std::unique_ptr<transport::Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override {
+    return inner_->Connect(address, deadline);
+  }
+  std::shared_ptr<transport::Server*> server_ =
+      std::make_shared<transport::Server*>(nullptr);
+
+ private:
+  std::unique_ptr<transport::Transport> inner_;
+};
+
+struct Worker {
+  std::unique_ptr<Client> client;
+  std::shared_ptr<transport::Server*> server;
+  uint64_t served() const { return (*server)->bytes_served(); }
+};
+
+// The tiny model: names and global shapes (BF16), odd sizes.
+std::vector<std::pair<std::string, Shape>> TinyLlama() {
+  const uint64_t h = 64, inter = 173, vocab = 517, q = 64, kv = 16;
+  std::vector<std::pair<std::string, Shape>> out = {
+      {"model.embed_tokens.weight", {vocab, h}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back({p + "self_attn.q_proj.weight", {q, h}});
+    out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
+    out.push_back({p + "self_attn.v_proj.weight", {kv, h}});
+    out.push_back({p + "self_attn.q_proj.bias", {q}});
+    out.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+    out.push_back({p + "mlp.up_proj.weight", {inter, h}});
+    out.push_back({p + "mlp.down_proj.weight", {h, inter}});
+    out.push_back({p + "input_layernorm.weight", {h}});
+  }
+  out.push_back({"model.norm.weight", {h}});
+  out.push_back({"lm_head.weight", {vocab, h}});
+  return out;
+}
+const ModelDims kDims{8, 2, 8, 0};
+
+// The box of `full` (row-major over `shape`), element by element: the
+// reference the fetched slices are compared with.
+std::vector<uint16_t> Slice(const std::vector<uint16_t>& full,
+                            const Shape& shape, const Box& box) {
+  std::vector<uint16_t> out;
+  const size_t n = shape.size();
+  std::vector<uint64_t> idx(n, 0);
+  for (uint64_t i = 0; i < box.Elements(); ++i) {
+    uint64_t lin = 0;
+    for (size_t d = 0; d < n; ++d)
+      lin = lin * shape[d] + box.offset[d] + idx[d];
+    out.push_back(full[lin]);
+    for (size_t d = n; d-- > 0;) {
+      if (++idx[d] < box.extent[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+// An upper bound on what reading `want` of a piece costs: the wanted bytes
+// plus one segment row block (whole width) at each end and one column
+// block (whole height) at each end.
+uint64_t ReadBound(const Box& want, const Box& piece, const std::string& name) {
+  const Shape shape = piece.extent;
+  const SegmentShape seg = ChooseSegmentShape(
+      shape, 2, kSegmentBytes, ClassifyHfTensor(name) == ShardKind::kRow);
+  const MatrixView m = MatrixOf(shape);
+  return want.Elements() * 2 + 2 * seg.rows * m.cols * 2 +
+         2 * seg.cols * m.rows * 2;
+}
+
+class ReshardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HubOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.rebuild_ms = 0;
+    auto hub = hub::HubServer::Start(o);
+    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+    hub_ = std::move(hub).value();
+    std::mt19937 rng(42);
+    for (const auto& [name, shape] : TinyLlama()) {
+      std::vector<uint16_t>& t = full_[name];
+      t.resize(Box::Whole(shape).Elements());
+      for (uint16_t& v : t) v = static_cast<uint16_t>(rng());
+    }
+  }
+
+  Worker NewWorker(const std::string& name) {
+    ClientOptions o;
+    o.hub_address = hub_->address();
+    o.name = name;
+    Result<client::ClientDeps> made = client::DefaultClientDeps(o);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    client::ClientDeps deps = std::move(made).value();
+    auto counting =
+        std::make_unique<CountingTransport>(std::move(deps.transport));
+    Worker w;
+    w.server = counting->server_;
+    deps.transport = std::move(counting);
+    auto c = client::ClientFactory::Connect(o, std::move(deps));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    w.client = std::move(c).value();
+    return w;
+  }
+
+  // Trainer rank r of k publishes its pieces: FSDP rows, or TP slices
+  // along each tensor's TP dimension (replicated tensors from rank 0).
+  Status PublishRank(Worker& w, const std::string& model, bool fsdp, uint32_t r,
+                     uint32_t k) {
+    std::vector<TensorRef> refs;
+    PublishOptions po;
+    po.rank = r;
+    po.group_size = k;
+    po.segment_bytes = kSegmentBytes;
+    for (const auto& [name, shape] : TinyLlama()) {
+      Box box;
+      if (fsdp) {
+        box = FsdpShards(shape, k)[r];
+      } else {
+        const ShardKind kind = ClassifyHfTensor(name);
+        if (kind == ShardKind::kReplicated) {
+          box = r == 0 ? Box::Whole(shape)
+                       : Box{Shape(shape.size()), Shape(shape.size())};
+        } else {
+          box = (*TpShards(shape, kind == ShardKind::kRow ? 1 : 0, k))[r];
+        }
+      }
+      if (box.Elements() == 0) continue;
+      std::vector<uint16_t>& piece =
+          pieces_.emplace_back(Slice(full_[name], shape, box));
+      refs.push_back({{name, DType::kBF16, box.extent},
+                      piece.data(),
+                      piece.size() * 2,
+                      MemoryLocation::Host()});
+      po.pieces[name] = {shape, box.offset};
+    }
+    return w.client->Publish(model, Version(1), refs, po);
+  }
+
+  std::unique_ptr<hub::HubServer> hub_;
+  std::map<std::string, std::vector<uint16_t>> full_;
+  std::deque<std::vector<uint16_t>> pieces_;
+};
+
+TEST_F(ReshardTest, EveryTrainerLayoutToEveryReaderLayout) {
+  std::vector<Worker> trainers, readers;
+  for (int i = 0; i < 8; ++i)
+    trainers.push_back(NewWorker("t" + std::to_string(i)));
+  for (int i = 0; i < 8; ++i)
+    readers.push_back(NewWorker("r" + std::to_string(i)));
+  for (bool fsdp : {true, false}) {
+    for (uint32_t k : {1u, 2u, 4u, 8u}) {
+      const std::string model =
+          std::string(fsdp ? "fsdp" : "tp") + std::to_string(k);
+      for (uint32_t r = 0; r < k; ++r) {
+        ASSERT_TRUE(PublishRank(trainers[r], model, fsdp, r, k).ok()) << model;
+      }
+      for (uint32_t m : {1u, 2u, 4u, 8u}) {
+        for (uint32_t rank = 0; rank < m; ++rank) {
+          std::vector<TensorSlice> slices;
+          std::vector<std::vector<uint16_t>> out;
+          out.reserve(64);
+          uint64_t bound = 0;
+          for (const auto& [name, shape] : TinyLlama()) {
+            Result<Box> box = TpRankBox(name, shape, rank, m, kDims);
+            ASSERT_TRUE(box.ok()) << box.status().ToString();
+            if (box->Elements() == 0) continue;
+            std::vector<uint16_t>& o =
+                out.emplace_back(box->Elements(), 0xAAAA);
+            slices.push_back({{{name, DType::kBF16, box->extent},
+                               o.data(),
+                               o.size() * 2,
+                               MemoryLocation::Host()},
+                              *box,
+                              {}});
+            // The pieces this box meets, by the trainer layout.
+            for (uint32_t tr = 0; tr < k; ++tr) {
+              Box piece;
+              if (fsdp) {
+                piece = FsdpShards(shape, k)[tr];
+              } else {
+                const ShardKind kind = ClassifyHfTensor(name);
+                if (kind == ShardKind::kReplicated) {
+                  if (tr != 0) continue;
+                  piece = Box::Whole(shape);
+                } else {
+                  piece = (*TpShards(shape, kind == ShardKind::kRow ? 1 : 0,
+                                     k))[tr];
+                }
+              }
+              if (auto inter = Intersect(*box, piece)) {
+                bound += ReadBound(*inter, piece, name);
+              }
+            }
+          }
+          uint64_t before = 0;
+          for (uint32_t t = 0; t < k; ++t) before += trainers[t].served();
+          Result<FetchStats> st =
+              readers[rank].client->FetchSlices(model, Version(1), slices);
+          ASSERT_TRUE(st.ok()) << model << " TP" << m << " rank " << rank
+                               << ": " << st.status().ToString();
+          // A holder counts a read once its send returned, which may be
+          // just after the reader has the bytes: wait (bounded) until the
+          // counters have caught up with what the reader received.
+          uint64_t served = 0;
+          const Deadline caught_up = Deadline::AfterMs(10000);
+          do {
+            served = 0;
+            for (uint32_t t = 0; t < k; ++t) served += trainers[t].served();
+            served -= before;
+            if (served < st->bytes) std::this_thread::yield();
+          } while (served < st->bytes && !caught_up.expired());
+          EXPECT_EQ(served, st->bytes);
+          EXPECT_LE(served, bound) << model << " TP" << m << " rank " << rank;
+          for (size_t i = 0; i < slices.size(); ++i) {
+            const std::string& name = slices[i].tensor.spec.name;
+            Shape shape;
+            for (const auto& [n, s] : TinyLlama()) {
+              if (n == name) shape = s;
+            }
+            ASSERT_EQ(out[i], Slice(full_[name], shape, slices[i].box))
+                << model << " TP" << m << " rank " << rank << " " << name;
+          }
+        }
+      }
+      for (uint32_t r = 0; r < k; ++r) {
+        ASSERT_TRUE(trainers[r].client->Unpublish(model, Version(1)).ok());
+      }
+    }
+  }
+}
+
+TEST_F(ReshardTest, ConvertsOnTheWayIn) {
+  Worker trainer = NewWorker("t"), reader = NewWorker("r");
+  ASSERT_TRUE(PublishRank(trainer, "m", true, 0, 1).ok());
+  const std::string name = "model.layers.0.mlp.down_proj.weight";
+  const Shape shape{64, 173};
+  const Box box = *TpRankBox(name, shape, 1, 4);
+  const std::vector<uint16_t> want = Slice(full_[name], shape, box);
+  std::vector<float> f32(box.Elements());
+  std::vector<uint8_t> f8(box.Elements());
+  std::vector<float> scales(box.extent[0], 0.5f);
+  std::vector<TensorSlice> slices = {{{{name, DType::kF32, box.extent},
+                                       f32.data(),
+                                       f32.size() * 4,
+                                       MemoryLocation::Host()},
+                                      box,
+                                      {}}};
+  ASSERT_TRUE(reader.client->FetchSlices("m", Version(1), slices).ok());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const float w = Bf16ToF32(want[i]);
+    if (std::isnan(w)) {
+      ASSERT_TRUE(std::isnan(f32[i]));
+    } else {
+      ASSERT_EQ(f32[i], w) << i;
+    }
+  }
+  slices = {{{{name, DType::kF8E4M3, box.extent},
+              f8.data(),
+              f8.size(),
+              MemoryLocation::Host()},
+             box,
+             scales}};
+  ASSERT_TRUE(reader.client->FetchSlices("m", Version(1), slices).ok());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(f8[i], F32ToF8E4M3(Bf16ToF32(want[i]) / 0.5f)) << i;
+  }
+}
+
+TEST_F(ReshardTest, BadInputGetsAClearErrorAndChangesNothing) {
+  Worker trainer = NewWorker("t"), reader = NewWorker("r");
+  ASSERT_TRUE(PublishRank(trainer, "m", true, 0, 1).ok());
+  const std::string name = "model.norm.weight";
+  std::vector<uint16_t> out(8, 0x5555);
+  auto fetch = [&](Box box, DType dtype) {
+    return reader.client->FetchSlices(
+        "m", Version(1),
+        {{{{name, dtype, box.extent}, out.data(), 16, MemoryLocation::Host()},
+          box,
+          {}}});
+  };
+  Result<FetchStats> st = fetch(Box{{60}, {8}}, DType::kBF16);  // 60..68 of 64
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("outside"), std::string::npos)
+      << st.status().ToString();
+  st = fetch(Box{{0}, {8}}, DType::kI16);
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.status().message().find("cannot convert BF16 to I16"),
+            std::string::npos)
+      << st.status().ToString();
+  st = reader.client->FetchSlices("m", Version(1),
+                                  {{{{"no.such", DType::kBF16, {8}},
+                                     out.data(),
+                                     16,
+                                     MemoryLocation::Host()},
+                                    Box{{0}, {8}},
+                                    {}}});
+  EXPECT_NE(st.status().message().find("not part of"), std::string::npos);
+  EXPECT_EQ(out, std::vector<uint16_t>(8, 0x5555));
+  // Parts that do not tile are refused at commit.
+  Worker a = NewWorker("a"), b = NewWorker("b");
+  std::vector<uint16_t> rows(4 * 8);
+  PublishOptions po;
+  po.group_size = 2;
+  po.pieces["w"] = {{10, 8}, {0, 0}};
+  ASSERT_TRUE(a.client
+                  ->Publish("g", Version(1),
+                            {{{"w", DType::kBF16, {4, 8}},
+                              rows.data(),
+                              64,
+                              MemoryLocation::Host()}},
+                            po)
+                  .ok());
+  po.rank = 1;
+  po.pieces["w"] = {{10, 8}, {5, 0}};  // rows 4..5 missing
+  Status s = b.client->Publish(
+      "g", Version(1),
+      {{{"w", DType::kBF16, {4, 8}}, rows.data(), 64, MemoryLocation::Host()}},
+      po);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("no part covers [4:5, 0:8]"), std::string::npos)
+      << s.ToString();
+}
+
+// A full fetch of a sharded version names the logical tensors (Describe
+// lists them with their global shapes) and gets them whole.
+TEST_F(ReshardTest, FullFetchOfAShardedVersion) {
+  Worker t0 = NewWorker("t0"), t1 = NewWorker("t1"), reader = NewWorker("r");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 2).ok());
+  ASSERT_TRUE(PublishRank(t1, "m", true, 1, 2).ok());
+  Result<VersionInfo> info = reader.client->Describe("m", Version(1));
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->tensors.size(), TinyLlama().size());
+  std::map<std::string, std::vector<uint16_t>> got;
+  std::vector<TensorRef> dest;
+  for (const TensorInfo& t : info->tensors) {
+    std::vector<uint16_t>& g = got[t.spec.name];
+    g.resize(t.bytes / 2);
+    dest.push_back({t.spec, g.data(), t.bytes, MemoryLocation::Host()});
+  }
+  Result<FetchStats> st = reader.client->Fetch("m", Version(1), dest);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (const auto& [name, shape] : TinyLlama())
+    EXPECT_EQ(got[name], full_[name]) << name;
+  // A piece's shape is not the tensor's: refused, naming both.
+  dest[1].spec.shape = {1};
+  st = reader.client->Fetch("m", Version(1), dest);
+  EXPECT_EQ(st.status().code(), StatusCode::kInvalidArgument);
+}
+
+// A holder of the box dies mid-read: the rest comes from the other holder.
+TEST_F(ReshardTest, FailsOverWhenAHolderDiesMidRead) {
+  Worker trainer = NewWorker("t"), full = NewWorker("full"),
+         reader = NewWorker("r");
+  ASSERT_TRUE(PublishRank(trainer, "m", true, 0, 1).ok());
+  // A second complete holder: a reader that fetched everything.
+  std::vector<std::vector<uint16_t>> copy;
+  std::vector<TensorRef> dest;
+  for (const auto& [name, shape] : TinyLlama()) {
+    copy.emplace_back(Box::Whole(shape).Elements());
+    dest.push_back({{name, DType::kBF16, shape},
+                    copy.back().data(),
+                    copy.back().size() * 2,
+                    MemoryLocation::Host()});
+  }
+  ASSERT_TRUE(full.client->Fetch("m", Version(1), dest).ok());
+  const std::string name = "model.embed_tokens.weight";
+  const Shape shape{517, 64};
+  const Box box = *TpRankBox(name, shape, 0, 2);
+  std::vector<uint16_t> out(box.Elements());
+  bool killed = false;
+  testpoint::Arm("fetcher.slice_done", [&](uint64_t done) {
+    if (done == 1 && !killed) {
+      killed = true;
+      trainer.client.reset();  // leaves the hub and stops serving
+    }
+  });
+  FetchOptions fo;
+  fo.connections = 1;
+  fo.max_sources = 1;
+  Result<FetchStats> st =
+      reader.client->FetchSlices("m", Version(1),
+                                 {{{{name, DType::kBF16, box.extent},
+                                    out.data(),
+                                    out.size() * 2,
+                                    MemoryLocation::Host()},
+                                   box,
+                                   {}}},
+                                 fo);
+  testpoint::Disarm("fetcher.slice_done");
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_TRUE(killed);
+  EXPECT_EQ(out, Slice(full_[name], shape, box));
+}
+
+}  // namespace
+}  // namespace tensorhub
