@@ -7,11 +7,11 @@
 namespace tensorhub::cli {
 
 int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        {"listen", "lease-ms", "secret-file", "keep-latest",
-                         "rebuild-ms", "metrics-listen", "tls-cert", "tls-key",
-                         "tls-client-ca"},
-                        {"oversubscribed-racks"});
+  auto args = ParseArgs(
+      argc, argv, 2,
+      {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms",
+       "metrics-listen", "tls-cert", "tls-key", "tls-client-ca"},
+      {"oversubscribed-racks"});
   if (!args.ok()) return Fail(args.status());
   hub::HubServerOptions o;
   o.listen_address = args->Get("listen", "127.0.0.1:7070");

@@ -153,9 +153,9 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms,
-      std::string metrics_listen, std::string tls_ca, std::string tls_cert,
-      std::string tls_key, std::string tls_server_name, bool data_tls) {
+      std::string secret, int64_t leave_timeout_ms, std::string metrics_listen,
+      std::string tls_ca, std::string tls_cert, std::string tls_key,
+      std::string tls_server_name, bool data_tls) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -479,16 +479,16 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<PyClient>(m, "Client")
-      .def_static(
-          "connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
-          py::arg("datacenter"), py::arg("rack"), py::arg("host"),
-          py::arg("reliable"), py::arg("data_listen"),
-          py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
-          py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
-          py::arg("max_serving_connections"), py::arg("secret"),
-          py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
-          py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
-          py::arg("tls_server_name"), py::arg("data_tls"))
+      .def_static("connect", &PyClient::Connect, py::arg("hub"),
+                  py::arg("name"), py::arg("datacenter"), py::arg("rack"),
+                  py::arg("host"), py::arg("reliable"), py::arg("data_listen"),
+                  py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
+                  py::arg("connect_timeout_ms"),
+                  py::arg("heartbeat_interval_ms"),
+                  py::arg("max_serving_connections"), py::arg("secret"),
+                  py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
+                  py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_server_name"), py::arg("data_tls"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),

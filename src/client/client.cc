@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "client/client_deps.h"
-#include "client/client_tls.h"
 #include "client/client_metrics.h"
+#include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/registry.h"
@@ -26,8 +26,8 @@
 #include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
-#include "tls/tls.h"
 #include "metrics/metrics.h"
+#include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub {
