@@ -90,15 +90,19 @@ Status ParallelRead(transport::Transport& t, const std::string& addr,
 }
 
 int Run(int argc, char** argv) {
-  auto args =
-      cli::ParseArgs(argc, argv, 1, {"bytes", "chunk", "streams", "reps"}, {});
-  if (!args.ok()) return cli::Fail(args.status());
-  const uint64_t bytes =
-      OrElse(cli::ParseBytes(args->Get("bytes", "1GiB")), 1ull << 30);
-  const uint64_t chunk =
-      OrElse(cli::ParseBytes(args->Get("chunk", "64MiB")), 64ull << 20);
-  const int streams = static_cast<int>(OrElse(args->GetU64("streams", 4), 4));
-  const int reps = static_cast<int>(OrElse(args->GetU64("reps", 3), 3));
+  uint64_t bytes = 0, chunk = 0;
+  int streams = 4, reps = 3;
+  CLI::App app("device memory on the data plane, beside cudaMemcpy",
+               "gpu_bench");
+  cli::AddBytesOption(&app, "--bytes", &bytes, "1GiB", "bytes per read");
+  cli::AddBytesOption(&app, "--chunk", &chunk, "64MiB", "the chunk size");
+  app.add_option("--streams", streams, "parallel streams")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--reps", reps, "runs (the best is reported)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   std::string why;
   if (cuda::DeviceCount(&why) == 0) {
     std::printf("gpu_bench: skipped, no CUDA device: %s\n", why.c_str());

@@ -15,7 +15,10 @@ PKGS=(
   python3 python3-venv python3-dev python3-numpy python3-torch python3-pytest
   pybind11-dev
   prometheus-cpp-dev libcpp-httplib-dev # metrics: registry and text format, the /metrics endpoint
+  libucx-dev ucx-utils               # the UCX data plane (TH_UCX); ucx_info, ucx_perftest
   prometheus                         # promtool, which checks the /metrics output (tests/python/test_metrics.py)
+  etcd-server etcd-client            # the HA hub set's election and durable state (tests/ha_test.cc)
+  libcli11-dev                       # the command lines (tools/, bench/lab/)
 )
 
 missing=()

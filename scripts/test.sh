@@ -8,6 +8,7 @@
 #   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run (default: seed 20261122, 20
 #                rounds, so that CI replays the same fault schedule; set a
 #                new seed to explore, and replay a failure with its seed)
+#   CHAOS_HA_ROUNDS=R  rounds of the HA chaos run (--ha 3; default 10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -52,6 +53,8 @@ step "hub scale benchmark, small (state machine and a real hub process over gRPC
 build/bench/lab/tensorhub-lab bench hub --workers 500
 step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
 build/bench/lab/tensorhub-lab chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
+step "chaos with an HA hub set: 3 hubs on a loopback etcd, leader killed, stopped, restarted"
+build/bench/lab/tensorhub-lab chaos --ha 3 --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_HA_ROUNDS:-10}"
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
@@ -59,6 +62,8 @@ step "failure masking on the test bed (a holder cut off / slowed mid-fetch)"
 bash tests/testbed/failover_smoke.sh
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
+step "the CLI as a full reader on the test bed (CLI fetches pipeline; loopback mistakes named)"
+bash tests/testbed/cli_pipeline_smoke.sh
 step "rollout workloads (standalone, elastic, cross-DC) on small test beds"
 bash tests/testbed/workload_smoke.sh
 
@@ -69,7 +74,7 @@ step "Python package and pytest"
 bash python/setup_env.sh
 TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q tests/python
 
-step "real engines: two vLLM engines following a trainer, HF checkpoints, verl (CPU)"
+step "real engines: two vLLM engines following a trainer, the RL example on them, HF checkpoints, verl (CPU)"
 bash tests/engines/run.sh
 
 step "all tests passed"

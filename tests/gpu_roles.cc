@@ -107,19 +107,27 @@ void Say(const std::string& s) {
 }
 
 // The bare holder: a Registry behind the TCP transport.
-int RunServe(const cli::Args& args) {
-  auto memory = ParseMemory(args.Get("memory", "cuda"));
+// The roles' flags.
+struct GpuRoleFlags {
+  std::string role;
+  std::string hub;
+  std::string memory = "cuda";
+  uint64_t bytes = 64 << 20;
+  uint64_t tensors = 1;
+  uint64_t version = 1;
+};
+
+int RunServe(const GpuRoleFlags& f) {
+  auto memory = ParseMemory(f.memory);
   if (!memory.ok()) return cli::Fail(memory.status());
-  auto bytes = args.GetU64("bytes", 64 << 20);
-  auto count = args.GetU64("tensors", 1);
-  if (!bytes.ok() || !count.ok() || *count == 0)
-    return cli::Fail(InvalidArgument("bad --bytes/--tensors"));
+  const uint64_t bytes = f.bytes;
+  const uint64_t count = f.tensors;
   std::vector<TensorSpec> specs;
-  for (uint64_t i = 0; i < *count; ++i) {
-    specs.push_back({"t" + std::to_string(i), DType::kU8, {*bytes / *count}});
+  for (uint64_t i = 0; i < count; ++i) {
+    specs.push_back({"t" + std::to_string(i), DType::kU8, {bytes / count}});
   }
   specs.push_back({"odd", DType::kU8, {1001}});
-  uint64_t total = (*bytes / *count) * *count + 1001;
+  uint64_t total = (bytes / count) * count + 1001;
   auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7));
   if (!tensors.ok()) return cli::Fail(tensors.status());
   std::unique_ptr<cuda::Stream> stream;
@@ -173,29 +181,26 @@ int RunServe(const cli::Args& args) {
   return 0;
 }
 
-int RunHolder(const cli::Args& args) {
-  auto memory = ParseMemory(args.Get("memory", "cuda"));
+int RunHolder(const GpuRoleFlags& f) {
+  auto memory = ParseMemory(f.memory);
   if (!memory.ok()) return cli::Fail(memory.status());
-  auto bytes = args.GetU64("bytes", 64 << 20);
-  auto version = args.GetU64("version", 1);
-  if (!bytes.ok() || !version.ok())
-    return cli::Fail(InvalidArgument("bad --bytes/--version"));
+  const uint64_t bytes = f.bytes;
+  const uint64_t version = f.version;
   ClientOptions o;
-  o.hub_address = args.Get("hub");
+  o.hub_address = f.hub;
   o.leave_timeout_ms = 0;
   auto client = Client::Connect(o);
   if (!client.ok()) return cli::Fail(client.status());
-  std::vector<TensorSpec> specs = GpuLayout(*bytes);
-  auto tensors =
-      Tensors::Make(specs, *memory, Pattern(*bytes + 1101, *version));
+  std::vector<TensorSpec> specs = GpuLayout(bytes);
+  auto tensors = Tensors::Make(specs, *memory, Pattern(bytes + 1101, version));
   if (!tensors.ok()) return cli::Fail(tensors.status());
-  Status s = (*client)->Publish("m", Version(*version), tensors->refs());
+  Status s = (*client)->Publish("m", Version(version), tensors->refs());
   if (!s.ok()) return cli::Fail(s);
   Say("published");
   std::string line;
   while (NextLine(&line)) {
     if (line == "unpublish") {
-      Status u = (*client)->Unpublish("m", Version(*version), 10000);
+      Status u = (*client)->Unpublish("m", Version(version), 10000);
       Say(std::string("unpublished ") + std::string(StatusCodeName(u.code())));
     } else {
       break;
@@ -208,14 +213,19 @@ int RunHolder(const cli::Args& args) {
 
 int MaybeRunGpuRole(int argc, char** argv) {
   if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
-  std::string role = argv[1] + 7;
-  auto args = cli::ParseArgs(
-      argc, argv, 2, {"hub", "memory", "bytes", "tensors", "version"}, {});
-  if (!args.ok()) return cli::Fail(args.status());
-  if (role == "serve") return RunServe(*args);
-  if (role == "holder") return RunHolder(*args);
-  std::fprintf(stderr, "unknown role %s\n", role.c_str());
-  return 2;
+  GpuRoleFlags f;
+  CLI::App app("a role of the GPU tests (gpu_roles.h)", argv[0]);
+  app.add_option("--role", f.role)
+      ->check(CLI::IsMember({"serve", "holder"}))
+      ->required();
+  app.add_option("--hub", f.hub);
+  app.add_option("--memory", f.memory);
+  app.add_option("--bytes", f.bytes);
+  app.add_option("--tensors", f.tensors)->check(CLI::PositiveNumber);
+  app.add_option("--version", f.version);
+  if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
+  if (f.role == "serve") return RunServe(f);
+  return RunHolder(f);
 }
 
 }  // namespace tensorhub::testing

@@ -24,57 +24,9 @@ using cli::Subprocess;
 
 constexpr uint64_t kBytes = 256ull << 20;
 
-// SIGSTOP, then waits until the kernel reports the process stopped (the
-// signal is delivered asynchronously).
-void StopProcess(pid_t pid) {
-  ::kill(pid, SIGSTOP);
-  std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  Deadline d = Deadline::AfterMs(5000);
-  while (!d.expired()) {
-    FILE* f = std::fopen(path.c_str(), "r");
-    char state = '?';
-    if (f != nullptr) {
-      // "pid (comm) S ...": the state follows the last ')'.
-      std::string line(512, '\0');
-      size_t n = std::fread(line.data(), 1, line.size(), f);
-      std::fclose(f);
-      line.resize(n);
-      size_t close = line.rfind(')');
-      if (close != std::string::npos && close + 2 < line.size())
-        state = line[close + 2];
-    }
-    if (state == 'T') return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ADD_FAILURE() << "process " << pid << " did not stop";
-}
-
 // How far a fetch of kFaultBytes gets before a test injects its fault: the
 // reader pulls nothing more until the test says "go" (FetchPause).
 constexpr uint64_t kPauseAfterChunks = 8;
-
-// Starts "fetchx V TIMEOUT_MS kPauseAfterChunks" on `reader` and returns
-// once it has paused: kPauseAfterChunks or more chunks are verified and
-// no stream pulls another one until Resume().
-void FetchUntilPaused(Subprocess& reader, const std::string& version,
-                      int64_t timeout_ms) {
-  ASSERT_TRUE(reader
-                  .Send("fetchx " + version + " " + std::to_string(timeout_ms) +
-                        " " + std::to_string(kPauseAfterChunks))
-                  .ok());
-  auto line = reader.ReadLine(Deadline::AfterMs(120000));
-  ASSERT_TRUE(line.ok()) << line.status().ToString();
-  ASSERT_EQ(Word(*line, 0), "paused") << *line;
-}
-
-// Lets a paused reader go on and returns its "fetched ..." or "failed ..."
-// line.
-std::string Resume(Subprocess& reader) {
-  Status s = reader.Send("go");
-  if (!s.ok()) return "error " + s.ToString();
-  auto line = reader.ReadLine(Deadline::AfterMs(120000));
-  return line.ok() ? *line : "error " + line.status().ToString();
-}
 
 // Starts a hub process on `port`; returns once it listens.
 Subprocess StartHub(int port, int lease_ms = 2000) {

@@ -4,6 +4,8 @@
 #ifndef TENSORHUB_TESTS_PROCESS_UTIL_H_
 #define TENSORHUB_TESTS_PROCESS_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,6 +25,21 @@ cli::Subprocess MustSpawn(const std::vector<std::string>& args);
 // process did not answer within `timeout_ms`.
 std::string Ask(cli::Subprocess& p, const std::string& cmd,
                 int64_t timeout_ms = 120000);
+
+// SIGSTOP, then waits until the kernel reports the process stopped (the
+// signal is delivered asynchronously); a process that does not stop within
+// 5 s fails the test.
+void StopProcess(pid_t pid);
+
+// Starts "fetchx V TIMEOUT_MS PAUSE_AFTER" on a reader role and returns once
+// it has paused: `pause_after` or more chunks are verified and no stream
+// pulls another one until Resume() (FetchPause). Fails the test otherwise.
+void FetchUntilPaused(cli::Subprocess& reader, const std::string& version,
+                      int64_t timeout_ms, uint64_t pause_after = 8);
+
+// Lets a paused reader go on and returns its "fetched ..." or "failed ..."
+// line.
+std::string Resume(cli::Subprocess& reader);
 
 // A test binary's main(): runs the role named by argv if `run_role` finds
 // one (it returns -1 otherwise), else the GoogleTest suite.

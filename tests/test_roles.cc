@@ -30,10 +30,26 @@ using cli::Reply;
 
 constexpr char kModel[] = "test-model";
 
-int RunHub(const cli::Args& args) {
+// Every role's flags (each role reads the ones it needs).
+struct RoleFlags {
+  std::string role;
+  std::string hub;
+  int port = 0;
+  int64_t lease_ms = 2000;
+  uint64_t bytes = 0;
+  std::string name = "reader";
+  std::string etcd;  // an HA hub set's etcd endpoints (ha_test.cc)
+  int64_t etcd_lease_ms = 2000;
+  int64_t rebuild_ms = -1;  // -1: the hub's default
+};
+
+int RunHub(const RoleFlags& f) {
   hub::HubServerOptions o;
-  o.listen_address = "127.0.0.1:" + args.Get("port");
-  o.lease_ms = std::stoll(args.Get("lease-ms", "2000"));
+  o.listen_address = "127.0.0.1:" + std::to_string(f.port);
+  o.lease_ms = f.lease_ms;
+  o.etcd_endpoints = f.etcd;
+  o.etcd_lease_ms = f.etcd_lease_ms;
+  if (f.rebuild_ms >= 0) o.rebuild_ms = f.rebuild_ms;
   cli::BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -44,20 +60,19 @@ int RunHub(const cli::Args& args) {
   return 0;
 }
 
-Result<std::unique_ptr<Client>> Connect(const cli::Args& args,
-                                        const char* name) {
+Result<std::unique_ptr<Client>> Connect(const RoleFlags& f, const char* name) {
   ClientOptions o;
-  o.hub_address = args.Get("hub");
+  o.hub_address = f.hub;
   o.name = name;
   o.heartbeat_interval_ms = 200;
   o.rpc_timeout_ms = 2000;
   return Client::Connect(o);
 }
 
-int RunTrainer(const cli::Args& args) {
+int RunTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
-  cli::SyntheticModel model(TestLayout(std::stoull(args.Get("bytes"))));
-  auto client = Connect(args, "trainer");
+  cli::SyntheticModel model(TestLayout(f.bytes));
+  auto client = Connect(f, "trainer");
   if (!client.ok()) return cli::Fail(client.status());
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -84,11 +99,11 @@ int RunTrainer(const cli::Args& args) {
   return 0;
 }
 
-int RunReader(const cli::Args& args) {
-  std::string name = args.Get("name", "reader");
+int RunReader(const RoleFlags& f) {
+  const std::string& name = f.name;
   SetLogPrefix(name.c_str());
-  cli::SyntheticModel model(TestLayout(std::stoull(args.Get("bytes"))));
-  auto client = Connect(args, name.c_str());
+  cli::SyntheticModel model(TestLayout(f.bytes));
+  auto client = Connect(f, name.c_str());
   if (!client.ok()) return cli::Fail(client.status());
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -161,10 +176,10 @@ int RunReader(const cli::Args& args) {
 
 // A keeper (client/keeper.h): "ready ID" once registered, then runs until
 // killed or its stdin closes.
-int RunKeeper(const cli::Args& args) {
+int RunKeeper(const RoleFlags& f) {
   SetLogPrefix("keeper");
   client::KeeperOptions ko;
-  ko.client.hub_address = args.Get("hub");
+  ko.client.hub_address = f.hub;
   ko.client.heartbeat_interval_ms = 200;
   ko.client.rpc_timeout_ms = 2000;
   ko.poll_wait_ms = 500;
@@ -206,16 +221,24 @@ int FreePort() {
 
 int MaybeRunRole(int argc, char** argv) {
   if (argc < 2 || std::strncmp(argv[1], "--role=", 7) != 0) return -1;
-  std::string role = argv[1] + 7;
-  auto args = cli::ParseArgs(argc, argv, 2,
-                             {"hub", "port", "lease-ms", "bytes", "name"}, {});
-  if (!args.ok()) return cli::Fail(args.status());
-  if (role == "hub") return RunHub(*args);
-  if (role == "trainer") return RunTrainer(*args);
-  if (role == "reader") return RunReader(*args);
-  if (role == "keeper") return RunKeeper(*args);
-  std::fprintf(stderr, "unknown role %s\n", role.c_str());
-  return 2;
+  RoleFlags f;
+  CLI::App app("a role of a cross-component test (test_roles.h)", argv[0]);
+  app.add_option("--role", f.role)
+      ->check(CLI::IsMember({"hub", "trainer", "reader", "keeper"}))
+      ->required();
+  app.add_option("--hub", f.hub);
+  app.add_option("--port", f.port);
+  app.add_option("--lease-ms", f.lease_ms);
+  app.add_option("--bytes", f.bytes);
+  app.add_option("--name", f.name);
+  app.add_option("--etcd", f.etcd);
+  app.add_option("--etcd-lease-ms", f.etcd_lease_ms);
+  app.add_option("--rebuild-ms", f.rebuild_ms);
+  if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
+  if (f.role == "hub") return RunHub(f);
+  if (f.role == "trainer") return RunTrainer(f);
+  if (f.role == "reader") return RunReader(f);
+  return RunKeeper(f);
 }
 
 }  // namespace tensorhub::testing

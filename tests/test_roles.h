@@ -2,6 +2,7 @@
 // the test binary itself (Subprocess spawns /proc/self/exe --role=NAME ...).
 // Each role speaks a line protocol on stdin/stdout:
 //   hub      --port P [--lease-ms N]     prints "ready ADDR", runs until killed
+//            [--etcd EP --etcd-lease-ms N --rebuild-ms N]: one of an HA set
 //   trainer  --hub A --bytes N           "publish V [RANK GROUP]" -> "published
 //   V DIGEST"
 //                                        "unpublish V" -> "unpublished V"

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -10,77 +11,166 @@
 #include <sstream>
 
 #include "common/deadline.h"
+#include "tensorhub/check.h"
 
 namespace tensorhub::cli {
 
-std::string Args::Get(const std::string& name, const std::string& def) const {
-  auto it = flags.find(name);
-  return it == flags.end() ? def : it->second;
+namespace {
+
+// The command running now: CommandLine::Run sets it for UsageError.
+std::string& RunningCommand() {
+  static std::string path;
+  return path;
 }
 
-Result<uint64_t> Args::GetU64(const std::string& name, uint64_t def) const {
-  auto it = flags.find(name);
-  if (it == flags.end()) return def;
-  const std::string& v = it->second;
-  if (v.empty() || v.size() > 20 ||
-      v.find_first_not_of("0123456789") != std::string::npos) {
-    return InvalidArgument("--" + name +
-                           " wants a non-negative integer, got '" + v + "'");
+// The command named `name` directly under `app`; nullptr if none.
+CLI::App* FindCommand(CLI::App* app, const std::string& name) {
+  for (CLI::App* sub : app->get_subcommands({})) {
+    if (sub->check_name(name)) return sub;
   }
-  return std::stoull(v);
+  return nullptr;
 }
 
-Result<double> Args::GetDouble(const std::string& name, double def) const {
-  auto it = flags.find(name);
-  if (it == flags.end()) return def;
-  char* end = nullptr;
-  double d = std::strtod(it->second.c_str(), &end);
-  if (end == it->second.c_str() || *end != '\0' || d < 0) {
-    return InvalidArgument("--" + name + " wants a non-negative number, got '" +
-                           it->second + "'");
+// The deepest command a parse chose (the binary itself if none).
+CLI::App* Chosen(CLI::App& app) {
+  CLI::App* cur = &app;
+  for (;;) {
+    std::vector<CLI::App*> subs = cur->get_subcommands();
+    if (subs.empty()) return cur;
+    cur = subs.front();
   }
-  return d;
 }
 
-Result<Args> ParseArgs(int argc, char** argv, int first,
-                       const std::vector<std::string>& value_flags,
-                       const std::vector<std::string>& bool_flags) {
-  auto in = [](const std::vector<std::string>& v, const std::string& s) {
-    for (const auto& x : v)
-      if (x == s) return true;
-    return false;
-  };
-  Args a;
-  for (int i = first; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) != 0 || s == "--") {
-      a.positional.push_back(s);
-      continue;
-    }
-    std::string name = s.substr(2);
-    std::string value;
-    bool has_value = false;
-    size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    if (in(bool_flags, name)) {
-      if (has_value) return InvalidArgument("--" + name + " takes no value");
-      a.flags[name] = "1";
-    } else if (in(value_flags, name)) {
-      if (!has_value) {
-        if (i + 1 >= argc)
-          return InvalidArgument("--" + name + " needs a value");
-        value = argv[++i];
-      }
-      a.flags[name] = value;
-    } else {
-      return InvalidArgument("unknown flag --" + name);
-    }
+}  // namespace
+
+CommandLine::CommandLine(std::string binary, std::string description)
+    : app_(std::move(description), std::move(binary)) {
+  // Inherited by every command added later.
+  auto fmt = app_.get_formatter();
+  fmt->label("SUBCOMMAND", "COMMAND");
+  fmt->label("Positionals", "Arguments");
+  fmt->label("OPTIONS", "FLAGS");
+  fmt->column_width(34);
+  app_.option_defaults()->group("Flags");
+  app_.set_help_flag("-h,--help", "print this help and exit");
+}
+
+CLI::App* CommandLine::Add(const std::string& name,
+                           const std::string& description,
+                           std::function<int()> run, CLI::App* parent) {
+  CLI::App* c =
+      (parent == nullptr ? &app_ : parent)->add_subcommand(name, description);
+  c->group(!name.empty() && name[0] == '_' ? "" : "Commands");
+  // Made before the group of flags was inherited: again, in it.
+  c->set_help_flag("-h,--help", "print this help and exit");
+  entries_.push_back({c, std::move(run)});
+  return c;
+}
+
+CLI::App* CommandLine::AddGroup(const std::string& name,
+                                const std::string& description,
+                                CLI::App* parent) {
+  CLI::App* c =
+      (parent == nullptr ? &app_ : parent)->add_subcommand(name, description);
+  c->group("Commands");
+  c->set_help_flag("-h,--help", "print this help and exit");
+  c->require_subcommand(1);
+  return c;
+}
+
+void CommandLine::AddAnyArgs(const std::string& name, std::function<int()> run,
+                             CLI::App* parent) {
+  CLI::App* c = Add(name, "", std::move(run), parent);
+  c->group("");
+  c->set_help_flag();  // --help too is one of the arguments it ignores
+  c->prefix_command();
+  c->allow_extras();
+}
+
+int CommandLine::Run(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(app_.help().c_str(), stderr);
+    return 2;
   }
-  return a;
+  if (args[0] == "help") {  // `help [COMMAND...]`
+    args.erase(args.begin());
+    args.push_back("--help");
+  }
+  // A word that names no command is an unknown command (CLI11 would call
+  // it an unexpected argument).
+  CLI::App* cur = &app_;
+  for (const std::string& a : args) {
+    if (a.empty() || a[0] == '-' || cur->get_subcommands({}).empty()) break;
+    CLI::App* sub = FindCommand(cur, a);
+    if (sub == nullptr) {
+      std::fprintf(stderr, "%s: unknown command '%s'\n\n%s",
+                   CommandPath(*cur).c_str(), a.c_str(),
+                   cur->help(cur->get_parent() == nullptr
+                                 ? ""
+                                 : CommandPath(*cur->get_parent()))
+                       .c_str());
+      return 2;
+    }
+    cur = sub;
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  try {
+    app_.parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app_.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    CLI::App* chosen = Chosen(app_);
+    const std::string path = CommandPath(*chosen);
+    if (chosen != &app_ && !chosen->get_subcommands({}).empty()) {
+      // A group named with no command of it (`tensorhub bench`).
+      std::fprintf(stderr, "%s: name a command\n\n%s", path.c_str(),
+                   chosen->help(CommandPath(*chosen->get_parent())).c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "%s: %s\nRun `%s --help` for its flags.\n",
+                 path.c_str(), e.what(), path.c_str());
+    return 2;
+  }
+  CLI::App* chosen = Chosen(app_);
+  for (const Entry& e : entries_) {
+    if (e.app != chosen) continue;
+    RunningCommand() = CommandPath(*chosen);
+    return e.run();
+  }
+  // Only a group can be chosen without an entry, and a group requires a
+  // command (AddGroup), which the parse checked.
+  std::fputs(chosen->help().c_str(), stderr);
+  return 2;
+}
+
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "%s: %s\nRun `%s --help` for its flags.\n",
+                 app.get_name().c_str(), e.what(), app.get_name().c_str());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+std::string CommandPath(const CLI::App& app) {
+  std::string path = app.get_name();
+  for (const CLI::App* p = app.get_parent(); p != nullptr; p = p->get_parent())
+    path = p->get_name() + " " + path;
+  return path;
+}
+
+int UsageError(const std::string& message) {
+  const std::string& path = RunningCommand();
+  std::fprintf(stderr, "%s: %s\nRun `%s --help` for its flags.\n", path.c_str(),
+               message.c_str(), path.c_str());
+  return 2;
 }
 
 Result<uint64_t> ParseBytes(const std::string& text) {
@@ -129,22 +219,83 @@ std::string FormatBytes(uint64_t bytes) {
   return buf;
 }
 
-std::string HubAddress(const Args& args) {
-  if (args.Has("hub")) return args.Get("hub");
-  const char* env = std::getenv("TENSORHUB_HUB");
-  if (env != nullptr && *env != '\0') return env;
-  return "127.0.0.1:7070";
+void AddHubFlags(CLI::App* command, WorkerFlags* flags) {
+  command->add_option("--hub", flags->options.hub_address, "the hub's address")
+      ->envname("TENSORHUB_HUB")
+      ->type_name("HOST:PORT")
+      ->capture_default_str();
+  command
+      ->add_option("--secret-file", flags->secret_file,
+                   "file with the hub's shared secret (without it: the "
+                   "secret in $TENSORHUB_SECRET, if set)")
+      ->envname("TENSORHUB_SECRET_FILE")
+      ->type_name("PATH");
+  ClientOptions& o = flags->options;
+  command
+      ->add_option("--tls-ca", o.tls_ca_file,
+                   "talk TLS to the hub, trusting a hub certificate signed "
+                   "by this CA (PEM; docs/security.md)")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-cert", o.tls_cert_file,
+                   "this worker's certificate (PEM), for a hub that requires "
+                   "client certificates and for --data-tls")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-key", o.tls_key_file,
+                   "the private key of --tls-cert (PEM, unencrypted)")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-server-name", o.tls_server_name,
+                   "the name the hub's certificate must have (default: the "
+                   "host in --hub)")
+      ->type_name("NAME");
 }
 
-Result<std::string> Secret(const Args& args) {
-  std::string file = args.Get("secret-file");
-  if (file.empty()) {
-    const char* env = std::getenv("TENSORHUB_SECRET_FILE");
-    if (env != nullptr) file = env;
-  }
-  if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) return InvalidArgument("cannot read secret file '" + file + "'");
+void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
+  AddHubFlags(command, flags);
+  ClientOptions& o = flags->options;
+  command->add_option("--name", o.name,
+                      "this worker's name in logs and `tensorhub show` "
+                      "(default HOSTNAME:PID)");
+  command->add_option("--datacenter", o.labels.datacenter,
+                      "this worker's datacenter: sources in the same one are "
+                      "preferred");
+  command->add_option("--rack", o.labels.rack,
+                      "this worker's rack (same rack preferred next)");
+  command->add_option("--host-label", o.labels.host,
+                      "this worker's host (same host preferred first)");
+  command->add_flag_callback(
+      "--spot", [&o] { o.worker_class = WorkerClass::kSpot; },
+      "a spot worker: may vanish; retention does not count on its copies");
+  command
+      ->add_option("--data-listen", o.data_listen_address,
+                   "where the data plane listens (port 0: a free one); "
+                   "0.0.0.0:PORT for readers on other hosts")
+      ->type_name("HOST:PORT")
+      ->capture_default_str();
+  command
+      ->add_option("--advertise-host", o.data_advertise_host,
+                   "the address other hosts dial for this worker's data "
+                   "(default: the listen host)")
+      ->type_name("HOST");
+  command
+      ->add_option("--metrics-listen", o.metrics_listen,
+                   "serve Prometheus metrics at http://HOST:PORT/metrics "
+                   "(docs/metrics.md)")
+      ->type_name("HOST:PORT");
+  command->add_flag("--data-tls", o.data_tls,
+                    "mutual TLS on every data connection too (needs --tls-ca, "
+                    "--tls-cert, --tls-key; every worker must agree; kernel "
+                    "TLS where the kernel has it)");
+}
+
+Result<std::string> ReadSecret(const std::string& secret_file) {
+  if (!secret_file.empty()) {
+    std::ifstream in(secret_file);
+    if (!in) {
+      return InvalidArgument("cannot read secret file '" + secret_file + "'");
+    }
     std::stringstream ss;
     ss << in.rdbuf();
     std::string s = ss.str();
@@ -152,39 +303,40 @@ Result<std::string> Secret(const Args& args) {
            (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
       s.pop_back();
     if (s.empty())
-      return InvalidArgument("secret file '" + file + "' is empty");
+      return InvalidArgument("secret file '" + secret_file + "' is empty");
     return s;
   }
   const char* env = std::getenv("TENSORHUB_SECRET");
   return std::string(env == nullptr ? "" : env);
 }
 
-Result<ClientOptions> ClientOptionsFrom(const Args& args) {
-  ClientOptions o;
-  o.hub_address = HubAddress(args);
-  TH_ASSIGN_OR_RETURN(o.secret, Secret(args));
-  o.name = args.Get("name");
-  o.labels.datacenter = args.Get("datacenter");
-  o.labels.rack = args.Get("rack");
-  o.labels.host = args.Get("host-label");
-  if (args.Has("spot")) o.worker_class = WorkerClass::kSpot;
-  if (args.Has("data-listen")) o.data_listen_address = args.Get("data-listen");
-  o.data_advertise_host = args.Get("advertise-host");
-  o.metrics_listen = args.Get("metrics-listen");
-  TH_ASSIGN_OR_RETURN(uint64_t t, args.GetU64("timeout-ms", 10000));
-  o.connect_timeout_ms = static_cast<int64_t>(t);
-  o.tls_ca_file = args.Get("tls-ca");
-  o.tls_cert_file = args.Get("tls-cert");
-  o.tls_key_file = args.Get("tls-key");
-  o.tls_server_name = args.Get("tls-server-name");
-  o.data_tls = args.Has(kDataTlsFlag);
+Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags) {
+  ClientOptions o = flags.options;
+  TH_ASSIGN_OR_RETURN(o.secret, ReadSecret(flags.secret_file));
   return o;
 }
 
-std::vector<std::string> WithTlsFlags(std::vector<std::string> value_flags) {
-  for (const char* f : {"tls-ca", "tls-cert", "tls-key", "tls-server-name"})
-    value_flags.push_back(f);
-  return value_flags;
+CLI::Validator SizeTransform() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        Result<uint64_t> b = ParseBytes(text);
+        if (!b.ok()) return b.status().message();
+        text = std::to_string(*b);
+        return "";
+      },
+      "", "size");
+}
+
+CLI::Option* AddBytesOption(CLI::App* command, const std::string& name,
+                            uint64_t* bytes, const std::string& def,
+                            const std::string& description) {
+  Result<uint64_t> d = ParseBytes(def);
+  TH_CHECK(d.ok());
+  *bytes = *d;
+  return command->add_option(name, *bytes, description)
+      ->transform(SizeTransform())
+      ->type_name("SIZE")
+      ->default_str(def);
 }
 
 Result<ModelRef> ParseModelRef(const std::string& text) {
@@ -271,19 +423,6 @@ std::string FormatStages(const FetchStats& st) {
 int Fail(const Status& status) {
   std::fprintf(stderr, "tensorhub: %s\n", status.ToString().c_str());
   return 1;
-}
-
-std::optional<int> TopLevelHelp(int argc, char** argv, const char* usage) {
-  if (argc < 2) {
-    std::fputs(usage, stderr);
-    return 2;
-  }
-  const std::string first = argv[1];
-  if (first == "-h" || first == "--help" || first == "help") {
-    std::fputs(usage, stdout);
-    return 0;
-  }
-  return std::nullopt;
 }
 
 int MovedToLab(const std::string& command) {

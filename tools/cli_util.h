@@ -1,12 +1,16 @@
-// Shared pieces of the `tensorhub` command line: flag parsing, the hub
-// address and secret, human-readable sizes, a progress bar, signal waits.
+// Shared pieces of the `tensorhub` and `tensorhub-lab` command lines: the
+// command table and its flags (CLI11), the hub address and secret,
+// human-readable sizes, a progress bar, signal waits.
 #ifndef TENSORHUB_TOOLS_CLI_UTIL_H_
 #define TENSORHUB_TOOLS_CLI_UTIL_H_
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
-#include <map>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorhub/client.h"
@@ -14,39 +18,103 @@
 
 namespace tensorhub::cli {
 
-// --name VALUE, --name=VALUE and bare --flag (for names in `bool_flags`).
-// Anything not starting with "--" is positional.
-struct Args {
-  std::map<std::string, std::string> flags;
-  std::vector<std::string> positional;
+// ---- Commands and flags ----
+//
+// A binary's command line is a CommandLine: a CLI11 app whose subcommands
+// are the commands, each registered with the function that runs it once its
+// flags are parsed. Flags bind straight to the fields a command reads (a
+// struct the run function captures), so every flag is declared once, with
+// its help text, type and range, and `COMMAND --help` lists them all.
+//
+// Exit codes, the same for every binary: 0 success (and --help); 1 the
+// command ran and failed (Fail prints why); 2 the command line is wrong
+// (unknown command or flag, bad or missing value): the message names the
+// flag and points at `COMMAND --help`.
+class CommandLine {
+ public:
+  CommandLine(std::string binary, std::string description);
+  CommandLine(const CommandLine&) = delete;
+  CommandLine& operator=(const CommandLine&) = delete;
 
-  bool Has(const std::string& name) const { return flags.count(name) > 0; }
-  std::string Get(const std::string& name, const std::string& def = "") const;
-  Result<uint64_t> GetU64(const std::string& name, uint64_t def) const;
-  Result<double> GetDouble(const std::string& name, double def) const;
+  CLI::App& app() { return app_; }
+
+  // Adds command `name` under `parent` (nullptr: the binary) that calls
+  // `run` when chosen; `run`'s result is the exit code. A name starting
+  // with '_' is hidden from the help: a worker process the binary spawns
+  // itself (the demo's rollouts, the benchmarks' holders).
+  CLI::App* Add(const std::string& name, const std::string& description,
+                std::function<int()> run, CLI::App* parent = nullptr);
+  // A command that only groups others (`bench pair`, `bench local`).
+  CLI::App* AddGroup(const std::string& name, const std::string& description,
+                     CLI::App* parent = nullptr);
+  // A hidden command that takes any arguments and calls `run` (e.g. one
+  // that moved to another binary and says where).
+  void AddAnyArgs(const std::string& name, std::function<int()> run,
+                  CLI::App* parent = nullptr);
+
+  // Parses argv, runs the chosen command and returns the exit code. With no
+  // command, prints the help to stderr and returns 2; `help [COMMAND...]`,
+  // -h and --help print it to stdout and return 0.
+  int Run(int argc, char** argv);
+
+ private:
+  struct Entry {
+    CLI::App* app;
+    std::function<int()> run;
+  };
+  CLI::App app_;
+  std::vector<Entry> entries_;
 };
 
-Result<Args> ParseArgs(int argc, char** argv, int first,
-                       const std::vector<std::string>& value_flags,
-                       const std::vector<std::string>& bool_flags);
+// For a binary without commands (the test roles, gpu_bench): parses argv
+// into `app`'s flags. Returns nothing to go on, else the exit code: 0 after
+// printing the help, 2 after saying what is wrong with the command line.
+std::optional<int> ParseFlags(CLI::App& app, int argc, char** argv);
+
+// "tensorhub fetch": the command being parsed or run (for messages).
+std::string CommandPath(const CLI::App& app);
+// For a bad command line found after parsing (a combination of flags):
+// prints "PATH: MESSAGE" and the --help hint for the running command, and
+// returns 2.
+int UsageError(const std::string& message);
+
+// The flags of a command that talks to the hub, and of one that joins as a
+// worker (holds and serves versions). The one place these are defined: a
+// flag every such command takes is one line in AddHubFlags or
+// AddWorkerFlags, binding it into `options` (or a field here).
+struct WorkerFlags {
+  // --hub, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --name,
+  // --datacenter, --rack, --host-label, --spot, --data-listen,
+  // --advertise-host, --metrics-listen, --data-tls; the secret is read by
+  // ClientOptionsFrom.
+  ClientOptions options;
+  std::string secret_file;  // --secret-file
+};
+// --hub HOST:PORT (else $TENSORHUB_HUB, else 127.0.0.1:7070),
+// --secret-file PATH (else $TENSORHUB_SECRET_FILE, else the secret itself in
+// $TENSORHUB_SECRET), and TLS to the hub: --tls-ca, --tls-cert, --tls-key,
+// --tls-server-name.
+void AddHubFlags(CLI::App* command, WorkerFlags* flags);
+// AddHubFlags' flags plus who this worker is, where its data plane listens
+// and its metrics endpoint: --name, --datacenter, --rack, --host-label,
+// --spot, --data-listen, --advertise-host, --metrics-listen, and --data-tls.
+void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
+// The options the flags give, with the secret read.
+Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags);
+// The secret alone (for `serve`, which is no worker).
+Result<std::string> ReadSecret(const std::string& secret_file);
+
+// The transform of a size flag: "256MiB" -> "268435456" (see ParseBytes).
+CLI::Validator SizeTransform();
+// A size flag: "1000000", "256MiB", "1GB", "4k" (see ParseBytes); `def`
+// is the default, written the same way.
+CLI::Option* AddBytesOption(CLI::App* command, const std::string& name,
+                            uint64_t* bytes, const std::string& def,
+                            const std::string& description);
 
 // Accepts "1000000", "256MiB", "1GB", "4k" ...
 Result<uint64_t> ParseBytes(const std::string& text);
 std::string FormatBytes(uint64_t bytes);
-
-// --hub, else $TENSORHUB_HUB, else 127.0.0.1:7070.
-std::string HubAddress(const Args& args);
-// --secret-file, else $TENSORHUB_SECRET_FILE, else $TENSORHUB_SECRET.
-Result<std::string> Secret(const Args& args);
-// Client options from the common flags (--hub, --name, --datacenter, --rack,
-// --host-label, --spot, --data-listen, --advertise-host, --metrics-listen, the
-// TLS flags).
-Result<ClientOptions> ClientOptionsFrom(const Args& args);
-// `value_flags` and the TLS flags of every command that talks to the hub:
-// --tls-ca, --tls-cert, --tls-key, --tls-server-name. Worker commands also
-// take the bare flag kDataTlsFlag (--data-tls).
-std::vector<std::string> WithTlsFlags(std::vector<std::string> value_flags);
-inline constexpr char kDataTlsFlag[] = "data-tls";
 
 // "model", "model@7", "model@latest".
 struct ModelRef {
@@ -79,11 +147,6 @@ int Fail(const Status& status);  // prints "tensorhub: CODE: message", returns 1
 // A fetch's stage breakdown for its closing line (FetchStats' stages):
 // "stages: resolve 0.001 s, schedule ..., register 0.001 s".
 std::string FormatStages(const FetchStats& st);
-
-// A binary's top level: with no command, prints `usage` to stderr and
-// returns 2; with -h, --help or help, prints it to stdout and returns 0;
-// else returns nothing and the command runs.
-std::optional<int> TopLevelHelp(int argc, char** argv, const char* usage);
 
 // For a lab command asked of the product binary: prints the one line that
 // says where it went (`tensorhub-lab COMMAND`, bench/lab/) and returns 2.

@@ -209,36 +209,26 @@ Result<int> ProbeLocalPath(const std::string& address, uint64_t bytes) {
   return calls->load();
 }
 
-}  // namespace
-
-// Flags of the two-process benchmarks (pair, local), checked.
+// Flags of the two-process benchmarks (pair, local).
 struct TwoProcessFlags {
   uint64_t bytes = 0;
   uint64_t chunk_bytes = 0;
-  uint64_t repeat = 0;
-  uint64_t connections = 0;
+  uint64_t repeat = 3;
+  uint64_t connections = 4;
   bool data_tls = false;  // pair only
 };
 
-Result<TwoProcessFlags> ParseTwoProcessFlags(int argc, char** argv) {
-  TH_ASSIGN_OR_RETURN(
-      Args args, ParseArgs(argc, argv, 3,
-                           {"bytes", "repeat", "connections", "chunk-bytes"},
-                           {kDataTlsFlag}));
-  TwoProcessFlags f;
-  f.data_tls = args.Has(kDataTlsFlag);
-  TH_ASSIGN_OR_RETURN(f.bytes, ParseBytes(args.Get("bytes", "1GiB")));
-  TH_ASSIGN_OR_RETURN(f.chunk_bytes,
-                      ParseBytes(args.Get("chunk-bytes", "4MiB")));
-  TH_ASSIGN_OR_RETURN(f.repeat, args.GetU64("repeat", 3));
-  TH_ASSIGN_OR_RETURN(f.connections, args.GetU64("connections", 4));
-  if (f.bytes < 4096 || f.bytes > (64ull << 30))
-    return InvalidArgument("--bytes must be in [4KiB, 64GiB]");
-  if (f.repeat < 1 || f.repeat > 100)
-    return InvalidArgument("--repeat must be in [1, 100]");
-  if (f.connections < 1 || f.connections > 64)
-    return InvalidArgument("--connections must be in [1, 64]");
-  return f;
+void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
+  AddBytesOption(c, "--bytes", &f->bytes, "1GiB", "bytes the holder publishes")
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{64} << 30));
+  AddBytesOption(c, "--chunk-bytes", &f->chunk_bytes, "4MiB",
+                 "the unit of transfer");
+  c->add_option("--repeat", f->repeat, "runs (the best of each is reported)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100}))
+      ->capture_default_str();
+  c->add_option("--connections", f->connections, "parallel streams")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64}))
+      ->capture_default_str();
 }
 
 struct HubAndHolder {
@@ -318,26 +308,32 @@ Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
 }
 
 // The holder side of `bench pair`, as its own process.
-int CmdBenchHolder(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        WithTlsFlags({"hub", "bytes", "chunk-bytes", "model"}),
-                        {kDataTlsFlag});
-  if (!args.ok()) return Fail(args.status());
-  auto bytes = args->GetU64("bytes", 0);
-  auto chunk = args->GetU64("chunk-bytes", 4 << 20);
-  if (!bytes.ok() || !chunk.ok())
-    return Fail(InvalidArgument("bad holder flags"));
-  SyntheticModel model(FlatLayout(*bytes));
+struct HolderFlags {
+  std::string hub;
+  uint64_t bytes = 0;
+  uint64_t chunk_bytes = 4 << 20;
+  std::string model = kModel;
+  // bench pair --data-tls: the throwaway CA's files, and TLS on the data
+  // plane for the second holder.
+  std::string tls_ca, tls_cert, tls_key;
+  bool data_tls = false;
+};
+
+int RunBenchHolder(const HolderFlags& f) {
+  SyntheticModel model(FlatLayout(f.bytes));
   model.Fill(1);
-  auto o = ClientOptionsFrom(*args);
-  if (!o.ok()) return Fail(o.status());
-  o->name = "bench-holder";
-  auto client = Client::Connect(*o);
+  ClientOptions o;
+  o.hub_address = f.hub;
+  o.name = "bench-holder";
+  o.tls_ca_file = f.tls_ca;
+  o.tls_cert_file = f.tls_cert;
+  o.tls_key_file = f.tls_key;
+  o.data_tls = f.data_tls;
+  auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   PublishOptions po;
-  po.chunk_bytes = *chunk;
-  Status s = (*client)->Publish(args->Get("model", kModel), Version(1),
-                                model.tensors(), po);
+  po.chunk_bytes = f.chunk_bytes;
+  Status s = (*client)->Publish(f.model, Version(1), model.tensors(), po);
   if (!s.ok()) return Fail(s);
   Reply("ready " + Hex(model.Digest()));
   std::string line;
@@ -345,26 +341,7 @@ int CmdBenchHolder(int argc, char** argv) {
   return 0;
 }
 
-int CmdBenchLocal(int argc, char** argv);
-
-int CmdBench(int argc, char** argv) {
-  if (argc < 3) {
-    return Fail(
-        InvalidArgument("usage: tensorhub bench pair [--bytes 1GiB] | bench "
-                        "local [--bytes 1GiB]"));
-  }
-  std::string what = argv[2];
-  if (what == "_holder") return CmdBenchHolder(argc - 1, argv + 1);
-  if (what == "local") return CmdBenchLocal(argc, argv);
-  if (what == "hub" || what == "fanout" || what == "workload" ||
-      what == "_trainer" || what == "_reader") {
-    return MovedToLab("bench " + what);
-  }
-  if (what != "pair")
-    return Fail(InvalidArgument("unknown benchmark '" + what + "'"));
-  auto flags = ParseTwoProcessFlags(argc, argv);
-  if (!flags.ok()) return Fail(flags.status());
-  const TwoProcessFlags& f = *flags;
+int RunBenchPair(const TwoProcessFlags& f) {
   SetLogLevel(LogLevel::kWarn);
   // This benchmark measures the TCP data plane against a raw socket pair:
   // switch the intra-host path off for both processes (see bench local).
@@ -509,19 +486,13 @@ int CmdBench(int argc, char** argv) {
   return 0;
 }
 
-int CmdBenchLocal(int argc, char** argv) {
-  auto flags = ParseTwoProcessFlags(argc, argv);
-  if (!flags.ok()) return Fail(flags.status());
-  const TwoProcessFlags& f = *flags;
+int RunBenchLocal(const TwoProcessFlags& f) {
   if (!transport::TcpTransportOptions::FromEnv().local_reads) {
     return Fail(FailedPrecondition(
         "TENSORHUB_NO_CMA=1 is set: unset it, this benchmark sets it itself"));
   }
   SetLogLevel(LogLevel::kWarn);
 
-  if (f.data_tls) {
-    return Fail(InvalidArgument("--data-tls is for bench pair (TCP)"));
-  }
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "info");
   if (!pair.ok()) return Fail(pair.status());
   auto& hub = pair->hub;
@@ -620,6 +591,52 @@ int CmdBenchLocal(int argc, char** argv) {
       ">= 0.60); intra-host / TCP: %.2f\n",
       local / mc, ratios[ratios.size() / 2], local / tcp);
   return 0;
+}
+
+}  // namespace
+
+void AddBenchCommands(CommandLine& cl) {
+  CLI::App* bench = cl.AddGroup(
+      "bench",
+      "bench pair | bench local: a fetch beside the limits measured "
+      "in the same run");
+  auto pair = std::make_shared<TwoProcessFlags>();
+  CLI::App* pc = cl.Add(
+      "pair",
+      "a holder and a reader process on loopback TCP, beside a raw "
+      "socket pair and memcpy",
+      [pair] { return RunBenchPair(*pair); }, bench);
+  AddTwoProcessFlags(pc, pair.get());
+  pc->add_flag("--data-tls", pair->data_tls,
+               "also fetch from a holder serving over data-plane TLS "
+               "(certificates from a throwaway CA made with openssl), beside "
+               "a raw TLS pair");
+  auto local = std::make_shared<TwoProcessFlags>();
+  AddTwoProcessFlags(
+      cl.Add(
+          "local",
+          "the same on the intra-host path (cross-memory attach), beside "
+          "TCP, process_vm_readv and memcpy",
+          [local] { return RunBenchLocal(*local); }, bench),
+      local.get());
+  auto h = std::make_shared<HolderFlags>();
+  CLI::App* c = cl.Add(
+      "_holder", "the holder process of bench pair|local",
+      [h] { return RunBenchHolder(*h); }, bench);
+  c->add_option("--hub", h->hub)->required();
+  c->add_option("--bytes", h->bytes)->required();
+  c->add_option("--chunk-bytes", h->chunk_bytes);
+  c->add_option("--model", h->model);
+  c->add_option("--tls-ca", h->tls_ca);
+  c->add_option("--tls-cert", h->tls_cert);
+  c->add_option("--tls-key", h->tls_key);
+  c->add_flag("--data-tls", h->data_tls);
+  for (const char* moved :
+       {"hub", "fanout", "workload", "_trainer", "_reader"}) {
+    cl.AddAnyArgs(
+        moved, [moved] { return MovedToLab(std::string("bench ") + moved); },
+        bench);
+  }
 }
 
 }  // namespace tensorhub::cli

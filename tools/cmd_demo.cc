@@ -31,17 +31,20 @@ bool NextCommand(std::string* cmd, uint64_t* arg) {
   return true;
 }
 
-}  // namespace
+// The flags of the demo and of its worker processes.
+struct DemoFlags {
+  std::string hub;
+  std::string name;
+  double scale = 1.0;
+  uint32_t rollouts = 4;
+  uint32_t rounds = 5;
+};
 
-int CmdDemoTrainer(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "scale"}, {});
-  if (!args.ok()) return Fail(args.status());
-  auto scale = args->GetDouble("scale", 1.0);
-  if (!scale.ok()) return Fail(scale.status());
+int RunDemoTrainer(const DemoFlags& f) {
   SetLogPrefix("trainer");
-  SyntheticModel model(QwenLayout(*scale));
+  SyntheticModel model(QwenLayout(f.scale));
   ClientOptions o;
-  o.hub_address = args->Get("hub");
+  o.hub_address = f.hub;
   o.name = "trainer";
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
@@ -77,16 +80,12 @@ int CmdDemoTrainer(int argc, char** argv) {
   return 0;
 }
 
-int CmdDemoRollout(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"hub", "scale", "name"}, {});
-  if (!args.ok()) return Fail(args.status());
-  auto scale = args->GetDouble("scale", 1.0);
-  if (!scale.ok()) return Fail(scale.status());
-  SetLogPrefix(args->Get("name").c_str());
-  SyntheticModel model(QwenLayout(*scale));
+int RunDemoRollout(const DemoFlags& f) {
+  SetLogPrefix(f.name.c_str());
+  SyntheticModel model(QwenLayout(f.scale));
   ClientOptions o;
-  o.hub_address = args->Get("hub");
-  o.name = args->Get("name");
+  o.hub_address = f.hub;
+  o.name = f.name;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   std::string cmd;
@@ -110,22 +109,7 @@ int CmdDemoRollout(int argc, char** argv) {
   return 0;
 }
 
-int CmdDemo(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"rollouts", "rounds", "scale"}, {});
-  if (!args.ok()) return Fail(args.status());
-  auto rollouts = args->GetU64("rollouts", 4);
-  auto rounds = args->GetU64("rounds", 5);
-  auto scale = args->GetDouble("scale", 1.0);
-  for (const Status& s : {rollouts.status(), rounds.status(), scale.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*rollouts < 1 || *rollouts > 32)
-    return Fail(InvalidArgument("--rollouts must be in [1, 32]"));
-  if (*rounds < 1 || *rounds > 1000)
-    return Fail(InvalidArgument("--rounds must be in [1, 1000]"));
-  if (*scale <= 0 || *scale > 1)
-    return Fail(InvalidArgument("--scale must be in (0, 1]"));
-
+int RunDemo(const DemoFlags& f) {
   SetLogPrefix("demo");
   // The table is the output; the hub's join/leave lines would interleave.
   if (std::getenv("TENSORHUB_LOG") == nullptr) SetLogLevel(LogLevel::kWarn);
@@ -134,26 +118,26 @@ int CmdDemo(int argc, char** argv) {
   auto hub = hub::HubServer::Start(ho);
   if (!hub.ok()) return Fail(hub.status());
   const std::string hub_addr = (*hub)->address();
-  std::vector<TensorSpec> layout = QwenLayout(*scale);
+  std::vector<TensorSpec> layout = QwenLayout(f.scale);
   uint64_t bytes = 0;
   for (const TensorSpec& s : layout) bytes += *s.ByteSize();
   std::printf(
       "TensorHub demo: hub %s, 1 trainer + %llu rollout processes, %llu "
       "rounds\n",
-      hub_addr.c_str(), static_cast<unsigned long long>(*rollouts),
-      static_cast<unsigned long long>(*rounds));
+      hub_addr.c_str(), static_cast<unsigned long long>(f.rollouts),
+      static_cast<unsigned long long>(f.rounds));
   std::printf(
       "model %s: %zu bf16 tensors, %s (Qwen2.5-0.5B layout, scale %.2f)\n\n",
-      kModel, layout.size(), FormatBytes(bytes).c_str(), *scale);
+      kModel, layout.size(), FormatBytes(bytes).c_str(), f.scale);
   std::fflush(stdout);
 
   const std::vector<std::string> env = {"TENSORHUB_LOG=warn"};
-  std::string scale_s = std::to_string(*scale);
+  std::string scale_s = std::to_string(f.scale);
   auto trainer = Subprocess::Spawn(
       {"_demo-trainer", "--hub", hub_addr, "--scale", scale_s}, env);
   if (!trainer.ok()) return Fail(trainer.status());
   std::vector<Subprocess> workers;
-  for (uint64_t i = 0; i < *rollouts; ++i) {
+  for (uint64_t i = 0; i < f.rollouts; ++i) {
     auto w =
         Subprocess::Spawn({"_demo-rollout", "--hub", hub_addr, "--scale",
                            scale_s, "--name", "rollout-" + std::to_string(i)},
@@ -164,7 +148,7 @@ int CmdDemo(int argc, char** argv) {
 
   bool all_ok = true;
   double total_wait = 0, max_wait = 0;
-  for (uint64_t r = 1; r <= *rounds; ++r) {
+  for (uint64_t r = 1; r <= f.rounds; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
     auto line = s.ok() ? trainer->ReadLine(Deadline::AfterMs(180000))
                        : Result<std::string>(s);
@@ -222,9 +206,40 @@ int CmdDemo(int argc, char** argv) {
   (*hub)->Shutdown();
   std::printf(
       "\n%s: %llu rounds x %zu rollouts, mean wait %.3f s, max wait %.3f s\n",
-      all_ok ? "OK" : "FAILED", static_cast<unsigned long long>(*rounds),
-      workers.size(), total_wait / (*rounds * workers.size()), max_wait);
+      all_ok ? "OK" : "FAILED", static_cast<unsigned long long>(f.rounds),
+      workers.size(), total_wait / (f.rounds * workers.size()), max_wait);
   return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+void AddDemoCommands(CommandLine& cl) {
+  auto f = std::make_shared<DemoFlags>();
+  CLI::App* c = cl.Add("demo",
+                       "a hub, a trainer and N rollout processes updating a "
+                       "~1 GB model, every copy checked",
+                       [f] { return RunDemo(*f); });
+  c->add_option("--rollouts", f->rollouts, "rollout processes")
+      ->check(CLI::Range(1u, 32u))
+      ->capture_default_str();
+  c->add_option("--rounds", f->rounds, "weight-update rounds")
+      ->check(CLI::Range(1u, 1000u))
+      ->capture_default_str();
+  c->add_option("--scale", f->scale,
+                "model size as a fraction of Qwen2.5-0.5B's layout")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
+  // The demo's worker processes (it spawns them with these flags).
+  for (const bool trainer : {true, false}) {
+    auto w = std::make_shared<DemoFlags>();
+    c = cl.Add(trainer ? "_demo-trainer" : "_demo-rollout",
+               "a worker process of the demo", [w, trainer] {
+                 return trainer ? RunDemoTrainer(*w) : RunDemoRollout(*w);
+               });
+    c->add_option("--hub", w->hub)->required();
+    c->add_option("--scale", w->scale)->check(CLI::Range(1e-6, 1.0));
+    if (!trainer) c->add_option("--name", w->name)->required();
+  }
 }
 
 }  // namespace tensorhub::cli

@@ -4,9 +4,14 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
 
 #include "cli_util.h"
 #include "common/deadline.h"
@@ -20,16 +25,6 @@ namespace {
 // The original header's JSON travels as metadata under this key, so that a
 // fetched file is the published file byte for byte.
 constexpr char kHeaderKey[] = "safetensors.header";
-
-const std::vector<std::string> kCommonFlags = WithTlsFlags(
-    {"hub", "secret-file", "name", "datacenter", "rack", "host-label",
-     "data-listen", "advertise-host", "timeout-ms", "metrics-listen"});
-
-std::vector<std::string> With(std::vector<std::string> v,
-                              std::initializer_list<const char*> more) {
-  for (const char* m : more) v.push_back(m);
-  return v;
-}
 
 bool IsDirectory(const std::string& path) {
   struct stat st;
@@ -72,129 +67,64 @@ Result<MappedCheckpoint> MapCheckpoint(const std::string& dir) {
   return m;
 }
 
-// Writes a fetched checkpoint: a writer per shard, then the small files.
-int FetchCheckpoint(Client& client, const ModelRef& ref,
-                    const VersionInfo& info, const std::string& metadata,
-                    const std::string& dir, FetchOptions fo) {
-  auto ckpt = DecodeHfCheckpoint(metadata);
-  if (!ckpt.ok()) return Fail(ckpt.status());
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Fail(Unavailable("mkdir " + dir + ": " + std::strerror(errno)));
-  }
-  if (!IsDirectory(dir)) {
-    return Fail(InvalidArgument(
-        dir + " exists and is not a directory; " + ref.model + "@" +
-        std::to_string(info.version.value()) + " is a checkpoint directory"));
-  }
-  std::vector<SafetensorsFileWriter> writers;
-  std::vector<TensorRef> refs;
-  for (const HfShard& shard : ckpt->shards) {
-    std::string raw(8, '\0');
-    uint64_t n = shard.header_json.size();
-    for (int i = 0; i < 8; ++i)
-      raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-    raw += shard.header_json;
-    auto w = SafetensorsFileWriter::CreateFromRawHeader(dir + "/" + shard.name,
-                                                        raw, shard.data_bytes);
-    if (!w.ok()) return Fail(w.status());
-    for (const TensorRef& t : w->tensors()) refs.push_back(t);
-    writers.push_back(std::move(*w));
-  }
-  ProgressBar bar("fetch " + ref.model + "@" +
-                  std::to_string(info.version.value()));
-  fo.on_progress = [&bar](const FetchProgress& p) {
-    bar.Update(p.bytes_done, p.bytes_total);
-  };
-  auto stats = client.Fetch(ref.model, info.version, refs, fo);
-  bar.Finish();
-  if (!stats.ok()) return Fail(stats.status());
-  for (SafetensorsFileWriter& w : writers) {
-    Status c = w.Commit();
-    if (!c.ok()) return Fail(c);
-  }
-  for (const HfFile& f : ckpt->files) {
-    Status c = WriteFileAtomically(dir + "/" + f.name, f.content);
-    if (!c.ok()) return Fail(c);
-  }
-  std::printf(
-      "fetched %s@%llu -> %s/: %zu shard(s) and %zu file(s), %s in %.2f s "
-      "(%.2f GB/s) from %u holder(s), %u chunk retries; %s\n",
-      ref.model.c_str(),
-      static_cast<unsigned long long>(stats->version.value()), dir.c_str(),
-      ckpt->shards.size(), ckpt->files.size(),
-      FormatBytes(stats->bytes).c_str(), stats->seconds,
-      stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-      stats->sources_used, stats->chunk_retries, FormatStages(*stats).c_str());
-  return 0;
-}
+// ---- publish ----
 
-}  // namespace
+struct PublishFlags {
+  WorkerFlags worker;
+  std::string path;
+  std::string model;
+  uint64_t version = 0;
+  uint32_t rank = 0;
+  uint32_t group_size = 1;
+  uint64_t chunk_bytes = 0;
+  uint64_t timeout_ms = 10000;
+};
 
-int CmdPublish(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        With(kCommonFlags, {"model", "version", "rank",
-                                            "group-size", "chunk-bytes"}),
-                        {"spot", kDataTlsFlag});
-  if (!args.ok()) return Fail(args.status());
-  if (args->positional.size() != 1 || !args->Has("model") ||
-      !args->Has("version")) {
-    return Fail(InvalidArgument(
-        "usage: tensorhub publish FILE.safetensors|CHECKPOINT_DIR --model M "
-        "--version V"));
-  }
-  auto version = args->GetU64("version", 0);
-  auto rank = args->GetU64("rank", 0);
-  auto group = args->GetU64("group-size", 1);
-  auto chunk = ParseBytes(args->Get("chunk-bytes", "4MiB"));
-  for (const Status& s :
-       {version.status(), rank.status(), group.status(), chunk.status()}) {
-    if (!s.ok()) return Fail(s);
-  }
-  if (*version == 0) return Fail(InvalidArgument("--version must be >= 1"));
-  const std::string path = args->positional[0];
-  const bool is_dir = IsDirectory(path);
+int RunPublish(const PublishFlags& f) {
+  const bool is_dir = IsDirectory(f.path);
   Result<MappedSafetensorsFile> file = Status(StatusCode::kInternal, "unset");
   Result<MappedCheckpoint> ckpt = Status(StatusCode::kInternal, "unset");
   if (is_dir) {
-    ckpt = MapCheckpoint(path);
+    ckpt = MapCheckpoint(f.path);
     if (!ckpt.ok()) return Fail(ckpt.status());
   } else {
-    file = MappedSafetensorsFile::Open(path);
+    file = MappedSafetensorsFile::Open(f.path);
     if (!file.ok()) return Fail(file.status());
   }
-  auto options = ClientOptionsFrom(*args);
+  auto options = ClientOptionsFrom(f.worker);
   if (!options.ok()) return Fail(options.status());
+  options->connect_timeout_ms = static_cast<int64_t>(f.timeout_ms);
   BlockStopSignals();
   auto client = Client::Connect(*options);
   if (!client.ok()) return Fail(client.status());
 
   PublishOptions po;
-  po.rank = static_cast<uint32_t>(*rank);
-  po.group_size = static_cast<uint32_t>(*group);
-  po.chunk_bytes = *chunk;
+  po.rank = f.rank;
+  po.group_size = f.group_size;
+  po.chunk_bytes = f.chunk_bytes;
   if (is_dir) {
     po.metadata.push_back({kHfCheckpointKey, EncodeHfCheckpoint(ckpt->ckpt)});
   } else {
-    auto json = HeaderJson(path, *file);
+    auto json = HeaderJson(f.path, *file);
     if (!json.ok()) return Fail(json.status());
     po.metadata.push_back({kHeaderKey, *json});
   }
-  Status s = (*client)->Publish(args->Get("model"), Version(*version),
+  Status s = (*client)->Publish(f.model, Version(f.version),
                                 is_dir ? ckpt->tensors : file->tensors(), po);
   if (!s.ok()) return Fail(s);
   if (is_dir) {
     std::printf(
         "published checkpoint %s as %s@%llu (rank %u of %u): %zu shard(s), %zu "
         "tensors, %s, and %zu small file(s)\n",
-        path.c_str(), args->Get("model").c_str(),
-        static_cast<unsigned long long>(*version), po.rank, po.group_size,
+        f.path.c_str(), f.model.c_str(),
+        static_cast<unsigned long long>(f.version), po.rank, po.group_size,
         ckpt->ckpt.shards.size(), ckpt->tensors.size(),
         FormatBytes(ckpt->bytes).c_str(), ckpt->ckpt.files.size());
   } else {
     std::printf(
         "published %s as %s@%llu (rank %u of %u): %zu tensors, %s\n",
-        path.c_str(), args->Get("model").c_str(),
-        static_cast<unsigned long long>(*version), po.rank, po.group_size,
+        f.path.c_str(), f.model.c_str(),
+        static_cast<unsigned long long>(f.version), po.rank, po.group_size,
         file->header().tensors.size(),
         FormatBytes(file->file_bytes() - file->header().data_start).c_str());
   }
@@ -202,78 +132,44 @@ int CmdPublish(int argc, char** argv) {
               (*client)->data_address().c_str());
   std::fflush(stdout);
   WaitForStopSignal();
-  Status u = (*client)->Unpublish(args->Get("model"), Version(*version), 30000);
+  Status u = (*client)->Unpublish(f.model, Version(f.version), 30000);
   if (!u.ok()) return Fail(u);
   std::printf("unpublished; reads drained\n");
   return 0;
 }
 
-int CmdFetch(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      With(kCommonFlags, {"o", "output", "connections", "group", "step"}),
-      {"spot", kDataTlsFlag});
-  if (!args.ok()) return Fail(args.status());
-  std::string out = args->Get("o", args->Get("output"));
-  // Accept the conventional "-o FILE" too.
-  std::vector<std::string> pos;
-  for (size_t i = 0; i < args->positional.size(); ++i) {
-    if (args->positional[i] == "-o" && i + 1 < args->positional.size()) {
-      out = args->positional[++i];
-    } else {
-      pos.push_back(args->positional[i]);
-    }
-  }
-  if (pos.size() != 1 || out.empty()) {
-    return Fail(
-        InvalidArgument("usage: tensorhub fetch MODEL[@VERSION|@latest] -o "
-                        "OUT.safetensors|OUT_DIR"));
-  }
-  auto ref = ParseModelRef(pos[0]);
-  if (!ref.ok()) return Fail(ref.status());
-  auto timeout = args->GetU64("timeout-ms", 600000);
-  auto conns = args->GetU64("connections", 4);
-  if (!timeout.ok()) return Fail(timeout.status());
-  if (!conns.ok()) return Fail(conns.status());
-  if (*conns < 1 || *conns > 64)
-    return Fail(InvalidArgument("--connections must be in [1, 64]"));
-  auto options = ClientOptionsFrom(*args);
-  if (!options.ok()) return Fail(options.status());
-  if (options->name.empty()) options->name = "tensorhub-fetch";
-  auto client = Client::Connect(*options);
-  if (!client.ok()) return Fail(client.status());
+// ---- fetch ----
 
-  if (args->Has("step") && !args->Has("group")) {
-    return Fail(InvalidArgument("--step needs --group"));
-  }
-  auto step = args->GetU64("step", 0);
-  if (!step.ok()) return Fail(step.status());
-  // A reader group resolves `latest` to the version its first rank got for
-  // this step (pinning it, if this is the first).
-  auto info = args->Has("group")
-                  ? (*client)->Describe(ref->model, ref->version,
-                                        args->Get("group"), *step)
-                  : (*client)->Describe(ref->model, ref->version);
-  if (!info.ok()) return Fail(info.status());
-  if (info->state != VersionState::kCommitted) {
-    return Fail(FailedPrecondition(
-        ref->model + "@" + std::to_string(info->version.value()) + " is " +
-        std::string(VersionStateName(info->state)) + ", not fetchable"));
-  }
-  std::string header_json;
-  std::string checkpoint;
-  bool is_checkpoint = false;
-  for (const auto& [k, v] : info->metadata) {
-    if (k == kHeaderKey) header_json = v;
-    if (k == kHfCheckpointKey) checkpoint = v, is_checkpoint = true;
-  }
-  if (is_checkpoint) {
-    FetchOptions fo;
-    fo.timeout_ms = static_cast<int64_t>(*timeout);
-    fo.connections = static_cast<int>(*conns);
-    fo.serve = false;  // the files are committed (unmapped) right after
-    return FetchCheckpoint(**client, *ref, *info, checkpoint, out, fo);
-  }
+struct FetchFlags {
+  WorkerFlags worker;
+  std::string ref;
+  std::string out;
+  std::optional<uint64_t> timeout_ms;
+  int connections = 4;
+  std::string group;
+  uint64_t step = 0;
+  bool hold = false;
+  std::string stats_json;
+};
+
+constexpr uint64_t kFetchTimeoutMs = 600000;
+// Unpublishing the fetched copy: reads in flight from it finish (drain), and
+// if it is the last reliable copy of a retained version, a keeper copies it
+// first.
+constexpr int64_t kReleaseTimeoutMs = 30000;
+
+// What a fetch writes: one safetensors file, or a checkpoint directory's
+// shards (one writer each) and small files.
+struct Destination {
+  std::vector<SafetensorsFileWriter> writers;
+  std::vector<TensorRef> tensors;  // of every writer
+  std::vector<HfFile> small_files;
+  std::string description;  // for the closing line
+};
+
+Result<Destination> FileDestination(const std::string& out,
+                                    const VersionInfo& info,
+                                    const std::string& header_json) {
   Result<SafetensorsFileWriter> writer = Status(StatusCode::kInternal, "unset");
   if (!header_json.empty()) {
     std::string raw(8, '\0');
@@ -282,43 +178,345 @@ int CmdFetch(int argc, char** argv) {
       raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
     raw += header_json;
     writer =
-        SafetensorsFileWriter::CreateFromRawHeader(out, raw, info->total_bytes);
-  }
-  if (header_json.empty() || !writer.ok()) {
-    if (!header_json.empty()) {
+        SafetensorsFileWriter::CreateFromRawHeader(out, raw, info.total_bytes);
+    if (!writer.ok()) {
       TH_LOG(WARN) << "published header unusable ("
                    << writer.status().ToString() << "); writing a fresh one";
     }
+  }
+  if (header_json.empty() || !writer.ok()) {
     std::vector<TensorSpec> specs;
-    for (const TensorInfo& t : info->tensors) specs.push_back(t.spec);
+    for (const TensorInfo& t : info.tensors) specs.push_back(t.spec);
     writer = SafetensorsFileWriter::Create(out, specs, {});
   }
-  if (!writer.ok()) return Fail(writer.status());
+  if (!writer.ok()) return writer.status();
+  Destination d;
+  d.tensors = writer->tensors();
+  d.writers.push_back(std::move(writer).value());
+  d.description = out + ":";
+  return d;
+}
 
-  ProgressBar bar("fetch " + ref->model + "@" +
-                  std::to_string(info->version.value()));
+Result<Destination> CheckpointDestination(const std::string& dir,
+                                          const ModelRef& ref,
+                                          const VersionInfo& info,
+                                          const std::string& metadata) {
+  TH_ASSIGN_OR_RETURN(HfCheckpoint ckpt, DecodeHfCheckpoint(metadata));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Unavailable("mkdir " + dir + ": " + std::strerror(errno));
+  }
+  if (!IsDirectory(dir)) {
+    return InvalidArgument(
+        dir + " exists and is not a directory; " + ref.model + "@" +
+        std::to_string(info.version.value()) + " is a checkpoint directory");
+  }
+  Destination d;
+  for (const HfShard& shard : ckpt.shards) {
+    std::string raw(8, '\0');
+    uint64_t n = shard.header_json.size();
+    for (int i = 0; i < 8; ++i)
+      raw[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    raw += shard.header_json;
+    TH_ASSIGN_OR_RETURN(SafetensorsFileWriter w,
+                        SafetensorsFileWriter::CreateFromRawHeader(
+                            dir + "/" + shard.name, raw, shard.data_bytes));
+    for (const TensorRef& t : w.tensors()) d.tensors.push_back(t);
+    d.writers.push_back(std::move(w));
+  }
+  d.description = dir + "/: " + std::to_string(ckpt.shards.size()) +
+                  " shard(s) and " + std::to_string(ckpt.files.size()) +
+                  " file(s),";
+  d.small_files = std::move(ckpt.files);
+  return d;
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// --stats-json: the fetch's figures and where its bytes came from, written
+// atomically once the fetch is done (a --hold reader then keeps running).
+Status WriteStatsJson(const std::string& path, const std::string& model,
+                      const FetchStats& st, const Client& client) {
+  char num[64];
+  auto seconds = [&num](double s) {
+    std::snprintf(num, sizeof(num), "%.6f", s);
+    return std::string(num);
+  };
+  std::string j = "{\"model\": " + JsonString(model) +
+                  ", \"version\": " + std::to_string(st.version.value()) +
+                  ", \"worker\": " + JsonString(client.id().value()) +
+                  ", \"data_address\": " + JsonString(client.data_address()) +
+                  ", \"bytes\": " + std::to_string(st.bytes) +
+                  ", \"seconds\": " + seconds(st.seconds) +
+                  ", \"resolve_seconds\": " + seconds(st.resolve_seconds) +
+                  ", \"chunk_retries\": " + std::to_string(st.chunk_retries) +
+                  ", \"chunks_stolen\": " + std::to_string(st.chunks_stolen) +
+                  ", \"sources\": [";
+  for (size_t i = 0; i < st.sources.size(); ++i) {
+    const FetchSourceStats& s = st.sources[i];
+    j += std::string(i ? ", " : "") +
+         "{\"worker\": " + JsonString(s.worker.value()) +
+         ", \"address\": " + JsonString(s.address) +
+         ", \"bytes\": " + std::to_string(s.bytes) +
+         ", \"chunks\": " + std::to_string(s.chunks) +
+         ", \"was_filling\": " + (s.was_filling ? "true" : "false") + "}";
+  }
+  j += "]}\n";
+  return WriteFileAtomically(path, j).WithContext("--stats-json");
+}
+
+// SIGINT/SIGTERM for `fetch --hold`. Until the fetch is done they end the
+// process as they would without --hold (exit 128 + N); from then on they
+// end the hold, and the fetched copy is released cleanly.
+class StopSignals {
+ public:
+  // Call before any thread starts (they inherit the blocked signals).
+  void Start() {
+    BlockStopSignals();
+    std::thread([this] {
+      const int sig = WaitForStopSignal();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!armed_) {
+        std::fprintf(stderr, "tensorhub: signal %d during the fetch\n", sig);
+        std::_Exit(128 + sig);
+      }
+      signal_ = sig;
+      cv_.notify_all();
+    }).detach();
+  }
+  // From now on a signal ends Wait() instead of the process.
+  void Arm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = true;
+  }
+  int Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return signal_ != 0; });
+    return signal_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;
+  int signal_ = 0;
+};
+
+// A fetched copy this worker serves (FetchOptions::serve). Release()
+// unpublishes it, which waits for the reads in flight from it; a retained
+// version's last reliable copy first waits for a keeper to copy it, and is
+// dropped anyway after that. The memory may be unmapped only once it is
+// released: a copy that cannot be released ends the process where it stands
+// (exit 1), so that no read runs on unmapped memory. Released at the latest
+// when destroyed.
+class FetchedCopy {
+ public:
+  FetchedCopy(Client& client, std::string model, Version version)
+      : client_(client), model_(std::move(model)), version_(version) {}
+  FetchedCopy(const FetchedCopy&) = delete;
+  FetchedCopy& operator=(const FetchedCopy&) = delete;
+  ~FetchedCopy() { Release(); }
+
+  void Release() {
+    if (released_) return;
+    released_ = true;
+    const std::string name = model_ + "@" + std::to_string(version_.value());
+    Status u = client_.Unpublish(model_, version_, kReleaseTimeoutMs);
+    if (u.code() == StatusCode::kFailedPrecondition) {
+      TH_LOG(WARN) << "releasing " << name << ": " << u.ToString()
+                   << "; dropping this copy anyway";
+      u = client_.Unpublish(model_, version_, kReleaseTimeoutMs,
+                            /*force=*/true);
+    }
+    if (!u.ok()) {
+      Fail(u.WithContext("releasing " + name));
+      std::fflush(stdout);
+      std::_Exit(1);
+    }
+  }
+
+ private:
+  Client& client_;
+  const std::string model_;
+  const Version version_;
+  bool released_ = false;
+};
+
+int RunFetch(const FetchFlags& f) {
+  auto ref = ParseModelRef(f.ref);
+  if (!ref.ok()) return Fail(ref.status());
+  auto options = ClientOptionsFrom(f.worker);
+  if (!options.ok()) return Fail(options.status());
+  if (options->name.empty()) options->name = "tensorhub-fetch";
+  if (f.timeout_ms.has_value()) {
+    options->connect_timeout_ms = static_cast<int64_t>(*f.timeout_ms);
+  }
+  // Never destroyed: its thread may outlive main's locals.
+  static StopSignals* const stop = new StopSignals;
+  if (f.hold) stop->Start();
+  auto client = Client::Connect(*options);
+  if (!client.ok()) return Fail(client.status());
+
+  // A reader group resolves `latest` to the version its first rank got for
+  // this step (pinning it, if this is the first).
+  auto info = !f.group.empty() ? (*client)->Describe(ref->model, ref->version,
+                                                     f.group, f.step)
+                               : (*client)->Describe(ref->model, ref->version);
+  if (!info.ok()) return Fail(info.status());
+  if (info->state != VersionState::kCommitted) {
+    return Fail(FailedPrecondition(
+        ref->model + "@" + std::to_string(info->version.value()) + " is " +
+        std::string(VersionStateName(info->state)) + ", not fetchable"));
+  }
+  const Version version = info->version;
+  const std::string vname = ref->model + "@" + std::to_string(version.value());
+  std::string header_json;
+  std::optional<std::string> checkpoint;
+  for (const auto& [k, v] : info->metadata) {
+    if (k == kHeaderKey) header_json = v;
+    if (k == kHfCheckpointKey) checkpoint = v;
+  }
+  auto dest = checkpoint.has_value()
+                  ? CheckpointDestination(f.out, *ref, *info, *checkpoint)
+                  : FileDestination(f.out, *info, header_json);
+  if (!dest.ok()) return Fail(dest.status());
+
+  ProgressBar bar("fetch " + vname);
   FetchOptions fo;
-  fo.timeout_ms = static_cast<int64_t>(*timeout);
-  fo.connections = static_cast<int>(*conns);
-  fo.serve = false;  // the file is committed (unmapped) right after
+  fo.timeout_ms = static_cast<int64_t>(f.timeout_ms.value_or(kFetchTimeoutMs));
+  fo.connections = f.connections;
+  // A full reader: each chunk is served onward as soon as it is verified,
+  // so readers started together form a pipeline, and the whole copy while
+  // the command holds it (below).
+  fo.serve = true;
   fo.on_progress = [&bar](const FetchProgress& p) {
     bar.Update(p.bytes_done, p.bytes_total);
   };
-  auto stats =
-      (*client)->Fetch(ref->model, info->version, writer->tensors(), fo);
+  auto stats = (*client)->Fetch(ref->model, version, dest->tensors, fo);
   bar.Finish();
   if (!stats.ok()) return Fail(stats.status());
-  Status c = writer->Commit();
-  if (!c.ok()) return Fail(c);
+  stop->Arm();
+  // Declared after `dest`: released before the files are unmapped.
+  FetchedCopy copy(**client, ref->model, version);
+
+  // In place at once; the mapping stays, and serves, until released.
+  for (SafetensorsFileWriter& w : dest->writers) {
+    Status c = w.Commit(AfterCommit::kKeepMapped);
+    if (!c.ok()) return Fail(c);
+  }
+  for (const HfFile& file : dest->small_files) {
+    Status c = WriteFileAtomically(f.out + "/" + file.name, file.content);
+    if (!c.ok()) return Fail(c);
+  }
   std::printf(
-      "fetched %s@%llu -> %s: %s in %.2f s (%.2f GB/s) from %u holder(s), %u "
-      "chunk retries; %s\n",
-      ref->model.c_str(),
-      static_cast<unsigned long long>(stats->version.value()), out.c_str(),
+      "fetched %s -> %s %s in %.2f s (%.2f GB/s) from %u holder(s), %u chunk "
+      "retries; %s\n",
+      vname.c_str(), dest->description.c_str(),
       FormatBytes(stats->bytes).c_str(), stats->seconds,
       stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
       stats->sources_used, stats->chunk_retries, FormatStages(*stats).c_str());
+  if (!f.stats_json.empty()) {
+    Status w = WriteStatsJson(f.stats_json, ref->model, *stats, **client);
+    if (!w.ok()) return Fail(w);
+  }
+  if (f.hold) {
+    std::printf(
+        "holding %s as worker %s, serving from %s; Ctrl-C (or SIGTERM) to "
+        "release it and exit\n",
+        vname.c_str(), (*client)->id().value().c_str(),
+        (*client)->data_address().c_str());
+    std::fflush(stdout);
+    const int sig = stop->Wait();
+    TH_LOG(INFO) << "signal " << sig << ": releasing " << vname;
+  }
+  std::fflush(stdout);
+  copy.Release();
+  if (f.hold) std::printf("released %s; reads drained\n", vname.c_str());
   return 0;
+}
+
+}  // namespace
+
+void AddFileCommands(CommandLine& cl) {
+  auto p = std::make_shared<PublishFlags>();
+  CLI::App* c = cl.Add(
+      "publish",
+      "publish a .safetensors file or an HF checkpoint directory, serve it "
+      "until interrupted",
+      [p] { return RunPublish(*p); });
+  c->add_option("path", p->path,
+                "FILE.safetensors, or a directory with *.safetensors shards "
+                "(and model.safetensors.index.json, config.json, ...)")
+      ->type_name("PATH")
+      ->required();
+  c->add_option("--model", p->model, "the model's name")->required();
+  c->add_option("--version", p->version,
+                "the version number (increasing per model)")
+      ->check(CLI::PositiveNumber)
+      ->required();
+  c->add_option("--rank", p->rank,
+                "this part's rank in a group publish (a sharded trainer)")
+      ->capture_default_str();
+  c->add_option("--group-size", p->group_size,
+                "ranks in the group: the version is readable once all "
+                "published")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  AddBytesOption(c, "--chunk-bytes", &p->chunk_bytes, "4MiB",
+                 "the unit of transfer and verification");
+  c->add_option("--timeout-ms", p->timeout_ms, "deadline for reaching the hub")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{3600000}))
+      ->capture_default_str();
+  AddWorkerFlags(c, &p->worker);
+
+  auto f = std::make_shared<FetchFlags>();
+  c = cl.Add("fetch",
+             "fetch a version into a file or checkpoint directory, serving "
+             "it meanwhile (--hold: after, too)",
+             [f] { return RunFetch(*f); });
+  c->add_option("version", f->ref, "the version (default: latest)")
+      ->type_name("MODEL[@VERSION|@latest]")
+      ->required();
+  c->add_option("-o,--output", f->out,
+                "OUT.safetensors, or a directory for a checkpoint version")
+      ->type_name("PATH")
+      ->required();
+  c->add_flag("--hold", f->hold,
+              "after the fetch, keep serving the version to other readers "
+              "until SIGINT/SIGTERM, then release it (reads drain)");
+  c->add_option("--stats-json", f->stats_json,
+                "when the fetch is done, write its figures and the bytes each "
+                "holder sent to FILE (JSON)")
+      ->type_name("FILE");
+  c->add_option("--connections", f->connections,
+                "parallel data streams (each may go to another holder)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  CLI::Option* group =
+      c->add_option("--group", f->group,
+                    "reader group id: every rank of one inference instance "
+                    "gets the same `latest` for a --step");
+  c->add_option("--step", f->step, "the group's update step (needs --group)")
+      ->needs(group);
+  c->add_option("--timeout-ms", f->timeout_ms,
+                "deadline of the fetch (default 600000), and for reaching the "
+                "hub (default 10000)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
+  AddWorkerFlags(c, &f->worker);
 }
 
 }  // namespace tensorhub::cli

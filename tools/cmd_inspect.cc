@@ -6,19 +6,29 @@
 namespace tensorhub::cli {
 namespace {
 
-Result<std::unique_ptr<Client>> ConnectQuiet(const Args& args) {
-  TH_ASSIGN_OR_RETURN(ClientOptions o, ClientOptionsFrom(args));
+// ls, show: a hub address, a secret and a deadline; no data plane.
+struct QueryFlags {
+  WorkerFlags worker;
+  uint64_t timeout_ms = 10000;
+  std::string ref;  // show
+};
+
+void AddQueryFlags(CLI::App* c, QueryFlags* f) {
+  AddHubFlags(c, &f->worker);
+  c->add_option("--timeout-ms", f->timeout_ms, "deadline for reaching the hub")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{3600000}))
+      ->capture_default_str();
+}
+
+Result<std::unique_ptr<Client>> ConnectQuiet(const QueryFlags& f) {
+  TH_ASSIGN_OR_RETURN(ClientOptions o, ClientOptionsFrom(f.worker));
   if (o.name.empty()) o.name = "tensorhub-cli";
+  o.connect_timeout_ms = static_cast<int64_t>(f.timeout_ms);
   return Client::Connect(o);
 }
 
-}  // namespace
-
-int CmdLs(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        WithTlsFlags({"hub", "secret-file", "timeout-ms"}), {});
-  if (!args.ok()) return Fail(args.status());
-  auto client = ConnectQuiet(*args);
+int RunLs(const QueryFlags& f) {
+  auto client = ConnectQuiet(f);
   if (!client.ok()) return Fail(client.status());
   auto models = (*client)->List();
   if (!models.ok()) return Fail(models.status());
@@ -43,17 +53,10 @@ int CmdLs(int argc, char** argv) {
   return 0;
 }
 
-int CmdShow(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        WithTlsFlags({"hub", "secret-file", "timeout-ms"}), {});
-  if (!args.ok()) return Fail(args.status());
-  if (args->positional.size() != 1) {
-    return Fail(
-        InvalidArgument("usage: tensorhub show MODEL[@VERSION|@latest]"));
-  }
-  auto ref = ParseModelRef(args->positional[0]);
+int RunShow(const QueryFlags& f) {
+  auto ref = ParseModelRef(f.ref);
   if (!ref.ok()) return Fail(ref.status());
-  auto client = ConnectQuiet(*args);
+  auto client = ConnectQuiet(f);
   if (!client.ok()) return Fail(client.status());
   auto v = (*client)->Describe(ref->model, ref->version);
   if (!v.ok()) return Fail(v.status());
@@ -95,6 +98,22 @@ int CmdShow(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+void AddInspectCommands(CommandLine& cl) {
+  auto ls = std::make_shared<QueryFlags>();
+  AddQueryFlags(cl.Add("ls", "models and versions: state, ranks, holders, size",
+                       [ls] { return RunLs(*ls); }),
+                ls.get());
+  auto show = std::make_shared<QueryFlags>();
+  CLI::App* c = cl.Add("show", "a version's tensors, chunks and holders",
+                       [show] { return RunShow(*show); });
+  c->add_option("version", show->ref, "the version to describe")
+      ->type_name("MODEL[@VERSION|@latest]")
+      ->required();
+  AddQueryFlags(c, show.get());
 }
 
 }  // namespace tensorhub::cli

@@ -1,3 +1,5 @@
+// `tensorhub serve`: the hub. Also a command of tensorhub-lab, whose drivers
+// run the hub as a child process of their own binary.
 #include <cstdio>
 
 #include "cli_util.h"
@@ -5,42 +7,44 @@
 #include "hub/hub_service.h"
 
 namespace tensorhub::cli {
+namespace {
 
-int CmdServe(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      {"listen", "lease-ms", "secret-file", "keep-latest", "rebuild-ms",
-       "metrics-listen", "tls-cert", "tls-key", "tls-client-ca"},
-      {"oversubscribed-racks"});
-  if (!args.ok()) return Fail(args.status());
+struct ServeFlags {
+  std::string listen = "127.0.0.1:7070";
+  uint64_t lease_ms = 5000;
+  bool oversubscribed_racks = false;
+  uint32_t keep_latest = 0;
+  std::optional<int64_t> rebuild_ms;
+  std::string secret_file;
+  std::string metrics_listen;
+  std::string etcd;
+  std::string advertise;
+  uint64_t etcd_lease_ms = 3000;
+  std::string etcd_prefix = "/tensorhub/";
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+};
+
+int RunServe(const ServeFlags& f) {
   hub::HubServerOptions o;
-  o.listen_address = args->Get("listen", "127.0.0.1:7070");
-  o.metrics_listen = args->Get("metrics-listen");
-  auto lease = args->GetU64("lease-ms", 5000);
-  if (!lease.ok()) return Fail(lease.status());
-  if (*lease < 100 || *lease > 3600000) {
-    return Fail(InvalidArgument("--lease-ms must be in [100, 3600000]"));
-  }
-  o.lease_ms = static_cast<int64_t>(*lease);
-  o.racks_oversubscribed = args->Has("oversubscribed-racks");
-  if (args->Has("rebuild-ms")) {
-    auto rebuild = args->GetU64("rebuild-ms", 0);
-    if (!rebuild.ok()) return Fail(rebuild.status());
-    if (*rebuild > 3600000)
-      return Fail(InvalidArgument("--rebuild-ms must be in [0, 3600000]"));
-    o.rebuild_ms = static_cast<int64_t>(*rebuild);
-  }
-  auto keep = args->GetU64("keep-latest", 0);
-  if (!keep.ok()) return Fail(keep.status());
-  if (*keep > 1024)
-    return Fail(InvalidArgument("--keep-latest must be in [0, 1024]"));
-  o.keep_latest = static_cast<uint32_t>(*keep);
-  auto secret = Secret(*args);
+  o.listen_address = f.listen;
+  o.lease_ms = static_cast<int64_t>(f.lease_ms);
+  o.racks_oversubscribed = f.oversubscribed_racks;
+  if (f.rebuild_ms.has_value()) o.rebuild_ms = *f.rebuild_ms;
+  o.keep_latest = f.keep_latest;
+  o.metrics_listen = f.metrics_listen;
+  // A highly available hub set: the hubs elect a leader in etcd.
+  o.etcd_endpoints = f.etcd;
+  o.advertise_address = f.advertise;
+  o.etcd_lease_ms = static_cast<int64_t>(f.etcd_lease_ms);
+  o.etcd_prefix = f.etcd_prefix;
+  auto secret = ReadSecret(f.secret_file);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;
-  o.tls_cert_file = args->Get("tls-cert");
-  o.tls_key_file = args->Get("tls-key");
-  o.tls_client_ca_file = args->Get("tls-client-ca");
+  o.tls_cert_file = f.tls_cert;
+  o.tls_key_file = f.tls_key;
+  o.tls_client_ca_file = f.tls_client_ca;
   BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -49,6 +53,72 @@ int CmdServe(int argc, char** argv) {
   TH_LOG(INFO) << "signal " << sig << ": shutting down";
   (*server)->Shutdown();
   return 0;
+}
+
+}  // namespace
+
+void AddServeCommand(CommandLine& cl) {
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* c = cl.Add("serve", "run the hub until interrupted (SIGINT/TERM)",
+                       [f] { return RunServe(*f); });
+  c->add_option("--listen", f->listen,
+                "the hub's gRPC address; 0.0.0.0:PORT for workers on other "
+                "hosts")
+      ->type_name("HOST:PORT")
+      ->capture_default_str();
+  c->add_option("--lease-ms", f->lease_ms,
+                "a worker that sends no heartbeat for this long is gone, "
+                "with its references")
+      ->check(CLI::Range(uint64_t{100}, uint64_t{3600000}))
+      ->capture_default_str();
+  c->add_flag("--oversubscribed-racks", f->oversubscribed_racks,
+              "rack uplinks are the bottleneck: keep copies inside racks");
+  c->add_option("--keep-latest", f->keep_latest,
+                "retain the latest K committed versions of each model")
+      ->check(CLI::Range(0u, 1024u))
+      ->type_name("K")
+      ->capture_default_str();
+  c->add_option("--rebuild-ms", f->rebuild_ms,
+                "after a start, answer versions it does not know UNAVAILABLE "
+                "(try again) for this long while workers report what they "
+                "hold (default: the lease)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
+  c->add_option("--secret-file", f->secret_file,
+                "file with the shared secret workers must present (without "
+                "it: $TENSORHUB_SECRET, if set)")
+      ->envname("TENSORHUB_SECRET_FILE")
+      ->type_name("PATH");
+  c->add_option("--metrics-listen", f->metrics_listen,
+                "serve Prometheus metrics at http://HOST:PORT/metrics "
+                "(docs/metrics.md)")
+      ->type_name("HOST:PORT");
+  c->add_option("--tls-cert", f->tls_cert,
+                "the hub's certificate (PEM): serve gRPC over TLS only "
+                "(docs/security.md)")
+      ->type_name("PATH");
+  c->add_option("--tls-key", f->tls_key,
+                "the private key of --tls-cert (PEM, unencrypted)")
+      ->type_name("PATH");
+  c->add_option("--tls-client-ca", f->tls_client_ca,
+                "require every client to present a certificate signed by "
+                "this CA (mutual TLS)")
+      ->type_name("PATH");
+  c->add_option("--etcd", f->etcd,
+                "join the HA hub set kept in this etcd: serve while elected "
+                "leader, else answer naming the leader (README, HA hub)")
+      ->type_name("HOST:PORT[,...]");
+  c->add_option("--advertise", f->advertise,
+                "where clients reach this hub (the leader key's value; "
+                "default: the listen address, required for 0.0.0.0)")
+      ->type_name("HOST:PORT");
+  c->add_option("--etcd-lease-ms", f->etcd_lease_ms,
+                "the leader's etcd lease: a dead leader is replaced within "
+                "about this long")
+      ->check(CLI::Range(uint64_t{1000}, uint64_t{600000}))
+      ->capture_default_str();
+  c->add_option("--etcd-prefix", f->etcd_prefix,
+                "every etcd key of this hub set starts with it")
+      ->capture_default_str();
 }
 
 }  // namespace tensorhub::cli

@@ -362,35 +362,24 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
   return 0;
 }
 
-}  // namespace
+struct BenchHubFlags {
+  uint64_t workers = 10000;
+  uint64_t tensors = 1000;
+  uint64_t chunks = 4096;
+  uint64_t threads = 4;
+  bool no_rpc = false;
+};
 
-int CmdBenchHub(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 3, {"workers", "tensors", "chunks", "threads"}, {"no-rpc"});
-  if (!args.ok()) return Fail(args.status());
-  auto workers = args->GetU64("workers", 10000);
-  auto tensors = args->GetU64("tensors", 1000);
-  auto chunks = args->GetU64("chunks", 4096);
-  auto threads = args->GetU64("threads", 4);
-  for (const Status& s : {workers.status(), tensors.status(), chunks.status(),
-                          threads.status()}) {
-    if (!s.ok()) return Fail(s);
+int RunBenchHub(const BenchHubFlags& f) {
+  if (f.chunks < f.tensors) {
+    return UsageError("need --tensors <= --chunks");
   }
-  if (*workers < 2 || *workers > 100000)
-    return Fail(InvalidArgument("--workers must be in [2, 100000]"));
-  if (*tensors < 1 || *tensors > 100000 || *chunks < *tensors ||
-      *chunks > 1000000) {
-    return Fail(InvalidArgument("need 1 <= --tensors <= --chunks <= 1000000"));
-  }
-  if (*threads < 1 || *threads > 64)
-    return Fail(InvalidArgument("--threads must be in [1, 64]"));
-
   // A manifest of `tensors` tensors cut into `chunks` chunks of 64 MiB
   // (checksums are arbitrary: the hub never sees bytes).
   const uint64_t chunk_bytes = 64ull << 20;
   PartLayout part;
-  uint64_t per_tensor = *chunks / *tensors * chunk_bytes;
-  for (uint64_t i = 0; i < *tensors; ++i) {
+  uint64_t per_tensor = f.chunks / f.tensors * chunk_bytes;
+  for (uint64_t i = 0; i < f.tensors; ++i) {
     part.tensors.push_back({{"t" + std::to_string(i), DType::kU8, {per_tensor}},
                             part.part_bytes,
                             per_tensor});
@@ -406,12 +395,36 @@ int CmdBenchHub(int argc, char** argv) {
       "datacenter), "
       "one version of %zu tensors in %llu chunks (%s); the CPU is shared with "
       "other jobs\n",
-      static_cast<unsigned long long>(*workers), part.tensors.size(),
+      static_cast<unsigned long long>(f.workers), part.tensors.size(),
       static_cast<unsigned long long>(manifest.num_chunks()),
       FormatBytes(manifest.total_bytes()).c_str());
-  if (int rc = RunStateMachine(*workers, part, manifest); rc != 0) return rc;
-  if (args->Has("no-rpc")) return 0;
-  return RunRealHub(*workers, *threads, part, manifest);
+  if (int rc = RunStateMachine(f.workers, part, manifest); rc != 0) return rc;
+  if (f.no_rpc) return 0;
+  return RunRealHub(f.workers, f.threads, part, manifest);
+}
+
+}  // namespace
+
+void AddBenchHubCommand(CommandLine& cl, CLI::App* bench) {
+  auto f = std::make_shared<BenchHubFlags>();
+  CLI::App* c = cl.Add(
+      "hub",
+      "hub CPU for one version to N readers: the state "
+      "machine, then `serve` over gRPC",
+      [f] { return RunBenchHub(*f); }, bench);
+  c->add_option("--workers", f->workers, "readers (8 per host)")
+      ->check(CLI::Range(uint64_t{2}, uint64_t{100000}))
+      ->capture_default_str();
+  c->add_option("--tensors", f->tensors, "tensors of the version")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100000}))
+      ->capture_default_str();
+  c->add_option("--chunks", f->chunks, "chunks of the version (>= --tensors)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1000000}))
+      ->capture_default_str();
+  c->add_option("--threads", f->threads, "client threads calling the hub")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{64}))
+      ->capture_default_str();
+  c->add_flag("--no-rpc", f->no_rpc, "the state machine only");
 }
 
 }  // namespace tensorhub::cli

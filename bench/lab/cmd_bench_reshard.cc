@@ -242,20 +242,28 @@ int Run(uint32_t k, uint32_t tp, double scale) {
 
 }  // namespace
 
-int CmdBenchReshard(int argc, char** argv) {
-  Result<Args> args = ParseArgs(argc, argv, 3, {"trainers", "tp", "scale"}, {});
-  if (!args.ok()) return Fail(args.status());
-  Result<uint64_t> k = args->GetU64("trainers", 4);
-  Result<uint64_t> tp = args->GetU64("tp", 4);
-  Result<double> scale = args->GetDouble("scale", 1.0);
-  if (!k.ok() || !tp.ok() || !scale.ok() || *k == 0 || *tp == 0 || *k > 64 ||
-      *tp > 64 || *scale <= 0 || *scale > 1) {
-    std::fprintf(stderr,
-                 "usage: tensorhub-lab bench reshard [--trainers 4] [--tp 4] "
-                 "[--scale 1.0]\n");
-    return 2;
-  }
-  return Run(static_cast<uint32_t>(*k), static_cast<uint32_t>(*tp), *scale);
+void AddBenchReshardCommand(CommandLine& cl, CLI::App* bench) {
+  struct Flags {
+    uint32_t trainers = 4;
+    uint32_t tp = 4;
+    double scale = 1.0;
+  };
+  auto f = std::make_shared<Flags>();
+  CLI::App* c = cl.Add(
+      "reshard",
+      "a 0.5B Llama-shaped model, trainer FSDP(K) to rollout "
+      "TP(M): partial fetch vs full fetch + slicing",
+      [f] { return Run(f->trainers, f->tp, f->scale); }, bench);
+  c->add_option("--trainers", f->trainers, "trainer ranks K (FSDP shards)")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  c->add_option("--tp", f->tp, "rollout tensor-parallel degree M")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  c->add_option("--scale", f->scale,
+                "model size as a fraction of the 0.5B layout")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
 }
 
 }  // namespace tensorhub::cli

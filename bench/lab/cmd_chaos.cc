@@ -15,10 +15,21 @@
 //                   process neither answers reads nor renews its lease)
 //   slow            SIGSTOP/SIGCONT duty cycle (40 ms of every 60) for 1-2.5 s
 //   hub-restart     SIGKILL of the hub, a new hub on the same port 0.2-1 s
-//   later hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts
-//   connections
-//                   but answers nothing; every call must still keep its
-//                   deadline
+//                   later
+//   hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts
+//                   connections but answers nothing; every call must still
+//                   keep its deadline
+//
+// With --ha N the hub is a highly available set of N hubs on a loopback
+// etcd (each `serve --etcd`), the workers are given all N addresses, and:
+//   hub-restart     SIGKILL of any hub of the set, restarted (as a standby)
+//                   0.2-1 s later; a failover if it was the leader
+//   hub-stop        SIGSTOP of the leader for 0.5-2.5 s: longer than its
+//                   etcd lease (2 s), another hub takes over and the old
+//                   one, resumed, must refuse (fenced)
+//   hub-failover    SIGKILL of the leader, restarted as a standby 0.2-1 s
+//                   later: a standby takes over within about a lease and
+//                   rebuilds the table from the workers' reports
 //
 // After each round it checks:
 //   * every fetch that succeeded returned exactly the published bytes (the
@@ -56,7 +67,10 @@
 #include "cli_util.h"
 #include "common/log.h"
 #include "demo_model.h"
+#include "etcd_process.h"
 #include "fetch_pause.h"
+#include "ha/etcd_client.h"
+#include "ha/etcd_keys.h"
 #include "subprocess.h"
 
 namespace tensorhub::cli {
@@ -144,22 +158,25 @@ std::vector<std::string> Words(const std::string& line) {
 //                                        once N >= PAUSE_AFTER chunks are in;
 //                                        the fetch goes on at the line "go".
 //   describe V                           -> state MS NAME | error MS ...
-int RunChaosWorker(const Args& args) {
-  std::string name = args.Get("name", "worker");
-  SetLogPrefix(name.c_str());
-  auto bytes = args.GetU64("bytes", 4 << 20);
-  auto chunk = args.GetU64("chunk-bytes", 64 << 10);
-  auto seed = args.GetU64("seed", 1);
-  if (!bytes.ok() || !chunk.ok() || !seed.ok())
-    return Fail(InvalidArgument("bad flags"));
-  SyntheticModel model(ChaosLayout(*bytes));
+struct ChaosWorkerFlags {
+  std::string hub;
+  std::string name = "worker";
+  uint64_t bytes = 4 << 20;
+  uint64_t chunk_bytes = 64 << 10;
+  uint64_t seed = 1;
+  std::string data_listen = "127.0.0.1:0";
+};
+
+int RunChaosWorker(const ChaosWorkerFlags& f) {
+  SetLogPrefix(f.name.c_str());
+  SyntheticModel model(ChaosLayout(f.bytes));
   ClientOptions o;
-  o.hub_address = args.Get("hub");
-  o.name = name;
+  o.hub_address = f.hub;
+  o.name = f.name;
   o.heartbeat_interval_ms = 200;
   o.rpc_timeout_ms = 1000;
   o.connect_timeout_ms = 20000;
-  o.data_listen_address = args.Get("data-listen", "127.0.0.1:0");
+  o.data_listen_address = f.data_listen;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready");
@@ -174,12 +191,12 @@ int RunChaosWorker(const Args& args) {
     };
     if (w[0] == "publish" && w.size() == 5) {
       uint64_t v = std::stoull(w[1]);
-      model.Fill(ContentKey(*seed, v));
+      model.Fill(ContentKey(f.seed, v));
       PublishOptions po;
       po.rank = static_cast<uint32_t>(std::stoul(w[2]));
       po.group_size = static_cast<uint32_t>(std::stoul(w[3]));
       po.timeout_ms = std::stoll(w[4]);
-      po.chunk_bytes = *chunk;
+      po.chunk_bytes = f.chunk_bytes;
       Status s = (*client)->Publish(kModel, Version(v), model.tensors(), po);
       s.ok() ? Reply("ok " + ms() + " " + Hex(model.Digest())) : error(s);
     } else if (w[0] == "unpublish" && w.size() == 3) {
@@ -236,11 +253,12 @@ enum Fault {
   kSlow,
   kHubRestart,
   kHubStop,
+  kHubFailover,  // drawn only with --ha: the others keep their schedules
   kNumFaults
 };
 const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer",
                                    "stop",        "slow",        "hub-restart",
-                                   "hub-stop"};
+                                   "hub-stop",    "hub-failover"};
 
 struct Proc {
   std::string name;
@@ -263,22 +281,38 @@ struct Reply_ {
 
 class Chaos {
  public:
-  Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose)
+  // ha: the number of hubs of an HA set on etcd, or 0 for one hub.
+  Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose,
+        int ha)
       : seed_(seed),
         rounds_(rounds),
         num_readers_(readers),
         bytes_(bytes),
+        ha_(ha),
         rng_(seed) {
     env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
   }
 
   int Run() {
     int64_t t0 = NowMs();
-    Result<int> port = FreeLoopbackPort();
-    if (!port.ok()) return Fail(port.status());
-    port_ = *port;
-    hub_address_ = "127.0.0.1:" + std::to_string(port_);
-    if (!StartHub()) return 1;
+    if (ha_ > 0) {
+      auto etcd = lab::EtcdProcess::Start();
+      if (!etcd.ok()) return Fail(etcd.status());
+      etcd_ = std::move(etcd).value();
+      auto client = ha::EtcdClient::Create(etcd_->endpoint());
+      if (!client.ok()) return Fail(client.status());
+      etcd_client_ = std::move(client).value();
+    }
+    for (int i = 0; i < std::max(1, ha_); ++i) {
+      Result<int> port = FreeLoopbackPort();
+      if (!port.ok()) return Fail(port.status());
+      ports_.push_back(*port);
+      hub_address_ += (i > 0 ? "," : "") + HubAddress(i);
+    }
+    hubs_.resize(ports_.size());
+    for (size_t i = 0; i < ports_.size(); ++i) {
+      if (!StartHub(static_cast<int>(i))) return 1;
+    }
     trainer_ = Spawn(false);
     auditor_ = Spawn(true, "auditor");
     for (int i = 0; i < num_readers_; ++i) readers_.push_back(Spawn(true));
@@ -326,23 +360,58 @@ class Chaos {
     return ok;
   }
 
-  bool StartHub() {
-    auto hub = Subprocess::Spawn(
-        {"serve", "--listen", hub_address_, "--lease-ms", "2000"}, env_);
+  std::string HubAddress(int i) const {
+    return "127.0.0.1:" + std::to_string(ports_[i]);
+  }
+
+  // Starts hub `i` (again) on its port; with --ha, one of the set.
+  bool StartHub(int i) {
+    std::vector<std::string> args = {"serve", "--listen", HubAddress(i),
+                                     "--lease-ms", "2000"};
+    if (ha_ > 0) {
+      args.insert(args.end(),
+                  {"--etcd", etcd_->endpoint(), "--etcd-lease-ms", "2000"});
+    }
+    auto hub = Subprocess::Spawn(args, env_);
     if (!hub.ok()) {
       Violation("hub did not start: " + hub.status().ToString());
       return false;
     }
-    if (hub_) Untrack(hub_->pid());
-    hub_ = std::make_unique<Subprocess>(std::move(hub).value());
-    Track(hub_->pid());
+    if (hubs_[i]) Untrack(hubs_[i]->pid());
+    hubs_[i] = std::make_unique<Subprocess>(std::move(hub).value());
+    Track(hubs_[i]->pid());
     Deadline d = Deadline::AfterMs(15000);
     while (!d.expired()) {
-      if (Listening(port_)) return true;
+      if (Listening(ports_[i])) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     Violation("hub did not listen within 15 s");
     return false;
+  }
+
+  // The hub etcd names the leader now; with one hub (or none named, an
+  // election under way) hub `fallback`.
+  int LeaderOr(int fallback) {
+    if (ha_ == 0) return 0;
+    auto r = etcd_client_->Range(ha::LeaderKey("/tensorhub/"), "", 0, 0,
+                                 Deadline::AfterMs(2000));
+    if (r.ok() && !r->kvs.empty()) {
+      for (size_t i = 0; i < ports_.size(); ++i) {
+        if (HubAddress(static_cast<int>(i)) == r->kvs[0].value) {
+          return static_cast<int>(i);
+        }
+      }
+    }
+    return fallback;
+  }
+
+  // SIGKILL of hub `i`, restarted on its port after `pause_ms`.
+  void KillAndRestartHub(int i, int64_t pause_ms) {
+    ::kill(hubs_[i]->pid(), SIGCONT);
+    ::kill(hubs_[i]->pid(), SIGKILL);
+    hubs_[i]->Stop(1000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    StartHub(i);
   }
 
   std::unique_ptr<Proc> Spawn(bool reader, std::string name = "") {
@@ -461,7 +530,8 @@ class Chaos {
     Plan p;
     int n = 1 + static_cast<int>(rng_() % 3 == 0);
     for (int i = 0; i < n; ++i) {
-      Fault f = static_cast<Fault>(rng_() % kNumFaults);
+      Fault f =
+          static_cast<Fault>(rng_() % (ha_ > 0 ? kNumFaults : kHubFailover));
       if (f == kKillTrainer) p.trainer_group = true;
       p.faults.push_back({f, static_cast<int64_t>(rng_() % 400)});
       p.targets.push_back(rng_());
@@ -642,18 +712,22 @@ class Chaos {
       }
       case kHubRestart: {
         ++faults_[f];
-        ::kill(hub_->pid(), SIGKILL);
-        hub_->Stop(1000);
-        std::this_thread::sleep_for(
-            std::chrono::milliseconds(200 + duration_ms % 800));
-        StartHub();
+        KillAndRestartHub(static_cast<int>(draw % hubs_.size()),
+                          200 + duration_ms % 800);
         return;
       }
       case kHubStop: {
         ++faults_[f];
-        ::kill(hub_->pid(), SIGSTOP);
+        const int i = LeaderOr(static_cast<int>(draw % hubs_.size()));
+        ::kill(hubs_[i]->pid(), SIGSTOP);
         std::this_thread::sleep_for(std::chrono::milliseconds(duration_ms));
-        ::kill(hub_->pid(), SIGCONT);
+        ::kill(hubs_[i]->pid(), SIGCONT);
+        return;
+      }
+      case kHubFailover: {
+        ++faults_[f];
+        KillAndRestartHub(LeaderOr(static_cast<int>(draw % hubs_.size())),
+                          200 + duration_ms % 800);
         return;
       }
       case kNumFaults:
@@ -798,16 +872,22 @@ class Chaos {
     stop(trainer_);
     stop(auditor_);
     for (auto& r : readers_) stop(r);
-    if (hub_) hub_->Stop(3000);
+    for (auto& h : hubs_) {
+      if (h) h->Stop(3000);
+    }
   }
 
   void PrintSummary(double seconds) {
-    std::printf("chaos: seed %" PRIu64
-                ", %d rounds, %d readers, %s per version, %.0f s\n",
-                seed_, rounds_, num_readers_, FormatBytes(bytes_).c_str(),
-                seconds);
+    std::printf(
+        "chaos: seed %" PRIu64
+        ", %d rounds, %d readers, %s per version, %s, %.0f s\n",
+        seed_, rounds_, num_readers_, FormatBytes(bytes_).c_str(),
+        ha_ > 0
+            ? ("an HA set of " + std::to_string(ha_) + " hubs on etcd").c_str()
+            : "one hub",
+        seconds);
     std::printf("chaos: faults %d:", TotalFaults());
-    for (int f = 0; f < kNumFaults; ++f)
+    for (int f = 0; f < (ha_ > 0 ? kNumFaults : kHubFailover); ++f)
       std::printf(" %s %d", kFaultNames[f], faults_[f].load());
     std::printf("\n");
     std::printf(
@@ -835,11 +915,16 @@ class Chaos {
   const int rounds_;
   const int num_readers_;
   const uint64_t bytes_;
+  const int ha_;
   std::mt19937_64 rng_;
   std::vector<std::string> env_;
-  int port_ = 0;
-  std::string hub_address_;
-  std::unique_ptr<Subprocess> hub_;
+  // --ha: etcd, and a client to ask it who leads (declared before the hubs:
+  // it outlives them).
+  std::unique_ptr<lab::EtcdProcess> etcd_;
+  std::unique_ptr<ha::EtcdClient> etcd_client_;
+  std::vector<int> ports_;   // one per hub
+  std::string hub_address_;  // every hub's, comma-separated
+  std::vector<std::unique_ptr<Subprocess>> hubs_;
   std::unique_ptr<Proc> trainer_, auditor_;
   std::vector<std::unique_ptr<Proc>> readers_;
   int spawned_ = 0;
@@ -866,41 +951,62 @@ class Chaos {
   std::mutex print_mu_;
 };
 
-}  // namespace
+struct ChaosFlags {
+  uint64_t seed = 1;
+  uint64_t rounds = 30;
+  uint64_t readers = 4;
+  uint64_t bytes = 0;
+  bool verbose = false;
+  uint64_t ha = 0;  // hubs of an HA set on a loopback etcd (0: one hub)
+};
 
-int CmdChaosWorker(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 2,
-      {"hub", "bytes", "chunk-bytes", "seed", "name", "data-listen"}, {});
-  if (!args.ok()) return Fail(args.status());
-  return RunChaosWorker(*args);
-}
-
-int CmdChaos(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2, {"seed", "rounds", "readers", "bytes"},
-                        {"verbose"});
-  if (!args.ok()) return Fail(args.status());
-  auto seed = args->GetU64("seed", 1);
-  auto rounds = args->GetU64("rounds", 30);
-  auto readers = args->GetU64("readers", 4);
-  auto bytes = ParseBytes(args->Get("bytes", "4MiB"));
-  if (!seed.ok() || !rounds.ok() || !readers.ok() || !bytes.ok()) {
-    return Fail(
-        InvalidArgument("--seed, --rounds, --readers, --bytes take numbers"));
-  }
-  if (*rounds < 1 || *rounds > 100000 || *readers < 1 || *readers > 32 ||
-      *bytes < (64 << 10) || *bytes > (1ull << 30)) {
-    return Fail(
-        InvalidArgument("--rounds in [1, 100000], --readers in [1, 32], "
-                        "--bytes in [64KiB, 1GiB]"));
-  }
+int RunChaos(const ChaosFlags& f) {
   ::signal(SIGPIPE, SIG_IGN);
   ::signal(SIGINT, KillChildrenAndExit);
   ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
-  Chaos chaos(*seed, static_cast<int>(*rounds), static_cast<int>(*readers),
-              *bytes, args->Has("verbose"));
+  Chaos chaos(f.seed, static_cast<int>(f.rounds), static_cast<int>(f.readers),
+              f.bytes, f.verbose, static_cast<int>(f.ha));
   return chaos.Run();
+}
+
+}  // namespace
+
+void AddChaosCommands(CommandLine& cl) {
+  auto f = std::make_shared<ChaosFlags>();
+  CLI::App* c = cl.Add(
+      "chaos",
+      "seeded fault injection (kill, stop, slow, hub stop/restart) on "
+      "loopback processes; checks bytes, deadlines, availability; exit 1 on "
+      "any violation",
+      [f] { return RunChaos(*f); });
+  c->add_option("--seed", f->seed, "the fault schedule's seed (replays it)")
+      ->capture_default_str();
+  c->add_option("--rounds", f->rounds, "rounds of faults")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{100000}))
+      ->capture_default_str();
+  c->add_option("--readers", f->readers, "reader processes")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{32}))
+      ->capture_default_str();
+  AddBytesOption(c, "--bytes", &f->bytes, "4MiB", "the version's size")
+      ->check(CLI::Range(uint64_t{64} << 10, uint64_t{1} << 30));
+  c->add_flag("--verbose", f->verbose, "print every step");
+  c->add_option("--ha", f->ha,
+                "an HA set of N hubs on a loopback etcd, with hub failovers "
+                "(0: one hub)")
+      ->check(CLI::IsMember({0, 2, 3, 4, 5}))
+      ->type_name("N")
+      ->capture_default_str();
+
+  auto w = std::make_shared<ChaosWorkerFlags>();
+  c = cl.Add("_chaos-worker", "a worker process of chaos",
+             [w] { return RunChaosWorker(*w); });
+  c->add_option("--hub", w->hub)->required();
+  c->add_option("--name", w->name);
+  c->add_option("--bytes", w->bytes);
+  c->add_option("--chunk-bytes", w->chunk_bytes);
+  c->add_option("--seed", w->seed);
+  c->add_option("--data-listen", w->data_listen);
 }
 
 }  // namespace tensorhub::cli

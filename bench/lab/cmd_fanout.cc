@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -37,35 +39,35 @@ std::vector<TensorSpec> BenchLayout(uint64_t bytes) {
   return specs;
 }
 
-Result<ClientOptions> RoleOptions(const Args& a) {
-  ClientOptions o;
-  o.hub_address = a.Get("hub");
-  o.name = a.Get("name");
-  o.labels.datacenter = a.Get("datacenter");
-  o.labels.host = a.Get("host-label");
-  o.data_listen_address = a.Get("data-listen", "127.0.0.1:0");
-  o.connect_timeout_ms = 30000;
-  return o;
+// The flags of the test-bed roles (bench_testbed.h spawns them).
+struct RoleFlags {
+  WorkerFlags worker;
+  uint64_t bytes = 0;
+  uint64_t chunk_bytes = 4 << 20;  // trainer
+  int connections = 4;             // reader
+  bool no_serve = false;           // reader
+};
+
+CLI::App* AddRole(CommandLine& cl, CLI::App* bench, const std::string& name,
+                  RoleFlags* f, std::function<int()> run) {
+  CLI::App* c =
+      cl.Add(name, "a test-bed role of bench fanout|workload", run, bench);
+  f->worker.options.connect_timeout_ms = 30000;
+  AddWorkerFlags(c, &f->worker);
+  c->add_option("--bytes", f->bytes)->required();
+  return c;
 }
 
-}  // namespace
-
-int CmdBenchTrainer(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        {"hub", "bytes", "chunk-bytes", "name", "datacenter",
-                         "host-label", "data-listen"},
-                        {});
-  if (!args.ok()) return Fail(args.status());
+int RunBenchTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
-  SyntheticModel model(BenchLayout(std::stoull(args->Get("bytes"))));
-  auto o = RoleOptions(*args);
+  SyntheticModel model(BenchLayout(f.bytes));
+  auto o = ClientOptionsFrom(f.worker);
   if (!o.ok()) return Fail(o.status());
   auto client = Client::Connect(*o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready " + (*client)->id().value());
   PublishOptions po;
-  po.chunk_bytes =
-      std::stoull(args->Get("chunk-bytes", std::to_string(4 << 20)));
+  po.chunk_bytes = f.chunk_bytes;
   const std::string self = (*client)->id().value();
   std::string line;
   uint64_t last = 0;
@@ -145,15 +147,10 @@ int CmdBenchTrainer(int argc, char** argv) {
   return 0;
 }
 
-int CmdBenchReader(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 2,
-                        {"hub", "bytes", "name", "datacenter", "host-label",
-                         "data-listen", "connections"},
-                        {"no-serve"});
-  if (!args.ok()) return Fail(args.status());
-  SetLogPrefix(args->Get("name").c_str());
-  SyntheticModel model(BenchLayout(std::stoull(args->Get("bytes"))));
-  auto o = RoleOptions(*args);
+int RunBenchReader(const RoleFlags& f) {
+  SetLogPrefix(f.worker.options.name.c_str());
+  SyntheticModel model(BenchLayout(f.bytes));
+  auto o = ClientOptionsFrom(f.worker);
   if (!o.ok()) return Fail(o.status());
   auto client = Client::Connect(*o);
   if (!client.ok()) return Fail(client.status());
@@ -167,8 +164,8 @@ int CmdBenchReader(int argc, char** argv) {
     if (cmd != "fetch") break;
     FetchOptions fo;
     fo.timeout_ms = 600000;
-    fo.serve = !args->Has("no-serve");
-    fo.connections = std::stoi(args->Get("connections", "4"));
+    fo.serve = !f.no_serve;
+    fo.connections = f.connections;
     auto st = (*client)->Fetch(kModel, Version(v), model.tensors(), fo);
     if (!st.ok()) {
       Reply("error " + st.status().ToString());
@@ -186,45 +183,38 @@ int CmdBenchReader(int argc, char** argv) {
   return 0;
 }
 
-int CmdBenchFanout(int argc, char** argv) {
-  auto args = ParseArgs(argc, argv, 3,
-                        {"testbed", "readers", "bytes", "mode", "repeat",
-                         "chunk-bytes", "connections", "port"},
-                        {});
-  if (!args.ok()) return Fail(args.status());
-  auto tb = LoadTestbed(args->Get("testbed", "th"));
+struct FanoutFlags {
+  std::string testbed = "th";
+  std::optional<uint64_t> readers;
+  uint64_t bytes = 0;
+  std::string mode = "tensorhub";
+  uint64_t repeat = 2;
+  uint64_t chunk = 0;
+  int connections = 4;
+  std::string port = "7070";
+};
+
+int RunBenchFanout(const FanoutFlags& f) {
+  auto tb = LoadTestbed(f.testbed);
   if (!tb.ok()) return Fail(tb.status());
-  auto bytes = ParseBytes(args->Get("bytes", "256MiB"));
-  auto chunk = ParseBytes(args->Get("chunk-bytes", "2MiB"));
-  auto readers = args->GetU64("readers", tb->names.size() - 1);
-  auto repeat = args->GetU64("repeat", 2);
-  std::string mode = args->Get("mode", "tensorhub");
-  for (const Status& s :
-       {bytes.status(), chunk.status(), readers.status(), repeat.status()}) {
-    if (!s.ok()) return Fail(s);
+  const uint64_t readers = f.readers.value_or(tb->names.size() - 1);
+  const std::string& mode = f.mode;
+  if (readers < 1 || readers + 1 > tb->names.size()) {
+    return UsageError("the test bed has " + std::to_string(tb->names.size()) +
+                      " hosts: at most " +
+                      std::to_string(tb->names.size() - 1) + " --readers");
   }
-  if (mode != "tensorhub" && mode != "p2p")
-    return Fail(InvalidArgument("--mode is tensorhub or p2p"));
-  if (*readers < 1 || *readers + 1 > tb->names.size()) {
-    return Fail(
-        InvalidArgument("the test bed has " + std::to_string(tb->names.size()) +
-                        " hosts: at most " +
-                        std::to_string(tb->names.size() - 1) + " readers"));
-  }
-  if (*repeat < 1 || *repeat > 20)
-    return Fail(InvalidArgument("--repeat must be in [1, 20]"));
   SetLogLevel(LogLevel::kWarn);
   std::string hub;
-  auto hub_proc = SpawnHub(*tb, args->Get("port", "7070"), &hub);
+  auto hub_proc = SpawnHub(*tb, f.port, &hub);
   if (!hub_proc.ok()) return Fail(hub_proc.status());
   std::string trainer_id;
-  auto trainer = SpawnTrainer(*tb, hub, *bytes, *chunk, &trainer_id);
+  auto trainer = SpawnTrainer(*tb, hub, f.bytes, f.chunk, &trainer_id);
   if (!trainer.ok()) return Fail(trainer.status());
   std::vector<Subprocess> rs;
-  for (uint64_t i = 1; i <= *readers; ++i) {
-    auto r =
-        SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), *bytes,
-                    mode != "p2p", std::stoi(args->Get("connections", "4")));
+  for (uint64_t i = 1; i <= readers; ++i) {
+    auto r = SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), f.bytes,
+                         mode != "p2p", f.connections);
     if (!r.ok()) return Fail(r.status());
     rs.push_back(std::move(r).value());
   }
@@ -234,26 +224,26 @@ int CmdBenchFanout(int argc, char** argv) {
   }
   // The lower bound: every reader must download S through its own link.
   const double link_bytes_per_s = tb->host_mbit * 1e6 / 8;
-  const double bound = *bytes / link_bytes_per_s;
+  const double bound = f.bytes / link_bytes_per_s;
   std::set<std::string> remote_dcs;
-  for (uint64_t i = 1; i <= *readers; ++i) {
+  for (uint64_t i = 1; i <= readers; ++i) {
     if (tb->dcs[i] != tb->dcs[0]) remote_dcs.insert(tb->dcs[i]);
   }
   std::printf(
       "fanout: mode %s, %llu readers, %s, links %.0f Mbit/s%s, chunks of %s, "
       "bound S/B %.2f s\n",
-      mode.c_str(), static_cast<unsigned long long>(*readers),
-      FormatBytes(*bytes).c_str(), tb->host_mbit,
+      mode.c_str(), static_cast<unsigned long long>(readers),
+      FormatBytes(f.bytes).c_str(), tb->host_mbit,
       remote_dcs.empty()
           ? ""
           : (", WAN " + std::to_string(static_cast<int>(tb->wan_mbit)) +
              " Mbit/s, " + std::to_string(remote_dcs.size()) + " remote DC(s)")
                 .c_str(),
-      FormatBytes(*chunk).c_str(), bound);
+      FormatBytes(f.chunk).c_str(), bound);
   double best = 1e30;
   bool all_ok = true;
   double best_trainer_copies = 0, best_wan = 0, best_filling = 0;
-  for (uint64_t r = 1; r <= *repeat; ++r) {
+  for (uint64_t r = 1; r <= f.repeat; ++r) {
     Status s = trainer->Send("publish " + std::to_string(r));
     auto pub = s.ok() ? trainer->ReadLine(Deadline::AfterMs(600000))
                       : Result<std::string>(s);
@@ -289,7 +279,7 @@ int CmdBenchFanout(int argc, char** argv) {
     }
     uint64_t wan = WanTxBytes(*tb, tb->dcs[0]) - wan0;
     all_ok = all_ok && matched == rs.size();
-    double copies = static_cast<double>(from_trainer) / *bytes;
+    double copies = static_cast<double>(from_trainer) / f.bytes;
     std::printf(
         "  round %llu: all %zu readers hold it after %.2f s (first %.2f s) = "
         "%.2f x S/B; "
@@ -297,18 +287,18 @@ int CmdBenchFanout(int argc, char** argv) {
         "retries %llu",
         static_cast<unsigned long long>(r), rs.size(), last, first,
         last / bound, matched, rs.size(), copies,
-        static_cast<double>(from_filling) / *bytes,
+        static_cast<double>(from_filling) / f.bytes,
         static_cast<unsigned long long>(retries));
     if (!remote_dcs.empty())
       std::printf("; WAN out of %s %.3f S", tb->dcs[0].c_str(),
-                  static_cast<double>(wan) / *bytes);
+                  static_cast<double>(wan) / f.bytes);
     std::printf("\n");
     std::fflush(stdout);
     if (last < best) {
       best = last;
       best_trainer_copies = copies;
-      best_wan = static_cast<double>(wan) / *bytes;
-      best_filling = static_cast<double>(from_filling) / *bytes;
+      best_wan = static_cast<double>(wan) / f.bytes;
+      best_filling = static_cast<double>(from_filling) / f.bytes;
     }
   }
   (void)trainer->Send("quit");
@@ -320,10 +310,50 @@ int CmdBenchFanout(int argc, char** argv) {
       "fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f "
       "ratio=%.3f "
       "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d\n",
-      mode.c_str(), static_cast<unsigned long long>(*readers),
-      static_cast<unsigned long long>(*bytes), best, bound, best / bound,
+      mode.c_str(), static_cast<unsigned long long>(readers),
+      static_cast<unsigned long long>(f.bytes), best, bound, best / bound,
       best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0);
   return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+void AddBenchFanoutCommands(CommandLine& cl, CLI::App* bench) {
+  auto f = std::make_shared<FanoutFlags>();
+  CLI::App* c = cl.Add(
+      "fanout",
+      "one trainer and N readers on bench/testbed.sh's hosts: "
+      "time to S/B, trainer and WAN bytes",
+      [f] { return RunBenchFanout(*f); }, bench);
+  c->add_option("--testbed", f->testbed, "the test bed's prefix")
+      ->capture_default_str();
+  c->add_option("--readers", f->readers,
+                "readers, one per host after h0 (default: every host)")
+      ->check(CLI::PositiveNumber);
+  AddBytesOption(c, "--bytes", &f->bytes, "256MiB", "the version's size");
+  AddBytesOption(c, "--chunk-bytes", &f->chunk, "2MiB", "the chunk size");
+  c->add_option("--mode", f->mode,
+                "tensorhub, or p2p: readers do not serve (the baseline)")
+      ->check(CLI::IsMember({"tensorhub", "p2p"}))
+      ->capture_default_str();
+  c->add_option("--repeat", f->repeat, "rounds (the best is reported)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{20}))
+      ->capture_default_str();
+  c->add_option("--connections", f->connections, "streams per reader")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  c->add_option("--port", f->port, "the hub's port on h0")
+      ->capture_default_str();
+
+  auto t = std::make_shared<RoleFlags>();
+  c = AddRole(cl, bench, "_trainer", t.get(),
+              [t] { return RunBenchTrainer(*t); });
+  c->add_option("--chunk-bytes", t->chunk_bytes);
+  auto r = std::make_shared<RoleFlags>();
+  c = AddRole(cl, bench, "_reader", r.get(),
+              [r] { return RunBenchReader(*r); });
+  c->add_option("--connections", r->connections)->check(CLI::Range(1, 64));
+  c->add_flag("--no-serve", r->no_serve);
 }
 
 }  // namespace tensorhub::cli

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,74 +28,49 @@ using sim::RunResult;
 using sim::System;
 using sim::WorkloadConfig;
 
-constexpr const char* kValueFlags[] = {"scenario",
-                                       "trainer-gpus",
-                                       "rollout-gpus",
-                                       "model-bytes",
-                                       "tp",
-                                       "chunk-bytes",
-                                       "segment-bytes",
-                                       "nic-gbit",
-                                       "nvlink-gbyte",
-                                       "gpus-per-node",
-                                       "nodes-per-rack",
-                                       "rack-oversub",
-                                       "wan-gbit",
-                                       "rounds",
-                                       "step-s",
-                                       "max-sources",
-                                       "trainer-copies",
-                                       "spot-fraction",
-                                       "arrival-spread-s",
-                                       "seed",
-                                       "efficiency",
-                                       "measured",
-                                       "systems"};
+// Overrides of a scenario's configuration: each set only when given.
+struct SimFlags {
+  std::string scenario = "standalone";
+  bool csv = false;
+  std::optional<int> trainer_gpus, rollout_gpus, tp, gpus_per_node,
+      nodes_per_rack, rounds, max_sources, trainer_copies;
+  std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes, seed;
+  std::optional<double> nic_gbit, nvlink_gbyte, rack_oversub, wan_gbit,
+      efficiency, step_s, spot_fraction, arrival_spread_s;
+  bool no_rack_labels = false;
+  bool hub_idle_first = false;
+  std::optional<std::string> measured;
+  std::optional<std::string> systems;
+};
 
-Status Apply(const Args& a, WorkloadConfig* c) {
-  auto d = [&](const char* name, double* v) -> Status {
-    TH_ASSIGN_OR_RETURN(*v, a.GetDouble(name, *v));
-    return Status::Ok();
+Status Apply(const SimFlags& f, WorkloadConfig* c) {
+  auto set = [](const auto& flag, auto* field) {
+    if (flag.has_value()) *field = *flag;
   };
-  auto i = [&](const char* name, int* v) -> Status {
-    TH_ASSIGN_OR_RETURN(uint64_t x, a.GetU64(name, static_cast<uint64_t>(*v)));
-    if (x > (1u << 30))
-      return InvalidArgument(std::string("--") + name + " too large");
-    *v = static_cast<int>(x);
-    return Status::Ok();
-  };
-  auto b = [&](const char* name, uint64_t* v) -> Status {
-    if (!a.Has(name)) return Status::Ok();
-    TH_ASSIGN_OR_RETURN(*v, ParseBytes(a.Get(name)));
-    return Status::Ok();
-  };
-  TH_RETURN_IF_ERROR(i("trainer-gpus", &c->trainer_gpus));
-  TH_RETURN_IF_ERROR(i("rollout-gpus", &c->rollout_gpus));
-  if (a.Has("model-bytes")) {
-    TH_ASSIGN_OR_RETURN(uint64_t m, ParseBytes(a.Get("model-bytes")));
-    c->model_bytes = static_cast<double>(m);
+  set(f.trainer_gpus, &c->trainer_gpus);
+  set(f.rollout_gpus, &c->rollout_gpus);
+  if (f.model_bytes.has_value()) {
+    c->model_bytes = static_cast<double>(*f.model_bytes);
   }
-  TH_RETURN_IF_ERROR(i("tp", &c->tp));
-  TH_RETURN_IF_ERROR(b("chunk-bytes", &c->chunk_bytes));
-  TH_RETURN_IF_ERROR(b("segment-bytes", &c->segment_bytes));
-  TH_RETURN_IF_ERROR(d("nic-gbit", &c->cluster.nic_gbit));
-  TH_RETURN_IF_ERROR(d("nvlink-gbyte", &c->cluster.nvlink_gbyte));
-  TH_RETURN_IF_ERROR(i("gpus-per-node", &c->cluster.gpus_per_node));
-  TH_RETURN_IF_ERROR(i("nodes-per-rack", &c->cluster.nodes_per_rack));
-  TH_RETURN_IF_ERROR(d("rack-oversub", &c->cluster.rack_oversub));
-  TH_RETURN_IF_ERROR(d("wan-gbit", &c->cluster.wan_gbit));
-  TH_RETURN_IF_ERROR(d("efficiency", &c->cluster.efficiency));
-  if (a.Has("no-rack-labels")) c->cluster.rack_labels = false;
-  if (a.Has("hub-idle-first")) c->hub_idle_first = true;
-  TH_RETURN_IF_ERROR(i("rounds", &c->rounds));
-  TH_RETURN_IF_ERROR(d("step-s", &c->step_s));
-  TH_RETURN_IF_ERROR(i("max-sources", &c->max_sources));
-  TH_RETURN_IF_ERROR(i("trainer-copies", &c->trainer_copies));
-  TH_RETURN_IF_ERROR(d("spot-fraction", &c->spot_fraction));
-  TH_RETURN_IF_ERROR(d("arrival-spread-s", &c->arrival_spread_s));
-  if (a.Has("seed")) {
-    TH_ASSIGN_OR_RETURN(c->seed, a.GetU64("seed", c->seed));
-  }
+  set(f.tp, &c->tp);
+  set(f.chunk_bytes, &c->chunk_bytes);
+  set(f.segment_bytes, &c->segment_bytes);
+  set(f.nic_gbit, &c->cluster.nic_gbit);
+  set(f.nvlink_gbyte, &c->cluster.nvlink_gbyte);
+  set(f.gpus_per_node, &c->cluster.gpus_per_node);
+  set(f.nodes_per_rack, &c->cluster.nodes_per_rack);
+  set(f.rack_oversub, &c->cluster.rack_oversub);
+  set(f.wan_gbit, &c->cluster.wan_gbit);
+  set(f.efficiency, &c->cluster.efficiency);
+  if (f.no_rack_labels) c->cluster.rack_labels = false;
+  if (f.hub_idle_first) c->hub_idle_first = true;
+  set(f.rounds, &c->rounds);
+  set(f.step_s, &c->step_s);
+  set(f.max_sources, &c->max_sources);
+  set(f.trainer_copies, &c->trainer_copies);
+  set(f.spot_fraction, &c->spot_fraction);
+  set(f.arrival_spread_s, &c->arrival_spread_s);
+  set(f.seed, &c->seed);
   return c->Validate();
 }
 
@@ -347,13 +323,12 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
   return out;
 }
 
-int Testbed(const Args& a, bool csv) {
+int Testbed(const SimFlags& a, bool csv) {
   // bench/fanout.sh's defaults: 400 Mbit/s host links (both directions),
   // WAN 100 Mbit/s, 8 hosts in 2 DCs for the cross-DC run. tbf counts
   // Ethernet framing: TCP payload gets at most 0.956 of the rate
   // (docs/benchmarks.md), which the model applies as link efficiency.
-  std::string spec = a.Get(
-      "measured",
+  std::string spec = a.measured.value_or(
       "bench/results/fanout.txt:2MiB,bench/results/fanout-16-1mib.txt:1MiB,"
       "bench/results/crossdc-1mib.txt:1MiB");
   Result<std::vector<Measured>> ms = ReadMeasured(spec);
@@ -431,19 +406,9 @@ int Testbed(const Args& a, bool csv) {
   return 0;
 }
 
-}  // namespace
-
-int CmdSim(int argc, char** argv) {
-  std::vector<std::string> vf(std::begin(kValueFlags), std::end(kValueFlags));
-  Result<Args> args =
-      ParseArgs(argc, argv, 2, vf, {"csv", "no-rack-labels", "hub-idle-first"});
-  if (!args.ok()) {
-    std::fprintf(stderr, "sim: %s\n", args.status().ToString().c_str());
-    return 2;
-  }
-  const Args& a = *args;
-  const std::string scenario = a.Get("scenario", "standalone");
-  const bool csv = a.Has("csv");
+int RunSim(const SimFlags& a) {
+  const std::string& scenario = a.scenario;
+  const bool csv = a.csv;
   if (scenario == "testbed") return Testbed(a, csv);
   WorkloadConfig c;
   std::string systems = "tensorhub,p2p,ring,tree";
@@ -469,13 +434,82 @@ int CmdSim(int argc, char** argv) {
     return 2;
   }
   Result<std::vector<System>> sys =
-      ParseSystems(a.Get("systems", systems), c.spot_fraction > 0);
+      ParseSystems(a.systems.value_or(systems), c.spot_fraction > 0);
   if (!sys.ok()) {
     std::fprintf(stderr, "sim: %s\n", sys.status().ToString().c_str());
     return 2;
   }
   if (csv) CsvHeader();
   return RunScenario(scenario, c, *sys, csv);
+}
+
+}  // namespace
+
+void AddSimCommand(CommandLine& cl) {
+  auto f = std::make_shared<SimFlags>();
+  CLI::App* c = cl.Add("sim",
+                       "cluster-scale simulation of the hub's scheduler and "
+                       "the baselines, on simulated links",
+                       [f] { return RunSim(*f); });
+  c->add_option("--scenario", f->scenario,
+                "standalone (512 + 512 GPUs, 70B), elastic (half the "
+                "rollouts spot), crossdc (rollouts behind a WAN), scale "
+                "(16,384 GPUs), testbed (the namespace test bed, beside "
+                "bench/results/)")
+      ->check(CLI::IsMember(
+          {"standalone", "elastic", "crossdc", "scale", "testbed"}))
+      ->capture_default_str();
+  c->add_flag("--csv", f->csv, "CSV rows instead of the table");
+  c->add_option("--systems", f->systems,
+                "comma-separated, of tensorhub,p2p,ring,tree");
+  c->add_option("--measured", f->measured,
+                "testbed: FILE:CHUNK,... of measured fanout result lines");
+  // Overrides of the scenario's configuration.
+  auto count = [c](const char* name, std::optional<int>* v, const char* what) {
+    c->add_option(name, *v, what)->check(CLI::NonNegativeNumber);
+  };
+  auto real = [c](const char* name, std::optional<double>* v,
+                  const char* what) {
+    c->add_option(name, *v, what)->check(CLI::NonNegativeNumber);
+  };
+  auto size = [c](const char* name, std::optional<uint64_t>* v,
+                  const char* what) {
+    c->add_option(name, *v, what)
+        ->transform(SizeTransform())
+        ->type_name("SIZE");
+  };
+  count("--trainer-gpus", &f->trainer_gpus, "GPUs of the trainer");
+  count("--rollout-gpus", &f->rollout_gpus, "GPUs of the rollouts");
+  size("--model-bytes", &f->model_bytes, "the model's size");
+  count("--tp", &f->tp, "GPUs per rollout instance (tensor parallel)");
+  size("--chunk-bytes", &f->chunk_bytes, "TensorHub's chunk");
+  size("--segment-bytes", &f->segment_bytes,
+       "the broadcast baselines' pipelining segment");
+  real("--nic-gbit", &f->nic_gbit, "NIC rate per GPU, each direction");
+  real("--nvlink-gbyte", &f->nvlink_gbyte,
+       "NVLink rate per GPU inside a node, each direction");
+  count("--gpus-per-node", &f->gpus_per_node, "GPUs per node");
+  count("--nodes-per-rack", &f->nodes_per_rack, "nodes per rack");
+  real("--rack-oversub", &f->rack_oversub,
+       "rack uplink oversubscription (0: no rack limit)");
+  c->add_flag("--no-rack-labels", f->no_rack_labels,
+              "do not tell the hub the racks");
+  c->add_flag("--hub-idle-first", f->hub_idle_first,
+              "the hub ranks idle holders first even with oversubscribed "
+              "racks (as a hub not told about them)");
+  real("--wan-gbit", &f->wan_gbit, "the WAN between datacenters");
+  real("--efficiency", &f->efficiency,
+       "the share of a link's rate that carries payload");
+  count("--rounds", &f->rounds, "versions published");
+  real("--step-s", &f->step_s, "trainer compute between publishes");
+  count("--max-sources", &f->max_sources, "FetchOptions::max_sources");
+  count("--trainer-copies", &f->trainer_copies,
+        "full reliable copies the trainer waits for before unpublishing");
+  real("--spot-fraction", &f->spot_fraction,
+       "share of rollout instances that are spot (join and leave)");
+  real("--arrival-spread-s", &f->arrival_spread_s,
+       "instances need the new version spread over [0, this] s");
+  c->add_option("--seed", f->seed, "the seed of spot and arrival times");
 }
 
 }  // namespace tensorhub::cli

@@ -35,6 +35,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -629,61 +630,43 @@ void PrintResult(const SystemRun& r, const Config& c, double bound_s,
   }
 }
 
-}  // namespace
+struct WorkloadFlags {
+  std::string workload;
+  std::string testbed = "thwl";
+  uint64_t bytes = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t rounds = 4;
+  uint64_t step_ms = 4000;
+  uint64_t batch_ms = 4000;
+  uint64_t copies = 1;
+  int connections = 4;
+  int port = 7070;
+  uint64_t seed = 1;
+  std::optional<uint64_t> spot;  // default: 3 for elastic, else 0
+  uint64_t stay_max = 2;
+  uint64_t timeout_s = 300;
+  std::optional<std::string> systems;
+  std::string mpi_script = "bench/mpi_bcast.sh";
+  std::string mpi_algorithms = "3 9";
+};
 
-int CmdBenchWorkload(int argc, char** argv) {
-  auto args = ParseArgs(
-      argc, argv, 3,
-      {"testbed", "bytes", "chunk-bytes", "rounds", "step-ms", "batch-ms",
-       "copies", "connections", "port", "seed", "spot", "stay-max", "systems",
-       "mpi-script", "mpi-algorithms", "timeout-s"},
-      {});
-  if (!args.ok()) return Fail(args.status());
-  if (args->positional.size() != 1) {
-    return Fail(InvalidArgument(
-        "usage: tensorhub-lab bench workload standalone|elastic|crossdc "
-        "--testbed PREFIX [--bytes 128MiB] [--rounds 4] ..."));
-  }
+int RunBenchWorkload(const WorkloadFlags& f) {
   Config c;
-  c.workload = args->positional[0];
-  if (c.workload != "standalone" && c.workload != "elastic" &&
-      c.workload != "crossdc") {
-    return Fail(
-        InvalidArgument("workload is standalone, elastic or crossdc, not '" +
-                        c.workload + "'"));
-  }
-  auto tb = LoadTestbed(args->Get("testbed", "thwl"));
+  c.workload = f.workload;
+  auto tb = LoadTestbed(f.testbed);
   if (!tb.ok()) return Fail(tb.status());
-  auto bytes = ParseBytes(args->Get("bytes", "128MiB"));
-  auto chunk = ParseBytes(args->Get("chunk-bytes", "2MiB"));
-  auto rounds = args->GetU64("rounds", 4);
-  auto step = args->GetU64("step-ms", 4000);
-  auto batch = args->GetU64("batch-ms", 4000);
-  auto copies = args->GetU64("copies", 1);
-  auto conns = args->GetU64("connections", 4);
-  auto port = args->GetU64("port", 7070);
-  auto seed = args->GetU64("seed", 1);
-  auto spot = args->GetU64("spot", c.workload == "elastic" ? 3 : 0);
-  auto stay = args->GetU64("stay-max", 2);
-  auto timeout_s = args->GetU64("timeout-s", 300);
-  for (const Status& st :
-       {bytes.status(), chunk.status(), rounds.status(), step.status(),
-        batch.status(), copies.status(), conns.status(), port.status(),
-        seed.status(), spot.status(), stay.status(), timeout_s.status()}) {
-    if (!st.ok()) return Fail(st);
-  }
-  c.bytes = *bytes;
-  c.chunk_bytes = *chunk;
-  c.rounds = *rounds;
-  c.step_ms = *step;
-  c.batch_ms = *batch;
-  c.copies = *copies;
-  c.connections = static_cast<int>(*conns);
-  c.port = static_cast<int>(*port);
-  c.seed = *seed;
-  c.spot = *spot;
-  c.stay_max = *stay;
-  c.timeout_ms = static_cast<int64_t>(*timeout_s) * 1000;
+  c.bytes = f.bytes;
+  c.chunk_bytes = f.chunk_bytes;
+  c.rounds = f.rounds;
+  c.step_ms = f.step_ms;
+  c.batch_ms = f.batch_ms;
+  c.copies = f.copies;
+  c.connections = f.connections;
+  c.port = f.port;
+  c.seed = f.seed;
+  c.spot = f.spot.value_or(c.workload == "elastic" ? 3 : 0);
+  c.stay_max = f.stay_max;
+  c.timeout_ms = static_cast<int64_t>(f.timeout_s) * 1000;
   const size_t hosts = tb->names.size();
   if (c.rounds < 1 || c.rounds > 50)
     return Fail(InvalidArgument("--rounds must be in [1, 50]"));
@@ -716,9 +699,8 @@ int CmdBenchWorkload(int argc, char** argv) {
   c.steady = hosts - 1 - c.spot;
   if (c.copies > c.steady)
     return Fail(InvalidArgument("--copies exceeds the steady rollouts"));
-  std::string systems =
-      args->Get("systems", c.workload == "elastic" ? "tensorhub p2p"
-                                                   : "tensorhub p2p mpi");
+  std::string systems = f.systems.value_or(
+      c.workload == "elastic" ? "tensorhub p2p" : "tensorhub p2p mpi");
   std::set<std::string> want;
   {
     std::istringstream ss(systems);
@@ -774,9 +756,7 @@ int CmdBenchWorkload(int argc, char** argv) {
     if (!want.count(system)) continue;
     uint64_t wan0 = remote ? WanTxBytes(*tb, tb->dcs[0]) : 0;
     if (std::string(system) == "mpi") {
-      results.push_back(RunMpi(*tb, c,
-                               args->Get("mpi-script", "bench/mpi_bcast.sh"),
-                               args->Get("mpi-algorithms", "3 9")));
+      results.push_back(RunMpi(*tb, c, f.mpi_script, f.mpi_algorithms));
     } else {
       results.push_back(RunPeerToPeerOrHub(*tb, c, std::string(system) == "p2p",
                                            port_next++));
@@ -864,6 +844,53 @@ int CmdBenchWorkload(int argc, char** argv) {
                   .c_str());
   }
   return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+void AddBenchWorkloadCommand(CommandLine& cl, CLI::App* bench) {
+  auto f = std::make_shared<WorkloadFlags>();
+  CLI::App* c = cl.Add(
+      "workload",
+      "a trainer loop and rollouts on the test bed: GPU stall "
+      "vs point-to-point and MPI_Bcast",
+      [f] { return RunBenchWorkload(*f); }, bench);
+  c->add_option("workload", f->workload, "the workload")
+      ->check(CLI::IsMember({"standalone", "elastic", "crossdc"}))
+      ->required();
+  c->add_option("--testbed", f->testbed, "the test bed's prefix")
+      ->capture_default_str();
+  AddBytesOption(c, "--bytes", &f->bytes, "128MiB", "the model's size");
+  AddBytesOption(c, "--chunk-bytes", &f->chunk_bytes, "2MiB", "the chunk size");
+  c->add_option("--rounds", f->rounds, "training steps (weight updates)")
+      ->capture_default_str();
+  c->add_option("--step-ms", f->step_ms, "the trainer's step time")
+      ->capture_default_str();
+  c->add_option("--batch-ms", f->batch_ms, "a rollout's generation time")
+      ->capture_default_str();
+  c->add_option("--copies", f->copies,
+                "complete copies the trainer waits for before overwriting")
+      ->capture_default_str();
+  c->add_option("--connections", f->connections, "streams per reader")
+      ->capture_default_str();
+  c->add_option("--port", f->port, "the first hub port on h0")
+      ->capture_default_str();
+  c->add_option("--seed", f->seed, "the spot schedule's seed")
+      ->capture_default_str();
+  c->add_option("--spot", f->spot,
+                "spot hosts that join and leave (elastic; default 3)");
+  c->add_option("--stay-max", f->stay_max, "rounds a spot host stays at most")
+      ->capture_default_str();
+  c->add_option("--timeout-s", f->timeout_s, "deadline of each system's run")
+      ->capture_default_str();
+  c->add_option("--systems", f->systems,
+                "which to run, of \"tensorhub p2p mpi\" (default: all, "
+                "elastic: no mpi)");
+  c->add_option("--mpi-script", f->mpi_script, "the MPI_Bcast driver")
+      ->capture_default_str();
+  c->add_option("--mpi-algorithms", f->mpi_algorithms,
+                "OpenMPI broadcast algorithms to try")
+      ->capture_default_str();
 }
 
 }  // namespace tensorhub::cli

@@ -35,7 +35,9 @@ class ClientFactory;  // internal: builds a Client on other seams (tests)
 }  // namespace client
 
 struct ClientOptions {
-  // The hub's control address, HOST:PORT.
+  // The hub's control address, HOST:PORT; for a highly available hub set,
+  // its hubs' addresses, comma-separated ("h1:7070,h2:7070,h3:7070"): calls
+  // go to the elected leader and follow it when another hub takes over.
   std::string hub_address = "127.0.0.1:7070";
   // A human-readable name for logs and `tensorhub ls`; defaults to host:pid.
   std::string name;
@@ -83,6 +85,12 @@ struct ClientOptions {
   // free port, see Client::metrics_address()). Empty: no metrics endpoint.
   // The metrics are listed in docs/metrics.md.
   std::string metrics_listen;
+  // Data-plane transports in order of preference ("ucx", "tcp"); the first
+  // this build and machine can run is used for serving and reading, and the
+  // choice is logged. Empty: the environment's TENSORHUB_TRANSPORTS (a comma
+  // list, e.g. "ucx,tcp"), else tcp. Every worker of a cluster must pick the
+  // same one (a worker does not yet advertise several, docs/design.md).
+  std::vector<std::string> transports;
 };
 
 struct PublishOptions {
@@ -140,6 +148,8 @@ struct FetchSourceStats {
   // The holder was itself still receiving the version when it was chosen:
   // it served chunks it had verified while the rest was still arriving.
   bool was_filling = false;
+  // The data-plane transport the chunks came over ("tcp", "ucx").
+  std::string transport;
 };
 
 // Where one fetch's time went. The stages follow each other and add up to

@@ -50,14 +50,35 @@ struct HubOptions {
   // free port, see Hub::metrics_address()). Empty: no metrics endpoint.
   // The metrics are listed in docs/metrics.md.
   std::string metrics_listen = "";
+
+  // ---- A highly available hub set (docs/design.md, "A highly available
+  // hub") ----
+  // etcd's client endpoints, "HOST:PORT[,HOST:PORT...]": this hub joins
+  // the hub set kept there and serves only while it is the elected leader;
+  // the others answer every call UNAVAILABLE naming the leader, and clients
+  // given the set's addresses follow it. The leader records what must
+  // outlive it (retain pins, reader-group pins, each model's highest
+  // version number, the secret's identity) in etcd before it answers.
+  // Empty (the default): a single hub, no etcd.
+  std::string etcd_endpoints = "";
+  // Where clients reach this hub, HOST:PORT (the leader key's value).
+  // Default: the bound address; required when listening on 0.0.0.0 or [::].
+  std::string advertise_address = "";
+  // The leader's etcd lease: a leader that dies is replaced within about
+  // this long. etcd counts whole seconds (rounded up); at least 1000.
+  int64_t etcd_lease_ms = 3000;
+  // Every etcd key of this hub set starts with it (sets may share an etcd).
+  std::string etcd_prefix = "/tensorhub/";
 };
 
 class Hub {
  public:
   // Binds and starts serving; returns once the hub accepts calls.
-  // UNAVAILABLE if the address (or the metrics address) cannot be bound;
-  // INVALID_ARGUMENT for TLS files that are missing, unreadable or do not
-  // match.
+  // UNAVAILABLE if the address (or the metrics address) cannot be bound
+  // (or, with etcd, etcd cannot be reached); FAILED_PRECONDITION if the hub
+  // set in etcd runs with another secret; INVALID_ARGUMENT for TLS files
+  // that are missing, unreadable or do not match. A hub of a set starts as
+  // a standby and leads once elected (in the background).
   static Result<std::unique_ptr<Hub>> Start(const HubOptions& options);
   virtual ~Hub() = default;
   // The bound address (the real port when 0 was asked for).

@@ -137,8 +137,9 @@ std::pair<uint64_t, uint64_t> SplitRange(uint64_t size, uint32_t parts,
 //   BF16/F16/F32 -> BF16/F16/F32: x.to(dtype) (round to nearest even, via
 //     F32, which is exact);
 //   -> F8_E4M3: (x.float() / scale).to(torch.float8_e4m3fn): the division
-//     in F32, then round to nearest even; |value| past 448 by half an ulp
-//     or more, inf and NaN become NaN (torch does not saturate).
+//     in F32, then round to nearest even; a |value| that rounds past 448,
+//     and inf, saturate to +-448 (as torch 2.13's cast does); NaN stays
+//     NaN.
 // The scale, per tensor or per output channel (row of dim 0):
 //   scale = max(amax, 1e-12) / 448 in F32 (Fp8ScaleForAmax), amax being
 //   max |x| over the whole logical tensor or over each of its rows.

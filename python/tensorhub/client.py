@@ -802,7 +802,9 @@ def connect(
     """Registers a worker with the hub at ``hub`` and returns its :class:`Client`.
 
     Args:
-        hub: HOST:PORT of the hub; default ``$TENSORHUB_HUB`` or 127.0.0.1:7070.
+        hub: HOST:PORT of the hub, or the comma-separated addresses of a
+            highly available hub set (calls follow its leader); default
+            ``$TENSORHUB_HUB`` or 127.0.0.1:7070.
         worker_id: a human-readable worker name for logs and listings
             (default host:pid); the hub assigns the actual id
             (:attr:`Client.worker_id`).

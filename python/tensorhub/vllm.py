@@ -82,9 +82,12 @@ def worker_stats(worker: Any = None) -> List[Dict[str, Any]]:
     it in every worker and returns one list per worker. Each entry has the
     engine's ``worker_id`` (its TensorHub worker), the ``version`` it applied
     last, ``fetch`` (that fetch's stats, with bytes per source), and the
-    seconds spent: ``stage_seconds`` (fetch while generating), ``wait_seconds``
-    (waiting for a staged fetch), ``fetch_seconds`` (fetching during the
-    pause) and ``apply_seconds`` (layerwise reload).
+    seconds spent: ``stage_seconds`` (fetch while generating, from
+    ``stage_started_at`` to ``stage_finished_at`` on this process's
+    ``time.monotonic()`` clock), ``wait_seconds`` (waiting for a staged
+    fetch), ``fetch_seconds`` (fetching during the pause), ``apply_seconds``
+    (layerwise reload) and ``withdraw_seconds`` (the last withdrawal of a
+    replaced version, in the background after its update).
     """
     import sys
 

@@ -18,12 +18,17 @@ rank). An update is ``start_weight_update`` / ``update_weights`` /
    plain ``load_weights`` would fail);
 3. keep the fetched buffers and serve them to other workers (readers pull
    from this engine, not only from the trainer) until the next version
-   replaces them, then withdraw the old one (waiting for its reads).
+   replaces them, then withdraw the old one (in a background thread, after
+   the update returned: the unpublish waits for the old version's reads).
 
 Prefetch: ``update_weights({"model": M, "version": V, "stage": True})``
 starts the fetch in a background thread and returns at once; the engine
 keeps generating. A later ``update_weights({"model": M, "version": V})``
 waits for that fetch and only applies, so the pause covers the apply.
+``stats()`` (and :func:`tensorhub.vllm.worker_stats`) report both parts:
+``stage_seconds`` with ``stage_started_at`` / ``stage_finished_at`` (this
+process's ``time.monotonic()``, to line up with what the engine did
+meanwhile), and ``wait_seconds`` + ``apply_seconds`` in the pause.
 
 The TP ranks of one engine form a TensorHub reader group: with
 ``"version": "latest"`` every rank loads the version the group's first rank
@@ -174,6 +179,10 @@ class _Staged:
         self.stats: Optional[FetchStats] = None
         self.error: Optional[BaseException] = None
         self.seconds = 0.0
+        # time.monotonic() when the fetch started and ended (this process's
+        # clock): lets a caller see what the engine did meanwhile.
+        self.started_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
 
@@ -198,6 +207,9 @@ class TensorHubWeightTransferEngine(
         self._staged: Optional[_Staged] = None
         self._stats: Dict[str, Any] = {}
         self._lock = threading.Lock()  # guards _staged and _held
+        # Withdrawing the version an apply replaced runs here, after the pause.
+        self._withdrawing: Optional[threading.Thread] = None
+        self._withdraw_s = 0.0  # the last withdrawal's seconds
         _LIVE.add(self)
 
     # -- vLLM's interface ----------------------------------------------------
@@ -276,9 +288,12 @@ class TensorHubWeightTransferEngine(
             "version": staged.version,
             "staged": fetch_s == 0.0,
             "stage_seconds": staged.seconds if fetch_s == 0.0 else 0.0,
+            "stage_started_at": staged.started_at if fetch_s == 0.0 else None,
+            "stage_finished_at": staged.finished_at if fetch_s == 0.0 else None,
             "wait_seconds": waited_s,
             "fetch_seconds": fetch_s,
             "apply_seconds": apply_s,
+            "withdraw_seconds": self._withdraw_s,
             "pause_seconds": time.monotonic() - t0,
             "fetch": asdict(staged.stats) if staged.stats is not None else None,
         }
@@ -294,6 +309,7 @@ class TensorHubWeightTransferEngine(
         staged = self._staged
         if staged is not None and staged.thread is not None:
             staged.done.wait(timeout=(self._info.timeout_s if self._info else 10.0))
+        self._join_withdraw()
         client, self._client = self._client, None
         if client is not None:
             client.close()
@@ -371,7 +387,7 @@ class TensorHubWeightTransferEngine(
     def _fetch(self, staged: _Staged, step: int, deadline: float) -> None:
         """Fetches into fresh buffers; records the error instead of raising."""
         client = self._client
-        t0 = time.monotonic()
+        t0 = staged.started_at = time.monotonic()
         try:
             assert client is not None
             info = client.describe(staged.model, staged.requested, group=self._group, step=step)
@@ -408,7 +424,8 @@ class TensorHubWeightTransferEngine(
         except BaseException as e:  # handed to the caller of update_weights
             staged.error = e
         finally:
-            staged.seconds = time.monotonic() - t0
+            staged.finished_at = time.monotonic()
+            staged.seconds = staged.finished_at - t0
             staged.done.set()
 
     def _drop(self, staged: _Staged) -> None:
@@ -436,15 +453,37 @@ class TensorHubWeightTransferEngine(
         initialize_layerwise_reload(self.model)
         self.model.load_weights(self._weights(staged))
         finalize_layerwise_reload(self.model, self.model_config)
-        # The new version is in the model: serve it, withdraw the old one
-        # (unpublish waits for its reads in flight).
+        # The new version is in the model: serve it, and withdraw the old one
+        # in the background (unpublish waits for its reads in flight, and the
+        # engine need not wait for that: the pause covers the apply only).
         with self._lock:
             old, self._held = self._held, (staged.model, staged.version, staged.tensors)  # type: ignore[assignment]
         if old is not None and (old[0], old[1]) != (staged.model, staged.version):
-            try:
-                self._client.unpublish(old[0], old[1])  # type: ignore[union-attr]
-            except Exception as e:  # noqa: BLE001 - the new weights are loaded already
-                logger.warning("tensorhub: withdrawing %s@%s: %s", old[0], old[1], e)
+            self._join_withdraw()
+            # The thread holds `old`, so its buffers live until the drain ends.
+            self._withdrawing = threading.Thread(
+                target=self._withdraw, args=(old,), name="tensorhub-withdraw", daemon=True
+            )
+            self._withdrawing.start()
+
+    def _withdraw(self, old: Tuple[str, int, Dict[str, torch.Tensor]]) -> None:
+        t0 = time.monotonic()
+        try:
+            self._client.unpublish(old[0], old[1])  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001 - the new weights are loaded already
+            logger.warning("tensorhub: withdrawing %s@%s: %s", old[0], old[1], e)
+        self._withdraw_s = time.monotonic() - t0
+
+    def _join_withdraw(self) -> None:
+        """Waits for the previous withdrawal (done long before, as a rule)."""
+        t = self._withdrawing
+        if t is None:
+            return
+        t.join(timeout=self._info.timeout_s if self._info else 10.0)
+        if t.is_alive():
+            logger.warning("tensorhub: withdrawing an old version is still waiting for its reads")
+        else:
+            self._withdrawing = None
 
 
 def _tp_rank() -> int:

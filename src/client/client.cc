@@ -19,6 +19,7 @@
 #include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
+#include "client/reachability.h"
 #include "client/registry.h"
 #include "client/slice_fetch.h"
 #include "common/checksum.h"
@@ -29,6 +30,7 @@
 #include "metrics/metrics.h"
 #include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace tensorhub {
 
@@ -89,6 +91,8 @@ class Client::Impl {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;
     }
+    hub_is_loopback_ =
+        client::HostIsLoopback(client::HostOf(options_.hub_address));
     if (!options_.metrics_listen.empty()) {
       // Before registering: a port in use fails Connect with nothing to undo.
       collector_ = std::make_shared<metrics::FunctionCollector>(
@@ -128,6 +132,7 @@ class Client::Impl {
                              std::to_string(opts.group_size));
     }
     TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(tensors, "publish"));
+    WarnIfUnreachable();
     // The chunk checksums are computed where the bytes are.
     std::unique_ptr<cuda::Stream> stream;
     if (!memory.is_host()) {
@@ -166,9 +171,27 @@ class Client::Impl {
     // Register locally first: the hub may route a read to us as soon as it
     // has heard of the reference.
     TH_ASSIGN_OR_RETURN(uint64_t epoch, registry_.Add(std::move(h)));
+    const Deadline deadline = Deadline::AfterMs(opts.timeout_ms, clock_);
     Status s =
         hub_->Publish(id(), model, version, opts.rank, opts.group_size,
                       opts.chunk_bytes, part, epoch, false, opts.timeout_ms);
+    if (s.code() == StatusCode::kNotFound && !deadline.expired()) {
+      // The hub answers a publish NOT_FOUND only when it does not know the
+      // worker: it restarted, or a new leader of an HA set has not heard
+      // from us yet. Register again (the heartbeat thread re-reports what
+      // we hold) and publish once more, within the caller's time.
+      Result<WorkerId> again = hub_->Register(
+          id(), options_.name, data_address_, options_.labels,
+          options_.worker_class,
+          std::min(options_.rpc_timeout_ms,
+                   std::max<int64_t>(1, deadline.remaining_ms())));
+      if (again.ok()) {
+        registry_.MarkAllUnreported();
+        s = hub_->Publish(id(), model, version, opts.rank, opts.group_size,
+                          opts.chunk_bytes, part, epoch, false,
+                          std::max<int64_t>(1, deadline.remaining_ms()));
+      }
+    }
     if (!s.ok()) {
       // Nothing changes: withdraw the local registration again.
       (void)registry_.Revoke(model, version);
@@ -285,7 +308,10 @@ class Client::Impl {
     // serving): register the destination as a filling holder first. Every
     // exit below that does not complete the fill aborts it (one guard).
     std::optional<uint64_t> fill_epoch;
-    if (opts.serve) fill_epoch = BeginFill(model, v, manifest, job, work);
+    if (opts.serve) {
+      WarnIfUnreachable();
+      fill_epoch = BeginFill(model, v, manifest, job, work);
+    }
     FillGuard fill(this, model, v, fill_epoch, deadline);
     const client::SourceRefresher schedule =
         MakeScheduler(model, v, opts.max_sources, work);
@@ -343,6 +369,9 @@ class Client::Impl {
     st.register_seconds = secs(t2, t3);
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
+    for (FetchSourceStats& fs : st.sources) {
+      fs.transport = std::string(transport_->name());
+    }
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
     st.tls_connections = rep->tls_connections;
@@ -739,14 +768,28 @@ class Client::Impl {
     return memory;
   }
 
-  static std::vector<client::FetchSource> ToSources(
-      const std::vector<client::ResolvedSource>& sources) {
+  std::vector<client::FetchSource> ToSources(
+      const std::vector<client::ResolvedSource>& sources) const {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
       out.push_back(
-          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling});
+          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling,
+           client::LoopbackHolderHint(s.worker.value(), s.data_address,
+                                      s.labels.host, options_.labels.host,
+                                      data_address_, options_.hub_address,
+                                      hub_is_loopback_)});
     }
     return out;
+  }
+
+  // Warns, once, when this worker starts serving (its first publish, or
+  // fetch that serves) if readers on other hosts cannot reach it
+  // (reachability.h).
+  void WarnIfUnreachable() {
+    if (reach_checked_.exchange(true)) return;
+    const std::string warning = client::LoopbackDataPlaneWarning(
+        options_.hub_address, hub_is_loopback_, data_address_);
+    if (!warning.empty()) TH_LOG(WARN) << warning;
   }
 
   // The figures this worker keeps anyway, read when scraped (a scrape
@@ -971,6 +1014,9 @@ class Client::Impl {
       }
     }
     for (const Holding& h : registry_.Unreported()) {
+      // A part whose own Publish has not been acknowledged yet: that call
+      // reports it (as a new version, not a rebuild).
+      if (!h.manifest.has_value() && !h.accepted) continue;
       Status s;
       if (h.manifest.has_value()) {
         s = hub_->AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
@@ -996,6 +1042,9 @@ class Client::Impl {
   Registry registry_;
   std::unique_ptr<transport::Server> server_;
   std::string data_address_;
+  // Whether the hub is on loopback (reachability.h), set by Start.
+  bool hub_is_loopback_ = true;
+  std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran
   client::ClientMetrics metrics_;
   std::shared_ptr<metrics::FunctionCollector> collector_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
@@ -1011,13 +1060,69 @@ class Client::Impl {
 
 namespace client {
 
+namespace {
+
+// The transports asked for, in order: the options', else the
+// environment's TENSORHUB_TRANSPORTS, else tcp.
+std::vector<std::string> WantedTransports(const ClientOptions& options) {
+  if (!options.transports.empty()) return options.transports;
+  std::vector<std::string> out;
+  const char* env = std::getenv("TENSORHUB_TRANSPORTS");
+  std::string list = env != nullptr ? env : "";
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (out.empty()) out.push_back("tcp");
+  return out;
+}
+
+// The first transport of the list this build and machine can run; tcp if
+// none can. With data-plane TLS (`tls`), tcp: UCX would move the bytes in
+// the clear.
+std::unique_ptr<transport::Transport> PickTransport(
+    const ClientOptions& options, std::shared_ptr<const tls::Context> tls) {
+  for (const std::string& name : WantedTransports(options)) {
+    if (name == "ucx" && tls != nullptr) {
+      TH_LOG(WARN) << "data plane: ucx skipped: data-plane TLS (data_tls) "
+                      "runs over tcp, and UCX would move the bytes in the "
+                      "clear";
+      break;
+    }
+    if (name == "ucx") {
+      transport::UcxTransportOptions u;
+      u.secret = options.secret;
+      Result<std::unique_ptr<transport::Transport>> t =
+          transport::MakeUcxTransport(u);
+      if (t.ok()) {
+        TH_LOG(INFO) << "data plane: ucx";
+        return std::move(t).value();
+      }
+      TH_LOG(WARN) << "data plane: ucx asked for but unavailable ("
+                   << t.status().ToString() << "); trying the next one";
+      continue;
+    }
+    if (name != "tcp") {
+      TH_LOG(WARN) << "data plane: unknown transport '" << name
+                   << "' skipped (known: ucx, tcp)";
+      continue;
+    }
+    break;
+  }
+  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+  t.secret = options.secret;  // the data plane requires the hub's secret too
+  t.tls = std::move(tls);
+  TH_LOG(INFO) << "data plane: tcp" << (t.tls ? " with TLS" : "");
+  return transport::MakeTcpTransport(t);
+}
+
+}  // namespace
+
 Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
   TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
   ClientDeps deps;
-  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
-  t.secret = options.secret;  // the data plane requires the hub's secret too
-  t.tls = tls.data;
-  deps.transport = transport::MakeTcpTransport(t);
+  deps.transport = PickTransport(options, tls.data);
   deps.control =
       MakeGrpcControlPlane(options.hub_address, options.secret,
                            options.rpc_timeout_ms, std::move(tls.hub));

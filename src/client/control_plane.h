@@ -135,14 +135,19 @@ struct HubTls {
   bool enabled() const { return !ca_pem.empty(); }
 };
 
-// The hub over gRPC at `address` (HOST:PORT), `secret` attached to every
-// call, over TLS if tls.enabled(). Each call waits at most rpc_timeout_ms
-// (and at most the caller's timeout_ms where one is given). Connects
-// lazily: never fails here. A Register that cannot reach the hub looks at
-// what the hub's port speaks and, when TLS is the reason (one end without
-// it, a certificate missing or not trusted), returns that instead:
-// FAILED_PRECONDITION or PERMISSION_DENIED, saying what to set.
-std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
+// The hub over gRPC at `addresses`: HOST:PORT, or the comma-separated
+// hubs of an HA set (docs/design.md, "A highly available hub"), `secret`
+// attached to every call, over TLS to each if tls.enabled(). Each call
+// waits at most rpc_timeout_ms (and at most the caller's timeout_ms where
+// one is given). With several hubs, a call follows the leader: a standby's
+// answer names it, and a hub that cannot be reached passes the call to the
+// next one, all within the call's time; the leader found is asked first by
+// later calls. Connects lazily: never fails here. A Register that cannot
+// reach the hub looks at what the hub's port speaks and, when TLS is the
+// reason (one end without it, a certificate missing or not trusted),
+// returns that instead: FAILED_PRECONDITION or PERMISSION_DENIED, saying
+// what to set.
+std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& addresses,
                                                    std::string secret,
                                                    int64_t rpc_timeout_ms,
                                                    HubTls tls = {});

@@ -64,6 +64,7 @@ void FetchPlan::AddSource(FetchSource s) {
       k.dead = false;
       k.source.chunks = std::move(s.chunks);
       k.source.filling = s.filling;
+      k.source.unreachable_hint = std::move(s.unreachable_hint);
       return;
     }
   }
@@ -249,6 +250,17 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
   s.dead = true;
   s.corrupt = s.corrupt || status.code() == StatusCode::kDataLoss;
   ++retries_;
+  if (!s.source.unreachable_hint.empty() && !s.hint_told) {
+    // Said once, plainly, rather than as one failed read after another.
+    s.hint_told = true;
+    if (hints_.size() < kFetchMaxHints &&
+        std::find(hints_.begin(), hints_.end(), s.source.unreachable_hint) ==
+            hints_.end()) {
+      hints_.push_back(s.source.unreachable_hint);
+    }
+    TH_LOG(WARN) << "fetch " << label_ << ": " << s.source.unreachable_hint
+                 << " (the read failed: " << status.ToString() << ")";
+  }
   if (status.code() == StatusCode::kFailedPrecondition) {
     // Configured differently from this reader: when every holder known is,
     // the fetch ends now with the reason, not at its deadline.
@@ -369,7 +381,7 @@ Status FetchPlan::DeadlineError(int64_t now_ms) const {
                      std::to_string(total_chunks_) +
                      " chunks done; last error: " + last_error_.ToString();
   if (!any_live) return NoHolderError("no reachable holder: " + what);
-  return DeadlineExceeded(what);
+  return DeadlineExceeded(WithHints(what));
 }
 
 // The fetch cannot get the bytes. DATA_LOSS if every holder it knows served
@@ -380,7 +392,14 @@ Status FetchPlan::NoHolderError(std::string message) const {
   for (const SourceState& k : sources_) all_corrupt = all_corrupt && k.corrupt;
   if (all_corrupt)
     return DataLoss("every holder served corrupt bytes: " + message);
-  return Unavailable(std::move(message));
+  return Unavailable(WithHints(std::move(message)));
+}
+
+std::string FetchPlan::WithHints(std::string message) const {
+  if (hints_.empty()) return message;
+  std::string out;
+  for (const std::string& h : hints_) out += h + "; ";
+  return out + "so: " + message;
 }
 
 FetchReport FetchPlan::Report() const {
@@ -393,7 +412,8 @@ FetchReport FetchPlan::Report() const {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;
     r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
-                            s.bytes_served, s.chunks_served, s.source.filling});
+                            s.bytes_served, s.chunks_served, s.source.filling,
+                            ""});
   }
   return r;
 }

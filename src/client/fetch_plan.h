@@ -46,6 +46,8 @@ inline constexpr int64_t kFetchNoProgressMs = 2000;
 inline constexpr int kFetchUnavailableAnswersToEnd = 2;
 // Weight of the newest chunk in the moving average of chunk read times.
 inline constexpr double kFetchChunkTimeWeight = 0.2;
+// Bound on the unreachable-holder hints one fetch's error carries.
+inline constexpr size_t kFetchMaxHints = 4;
 // Default bound on the sources one fetch keeps track of.
 inline constexpr size_t kFetchMaxSources = 1024;
 
@@ -122,6 +124,7 @@ class FetchPlan {
     int active = 0;
     uint64_t chunks_served = 0;
     uint64_t bytes_served = 0;
+    bool hint_told = false;  // its unreachable_hint is in hints_
     bool Has(uint64_t chunk) const;
   };
   struct InFlight {
@@ -141,6 +144,8 @@ class FetchPlan {
   FetchStep Fail(Status s);
   Status DeadlineError(int64_t now_ms) const;
   Status NoHolderError(std::string message) const;
+  // `message`, led by the hints of sources that failed (hints_).
+  std::string WithHints(std::string message) const;
   void OnUnavailable(const std::string& why);
   void ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f);
 
@@ -171,6 +176,9 @@ class FetchPlan {
   bool refreshing_ = false;
   std::optional<int64_t> last_refresh_ms_;
   int unavailable_answers_ = 0;  // in a row from the hub
+  // The distinct unreachable_hints of sources that failed a read (at most
+  // kFetchMaxHints).
+  std::vector<std::string> hints_;
 };
 
 }  // namespace tensorhub::client

@@ -67,9 +67,10 @@ struct SimHolder {
   std::function<int64_t(int)> latency_of;
   bool filling = false;
   bool listed = true;  // given to the plan at the start (else only by the hub)
+  std::string hint;    // FetchSource::unreachable_hint
   int reads = 0;
   FetchSource Source() const {
-    return FetchSource{address, address, 1, chunks, filling};
+    return FetchSource{address, address, 1, chunks, filling, hint};
   }
 };
 
@@ -597,6 +598,48 @@ TEST(FetchPlanTest, AttemptsPerChunkAreBounded) {
   EXPECT_NE(s.message().find("failed 3 times"), std::string::npos)
       << s.ToString();
   EXPECT_EQ(sim.holder("a").reads, 3);
+}
+
+// A holder out of reach with a reason known (a loopback address handed to
+// a reader on another host): the fetch's error leads with that reason, once,
+// not with one failed read after another.
+TEST(FetchPlanTest, AnUnreachableHoldersReasonLeadsTheError) {
+  Manifest m = MakeManifest(1, 4);
+  SimHolder a = Whole("127.0.0.1:7001", m);
+  a.behave = [](uint64_t, int) { return Always(Outcome::kRefuse); };
+  a.hint = "holder w1 advertises 127.0.0.1:7001, which is loopback";
+  FetcherOptions o = PlanOptions();
+  o.refresh_interval_ms = 20;
+  Sim sim(m, {a}, o, 600000, [&](int64_t, int) -> Result<SourceUpdate> {
+    return SourceUpdate(std::vector<FetchSource>{a.Source()});
+  });
+  Status s = sim.Run();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  EXPECT_EQ(s.message().rfind(a.hint + "; so: ", 0), 0u) << s.ToString();
+  EXPECT_EQ(s.message().find(a.hint, 1), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("failed 32 times"), std::string::npos);
+}
+
+// The same at the deadline (a holder still live: DEADLINE_EXCEEDED), and
+// the reason of a holder that did not fail is not told.
+TEST(FetchPlanTest, OnlyReasonsOfHoldersThatFailedAreTold) {
+  Manifest m = MakeManifest(1, 4);
+  SimHolder a = Whole("127.0.0.1:7001", m);
+  a.behave = [](uint64_t, int) { return Always(Outcome::kRefuse); };
+  a.hint = "holder a is out of reach";
+  SimHolder b = Whole("127.0.0.1:7002", m);
+  b.behave = [](uint64_t, int) { return Always(Outcome::kOk); };
+  b.chunks = {{0, 2}};  // chunks 2 and 3: only a
+  b.hint = "holder b is out of reach";
+  Sim sim(
+      m, {a, b}, PlanOptions(), 1000,
+      [&](int64_t, int) -> Result<SourceUpdate> {
+        return SourceUpdate(std::vector<FetchSource>{a.Source(), b.Source()});
+      });
+  Status s = sim.Run();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_NE(s.message().find(a.hint), std::string::npos) << s.ToString();
+  EXPECT_EQ(s.message().find(b.hint), std::string::npos) << s.ToString();
 }
 
 // A hub that keeps naming new holders cannot grow the plan's source list

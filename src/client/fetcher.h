@@ -44,6 +44,10 @@ struct FetchSource {
   uint64_t epoch = 0;
   std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
   bool filling = false;  // still receiving the version itself
+  // Why this holder may be out of this reader's reach (reachability.h,
+  // LoopbackHolderHint), or empty: if reads from it fail, the fetch says so
+  // in a warning and in its error.
+  std::string unreachable_hint{};
 };
 
 struct FetchJob {

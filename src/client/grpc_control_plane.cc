@@ -1,15 +1,19 @@
-// The control plane over gRPC: one channel to the hub, a deadline on every
-// call, the shared secret attached, and protobuf converted to our types at
-// this boundary. The generated gRPC and protobuf types appear in this file
-// only.
+// The control plane over gRPC: a channel to the hub (to each hub of an HA
+// set, following the leader), a deadline on every call, the shared secret
+// attached, and protobuf converted to our types at this boundary. The
+// generated gRPC and protobuf types appear in this file only.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "common/deadline.h"
+#include "common/mutex.h"
 #include "tensorhub.grpc.pb.h"
 #include "wire/proto_convert.h"
 
@@ -21,10 +25,45 @@ constexpr int kRegisterAttempts = 8;
 // At most this long, after a Register that could not reach the hub, to see
 // whether TLS is the reason.
 constexpr int64_t kDiagnoseMs = 3000;
+// The trailers of an HA hub's answers (hub_service.cc): a standby names
+// the leader ("" if none is known); a leader marks its UNAVAILABLE answers
+// (e.g. "rebuilding") as its own, so that they are returned, not retried
+// on another hub.
+constexpr char kLeaderTrailer[] = "th-leader";
+constexpr char kRoleTrailer[] = "th-role";
+// Hubs a client keeps channels to: those it was given, and leaders it was
+// told of (bounded: a standby cannot make it open channels without end).
+constexpr size_t kMaxTargets = 16;
+// After trying as many hubs as it knows without reaching a leader (an
+// election is under way), a call pauses this long before the next round,
+// within its deadline.
+constexpr int64_t kNoLeaderPauseMs = 100;
+// How long a call waits for a channel in TRANSIENT_FAILURE to connect
+// before it calls (see Connected()).
+constexpr int64_t kReconnectProbeMs = 250;
+
+std::vector<std::string> SplitAddresses(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    std::string a = list.substr(pos, comma - pos);
+    a.erase(0, a.find_first_not_of(' '));
+    a.erase(a.find_last_not_of(' ') + 1);
+    if (!a.empty() && std::find(out.begin(), out.end(), a) == out.end()) {
+      out.push_back(a);
+    }
+    pos = comma + 1;
+  }
+  if (out.empty()) out.push_back(list);
+  return out;
+}
 
 class GrpcControlPlane final : public ControlPlane {
  public:
-  GrpcControlPlane(const std::string& address, std::string secret,
+  // `addresses`: one hub, or the hubs of an HA set, comma-separated.
+  GrpcControlPlane(const std::string& addresses, std::string secret,
                    int64_t rpc_timeout_ms, HubTls tls);
 
   Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
@@ -61,33 +100,66 @@ class GrpcControlPlane final : public ControlPlane {
                                       int64_t wait_ms) override;
 
  private:
-  void Prepare(grpc::ClientContext* ctx, int64_t timeout_ms) const;
+  // One hub the client may call.
+  struct Target {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Hub::Stub> stub;
+  };
+  // gRPC keeps a channel whose last connection failed in TRANSIENT_FAILURE
+  // until a new connection is READY, and fails calls at once meanwhile;
+  // a reconnection completes only while some thread polls the channel,
+  // which a call failed at once does not. So a hub that came back (a
+  // restart, a standby elected) would stay unreachable to calls that fail
+  // fast. Waiting for the channel (bounded) lets the connection complete.
+  static void Connected(const Target& t, const Deadline& deadline);
+  static std::shared_ptr<Target> MakeTarget(const std::string& address,
+                                            const HubTls& tls);
   int64_t Within(int64_t timeout_ms) const {
     return timeout_ms < 0 ? rpc_timeout_ms_
                           : std::min(timeout_ms, rpc_timeout_ms_);
   }
-  // One unary call with the secret set and a deadline of timeout_ms.
+  // One unary call with the secret set, within timeout_ms in all: to the
+  // hub that answered last; in an HA set, on to the leader a standby names
+  // (or to the next hub while no leader is known or a hub is unreachable)
+  // until a leader answers or the time is up.
   template <typename Req, typename Resp>
   Status Call(grpc::Status (v1::Hub::Stub::*method)(grpc::ClientContext*,
                                                     const Req&, Resp*),
-              Req& req, Resp* resp, const char* what, int64_t timeout_ms);
-  Status Check(const grpc::Status& s, const char* what) const;
+              Req& req, Resp* resp, const char* what, int64_t timeout_ms,
+              bool wait_for_ready = false);
+  std::shared_ptr<Target> Current();
+  // `from` answered "not the leader" (naming `leader`, or "" for none
+  // known) or could not be reached: the next call goes to the leader, or
+  // to the next hub. Returns whether there is another hub to go to.
+  bool MoveOn(const Target& from, const std::string& leader);
+  Status Check(const grpc::Status& s, const char* what,
+               const std::string& address) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
 
-  const std::string address_;
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
   const HubTls tls_;
-  std::unique_ptr<v1::Hub::Stub> stub_;
+  Mutex mu_;
+  // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
+  std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
+  size_t current_ TH_GUARDED_BY(mu_) = 0;
 };
 
-GrpcControlPlane::GrpcControlPlane(const std::string& address,
+GrpcControlPlane::GrpcControlPlane(const std::string& addresses,
                                    std::string secret, int64_t rpc_timeout_ms,
                                    HubTls tls)
-    : address_(address),
-      secret_(std::move(secret)),
+    : secret_(std::move(secret)),
       rpc_timeout_ms_(rpc_timeout_ms),
       tls_(std::move(tls)) {
+  MutexLock lock(mu_);
+  for (const std::string& a : SplitAddresses(addresses)) {
+    if (targets_.size() < kMaxTargets) targets_.push_back(MakeTarget(a, tls_));
+  }
+}
+
+std::shared_ptr<GrpcControlPlane::Target> GrpcControlPlane::MakeTarget(
+    const std::string& address, const HubTls& tls) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a hub restart instead of backing off for long.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -97,45 +169,128 @@ GrpcControlPlane::GrpcControlPlane(const std::string& address,
   args.SetMaxSendMessageSize(256 << 20);
   std::shared_ptr<grpc::ChannelCredentials> creds =
       grpc::InsecureChannelCredentials();
-  if (tls_.enabled()) {
+  if (tls.enabled()) {
     grpc::SslCredentialsOptions so;
-    so.pem_root_certs = tls_.ca_pem;
-    so.pem_cert_chain = tls_.cert_chain_pem;
-    so.pem_private_key = tls_.key_pem;
+    so.pem_root_certs = tls.ca_pem;
+    so.pem_cert_chain = tls.cert_chain_pem;
+    so.pem_private_key = tls.key_pem;
     creds = grpc::SslCredentials(so);
-    if (!tls_.server_name.empty()) {
-      args.SetSslTargetNameOverride(tls_.server_name);
+    if (!tls.server_name.empty()) {
+      args.SetSslTargetNameOverride(tls.server_name);
     }
   }
   auto channel = grpc::CreateCustomChannel(address, creds, args);
-  stub_ = v1::Hub::NewStub(channel);
+  auto t = std::make_shared<Target>();
+  t->address = address;
+  t->channel = channel;
+  t->stub = v1::Hub::NewStub(channel);
+  return t;
+}
+
+void GrpcControlPlane::Connected(const Target& t, const Deadline& deadline) {
+  if (t.channel->GetState(/*try_to_connect=*/true) !=
+      GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    return;
+  }
+  const int64_t wait_ms = std::min(kReconnectProbeMs, deadline.remaining_ms());
+  (void)t.channel->WaitForConnected(std::chrono::system_clock::now() +
+                                    std::chrono::milliseconds(wait_ms));
+}
+
+std::shared_ptr<GrpcControlPlane::Target> GrpcControlPlane::Current() {
+  MutexLock lock(mu_);
+  return targets_[current_];
+}
+
+bool GrpcControlPlane::MoveOn(const Target& from, const std::string& leader) {
+  MutexLock lock(mu_);
+  if (targets_.size() == 1 && (leader.empty() || leader == from.address)) {
+    return false;
+  }
+  // Another call moved on already: go where it went.
+  if (targets_[current_].get() != &from) return true;
+  if (!leader.empty() && leader != from.address) {
+    for (size_t i = 0; i < targets_.size(); ++i) {
+      if (targets_[i]->address == leader) {
+        current_ = i;
+        return true;
+      }
+    }
+    if (targets_.size() < kMaxTargets) {
+      targets_.push_back(MakeTarget(leader, tls_));
+      current_ = targets_.size() - 1;
+      return true;
+    }
+  }
+  current_ = (current_ + 1) % targets_.size();
+  return true;
 }
 
 template <typename Req, typename Resp>
 Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
                                   grpc::ClientContext*, const Req&, Resp*),
                               Req& req, Resp* resp, const char* what,
-                              int64_t timeout_ms) {
-  grpc::ClientContext ctx;
-  Prepare(&ctx, timeout_ms);
+                              int64_t timeout_ms, bool wait_for_ready) {
   req.set_secret(secret_);
-  return Check((stub_.get()->*method)(&ctx, req, resp), what);
+  const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(0, timeout_ms));
+  Status last;
+  for (int attempt = 1;; ++attempt) {
+    std::shared_ptr<Target> t = Current();
+    if (!wait_for_ready) Connected(*t, deadline);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(
+                         std::max<int64_t>(1, deadline.remaining_ms())));
+    if (wait_for_ready) ctx.set_wait_for_ready(true);
+    grpc::Status s = (t->stub.get()->*method)(&ctx, req, resp);
+    if (s.ok()) return Status::Ok();
+    last = Check(s, what, t->address);
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    auto leader = trailers.find(kLeaderTrailer);
+    bool move_on = leader != trailers.end();
+    if (!move_on && trailers.find(kRoleTrailer) == trailers.end()) {
+      // No hub's answer at all (or a single hub's): unreachable, or a
+      // stopped hub that let the call time out. Try another hub of a set.
+      move_on = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    }
+    if (!move_on) return last;
+    const std::string named =
+        leader == trailers.end()
+            ? std::string()
+            : std::string(leader->second.data(), leader->second.size());
+    // A standby's answer always leads somewhere, if only to asking again
+    // once the election is over; an unreachable hub only to another one.
+    const bool moved = MoveOn(*t, named);
+    if ((!moved && leader == trailers.end()) || deadline.expired()) {
+      return last;
+    }
+    size_t known = 0;
+    {
+      MutexLock lock(mu_);
+      known = targets_.size();
+    }
+    if (attempt % std::max<size_t>(2, known) == 0) {
+      // Every hub tried and none leads (an election is under way, or the
+      // standbys still name a leader that died and whose lease runs on).
+      std::this_thread::sleep_for(std::chrono::milliseconds(
+          std::min(kNoLeaderPauseMs, deadline.remaining_ms())));
+      if (deadline.expired()) return last;
+    }
+    resp->Clear();
+  }
 }
 
-void GrpcControlPlane::Prepare(grpc::ClientContext* ctx,
-                               int64_t timeout_ms) const {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(timeout_ms));
-}
-
-Status GrpcControlPlane::Check(const grpc::Status& s, const char* what) const {
+Status GrpcControlPlane::Check(const grpc::Status& s, const char* what,
+                               const std::string& address) const {
   if (s.ok()) return Status::Ok();
   Status st = wire::FromGrpc(s);
   if (st.code() == StatusCode::kUnavailable ||
       st.code() == StatusCode::kDeadlineExceeded) {
     // The hub unreachable, or reachable and saying "try again" (it is
-    // rebuilding its state after a start): both are worth a retry.
-    return Status(st.code(), std::string(what) + ": hub at " + address_ +
+    // rebuilding its state after a start, or is not the leader of its
+    // set): all are worth a retry.
+    return Status(st.code(), std::string(what) + ": hub at " + address +
                                  " did not answer, or asked to try again (" +
                                  st.message() + ")");
   }
@@ -149,7 +304,6 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
                                             WorkerClass worker_class,
                                             int64_t timeout_ms) {
   v1::RegisterWorkerRequest req;
-  req.set_secret(secret_);
   req.set_worker_id(old_id.value());
   req.set_name(name);
   req.set_data_address(data_address);
@@ -161,16 +315,21 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
   // (a hub restarting): up to kRegisterAttempts times within timeout_ms. A
   // registration the old hub took and never answered leaves an id that
   // expires with its lease.
+  // With several hubs, a call waiting for one that is down would wait out
+  // its deadline there: Call moves on to the next instead.
+  bool one_hub = false;
+  {
+    MutexLock lock(mu_);
+    one_hub = targets_.size() == 1;
+  }
   const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(0, timeout_ms));
   Status last;
   for (int attempt = 0; attempt < kRegisterAttempts; ++attempt) {
     const int64_t left_ms = deadline.remaining_ms();
     if (attempt > 0 && left_ms <= 0) break;
-    grpc::ClientContext ctx;
-    Prepare(&ctx, std::max<int64_t>(1, left_ms));
-    ctx.set_wait_for_ready(true);
     v1::RegisterWorkerResponse resp;
-    last = Check(stub_->RegisterWorker(&ctx, req, &resp), "register");
+    last = Call(&v1::Hub::Stub::RegisterWorker, req, &resp, "register",
+                std::max<int64_t>(1, left_ms), /*wait_for_ready=*/one_hub);
     if (last.ok()) return WorkerId(resp.worker_id());
     if (last.code() != StatusCode::kUnavailable) break;
   }
@@ -179,7 +338,7 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
     // gRPC says only that it could not connect; if TLS is why (one end
     // without it, a certificate missing or not trusted), say that.
     Status why = DiagnoseHubTls(
-        address_, tls_,
+        Current()->address, tls_,
         Deadline::AfterMs(std::min<int64_t>(rpc_timeout_ms_, kDiagnoseMs)));
     if (!why.ok()) return why;
   }
@@ -427,11 +586,11 @@ Result<std::vector<ModelInfo>> GrpcControlPlane::List() {
 
 }  // namespace
 
-std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& address,
+std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& addresses,
                                                    std::string secret,
                                                    int64_t rpc_timeout_ms,
                                                    HubTls tls) {
-  return std::make_unique<GrpcControlPlane>(address, std::move(secret),
+  return std::make_unique<GrpcControlPlane>(addresses, std::move(secret),
                                             rpc_timeout_ms, std::move(tls));
 }
 

@@ -31,6 +31,17 @@ Result<uint64_t> Registry::Add(Holding holding) {
     }
     e->have.assign(holding.manifest->num_chunks(), 0);
   }
+  std::vector<iovec> regions;
+  for (const auto& [part, layout] : holding.parts) {
+    const std::vector<uint8_t*>& bases = holding.bases[part];
+    for (size_t t = 0; t < layout.tensors.size(); ++t) {
+      if (layout.tensors[t].bytes > 0) {
+        regions.push_back({bases[t], layout.tensors[t].bytes});
+      }
+    }
+  }
+  e->registration = std::make_unique<transport::Registration>(
+      std::move(regions), holding.memory);
   holding.epoch = next_epoch_++;
   uint64_t epoch = holding.epoch;
   e->holding = std::move(holding);
@@ -50,7 +61,11 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
   e->revoked = true;
   chunk_arrived_.notify_all();  // reads waiting for chunks give up
   uint64_t epoch = e->holding.epoch;
-  if (e->inflight > 0) draining_[epoch] = std::move(e);
+  if (e->inflight > 0) {
+    draining_[epoch] = std::move(e);
+  } else {
+    e->registration.reset();  // no read holds it: unregister now
+  }
   return epoch;
 }
 
@@ -126,6 +141,7 @@ void Registry::MarkReported(const std::string& model, Version version,
   auto it = live_.find({model, version});
   if (it != live_.end() && it->second->holding.epoch == epoch) {
     it->second->holding.reported = reported;
+    if (reported) it->second->holding.accepted = true;
   }
 }
 
@@ -214,6 +230,7 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   }
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
+  lease.registration = e->registration.get();
   if (req.run == 0) {
     AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
                  &lease.pieces);
@@ -228,7 +245,12 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   // wakes Drain().
   lease.pin = std::shared_ptr<void>(nullptr, [this, e](void*) {
     MutexLock l(mu_);
-    if (--e->inflight == 0) {
+    if (--e->inflight == 0 && e->revoked) {
+      // The last read of a revoked registration: unregister before Drain()
+      // returns, so the owner never reuses memory a transport still names.
+      e->registration.reset();
+    }
+    if (e->inflight == 0) {
       draining_.erase(e->holding.epoch);
       drained_.notify_all();
     }

@@ -40,6 +40,10 @@ struct Holding {
   std::map<uint32_t, std::vector<uint8_t*>> bases;  // per part, per tensor
   MemoryLocation memory;                            // where every base points
   bool reported = false;                            // the hub acknowledged it
+  // A hub acknowledged it once: only then is a trainer rank's part
+  // re-reported with rebuild=true to a hub that forgot it (a publish not
+  // yet acknowledged must pass the version-number check as a new one).
+  bool accepted = false;
   // Still being fetched: only chunks marked with MarkChunk() are served; a
   // read of a chunk not there yet waits for it (bounded by fill_wait_ms).
   // Requires `manifest`.
@@ -103,6 +107,10 @@ class Registry final : public transport::ReadSource {
     uint64_t inflight = 0;      // guarded by Registry::mu_
     bool revoked = false;       // guarded by Registry::mu_
     std::vector<uint8_t> have;  // per global chunk, while filling
+    // The whole registered memory, for transports that register it once
+    // per publish (transport.h). Destroyed once the registration is revoked
+    // and drained (guarded by Registry::mu_), before Drain() returns.
+    std::unique_ptr<transport::Registration> registration;
   };
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
       TH_REQUIRES(mu_);

@@ -93,7 +93,8 @@ uint16_t F32ToF16(float f) {
                                (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
 }
 
-// c10's fp8e4m3fn_from_fp32_value.
+// c10's fp8e4m3fn_from_fp32_value, saturating as torch's cast does (2.13
+// CPU: a magnitude that rounds past 448, inf included, becomes +-448).
 uint8_t F32ToF8E4M3(float f) {
   constexpr uint32_t kFp8Max = uint32_t{1087} << 20;  // 480.0f: NaN from here
   constexpr uint32_t kDenormMask = uint32_t{141} << 23;
@@ -101,8 +102,10 @@ uint8_t F32ToF8E4M3(float f) {
   const uint32_t sign = bits & 0x80000000u;
   bits ^= sign;
   uint8_t result;
-  if (bits >= kFp8Max) {
-    result = 0x7F;
+  if (bits > 0x7F800000u) {
+    result = 0x7F;  // NaN stays NaN
+  } else if (bits >= kFp8Max) {
+    result = 0x7E;  // past 448 (inf included): saturates, as torch's cast
   } else if (bits < (uint32_t{121} << 23)) {
     // Below 2^-6, the smallest normal: the FPU's own rounding of an add.
     bits = Bits(FromBits(bits) + FromBits(kDenormMask));
@@ -112,6 +115,7 @@ uint8_t F32ToF8E4M3(float f) {
     bits += (uint32_t(7 - 127) << 23) + 0x7FFFF;
     bits += mant_odd;
     result = static_cast<uint8_t>(bits >> 20);
+    if (result == 0x7F) result = 0x7E;  // (464, 480) rounds to 480: saturates
   }
   return static_cast<uint8_t>(result | (sign >> 24));
 }

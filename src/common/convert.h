@@ -10,11 +10,10 @@
 //     overflows to +-inf (F16's own rule); BF16/F16 -> F16/BF16 go through
 //     F32 (exact) and round once;
 //   - to F8_E4M3: q = e4m3fn(float(x) / scale), the division in F32, then
-//     torch's c10::Float8_e4m3fn rounding: nearest, ties to even; a
-//     magnitude that rounds past 448 (>= 464 rounds up to the NaN pattern,
-//     i.e. anything >= 464 after the division), inf and NaN all become NaN
-//     (0x7F with the sign): float8_e4m3fn has no inf and torch does not
-//     saturate.
+//     torch's rounding: nearest, ties to even; a magnitude that rounds
+//     past 448 (anything above 464 after the division) and inf saturate
+//     to +-448 (0x7E with the sign), as torch 2.13's cast does
+//     (float8_e4m3fn has no inf); NaN stays NaN (0x7F with the sign).
 // The scale torch users compute, and the one TensorHub uses (Fp8Scale):
 //   scale = max(amax, 1e-12) / 448   (F32), amax = max |x| over the tensor
 //   (per tensor) or over each output channel, i.e. each row of dim 0 (per

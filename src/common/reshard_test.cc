@@ -509,8 +509,11 @@ TEST(ConvertTest, F8E4M3MatchesTheNearestValueRule) {
   }
   std::sort(table.begin(), table.end());
   auto reference = [&](float f) -> int {
-    if (std::isnan(f) || std::fabs(f) > 464.0f) return -1;  // NaN
-    uint8_t r = NearestOf(table, std::fabs(f));
+    if (std::isnan(f)) return -1;  // NaN
+    // Past 464 (the tie between 448 and 480, which goes to even), inf
+    // included: saturates to 448, as torch's cast does.
+    uint8_t r =
+        std::fabs(f) > 464.0f ? uint8_t{0x7E} : NearestOf(table, std::fabs(f));
     if (std::signbit(f)) r |= 0x80;
     return r;
   };
@@ -533,8 +536,10 @@ TEST(ConvertTest, F8E4M3MatchesTheNearestValueRule) {
   // The documented edges.
   EXPECT_EQ(F32ToF8E4M3(448.0f), 0x7E);
   EXPECT_EQ(F32ToF8E4M3(464.0f), 0x7E);  // tie: to even (448)
-  EXPECT_EQ(F32ToF8E4M3(464.1f), 0x7F);  // rounds past 448: NaN
-  EXPECT_EQ(F32ToF8E4M3(-INFINITY), 0xFF);
+  EXPECT_EQ(F32ToF8E4M3(464.1f), 0x7E);  // rounds past 448: saturates
+  EXPECT_EQ(F32ToF8E4M3(-1e9f), 0xFE);
+  EXPECT_EQ(F32ToF8E4M3(-INFINITY), 0xFE);  // no inf in e4m3fn: saturates
+  EXPECT_EQ(F32ToF8E4M3(NAN) & 0x7F, 0x7F);
   EXPECT_EQ(F32ToF8E4M3(0x1p-10f), 0x00);  // half the smallest subnormal: even
   EXPECT_EQ(F32ToF8E4M3(0x1.8p-10f), 0x01);
   for (int b = 0; b < 256; ++b) {

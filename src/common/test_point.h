@@ -14,6 +14,9 @@
 //   fetch.hub_unavailable  a fetch got a retryable UNAVAILABLE from the hub
 //                          (e.g. "rebuilding" after a hub restart) and will
 //                          ask again; arg = attempts so far
+//   ucx.read_landed        a UCX read's bytes are in the reader's
+//                          destination, the holder's lease not yet
+//                          released; arg = bytes of the read
 //   hub.departure_held     the hub holds an Unpublish or Leave of the last
 //                          reliable copy of a retained version until a
 //                          keeper copies it; arg = versions held. Runs with

@@ -17,6 +17,8 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/test_point.h"
+#include "ha/etcd_coordinator.h"
+#include "hub/coordinator.h"
 #include "hub/hub_metrics.h"
 #include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
@@ -30,19 +32,47 @@ namespace {
 
 using grpc::ServerContext;
 
+// Trailers of an HA hub's answers (grpc_control_plane.cc reads them):
+// kLeaderTrailer on a standby's "not the leader" answer, naming the leader
+// ("" when none is known), and kRoleTrailer "leader" on a leader's
+// UNAVAILABLE answers (e.g. "rebuilding"), so that a client does not take
+// them for an unreachable hub and move on to another one.
+constexpr char kLeaderTrailer[] = "th-leader";
+constexpr char kRoleTrailer[] = "th-role";
+
 class HubServiceImpl final : public v1::Hub::Service {
  public:
+  // `coord` (not owned; null: a single hub) must outlive the service's
+  // calls; an HA hub starts with no state and answers as a standby until
+  // the coordinator elects it (OnElected).
   HubServiceImpl(HubConfig config, std::string secret, int64_t rebuild_ms,
-                 int64_t started_ms)
-      : state_(config),
+                 int64_t started_ms, Coordinator* coord = nullptr)
+      : config_(config),
+        state_(config),
         secret_(std::move(secret)),
         rebuild_ms_(rebuild_ms),
+        coord_(coord),
         started_ms_(started_ms) {}
+
+  // The coordinator's callbacks (coordinator.h), on its thread.
+  Status OnElected(const DurableState& durable) {
+    MutexLock lock(mu_);
+    ResetState();
+    state_.Restore(durable, NowMs());
+    // Workers learn of the new leader at their next heartbeat (NOT_FOUND
+    // there: they register again and re-report): the rebuild window starts.
+    started_ms_.store(NowMs());
+    return Status::Ok();
+  }
+  void OnDemoted() {
+    MutexLock lock(mu_);
+    ResetState();
+  }
 
   grpc::Status RegisterWorker(ServerContext* ctx,
                               const v1::RegisterWorkerRequest* req,
                               v1::RegisterWorkerResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     WorkerRegistration reg;
     reg.requested_id = WorkerId(req->worker_id());
     reg.name = req->name();
@@ -64,7 +94,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
     resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
@@ -74,7 +104,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status Publish(ServerContext* ctx, const v1::PublishRequest* req,
                        v1::PublishResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     Result<PartLayout> part = wire::FromProto(req->part());
     if (!part.ok()) return wire::ToGrpc(part.status());
     PublishArgs a;
@@ -90,6 +120,9 @@ class HubServiceImpl final : public v1::Hub::Service {
     MutexLock lock(mu_);
     Result<VersionState> st = state_.Publish(a, NowMs());
     changed_.notify_all();
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
     if (!st.ok()) return wire::ToGrpc(st.status());
     if (*st == VersionState::kCommitted) {
       TH_LOG(DEBUG) << "'" << a.model << "@" << a.version.value()
@@ -101,7 +134,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
                          v1::AddHolderResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (!req->has_manifest()) {
       if (!req->has_manifest_digest()) {
         return wire::ToGrpc(
@@ -124,12 +157,15 @@ class HubServiceImpl final : public v1::Hub::Service {
                                 Version(req->version()), req->epoch(), *m,
                                 NowMs(), req->filling());
     changed_.notify_all();
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
     return wire::ToGrpc(s);
   }
 
   grpc::Status Unpublish(ServerContext* ctx, const v1::UnpublishRequest* req,
                          v1::UnpublishResponse*) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->wait_ms() > kMaxWaitMs) {
       return wire::ToGrpc(InvalidArgument(
           "unpublish: wait_ms must be at most " + std::to_string(kMaxWaitMs)));
@@ -149,12 +185,14 @@ class HubServiceImpl final : public v1::Hub::Service {
       changed_.notify_all();  // keepers polling learn of the work
       metrics_.DepartureWaiting(+1);
       testpoint::Hit("hub.departure_held", 1);
-      while (!keep.ok() && NowMs() < deadline && !ctx->IsCancelled()) {
+      while (!keep.ok() && NowMs() < deadline && !ctx->IsCancelled() &&
+             Leading()) {
         WaitChange(lock, deadline);
         (void)state_.Heartbeat(worker, NowMs());
         keep = state_.CheckDeparture(worker, req->model(), version);
       }
       metrics_.DepartureWaiting(-1);
+      if (!Leading()) return NotLeader(ctx);
       state_.SetDeparting(worker, req->model(), version, false);
       if (!keep.ok()) {
         changed_.notify_all();
@@ -168,26 +206,33 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
     Status s = state_.Unpublish(worker, req->model(), version, NowMs());
     changed_.notify_all();
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
     return wire::ToGrpc(s);
   }
 
   grpc::Status Retain(ServerContext* ctx, const v1::RetainRequest* req,
                       v1::RetainResponse*) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     Status s =
         state_.Retain(req->model(), Version(req->version()), !req->unretain());
+    if (s.ok()) changed_.notify_all();
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    // A pin is recorded before it is confirmed: it outlives this hub.
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
     if (s.ok()) {
       TH_LOG(INFO) << "'" << req->model() << "@" << req->version() << "' "
                    << (req->unretain() ? "unretained" : "retained");
-      changed_.notify_all();
     }
     return wire::ToGrpc(s);
   }
 
   grpc::Status KeeperPoll(ServerContext* ctx, const v1::KeeperPollRequest* req,
                           v1::KeeperPollResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->wait_ms() > kMaxPollMs) {
       return wire::ToGrpc(
           InvalidArgument("keeper poll: wait_ms must be at most " +
@@ -218,9 +263,10 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
                        v1::ResolveResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     std::shared_ptr<const std::string> encoded;
     std::optional<Manifest> manifest;  // to encode, when not cached
+    uint64_t durable = 0;              // a reader group's new pin
     Result<Resolution> r = [&] {
       MutexLock lock(mu_);
       Result<Resolution> res =
@@ -250,9 +296,13 @@ class HubServiceImpl final : public v1::Hub::Service {
           manifest = state_.CommittedManifest(req->model(), res->version);
         }
       }
+      durable = TakeDurable();
       return res;
     }();
-    if (!r.ok()) return wire::ToGrpc(DuringRebuild(r.status()));
+    // All ranks of a reader group must get the version the first one got,
+    // whichever hub they ask: the pin is recorded before it is answered.
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
+    if (!r.ok()) return Answer(ctx, DuringRebuild(r.status()));
     // Encoding happens outside the lock: a big manifest must not stall
     // other calls. Every reader of a version gets the same bytes, so they
     // are encoded once per version.
@@ -274,7 +324,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status Schedule(ServerContext* ctx, const v1::ScheduleRequest* req,
                         v1::ScheduleResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->max_sources() < 1 || req->max_sources() > 16 ||
         req->exclude_size() > 4096) {
       return wire::ToGrpc(InvalidArgument(
@@ -300,7 +350,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       resp->set_detail(r.status().message());
       return grpc::Status::OK;
     }
-    if (!r.ok()) return wire::ToGrpc(DuringRebuild(r.status()));
+    if (!r.ok()) return Answer(ctx, DuringRebuild(r.status()));
     for (const HolderView& h : *r) ToProto(h, resp->add_holders());
     resp->set_state(v1::COMMITTED);
     return grpc::Status::OK;
@@ -308,7 +358,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status FetchDone(ServerContext* ctx, const v1::FetchDoneRequest* req,
                          v1::FetchDoneResponse*) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     state_.FetchDone(WorkerId(req->worker_id()), req->model(),
                      Version(req->version()));
@@ -317,7 +367,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status ListModels(ServerContext* ctx, const v1::ListModelsRequest* req,
                           v1::ListModelsResponse* resp) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     std::vector<ModelSummary> models;
     {
       MutexLock lock(mu_);
@@ -343,7 +393,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   grpc::Status Leave(ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
-    if (auto s = Auth(ctx, req->secret()); !s.ok()) return s;
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->wait_ms() > kMaxWaitMs) {
       return wire::ToGrpc(InvalidArgument("leave: wait_ms must be at most " +
                                           std::to_string(kMaxWaitMs)));
@@ -364,12 +414,14 @@ class HubServiceImpl final : public v1::Hub::Service {
       metrics_.DepartureWaiting(+1);
       // Runs with the hub's lock held: a test's action must not call the hub.
       testpoint::Hit("hub.departure_held", blocked.size());
-      while (!blocked.empty() && NowMs() < deadline && !ctx->IsCancelled()) {
+      while (!blocked.empty() && NowMs() < deadline && !ctx->IsCancelled() &&
+             Leading()) {
         WaitChange(lock, deadline);
         (void)state_.Heartbeat(worker, NowMs());
         blocked = state_.BlockedDepartures(worker);
       }
       metrics_.DepartureWaiting(-1);
+      if (!Leading()) return NotLeader(ctx);
       for (const auto& [m, v] : marked)
         state_.SetDeparting(worker, m, v, false);
     }
@@ -381,6 +433,9 @@ class HubServiceImpl final : public v1::Hub::Service {
     Status s = state_.Leave(worker);
     if (s.ok()) TH_LOG(INFO) << "worker " << req->worker_id() << " left";
     changed_.notify_all();
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    if (auto d = AwaitDurable(ctx, durable); !d.ok()) return d;
     return wire::ToGrpc(s);
   }
 
@@ -398,6 +453,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   void Expire() {
     MutexLock lock(mu_);
+    if (coord_ != nullptr && !coord_->Leading()) return;
     size_t before = state_.num_workers();
     state_.ExpireLeases(NowMs());
     if (state_.num_workers() < before) {
@@ -405,6 +461,13 @@ class HubServiceImpl final : public v1::Hub::Service {
                    << " worker(s) lost their lease";
       metrics_.LeasesExpired(before - state_.num_workers());
       changed_.notify_all();
+    }
+    const uint64_t durable = TakeDurable();
+    lock.Unlock();
+    // Forgotten reader groups and pins: written with the next change if
+    // this fails (they stay queued).
+    if (Status d = Persisted(durable); !d.ok()) {
+      TH_LOG(DEBUG) << "recording expired state in etcd: " << d.ToString();
     }
   }
 
@@ -417,18 +480,118 @@ class HubServiceImpl final : public v1::Hub::Service {
                         "wrong or missing shared secret");
   }
 
+  bool Leading() const { return coord_ == nullptr || coord_->Leading(); }
+
+  // The secret, then (in an HA set) whether this hub leads now.
+  grpc::Status Admit(ServerContext* ctx, const std::string& secret) {
+    if (auto s = Auth(ctx, secret); !s.ok()) return s;
+    if (!Leading()) return NotLeader(ctx);
+    return grpc::Status::OK;
+  }
+
+  // A standby's answer to every call: UNAVAILABLE (clients retry), the
+  // leader named in the message and, for clients to follow, in a trailer.
+  grpc::Status NotLeader(ServerContext* ctx) const {
+    std::string leader = coord_->Leader();
+    if (leader == coord_->self()) leader.clear();  // lost it this moment
+    ctx->AddTrailingMetadata(kLeaderTrailer, leader);
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        "hub " + coord_->self() + " is not the leader; " +
+            (leader.empty()
+                 ? std::string("no leader is elected yet (try another hub "
+                               "of the set)")
+                 : "leader is " + leader));
+  }
+
+  // A leader's considered answer: an UNAVAILABLE ("rebuilding", retry) is
+  // marked as the leader's, so that a client does not try another hub.
+  grpc::Status Answer(ServerContext* ctx, const Status& s) const {
+    if (coord_ != nullptr && s.code() == StatusCode::kUnavailable) {
+      ctx->AddTrailingMetadata(kRoleTrailer, "leader");
+    }
+    return wire::ToGrpc(s);
+  }
+
+  // A fresh state machine (a new incarnation, so that keepers restore
+  // their pins), the queue of unwritten changes dropped.
+  void ResetState() TH_REQUIRES(mu_) {
+    HubConfig c = config_;
+    c.incarnation = config_.incarnation + (++resets_);
+    c.record_durable = coord_ != nullptr;
+    state_ = HubState(c);
+    manifest_cache_.clear();
+    manifest_order_.clear();
+    manifest_cache_bytes_ = 0;
+    if (!durable_queue_.empty()) durable_lost_ = durable_queue_.back().first;
+    durable_queue_.clear();
+    changed_.notify_all();
+  }
+
+  // Queues the state machine's durable changes (HA); returns the sequence
+  // number AwaitDurable waits for (0: none).
+  uint64_t TakeDurable() TH_REQUIRES(mu_) {
+    if (coord_ == nullptr) return 0;
+    std::vector<DurableChange> changes = state_.TakeDurableChanges();
+    for (DurableChange& c : changes) {
+      durable_queue_.emplace_back(++durable_seq_, std::move(c));
+    }
+    return changes.empty() ? 0 : durable_seq_;
+  }
+
+  // Writes the queued changes up to `seq` (and any queued before or
+  // meanwhile: one fenced write for all the callers waiting) to the
+  // coordinator's store. Writes are serialized, in queue order.
+  Status Persisted(uint64_t seq) TH_EXCLUDES(mu_) {
+    if (seq == 0) return Status::Ok();
+    MutexLock writing(persist_mu_);
+    std::vector<DurableChange> batch;
+    uint64_t last = 0;
+    {
+      MutexLock lock(mu_);
+      if (seq <= durable_done_) return Status::Ok();
+      if (seq <= durable_lost_) {
+        return FailedPrecondition(
+            "this hub stopped leading before the "
+            "change was recorded");
+      }
+      for (const auto& [n, c] : durable_queue_) batch.push_back(c);
+      last = durable_queue_.back().first;
+    }
+    Status s = coord_->Persist(batch, NowMs() + kPersistMs);
+    MutexLock lock(mu_);
+    if (s.ok()) {
+      while (!durable_queue_.empty() && durable_queue_.front().first <= last) {
+        durable_queue_.pop_front();
+      }
+      durable_done_ = std::max(durable_done_, last);
+    }
+    return s.ok() || seq <= durable_done_ ? Status::Ok() : s;
+  }
+
+  // Persisted(), as a call's answer: a hub that could not record the
+  // change answers like a standby (the client tries the leader), or
+  // UNAVAILABLE when etcd could not be reached (the change stays queued).
+  grpc::Status AwaitDurable(ServerContext* ctx, uint64_t seq) {
+    Status s = Persisted(seq);
+    if (s.ok()) return grpc::Status::OK;
+    TH_LOG(WARN) << "could not record a change in etcd: " << s.ToString();
+    if (!Leading()) return NotLeader(ctx);
+    return Answer(ctx, s);
+  }
+
   // A hub keeps no state on disk: after a (re)start it learns versions
   // from the workers as they re-register and re-report, within about a
   // lease. Until rebuild_ms_ have passed, "unknown" (NOT_FOUND) and "no
   // holder" (UNAVAILABLE) may only mean "not re-reported yet", so both are
   // answered as an UNAVAILABLE error that says so: callers retry within
   // their deadline, and no reader takes them for final.
-  bool Rebuilding() const { return NowMs() - started_ms_ < rebuild_ms_; }
+  bool Rebuilding() const { return NowMs() - started_ms_.load() < rebuild_ms_; }
   Status DuringRebuild(const Status& s) {
     if (s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kUnavailable)
       return s;
-    const int64_t age_ms = NowMs() - started_ms_;
+    const int64_t age_ms = NowMs() - started_ms_.load();
     if (age_ms >= rebuild_ms_) return s;
     metrics_.RebuildAnswer();
     return Unavailable(
@@ -438,6 +601,8 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   static constexpr uint32_t kMaxWaitMs = 600000;
+  // How long a call waits for its durable change to be written.
+  static constexpr int64_t kPersistMs = 5000;
   static constexpr uint32_t kMaxPollMs = 30000;
 
   // Waits until the state changes or `deadline_ms`, whichever is first, at
@@ -500,29 +665,46 @@ class HubServiceImpl final : public v1::Hub::Service {
     }
   }
 
+  const HubConfig config_;
   Mutex mu_;
   // Signalled (under mu_) when references or retention change: departing
   // holders and polling keepers wait on it.
   std::condition_variable changed_;
   HubState state_ TH_GUARDED_BY(mu_);
+  uint64_t resets_ TH_GUARDED_BY(mu_) = 0;
+  // HA: durable changes not yet written, with their sequence numbers;
+  // those up to durable_done_ are written, those up to durable_lost_ were
+  // dropped when this hub stopped leading.
+  std::deque<std::pair<uint64_t, DurableChange>> durable_queue_
+      TH_GUARDED_BY(mu_);
+  uint64_t durable_seq_ TH_GUARDED_BY(mu_) = 0;
+  uint64_t durable_done_ TH_GUARDED_BY(mu_) = 0;
+  uint64_t durable_lost_ TH_GUARDED_BY(mu_) = 0;
+  Mutex persist_mu_;  // one write to the store at a time, in queue order
   std::map<ManifestKey, std::shared_ptr<const std::string>> manifest_cache_
       TH_GUARDED_BY(mu_);
   std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
   size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;
   const std::string secret_;
   const int64_t rebuild_ms_;
-  const int64_t started_ms_;
   HubMetrics metrics_;
+  Coordinator* const coord_;  // not owned; null: a single hub
+  // When this hub started, or (HA) was last elected: the rebuild window.
+  std::atomic<int64_t> started_ms_;
 };
 
 class HubServerImpl final : public HubServer {
  public:
-  HubServerImpl(std::unique_ptr<HubServiceImpl> service,
+  // `coord` (null: a single hub) is started by the caller and stopped
+  // here, before the server.
+  HubServerImpl(std::unique_ptr<Coordinator> coord,
+                std::unique_ptr<HubServiceImpl> service,
                 std::unique_ptr<grpc::Server> server, std::string address,
                 int64_t lease_ms,
                 std::shared_ptr<metrics::FunctionCollector> collector,
                 std::unique_ptr<metrics::MetricsServer> metrics_server)
-      : service_(std::move(service)),
+      : coord_(std::move(coord)),
+        service_(std::move(service)),
         server_(std::move(server)),
         address_(std::move(address)),
         collector_(std::move(collector)),
@@ -561,11 +743,15 @@ class HubServerImpl final : public HubServer {
     cv_.notify_all();
     if (metrics_server_) metrics_server_->Stop();
     if (expiry_.joinable()) expiry_.join();
+    // Resign first: a standby takes over at once, and clients that call
+    // this hub meanwhile are told to go there.
+    if (coord_ != nullptr) coord_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
   }
 
  private:
+  std::unique_ptr<Coordinator> coord_;  // outlives the service using it
   std::unique_ptr<HubServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
@@ -584,20 +770,31 @@ class HubServerImpl final : public HubServer {
 std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config,
                                                 std::string secret,
                                                 int64_t rebuild_ms,
-                                                int64_t started_ms) {
-  return std::make_unique<HubServiceImpl>(
-      config, std::move(secret), rebuild_ms,
-      started_ms < 0 ? NowMs() : started_ms);
+                                                int64_t started_ms,
+                                                Coordinator* coord) {
+  return std::make_unique<HubServiceImpl>(config, std::move(secret), rebuild_ms,
+                                          started_ms < 0 ? NowMs() : started_ms,
+                                          coord);
 }
 
 void ExpireLeases(v1::Hub::Service* service) {
   static_cast<HubServiceImpl*>(service)->Expire();
 }
 
+Status ElectService(v1::Hub::Service* service, const DurableState& durable) {
+  return static_cast<HubServiceImpl*>(service)->OnElected(durable);
+}
+
+void DemoteService(v1::Hub::Service* service) {
+  static_cast<HubServiceImpl*>(service)->OnDemoted();
+}
+
 }  // namespace tensorhub::hub
 
 namespace tensorhub {
 
+using hub::Coordinator;
+using hub::DurableState;
 using hub::HubConfig;
 using hub::HubServerImpl;
 using hub::HubServiceImpl;
@@ -676,13 +873,41 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
   const int64_t rebuild_ms =
       options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
-  auto service = std::make_unique<HubServiceImpl>(config, options.secret,
-                                                  rebuild_ms, NowMs());
+  // TLS files are checked before anything starts (etcd, a listener).
   TH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       ServerCredentials(options));
   const bool tls = !options.tls_cert_file.empty();
   const bool client_certs = !options.tls_client_ca_file.empty();
   WarnIfExposed(options, tls, client_certs);
+  const bool ha = !options.etcd_endpoints.empty();
+  std::unique_ptr<Coordinator> coord;
+  if (ha) {
+    // The advertised address is checked before anything binds; the bound
+    // port is filled in below when the listen address asks for port 0.
+    ha::EtcdCoordinatorOptions eo;
+    eo.endpoints = options.etcd_endpoints;
+    eo.prefix = options.etcd_prefix;
+    eo.advertise = options.advertise_address.empty()
+                       ? options.listen_address
+                       : options.advertise_address;
+    eo.lease_ms = options.etcd_lease_ms;
+    eo.secret = options.secret;
+    const std::string host = eo.advertise.substr(0, eo.advertise.rfind(':'));
+    if (options.advertise_address.empty() &&
+        (host == "0.0.0.0" || host == "[::]" || host.empty())) {
+      return InvalidArgument(
+          "a hub of an HA set listening on " + options.listen_address +
+          " needs the address clients reach it at (--advertise HOST:PORT)");
+    }
+    if (eo.advertise.substr(eo.advertise.rfind(':') + 1) == "0") {
+      return InvalidArgument(
+          "a hub of an HA set needs a fixed port to advertise (got " +
+          eo.advertise + ")");
+    }
+    TH_ASSIGN_OR_RETURN(coord, ha::MakeEtcdCoordinator(eo));
+  }
+  auto service = std::make_unique<HubServiceImpl>(
+      config, options.secret, rebuild_ms, NowMs(), coord.get());
   std::shared_ptr<metrics::FunctionCollector> collector;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   grpc::ServerBuilder builder;
@@ -713,6 +938,17 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   std::string host =
       options.listen_address.substr(0, options.listen_address.rfind(':'));
   std::string address = host + ":" + std::to_string(port);
+  if (coord != nullptr) {
+    // Until elected, this hub answers every call "not the leader".
+    HubServiceImpl* svc = service.get();
+    Status s = coord->Start(
+        {[svc](const DurableState& d) { return svc->OnElected(d); },
+         [svc] { svc->OnDemoted(); }});
+    if (!s.ok()) {
+      server->Shutdown(std::chrono::system_clock::now());
+      return s;
+    }
+  }
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
                << options.lease_ms
                << " ms, rebuilding from the workers' reports for " << rebuild_ms
@@ -728,10 +964,13 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                        ? ", keeping the latest " +
                              std::to_string(options.keep_latest) + " retained"
                        : std::string())
+               << (ha ? ", one of an HA hub set in etcd at " +
+                            options.etcd_endpoints + ": serving once elected"
+                      : std::string())
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
-      std::move(service), std::move(server), address, options.lease_ms,
-      std::move(collector), std::move(metrics_server)));
+      std::move(coord), std::move(service), std::move(server), address,
+      options.lease_ms, std::move(collector), std::move(metrics_server)));
 }
 
 }  // namespace tensorhub

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "hub/coordinator.h"
 #include "hub/hub_state.h"
 #include "tensorhub.grpc.pb.h"
 
@@ -18,13 +19,22 @@ namespace tensorhub::hub {
 // `secret` is empty (the context is only read to log a refused peer).
 // rebuild_ms: the window after `started_ms` (-1: now) in which an unknown
 // or unheld version is answered UNAVAILABLE, "rebuilding" (HubOptions).
+// `coord` (not owned, may be null: a single hub): the hub is one of an HA
+// set; it answers as a standby until ElectService().
 std::unique_ptr<v1::Hub::Service> NewHubService(const HubConfig& config,
                                                 std::string secret,
                                                 int64_t rebuild_ms = 0,
-                                                int64_t started_ms = -1);
+                                                int64_t started_ms = -1,
+                                                Coordinator* coord = nullptr);
 
 // Runs the lease-expiry pass of a service made by NewHubService.
 void ExpireLeases(v1::Hub::Service* service);
+
+// What the coordinator's callbacks do (coordinator.h), for tests that play
+// the coordinator: install the durable facts in a fresh state machine, or
+// drop the state.
+Status ElectService(v1::Hub::Service* service, const DurableState& durable);
+void DemoteService(v1::Hub::Service* service);
 
 }  // namespace tensorhub::hub
 

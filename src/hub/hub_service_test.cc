@@ -6,9 +6,13 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
+#include "common/manifest.h"
+#include "hub/coordinator.h"
 #include "hub/hub_service_internal.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub::hub {
 namespace {
@@ -78,6 +82,169 @@ TEST(HubServiceTest, NoRebuildWindowAnswersFromTheTableAtOnce) {
       << a.resolve.error_message();
   EXPECT_EQ(a.schedule.error_code(), grpc::StatusCode::NOT_FOUND)
       << a.schedule.error_message();
+}
+
+// ---- A hub of an HA set, with a coordinator the test plays ----
+
+// Records what the hub asks to persist; answers as the test says.
+class ScriptedCoordinator final : public Coordinator {
+ public:
+  Status Start(Callbacks) override { return Status::Ok(); }
+  bool Leading() const override { return leading; }
+  std::string Leader() const override { return leader; }
+  const std::string& self() const override { return self_; }
+  Status Persist(const std::vector<DurableChange>& changes, int64_t) override {
+    batches.push_back(changes);
+    if (!answer.ok() && answer.code() == StatusCode::kFailedPrecondition) {
+      leading = false;  // fenced off, as the etcd coordinator does
+    }
+    return answer;
+  }
+  void Stop() override {}
+
+  bool leading = false;
+  std::string leader;
+  Status answer;
+  std::vector<std::vector<DurableChange>> batches;
+
+ private:
+  std::string self_ = "127.0.0.1:1";
+};
+
+class HaHubServiceTest : public ::testing::Test {
+ protected:
+  HaHubServiceTest() {
+    HubConfig c;
+    c.lease_ms = 60000;
+    service_ = NewHubService(c, "", /*rebuild_ms=*/0, -1, &coord_);
+  }
+
+  void Elect(const DurableState& d = {}) {
+    ASSERT_TRUE(ElectService(service_.get(), d).ok());
+    coord_.leading = true;
+    coord_.leader = coord_.self();
+  }
+
+  std::string Register() {
+    grpc::ServerContext ctx;
+    v1::RegisterWorkerRequest rq;
+    rq.set_name("w");
+    rq.set_data_address("127.0.0.1:9");
+    v1::RegisterWorkerResponse rs;
+    grpc::Status s = service_->RegisterWorker(&ctx, &rq, &rs);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return rs.worker_id();
+  }
+
+  grpc::Status Publish(const std::string& worker, uint64_t version) {
+    static std::vector<uint8_t> bytes(kMinChunkBytes, 7);
+    std::vector<TensorRef> refs = {{TensorSpec{"w", DType::kU8, {bytes.size()}},
+                                    bytes.data(), bytes.size(),
+                                    MemoryLocation::Host()}};
+    Result<PartLayout> part = BuildPartLayout(0, refs, kMinChunkBytes);
+    EXPECT_TRUE(part.ok());
+    grpc::ServerContext ctx;
+    v1::PublishRequest rq;
+    rq.set_worker_id(worker);
+    rq.set_model("m");
+    rq.set_version(version);
+    rq.set_group_size(1);
+    rq.set_chunk_bytes(kMinChunkBytes);
+    rq.set_epoch(1);
+    wire::ToProto(*part, rq.mutable_part());
+    v1::PublishResponse rs;
+    return service_->Publish(&ctx, &rq, &rs);
+  }
+
+  grpc::Status Retain(uint64_t version, bool retain = true) {
+    grpc::ServerContext ctx;
+    v1::RetainRequest rq;
+    rq.set_model("m");
+    rq.set_version(version);
+    rq.set_unretain(!retain);
+    v1::RetainResponse rs;
+    return service_->Retain(&ctx, &rq, &rs);
+  }
+
+  ScriptedCoordinator coord_;
+  std::unique_ptr<v1::Hub::Service> service_;
+};
+
+TEST_F(HaHubServiceTest, AStandbyAnswersEveryCallNamingTheLeader) {
+  coord_.leader = "10.0.0.9:7070";
+  grpc::ServerContext ctx;
+  v1::ListModelsRequest rq;
+  v1::ListModelsResponse rs;
+  grpc::Status s = service_->ListModels(&ctx, &rq, &rs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(
+      s.error_message().find("is not the leader; leader is 10.0.0.9:7070"),
+      std::string::npos)
+      << s.error_message();
+  coord_.leader.clear();
+  grpc::ServerContext ctx2;
+  v1::RegisterWorkerRequest rr;
+  v1::RegisterWorkerResponse rp;
+  s = service_->RegisterWorker(&ctx2, &rr, &rp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("no leader is elected yet"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(coord_.batches.empty());
+}
+
+TEST_F(HaHubServiceTest, DurableChangesAreWrittenBeforeTheAnswer) {
+  DurableState d;
+  d.highest["m"] = Version(4);
+  Elect(d);
+  std::string w = Register();
+  // The floor from etcd holds; a refused publish writes nothing.
+  EXPECT_EQ(Publish(w, 4).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(coord_.batches.empty());
+  ASSERT_TRUE(Publish(w, 5).ok());
+  ASSERT_EQ(coord_.batches.size(), 1u);
+  ASSERT_EQ(coord_.batches[0].size(), 1u);
+  EXPECT_EQ(coord_.batches[0][0].kind, DurableChange::Kind::kHighest);
+  EXPECT_EQ(coord_.batches[0][0].version, Version(5));
+  ASSERT_TRUE(Retain(5).ok());
+  ASSERT_EQ(coord_.batches.size(), 2u);
+  EXPECT_EQ(coord_.batches[1][0].kind, DurableChange::Kind::kPin);
+}
+
+TEST_F(HaHubServiceTest, AFailedWriteIsRetriedWithTheNextOne) {
+  Elect();
+  std::string w = Register();
+  ASSERT_TRUE(Publish(w, 1).ok());
+  coord_.answer = Unavailable("etcd down");
+  grpc::Status s = Retain(1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  coord_.answer = Status::Ok();
+  // The pin is in memory already (a repeat changes nothing there); the next
+  // write carries it.
+  ASSERT_TRUE(Publish(w, 2).ok());
+  const std::vector<DurableChange>& last = coord_.batches.back();
+  ASSERT_EQ(last.size(), 2u);
+  EXPECT_EQ(last[0].kind, DurableChange::Kind::kPin);
+  EXPECT_EQ(last[1].kind, DurableChange::Kind::kHighest);
+}
+
+TEST_F(HaHubServiceTest, AFencedWriteAnswersLikeAStandbyAndDropsTheState) {
+  Elect();
+  std::string w = Register();
+  ASSERT_TRUE(Publish(w, 1).ok());
+  coord_.answer = FailedPrecondition("lost the leadership");
+  coord_.leader = "10.0.0.9:7070";
+  grpc::Status s = Retain(1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("leader is 10.0.0.9:7070"),
+            std::string::npos)
+      << s.error_message();
+  // The coordinator demotes the hub: its state goes; elected again, it
+  // starts from what etcd holds, and its workers must register again.
+  DemoteService(service_.get());
+  coord_.answer = Status::Ok();
+  Elect();
+  EXPECT_EQ(Publish(w, 2).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 }  // namespace

@@ -162,14 +162,16 @@ Result<HubState::VersionEntry*> HubState::VersionForPublish(
       return FailedPrecondition(
           "version " + std::to_string(a.version.value()) + " of model '" +
           a.model + "' is not greater than the last one published (" +
-          std::to_string(m.highest.value()) + ")");
+          std::to_string(m.highest.value()) +
+          "): a version number is never used twice, even once no worker "
+          "holds that version");
     }
     VersionEntry v;
     v.group_size = a.group_size;
     v.chunk_bytes = a.chunk_bytes;
     v.parts.resize(a.group_size);
     vit = m.versions.emplace(a.version, std::move(v)).first;
-    m.highest = std::max(m.highest, a.version);
+    Created(a.model, m, a.version, vit->second);
   }
   VersionEntry& v = vit->second;
   const std::string vname = VersionName(a.model, a.version);
@@ -326,7 +328,7 @@ Status HubState::AddHolder(const WorkerId& worker, const std::string& model,
     v.chunk_bytes = manifest.chunk_bytes();
     SetManifest(v, manifest);
     vit = m.versions.emplace(version, std::move(v)).first;
-    m.highest = std::max(m.highest, version);
+    Created(model, m, version, vit->second);
   }
   VersionEntry& v = vit->second;
   if (v.state == VersionState::kAborted) {
@@ -454,7 +456,7 @@ void HubState::DropReference(const std::string& model, Version version,
   } else {
     UpdateAvailability(v);
   }
-  Prune(mit->second);
+  Prune(model, mit->second);
 }
 
 void HubState::UpdateAvailability(VersionEntry& v) {
@@ -477,7 +479,7 @@ void HubState::UpdateAvailability(VersionEntry& v) {
                                                 : VersionState::kUnavailable;
 }
 
-void HubState::Prune(Model& m) {
+void HubState::Prune(const std::string& model, Model& m) {
   size_t dead = 0;
   for (const auto& [version, v] : m.versions) {
     if (v.refs.empty()) ++dead;
@@ -486,6 +488,11 @@ void HubState::Prune(Model& m) {
   for (auto it = m.versions.begin();
        it != m.versions.end() && dead > config_.max_dead_versions_per_model;) {
     if (it->second.refs.empty()) {
+      // A forgotten version's pin goes with it (the durable store stays
+      // bounded by what the hub knows).
+      if (it->second.retained) {
+        Record({DurableChange::Kind::kUnpin, model, it->first, {}, {}});
+      }
       it = m.versions.erase(it);
       --dead;
     } else {
@@ -1087,6 +1094,15 @@ Status HubState::Retain(const std::string& model, Version version,
   auto mit = models_.find(model);
   VersionEntry* v = FindVersion(model, version);
   const std::string vname = VersionName(model, version);
+  if (v == nullptr && mit != models_.end() &&
+      mit->second.restored_pins.count(version) > 0) {
+    // Pinned before this hub took over; no worker has re-reported it yet.
+    if (!retain) {
+      mit->second.restored_pins.erase(version);
+      Record({DurableChange::Kind::kUnpin, model, version, {}, {}});
+    }
+    return Status::Ok();
+  }
   if (v == nullptr) return NotFound("the hub knows no version " + vname);
   if (!retain) {
     if (!v->retained) {
@@ -1096,6 +1112,7 @@ Status HubState::Retain(const std::string& model, Version version,
                            : std::string()));
     }
     v->retained = false;
+    Record({DurableChange::Kind::kUnpin, model, version, {}, {}});
     return Status::Ok();
   }
   if (v->state == VersionState::kAborted) {
@@ -1107,13 +1124,14 @@ Status HubState::Retain(const std::string& model, Version version,
                               "some chunk); it cannot be retained");
   }
   if (v->retained) return Status::Ok();
-  size_t pinned = 0;
+  size_t pinned = mit->second.restored_pins.size();
   for (const auto& [ver, e] : mit->second.versions) pinned += e.retained;
   if (pinned >= config_.max_retained_per_model) {
     return ResourceExhausted("model '" + model + "' already has " +
                              std::to_string(pinned) + " retained versions");
   }
   v->retained = true;
+  Record({DurableChange::Kind::kPin, model, version, {}, {}});
   return Status::Ok();
 }
 
@@ -1283,6 +1301,11 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
           groups_.begin(), groups_.end(), [](const auto& a, const auto& b) {
             return a.second.last_used_ms < b.second.last_used_ms;
           });
+      Record({DurableChange::Kind::kGroupGone,
+              oldest->first.first,
+              {},
+              oldest->first.second,
+              {}});
       groups_.erase(oldest);
     }
     git = groups_.emplace(key, GroupPins{}).first;
@@ -1294,6 +1317,7 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
     g.forgot_below = std::max(g.forgot_below, g.steps.begin()->first + 1);
     g.steps.erase(g.steps.begin());
   }
+  RecordGroup(key);
   return res;
 }
 
@@ -1306,11 +1330,108 @@ size_t HubState::num_group_pins() const {
 void HubState::ExpireGroups(int64_t now_ms) {
   for (auto it = groups_.begin(); it != groups_.end();) {
     if (now_ms - it->second.last_used_ms >= config_.group_ttl_ms) {
+      Record({DurableChange::Kind::kGroupGone,
+              it->first.first,
+              {},
+              it->first.second,
+              {}});
       it = groups_.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+// ---- Durable facts (HA) ----
+
+void ApplyDurableChange(const DurableChange& c, DurableState& s) {
+  using Kind = DurableChange::Kind;
+  switch (c.kind) {
+    case Kind::kHighest: {
+      Version& h = s.highest[c.model];
+      h = std::max(h, c.version);
+      return;
+    }
+    case Kind::kPin:
+      s.pins.insert({c.model, c.version});
+      return;
+    case Kind::kUnpin:
+      s.pins.erase({c.model, c.version});
+      return;
+    case Kind::kGroup:
+      s.groups[{c.model, c.group}] = c.record;
+      return;
+    case Kind::kGroupGone:
+      s.groups.erase({c.model, c.group});
+      return;
+  }
+}
+
+void HubState::Record(DurableChange change) {
+  if (config_.record_durable) durable_changes_.push_back(std::move(change));
+}
+
+void HubState::RecordGroup(const std::pair<std::string, std::string>& key) {
+  if (!config_.record_durable) return;
+  auto it = groups_.find(key);
+  if (it == groups_.end()) return;
+  Record({DurableChange::Kind::kGroup,
+          key.first,
+          {},
+          key.second,
+          GroupRecord{it->second.steps, it->second.forgot_below}});
+}
+
+void HubState::Created(const std::string& model, Model& m, Version version,
+                       VersionEntry& v) {
+  if (version > m.highest) {
+    m.highest = version;
+    Record({DurableChange::Kind::kHighest, model, version, {}, {}});
+  }
+  if (m.restored_pins.erase(version) > 0) v.retained = true;
+}
+
+std::vector<DurableChange> HubState::TakeDurableChanges() {
+  std::vector<DurableChange> out;
+  out.swap(durable_changes_);
+  return out;
+}
+
+void HubState::Restore(const DurableState& durable, int64_t now_ms) {
+  for (const auto& [model, highest] : durable.highest) {
+    Model& m = models_[model];
+    m.highest = std::max(m.highest, highest);
+  }
+  for (const auto& [model, version] : durable.pins) {
+    Model& m = models_[model];
+    auto vit = m.versions.find(version);
+    if (vit != m.versions.end()) {
+      vit->second.retained = true;
+    } else {
+      m.restored_pins.insert(version);
+    }
+  }
+  for (const auto& [key, record] : durable.groups) {
+    GroupPins& g = groups_[key];
+    g.steps = record.steps;
+    g.forgot_below = record.forgot_below;
+    g.last_used_ms = now_ms;
+  }
+}
+
+DurableState HubState::Durable() const {
+  DurableState out;
+  for (const auto& [name, m] : models_) {
+    if (m.highest.value() > 0) out.highest[name] = m.highest;
+    for (Version v : m.restored_pins) out.pins.insert({name, v});
+    for (const auto& [version, v] : m.versions) {
+      if (v.retained) out.pins.insert({name, version});
+    }
+  }
+  for (const auto& [key, g] : groups_) {
+    out.groups[key] = GroupRecord{g.steps, g.forgot_below};
+  }
+  return out;
 }
 
 }  // namespace tensorhub::hub

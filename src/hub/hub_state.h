@@ -46,7 +46,52 @@ struct HubConfig {
   size_t max_steps_per_group = 8;
   size_t max_groups = 10000;
   int64_t group_ttl_ms = 600000;
+  // Record every change to the durable facts (DurableState) for
+  // TakeDurableChanges: on in a hub of an HA set, whose leader writes them
+  // to etcd before it answers; off (nothing recorded) for a single hub.
+  bool record_durable = false;
 };
+
+// ---- What outlives a hub of an HA set (docs/design.md, "A highly
+// available hub") ----
+// A reader group's pins (ResolveForGroup) as the durable store keeps them.
+struct GroupRecord {
+  std::map<uint64_t, Version> steps;  // step -> pinned version
+  uint64_t forgot_below = 0;          // older steps were evicted
+  bool operator==(const GroupRecord&) const = default;
+};
+
+// The facts a new leader must start from, because no worker re-reports
+// them: each model's highest version number (so that numbering never goes
+// backwards), the Retain pins, and the reader groups' pins. Everything else
+// is soft state, rebuilt from the workers' reports.
+struct DurableState {
+  std::map<std::string, Version> highest;
+  std::set<std::pair<std::string, Version>> pins;
+  std::map<std::pair<std::string, std::string>, GroupRecord>
+      groups;  // (model, group)
+  bool operator==(const DurableState&) const = default;
+};
+
+// One change to the durable facts, in the order the state machine made it.
+struct DurableChange {
+  enum class Kind {
+    kHighest,    // model's highest version is now `version`
+    kPin,        // (model, version) is pinned
+    kUnpin,      // (model, version) is no longer pinned
+    kGroup,      // (model, group)'s pins are now `record`
+    kGroupGone,  // (model, group) was forgotten
+  };
+  Kind kind = Kind::kHighest;
+  std::string model;
+  Version version;
+  std::string group;
+  GroupRecord record;
+  bool operator==(const DurableChange&) const = default;
+};
+
+// Applies `c` to `s` (what the durable store does with a change).
+void ApplyDurableChange(const DurableChange& c, DurableState& s);
 
 struct WorkerRegistration {
   WorkerId requested_id;  // empty: the hub assigns one
@@ -279,6 +324,19 @@ class HubState {
   // Forgets groups unused for group_ttl_ms (also done by ExpireLeases).
   void ExpireGroups(int64_t now_ms);
 
+  // ---- Durable facts (HA; HubConfig::record_durable) ----
+  // The changes made to the durable facts since the last call, oldest
+  // first (always empty without record_durable). The RPC adapter takes them
+  // after each call and has them written before it answers.
+  std::vector<DurableChange> TakeDurableChanges();
+  // Starts a new leader from the durable facts: version floors, pins of
+  // versions no worker has re-reported yet (they apply when the version is
+  // re-created), and reader groups (as used at `now_ms`). Call on a fresh
+  // state, before any other call. Records no change.
+  void Restore(const DurableState& durable, int64_t now_ms);
+  // The durable facts now (what Restore of them would bring back).
+  DurableState Durable() const;
+
   const HubConfig& config() const { return config_; }
   size_t num_workers() const { return workers_.size(); }
 
@@ -358,6 +416,9 @@ class HubState {
   struct Model {
     std::map<Version, VersionEntry> versions;
     Version highest;  // highest version number ever seen
+    // Pins restored from the durable store (Restore) of versions not known
+    // yet: applied when the version is re-created from a worker's report.
+    std::set<Version> restored_pins;
   };
   // Distances: same host 0, same rack 1, same datacenter 2, elsewhere 3.
   static constexpr int kDatacenterDistance = 2;
@@ -394,7 +455,13 @@ class HubState {
                                   int64_t now_ms);
   void DropReference(const std::string& model, Version version,
                      const WorkerId& worker);
-  void Prune(Model& m);
+  void Prune(const std::string& model, Model& m);
+  // A version entry was just created in `m`: raises the model's highest
+  // version number and applies a restored pin.
+  void Created(const std::string& model, Model& m, Version version,
+               VersionEntry& v);
+  void Record(DurableChange change);
+  void RecordGroup(const std::pair<std::string, std::string>& key);
   // Publish's steps (hub_state.cc).
   static Status CheckPublishArgs(const PublishArgs& a);
   Result<VersionEntry*> VersionForPublish(const PublishArgs& a);
@@ -430,6 +497,7 @@ class HubState {
   std::map<std::string, Model> models_;
   // (model, group) -> pins; bounded by config_.max_groups.
   std::map<std::pair<std::string, std::string>, GroupPins> groups_;
+  std::vector<DurableChange> durable_changes_;  // with record_durable
 };
 
 }  // namespace tensorhub::hub

@@ -1677,5 +1677,102 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     }
   }
 }
+
+// ------------------------------------------------------------ durable facts
+
+// The durable facts recorded by an HA leader (DurableChange), and a new
+// leader started from them (Restore): version floors, pins and reader
+// groups outlive the state machine that made them.
+TEST_F(HubStateTest, NothingIsRecordedWithoutRecordDurable) {
+  WorkerId a = Register("a");
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(a, "m", 3, g, 0).ok());
+  ASSERT_TRUE(hub_.Retain("m", Version(3), true).ok());
+  EXPECT_TRUE(hub_.TakeDurableChanges().empty());
+}
+
+TEST_F(HubStateTest, DurableChangesDescribeTheDurableFacts) {
+  HubConfig c = DefaultConfig();
+  c.record_durable = true;
+  c.max_steps_per_group = 2;
+  c.group_ttl_ms = 10000;
+  HubState hub(c);
+  WorkerId a = Register(hub, "a");
+  auto g = Group("m", 1);
+  DurableState applied;
+  auto take = [&] {
+    std::vector<DurableChange> changes = hub.TakeDurableChanges();
+    for (const DurableChange& ch : changes) ApplyDurableChange(ch, applied);
+    return changes;
+  };
+  ASSERT_TRUE(hub.Publish(Args(a, "m", 5, g, 0), 0).ok());
+  std::vector<DurableChange> ch = take();
+  ASSERT_EQ(ch.size(), 1u);
+  EXPECT_EQ(ch[0].kind, DurableChange::Kind::kHighest);
+  EXPECT_EQ(ch[0].version, Version(5));
+  // A re-report of an older version raises nothing.
+  WorkerId b = Register(hub, "b");
+  ASSERT_TRUE(hub.Publish(Args(b, "m", 2, g, 0, /*rebuild=*/true), 0).ok());
+  EXPECT_TRUE(take().empty());
+  ASSERT_TRUE(hub.Retain("m", Version(5), true).ok());
+  ASSERT_TRUE(hub.Retain("m", Version(5), true).ok());  // no second change
+  ASSERT_TRUE(hub.Retain("m", Version(2), true).ok());
+  ASSERT_TRUE(hub.Retain("m", Version(2), false).ok());
+  EXPECT_EQ(take().size(), 3u);
+  // Reader groups: a pin per new step; old steps and unused groups go.
+  for (uint64_t step : {1, 2, 3}) {
+    ASSERT_TRUE(hub.ResolveForGroup(WorkerId("r"), "m", "inst", step, 0).ok());
+  }
+  ch = take();
+  ASSERT_EQ(ch.size(), 3u);
+  EXPECT_EQ(ch.back().kind, DurableChange::Kind::kGroup);
+  EXPECT_EQ(ch.back().record.steps.size(), 2u);
+  EXPECT_EQ(ch.back().record.forgot_below, 2u);
+  EXPECT_EQ(applied, hub.Durable());
+  hub.ExpireGroups(20000);
+  ch = take();
+  ASSERT_EQ(ch.size(), 1u);
+  EXPECT_EQ(ch[0].kind, DurableChange::Kind::kGroupGone);
+  EXPECT_EQ(applied, hub.Durable());
+  EXPECT_TRUE(applied.groups.empty());
+  EXPECT_EQ(applied.pins.size(), 1u);
+  EXPECT_EQ(applied.highest.at("m"), Version(5));
+}
+
+TEST_F(HubStateTest, ANewLeaderStartsFromTheDurableFacts) {
+  DurableState d;
+  d.highest["m"] = Version(7);
+  d.pins.insert({"m", Version(6)});
+  d.pins.insert({"m", Version(4)});
+  d.groups[{"m", "inst"}] = GroupRecord{{{9, Version(6)}}, 5};
+  HubConfig c = DefaultConfig();
+  c.record_durable = true;
+  HubState hub(c);
+  hub.Restore(d, 0);
+  EXPECT_TRUE(hub.TakeDurableChanges().empty());
+  EXPECT_EQ(hub.Durable(), d);
+  WorkerId a = Register(hub, "a");
+  auto g = Group("m", 1);
+  // Numbering never goes backwards, though no worker holds version 7.
+  EXPECT_EQ(hub.Publish(Args(a, "m", 7, g, 0), 0).status().code(),
+            StatusCode::kFailedPrecondition);
+  // A re-reported version gets its pin back.
+  ASSERT_TRUE(hub.Publish(Args(a, "m", 6, g, 0, /*rebuild=*/true), 0).ok());
+  EXPECT_TRUE(hub.IsRetained("m", Version(6)));
+  // A pin of a version nobody re-reported can be withdrawn (and is).
+  EXPECT_TRUE(hub.Retain("m", Version(4), false).ok());
+  std::vector<DurableChange> ch = hub.TakeDurableChanges();
+  ASSERT_EQ(ch.size(), 1u);
+  EXPECT_EQ(ch[0].kind, DurableChange::Kind::kUnpin);
+  // The group's pin holds: step 9 gets version 6, not the newest (8).
+  ASSERT_TRUE(hub.Publish(Args(a, "m", 8, g, 0), 0).ok());
+  Result<Resolution> r = hub.ResolveForGroup(WorkerId("r"), "m", "inst", 9, 0);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->version, Version(6));
+  EXPECT_EQ(
+      hub.ResolveForGroup(WorkerId("r"), "m", "inst", 4, 0).status().code(),
+      StatusCode::kFailedPrecondition);  // older than the steps it keeps
+}
+
 }  // namespace
 }  // namespace tensorhub::hub

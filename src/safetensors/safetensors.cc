@@ -1017,7 +1017,7 @@ std::vector<TensorRef> SafetensorsFileWriter::tensors() {
   return refs;
 }
 
-Status SafetensorsFileWriter::Commit() {
+Status SafetensorsFileWriter::Commit(AfterCommit after) {
   if (commit_attempted_ || base_ == nullptr) {
     return FailedPrecondition("safetensors: " + path_ +
                               ": Commit() already called");
@@ -1026,8 +1026,10 @@ Status SafetensorsFileWriter::Commit() {
   if (::msync(base_, static_cast<size_t>(file_bytes_), MS_SYNC) != 0) {
     return ErrnoStatus("msync", partial_path_, errno);
   }
-  ::munmap(base_, static_cast<size_t>(file_bytes_));
-  base_ = nullptr;
+  if (after == AfterCommit::kUnmap) {
+    ::munmap(base_, static_cast<size_t>(file_bytes_));
+    base_ = nullptr;
+  }
   if (::fsync(fd_) != 0) return ErrnoStatus("fsync", partial_path_, errno);
   ::close(fd_);
   fd_ = -1;

@@ -99,11 +99,22 @@ class MappedSafetensorsFile {
   SafetensorsHeader header_;
 };
 
+// What Commit() does with the mapping once the file is in place.
+enum class AfterCommit {
+  kUnmap,
+  // Keep it until the writer is destroyed: tensors() stays valid, so the
+  // bytes can still be served (read) from memory after the file is in
+  // place. The mapping is the committed file's pages: writes through it
+  // change the file.
+  kKeepMapped,
+};
+
 // A file being written: created as `path + ".partial"` at its final size and
 // mapped MAP_SHARED, so a fetch writes tensor bytes straight into the page
-// cache. Commit() flushes, unmaps and renames it to `path`; destroying the
-// writer without a successful Commit() removes the partial file. One writer
-// per path at a time (a second one truncates the first one's partial file).
+// cache. Commit() flushes, renames it to `path` and (by default) unmaps it;
+// destroying the writer without a successful Commit() removes the partial
+// file. One writer per path at a time (a second one truncates the first
+// one's partial file).
 class SafetensorsFileWriter {
  public:
   // Errors: INVALID_ARGUMENT (bad specs, see BuildSafetensorsHeader),
@@ -128,14 +139,16 @@ class SafetensorsFileWriter {
   SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
   ~SafetensorsFileWriter();
 
-  // Destinations inside the mapping, in spec order. Valid until Commit() or
-  // destruction; empty after Commit().
+  // Destinations inside the mapping, in spec order. Valid until Commit()
+  // (with kKeepMapped: until destruction) or destruction; empty once
+  // unmapped.
   std::vector<TensorRef> tensors();
   uint64_t file_bytes() const { return file_bytes_; }
 
-  // msync, fsync, unmap, rename to `path`, fsync the directory. Calling it
-  // again after it ran (successfully or not) is FAILED_PRECONDITION.
-  Status Commit();
+  // msync, fsync, unmap (unless kKeepMapped), rename to `path`, fsync the
+  // directory. Calling it again after it ran (successfully or not) is
+  // FAILED_PRECONDITION.
+  Status Commit(AfterCommit after = AfterCommit::kUnmap);
 
  private:
   SafetensorsFileWriter() = default;

@@ -453,6 +453,43 @@ TEST_F(SafetensorsFileTest, WriteCommitThenMap) {
   }
 }
 
+// kKeepMapped: the file is in place at once and the writer's memory stays
+// readable (what `tensorhub fetch --hold` serves) until the writer goes; the
+// committed file outlives it.
+TEST_F(SafetensorsFileTest, CommitKeepingTheMapping) {
+  const std::string path = Path("held.safetensors");
+  const std::vector<TensorSpec> specs = SampleSpecs();
+  {
+    Result<SafetensorsFileWriter> w =
+        SafetensorsFileWriter::Create(path, specs, {});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    for (const TensorRef& t : w->tensors()) {
+      std::memset(t.data, 0x5a, t.bytes);
+    }
+    ASSERT_TRUE(w->Commit(AfterCommit::kKeepMapped).ok());
+    EXPECT_TRUE(Exists(path));
+    EXPECT_FALSE(Exists(path + ".partial"));
+    EXPECT_EQ(w->Commit().code(), StatusCode::kFailedPrecondition);
+    std::vector<TensorRef> refs = w->tensors();
+    ASSERT_EQ(refs.size(), specs.size());
+    // The memory is the committed file's: what it reads is in the file.
+    Result<MappedSafetensorsFile> f = MappedSafetensorsFile::Open(path);
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    for (size_t i = 0; i < refs.size(); ++i) {
+      ASSERT_EQ(refs[i].bytes, f->tensors()[i].bytes);
+      EXPECT_EQ(std::memcmp(refs[i].data, f->tensors()[i].data, refs[i].bytes),
+                0)
+          << i;
+      for (uint64_t b = 0; b < refs[i].bytes; ++b) {
+        ASSERT_EQ(static_cast<const uint8_t*>(refs[i].data)[b], 0x5a);
+      }
+    }
+  }
+  EXPECT_TRUE(Exists(path));  // destroying the writer keeps the file
+  Result<MappedSafetensorsFile> again = MappedSafetensorsFile::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
 TEST_F(SafetensorsFileTest, DestroyWithoutCommitRemovesPartial) {
   const std::string path = Path("aborted.safetensors");
   {

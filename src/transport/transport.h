@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +23,50 @@
 #include "wire/frame.h"
 
 namespace tensorhub::transport {
+
+// The whole memory of one registration (one publish), for transports that
+// register memory with the network once per publish instead of once per read
+// (UCX: ucp_mem_map and a packed remote key). A transport attaches its state
+// on first use; the state is destroyed with the Registration, which its
+// owner (the worker's registry) does after the drain, before the memory may
+// be reused, so a registration never outlives the memory it names.
+// Thread-safe.
+class Registration {
+ public:
+  Registration(std::vector<iovec> regions, MemoryLocation memory)
+      : regions_(std::move(regions)), memory_(memory) {}
+  ~Registration() {
+    // Newest first: a later attachment may depend on an earlier one.
+    while (!attached_.empty()) attached_.pop_back();
+  }
+  Registration(const Registration&) = delete;
+  Registration& operator=(const Registration&) = delete;
+
+  const std::vector<iovec>& regions() const { return regions_; }
+  const MemoryLocation& memory() const { return memory_; }
+
+  // The state `owner` attached, made by `make` on the first call (under a
+  // lock: concurrent first reads make it once). `make`'s error is returned
+  // and nothing is attached.
+  template <typename T>
+  Result<std::shared_ptr<T>> Attach(
+      const void* owner,
+      const std::function<Result<std::shared_ptr<T>>()>& make) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [o, state] : attached_) {
+      if (o == owner) return std::static_pointer_cast<T>(state);
+    }
+    Result<std::shared_ptr<T>> made = make();
+    if (made.ok()) attached_.emplace_back(owner, *made);
+    return made;
+  }
+
+ private:
+  const std::vector<iovec> regions_;
+  const MemoryLocation memory_;
+  std::mutex mu_;
+  std::vector<std::pair<const void*, std::shared_ptr<void>>> attached_;
+};
 
 // The memory one read is served from. `pin` keeps the registration from
 // draining until the lease is destroyed, which the server does once the last
@@ -36,6 +82,9 @@ struct ServeLease {
   std::vector<iovec> pieces;
   std::shared_ptr<void> pin;
   MemoryLocation memory;
+  // The registration the pieces lie in, valid while `pin` lives; null from
+  // a source that does not keep one (a transport then registers per read).
+  Registration* registration = nullptr;
 };
 
 // Decides what a read may see. Implemented by the worker's registry.

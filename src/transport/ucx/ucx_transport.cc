@@ -1,0 +1,1003 @@
+#include "transport/ucx/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <list>
+#include <map>
+#include <thread>
+
+#include "common/checksum.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/test_point.h"
+#include "cuda/device.h"
+#include "transport/tcp/auth.h"
+#include "transport/tcp/socket_util.h"
+#include "transport/ucx/ucx_reply.h"
+
+namespace tensorhub::transport {
+namespace {
+
+std::atomic<uint64_t> g_live_mappings{0};
+std::atomic<uint64_t> g_next_key_id{1};
+
+Status UcsError(ucs_status_t s, const std::string& what) {
+  return Unavailable(what + ": " + ucs_status_string(s));
+}
+
+// The UCX context: one per transport, shared by its server and connections
+// (and by the registrations they made, which must be unmapped in it).
+class Context {
+ public:
+  static Result<std::shared_ptr<Context>> Create() {
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) return UcsError(s, "reading the UCX configuration");
+    ucp_params_t p{};
+    p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    // Connections' workers are made and used on the fetch threads, the
+    // server's on its own: memory maps are shared between them.
+    p.mt_workers_shared = 1;
+    ucp_context_h ctx = nullptr;
+    s = ucp_init(&p, config, &ctx);
+    ucp_config_release(config);
+    if (s != UCS_OK) return UcsError(s, "initialising UCX");
+    return std::shared_ptr<Context>(new Context(ctx));
+  }
+  ~Context() { ucp_cleanup(ctx_); }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ucp_context_h get() const { return ctx_; }
+
+ private:
+  explicit Context(ucp_context_h ctx) : ctx_(ctx) {}
+  ucp_context_h ctx_;
+};
+
+// One UCX worker and its wake-up descriptor. Progressed by one thread at a
+// time; Signal() may be called from any thread.
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> Create(std::shared_ptr<Context> ctx) {
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    ucp_worker_h w = nullptr;
+    ucs_status_t s = ucp_worker_create(ctx->get(), &wp, &w);
+    if (s != UCS_OK) return UcsError(s, "creating a UCX worker");
+    int efd = -1;
+    if (ucp_worker_get_efd(w, &efd) != UCS_OK) efd = -1;
+    return std::unique_ptr<Worker>(new Worker(std::move(ctx), w, efd));
+  }
+  ~Worker() { ucp_worker_destroy(w_); }
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  ucp_worker_h get() const { return w_; }
+  void Signal() { (void)ucp_worker_signal(w_); }
+
+  Result<std::string> Address() {
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    ucs_status_t s = ucp_worker_get_address(w_, &addr, &len);
+    if (s != UCS_OK) return UcsError(s, "querying the UCX worker address");
+    std::string out(reinterpret_cast<const char*>(addr), len);
+    ucp_worker_release_address(w_, addr);
+    return out;
+  }
+
+  // Progresses the worker until done() holds, the deadline passes or
+  // *stop is set. Between bursts of progress it sleeps on the worker's
+  // event descriptor (at most 50 ms at a time, so that a stop is seen even
+  // without a signal).
+  template <typename Done>
+  Status Wait(Done&& done, const Deadline& deadline,
+              const std::atomic<bool>* stop) {
+    for (;;) {
+      while (ucp_worker_progress(w_) != 0) {
+      }
+      if (done()) return Status::Ok();
+      if (stop != nullptr && stop->load()) return Unavailable("cancelled");
+      if (deadline.expired()) {
+        return DeadlineExceeded("UCX transfer did not finish in time");
+      }
+      if (efd_ < 0) {
+        std::this_thread::yield();
+        continue;
+      }
+      ucs_status_t s = ucp_worker_arm(w_);
+      if (s == UCS_ERR_BUSY) continue;  // events arrived: progress again
+      if (s != UCS_OK) {
+        std::this_thread::yield();
+        continue;
+      }
+      pollfd p{efd_, POLLIN, 0};
+      (void)::poll(
+          &p, 1,
+          static_cast<int>(std::min<int64_t>(deadline.remaining_ms(), 50)));
+    }
+  }
+
+ private:
+  Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd)
+      : ctx_(std::move(ctx)), w_(w), efd_(efd) {}
+  std::shared_ptr<Context> ctx_;  // outlives the worker
+  ucp_worker_h w_;
+  int efd_;  // owned by the worker
+};
+
+// One ucp_mem_map of contiguous memory and its packed remote key. Unmapped
+// on destruction: a remote key a reader kept no longer reads anything.
+class Mapping {
+ public:
+  static Result<std::unique_ptr<Mapping>> Create(std::shared_ptr<Context> ctx,
+                                                 uint8_t* base, size_t len) {
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_PROT;
+    mp.address = base;
+    mp.length = len;
+    // Served memory is only ever read (it may be a read-only file map).
+    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
+    ucp_mem_h memh = nullptr;
+    ucs_status_t s = ucp_mem_map(ctx->get(), &mp, &memh);
+    if (s != UCS_OK) return UcsError(s, "registering served memory with UCX");
+    void* buf = nullptr;
+    size_t buf_len = 0;
+    s = ucp_rkey_pack(ctx->get(), memh, &buf, &buf_len);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(ctx->get(), memh);
+      return UcsError(s, "packing a UCX remote key");
+    }
+    std::string packed(static_cast<const char*>(buf), buf_len);
+    ucp_rkey_buffer_release(buf);
+    if (packed.empty() || packed.size() > ucx::kMaxRkeyBytes) {
+      ucp_mem_unmap(ctx->get(), memh);
+      return ResourceExhausted("UCX remote key of " +
+                               std::to_string(packed.size()) + " bytes");
+    }
+    g_live_mappings.fetch_add(1);
+    return std::unique_ptr<Mapping>(
+        new Mapping(std::move(ctx), memh, base, len, std::move(packed)));
+  }
+  ~Mapping() {
+    ucp_mem_unmap(ctx_->get(), memh_);
+    g_live_mappings.fetch_sub(1);
+  }
+
+  const uint8_t* base() const { return base_; }
+  size_t length() const { return len_; }
+  uint64_t id() const { return id_; }
+  const std::string& packed() const { return packed_; }
+
+ private:
+  Mapping(std::shared_ptr<Context> ctx, ucp_mem_h memh, uint8_t* base,
+          size_t len, std::string packed)
+      : ctx_(std::move(ctx)),
+        memh_(memh),
+        base_(base),
+        len_(len),
+        id_(g_next_key_id.fetch_add(1)),
+        packed_(std::move(packed)) {}
+  const std::shared_ptr<Context> ctx_;
+  const ucp_mem_h memh_;
+  uint8_t* const base_;
+  const size_t len_;
+  const uint64_t id_;
+  const std::string packed_;
+};
+
+// The mappings of a set of regions, adjacent regions merged into one.
+class MappingSet {
+ public:
+  static Result<std::shared_ptr<MappingSet>> Create(
+      const std::shared_ptr<Context>& ctx, std::span<const iovec> regions) {
+    std::vector<std::pair<uint8_t*, size_t>> runs;
+    for (const iovec& v : regions) {
+      if (v.iov_len > 0) {
+        runs.emplace_back(static_cast<uint8_t*>(v.iov_base), v.iov_len);
+      }
+    }
+    std::sort(runs.begin(), runs.end());
+    auto set = std::make_shared<MappingSet>();
+    for (size_t i = 0; i < runs.size();) {
+      uint8_t* begin = runs[i].first;
+      uint8_t* end = begin + runs[i].second;
+      for (++i; i < runs.size() && runs[i].first <= end; ++i) {
+        end = std::max(end, runs[i].first + runs[i].second);
+      }
+      TH_ASSIGN_OR_RETURN(std::unique_ptr<Mapping> m,
+                          Mapping::Create(ctx, begin, end - begin));
+      set->maps_.push_back(std::move(m));
+    }
+    return set;
+  }
+
+  // The mapping that holds all of [p, p + n), or null.
+  const Mapping* Find(const uint8_t* p, uint64_t n) const {
+    auto it = std::upper_bound(
+        maps_.begin(), maps_.end(), p,
+        [](const uint8_t* a, const std::unique_ptr<Mapping>& m) {
+          return a < m->base();
+        });
+    if (it == maps_.begin()) return nullptr;
+    const Mapping* m = std::prev(it)->get();
+    const uint64_t from = static_cast<uint64_t>(p - m->base());
+    if (from > m->length() || n > m->length() - from) return nullptr;
+    return m;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Mapping>> maps_;  // sorted by base
+};
+
+class UcxServer final : public Server {
+ public:
+  UcxServer(Fd listener, std::string address, ReadSource* source,
+            ServerOptions options, std::shared_ptr<Context> ctx,
+            std::unique_ptr<Worker> worker, std::string worker_address,
+            std::string secret)
+      : listener_(std::move(listener)),
+        address_(std::move(address)),
+        source_(source),
+        options_(options),
+        ctx_(std::move(ctx)),
+        worker_(std::move(worker)),
+        worker_address_(std::move(worker_address)),
+        secret_(std::move(secret)) {
+    progress_thread_ = std::thread([this] { ProgressLoop(); });
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~UcxServer() override { Stop(); }
+
+  std::string address() const override { return address_; }
+  uint64_t bytes_served() const override { return bytes_served_.load(); }
+  uint64_t connections_refused() const override { return refused_.load(); }
+
+  void Stop() override {
+    MutexLock stop_lock(stop_mu_);
+    stopping_ = true;
+    if (accept_thread_.joinable()) accept_thread_.join();
+    std::list<Conn> conns;
+    {
+      MutexLock lock(mu_);
+      for (Conn& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
+      conns.splice(conns.end(), conns_);
+    }
+    for (Conn& c : conns) c.thread.join();
+    // Every lease has ended: nothing can still be read through the worker.
+    worker_->Signal();
+    if (progress_thread_.joinable()) progress_thread_.join();
+  }
+
+ private:
+  struct Conn {
+    Fd fd;
+    std::thread thread;
+    bool done = false;
+  };
+
+  // The holder's worker answers what UCX cannot do without it (gets over
+  // tcp or shared memory are served by the target's progress; verbs and
+  // cma reads are not).
+  void ProgressLoop() {
+    while (!stopping_.load()) {
+      (void)worker_->Wait([] { return false; }, Deadline::AfterMs(200),
+                          &stopping_);
+    }
+  }
+
+  void AcceptLoop() {
+    while (!stopping_.load()) {
+      pollfd p{listener_.get(), POLLIN, 0};
+      int rc = ::poll(&p, 1, 100);
+      ReapFinished();
+      if (rc <= 0) continue;
+      int cfd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (cfd < 0) continue;
+      Fd fd(cfd);
+      MutexLock lock(mu_);
+      if (conns_.size() >= options_.max_connections) {
+        TH_LOG(WARN) << "ucx data server " << address_
+                     << ": refusing connection, " << conns_.size()
+                     << " open (the bound)";
+        continue;
+      }
+      TuneStream(fd.get());
+      conns_.push_back(Conn{std::move(fd), std::thread(), false});
+      Conn* c = &conns_.back();
+      c->thread = std::thread([this, c, raw = c->fd.get()] {
+        Serve(raw);
+        MutexLock l(mu_);
+        c->done = true;
+      });
+    }
+    listener_.Reset();
+  }
+
+  void ReapFinished() {
+    std::list<Conn> finished;
+    {
+      MutexLock lock(mu_);
+      for (auto it = conns_.begin(); it != conns_.end();) {
+        auto next = std::next(it);
+        if (it->done) finished.splice(finished.end(), conns_, it);
+        it = next;
+      }
+    }
+    for (Conn& c : finished) c.thread.join();
+  }
+
+  // Serves one connection until the peer leaves, an I/O error, or Stop().
+  // As in the TCP server, one request's whole life stays in one loop body:
+  // the lease (and a per-read mapping) visibly ends at its bottom, after
+  // the reader released it, or after the connection was shut down.
+  void Serve(int fd) {
+    const int64_t stall_ms = options_.io_stall_timeout_ms;
+    Status auth = ServerHandshake(fd, secret_, Deadline::AfterMs(stall_ms));
+    if (!auth.ok()) {
+      TH_LOG(WARN) << "ucx data server " << address_
+                   << ": refused a peer: " << auth.ToString();
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Only a peer that proved the secret learns where the worker is.
+    std::string hello =
+        ucx::EncodeHelloHeader(static_cast<uint32_t>(worker_address_.size()));
+    iovec hv[2] = {
+        {hello.data(), hello.size()},
+        {const_cast<char*>(worker_address_.data()), worker_address_.size()}};
+    if (!WriteAll(fd, hv, Deadline::AfterMs(stall_ms), stall_ms).ok()) return;
+    uint8_t header[wire::kRequestHeaderBytes];
+    while (!stopping_.load()) {
+      pollfd p{fd, POLLIN, 0};
+      int rc = ::poll(&p, 1, 200);
+      if (rc == 0) continue;
+      if (rc < 0) return;
+      Deadline deadline = Deadline::AfterMs(3600 * 1000);
+      if (!ReadExact(fd, header, sizeof(header), deadline, stall_ms).ok()) {
+        return;
+      }
+      wire::ReadRequest req;
+      bool local = false, cuda_ipc = false, strided = false;
+      Result<size_t> model_len = wire::DecodeReadRequestHeader(
+          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
+      if (!model_len.ok() || local || cuda_ipc) {
+        Status why = model_len.ok() ? InvalidArgument(
+                                          "same-host reads are not offered "
+                                          "on a UCX connection")
+                                    : model_len.status();
+        TH_LOG(WARN) << "ucx data server " << address_
+                     << ": dropping peer: " << why.ToString();
+        (void)SendError(fd, why, deadline);
+        return;
+      }
+      req.model.resize(*model_len);
+      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
+               .ok()) {
+        return;
+      }
+      if (strided) {
+        uint8_t st[wire::kStrideBytes];
+        if (!ReadExact(fd, st, sizeof(st), deadline, stall_ms).ok()) return;
+        Status bad = wire::DecodeStride(st, sizeof(st), &req);
+        if (!bad.ok()) {
+          (void)SendError(fd, bad, deadline);
+          return;
+        }
+      }
+      Result<ServeLease> lease = source_->BeginRead(req);
+      if (!lease.ok()) {
+        if (!SendError(fd, lease.status(), deadline).ok()) return;
+        continue;
+      }
+      if (!lease->memory.is_host()) {
+        Status no = FailedPrecondition(
+            "the UCX transport serves host memory only (this UCX has no "
+            "CUDA support); read " +
+            MemoryLocationName(lease->memory) + " over tcp");
+        if (!SendError(fd, no, deadline).ok()) return;
+        continue;
+      }
+      Result<std::shared_ptr<MappingSet>> maps = Mappings(*lease);
+      Result<std::string> body =
+          maps.ok() ? ReplyBody(**maps, lease->pieces) : maps.status();
+      if (!body.ok()) {
+        if (!SendError(fd, body.status(), deadline).ok()) return;
+        continue;
+      }
+      if (!ServeRma(fd, req, *body, deadline)) {
+        // Shut down before the lease ends: a reader still reading sees the
+        // connection gone when it finishes, and discards the bytes.
+        ::shutdown(fd, SHUT_RDWR);
+        return;
+      }
+      // The lease (and a per-read mapping) ends here, after the release.
+    }
+  }
+
+  // The mappings that hold a lease's pieces: its registration's, made on
+  // its first read and kept until it is destroyed after the drain; or,
+  // from a source without registrations, the pieces' own for this read.
+  Result<std::shared_ptr<MappingSet>> Mappings(const ServeLease& lease) {
+    if (lease.registration != nullptr) {
+      Registration* reg = lease.registration;
+      return reg->Attach<MappingSet>(
+          ctx_.get(), [&]() -> Result<std::shared_ptr<MappingSet>> {
+            return MappingSet::Create(ctx_, reg->regions());
+          });
+    }
+    return MappingSet::Create(ctx_, lease.pieces);
+  }
+
+  static Result<std::string> ReplyBody(const MappingSet& maps,
+                                       const std::vector<iovec>& pieces) {
+    ucx::RmaReply reply;
+    std::map<uint64_t, uint32_t> key_index;  // mapping id -> index
+    for (const iovec& v : pieces) {
+      if (v.iov_len == 0) continue;
+      const auto* p = static_cast<const uint8_t*>(v.iov_base);
+      const Mapping* m = maps.Find(p, v.iov_len);
+      if (m == nullptr) {
+        return Internal("a served range lies outside its registered memory");
+      }
+      auto [it, added] =
+          key_index.emplace(m->id(), static_cast<uint32_t>(reply.keys.size()));
+      if (added) {
+        if (reply.keys.size() == ucx::kMaxRmaKeys) {
+          return ResourceExhausted("read spans too many registrations");
+        }
+        reply.keys.push_back({m->id(), m->packed()});
+      }
+      const uint64_t addr = reinterpret_cast<uint64_t>(p);
+      if (!reply.pieces.empty() && reply.pieces.back().key == it->second &&
+          reply.pieces.back().address + reply.pieces.back().length == addr) {
+        reply.pieces.back().length += v.iov_len;
+        continue;
+      }
+      if (reply.pieces.size() == ucx::kMaxRmaPieces) {
+        return ResourceExhausted("read too scattered for one UCX reply");
+      }
+      reply.pieces.push_back({addr, v.iov_len, it->second});
+    }
+    std::string body = ucx::EncodeRmaReply(reply);
+    if (body.size() > ucx::kMaxRmaReplyBytes) {
+      return ResourceExhausted("UCX reply over its bound");
+    }
+    return body;
+  }
+
+  // Tells the reader where to read, then waits (bounded) for its release.
+  // False: drop the connection.
+  bool ServeRma(int fd, const wire::ReadRequest& req, const std::string& body,
+                const Deadline& deadline) {
+    wire::ResponseHeader h;
+    h.status = StatusCode::kOk;
+    h.payload_len = body.size();
+    auto hdr = wire::EncodeResponseHeader(h);
+    iovec iov[2] = {{hdr.data(), hdr.size()},
+                    {const_cast<char*>(body.data()), body.size()}};
+    if (!WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms).ok()) {
+      return false;
+    }
+    uint8_t release[wire::kReleaseBytes];
+    Status s = ReadExact(fd, release, sizeof(release),
+                         Deadline::AfterMs(options_.local_release_timeout_ms));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kDeadlineExceeded) {
+        TH_LOG(WARN) << "ucx data server " << address_
+                     << ": a reader did not release its lease within "
+                     << options_.local_release_timeout_ms << " ms; dropping it";
+      }
+      return false;
+    }
+    Result<wire::ReleaseOutcome> outcome =
+        wire::DecodeRelease(release, sizeof(release));
+    if (!outcome.ok()) {
+      TH_LOG(WARN) << "ucx data server " << address_
+                   << ": dropping peer: " << outcome.status().ToString();
+      return false;
+    }
+    if (*outcome == wire::ReleaseOutcome::kCopied) {
+      bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
+    }
+    return true;
+  }
+
+  Status SendError(int fd, const Status& status, const Deadline& deadline) {
+    std::string msg = status.message().substr(0, wire::kMaxMessageBytes);
+    wire::ResponseHeader h;
+    h.status = status.code();
+    h.message_len = static_cast<uint16_t>(msg.size());
+    auto hdr = wire::EncodeResponseHeader(h);
+    iovec iov[2] = {{hdr.data(), hdr.size()}, {msg.data(), msg.size()}};
+    return WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms);
+  }
+
+  Fd listener_;
+  const std::string address_;
+  ReadSource* const source_;
+  const ServerOptions options_;
+  const std::shared_ptr<Context> ctx_;
+  const std::unique_ptr<Worker> worker_;
+  const std::string worker_address_;
+  const std::string secret_;
+  std::atomic<uint64_t> refused_{0};
+  Mutex stop_mu_;  // serialises Stop()
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> bytes_served_{0};
+  std::thread progress_thread_;
+  std::thread accept_thread_;
+  Mutex mu_;
+  std::list<Conn> conns_ TH_GUARDED_BY(mu_);
+};
+
+// Calls fn(address, length, done) for the runs of `pieces` that make up
+// bytes [offset, offset + n) of their concatenation.
+template <typename Fn>
+Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
+                Fn&& fn) {
+  uint64_t at = 0, done = 0;
+  for (const iovec& v : pieces) {
+    if (done == n) break;
+    const uint64_t end = at + v.iov_len;
+    if (end > offset) {
+      const uint64_t from = std::max(at, offset) - at;
+      const uint64_t len = std::min<uint64_t>(v.iov_len - from, n - done);
+      TH_RETURN_IF_ERROR(
+          fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
+      done += len;
+    }
+    at = end;
+  }
+  if (done != n) return Internal("range past the end of its pieces");
+  return Status::Ok();
+}
+
+class UcxConnection final : public Connection {
+ public:
+  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker)
+      : fd_(std::move(fd)),
+        peer_(std::move(peer)),
+        worker_(std::move(worker)) {}
+  ~UcxConnection() override {
+    for (auto& s : streams_) {
+      if (s) (void)s->Synchronize();
+    }
+    Teardown();
+  }
+
+  // Connects the endpoint to the holder's worker. Asks UCX to report a
+  // holder that died (failing the reads on it at once instead of at their
+  // deadline); the wires that cannot (shared memory in UCX 1.13) are used
+  // without it, their reads then bounded by the deadline alone.
+  Status Open(const std::string& remote_address) {
+    ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
+    if (s == UCS_ERR_UNREACHABLE) {
+      s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
+    }
+    if (s != UCS_OK) {
+      ep_ = nullptr;
+      return UcsError(s, "connecting a UCX endpoint to holder " + peer_);
+    }
+    return Status::Ok();
+  }
+
+  Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
+              const Deadline& deadline, uint64_t* xxh3) override {
+    if (broken_) return Unavailable("connection to " + peer_ + " is broken");
+    last_read_ = ReadInfo{};
+    return Finish(DoRead(req, dest, -1, deadline, xxh3));
+  }
+
+  Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
+                    int device, const Deadline& deadline,
+                    uint64_t* xxh3) override {
+    if (broken_) return Unavailable("connection to " + peer_ + " is broken");
+    // A failure here is about this process's device, not the holder.
+    for (auto& s : streams_) {
+      if (!s || s->device() != device) {
+        TH_ASSIGN_OR_RETURN(s, cuda::Stream::Create(device));
+      }
+    }
+    last_read_ = ReadInfo{};
+    return Finish(DoRead(req, dest, device, deadline, xxh3));
+  }
+
+  bool broken() const override { return broken_; }
+  const std::string& peer() const override { return peer_; }
+  ReadInfo last_read() const override { return last_read_; }
+  void Cancel() override {
+    MutexLock l(mu_);
+    cancelled_.store(true);
+    if (fd_.valid()) ::shutdown(fd_.get(), SHUT_RDWR);
+    if (worker_) worker_->Signal();  // wakes a read waiting in UCX
+  }
+
+ private:
+  Status Finish(Status s) {
+    if (cancelled_.load()) {
+      if (!broken_) Abandon();
+      if (s.ok()) return s;  // it finished before the cancel landed
+      return Unavailable("read from holder " + peer_ + " was cancelled (" +
+                         s.message() + ")");
+    }
+    if (!s.ok() && s.code() != StatusCode::kNotFound &&
+        s.code() != StatusCode::kAborted &&
+        s.code() != StatusCode::kInvalidArgument &&
+        s.code() != StatusCode::kResourceExhausted &&
+        s.code() != StatusCode::kFailedPrecondition &&
+        s.code() != StatusCode::kPermissionDenied) {
+      if (!broken_) Abandon();  // the stream position is unknown now
+    }
+    return s;
+  }
+
+  // `device` < 0: `dest` is host memory; else memory of that CUDA device,
+  // reached through pinned staging buffers.
+  Status DoRead(const wire::ReadRequest& req, std::span<const iovec> dest,
+                int device, const Deadline& deadline, uint64_t* xxh3) {
+    uint64_t want = 0;
+    for (const iovec& v : dest) want += v.iov_len;
+    if (want != req.length) {
+      return Internal("destination holds " + std::to_string(want) +
+                      " bytes for a read of " + std::to_string(req.length));
+    }
+    cuda::PinnedPool::Lease bufs;
+    if (device >= 0) {
+      // Taken before asking, so that a busy pool refuses this read without
+      // holding the holder's lease.
+      TH_ASSIGN_OR_RETURN(bufs, cuda::StagingPool().Acquire(2, deadline));
+    }
+    std::string frame = wire::EncodeReadRequest(req, nullptr, false);
+    iovec out{frame.data(), frame.size()};
+    TH_RETURN_IF_ERROR(WriteAll(fd_.get(), {&out, 1}, deadline)
+                           .WithContext("holder " + peer_));
+    TH_ASSIGN_OR_RETURN(ucx::RmaReply reply, ReceiveReply(req, deadline));
+    TH_ASSIGN_OR_RETURN(std::vector<ucp_rkey_h> keys, Keys(reply));
+    Xxh3Stream hash(/*timed=*/true);
+    if (device < 0) {
+      TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline));
+    } else {
+      TH_RETURN_IF_ERROR(GetStaged(reply, keys, req.length, dest, bufs,
+                                   deadline,
+                                   xxh3 != nullptr ? &hash : nullptr));
+    }
+    testpoint::Hit("ucx.read_landed", req.length);
+    // The holder sends nothing until our release; anything to read now
+    // means it gave up the lease, and its memory may have been reused
+    // under the read.
+    if (PeerClosed()) {
+      Abandon();
+      return Unavailable("holder " + peer_ +
+                         " ended the lease before the read finished");
+    }
+    if (xxh3 != nullptr && device < 0) {
+      for (const iovec& v : dest) hash.Update(v.iov_base, v.iov_len);
+    }
+    auto rel = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
+    iovec rv{rel.data(), rel.size()};
+    TH_RETURN_IF_ERROR(
+        WriteAll(fd_.get(), {&rv, 1}, deadline).WithContext("holder " + peer_));
+    if (xxh3 != nullptr) *xxh3 = hash.Digest();
+    last_read_.verify_ns = hash.update_ns();
+    return Status::Ok();
+  }
+
+  // The holder's answer: its refusal as a status, or where to read.
+  Result<ucx::RmaReply> ReceiveReply(const wire::ReadRequest& req,
+                                     const Deadline& deadline) {
+    uint8_t hdr[wire::kResponseHeaderBytes];
+    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
+                           .WithContext("holder " + peer_));
+    Result<wire::ResponseHeader> h =
+        wire::DecodeResponseHeader(hdr, sizeof(hdr));
+    if (!h.ok()) {
+      Abandon();
+      return DataLoss("holder " + peer_ +
+                      " sent a bad frame: " + h.status().message());
+    }
+    if (h->status != StatusCode::kOk) {
+      std::string msg(h->message_len, '\0');
+      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), msg.data(), msg.size(), deadline)
+                             .WithContext("holder " + peer_));
+      return Status(h->status, "holder " + peer_ + " refused: " + msg);
+    }
+    if (h->local || h->cuda_ipc || h->payload_len > ucx::kMaxRmaReplyBytes) {
+      Abandon();
+      return DataLoss("holder " + peer_ + " sent a reply UCX does not expect");
+    }
+    std::string body(h->payload_len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+                           .WithContext("holder " + peer_));
+    Result<ucx::RmaReply> reply = ucx::DecodeRmaReply(
+        reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
+    if (!reply.ok()) {
+      Abandon();  // closing the connection ends the holder's lease
+      return DataLoss("holder " + peer_ +
+                      " sent a bad UCX reply: " + reply.status().message());
+    }
+    return reply;
+  }
+
+  // The unpacked remote key of each of the reply's keys, cached by id.
+  Result<std::vector<ucp_rkey_h>> Keys(const ucx::RmaReply& reply) {
+    if (rkeys_.size() + reply.keys.size() > kMaxCachedKeys) {
+      // No read is in flight here: every cached key may go.
+      for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
+      rkeys_.clear();
+    }
+    std::vector<ucp_rkey_h> out;
+    out.reserve(reply.keys.size());
+    for (const ucx::RmaKey& k : reply.keys) {
+      auto it = rkeys_.find(k.id);
+      if (it == rkeys_.end()) {
+        ucp_rkey_h rk = nullptr;
+        ucs_status_t s = ucp_ep_rkey_unpack(ep_, k.packed.data(), &rk);
+        if (s != UCS_OK) {
+          Abandon();
+          return DataLoss("holder " + peer_ + " sent a UCX remote key that " +
+                          "cannot be unpacked: " + ucs_status_string(s));
+        }
+        it = rkeys_.emplace(k.id, rk).first;
+      }
+      out.push_back(it->second);
+    }
+    return out;
+  }
+
+  // Reads bytes [offset, offset + size of dst) of the reply's range into
+  // `dst` with one ucp_get_nbx per contiguous run, and waits for all of
+  // them. On any failure the connection is abandoned before returning, so
+  // nothing lands in `dst` afterwards.
+  Status Get(const ucx::RmaReply& reply, const std::vector<ucp_rkey_h>& keys,
+             uint64_t offset, std::span<const iovec> dst,
+             const Deadline& deadline) {
+    size_t pi = 0;
+    uint64_t at = 0;
+    while (pi < reply.pieces.size() && at + reply.pieces[pi].length <= offset) {
+      at += reply.pieces[pi++].length;
+    }
+    uint64_t in = offset - at;  // into piece pi
+    ucp_request_param_t param{};
+    Status issued = Status::Ok();
+    for (const iovec& d : dst) {
+      auto* p = static_cast<uint8_t*>(d.iov_base);
+      uint64_t left = d.iov_len;
+      while (left > 0 && issued.ok()) {
+        if (pi >= reply.pieces.size()) {
+          issued = Internal("read past the end of the holder's pieces");
+          break;
+        }
+        const ucx::RmaPiece& rp = reply.pieces[pi];
+        const uint64_t take = std::min(left, rp.length - in);
+        ucs_status_ptr_t r =
+            ucp_get_nbx(ep_, p, take, rp.address + in, keys[rp.key], &param);
+        if (UCS_PTR_IS_ERR(r)) {
+          issued = UcsError(UCS_PTR_STATUS(r), "UCX get from holder " + peer_);
+        } else if (r != nullptr) {
+          pending_.push_back(r);
+        }
+        p += take;
+        left -= take;
+        in += take;
+        if (in == rp.length) {
+          ++pi;
+          in = 0;
+        }
+      }
+    }
+    size_t next = 0;  // pending_[..next) are complete
+    Status waited = worker_->Wait(
+        [&] {
+          while (next < pending_.size() &&
+                 ucp_request_check_status(pending_[next]) != UCS_INPROGRESS) {
+            ++next;
+          }
+          return next == pending_.size();
+        },
+        deadline, &cancelled_);
+    if (!waited.ok() || !issued.ok()) {
+      Abandon();
+      return (issued.ok() ? waited : issued).WithContext("holder " + peer_);
+    }
+    Status result = Status::Ok();
+    for (void* r : pending_) {
+      ucs_status_t s = ucp_request_check_status(r);
+      if (s != UCS_OK && result.ok()) {
+        result = UcsError(s, "UCX get from holder " + peer_);
+      }
+      ucp_request_free(r);
+    }
+    pending_.clear();
+    if (result.ok() && ep_failed_.load()) {
+      result = Unavailable("UCX endpoint to holder " + peer_ + " failed");
+    }
+    if (!result.ok()) Abandon();
+    return result;
+  }
+
+  ucs_status_t CreateEp(const std::string& remote_address,
+                        ucp_err_handling_mode_t mode) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    ep.err_mode = mode;
+    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+        static_cast<UcxConnection*>(arg)->ep_failed_.store(true);
+      };
+      ep.err_handler.arg = this;
+    }
+    return ucp_ep_create(worker_->get(), &ep, &ep_);
+  }
+
+  // Device destination: each segment is read into one of two pinned
+  // buffers, hashed there, and copied to the device while the next one is
+  // read into the other buffer.
+  Status GetStaged(const ucx::RmaReply& reply,
+                   const std::vector<ucp_rkey_h>& keys, uint64_t length,
+                   std::span<const iovec> dest, cuda::PinnedPool::Lease& bufs,
+                   const Deadline& deadline, Xxh3Stream* hash) {
+    const uint64_t seg = cuda::StagingPool().buffer_bytes();
+    for (uint64_t k = 0, off = 0; off < length; ++k, off += seg) {
+      const uint64_t len = std::min(seg, length - off);
+      uint8_t* buf = bufs.buffer(k % 2);
+      // The copy out of this buffer two segments ago must be done.
+      TH_RETURN_IF_ERROR(streams_[k % 2]->Synchronize());
+      iovec b{buf, len};
+      TH_RETURN_IF_ERROR(Get(reply, keys, off, {&b, 1}, deadline));
+      if (hash != nullptr) hash->Update(buf, len);
+      TH_RETURN_IF_ERROR(
+          ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+            return streams_[k % 2]->CopyAsync(p, buf + done, l);
+          }));
+    }
+    for (auto& s : streams_) TH_RETURN_IF_ERROR(s->Synchronize());
+    return Status::Ok();
+  }
+
+  bool PeerClosed() {
+    pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) != 0;
+  }
+
+  // Breaks the connection for good: closes the TCP stream (which ends the
+  // holder's lease) and the UCX endpoint and worker, after which no get
+  // of ours moves another byte.
+  void Abandon() {
+    broken_ = true;
+    {
+      MutexLock l(mu_);
+      fd_.Reset();
+    }
+    Teardown();
+  }
+
+  // Force-closes the endpoint (outstanding gets complete as cancelled),
+  // frees what the reads left, and destroys the worker. Reading thread
+  // only.
+  void Teardown() {
+    if (!worker_) return;
+    if (ep_ != nullptr) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(ep_, &param);
+      if (UCS_PTR_IS_PTR(r)) {
+        (void)worker_->Wait(
+            [&] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
+            Deadline::AfterMs(kCloseWaitMs), nullptr);
+        ucp_request_free(r);
+      }
+      ep_ = nullptr;
+    }
+    for (void* r : pending_) ucp_request_free(r);
+    pending_.clear();
+    for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
+    rkeys_.clear();
+    std::unique_ptr<Worker> w;
+    {
+      MutexLock l(mu_);
+      w = std::move(worker_);
+    }
+    w.reset();  // destroys the worker: its transports stop moving bytes
+  }
+
+  // Twice the most one reply names, so one reply always fits.
+  static constexpr size_t kMaxCachedKeys = 2 * ucx::kMaxRmaKeys;
+  static constexpr int64_t kCloseWaitMs = 2000;
+
+  // fd_ and worker_ are replaced only by the reading thread, under mu_;
+  // Cancel uses them under mu_ from another thread.
+  Mutex mu_;
+  Fd fd_;
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> ep_failed_{false};
+  const std::string peer_;
+  std::unique_ptr<Worker> worker_;
+  // The reading thread's:
+  ucp_ep_h ep_ = nullptr;
+  std::map<uint64_t, ucp_rkey_h> rkeys_;  // by key id, bounded
+  std::vector<void*> pending_;            // gets in flight
+  bool broken_ = false;
+  ReadInfo last_read_;
+  std::unique_ptr<cuda::Stream> streams_[2];  // device reads, made on use
+};
+
+class UcxTransport final : public Transport {
+ public:
+  UcxTransport(std::shared_ptr<Context> ctx, const UcxTransportOptions& o)
+      : ctx_(std::move(ctx)), secret_(o.secret) {}
+
+  std::string_view name() const override { return "ucx"; }
+
+  Result<std::unique_ptr<Server>> Listen(
+      const std::string& host_port, ReadSource* source,
+      const ServerOptions& options) override {
+    TH_ASSIGN_OR_RETURN(Fd fd, ListenTcp(host_port, 512));
+    TH_ASSIGN_OR_RETURN(std::string addr, LocalAddress(fd.get()));
+    TH_ASSIGN_OR_RETURN(auto hp, SplitHostPort(host_port));
+    TH_ASSIGN_OR_RETURN(auto bound, SplitHostPort(addr));
+    std::string advertised =
+        (hp.first.find(':') != std::string::npos ? "[" + hp.first + "]"
+                                                 : hp.first) +
+        ":" + std::to_string(bound.second);
+    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
+    TH_ASSIGN_OR_RETURN(std::string waddr, worker->Address());
+    if (waddr.empty() || waddr.size() > ucx::kMaxWorkerAddressBytes) {
+      return ResourceExhausted("UCX worker address of " +
+                               std::to_string(waddr.size()) + " bytes");
+    }
+    return std::unique_ptr<Server>(
+        new UcxServer(std::move(fd), advertised, source, options, ctx_,
+                      std::move(worker), std::move(waddr), secret_));
+  }
+
+  Result<std::unique_ptr<Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override {
+    TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
+    TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
+                           .WithContext("holder " + address));
+    uint8_t hello[ucx::kHelloHeaderBytes];
+    TH_RETURN_IF_ERROR(ReadExact(fd.get(), hello, sizeof(hello), deadline)
+                           .WithContext("holder " + address));
+    TH_ASSIGN_OR_RETURN(uint32_t len,
+                        ucx::DecodeHelloHeader(hello, sizeof(hello)));
+    std::string remote(len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd.get(), remote.data(), len, deadline)
+                           .WithContext("holder " + address));
+    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
+    auto c = std::make_unique<UcxConnection>(std::move(fd), address,
+                                             std::move(worker));
+    TH_RETURN_IF_ERROR(c->Open(remote));
+    return std::unique_ptr<Connection>(std::move(c));
+  }
+
+ private:
+  const std::shared_ptr<Context> ctx_;
+  const std::string secret_;
+};
+
+}  // namespace
+
+bool UcxAvailable() { return true; }
+
+Result<std::unique_ptr<Transport>> MakeUcxTransport(
+    const UcxTransportOptions& options) {
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create());
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(ctx), options));
+}
+
+uint64_t UcxLiveMappingsForTest() { return g_live_mappings.load(); }
+
+}  // namespace tensorhub::transport

@@ -1,0 +1,57 @@
+// The UCX data plane (docs/design.md "UCX data plane"). Control on TCP,
+// bytes by UCX one-sided RMA:
+//
+//  - Every connection starts on TCP with the same shared-secret proof as
+//    the TCP transport (transport/tcp/auth.h); only then does the holder
+//    send its UCX worker address, and the reader connects a UCX endpoint
+//    to it.
+//  - A read is a ReadRequest on the TCP connection. The holder admits it
+//    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease and
+//    answers with where the range lies in its registered memory and the
+//    remote keys; the reader moves the bytes with ucp_get_nbx straight from
+//    the holder's buffers into its destination, checks the holder still
+//    holds the lease, hashes them, and releases the lease (a Release
+//    frame). Only then does the lease end, so an unpublish's drain waits
+//    for every UCX read in flight.
+//  - Memory is registered (ucp_mem_map + a packed remote key) once per
+//    registration (transport.h Registration), not per read, and unmapped
+//    when the registration is destroyed after its drain: a key a reader
+//    kept is useless afterwards. A source without registrations gets a
+//    registration per read, unmapped when the lease ends.
+//  - Every UCX progress loop is bounded by the call's deadline and wakes
+//    for Cancel(); a read that stops early closes its endpoint and worker
+//    (force), so no byte lands in the destination after Read returned.
+//
+// UCX picks the wire itself (UCX_TLS: rc/dc verbs, tcp, posix/sysv shared
+// memory, cma); this transport is the same on all of them.
+#ifndef TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
+#define TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace tensorhub::transport {
+
+struct UcxTransportOptions {
+  // Shared secret both ends prove they know on every new connection, as
+  // for TCP. Empty: the empty key, which only matches peers without one.
+  std::string secret;
+};
+
+// Whether this build has the UCX transport (TH_UCX).
+bool UcxAvailable();
+
+// Fails (UNAVAILABLE) when UCX cannot be initialised here (no transport
+// usable, or a build without TH_UCX).
+Result<std::unique_ptr<Transport>> MakeUcxTransport(
+    const UcxTransportOptions& options);
+
+// Registrations (ucp_mem_map) alive in this process, for tests that check
+// the unmap after a drain.
+uint64_t UcxLiveMappingsForTest();
+
+}  // namespace tensorhub::transport
+
+#endif  // TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
