@@ -95,6 +95,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (release.ok() && static_cast<uint32_t>(*release) > 1) __builtin_trap();
   // Handshake frames: only OK or PERMISSION_DENIED verdicts are accepted.
   (void)tensorhub::wire::DecodeChallenge(data, size);
+  // A hello is StartTls (no nonce) or exactly what DecodeChallenge accepts.
+  auto hello = tensorhub::wire::DecodeHolderHello(data, size);
+  if (hello.ok() && !hello->start_tls &&
+      !tensorhub::wire::DecodeChallenge(data, size).ok()) {
+    __builtin_trap();
+  }
   (void)tensorhub::wire::DecodeProof(data, size);
   auto verdict = tensorhub::wire::DecodeVerdict(data, size);
   if (verdict.ok() && *verdict != tensorhub::StatusCode::kOk &&

@@ -136,7 +136,9 @@ class ReshardTest : public ::testing::Test {
     ClientOptions o;
     o.hub_address = hub_->address();
     o.name = name;
-    client::ClientDeps deps = client::DefaultClientDeps(o);
+    Result<client::ClientDeps> made = client::DefaultClientDeps(o);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    client::ClientDeps deps = std::move(made).value();
     auto counting =
         std::make_unique<CountingTransport>(std::move(deps.transport));
     Worker w;

@@ -230,6 +230,26 @@ void AddHubFlags(CLI::App* command, WorkerFlags* flags) {
                    "secret in $TENSORHUB_SECRET, if set)")
       ->envname("TENSORHUB_SECRET_FILE")
       ->type_name("PATH");
+  ClientOptions& o = flags->options;
+  command
+      ->add_option("--tls-ca", o.tls_ca_file,
+                   "talk TLS to the hub, trusting a hub certificate signed "
+                   "by this CA (PEM; docs/security.md)")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-cert", o.tls_cert_file,
+                   "this worker's certificate (PEM), for a hub that requires "
+                   "client certificates and for --data-tls")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-key", o.tls_key_file,
+                   "the private key of --tls-cert (PEM, unencrypted)")
+      ->type_name("PATH");
+  command
+      ->add_option("--tls-server-name", o.tls_server_name,
+                   "the name the hub's certificate must have (default: the "
+                   "host in --hub)")
+      ->type_name("NAME");
 }
 
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
@@ -264,6 +284,10 @@ void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
                    "serve Prometheus metrics at http://HOST:PORT/metrics "
                    "(docs/metrics.md)")
       ->type_name("HOST:PORT");
+  command->add_flag("--data-tls", o.data_tls,
+                    "mutual TLS on every data connection too (needs --tls-ca, "
+                    "--tls-cert, --tls-key; every worker must agree; kernel "
+                    "TLS where the kernel has it)");
 }
 
 Result<std::string> ReadSecret(const std::string& secret_file) {

@@ -83,19 +83,21 @@ int UsageError(const std::string& message);
 // flag every such command takes is one line in AddHubFlags or
 // AddWorkerFlags, binding it into `options` (or a field here).
 struct WorkerFlags {
-  // --hub, --name, --datacenter, --rack, --host-label, --spot,
-  // --data-listen, --advertise-host, --metrics-listen; the secret is read by
+  // --hub, --tls-ca, --tls-cert, --tls-key, --tls-server-name, --name,
+  // --datacenter, --rack, --host-label, --spot, --data-listen,
+  // --advertise-host, --metrics-listen, --data-tls; the secret is read by
   // ClientOptionsFrom.
   ClientOptions options;
   std::string secret_file;  // --secret-file
 };
-// --hub HOST:PORT (else $TENSORHUB_HUB, else 127.0.0.1:7070) and
+// --hub HOST:PORT (else $TENSORHUB_HUB, else 127.0.0.1:7070),
 // --secret-file PATH (else $TENSORHUB_SECRET_FILE, else the secret itself in
-// $TENSORHUB_SECRET).
+// $TENSORHUB_SECRET), and TLS to the hub: --tls-ca, --tls-cert, --tls-key,
+// --tls-server-name.
 void AddHubFlags(CLI::App* command, WorkerFlags* flags);
 // AddHubFlags' flags plus who this worker is, where its data plane listens
 // and its metrics endpoint: --name, --datacenter, --rack, --host-label,
-// --spot, --data-listen, --advertise-host, --metrics-listen.
+// --spot, --data-listen, --advertise-host, --metrics-listen, and --data-tls.
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
 // The options the flags give, with the secret read.
 Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags);

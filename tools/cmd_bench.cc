@@ -1,7 +1,10 @@
 // `tensorhub bench pair`: one holder process, one reader, loopback. Prints
 // TensorHub's fetch rate beside the limits measured in the same run: a plain
 // TCP socket pair moving the same bytes (1 stream, and as many streams as the
-// fetch uses) and memcpy.
+// fetch uses) and memcpy. With --data-tls, a second holder serves the same
+// bytes over data-plane TLS (certificates from a throwaway CA made with the
+// openssl command), fetched in the same rounds, so TLS's cost is measured
+// beside plain TCP; the line above the table says whether kernel TLS ran.
 //
 // `tensorhub bench local`: the same two processes, fetching over the
 // intra-host path (cross-memory attach) and, for comparison, forced over
@@ -25,6 +28,8 @@
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "subprocess.h"
+#include "tls/throwaway_pki.h"
+#include "tls/tls.h"
 #include "transport/tcp/cma.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -33,6 +38,7 @@ namespace tensorhub::cli {
 namespace {
 
 constexpr char kModel[] = "bench-pair";
+constexpr char kTlsModel[] = "bench-pair-tls";  // served by the TLS holder
 
 std::vector<TensorSpec> FlatLayout(uint64_t bytes) {
   // 64 MiB tensors plus a tail: big tensors like a real model's matrices.
@@ -110,6 +116,50 @@ Result<double> RawTcp(const uint8_t* src, uint8_t* dst, uint64_t bytes,
   return bytes / Seconds(t0, t1) / 1e9;
 }
 
+// Moves `bytes` from src to dst over one loopback TLS connection with the
+// data plane's TLS (`ctx`; 4 MiB writes and reads, handshake not timed):
+// what OpenSSL's TLS costs on this machine, without TensorHub's protocol.
+Result<double> RawTls(const tls::Context& ctx, const uint8_t* src, uint8_t* dst,
+                      uint64_t bytes) {
+  using transport::Fd;
+  TH_ASSIGN_OR_RETURN(Fd listener, transport::ListenTcp("127.0.0.1:0", 4));
+  TH_ASSIGN_OR_RETURN(std::string addr,
+                      transport::LocalAddress(listener.get()));
+  TH_ASSIGN_OR_RETURN(Fd c,
+                      transport::ConnectTcp(addr, Deadline::AfterMs(5000)));
+  Fd s(::accept(listener.get(), nullptr, nullptr));
+  if (!s.valid()) return Internal("accept failed");
+  transport::TuneStream(s.get());
+  constexpr uint64_t kPiece = 4 << 20;
+  const Deadline deadline = Deadline::AfterMs(600000);
+  Status sent;
+  std::thread server([&] {
+    auto session = tls::Session::Handshake(
+        ctx.server(), tls::Session::Role::kServer, s.get(), deadline);
+    sent = session.status();
+    for (uint64_t off = 0; sent.ok() && off < bytes; off += kPiece) {
+      iovec v{const_cast<uint8_t*>(src) + off, std::min(kPiece, bytes - off)};
+      sent = (*session)->Write({&v, 1}, deadline);
+    }
+  });
+  auto session = tls::Session::Handshake(
+      ctx.client(), tls::Session::Role::kClient, c.get(), deadline);
+  Status got = session.status();
+  auto t0 = std::chrono::steady_clock::now();
+  for (uint64_t off = 0; got.ok() && off < bytes; off += kPiece) {
+    iovec v{dst + off, std::min(kPiece, bytes - off)};
+    got = (*session)->Read({&v, 1}, deadline);
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  if (!got.ok()) ::shutdown(c.get(), SHUT_RDWR);  // unblock the server
+  server.join();
+  TH_RETURN_IF_ERROR(got.WithContext("raw TLS read"));
+  TH_RETURN_IF_ERROR(sent.WithContext("raw TLS write"));
+  if (std::memcmp(src, dst, bytes) != 0)
+    return Internal("raw TLS bytes differ");
+  return bytes / Seconds(t0, t1) / 1e9;
+}
+
 double Memcpy(const uint8_t* src, uint8_t* dst, uint64_t bytes) {
   auto t0 = std::chrono::steady_clock::now();
   std::memcpy(dst, src, bytes);
@@ -165,6 +215,7 @@ struct TwoProcessFlags {
   uint64_t chunk_bytes = 0;
   uint64_t repeat = 3;
   uint64_t connections = 4;
+  bool data_tls = false;  // pair only
 };
 
 void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
@@ -182,26 +233,78 @@ void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
 
 struct HubAndHolder {
   std::unique_ptr<Hub> hub;
-  Subprocess holder;
-  std::string digest;  // of the bytes the holder published
+  std::optional<Subprocess> holder;  // set once started
+  std::string digest;                // of the bytes the holder published
+  // With data-plane TLS (bench pair --data-tls): the certificates (the hub
+  // runs TLS too, so every client needs the CA), and a second holder of the
+  // same bytes under kTlsModel, serving over TLS.
+  std::unique_ptr<tls::ThrowawayPki> pki;
+  std::optional<Subprocess> tls_holder;
 };
 
-// An embedded hub and a holder process that has published `bytes`.
-Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
-                                       const std::string& holder_log) {
-  HubOptions ho;
-  ho.listen_address = "127.0.0.1:0";
-  TH_ASSIGN_OR_RETURN(std::unique_ptr<Hub> hub, Hub::Start(ho));
-  TH_ASSIGN_OR_RETURN(
-      Subprocess holder,
-      Subprocess::Spawn(
-          {"bench", "_holder", "--hub", hub->address(), "--bytes",
-           std::to_string(bytes), "--chunk-bytes", std::to_string(chunk)},
-          {"TENSORHUB_LOG=" + holder_log}));
+// The TLS files of a worker of `pki` (its hub address's host is 127.0.0.1).
+void UseTls(const tls::ThrowawayPki& pki, ClientOptions* o) {
+  o->tls_ca_file = pki.ca;
+  o->tls_cert_file = pki.worker_cert;
+  o->tls_key_file = pki.worker_key;
+}
+
+Result<Subprocess> StartHolder(const std::string& hub, uint64_t bytes,
+                               uint64_t chunk, const std::string& holder_log,
+                               const tls::ThrowawayPki* pki, bool data_tls,
+                               std::string* digest) {
+  std::vector<std::string> args = {"bench",         "_holder",
+                                   "--hub",         hub,
+                                   "--bytes",       std::to_string(bytes),
+                                   "--chunk-bytes", std::to_string(chunk)};
+  if (pki != nullptr) {
+    for (const std::string& a :
+         {std::string("--tls-ca"), pki->ca, std::string("--tls-cert"),
+          pki->worker_cert, std::string("--tls-key"), pki->worker_key}) {
+      args.push_back(a);
+    }
+  }
+  if (data_tls) {
+    args.push_back("--data-tls");
+    args.push_back("--model");
+    args.push_back(kTlsModel);
+  }
+  TH_ASSIGN_OR_RETURN(Subprocess holder,
+                      Subprocess::Spawn(args, {"TENSORHUB_LOG=" + holder_log}));
   TH_ASSIGN_OR_RETURN(std::string ready,
                       holder.ReadLine(Deadline::AfterMs(120000)));
   if (ready.rfind("ready ", 0) != 0) return Internal("holder: " + ready);
-  return HubAndHolder{std::move(hub), std::move(holder), ready.substr(6)};
+  *digest = ready.substr(6);
+  return holder;
+}
+
+// An embedded hub and a holder process that has published `bytes`; with
+// `data_tls`, the hub on TLS and a second holder serving over TLS.
+Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
+                                       const std::string& holder_log,
+                                       bool data_tls = false) {
+  HubAndHolder out;
+  HubOptions ho;
+  ho.listen_address = "127.0.0.1:0";
+  if (data_tls) {
+    TH_ASSIGN_OR_RETURN(out.pki, tls::ThrowawayPki::Make());
+    ho.tls_cert_file = out.pki->hub_cert;
+    ho.tls_key_file = out.pki->hub_key;
+  }
+  TH_ASSIGN_OR_RETURN(out.hub, Hub::Start(ho));
+  TH_ASSIGN_OR_RETURN(Subprocess holder,
+                      StartHolder(out.hub->address(), bytes, chunk, holder_log,
+                                  out.pki.get(), false, &out.digest));
+  out.holder.emplace(std::move(holder));
+  if (data_tls) {
+    std::string digest;
+    TH_ASSIGN_OR_RETURN(Subprocess tls_holder,
+                        StartHolder(out.hub->address(), bytes, chunk,
+                                    holder_log, out.pki.get(), true, &digest));
+    out.tls_holder.emplace(std::move(tls_holder));
+    if (digest != out.digest) return Internal("the two holders differ");
+  }
+  return out;
 }
 
 // The holder side of `bench pair`, as its own process.
@@ -209,6 +312,11 @@ struct HolderFlags {
   std::string hub;
   uint64_t bytes = 0;
   uint64_t chunk_bytes = 4 << 20;
+  std::string model = kModel;
+  // bench pair --data-tls: the throwaway CA's files, and TLS on the data
+  // plane for the second holder.
+  std::string tls_ca, tls_cert, tls_key;
+  bool data_tls = false;
 };
 
 int RunBenchHolder(const HolderFlags& f) {
@@ -217,11 +325,15 @@ int RunBenchHolder(const HolderFlags& f) {
   ClientOptions o;
   o.hub_address = f.hub;
   o.name = "bench-holder";
+  o.tls_ca_file = f.tls_ca;
+  o.tls_cert_file = f.tls_cert;
+  o.tls_key_file = f.tls_key;
+  o.data_tls = f.data_tls;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   PublishOptions po;
   po.chunk_bytes = f.chunk_bytes;
-  Status s = (*client)->Publish(kModel, Version(1), model.tensors(), po);
+  Status s = (*client)->Publish(f.model, Version(1), model.tensors(), po);
   if (!s.ok()) return Fail(s);
   Reply("ready " + Hex(model.Digest()));
   std::string line;
@@ -235,16 +347,35 @@ int RunBenchPair(const TwoProcessFlags& f) {
   // switch the intra-host path off for both processes (see bench local).
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
 
-  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn", f.data_tls);
   if (!pair.ok()) return Fail(pair.status());
-  auto& [hub, holder, digest] = *pair;
+  HubAndHolder& hh = *pair;
 
   SyntheticModel dest(FlatLayout(f.bytes));
   ClientOptions o;
-  o.hub_address = hub->address();
+  o.hub_address = hh.hub->address();
   o.name = "bench-reader";
+  if (hh.pki) UseTls(*hh.pki, &o);
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
+  std::unique_ptr<Client> tls_reader;
+  std::shared_ptr<const tls::Context> raw_tls;  // for the raw TLS pair
+  if (f.data_tls) {
+    tls::PemFiles files;
+    files.cert = hh.pki->worker_cert;
+    files.key = hh.pki->worker_key;
+    files.ca = hh.pki->ca;
+    auto creds = tls::LoadCredentials(files);
+    if (!creds.ok()) return Fail(creds.status());
+    auto ctx = tls::Context::ForDataPlane(*creds);
+    if (!ctx.ok()) return Fail(ctx.status());
+    raw_tls = *ctx;
+    o.name = "bench-reader-tls";
+    o.data_tls = true;
+    auto r = Client::Connect(o);
+    if (!r.ok()) return Fail(r.status().WithContext("TLS reader"));
+    tls_reader = std::move(r).value();
+  }
   SyntheticModel src(FlatLayout(f.bytes));
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
@@ -255,17 +386,48 @@ int RunBenchPair(const TwoProcessFlags& f) {
       "each)\n",
       FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
       static_cast<unsigned long long>(f.repeat));
-  double th = 0, raw1 = 0, rawn = 0, mc = 0;
-  for (uint64_t r = 0; r < f.repeat; ++r) {
+  if (f.data_tls) {
+    tls::KernelTlsSupport k = tls::KernelTls();
+    std::printf(
+        "data-plane TLS: mutual TLS 1.3 (throwaway CA made with openssl); "
+        "kernel TLS %s\n",
+        k.available ? "available on this kernel"
+                    : ("not available: " + k.why).c_str());
+  }
+  const std::string holder_digest = hh.digest;
+  auto fetch = [&](Client& c, const char* model,
+                   FetchStats* stats) -> Result<double> {
     FetchOptions fo;
     fo.serve = false;
     fo.connections = static_cast<int>(f.connections);
-    auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
-    if (!st.ok()) return Fail(st.status());
-    if (digest != Hex(dest.Digest()))
-      return Fail(DataLoss("fetched bytes differ from the holder's"));
-    double gbps = st->bytes / st->seconds / 1e9;
-    th = std::max(th, gbps);
+    std::memset(dst_base, 0, dest.total_bytes());  // a fetch must write it
+    auto st = c.Fetch(model, Version(1), dest.tensors(), fo);
+    if (!st.ok()) return st.status();
+    if (holder_digest != Hex(dest.Digest()))
+      return DataLoss("fetched bytes differ from the holder's");
+    *stats = *st;
+    return st->bytes / st->seconds / 1e9;
+  };
+  double th = 0, tls_gbps = 0, raw1 = 0, rawn = 0, mc = 0, raw_tls1 = 0;
+  FetchStats tls_stats;
+  for (uint64_t r = 0; r < f.repeat; ++r) {
+    FetchStats st;
+    auto gbps = fetch(**reader, kModel, &st);
+    if (!gbps.ok()) return Fail(gbps.status());
+    th = std::max(th, *gbps);
+    double tls_run = 0, raw_tls_run = 0;
+    if (tls_reader) {
+      auto t = fetch(*tls_reader, kTlsModel, &tls_stats);
+      if (!t.ok()) return Fail(t.status().WithContext("TLS fetch"));
+      if (tls_stats.tls_connections == 0)
+        return Fail(Internal("the TLS fetch opened no TLS connection"));
+      tls_run = *t;
+      tls_gbps = std::max(tls_gbps, tls_run);
+      auto rt = RawTls(*raw_tls, src_base, dst_base, src.total_bytes());
+      if (!rt.ok()) return Fail(rt.status());
+      raw_tls_run = *rt;
+      raw_tls1 = std::max(raw_tls1, raw_tls_run);
+    }
     auto a = RawTcp(src_base, dst_base, src.total_bytes(), 1);
     if (!a.ok()) return Fail(a.status());
     raw1 = std::max(raw1, *a);
@@ -274,25 +436,53 @@ int RunBenchPair(const TwoProcessFlags& f) {
     if (!b.ok()) return Fail(b.status());
     rawn = std::max(rawn, *b);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
+    char tls_part[96] = "";
+    if (tls_reader) {
+      std::snprintf(tls_part, sizeof(tls_part),
+                    ", tensorhub TLS %.2f GB/s, raw TLS x1 %.2f GB/s", tls_run,
+                    raw_tls_run);
+    }
     std::printf(
-        "  run %llu: tensorhub %.2f GB/s, raw TCP x1 %.2f GB/s, raw TCP x%llu "
-        "%.2f GB/s, memcpy %.2f GB/s\n",
-        static_cast<unsigned long long>(r + 1), gbps, *a,
+        "  run %llu: tensorhub %.2f GB/s%s, raw TCP x1 %.2f GB/s, raw TCP "
+        "x%llu %.2f GB/s, memcpy %.2f GB/s\n",
+        static_cast<unsigned long long>(r + 1), *gbps, tls_part, *a,
         static_cast<unsigned long long>(f.connections), *b, mc);
   }
-  (void)holder.Send("quit");
-  holder.Stop(5000);
-  std::printf("\n%-44s %8s %10s\n", "", "GB/s", "tensorhub/x");
-  std::printf("%-44s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th,
+  (void)hh.holder->Send("quit");
+  hh.holder->Stop(5000);
+  if (hh.tls_holder) {
+    (void)hh.tls_holder->Send("quit");
+    hh.tls_holder->Stop(5000);
+  }
+  std::printf("\n%-48s %8s %10s\n", "", "GB/s", "tensorhub/x");
+  std::printf("%-48s %8.2f %10s\n", "tensorhub fetch (verified, 1 holder)", th,
               "");
-  std::printf("%-44s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream",
+  if (tls_reader) {
+    char label[96];
+    std::snprintf(label, sizeof(label),
+                  "tensorhub fetch over TLS (%s kTLS recv)",
+                  tls_stats.kernel_tls_connections > 0 ? "with" : "no");
+    std::printf("%-48s %8.2f %10.2f\n", label, tls_gbps, th / tls_gbps);
+    std::printf("%-48s %8.2f %10.2f\n",
+                "raw loopback TLS pair (OpenSSL), 1 stream", raw_tls1,
+                th / raw_tls1);
+  }
+  std::printf("%-48s %8.2f %10.2f\n", "raw loopback TCP socket pair, 1 stream",
               raw1, th / raw1);
   char label[64];
   std::snprintf(label, sizeof(label), "raw loopback TCP, %llu streams",
                 static_cast<unsigned long long>(f.connections));
-  std::printf("%-44s %8.2f %10.2f\n", label, rawn, th / rawn);
-  std::printf("%-44s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
+  std::printf("%-48s %8.2f %10.2f\n", label, rawn, th / rawn);
+  std::printf("%-48s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
   std::printf("\nratio vs raw socket pair: %.2f (target >= 0.90)\n", th / raw1);
+  if (tls_reader) {
+    std::printf(
+        "TLS fetch / plain TCP fetch: %.2f; TLS fetch / raw TLS pair: %.2f; "
+        "raw TLS pair / raw TCP pair: %.2f (%u TLS connections, %u decrypted "
+        "by the kernel)\n",
+        tls_gbps / th, tls_gbps / raw_tls1, raw_tls1 / raw1,
+        tls_stats.tls_connections, tls_stats.kernel_tls_connections);
+  }
   return 0;
 }
 
@@ -305,7 +495,9 @@ int RunBenchLocal(const TwoProcessFlags& f) {
 
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "info");
   if (!pair.ok()) return Fail(pair.status());
-  auto& [hub, holder, digest] = *pair;
+  auto& hub = pair->hub;
+  Subprocess& holder = *pair->holder;
+  const std::string& digest = pair->digest;
 
   ClientOptions o;
   o.hub_address = hub->address();
@@ -409,13 +601,16 @@ void AddBenchCommands(CommandLine& cl) {
       "bench pair | bench local: a fetch beside the limits measured "
       "in the same run");
   auto pair = std::make_shared<TwoProcessFlags>();
-  AddTwoProcessFlags(
-      cl.Add(
-          "pair",
-          "a holder and a reader process on loopback TCP, beside a raw "
-          "socket pair and memcpy",
-          [pair] { return RunBenchPair(*pair); }, bench),
-      pair.get());
+  CLI::App* pc = cl.Add(
+      "pair",
+      "a holder and a reader process on loopback TCP, beside a raw "
+      "socket pair and memcpy",
+      [pair] { return RunBenchPair(*pair); }, bench);
+  AddTwoProcessFlags(pc, pair.get());
+  pc->add_flag("--data-tls", pair->data_tls,
+               "also fetch from a holder serving over data-plane TLS "
+               "(certificates from a throwaway CA made with openssl), beside "
+               "a raw TLS pair");
   auto local = std::make_shared<TwoProcessFlags>();
   AddTwoProcessFlags(
       cl.Add(
@@ -431,6 +626,11 @@ void AddBenchCommands(CommandLine& cl) {
   c->add_option("--hub", h->hub)->required();
   c->add_option("--bytes", h->bytes)->required();
   c->add_option("--chunk-bytes", h->chunk_bytes);
+  c->add_option("--model", h->model);
+  c->add_option("--tls-ca", h->tls_ca);
+  c->add_option("--tls-cert", h->tls_cert);
+  c->add_option("--tls-key", h->tls_key);
+  c->add_flag("--data-tls", h->data_tls);
   for (const char* moved :
        {"hub", "fanout", "workload", "_trainer", "_reader"}) {
     cl.AddAnyArgs(

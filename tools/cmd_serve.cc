@@ -21,6 +21,9 @@ struct ServeFlags {
   std::string advertise;
   uint64_t etcd_lease_ms = 3000;
   std::string etcd_prefix = "/tensorhub/";
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
 };
 
 int RunServe(const ServeFlags& f) {
@@ -39,6 +42,9 @@ int RunServe(const ServeFlags& f) {
   auto secret = ReadSecret(f.secret_file);
   if (!secret.ok()) return Fail(secret.status());
   o.secret = *secret;
+  o.tls_cert_file = f.tls_cert;
+  o.tls_key_file = f.tls_key;
+  o.tls_client_ca_file = f.tls_client_ca;
   BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -86,6 +92,17 @@ void AddServeCommand(CommandLine& cl) {
                 "serve Prometheus metrics at http://HOST:PORT/metrics "
                 "(docs/metrics.md)")
       ->type_name("HOST:PORT");
+  c->add_option("--tls-cert", f->tls_cert,
+                "the hub's certificate (PEM): serve gRPC over TLS only "
+                "(docs/security.md)")
+      ->type_name("PATH");
+  c->add_option("--tls-key", f->tls_key,
+                "the private key of --tls-cert (PEM, unencrypted)")
+      ->type_name("PATH");
+  c->add_option("--tls-client-ca", f->tls_client_ca,
+                "require every client to present a certificate signed by "
+                "this CA (mutual TLS)")
+      ->type_name("PATH");
   c->add_option("--etcd", f->etcd,
                 "join the HA hub set kept in this etcd: serve while elected "
                 "leader, else answer naming the leader (README, HA hub)")

@@ -88,7 +88,7 @@ Result<Worker> NewWorker(const std::string& hub, const std::string& name) {
   ClientOptions o;
   o.hub_address = hub;
   o.name = name;
-  client::ClientDeps deps = client::DefaultClientDeps(o);
+  TH_ASSIGN_OR_RETURN(client::ClientDeps deps, client::DefaultClientDeps(o));
   auto counting =
       std::make_unique<CountingTransport>(std::move(deps.transport));
   Worker w;

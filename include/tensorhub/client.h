@@ -56,6 +56,27 @@ struct ClientOptions {
   size_t max_serving_connections = 256;
   // Shared secret for the hub (empty: none).
   std::string secret;
+  // TLS (PEM file paths; docs/security.md). tls_ca_file set: the channel to
+  // the hub runs TLS and trusts a hub certificate signed by this CA (a
+  // bundle may hold several) for the host in hub_address, or for
+  // tls_server_name if set. tls_cert_file and tls_key_file: this worker's
+  // certificate, for a hub that requires client certificates (mutual TLS)
+  // and for the data plane's TLS. Connect reads and checks the files
+  // (INVALID_ARGUMENT naming a bad one), and if the hub cannot be reached
+  // because of TLS (one end without it, a certificate not trusted or
+  // missing) says so: FAILED_PRECONDITION or PERMISSION_DENIED.
+  std::string tls_ca_file{};
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_server_name{};
+  // TLS on data-plane connections too, both ways (mutual: every worker
+  // shows its certificate, which must chain to tls_ca_file; needs all three
+  // files, and implies TLS to the hub). Kernel TLS where the kernel has it,
+  // so that sends stay zero-copy; else OpenSSL in user space, said once in
+  // the log. Every worker of a deployment must agree: a reader and a holder
+  // that differ refuse each other with FAILED_PRECONDITION. The shared
+  // secret's challenge still runs, inside TLS.
+  bool data_tls = false;
   // On destruction, if this worker holds the last reliable copy of a
   // retained version (or, as a spot worker, its last copy), wait up to this
   // long, still serving, for a keeper to copy it before leaving.
@@ -164,6 +185,11 @@ struct FetchStats {
   // Chunks taken back from a holder that had become far slower than the
   // others and read from another one (included in chunk_retries).
   uint32_t chunks_stolen = 0;
+  // Data-plane connections this fetch opened over TLS
+  // (ClientOptions::data_tls), and of those, how many the kernel decrypts
+  // (kTLS receive). A holder's log says whether its sends use kTLS.
+  uint32_t tls_connections = 0;
+  uint32_t kernel_tls_connections = 0;
   std::vector<FetchSourceStats> sources;
 };
 

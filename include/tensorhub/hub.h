@@ -16,12 +16,22 @@ namespace tensorhub {
 
 struct HubOptions {
   // HOST:PORT; port 0 picks a free port (see Hub::address()). Without a
-  // secret, keep the default loopback address.
+  // secret and TLS, keep the default loopback address (on another, Start
+  // logs a warning that says what anyone who can reach it can do).
   std::string listen_address = "127.0.0.1:7070";
   // A worker whose heartbeats stop for this long loses its references.
   int64_t lease_ms = 5000;
   // Shared secret every worker must present (empty: none).
   std::string secret;
+  // TLS on the control plane (PEM file paths; docs/security.md). With
+  // tls_cert_file and tls_key_file the hub accepts only TLS connections;
+  // clients then need ClientOptions::tls_ca_file. With tls_client_ca_file
+  // too, every caller must present a certificate signed by that CA (mutual
+  // TLS). Files are read and checked by Start (INVALID_ARGUMENT naming a
+  // bad one). All empty: plaintext.
+  std::string tls_cert_file{};
+  std::string tls_key_file{};
+  std::string tls_client_ca_file{};
   // Retain the latest K committed versions of every model (0: only what
   // Retain() pins). See Client::Retain.
   uint32_t keep_latest = 0;
@@ -66,8 +76,9 @@ class Hub {
   // Binds and starts serving; returns once the hub accepts calls.
   // UNAVAILABLE if the address (or the metrics address) cannot be bound
   // (or, with etcd, etcd cannot be reached); FAILED_PRECONDITION if the hub
-  // set in etcd runs with another secret. A hub of a set starts as a standby
-  // and leads once elected (in the background).
+  // set in etcd runs with another secret; INVALID_ARGUMENT for TLS files
+  // that are missing, unreadable or do not match. A hub of a set starts as
+  // a standby and leads once elected (in the background).
   static Result<std::unique_ptr<Hub>> Start(const HubOptions& options);
   virtual ~Hub() = default;
   // The bound address (the real port when 0 was asked for).

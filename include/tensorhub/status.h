@@ -27,7 +27,8 @@ enum class StatusCode : int {
   kNotFound = 5,
   // The thing being created exists already (e.g. a rank published twice).
   kAlreadyExists = 6,
-  // A shared secret was wrong or missing.
+  // A shared secret was wrong or missing, or a TLS certificate was missing
+  // or not trusted (by either end).
   kPermissionDenied = 7,
   // A bound was hit (too many connections, reads in flight, bytes).
   kResourceExhausted = 8,

@@ -153,8 +153,9 @@ class PyClient {
       std::string data_listen, std::string advertise_host,
       int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms,
-      std::string metrics_listen) {
+      std::string secret, int64_t leave_timeout_ms, std::string metrics_listen,
+      std::string tls_ca, std::string tls_cert, std::string tls_key,
+      std::string tls_server_name, bool data_tls) {
     ClientOptions o;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
@@ -169,6 +170,11 @@ class PyClient {
     o.secret = std::move(secret);
     o.leave_timeout_ms = leave_timeout_ms;
     o.metrics_listen = std::move(metrics_listen);
+    o.tls_ca_file = std::move(tls_ca);
+    o.tls_cert_file = std::move(tls_cert);
+    o.tls_key_file = std::move(tls_key);
+    o.tls_server_name = std::move(tls_server_name);
+    o.data_tls = data_tls;
     Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -289,6 +295,8 @@ class PyClient {
     d["sources_used"] = st.sources_used;
     d["chunk_retries"] = st.chunk_retries;
     d["chunks_stolen"] = st.chunks_stolen;
+    d["tls_connections"] = st.tls_connections;
+    d["kernel_tls_connections"] = st.kernel_tls_connections;
     py::list sources;
     for (const FetchSourceStats& src : st.sources) {
       py::dict sd;
@@ -389,7 +397,9 @@ class PyHub {
                                       std::string secret, uint32_t keep_latest,
                                       bool oversubscribed_racks,
                                       int64_t rebuild_ms,
-                                      std::string metrics_listen) {
+                                      std::string metrics_listen,
+                                      std::string tls_cert, std::string tls_key,
+                                      std::string tls_client_ca) {
     HubOptions o;
     o.metrics_listen = std::move(metrics_listen);
     o.keep_latest = keep_latest;
@@ -398,6 +408,9 @@ class PyHub {
     o.listen_address = std::move(listen);
     o.lease_ms = lease_ms;
     o.secret = std::move(secret);
+    o.tls_cert_file = std::move(tls_cert);
+    o.tls_key_file = std::move(tls_key);
+    o.tls_client_ca_file = std::move(tls_client_ca);
     Result<std::unique_ptr<Hub>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -473,7 +486,9 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("connect_timeout_ms"),
                   py::arg("heartbeat_interval_ms"),
                   py::arg("max_serving_connections"), py::arg("secret"),
-                  py::arg("leave_timeout_ms"), py::arg("metrics_listen"))
+                  py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
+                  py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_server_name"), py::arg("data_tls"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
@@ -502,7 +517,9 @@ PYBIND11_MODULE(_core, m) {
       .def_static("start", &PyHub::Start, py::arg("listen"),
                   py::arg("lease_ms"), py::arg("secret"),
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
-                  py::arg("rebuild_ms"), py::arg("metrics_listen"))
+                  py::arg("rebuild_ms"), py::arg("metrics_listen"),
+                  py::arg("tls_cert"), py::arg("tls_key"),
+                  py::arg("tls_client_ca"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)

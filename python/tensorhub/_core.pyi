@@ -16,6 +16,8 @@ class Client:
         connect_timeout_ms: int, heartbeat_interval_ms: int,
         max_serving_connections: int, secret: str, leave_timeout_ms: int,
         metrics_listen: str,
+        tls_ca: str, tls_cert: str, tls_key: str, tls_server_name: str,
+        data_tls: bool,
     ) -> "Client": ...
     def publish(
         self, model: str, version: int, tensors: Sequence[_TensorTuple], rank: int,
@@ -56,6 +58,9 @@ class Hub:
         oversubscribed_racks: bool,
         rebuild_ms: int,
         metrics_listen: str,
+        tls_cert: str,
+        tls_key: str,
+        tls_client_ca: str,
     ) -> "Hub": ...
     @property
     def address(self) -> str: ...

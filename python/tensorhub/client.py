@@ -137,6 +137,10 @@ class FetchStats:
     sources_used: int
     chunk_retries: int
     chunks_stolen: int = 0  #: chunks moved away from a holder that became very slow
+    #: data-plane connections opened over TLS (``data_tls``), and of those,
+    #: how many the kernel decrypts (kTLS)
+    tls_connections: int = 0
+    kernel_tls_connections: int = 0
     #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
     #: (was_filling: it was itself still receiving the version when chosen).
     sources: List[Dict[str, Any]] = field(default_factory=list)
@@ -196,6 +200,21 @@ def _ms(timeout: Optional[float], default_s: float, what: str) -> int:
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
         raise InvalidArgumentError(f"{what} must be a number of seconds >= 0, not {timeout!r}")
     return int(round(float(timeout) * 1000))
+
+
+def _path(path: Any, what: str) -> str:
+    """A file path option (str or os.PathLike) as a string; None: ""."""
+    if path is None:
+        return ""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"{what} must be a file path, not {path!r}")
+    return os.fspath(path)
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{what} must be a bool, not {value!r}")
+    return value
 
 
 def _model(model: Any) -> str:
@@ -650,6 +669,8 @@ class Client:
                 sources_used=int(stats["sources_used"]),
                 chunk_retries=int(stats["chunk_retries"]),
                 chunks_stolen=int(stats["chunks_stolen"]),
+                tls_connections=int(stats["tls_connections"]),
+                kernel_tls_connections=int(stats["kernel_tls_connections"]),
                 sources=[dict(s) for s in stats.get("sources", [])],
                 schedule_seconds=float(stats["schedule_seconds"]),
                 first_byte_seconds=float(stats["first_byte_seconds"]),
@@ -755,6 +776,11 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "secret": None,
     "leave_timeout": 10.0,
     "metrics_listen": None,
+    "tls_ca": None,
+    "tls_cert": None,
+    "tls_key": None,
+    "tls_server_name": None,
+    "data_tls": False,
 }
 
 
@@ -794,12 +820,24 @@ def connect(
             serving, for a keeper to copy retained versions only this worker
             holds), ``metrics_listen`` (HOST:PORT: serve this worker's
             Prometheus metrics at ``/metrics``, port 0 for a free one, see
-            :attr:`Client.metrics_address`; default None: no endpoint).
+            :attr:`Client.metrics_address`; default None: no endpoint). TLS
+            (PEM file paths, see docs/security.md): ``tls_ca`` (talk TLS to
+            the hub, trusting a hub certificate signed by this CA),
+            ``tls_cert`` and ``tls_key`` (this worker's certificate, for a
+            hub that requires client certificates and for data-plane TLS),
+            ``tls_server_name`` (the name the hub's certificate must have,
+            default the host in ``hub``), ``data_tls`` (False: TLS on
+            data-plane connections too; every worker must agree).
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
             within ``connect_timeout``.
-        PermissionDeniedError: wrong secret.
+        PermissionDeniedError: wrong secret, or a TLS certificate missing
+            or not trusted (by either end).
+        FailedPreconditionError: one end uses TLS and the other does not
+            (the message says what to set).
+        InvalidArgumentError: a TLS file missing, unreadable or not
+            matching.
     """
     unknown = set(options) - set(_OPTION_DEFAULTS)
     if unknown:
@@ -831,5 +869,10 @@ def connect(
         secret=secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
         metrics_listen=_metrics_listen(opts["metrics_listen"]),
+        tls_ca=_path(opts["tls_ca"], "tls_ca"),
+        tls_cert=_path(opts["tls_cert"], "tls_cert"),
+        tls_key=_path(opts["tls_key"], "tls_key"),
+        tls_server_name=str(opts["tls_server_name"] or ""),
+        data_tls=_flag(opts["data_tls"], "data_tls"),
     )
     return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+from typing import Any, Optional, Union
 
 from . import _core
+from .client import _path
 from .errors import InvalidArgumentError
 
 
@@ -59,6 +61,9 @@ def serve_hub(
     oversubscribed_racks: bool = False,
     rebuild_ms: Optional[int] = None,
     metrics_listen: Optional[str] = None,
+    tls_cert: Optional[Union[str, os.PathLike]] = None,
+    tls_key: Optional[Union[str, os.PathLike]] = None,
+    tls_client_ca: Optional[Union[str, os.PathLike]] = None,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -83,9 +88,18 @@ def serve_hub(
             (GET /metrics; port 0 picks a free port, see
             :attr:`Hub.metrics_address`). None: no endpoint
             (``tensorhub serve --metrics-listen``).
+        tls_cert, tls_key: PEM files of the hub's certificate and key: the
+            hub then accepts only TLS connections (clients need ``tls_ca``).
+        tls_client_ca: with them, require every client to present a
+            certificate signed by this CA (mutual TLS). See docs/security.md.
+
+    A hub on a non-loopback address with neither ``secret`` nor TLS logs a
+    warning that says what anyone who can reach it can do.
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
+        InvalidArgumentError: a TLS file is missing, unreadable or does not
+            match (the message names it).
     """
     if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
         raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
@@ -113,5 +127,8 @@ def serve_hub(
             oversubscribed_racks=oversubscribed_racks,
             rebuild_ms=-1 if rebuild_ms is None else rebuild_ms,
             metrics_listen=metrics_listen or "",
+            tls_cert=_path(tls_cert, "tls_cert"),
+            tls_key=_path(tls_key, "tls_key"),
+            tls_client_ca=_path(tls_client_ca, "tls_client_ca"),
         )
     )

@@ -16,6 +16,7 @@
 
 #include "client/client_deps.h"
 #include "client/client_metrics.h"
+#include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "client/fetcher.h"
 #include "client/reachability.h"
@@ -27,6 +28,7 @@
 #include "common/test_point.h"
 #include "cuda/device.h"
 #include "metrics/metrics.h"
+#include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -75,6 +77,16 @@ class Client::Impl {
         server_,
         transport_->Listen(options_.data_listen_address, &registry_, so));
     data_address_ = server_->address();
+    if (options_.secret.empty() && !options_.data_tls &&
+        !tls::IsLoopbackListen(options_.data_listen_address)) {
+      TH_LOG(WARN) << "data server listens on " << data_address_
+                   << " with neither a shared secret nor data-plane TLS: "
+                      "anyone who can reach it can read every version this "
+                      "worker holds, and the bytes cross the network in the "
+                      "clear. Set a secret (--secret-file) on every worker "
+                      "and the hub, and --data-tls for links you do not "
+                      "trust (docs/security.md).";
+    }
     if (!options_.data_advertise_host.empty()) {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;
@@ -362,6 +374,8 @@ class Client::Impl {
     }
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
+    st.tls_connections = rep->tls_connections;
+    st.kernel_tls_connections = rep->kernel_tls_connections;
     return st;
   }
 
@@ -1065,10 +1079,17 @@ std::vector<std::string> WantedTransports(const ClientOptions& options) {
 }
 
 // The first transport of the list this build and machine can run; tcp if
-// none can.
+// none can. With data-plane TLS (`tls`), tcp: UCX would move the bytes in
+// the clear.
 std::unique_ptr<transport::Transport> PickTransport(
-    const ClientOptions& options) {
+    const ClientOptions& options, std::shared_ptr<const tls::Context> tls) {
   for (const std::string& name : WantedTransports(options)) {
+    if (name == "ucx" && tls != nullptr) {
+      TH_LOG(WARN) << "data plane: ucx skipped: data-plane TLS (data_tls) "
+                      "runs over tcp, and UCX would move the bytes in the "
+                      "clear";
+      break;
+    }
     if (name == "ucx") {
       transport::UcxTransportOptions u;
       u.secret = options.secret;
@@ -1091,17 +1112,20 @@ std::unique_ptr<transport::Transport> PickTransport(
   }
   transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
   t.secret = options.secret;  // the data plane requires the hub's secret too
-  TH_LOG(INFO) << "data plane: tcp";
+  t.tls = std::move(tls);
+  TH_LOG(INFO) << "data plane: tcp" << (t.tls ? " with TLS" : "");
   return transport::MakeTcpTransport(t);
 }
 
 }  // namespace
 
-ClientDeps DefaultClientDeps(const ClientOptions& options) {
+Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
+  TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
   ClientDeps deps;
-  deps.transport = PickTransport(options);
-  deps.control = MakeGrpcControlPlane(options.hub_address, options.secret,
-                                      options.rpc_timeout_ms);
+  deps.transport = PickTransport(options, tls.data);
+  deps.control =
+      MakeGrpcControlPlane(options.hub_address, options.secret,
+                           options.rpc_timeout_ms, std::move(tls.hub));
   deps.clock = &Clock::Real();
   return deps;
 }
@@ -1124,8 +1148,9 @@ Result<std::unique_ptr<Client>> ClientFactory::Connect(
 }  // namespace client
 
 Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  return client::ClientFactory::Connect(options,
-                                        client::DefaultClientDeps(options));
+  TH_ASSIGN_OR_RETURN(client::ClientDeps deps,
+                      client::DefaultClientDeps(options));
+  return client::ClientFactory::Connect(options, std::move(deps));
 }
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -33,8 +33,11 @@ struct ClientDeps {
 
 // Today's product choice: the first of ClientOptions::transports (or
 // TENSORHUB_TRANSPORTS) that runs here, UCX or TCP (TcpTransportOptions::
-// FromEnv), with the options' secret; the hub over gRPC; the real clock.
-ClientDeps DefaultClientDeps(const ClientOptions& options);
+// FromEnv), with the options' secret; TCP with TLS when the options ask for
+// data-plane TLS; the hub over gRPC (with TLS if the options ask for it);
+// the real clock. INVALID_ARGUMENT for TLS files that are missing,
+// unreadable or do not match (client/client_tls.h).
+Result<ClientDeps> DefaultClientDeps(const ClientOptions& options);
 
 // Builds a Client on the given seams (the one friend of Client).
 class ClientFactory {

@@ -125,17 +125,32 @@ class ControlPlane {
                                               int64_t wait_ms) = 0;
 };
 
+// TLS to the hub: the PEM text of ClientOptions' files, read and checked
+// (client/client_tls.h).
+struct HubTls {
+  std::string ca_pem;  // the hub's certificate must chain to it; empty: none
+  std::string cert_chain_pem;  // this worker's, for mutual TLS (or empty)
+  std::string key_pem;
+  std::string server_name;  // the name to check instead of the address's
+  bool enabled() const { return !ca_pem.empty(); }
+};
+
 // The hub over gRPC at `addresses`: HOST:PORT, or the comma-separated
 // hubs of an HA set (docs/design.md, "A highly available hub"), `secret`
-// attached to every call. Each call waits at most rpc_timeout_ms (and at
-// most the caller's timeout_ms where one is given). With several hubs, a
-// call follows the leader: a standby's answer names it, and a hub that
-// cannot be reached passes the call to the next one, all within the call's
-// time; the leader found is asked first by later calls. Connects lazily:
-// never fails here.
+// attached to every call, over TLS to each if tls.enabled(). Each call
+// waits at most rpc_timeout_ms (and at most the caller's timeout_ms where
+// one is given). With several hubs, a call follows the leader: a standby's
+// answer names it, and a hub that cannot be reached passes the call to the
+// next one, all within the call's time; the leader found is asked first by
+// later calls. Connects lazily: never fails here. A Register that cannot
+// reach the hub looks at what the hub's port speaks and, when TLS is the
+// reason (one end without it, a certificate missing or not trusted),
+// returns that instead: FAILED_PRECONDITION or PERMISSION_DENIED, saying
+// what to set.
 std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& addresses,
                                                    std::string secret,
-                                                   int64_t rpc_timeout_ms);
+                                                   int64_t rpc_timeout_ms,
+                                                   HubTls tls = {});
 
 }  // namespace tensorhub::client
 

@@ -57,6 +57,7 @@ FetchPlan::FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
 void FetchPlan::AddSource(FetchSource s) {
   for (SourceState& k : sources_) {
     if (k.source.address == s.address && k.source.epoch == s.epoch) {
+      if (k.refused) return;
       // The hub still lists it, so its failure may have been passing (a
       // refusal under load, a stall, a dropped connection): try it again.
       // max_attempts_per_chunk bounds how often a bad source is retried.
@@ -259,6 +260,19 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
     }
     TH_LOG(WARN) << "fetch " << label_ << ": " << s.source.unreachable_hint
                  << " (the read failed: " << status.ToString() << ")";
+  }
+  if (status.code() == StatusCode::kFailedPrecondition) {
+    // Configured differently from this reader: when every holder known is,
+    // the fetch ends now with the reason, not at its deadline.
+    s.refused = true;
+    bool all_refused = true;
+    for (const SourceState& k : sources_)
+      all_refused = all_refused && k.refused;
+    if (all_refused) {
+      Fail(status.WithContext("fetch of '" + label_ +
+                              "': every holder known refused this reader"));
+      return;
+    }
   }
   if (f.stolen) {
     // Not the chunk's fault: it goes straight to another source.

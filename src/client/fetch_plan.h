@@ -117,6 +117,10 @@ class FetchPlan {
     FetchSource source;
     bool dead = false;
     bool corrupt = false;  // served bytes that failed their checksum
+    // Refused this reader on principle (FAILED_PRECONDITION: the two ends
+    // are configured differently, e.g. data-plane TLS on one only): it
+    // would refuse again, so it is not retried even if the hub lists it.
+    bool refused = false;
     int active = 0;
     uint64_t chunks_served = 0;
     uint64_t bytes_served = 0;

@@ -50,6 +50,9 @@ enum class Outcome {
   kRefuse,   // refused at once (connect or request)
   kStall,    // never answers: the read ends at its read deadline
   kClose,    // the connection drops halfway through the latency
+  // Refused at once on principle (FAILED_PRECONDITION: e.g. data-plane TLS
+  // on one end only). Last: the random scenarios draw from the four above.
+  kMismatch,
 };
 
 struct SimHolder {
@@ -184,7 +187,9 @@ class Sim {
     Outcome o = h.behave(step.chunk, nth);
     int64_t at = now_ms + latency_ms;
     Status result = Status::Ok();
-    if (o != Outcome::kRefuse) plan_.ReadConnected(step.chunk);
+    if (o != Outcome::kRefuse && o != Outcome::kMismatch) {
+      plan_.ReadConnected(step.chunk);
+    }
     switch (o) {
       case Outcome::kOk:
         break;
@@ -194,6 +199,10 @@ class Sim {
       case Outcome::kRefuse:
         at = now_ms + 1;
         result = Unavailable("refused");
+        break;
+      case Outcome::kMismatch:
+        at = now_ms + 1;
+        result = FailedPrecondition("the holder uses TLS on the data plane");
         break;
       case Outcome::kStall:
         at = read_deadline_ms;
@@ -527,6 +536,50 @@ TEST(FetchPlanTest, NoLiveHolderEndsUnavailableAtTheDeadline) {
   EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
   EXPECT_LE(sim.end_ms, 1000);
   EXPECT_GE(sim.refresh_ms.size(), 1u);
+}
+
+// A holder configured differently from the reader (data-plane TLS on one
+// end only) is not retried, even when the hub lists it again; the others
+// serve the fetch.
+TEST(FetchPlanTest, AMismatchedHolderIsNotRetried) {
+  Manifest m = MakeManifest(1, 16);
+  SimHolder odd = Whole("odd", m);
+  odd.behave = [](uint64_t, int) { return Always(Outcome::kMismatch); };
+  SimHolder half = Whole("half", m);
+  half.chunks = {{0, 8}};  // the rest only odd has, until the hub names late
+  SimHolder late = Whole("late", m);
+  late.listed = false;
+  Sim sim(m, {odd, half, late}, PlanOptions(), 60000,
+          [&](int64_t, int) -> Result<SourceUpdate> {
+            return SourceUpdate(
+                std::vector<FetchSource>{odd.Source(), late.Source()});
+          });
+  ASSERT_TRUE(sim.Run().ok());
+  ExpectEveryChunkOnce(sim);
+  EXPECT_GE(sim.refresh_ms.size(), 1u);
+  // Only the reads started before its first refusal came back.
+  EXPECT_LE(sim.holder("odd").reads, PlanOptions().streams);
+  EXPECT_GT(sim.holder("late").reads, 0);
+}
+
+// When every holder known refuses on principle, the fetch ends at once with
+// the reason, not at its deadline.
+TEST(FetchPlanTest, EveryHolderMismatchedEndsTheFetchAtOnce) {
+  Manifest m = MakeManifest(1, 8);
+  SimHolder a = Whole("a", m);
+  a.behave = [](uint64_t, int) { return Always(Outcome::kMismatch); };
+  SimHolder b = Whole("b", m);
+  b.behave = a.behave;
+  Sim sim(
+      m, {a, b}, PlanOptions(), 60000,
+      [&](int64_t, int) -> Result<SourceUpdate> {
+        return SourceUpdate(std::vector<FetchSource>{a.Source(), b.Source()});
+      });
+  Status s = sim.Run();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("uses TLS on the data plane"), std::string::npos)
+      << s.ToString();
+  EXPECT_LE(sim.end_ms, 10);
 }
 
 // Each read of a chunk costs an attempt; the bound ends the fetch.

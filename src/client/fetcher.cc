@@ -1,6 +1,7 @@
 #include "client/fetcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -68,6 +69,8 @@ class FetchRun {
     report.verify_seconds_all_streams = static_cast<double>(verify_ns_) / 1e9;
     report.streams = n;
     report.first_chunk_at = first_chunk_at_;
+    report.tls_connections = tls_connections_.load();
+    report.kernel_tls_connections = kernel_tls_connections_.load();
     return report;
   }
 
@@ -152,6 +155,8 @@ class FetchRun {
       Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
           step.address, deadline_.Cap(options_.connect_timeout_ms));
       if (!c.ok()) return c.status();
+      if ((*c)->tls()) tls_connections_.fetch_add(1);
+      if ((*c)->kernel_tls()) kernel_tls_connections_.fetch_add(1);
       it = conns.insert_or_assign(step.address, std::move(c).value()).first;
     }
     {
@@ -225,6 +230,8 @@ class FetchRun {
   int64_t verify_ns_ TH_GUARDED_BY(mu_) = 0;
   std::optional<std::chrono::steady_clock::time_point> first_chunk_at_
       TH_GUARDED_BY(mu_);
+  std::atomic<uint32_t> tls_connections_{0};
+  std::atomic<uint32_t> kernel_tls_connections_{0};
 };
 
 }  // namespace

@@ -103,6 +103,9 @@ struct FetchReport {
   double verify_seconds_all_streams = 0;
   int streams = 0;
   std::optional<std::chrono::steady_clock::time_point> first_chunk_at;
+  // Connections opened over TLS; of which the kernel decrypts (kTLS).
+  uint32_t tls_connections = 0;
+  uint32_t kernel_tls_connections = 0;
 };
 inline constexpr size_t kMaxStealWaits = 64;
 

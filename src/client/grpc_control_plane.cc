@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/client_tls.h"
 #include "client/control_plane.h"
 #include "common/deadline.h"
 #include "common/mutex.h"
@@ -21,6 +22,9 @@ namespace {
 
 // Asks of one Register call (see GrpcControlPlane::Register).
 constexpr int kRegisterAttempts = 8;
+// At most this long, after a Register that could not reach the hub, to see
+// whether TLS is the reason.
+constexpr int64_t kDiagnoseMs = 3000;
 // The trailers of an HA hub's answers (hub_service.cc): a standby names
 // the leader ("" if none is known); a leader marks its UNAVAILABLE answers
 // (e.g. "rebuilding") as its own, so that they are returned, not retried
@@ -60,7 +64,7 @@ class GrpcControlPlane final : public ControlPlane {
  public:
   // `addresses`: one hub, or the hubs of an HA set, comma-separated.
   GrpcControlPlane(const std::string& addresses, std::string secret,
-                   int64_t rpc_timeout_ms);
+                   int64_t rpc_timeout_ms, HubTls tls);
 
   Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
                             const std::string& data_address,
@@ -109,7 +113,8 @@ class GrpcControlPlane final : public ControlPlane {
   // restart, a standby elected) would stay unreachable to calls that fail
   // fast. Waiting for the channel (bounded) lets the connection complete.
   static void Connected(const Target& t, const Deadline& deadline);
-  static std::shared_ptr<Target> MakeTarget(const std::string& address);
+  static std::shared_ptr<Target> MakeTarget(const std::string& address,
+                                            const HubTls& tls);
   int64_t Within(int64_t timeout_ms) const {
     return timeout_ms < 0 ? rpc_timeout_ms_
                           : std::min(timeout_ms, rpc_timeout_ms_);
@@ -134,6 +139,7 @@ class GrpcControlPlane final : public ControlPlane {
 
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
+  const HubTls tls_;
   Mutex mu_;
   // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
@@ -141,16 +147,19 @@ class GrpcControlPlane final : public ControlPlane {
 };
 
 GrpcControlPlane::GrpcControlPlane(const std::string& addresses,
-                                   std::string secret, int64_t rpc_timeout_ms)
-    : secret_(std::move(secret)), rpc_timeout_ms_(rpc_timeout_ms) {
+                                   std::string secret, int64_t rpc_timeout_ms,
+                                   HubTls tls)
+    : secret_(std::move(secret)),
+      rpc_timeout_ms_(rpc_timeout_ms),
+      tls_(std::move(tls)) {
   MutexLock lock(mu_);
   for (const std::string& a : SplitAddresses(addresses)) {
-    if (targets_.size() < kMaxTargets) targets_.push_back(MakeTarget(a));
+    if (targets_.size() < kMaxTargets) targets_.push_back(MakeTarget(a, tls_));
   }
 }
 
 std::shared_ptr<GrpcControlPlane::Target> GrpcControlPlane::MakeTarget(
-    const std::string& address) {
+    const std::string& address, const HubTls& tls) {
   grpc::ChannelArguments args;
   // Reconnect quickly after a hub restart instead of backing off for long.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -158,8 +167,19 @@ std::shared_ptr<GrpcControlPlane::Target> GrpcControlPlane::MakeTarget(
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds =
+      grpc::InsecureChannelCredentials();
+  if (tls.enabled()) {
+    grpc::SslCredentialsOptions so;
+    so.pem_root_certs = tls.ca_pem;
+    so.pem_cert_chain = tls.cert_chain_pem;
+    so.pem_private_key = tls.key_pem;
+    creds = grpc::SslCredentials(so);
+    if (!tls.server_name.empty()) {
+      args.SetSslTargetNameOverride(tls.server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(address, creds, args);
   auto t = std::make_shared<Target>();
   t->address = address;
   t->channel = channel;
@@ -197,7 +217,7 @@ bool GrpcControlPlane::MoveOn(const Target& from, const std::string& leader) {
       }
     }
     if (targets_.size() < kMaxTargets) {
-      targets_.push_back(MakeTarget(leader));
+      targets_.push_back(MakeTarget(leader, tls_));
       current_ = targets_.size() - 1;
       return true;
     }
@@ -312,6 +332,15 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
                 std::max<int64_t>(1, left_ms), /*wait_for_ready=*/one_hub);
     if (last.ok()) return WorkerId(resp.worker_id());
     if (last.code() != StatusCode::kUnavailable) break;
+  }
+  if (last.code() == StatusCode::kUnavailable ||
+      last.code() == StatusCode::kDeadlineExceeded) {
+    // gRPC says only that it could not connect; if TLS is why (one end
+    // without it, a certificate missing or not trusted), say that.
+    Status why = DiagnoseHubTls(
+        Current()->address, tls_,
+        Deadline::AfterMs(std::min<int64_t>(rpc_timeout_ms_, kDiagnoseMs)));
+    if (!why.ok()) return why;
   }
   return last;
 }
@@ -559,9 +588,10 @@ Result<std::vector<ModelInfo>> GrpcControlPlane::List() {
 
 std::unique_ptr<ControlPlane> MakeGrpcControlPlane(const std::string& addresses,
                                                    std::string secret,
-                                                   int64_t rpc_timeout_ms) {
+                                                   int64_t rpc_timeout_ms,
+                                                   HubTls tls) {
   return std::make_unique<GrpcControlPlane>(addresses, std::move(secret),
-                                            rpc_timeout_ms);
+                                            rpc_timeout_ms, std::move(tls));
 }
 
 }  // namespace tensorhub::client

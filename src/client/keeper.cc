@@ -8,6 +8,7 @@
 
 #include "client/client_deps.h"
 #include "client/client_metrics.h"
+#include "client/client_tls.h"
 #include "common/deadline.h"
 #include "common/log.h"
 
@@ -75,21 +76,25 @@ Result<std::unique_ptr<Keeper>> Keeper::Start(const KeeperOptions& options) {
     co.name = "keeper@" + std::string(host) + ":" + std::to_string(::getpid());
   }
   TH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(co));
-  std::unique_ptr<Keeper> k(new Keeper(options, std::move(client)));
+  // Read again (Connect checked them): the keeper's own channel to the hub.
+  TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(co));
+  std::unique_ptr<Keeper> k(
+      new Keeper(options, std::move(client), std::move(tls.hub)));
   TH_LOG(INFO) << "keeper " << k->id().value() << " holds up to "
                << k->limit_bytes_ << " bytes of retained versions";
   k->thread_ = std::thread([p = k.get()] { p->Loop(); });
   return k;
 }
 
-Keeper::Keeper(const KeeperOptions& options, std::unique_ptr<Client> client)
+Keeper::Keeper(const KeeperOptions& options, std::unique_ptr<Client> client,
+               HubTls hub_tls)
     : options_(options),
       limit_bytes_(options.memory_limit_bytes > 0 ? options.memory_limit_bytes
                                                   : HalfOfPhysicalMemory()),
       client_(std::move(client)),
-      hub_(MakeGrpcControlPlane(options.client.hub_address,
-                                options.client.secret,
-                                options.client.rpc_timeout_ms)),
+      hub_(MakeGrpcControlPlane(
+          options.client.hub_address, options.client.secret,
+          options.client.rpc_timeout_ms, std::move(hub_tls))),
       metrics_(std::make_unique<Metrics>(
           *ClientFactory::Metrics(*client_).registry())) {
   metrics_->limit_bytes.Set(static_cast<double>(limit_bytes_));

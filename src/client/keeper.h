@@ -72,7 +72,8 @@ class Keeper {
     uint64_t size = 0;
   };
 
-  Keeper(const KeeperOptions& options, std::unique_ptr<Client> client);
+  Keeper(const KeeperOptions& options, std::unique_ptr<Client> client,
+         HubTls hub_tls);
   void Loop();
   // Both return whether they made progress.
   bool Keep(const KeeperItem& item);

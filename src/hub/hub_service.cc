@@ -24,6 +24,7 @@
 #include "hub/hub_state.h"
 #include "metrics/metrics.h"
 #include "tensorhub.grpc.pb.h"
+#include "tls/tls.h"
 #include "wire/proto_convert.h"
 
 namespace tensorhub::hub {
@@ -798,6 +799,72 @@ using hub::HubConfig;
 using hub::HubServerImpl;
 using hub::HubServiceImpl;
 
+namespace {
+
+// gRPC's credentials for `options`: plaintext, TLS, or mutual TLS, from
+// files read and checked here (a bad one is named, not left to gRPC's
+// opaque start failure).
+Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
+    const HubOptions& options) {
+  if (options.tls_cert_file.empty() && options.tls_key_file.empty()) {
+    if (!options.tls_client_ca_file.empty()) {
+      return InvalidArgument(
+          "tls_client_ca (--tls-client-ca) needs the hub's own certificate "
+          "and key: tls_cert (--tls-cert) and tls_key (--tls-key)");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  tls::PemFiles files;
+  files.cert = options.tls_cert_file;
+  files.key = options.tls_key_file;
+  files.ca = options.tls_client_ca_file;
+  files.cert_option = "tls_cert (--tls-cert)";
+  files.key_option = "tls_key (--tls-key)";
+  files.ca_option = "tls_client_ca (--tls-client-ca)";
+  TH_ASSIGN_OR_RETURN(tls::Credentials c, tls::LoadCredentials(files));
+  grpc::SslServerCredentialsOptions so(
+      c.ca.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  so.pem_root_certs = c.ca;
+  so.pem_key_cert_pairs.push_back({c.key, c.cert_chain});
+  return grpc::SslServerCredentials(so);
+}
+
+// A hub reachable from other machines says what an unprotected one gives
+// away, and how to fix it (issue 14: it used to say nothing).
+void WarnIfExposed(const HubOptions& options, bool tls, bool client_certs) {
+  if (tls::IsLoopbackListen(options.listen_address)) return;
+  const std::string where = "hub listening on " + options.listen_address;
+  if (options.secret.empty() && !tls) {
+    TH_LOG(WARN)
+        << where
+        << " with neither a shared secret nor TLS: anyone who can reach this "
+           "port can register as a worker, publish, unpublish, retain and "
+           "unretain versions, list every model with its tensor layout and "
+           "holders' addresses, and send readers to a holder of their "
+           "choosing; every call, and the tensor bytes on the data plane, "
+           "cross the network in the clear. Fix: --secret-file F (the same "
+           "secret on every worker), and --tls-cert/--tls-key (workers: "
+           "--tls-ca) to encrypt, or listen on 127.0.0.1 (docs/security.md).";
+  } else if (options.secret.empty() && !client_certs) {
+    TH_LOG(WARN) << where
+                 << " with TLS but neither a shared secret nor client "
+                    "certificates: the traffic is encrypted, but anyone who "
+                    "can reach this port can call every method (register, "
+                    "publish, unpublish, list...). Fix: --secret-file F or "
+                    "--tls-client-ca CA (docs/security.md).";
+  } else if (!tls) {
+    TH_LOG(WARN) << where
+                 << " without TLS: the shared secret crosses the network in "
+                    "the clear with every call, so anyone who can watch the "
+                    "network can take it. Fix: --tls-cert/--tls-key "
+                    "(workers: --tls-ca) (docs/security.md).";
+  }
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
@@ -806,6 +873,12 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
   const int64_t rebuild_ms =
       options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
+  // TLS files are checked before anything starts (etcd, a listener).
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      ServerCredentials(options));
+  const bool tls = !options.tls_cert_file.empty();
+  const bool client_certs = !options.tls_client_ca_file.empty();
+  WarnIfExposed(options, tls, client_certs);
   const bool ha = !options.etcd_endpoints.empty();
   std::unique_ptr<Coordinator> coord;
   if (ha) {
@@ -853,8 +926,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
   int port = 0;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, credentials, &port);
   builder.RegisterService(service.get());
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
@@ -882,6 +954,9 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                << " ms, rebuilding from the workers' reports for " << rebuild_ms
                << " ms"
                << (options.secret.empty() ? ", no secret" : ", secret required")
+               << (!tls           ? ", plaintext"
+                   : client_certs ? ", TLS with client certificates required"
+                                  : ", TLS")
                << (options.racks_oversubscribed
                        ? ", racks oversubscribed: sources nearest first"
                        : ", sources idle first within a datacenter")

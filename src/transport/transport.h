@@ -121,8 +121,13 @@ class Server {
   virtual uint64_t bytes_served() const = 0;
   virtual uint64_t bytes_served_local() const { return 0; }
   virtual uint64_t bytes_served_staged() const { return 0; }
-  // Connections refused because the peer did not prove the shared secret.
+  // Connections refused because the peer did not prove the shared secret
+  // (or, with TLS, show a trusted certificate).
   virtual uint64_t connections_refused() const { return 0; }
+  // Connections served over TLS; of which the kernel encrypts the sends
+  // (kTLS: the bytes still leave straight from the served memory).
+  virtual uint64_t connections_tls() const { return 0; }
+  virtual uint64_t connections_kernel_tls() const { return 0; }
 };
 
 // How one read moved its bytes, for metrics and FetchStats.
@@ -159,6 +164,9 @@ class Connection {
                             uint64_t* xxh3 = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
+  // Runs over TLS; the kernel decrypts what it receives (kTLS).
+  virtual bool tls() const { return false; }
+  virtual bool kernel_tls() const { return false; }
   // How the last Read or ReadDevice that succeeded moved its bytes
   // (unspecified after one that failed).
   virtual ReadInfo last_read() const { return {}; }

@@ -402,6 +402,28 @@ Result<Nonce> DecodeChallenge(const uint8_t* p, size_t size) {
   return n;
 }
 
+std::array<uint8_t, kChallengeBytes> EncodeStartTls() {
+  std::array<uint8_t, kChallengeBytes> out{};
+  Put<uint32_t>(out.data(), kStartTlsMagic);
+  Put<uint32_t>(out.data() + 4, 1);
+  return out;
+}
+
+Result<HolderHello> DecodeHolderHello(const uint8_t* p, size_t size) {
+  HolderHello h;
+  if (size >= kChallengeBytes && Get<uint32_t>(p) == kStartTlsMagic) {
+    if (Get<uint32_t>(p + 4) != 1) {
+      return InvalidArgument("data-plane StartTls version " +
+                             std::to_string(Get<uint32_t>(p + 4)) +
+                             " is not supported");
+    }
+    h.start_tls = true;
+    return h;
+  }
+  TH_ASSIGN_OR_RETURN(h.nonce, DecodeChallenge(p, size));
+  return h;
+}
+
 std::array<uint8_t, kProofBytes> EncodeProof(const Mac& mac) {
   std::array<uint8_t, kProofBytes> out{};
   Put<uint32_t>(out.data(), kProofMagic);

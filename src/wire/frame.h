@@ -203,7 +203,15 @@ Result<ResponseHeader> DecodeResponseHeader(const uint8_t* bytes, size_t size);
 //     (OK or PERMISSION_DENIED) | 3 bytes 0
 // Without a configured secret both ends use the empty key, so a holder that
 // requires a secret refuses a reader without one, and the other way round.
+//   StartTls  (holder -> reader, 40 bytes): u32 magic 'THT1' | u32 version(1)
+//     | 32 bytes 0. Sent instead of the Challenge by a holder with data-plane
+//     TLS: the reader runs a TLS handshake (as the client), and Challenge,
+//     Proof and Verdict follow inside TLS. As long as a Challenge, so that a
+//     reader without TLS reads it whole and refuses at once (it does not
+//     wait for bytes that never come); a reader with TLS refuses a
+//     Challenge (no downgrade).
 inline constexpr uint32_t kChallengeMagic = 0x31434854;  // "THC1"
+inline constexpr uint32_t kStartTlsMagic = 0x31544854;   // "THT1"
 inline constexpr uint32_t kProofMagic = 0x31414854;      // "THA1"
 inline constexpr uint32_t kVerdictMagic = 0x31564854;    // "THV1"
 inline constexpr size_t kNonceBytes = 32;
@@ -231,6 +239,7 @@ static_assert(kLocalReplyMagic == layout::Magic("THL1"));
 static_assert(kReleaseMagic == layout::Magic("THR1"));
 static_assert(kCudaIpcReplyMagic == layout::Magic("THG1"));
 static_assert(kChallengeMagic == layout::Magic("THC1"));
+static_assert(kStartTlsMagic == layout::Magic("THT1"));
 static_assert(kProofMagic == layout::Magic("THA1"));
 static_assert(kVerdictMagic == layout::Magic("THV1"));
 // magic | model_len | flags | version | epoch | part | reserved | offset |
@@ -263,6 +272,13 @@ using Mac = std::array<uint8_t, kMacBytes>;
 
 std::array<uint8_t, kChallengeBytes> EncodeChallenge(const Nonce& nonce);
 Result<Nonce> DecodeChallenge(const uint8_t* bytes, size_t size);
+std::array<uint8_t, kChallengeBytes> EncodeStartTls();
+// The holder's first frame: a Challenge (its nonce), or StartTls.
+struct HolderHello {
+  bool start_tls = false;
+  Nonce nonce{};  // of a Challenge
+};
+Result<HolderHello> DecodeHolderHello(const uint8_t* bytes, size_t size);
 std::array<uint8_t, kProofBytes> EncodeProof(const Mac& mac);
 Result<Mac> DecodeProof(const uint8_t* bytes, size_t size);
 std::array<uint8_t, kVerdictBytes> EncodeVerdict(StatusCode status);

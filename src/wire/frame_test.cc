@@ -738,6 +738,23 @@ TEST(HandshakeFrameTest, RoundTripsAndRejections) {
   EXPECT_NE(
       DecodeChallenge(c.data(), c.size()).status().message().find("version"),
       std::string::npos);
+  // The holder's first frame is a Challenge or StartTls, the same length.
+  c[4] = 1;
+  Result<HolderHello> hc = DecodeHolderHello(c.data(), c.size());
+  ASSERT_TRUE(hc.ok());
+  EXPECT_FALSE(hc->start_tls);
+  EXPECT_EQ(hc->nonce, n);
+  auto t = EncodeStartTls();
+  static_assert(sizeof(t) == kChallengeBytes);
+  Result<HolderHello> ht = DecodeHolderHello(t.data(), t.size());
+  ASSERT_TRUE(ht.ok());
+  EXPECT_TRUE(ht->start_tls);
+  EXPECT_FALSE(DecodeChallenge(t.data(), t.size()).ok());
+  EXPECT_FALSE(DecodeHolderHello(t.data(), t.size() - 1).ok());
+  t[4] = 9;
+  EXPECT_NE(
+      DecodeHolderHello(t.data(), t.size()).status().message().find("version"),
+      std::string::npos);
   Mac m{};
   m[0] = 1;
   auto p = EncodeProof(m);

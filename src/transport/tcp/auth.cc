@@ -7,16 +7,16 @@
 
 #include <cstring>
 
-#include "transport/tcp/socket_util.h"
+#include "tls/tls.h"
 
 namespace tensorhub::transport {
 namespace {
 
 constexpr char kContext[] = "tensorhub-data-v1";
 
-Status Send(int fd, const void* data, size_t n, const Deadline& deadline) {
+Status Send(Stream& s, const void* data, size_t n, const Deadline& deadline) {
   iovec v{const_cast<void*>(data), n};
-  return WriteAll(fd, {&v, 1}, deadline);
+  return s.Write({&v, 1}, deadline);
 }
 
 }  // namespace
@@ -34,36 +34,71 @@ wire::Mac HandshakeMac(const std::string& secret, const wire::Nonce& nonce) {
   return mac;
 }
 
-Status ServerHandshake(int fd, const std::string& secret,
-                       const Deadline& deadline) {
+Status ServerHandshake(Stream& s, const std::string& secret,
+                       const tls::Context* tls, const Deadline& deadline) {
+  if (tls != nullptr) {
+    auto start = wire::EncodeStartTls();
+    TH_RETURN_IF_ERROR(Send(s, start.data(), start.size(), deadline));
+    Result<std::unique_ptr<tls::Session>> session = tls::Session::Handshake(
+        tls->server(), tls::Session::Role::kServer, s.fd(), deadline);
+    if (!session.ok()) {
+      return session.status().WithContext(
+          "this holder uses TLS on the data plane (data_tls)");
+    }
+    s.Secure(std::move(session).value());
+  }
   wire::Nonce nonce;
   if (RAND_bytes(nonce.data(), static_cast<int>(nonce.size())) != 1) {
     return Internal("no randomness for the data-plane handshake");
   }
   auto challenge = wire::EncodeChallenge(nonce);
-  TH_RETURN_IF_ERROR(Send(fd, challenge.data(), challenge.size(), deadline));
+  TH_RETURN_IF_ERROR(Send(s, challenge.data(), challenge.size(), deadline));
   uint8_t proof[wire::kProofBytes];
-  TH_RETURN_IF_ERROR(ReadExact(fd, proof, sizeof(proof), deadline));
+  TH_RETURN_IF_ERROR(s.ReadExact(proof, sizeof(proof), deadline));
   TH_ASSIGN_OR_RETURN(wire::Mac got, wire::DecodeProof(proof, sizeof(proof)));
   wire::Mac want = HandshakeMac(secret, nonce);
   bool ok = CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0;
   auto verdict =
       wire::EncodeVerdict(ok ? StatusCode::kOk : StatusCode::kPermissionDenied);
-  Status sent = Send(fd, verdict.data(), verdict.size(), deadline);
+  Status sent = Send(s, verdict.data(), verdict.size(), deadline);
   if (!ok) return PermissionDenied("wrong or missing shared secret");
   return sent;
 }
 
-Status ClientHandshake(int fd, const std::string& secret,
-                       const Deadline& deadline) {
-  uint8_t challenge[wire::kChallengeBytes];
-  TH_RETURN_IF_ERROR(ReadExact(fd, challenge, sizeof(challenge), deadline));
-  TH_ASSIGN_OR_RETURN(wire::Nonce nonce,
-                      wire::DecodeChallenge(challenge, sizeof(challenge)));
-  auto proof = wire::EncodeProof(HandshakeMac(secret, nonce));
-  TH_RETURN_IF_ERROR(Send(fd, proof.data(), proof.size(), deadline));
+Status ClientHandshake(Stream& s, const std::string& secret,
+                       const tls::Context* tls, const Deadline& deadline) {
+  uint8_t first[wire::kChallengeBytes];
+  TH_RETURN_IF_ERROR(s.ReadExact(first, sizeof(first), deadline));
+  TH_ASSIGN_OR_RETURN(wire::HolderHello hello,
+                      wire::DecodeHolderHello(first, sizeof(first)));
+  if (hello.start_tls) {
+    if (tls == nullptr) {
+      return FailedPrecondition(
+          "the holder uses TLS on the data plane (its worker runs with "
+          "data_tls, --data-tls) and this worker does not: run every worker "
+          "of the deployment with data_tls and the same tls_ca");
+    }
+    TH_ASSIGN_OR_RETURN(
+        std::unique_ptr<tls::Session> session,
+        tls::Session::Handshake(tls->client(), tls::Session::Role::kClient,
+                                s.fd(), deadline));
+    s.Secure(std::move(session));
+    TH_RETURN_IF_ERROR(s.ReadExact(first, sizeof(first), deadline));
+    TH_ASSIGN_OR_RETURN(hello, wire::DecodeHolderHello(first, sizeof(first)));
+    if (hello.start_tls) {
+      return InvalidArgument("the holder asked for TLS twice");
+    }
+  } else if (tls != nullptr) {
+    // Refused, not downgraded: whoever answers in plaintext gets nothing.
+    return FailedPrecondition(
+        "the holder does not use TLS on the data plane and this worker "
+        "requires it (data_tls, --data-tls): run every worker of the "
+        "deployment with data_tls, or none");
+  }
+  auto proof = wire::EncodeProof(HandshakeMac(secret, hello.nonce));
+  TH_RETURN_IF_ERROR(Send(s, proof.data(), proof.size(), deadline));
   uint8_t verdict[wire::kVerdictBytes];
-  TH_RETURN_IF_ERROR(ReadExact(fd, verdict, sizeof(verdict), deadline));
+  TH_RETURN_IF_ERROR(s.ReadExact(verdict, sizeof(verdict), deadline));
   TH_ASSIGN_OR_RETURN(StatusCode code,
                       wire::DecodeVerdict(verdict, sizeof(verdict)));
   if (code != StatusCode::kOk) {
@@ -72,6 +107,18 @@ Status ClientHandshake(int fd, const std::string& secret,
         "secret on every worker and the hub)");
   }
   return Status::Ok();
+}
+
+Status ServerHandshake(int fd, const std::string& secret,
+                       const Deadline& deadline) {
+  Stream s(fd);
+  return ServerHandshake(s, secret, nullptr, deadline);
+}
+
+Status ClientHandshake(int fd, const std::string& secret,
+                       const Deadline& deadline) {
+  Stream s(fd);
+  return ClientHandshake(s, secret, nullptr, deadline);
 }
 
 }  // namespace tensorhub::transport

@@ -3,7 +3,9 @@
 // nonce; the reader proves it knows the shared secret with
 // HMAC-SHA256(secret, "tensorhub-data-v1" || nonce); the holder checks it in
 // constant time and answers with a verdict. The secret never crosses the
-// wire. Threat model: docs/security.md.
+// wire. With data-plane TLS the holder first sends StartTls, both ends run a
+// mutual-TLS handshake, and the challenge-response follows inside TLS.
+// Threat model: docs/security.md.
 #ifndef TENSORHUB_TRANSPORT_TCP_AUTH_H_
 #define TENSORHUB_TRANSPORT_TCP_AUTH_H_
 
@@ -11,15 +13,32 @@
 
 #include "common/deadline.h"
 #include "tensorhub/status.h"
+#include "transport/tcp/stream.h"
 #include "wire/frame.h"
+
+namespace tensorhub::tls {
+class Context;
+}  // namespace tensorhub::tls
 
 namespace tensorhub::transport {
 
-// Holder side. PERMISSION_DENIED (after telling the peer) if the proof is
-// wrong; other codes if the peer misbehaves or stalls.
+// Holder side. With `tls` (not null), announces TLS, runs the TLS handshake
+// and leaves `stream` secured. PERMISSION_DENIED (after telling the peer) if
+// the proof is wrong, or if the reader's certificate is missing or not
+// trusted; other codes if the peer misbehaves, does not speak TLS, or
+// stalls.
+Status ServerHandshake(Stream& stream, const std::string& secret,
+                       const tls::Context* tls, const Deadline& deadline);
+// Reader side. PERMISSION_DENIED if the holder refused our proof or our
+// certificate, or its certificate is not trusted; FAILED_PRECONDITION if
+// one end uses data-plane TLS and the other does not (the message says
+// which, and what to set). With `tls`, leaves `stream` secured.
+Status ClientHandshake(Stream& stream, const std::string& secret,
+                       const tls::Context* tls, const Deadline& deadline);
+
+// The same on a plain TCP socket (test peers).
 Status ServerHandshake(int fd, const std::string& secret,
                        const Deadline& deadline);
-// Reader side. PERMISSION_DENIED if the holder refused our proof.
 Status ClientHandshake(int fd, const std::string& secret,
                        const Deadline& deadline);
 

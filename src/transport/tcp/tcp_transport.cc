@@ -19,8 +19,10 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "cuda/device.h"
+#include "tls/tls.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
+#include "transport/tcp/stream.h"
 
 namespace tensorhub::transport {
 namespace {
@@ -146,17 +148,49 @@ class LocalReads {
   std::set<std::string> refused_ TH_GUARDED_BY(mu_);
 };
 
+// Says once per transport how data-plane TLS runs: in the kernel (kTLS),
+// or in user space with the reason kTLS is not on (a notice, not silence:
+// user-space TLS copies every byte through OpenSSL). Thread-safe.
+class TlsNotice {
+ public:
+  void Note(const tls::Session& session, const char* role) {
+    if (said_.exchange(true)) return;
+    if (session.kernel_send()) {
+      TH_LOG(INFO) << "data-plane TLS (" << session.description() << ", "
+                   << role << "): kernel TLS on: the kernel encrypts sends"
+                   << (session.kernel_recv() ? " and decrypts receives"
+                                             : "; OpenSSL decrypts receives");
+      return;
+    }
+    tls::KernelTlsSupport k = tls::KernelTls();
+    TH_LOG(WARN) << "data-plane TLS (" << session.description() << ", " << role
+                 << ") runs in user space (OpenSSL), not kernel TLS: "
+                 << (k.available ? "OpenSSL did not enable kTLS for this "
+                                   "connection (its cipher or TLS version)"
+                                 : k.why)
+                 << "; every byte is encrypted and copied by OpenSSL, which "
+                    "costs throughput (tensorhub bench pair --data-tls "
+                    "measures it)";
+  }
+
+ private:
+  std::atomic<bool> said_{false};
+};
+
 class TcpServer final : public Server {
  public:
   TcpServer(Fd listener, std::string address, ReadSource* source,
             ServerOptions options, std::shared_ptr<const LocalReads> local,
-            std::string secret)
+            std::string secret, std::shared_ptr<const tls::Context> tls,
+            std::shared_ptr<TlsNotice> notice)
       : listener_(std::move(listener)),
         address_(std::move(address)),
         source_(source),
         options_(options),
         local_(std::move(local)),
         secret_(std::move(secret)),
+        tls_(std::move(tls)),
+        notice_(std::move(notice)),
         pid_(static_cast<uint32_t>(::getpid())) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
@@ -165,6 +199,10 @@ class TcpServer final : public Server {
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
   uint64_t connections_refused() const override { return refused_.load(); }
+  uint64_t connections_tls() const override { return connections_tls_.load(); }
+  uint64_t connections_kernel_tls() const override {
+    return connections_kernel_tls_.load();
+  }
   uint64_t bytes_served_local() const override {
     return bytes_served_local_.load();
   }
@@ -235,32 +273,27 @@ class TcpServer final : public Server {
   }
 
   // Serves requests on one connection until the peer leaves, an I/O error,
-  // or Stop(). Long on purpose (about 105 lines): one request's whole life
+  // or Stop(). Long on purpose (about 115 lines): one request's whole life
   // (frame, lease, the reply by its path) stays in one loop body, so that
   // the lease visibly ends at the bottom of the loop on every path, after
   // the last byte left or after the reader released a same-host reply.
   void Serve(int fd) {
     uint8_t header[wire::kRequestHeaderBytes];
     const int64_t stall_ms = options_.io_stall_timeout_ms;
-    // Nothing is read from or served to a peer that has not proven it knows
-    // the shared secret.
-    Status auth = ServerHandshake(fd, secret_, Deadline::AfterMs(stall_ms));
-    if (!auth.ok()) {
-      TH_LOG(WARN) << "data server " << address_ << ": refused "
-                   << PeerAddress(fd) << ": " << auth.ToString();
-      refused_.fetch_add(1, std::memory_order_relaxed);
-      return;
-    }
+    Stream stream(fd);
+    if (!Admit(stream)) return;
     StagingStreams staging;  // for reads of device memory, made on first use
     while (!stopping_.load()) {
-      pollfd p{fd, POLLIN, 0};
-      int rc = ::poll(&p, 1, 200);
-      if (rc == 0) continue;
-      if (rc < 0) return;
+      if (!stream.HasBufferedInput()) {
+        pollfd p{fd, POLLIN, 0};
+        int rc = ::poll(&p, 1, 200);
+        if (rc == 0) continue;
+        if (rc < 0) return;
+      }
       // A whole read may take long on a slow link; what is bounded is the
       // time without progress (stall_ms), plus an hour overall.
       Deadline deadline = Deadline::AfterMs(3600 * 1000);
-      if (!ReadExact(fd, header, sizeof(header), deadline, stall_ms).ok()) {
+      if (!stream.ReadExact(header, sizeof(header), deadline, stall_ms).ok()) {
         return;
       }
       wire::ReadRequest req;
@@ -271,20 +304,22 @@ class TcpServer final : public Server {
         // The stream cannot be re-synchronised after a bad frame.
         TH_LOG(WARN) << "data server " << address_
                      << ": dropping peer: " << model_len.status().ToString();
-        (void)SendError(fd, model_len.status(), deadline);
+        (void)SendError(stream, model_len.status(), deadline);
         return;
       }
       req.model.resize(*model_len);
-      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
+      if (!stream
+               .ReadExact(req.model.data(), req.model.size(), deadline,
+                          stall_ms)
                .ok()) {
         return;
       }
       if (strided) {
         uint8_t st[wire::kStrideBytes];
-        if (!ReadExact(fd, st, sizeof(st), deadline, stall_ms).ok()) return;
+        if (!stream.ReadExact(st, sizeof(st), deadline, stall_ms).ok()) return;
         Status bad = wire::DecodeStride(st, sizeof(st), &req);
         if (!bad.ok()) {
-          (void)SendError(fd, bad, deadline);
+          (void)SendError(stream, bad, deadline);
           return;
         }
       }
@@ -292,12 +327,12 @@ class TcpServer final : public Server {
       std::optional<wire::HostIdentity> reader;
       if (local || cuda_ipc) {
         uint8_t id[wire::kHostIdentityBytes];
-        if (!ReadExact(fd, id, sizeof(id), deadline, stall_ms).ok()) return;
+        if (!stream.ReadExact(id, sizeof(id), deadline, stall_ms).ok()) return;
         reader = *wire::DecodeHostIdentity(id, sizeof(id));
       }
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
-        if (!SendError(fd, lease.status(), deadline).ok()) return;
+        if (!SendError(stream, lease.status(), deadline).ok()) return;
         continue;
       }
       const bool same_host = reader.has_value() && local_->enabled() &&
@@ -306,7 +341,8 @@ class TcpServer final : public Server {
         if (cuda_ipc && same_host) {
           Result<std::string> body = CudaIpcBody(*lease);
           if (body.ok()) {
-            if (!ServeLocal(fd, req, std::move(body).value(), true, deadline)) {
+            if (!ServeLocal(stream, req, std::move(body).value(), true,
+                            deadline)) {
               ::shutdown(fd, SHUT_RDWR);
               return;
             }
@@ -316,7 +352,7 @@ class TcpServer final : public Server {
                         << ": staging instead of CUDA IPC: "
                         << body.status().ToString();
         }
-        if (!ServeStaged(fd, req, *lease, staging, deadline)) return;
+        if (!ServeStaged(stream, req, *lease, staging, deadline)) return;
         continue;
       }
       if (local && same_host) {
@@ -329,7 +365,7 @@ class TcpServer final : public Server {
           wire::LocalReply reply;
           reply.pid = pid_;
           reply.pieces = std::move(pieces);
-          if (!ServeLocal(fd, req, wire::EncodeLocalReply(reply), false,
+          if (!ServeLocal(stream, req, wire::EncodeLocalReply(reply), false,
                           deadline)) {
             // Close before the lease ends, so a reader still copying sees
             // the connection gone when it finishes and discards the bytes.
@@ -347,12 +383,37 @@ class TcpServer final : public Server {
       iov.reserve(lease->pieces.size() + 1);
       iov.push_back({hdr.data(), hdr.size()});
       iov.insert(iov.end(), lease->pieces.begin(), lease->pieces.end());
-      Status s = WriteAll(fd, iov, deadline, stall_ms);
+      Status s = stream.Write(iov, deadline, stall_ms);
       // The lease (and its pin on the registration) ends here, after the
       // last byte left or the send failed.
       if (!s.ok()) return;
       bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
     }
+  }
+
+  // Nothing is read from or served to a peer that has not proven it knows
+  // the shared secret (and, with TLS, shown a certificate of the
+  // deployment's CA): the handshake, within the stall bound. False: the
+  // peer was refused (logged and counted).
+  bool Admit(Stream& stream) {
+    const std::string peer = PeerAddress(stream.fd());  // while it is there
+    Status auth =
+        ServerHandshake(stream, secret_, tls_.get(),
+                        Deadline::AfterMs(options_.io_stall_timeout_ms));
+    if (!auth.ok()) {
+      TH_LOG(WARN) << "data server " << address_ << ": refused " << peer << ": "
+                   << auth.ToString();
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    if (stream.tls()) {
+      connections_tls_.fetch_add(1, std::memory_order_relaxed);
+      if (stream.session()->kernel_send()) {
+        connections_kernel_tls_.fetch_add(1, std::memory_order_relaxed);
+      }
+      notice_->Note(*stream.session(), "serving");
+    }
+    return true;
   }
 
   // The CUDA IPC reply for a lease of device memory: one handle per
@@ -391,7 +452,7 @@ class TcpServer final : public Server {
   // Sends bytes of device memory: each segment is copied device to host
   // into one of two pinned buffers while the other one is being sent.
   // False: drop the connection.
-  bool ServeStaged(int fd, const wire::ReadRequest& req,
+  bool ServeStaged(Stream& stream, const wire::ReadRequest& req,
                    const ServeLease& lease, StagingStreams& streams,
                    const Deadline& deadline) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
@@ -402,7 +463,7 @@ class TcpServer final : public Server {
         bufs.ok() ? streams.Ensure(lease.memory.device) : bufs.status();
     if (!ready.ok()) {
       // Nothing sent yet: refuse this read, keep the connection.
-      return SendError(fd,
+      return SendError(stream,
                        ready.WithContext("staging " +
                                          MemoryLocationName(lease.memory)),
                        deadline)
@@ -427,7 +488,7 @@ class TcpServer final : public Server {
     if (s.ok()) s = streams[0].Synchronize();
     if (!s.ok()) {
       TH_LOG(WARN) << "data server " << address_ << ": " << s.ToString();
-      return SendError(fd, s.WithContext("staging device memory"), deadline)
+      return SendError(stream, s.WithContext("staging device memory"), deadline)
           .ok();
     }
     wire::ResponseHeader h;
@@ -435,7 +496,7 @@ class TcpServer final : public Server {
     h.payload_len = req.length;
     auto hdr = wire::EncodeResponseHeader(h);
     iovec hv{hdr.data(), hdr.size()};
-    if (!WriteAll(fd, {&hv, 1}, deadline, stall_ms).ok()) return false;
+    if (!stream.Write({&hv, 1}, deadline, stall_ms).ok()) return false;
     for (uint64_t k = 0; k < n; ++k) {
       if (k > 0) s = streams[k % 2].Synchronize();
       if (s.ok() && k + 1 < n) s = enqueue(k + 1);
@@ -447,7 +508,7 @@ class TcpServer final : public Server {
       }
       const uint64_t len = std::min(seg, req.length - k * seg);
       iovec v{bufs->buffer(k % 2), len};
-      if (!WriteAll(fd, {&v, 1}, deadline, stall_ms).ok()) return false;
+      if (!stream.Write({&v, 1}, deadline, stall_ms).ok()) return false;
     }
     bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
     bytes_served_staged_.fetch_add(req.length, std::memory_order_relaxed);
@@ -457,8 +518,8 @@ class TcpServer final : public Server {
   // Hands a same-host reader where the leased bytes are (`body`: a
   // LocalReply, or a CudaIpcReply if `cuda_ipc`) and waits (bounded) for
   // its release. False: drop the connection.
-  bool ServeLocal(int fd, const wire::ReadRequest& req, std::string body,
-                  bool cuda_ipc, const Deadline& deadline) {
+  bool ServeLocal(Stream& stream, const wire::ReadRequest& req,
+                  std::string body, bool cuda_ipc, const Deadline& deadline) {
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.local = !cuda_ipc;
@@ -466,11 +527,12 @@ class TcpServer final : public Server {
     h.payload_len = body.size();
     auto hdr = wire::EncodeResponseHeader(h);
     iovec iov[2] = {{hdr.data(), hdr.size()}, {body.data(), body.size()}};
-    if (!WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms).ok()) {
+    if (!stream.Write(iov, deadline, options_.io_stall_timeout_ms).ok()) {
       return false;
     }
     uint8_t release[wire::kReleaseBytes];
-    Status s = ReadExact(fd, release, sizeof(release),
+    Status s =
+        stream.ReadExact(release, sizeof(release),
                          Deadline::AfterMs(options_.local_release_timeout_ms));
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
@@ -494,14 +556,15 @@ class TcpServer final : public Server {
     return true;
   }
 
-  Status SendError(int fd, const Status& status, const Deadline& deadline) {
+  Status SendError(Stream& stream, const Status& status,
+                   const Deadline& deadline) {
     std::string msg = status.message().substr(0, wire::kMaxMessageBytes);
     wire::ResponseHeader h;
     h.status = status.code();
     h.message_len = static_cast<uint16_t>(msg.size());
     auto hdr = wire::EncodeResponseHeader(h);
     iovec iov[2] = {{hdr.data(), hdr.size()}, {msg.data(), msg.size()}};
-    return WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms);
+    return stream.Write(iov, deadline, options_.io_stall_timeout_ms);
   }
 
   Fd listener_;
@@ -510,7 +573,11 @@ class TcpServer final : public Server {
   const ServerOptions options_;
   const std::shared_ptr<const LocalReads> local_;
   const std::string secret_;
+  const std::shared_ptr<const tls::Context> tls_;  // null: plain TCP
+  const std::shared_ptr<TlsNotice> notice_;
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> connections_tls_{0};
+  std::atomic<uint64_t> connections_kernel_tls_{0};
   const uint32_t pid_;
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
@@ -524,8 +591,13 @@ class TcpServer final : public Server {
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(Fd fd, std::string peer, std::shared_ptr<LocalReads> local)
-      : fd_(std::move(fd)), peer_(std::move(peer)), local_(std::move(local)) {}
+  // `stream` runs on `fd` (and is secured if the handshake made it so).
+  TcpConnection(Fd fd, Stream stream, std::string peer,
+                std::shared_ptr<LocalReads> local)
+      : fd_(std::move(fd)),
+        stream_(std::move(stream)),
+        peer_(std::move(peer)),
+        local_(std::move(local)) {}
   ~TcpConnection() override {
     staging_.Sync();
     for (const cuda::IpcHandle& h : opened_) cuda::IpcImports::Close(h);
@@ -570,6 +642,10 @@ class TcpConnection final : public Connection {
  public:
   bool broken() const override { return broken_; }
   const std::string& peer() const override { return peer_; }
+  bool tls() const override { return stream_.tls(); }
+  bool kernel_tls() const override {
+    return stream_.tls() && stream_.session()->kernel_recv();
+  }
   ReadInfo last_read() const override { return last_read_; }
   void Cancel() override {
     // Under fd_mu_ so that the descriptor cannot be closed (and its number
@@ -674,8 +750,8 @@ class TcpConnection final : public Connection {
       uint8_t* buf = bufs->buffer(k % 2);
       // The copy out of this buffer two segments ago must be done.
       TH_RETURN_IF_ERROR(staging_[k % 2].Synchronize());
-      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), buf, len, deadline)
-                             .WithContext("holder " + peer_));
+      TH_RETURN_IF_ERROR(
+          stream_.ReadExact(buf, len, deadline).WithContext("holder " + peer_));
       if (xxh3 != nullptr) hash.Update(buf, len);
       TH_RETURN_IF_ERROR(
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
@@ -697,7 +773,7 @@ class TcpConnection final : public Connection {
                      const wire::ReadRequest& req, std::span<const iovec> dest,
                      int device, const Deadline& deadline, uint64_t* xxh3) {
     std::string body(h.payload_len, '\0');
-    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+    TH_RETURN_IF_ERROR(stream_.ReadExact(body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
     Result<wire::CudaIpcReply> reply = wire::DecodeCudaIpcReply(
         reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
@@ -784,15 +860,14 @@ class TcpConnection final : public Connection {
                      bool cuda_ipc = false) {
     std::string frame = wire::EncodeReadRequest(req, local, cuda_ipc);
     iovec out{frame.data(), frame.size()};
-    return WriteAll(fd_.get(), {&out, 1}, deadline)
-        .WithContext("holder " + peer_);
+    return stream_.Write({&out, 1}, deadline).WithContext("holder " + peer_);
   }
 
   // The response header of a successful read; a refusal comes back as the
   // holder's status.
   Result<wire::ResponseHeader> ReceiveHeader(const Deadline& deadline) {
     uint8_t hdr[wire::kResponseHeaderBytes];
-    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
+    TH_RETURN_IF_ERROR(stream_.ReadExact(hdr, sizeof(hdr), deadline)
                            .WithContext("holder " + peer_));
     Result<wire::ResponseHeader> h =
         wire::DecodeResponseHeader(hdr, sizeof(hdr));
@@ -803,7 +878,7 @@ class TcpConnection final : public Connection {
     }
     if (h->status != StatusCode::kOk) {
       std::string msg(h->message_len, '\0');
-      TH_RETURN_IF_ERROR(ReadExact(fd_.get(), msg.data(), msg.size(), deadline)
+      TH_RETURN_IF_ERROR(stream_.ReadExact(msg.data(), msg.size(), deadline)
                              .WithContext("holder " + peer_));
       return Status(h->status, "holder " + peer_ + " refused: " + msg);
     }
@@ -821,7 +896,7 @@ class TcpConnection final : public Connection {
                       std::to_string(req.length));
     }
     if (xxh3 == nullptr) {
-      return ReadAll(fd_.get(), dest, deadline).WithContext("holder " + peer_);
+      return stream_.Read(dest, deadline).WithContext("holder " + peer_);
     }
     // Hash each segment right after it lands, while it is still in cache:
     // one pass over memory instead of two.
@@ -830,7 +905,7 @@ class TcpConnection final : public Connection {
       auto* p = static_cast<uint8_t*>(piece.iov_base);
       for (size_t off = 0; off < piece.iov_len; off += kHashSegmentBytes) {
         size_t n = std::min(kHashSegmentBytes, piece.iov_len - off);
-        TH_RETURN_IF_ERROR(ReadExact(fd_.get(), p + off, n, deadline)
+        TH_RETURN_IF_ERROR(stream_.ReadExact(p + off, n, deadline)
                                .WithContext("holder " + peer_));
         hash.Update(p + off, n);
       }
@@ -847,7 +922,7 @@ class TcpConnection final : public Connection {
                    uint64_t* xxh3) {
     // payload_len was bounded by the decoder (at most kMaxLocalReplyBytes).
     std::string body(h.payload_len, '\0');
-    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+    TH_RETURN_IF_ERROR(stream_.ReadExact(body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
     Result<wire::LocalReply> reply = wire::DecodeLocalReply(
         reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
@@ -882,11 +957,11 @@ class TcpConnection final : public Connection {
   Status SendRelease(wire::ReleaseOutcome outcome, const Deadline& deadline) {
     auto frame = wire::EncodeRelease(outcome);
     iovec out{frame.data(), frame.size()};
-    return WriteAll(fd_.get(), {&out, 1}, deadline)
-        .WithContext("holder " + peer_);
+    return stream_.Write({&out, 1}, deadline).WithContext("holder " + peer_);
   }
 
   bool PeerClosed() {
+    if (stream_.HasBufferedInput()) return true;
     pollfd p{fd_.get(), POLLIN | POLLRDHUP, 0};
     return ::poll(&p, 1, 0) != 0;
   }
@@ -894,6 +969,7 @@ class TcpConnection final : public Connection {
   void Abandon() {
     broken_ = true;
     MutexLock l(fd_mu_);
+    stream_ = Stream(-1);  // its TLS session first: it uses the socket
     fd_.Reset();
   }
 
@@ -903,6 +979,8 @@ class TcpConnection final : public Connection {
   // fd_mu_ from another thread.
   Fd fd_;
   Mutex fd_mu_;
+  // On fd_; used only by the reading thread.
+  Stream stream_;
   std::atomic<bool> cancelled_{false};
   std::string peer_;
   const std::shared_ptr<LocalReads> local_;
@@ -920,7 +998,9 @@ class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(const TcpTransportOptions& options)
       : local_(std::make_shared<LocalReads>(options)),
-        secret_(options.secret) {}
+        secret_(options.secret),
+        tls_(options.tls),
+        notice_(std::make_shared<TlsNotice>()) {}
 
   std::string_view name() const override { return "tcp"; }
 
@@ -936,22 +1016,27 @@ class TcpTransport final : public Transport {
         (hp.first.find(':') != std::string::npos ? "[" + hp.first + "]"
                                                  : hp.first) +
         ":" + std::to_string(bound.second);
-    return std::unique_ptr<Server>(new TcpServer(
-        std::move(fd), advertised, source, options, local_, secret_));
+    return std::unique_ptr<Server>(new TcpServer(std::move(fd), advertised,
+                                                 source, options, local_,
+                                                 secret_, tls_, notice_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(
       const std::string& address, const Deadline& deadline) override {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
-    TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
+    Stream stream(fd.get());
+    TH_RETURN_IF_ERROR(ClientHandshake(stream, secret_, tls_.get(), deadline)
                            .WithContext("holder " + address));
+    if (stream.tls()) notice_->Note(*stream.session(), "reading");
     return std::unique_ptr<Connection>(
-        new TcpConnection(std::move(fd), address, local_));
+        new TcpConnection(std::move(fd), std::move(stream), address, local_));
   }
 
  private:
   const std::shared_ptr<LocalReads> local_;
   const std::string secret_;
+  const std::shared_ptr<const tls::Context> tls_;
+  const std::shared_ptr<TlsNotice> notice_;
 };
 
 }  // namespace

@@ -20,6 +20,10 @@
 #include "transport/tcp/cma.h"
 #include "transport/transport.h"
 
+namespace tensorhub::tls {
+class Context;  // tls/tls.h
+}  // namespace tensorhub::tls
+
 namespace tensorhub::transport {
 
 struct TcpTransportOptions {
@@ -34,6 +38,14 @@ struct TcpTransportOptions {
   // (transport/tcp/auth.h). Empty: the empty key, which only matches peers
   // without a secret.
   std::string secret;
+  // Data-plane TLS: with a context (tls::Context::ForDataPlane), the server
+  // announces TLS and accepts only TLS readers, and connections run TLS
+  // (mutual: both ends show a certificate of the deployment's CA), the
+  // secret's challenge-response inside it. Kernel TLS where the kernel has
+  // it (sends then stay zero-copy), else OpenSSL in user space, said once
+  // in the log. Null: plain TCP. A peer of the other kind is refused with
+  // FAILED_PRECONDITION, saying so.
+  std::shared_ptr<const tls::Context> tls;
 
   // Defaults, with local_reads off when the environment has
   // TENSORHUB_NO_CMA=1 (to measure the difference).
