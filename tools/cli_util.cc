@@ -288,6 +288,12 @@ void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
                     "mutual TLS on every data connection too (needs --tls-ca, "
                     "--tls-cert, --tls-key; every worker must agree; kernel "
                     "TLS where the kernel has it)");
+  command
+      ->add_flag("--insecure", o.insecure,
+                 "accept --data-listen on a non-loopback address with neither "
+                 "a secret nor --data-tls (a private test network); without "
+                 "it such a worker refuses to start")
+      ->envname("TENSORHUB_INSECURE");
 }
 
 Result<std::string> ReadSecret(const std::string& secret_file) {

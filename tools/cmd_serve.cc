@@ -24,6 +24,7 @@ struct ServeFlags {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  bool insecure = false;
 };
 
 int RunServe(const ServeFlags& f) {
@@ -45,6 +46,7 @@ int RunServe(const ServeFlags& f) {
   o.tls_cert_file = f.tls_cert;
   o.tls_key_file = f.tls_key;
   o.tls_client_ca_file = f.tls_client_ca;
+  o.insecure = f.insecure;
   BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -103,6 +105,11 @@ void AddServeCommand(CommandLine& cl) {
                 "require every client to present a certificate signed by "
                 "this CA (mutual TLS)")
       ->type_name("PATH");
+  c->add_flag("--insecure", f->insecure,
+              "accept a non-loopback --listen with neither a secret nor TLS "
+              "(a private test network); without it such a hub refuses to "
+              "start and says why")
+      ->envname("TENSORHUB_INSECURE");
   c->add_option("--etcd", f->etcd,
                 "join the HA hub set kept in this etcd: serve while elected "
                 "leader, else answer naming the leader (README, HA hub)")

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 namespace tensorhub::cli {
@@ -67,9 +68,26 @@ uint64_t WanTxBytes(const Testbed& t, const std::string& dc) {
   return v;
 }
 
+// The roles listen on the test bed's (non-loopback) addresses, which a hub
+// or worker refuses without a secret or TLS: every role of one run shares a
+// random secret, as a deployment would (the caller's own
+// $TENSORHUB_SECRET, if set).
+const std::string& RunSecret() {
+  static const std::string secret = [] {
+    const char* env = std::getenv("TENSORHUB_SECRET");
+    if (env != nullptr && *env != '\0') return std::string(env);
+    std::random_device rd;
+    char buf[33];
+    std::snprintf(buf, sizeof(buf), "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    return std::string(buf);
+  }();
+  return secret;
+}
+
 std::vector<std::string> RoleEnv() {
   const char* level = std::getenv("TENSORHUB_ROLE_LOG");
-  return {std::string("TENSORHUB_LOG=") + (level != nullptr ? level : "warn")};
+  return {std::string("TENSORHUB_LOG=") + (level != nullptr ? level : "warn"),
+          "TENSORHUB_SECRET=" + RunSecret()};
 }
 
 Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,

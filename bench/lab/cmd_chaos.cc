@@ -54,6 +54,7 @@
 #include <cinttypes>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -177,6 +178,10 @@ int RunChaosWorker(const ChaosWorkerFlags& f) {
   o.rpc_timeout_ms = 1000;
   o.connect_timeout_ms = 20000;
   o.data_listen_address = f.data_listen;
+  // A test bed's worker (tests/testbed/failover_smoke.sh) listens on its
+  // host's address, which needs the run's secret.
+  if (const char* secret = std::getenv("TENSORHUB_SECRET"); secret != nullptr)
+    o.secret = secret;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready");

@@ -77,6 +77,10 @@ struct ClientOptions {
   // that differ refuse each other with FAILED_PRECONDITION. The shared
   // secret's challenge still runs, inside TLS.
   bool data_tls = false;
+  // Accept a data server on a non-loopback address with neither a secret
+  // nor data_tls (a private test network). Without it, Connect refuses such
+  // a worker (FAILED_PRECONDITION, saying why and how to fix it).
+  bool insecure = false;
   // On destruction, if this worker holds the last reliable copy of a
   // retained version (or, as a spot worker, its last copy), wait up to this
   // long, still serving, for a keeper to copy it before leaving.

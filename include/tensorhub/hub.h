@@ -16,8 +16,9 @@ namespace tensorhub {
 
 struct HubOptions {
   // HOST:PORT; port 0 picks a free port (see Hub::address()). Without a
-  // secret and TLS, keep the default loopback address (on another, Start
-  // logs a warning that says what anyone who can reach it can do).
+  // secret and TLS, keep the default loopback address: on another, Start
+  // refuses (FAILED_PRECONDITION, saying what anyone who can reach it could
+  // do and how to fix it) unless `insecure` is set.
   std::string listen_address = "127.0.0.1:7070";
   // A worker whose heartbeats stop for this long loses its references.
   int64_t lease_ms = 5000;
@@ -69,6 +70,9 @@ struct HubOptions {
   int64_t etcd_lease_ms = 3000;
   // Every etcd key of this hub set starts with it (sets may share an etcd).
   std::string etcd_prefix = "/tensorhub/";
+  // Accept a non-loopback listen address with neither a secret nor TLS (a
+  // private test network): Start then only logs the warning.
+  bool insecure = false;
 };
 
 class Hub {

@@ -155,8 +155,9 @@ class PyClient {
       int64_t heartbeat_interval_ms, size_t max_serving_connections,
       std::string secret, int64_t leave_timeout_ms, std::string metrics_listen,
       std::string tls_ca, std::string tls_cert, std::string tls_key,
-      std::string tls_server_name, bool data_tls) {
+      std::string tls_server_name, bool data_tls, bool insecure) {
     ClientOptions o;
+    o.insecure = insecure;
     o.hub_address = std::move(hub);
     o.name = std::move(name);
     o.labels = Labels{std::move(datacenter), std::move(rack), std::move(host)};
@@ -393,14 +394,13 @@ class PyClient {
 
 class PyHub {
  public:
-  static std::unique_ptr<PyHub> Start(std::string listen, int64_t lease_ms,
-                                      std::string secret, uint32_t keep_latest,
-                                      bool oversubscribed_racks,
-                                      int64_t rebuild_ms,
-                                      std::string metrics_listen,
-                                      std::string tls_cert, std::string tls_key,
-                                      std::string tls_client_ca) {
+  static std::unique_ptr<PyHub> Start(
+      std::string listen, int64_t lease_ms, std::string secret,
+      uint32_t keep_latest, bool oversubscribed_racks, int64_t rebuild_ms,
+      std::string metrics_listen, std::string tls_cert, std::string tls_key,
+      std::string tls_client_ca, bool insecure) {
     HubOptions o;
+    o.insecure = insecure;
     o.metrics_listen = std::move(metrics_listen);
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
@@ -479,16 +479,16 @@ PYBIND11_MODULE(_core, m) {
   });
 
   py::class_<PyClient>(m, "Client")
-      .def_static("connect", &PyClient::Connect, py::arg("hub"),
-                  py::arg("name"), py::arg("datacenter"), py::arg("rack"),
-                  py::arg("host"), py::arg("reliable"), py::arg("data_listen"),
-                  py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
-                  py::arg("connect_timeout_ms"),
-                  py::arg("heartbeat_interval_ms"),
-                  py::arg("max_serving_connections"), py::arg("secret"),
-                  py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
-                  py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
-                  py::arg("tls_server_name"), py::arg("data_tls"))
+      .def_static(
+          "connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
+          py::arg("datacenter"), py::arg("rack"), py::arg("host"),
+          py::arg("reliable"), py::arg("data_listen"),
+          py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
+          py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
+          py::arg("max_serving_connections"), py::arg("secret"),
+          py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
+          py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
+          py::arg("tls_server_name"), py::arg("data_tls"), py::arg("insecure"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
@@ -519,7 +519,7 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
                   py::arg("rebuild_ms"), py::arg("metrics_listen"),
                   py::arg("tls_cert"), py::arg("tls_key"),
-                  py::arg("tls_client_ca"))
+                  py::arg("tls_client_ca"), py::arg("insecure"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)

@@ -781,6 +781,7 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "tls_key": None,
     "tls_server_name": None,
     "data_tls": False,
+    "insecure": False,
 }
 
 
@@ -827,7 +828,10 @@ def connect(
             hub that requires client certificates and for data-plane TLS),
             ``tls_server_name`` (the name the hub's certificate must have,
             default the host in ``hub``), ``data_tls`` (False: TLS on
-            data-plane connections too; every worker must agree).
+            data-plane connections too; every worker must agree),
+            ``insecure`` (False: accept a non-loopback ``data_listen`` with
+            neither a secret nor ``data_tls``, on a private test network;
+            without it such a worker is refused).
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
@@ -838,6 +842,8 @@ def connect(
             (the message says what to set).
         InvalidArgumentError: a TLS file missing, unreadable or not
             matching.
+        FailedPreconditionError: also a non-loopback ``data_listen`` with
+            neither a secret nor ``data_tls``, without ``insecure=True``.
     """
     unknown = set(options) - set(_OPTION_DEFAULTS)
     if unknown:
@@ -874,5 +880,6 @@ def connect(
         tls_key=_path(opts["tls_key"], "tls_key"),
         tls_server_name=str(opts["tls_server_name"] or ""),
         data_tls=_flag(opts["data_tls"], "data_tls"),
+        insecure=_flag(opts["insecure"], "insecure"),
     )
     return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

@@ -64,6 +64,7 @@ def serve_hub(
     tls_cert: Optional[Union[str, os.PathLike]] = None,
     tls_key: Optional[Union[str, os.PathLike]] = None,
     tls_client_ca: Optional[Union[str, os.PathLike]] = None,
+    insecure: bool = False,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -93,14 +94,20 @@ def serve_hub(
         tls_client_ca: with them, require every client to present a
             certificate signed by this CA (mutual TLS). See docs/security.md.
 
-    A hub on a non-loopback address with neither ``secret`` nor TLS logs a
-    warning that says what anyone who can reach it can do.
+        insecure: accept a non-loopback ``listen`` with neither ``secret``
+            nor TLS (a private test network); the hub then logs what anyone
+            who can reach it can do. Without it such a hub refuses to start.
 
     Raises:
         UnavailableError / InvalidArgumentError: the address cannot be bound.
         InvalidArgumentError: a TLS file is missing, unreadable or does not
             match (the message names it).
+        FailedPreconditionError: a non-loopback ``listen`` with neither
+            ``secret`` nor TLS, without ``insecure=True`` (the message says
+            what that would expose and how to fix it).
     """
+    if not isinstance(insecure, bool):
+        raise InvalidArgumentError(f"insecure must be a bool, not {insecure!r}")
     if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
         raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
     if not isinstance(oversubscribed_racks, bool):
@@ -130,5 +137,6 @@ def serve_hub(
             tls_cert=_path(tls_cert, "tls_cert"),
             tls_key=_path(tls_key, "tls_key"),
             tls_client_ca=_path(tls_client_ca, "tls_client_ca"),
+            insecure=insecure,
         )
     )

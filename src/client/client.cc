@@ -71,22 +71,30 @@ class Client::Impl {
   }
 
   Status Start() {
+    // Checked before anything listens: a refusal leaves nothing to undo.
+    if (options_.secret.empty() && !options_.data_tls &&
+        !tls::IsLoopbackListen(options_.data_listen_address)) {
+      const std::string what =
+          "data server listening on " + options_.data_listen_address +
+          " with neither a shared secret nor data-plane TLS: anyone who can "
+          "reach it can read every version this worker holds, and the bytes "
+          "cross the network in the clear. Fix: the same secret on every "
+          "worker and the hub (--secret-file), and --data-tls for links you "
+          "do not trust, or listen on 127.0.0.1 (docs/security.md)";
+      if (!options_.insecure) {
+        return FailedPrecondition(
+            "refusing to start a " + what +
+            ". On a private network where that is acceptable, pass "
+            "--insecure (ClientOptions::insecure).");
+      }
+      TH_LOG(WARN) << what << ". Running anyway: --insecure was given.";
+    }
     transport::ServerOptions so;
     so.max_connections = options_.max_serving_connections;
     TH_ASSIGN_OR_RETURN(
         server_,
         transport_->Listen(options_.data_listen_address, &registry_, so));
     data_address_ = server_->address();
-    if (options_.secret.empty() && !options_.data_tls &&
-        !tls::IsLoopbackListen(options_.data_listen_address)) {
-      TH_LOG(WARN) << "data server listens on " << data_address_
-                   << " with neither a shared secret nor data-plane TLS: "
-                      "anyone who can reach it can read every version this "
-                      "worker holds, and the bytes cross the network in the "
-                      "clear. Set a secret (--secret-file) on every worker "
-                      "and the hub, and --data-tls for links you do not "
-                      "trust (docs/security.md).";
-    }
     if (!options_.data_advertise_host.empty()) {
       std::string port = data_address_.substr(data_address_.rfind(':'));
       data_address_ = options_.data_advertise_host + port;

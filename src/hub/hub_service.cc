@@ -831,22 +831,30 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
   return grpc::SslServerCredentials(so);
 }
 
-// A hub reachable from other machines says what an unprotected one gives
-// away, and how to fix it (issue 14: it used to say nothing).
-void WarnIfExposed(const HubOptions& options, bool tls, bool client_certs) {
-  if (tls::IsLoopbackListen(options.listen_address)) return;
+// A hub reachable from other machines with neither a secret nor TLS refuses
+// to start unless told --insecure, saying what it would give away and how
+// to fix it; weaker setups are warned about (issue 14).
+Status CheckExposure(const HubOptions& options, bool tls, bool client_certs) {
+  if (tls::IsLoopbackListen(options.listen_address)) return Status::Ok();
   const std::string where = "hub listening on " + options.listen_address;
   if (options.secret.empty() && !tls) {
-    TH_LOG(WARN)
-        << where
-        << " with neither a shared secret nor TLS: anyone who can reach this "
-           "port can register as a worker, publish, unpublish, retain and "
-           "unretain versions, list every model with its tensor layout and "
-           "holders' addresses, and send readers to a holder of their "
-           "choosing; every call, and the tensor bytes on the data plane, "
-           "cross the network in the clear. Fix: --secret-file F (the same "
-           "secret on every worker), and --tls-cert/--tls-key (workers: "
-           "--tls-ca) to encrypt, or listen on 127.0.0.1 (docs/security.md).";
+    const std::string what =
+        where +
+        " with neither a shared secret nor TLS: anyone who can reach this "
+        "port can register as a worker, publish, unpublish, retain and "
+        "unretain versions, list every model with its tensor layout and "
+        "holders' addresses, and send readers to a holder of their "
+        "choosing; every call, and the tensor bytes on the data plane, "
+        "cross the network in the clear. Fix: --secret-file F (the same "
+        "secret on every worker), and --tls-cert/--tls-key (workers: "
+        "--tls-ca) to encrypt, or listen on 127.0.0.1 (docs/security.md)";
+    if (!options.insecure) {
+      return FailedPrecondition(
+          "refusing to start a " + what +
+          ". On a private network where that is acceptable, pass --insecure "
+          "(HubOptions::insecure).");
+    }
+    TH_LOG(WARN) << what << ". Running anyway: --insecure was given.";
   } else if (options.secret.empty() && !client_certs) {
     TH_LOG(WARN) << where
                  << " with TLS but neither a shared secret nor client "
@@ -861,6 +869,7 @@ void WarnIfExposed(const HubOptions& options, bool tls, bool client_certs) {
                     "network can take it. Fix: --tls-cert/--tls-key "
                     "(workers: --tls-ca) (docs/security.md).";
   }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -878,7 +887,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                       ServerCredentials(options));
   const bool tls = !options.tls_cert_file.empty();
   const bool client_certs = !options.tls_client_ca_file.empty();
-  WarnIfExposed(options, tls, client_certs);
+  TH_RETURN_IF_ERROR(CheckExposure(options, tls, client_certs));
   const bool ha = !options.etcd_endpoints.empty();
   std::unique_ptr<Coordinator> coord;
   if (ha) {

@@ -152,16 +152,30 @@ def _stderr_until(proc, marker, timeout=30.0):
 
 
 @cli
-def test_serve_warns_when_anyone_can_reach_it(pki):
-    exposed = _serve("--listen", f"0.0.0.0:{_free_port()}")
+def test_serve_refuses_when_anyone_could_reach_it(pki):
+    # Neither a secret nor TLS on a non-loopback address: no hub, and the
+    # error says what it would expose and how to fix it.
+    refused = _serve("--listen", f"0.0.0.0:{_free_port()}")
+    try:
+        _, err = refused.communicate(timeout=30)
+    finally:
+        if refused.poll() is None:
+            refused.kill()
+    assert refused.returncode == 1, err
+    assert "refusing to start a hub listening on 0.0.0.0" in err
+    assert "with neither a shared secret nor TLS" in err
+    assert "anyone who can reach this port can register" in err
+    assert "--secret-file" in err and "--tls-cert" in err and "--insecure" in err
+
+    # --insecure: it runs, and says the same as a warning.
+    exposed = _serve("--listen", f"0.0.0.0:{_free_port()}", "--insecure")
     try:
         lines = _stderr_until(exposed, "hub listening on")
     finally:
         assert _stop(exposed) == 0
     warning = "".join(lines)
     assert "with neither a shared secret nor TLS" in warning
-    assert "anyone who can reach this port can register" in warning
-    assert "--secret-file" in warning and "--tls-cert" in warning
+    assert "Running anyway: --insecure was given" in warning
 
     guarded = _serve("--listen", f"0.0.0.0:{_free_port()}", "--tls-cert", str(pki / "hub.pem"),
                      "--tls-key", str(pki / "hub.key"), "--tls-client-ca", str(pki / "ca.pem"))
@@ -222,3 +236,20 @@ def test_cli_publish_and_fetch_over_tls_on_both_planes(pki, tmp_path):
         if pub is not None:
             assert _stop(pub) == 0
         assert _stop(hub) == 0
+
+
+def test_worker_data_server_refuses_when_anyone_could_read_it():
+    with tensorhub.serve_hub("127.0.0.1:0") as hub:
+        with pytest.raises(tensorhub.FailedPreconditionError, match="refusing to start a data server") as e:
+            tensorhub.connect(hub.address, data_listen="0.0.0.0:0", connect_timeout=5)
+        assert "--insecure" in str(e.value) and "--secret-file" in str(e.value)
+        with tensorhub.connect(hub.address, data_listen="0.0.0.0:0", insecure=True, connect_timeout=5) as c:
+            assert c.worker_id
+    with pytest.raises(tensorhub.FailedPreconditionError, match="refusing to start a hub"):
+        tensorhub.serve_hub("0.0.0.0:0")
+    with tensorhub.serve_hub("0.0.0.0:0", insecure=True) as exposed:
+        assert exposed.address.startswith("0.0.0.0:")
+    with tensorhub.serve_hub("0.0.0.0:0", secret="s3") as guarded:
+        with tensorhub.connect("127.0.0.1:" + guarded.address.rsplit(":", 1)[1], data_listen="0.0.0.0:0",
+                               secret="s3", connect_timeout=5) as c:
+            assert c.worker_id

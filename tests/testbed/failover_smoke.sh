@@ -14,6 +14,9 @@
 # test, h3 the hub. Needs root. About half a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The hosts listen on the test bed's addresses, which the hub and workers
+# refuse without a secret or TLS: every process here shares a random one.
+export TENSORHUB_SECRET="${TENSORHUB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 BIN=$(realpath "${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}")
 prefix=thch
 bytes=$((64 << 20))
