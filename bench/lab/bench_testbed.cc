@@ -90,11 +90,21 @@ std::vector<std::string> RoleEnv() {
           "TENSORHUB_SECRET=" + RunSecret()};
 }
 
+namespace {
+void AddMetricsListen(const Testbed& t, size_t host, int port,
+                      std::vector<std::string>* args) {
+  if (port <= 0) return;
+  args->push_back("--metrics-listen");
+  args->push_back(t.ips[host] + ":" + std::to_string(port));
+}
+}  // namespace
+
 Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,
-                            std::string* address) {
+                            std::string* address, int metrics_port) {
   *address = t.ips[0] + ":" + port;
-  return Subprocess::Spawn({"serve", "--listen", *address}, RoleEnv(),
-                           t.Exec(0));
+  std::vector<std::string> a = {"serve", "--listen", *address};
+  AddMetricsListen(t, 0, metrics_port > 0 ? metrics_port + 1 : 0, &a);
+  return Subprocess::Spawn(a, RoleEnv(), t.Exec(0));
 }
 
 Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms) {
@@ -108,13 +118,17 @@ Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms) {
 
 Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
                                 uint64_t bytes, uint64_t chunk_bytes,
-                                std::string* worker_id) {
-  auto trainer = Subprocess::Spawn(
-      {"bench", "_trainer", "--hub", hub, "--bytes", std::to_string(bytes),
-       "--chunk-bytes", std::to_string(chunk_bytes), "--name", "trainer",
-       "--datacenter", t.dcs[0], "--host-label", t.names[0], "--data-listen",
-       t.ips[0] + ":0"},
-      RoleEnv(), t.Exec(0));
+                                std::string* worker_id, int metrics_port) {
+  std::vector<std::string> a = {"bench",         "_trainer",
+                                "--hub",         hub,
+                                "--bytes",       std::to_string(bytes),
+                                "--chunk-bytes", std::to_string(chunk_bytes),
+                                "--name",        "trainer",
+                                "--datacenter",  t.dcs[0],
+                                "--host-label",  t.names[0],
+                                "--data-listen", t.ips[0] + ":0"};
+  AddMetricsListen(t, 0, metrics_port, &a);
+  auto trainer = Subprocess::Spawn(a, RoleEnv(), t.Exec(0));
   if (!trainer.ok()) return trainer.status();
   auto id = WaitReady(*trainer, 60000);
   if (!id.ok()) return id.status();
@@ -124,7 +138,8 @@ Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
 
 Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
                                const std::string& hub, const std::string& name,
-                               uint64_t bytes, bool serve, int connections) {
+                               uint64_t bytes, bool serve, int connections,
+                               int metrics_port) {
   std::vector<std::string> a = {"bench",         "_reader",
                                 "--hub",         hub,
                                 "--bytes",       std::to_string(bytes),
@@ -134,6 +149,7 @@ Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
                                 "--data-listen", t.ips[host] + ":0",
                                 "--connections", std::to_string(connections)};
   if (!serve) a.push_back("--no-serve");
+  AddMetricsListen(t, host, metrics_port, &a);
   return Subprocess::Spawn(a, RoleEnv(), t.Exec(host));
 }
 

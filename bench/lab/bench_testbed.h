@@ -35,22 +35,26 @@ uint64_t WanTxBytes(const Testbed& t, const std::string& dc);
 // The environment of every role process (warnings and errors only).
 std::vector<std::string> RoleEnv();
 
+// metrics_port > 0: every role serves Prometheus metrics on its host's
+// address, workers at metrics_port and the hub at metrics_port + 1.
+
 // `tensorhub serve` on host 0 at `port`; returns HOST:PORT in *address.
 Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,
-                            std::string* address);
+                            std::string* address, int metrics_port = 0);
 
 // `bench _trainer` on host 0, waited for until it has registered (its
 // worker id in *worker_id). Deadline: 60 s.
 Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
                                 uint64_t bytes, uint64_t chunk_bytes,
-                                std::string* worker_id);
+                                std::string* worker_id, int metrics_port = 0);
 
 // `bench _reader` named `name` on host `host`; `serve` false is the
 // point-to-point baseline (it never serves what it fetched). Does not wait:
 // call WaitReady.
 Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
                                const std::string& hub, const std::string& name,
-                               uint64_t bytes, bool serve, int connections);
+                               uint64_t bytes, bool serve, int connections,
+                               int metrics_port = 0);
 // Reads the role's "ready ID" line; returns ID.
 Result<std::string> WaitReady(Subprocess& role, int64_t timeout_ms);
 

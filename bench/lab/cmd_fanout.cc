@@ -192,6 +192,7 @@ struct FanoutFlags {
   uint64_t chunk = 0;
   int connections = 4;
   std::string port = "7070";
+  int metrics_port = 0;
 };
 
 int RunBenchFanout(const FanoutFlags& f) {
@@ -206,15 +207,16 @@ int RunBenchFanout(const FanoutFlags& f) {
   }
   SetLogLevel(LogLevel::kWarn);
   std::string hub;
-  auto hub_proc = SpawnHub(*tb, f.port, &hub);
+  auto hub_proc = SpawnHub(*tb, f.port, &hub, f.metrics_port);
   if (!hub_proc.ok()) return Fail(hub_proc.status());
   std::string trainer_id;
-  auto trainer = SpawnTrainer(*tb, hub, f.bytes, f.chunk, &trainer_id);
+  auto trainer =
+      SpawnTrainer(*tb, hub, f.bytes, f.chunk, &trainer_id, f.metrics_port);
   if (!trainer.ok()) return Fail(trainer.status());
   std::vector<Subprocess> rs;
   for (uint64_t i = 1; i <= readers; ++i) {
     auto r = SpawnReader(*tb, i, hub, "reader-" + std::to_string(i), f.bytes,
-                         mode != "p2p", f.connections);
+                         mode != "p2p", f.connections, f.metrics_port);
     if (!r.ok()) return Fail(r.status());
     rs.push_back(std::move(r).value());
   }
@@ -344,6 +346,11 @@ void AddBenchFanoutCommands(CommandLine& cl, CLI::App* bench) {
       ->capture_default_str();
   c->add_option("--port", f->port, "the hub's port on h0")
       ->capture_default_str();
+  c->add_option("--metrics-port", f->metrics_port,
+                "every role serves Prometheus metrics on its host's address: "
+                "workers at this port, the hub at the next (for "
+                "bench/scrape_load.sh; default: none)")
+      ->check(CLI::Range(1, 65534));
 
   auto t = std::make_shared<RoleFlags>();
   c = AddRole(cl, bench, "_trainer", t.get(),

@@ -20,6 +20,7 @@
 #include "common/mutex.h"
 #include "cuda/device.h"
 #include "tls/tls.h"
+#include "transport/tcp/acceptor.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/stream.h"
@@ -183,16 +184,17 @@ class TcpServer final : public Server {
             ServerOptions options, std::shared_ptr<const LocalReads> local,
             std::string secret, std::shared_ptr<const tls::Context> tls,
             std::shared_ptr<TlsNotice> notice)
-      : listener_(std::move(listener)),
-        address_(std::move(address)),
+      : address_(std::move(address)),
         source_(source),
         options_(options),
         local_(std::move(local)),
         secret_(std::move(secret)),
         tls_(std::move(tls)),
         notice_(std::move(notice)),
-        pid_(static_cast<uint32_t>(::getpid())) {
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+        pid_(static_cast<uint32_t>(::getpid())),
+        acceptor_(std::move(listener), options.max_connections,
+                  "data server " + address_) {
+    acceptor_.Start([this](int fd) { Serve(fd); });
   }
   ~TcpServer() override { Stop(); }
 
@@ -211,67 +213,11 @@ class TcpServer final : public Server {
   }
 
   void Stop() override {
-    MutexLock stop_lock(stop_mu_);
     stopping_ = true;
-    if (accept_thread_.joinable()) accept_thread_.join();
-    std::list<Conn> conns;
-    {
-      MutexLock lock(mu_);
-      // Every fd here is still open: a connection's fd is closed only when
-      // its node is destroyed, after its thread was joined.
-      for (Conn& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
-      conns.splice(conns.end(), conns_);
-    }
-    for (Conn& c : conns) c.thread.join();
+    acceptor_.Stop();
   }
 
  private:
-  struct Conn {
-    Fd fd;
-    std::thread thread;
-    bool done = false;
-  };
-
-  void AcceptLoop() {
-    while (!stopping_.load()) {
-      pollfd p{listener_.get(), POLLIN, 0};
-      int rc = ::poll(&p, 1, 100);
-      ReapFinished();
-      if (rc <= 0) continue;
-      int cfd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (cfd < 0) continue;
-      Fd fd(cfd);
-      MutexLock lock(mu_);
-      if (conns_.size() >= options_.max_connections) {
-        TH_LOG(WARN) << "data server " << address_ << ": refusing connection, "
-                     << conns_.size() << " open (the bound)";
-        continue;
-      }
-      TuneStream(fd.get());
-      conns_.push_back(Conn{std::move(fd), std::thread(), false});
-      Conn* c = &conns_.back();
-      c->thread = std::thread([this, c, raw = c->fd.get()] {
-        Serve(raw);
-        MutexLock l(mu_);
-        c->done = true;
-      });
-    }
-    listener_.Reset();
-  }
-
-  void ReapFinished() {
-    std::list<Conn> finished;
-    {
-      MutexLock lock(mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        auto next = std::next(it);
-        if (it->done) finished.splice(finished.end(), conns_, it);
-        it = next;
-      }
-    }
-    for (Conn& c : finished) c.thread.join();
-  }
-
   // Serves requests on one connection until the peer leaves, an I/O error,
   // or Stop(). Long on purpose (about 115 lines): one request's whole life
   // (frame, lease, the reply by its path) stays in one loop body, so that
@@ -567,7 +513,6 @@ class TcpServer final : public Server {
     return stream.Write(iov, deadline, options_.io_stall_timeout_ms);
   }
 
-  Fd listener_;
   const std::string address_;
   ReadSource* const source_;
   const ServerOptions options_;
@@ -579,14 +524,12 @@ class TcpServer final : public Server {
   std::atomic<uint64_t> connections_tls_{0};
   std::atomic<uint64_t> connections_kernel_tls_{0};
   const uint32_t pid_;
-  Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> bytes_served_local_{0};
   std::atomic<uint64_t> bytes_served_staged_{0};
-  std::thread accept_thread_;
-  Mutex mu_;
-  std::list<Conn> conns_ TH_GUARDED_BY(mu_);
+  // Last: its threads run Serve() on the members above.
+  Acceptor acceptor_;
 };
 
 class TcpConnection final : public Connection {

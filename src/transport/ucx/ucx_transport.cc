@@ -16,6 +16,7 @@
 #include "common/mutex.h"
 #include "common/test_point.h"
 #include "cuda/device.h"
+#include "transport/tcp/acceptor.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/ucx/ucx_reply.h"
@@ -244,16 +245,17 @@ class UcxServer final : public Server {
             ServerOptions options, std::shared_ptr<Context> ctx,
             std::unique_ptr<Worker> worker, std::string worker_address,
             std::string secret)
-      : listener_(std::move(listener)),
-        address_(std::move(address)),
+      : address_(std::move(address)),
         source_(source),
         options_(options),
         ctx_(std::move(ctx)),
         worker_(std::move(worker)),
         worker_address_(std::move(worker_address)),
-        secret_(std::move(secret)) {
+        secret_(std::move(secret)),
+        acceptor_(std::move(listener), options.max_connections,
+                  "ucx data server " + address_) {
     progress_thread_ = std::thread([this] { ProgressLoop(); });
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    acceptor_.Start([this](int fd) { Serve(fd); });
   }
   ~UcxServer() override { Stop(); }
 
@@ -264,26 +266,13 @@ class UcxServer final : public Server {
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
     stopping_ = true;
-    if (accept_thread_.joinable()) accept_thread_.join();
-    std::list<Conn> conns;
-    {
-      MutexLock lock(mu_);
-      for (Conn& c : conns_) ::shutdown(c.fd.get(), SHUT_RDWR);
-      conns.splice(conns.end(), conns_);
-    }
-    for (Conn& c : conns) c.thread.join();
+    acceptor_.Stop();
     // Every lease has ended: nothing can still be read through the worker.
     worker_->Signal();
     if (progress_thread_.joinable()) progress_thread_.join();
   }
 
  private:
-  struct Conn {
-    Fd fd;
-    std::thread thread;
-    bool done = false;
-  };
-
   // The holder's worker answers what UCX cannot do without it (gets over
   // tcp or shared memory are served by the target's progress; verbs and
   // cma reads are not).
@@ -292,47 +281,6 @@ class UcxServer final : public Server {
       (void)worker_->Wait([] { return false; }, Deadline::AfterMs(200),
                           &stopping_);
     }
-  }
-
-  void AcceptLoop() {
-    while (!stopping_.load()) {
-      pollfd p{listener_.get(), POLLIN, 0};
-      int rc = ::poll(&p, 1, 100);
-      ReapFinished();
-      if (rc <= 0) continue;
-      int cfd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (cfd < 0) continue;
-      Fd fd(cfd);
-      MutexLock lock(mu_);
-      if (conns_.size() >= options_.max_connections) {
-        TH_LOG(WARN) << "ucx data server " << address_
-                     << ": refusing connection, " << conns_.size()
-                     << " open (the bound)";
-        continue;
-      }
-      TuneStream(fd.get());
-      conns_.push_back(Conn{std::move(fd), std::thread(), false});
-      Conn* c = &conns_.back();
-      c->thread = std::thread([this, c, raw = c->fd.get()] {
-        Serve(raw);
-        MutexLock l(mu_);
-        c->done = true;
-      });
-    }
-    listener_.Reset();
-  }
-
-  void ReapFinished() {
-    std::list<Conn> finished;
-    {
-      MutexLock lock(mu_);
-      for (auto it = conns_.begin(); it != conns_.end();) {
-        auto next = std::next(it);
-        if (it->done) finished.splice(finished.end(), conns_, it);
-        it = next;
-      }
-    }
-    for (Conn& c : finished) c.thread.join();
   }
 
   // Serves one connection until the peer leaves, an I/O error, or Stop().
@@ -521,7 +469,6 @@ class UcxServer final : public Server {
     return WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms);
   }
 
-  Fd listener_;
   const std::string address_;
   ReadSource* const source_;
   const ServerOptions options_;
@@ -534,9 +481,8 @@ class UcxServer final : public Server {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::thread progress_thread_;
-  std::thread accept_thread_;
-  Mutex mu_;
-  std::list<Conn> conns_ TH_GUARDED_BY(mu_);
+  // Last: its threads run Serve() on the members above.
+  Acceptor acceptor_;
 };
 
 // Calls fn(address, length, done) for the runs of `pieces` that make up
