@@ -14,6 +14,7 @@
 #include "common/manifest.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "hub_fixture.h"
 #include "process_util.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
@@ -26,30 +27,6 @@ namespace tensorhub::testing {
 namespace {
 
 using cli::SyntheticModel;
-
-class HubTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    // A hub that has been up for a while: no rebuild window, so that an
-    // unknown version is NOT_FOUND at once (HubOptions::rebuild_ms).
-    HubOptions o;
-    o.listen_address = "127.0.0.1:0";
-    o.lease_ms = 5000;
-    o.rebuild_ms = 0;
-    auto hub = hub::HubServer::Start(o);
-    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
-    hub_ = std::move(hub).value();
-  }
-  std::unique_ptr<Client> NewClient(const std::string& name) {
-    ClientOptions o;
-    o.hub_address = hub_->address();
-    o.name = name;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-  std::unique_ptr<hub::HubServer> hub_;
-};
 
 TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
   SyntheticModel src(TestLayout(8 << 20));

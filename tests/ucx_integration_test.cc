@@ -7,6 +7,7 @@
 
 #include "demo_model.h"
 #include "hub/hub_service.h"
+#include "hub_fixture.h"
 #include "process_util.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
@@ -17,28 +18,18 @@ namespace {
 
 using cli::SyntheticModel;
 
-class UcxHubTest : public ::testing::Test {
+// The same hub; the workers prefer UCX.
+class UcxHubTest : public HubTest {
  protected:
   void SetUp() override {
     if (!transport::UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
-    HubOptions o;
-    o.listen_address = "127.0.0.1:0";
-    o.lease_ms = 5000;
-    o.rebuild_ms = 0;
-    auto hub = hub::HubServer::Start(o);
-    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
-    hub_ = std::move(hub).value();
+    HubTest::SetUp();
   }
-  std::unique_ptr<Client> NewClient(const std::string& name) {
-    ClientOptions o;
-    o.hub_address = hub_->address();
-    o.name = name;
+  ClientOptions WorkerOptions(const std::string& name) const override {
+    ClientOptions o = HubTest::WorkerOptions(name);
     o.transports = {"ucx", "tcp"};
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
+    return o;
   }
-  std::unique_ptr<hub::HubServer> hub_;
 };
 
 TEST_F(UcxHubTest, PublishFetchOverUcxByteExactAndReaderServesOverUcx) {
