@@ -10,9 +10,15 @@
 // intra-host path (cross-memory attach) and, for comparison, forced over
 // TCP (TENSORHUB_NO_CMA=1 for that reader), beside memcpy and a raw
 // process_vm_readv measured in the same run.
+//
+// `tensorhub bench ucx`: the same two processes with the UCX data plane,
+// beside UCX's own ucx_perftest (ucp_get of the same bytes between two
+// processes, with the same UCX_TLS) and memcpy, in the same run.
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -593,13 +599,169 @@ int RunBenchLocal(const TwoProcessFlags& f) {
   return 0;
 }
 
+// A free loopback TCP port (bound, read and released: good enough for a
+// benchmark's helper process that binds it a moment later).
+Result<int> FreeLoopbackPort() {
+  using transport::Fd;
+  TH_ASSIGN_OR_RETURN(Fd l, transport::ListenTcp("127.0.0.1:0", 1));
+  TH_ASSIGN_OR_RETURN(std::string a, transport::LocalAddress(l.get()));
+  return std::stoi(a.substr(a.rfind(':') + 1));
+}
+
+// UCX's own benchmark: `ucx_perftest -t ucp_get` of one message of `bytes`
+// between a server and a client process on this host, `iters` times, with
+// the environment's UCX_TLS; the overall bandwidth in GB/s (1e9 bytes).
+Result<double> UcxPerftestGbps(uint64_t bytes, int iters) {
+  TH_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
+  const std::vector<std::string> args = {"-t", "ucp_get",
+                                         "-s", std::to_string(bytes),
+                                         "-n", std::to_string(iters),
+                                         "-p", std::to_string(port)};
+  std::vector<char*> argv = {const_cast<char*>("ucx_perftest")};
+  for (const std::string& a : args)
+    argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t server = ::fork();
+  if (server < 0) return Internal("fork: " + std::string(std::strerror(errno)));
+  if (server == 0) {
+    int null = ::open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+      ::dup2(null, 1);
+      ::dup2(null, 2);
+    }
+    ::execvp("ucx_perftest", argv.data());
+    ::_exit(127);
+  }
+  auto reap = [server](bool kill) {
+    if (kill) ::kill(server, SIGKILL);
+    int status = 0;
+    ::waitpid(server, &status, 0);
+    return status;
+  };
+  std::string cmd = "ucx_perftest 127.0.0.1";
+  for (const std::string& a : args) cmd += " " + a;
+  cmd += " 2>&1";
+  // The server listens once it has started: the client retries until then.
+  const Deadline deadline = Deadline::AfterMs(30000);
+  std::string out;
+  while (true) {
+    int exited = 0;
+    if (::waitpid(server, &exited, WNOHANG) == server) {
+      return FailedPrecondition(
+          "ucx_perftest (the server) exited with status " +
+          std::to_string(WEXITSTATUS(exited)) +
+          (WEXITSTATUS(exited) == 127
+               ? ": not installed (apt-get install ucx-utils)"
+               : ""));
+    }
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (p == nullptr) {
+      reap(true);
+      return Internal("popen ucx_perftest");
+    }
+    out.clear();
+    char buf[512];
+    while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+    ::pclose(p);
+    if (out.find("Final:") != std::string::npos) break;
+    if (deadline.expired()) {
+      reap(true);
+      return DeadlineExceeded(
+          "ucx_perftest's client did not run within 30 s: " +
+          out.substr(0, 400));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  reap(false);
+  // Final: iters, latency 50%/avg/overall (us), bandwidth avg/overall
+  // (MB/s, 2^20 bytes), message rate avg/overall.
+  std::istringstream in(out.substr(out.find("Final:") + 6));
+  double v[6] = {0};
+  for (double& x : v) in >> x;
+  if (!in || v[5] <= 0) {
+    return Internal("cannot read ucx_perftest's result: " + out.substr(0, 400));
+  }
+  return v[5] * 1048576.0 / 1e9;
+}
+
+int RunBenchUcx(const TwoProcessFlags& f) {
+  SetLogLevel(LogLevel::kWarn);
+  // The holder process inherits it: both ends serve and read over UCX only.
+  ::setenv("TENSORHUB_TRANSPORTS", "ucx", 1);
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
+  if (!pair.ok()) return Fail(pair.status());
+  HubAndHolder& hh = *pair;
+  SyntheticModel dest(FlatLayout(f.bytes));
+  ClientOptions o;
+  o.hub_address = hh.hub->address();
+  o.name = "bench-reader-ucx";
+  o.transports = {"ucx"};
+  auto reader = Client::Connect(o);
+  if (!reader.ok()) return Fail(reader.status());
+  SyntheticModel src(FlatLayout(f.bytes));
+  src.Fill(2);
+  auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
+  auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
+  const char* ucx_tls = std::getenv("UCX_TLS");
+  std::printf(
+      "bench ucx: UCX data plane (UCX_TLS=%s), %s, chunks of %s, %llu "
+      "streams, %llu repeats (best of each)\n",
+      ucx_tls != nullptr ? ucx_tls : "(unset: all)",
+      FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
+      static_cast<unsigned long long>(f.connections),
+      static_cast<unsigned long long>(f.repeat));
+  double th = 0, perf = 0, mc = 0;
+  for (uint64_t r = 0; r < f.repeat; ++r) {
+    FetchOptions fo;
+    fo.serve = false;
+    fo.connections = static_cast<int>(f.connections);
+    std::memset(dst_base, 0, dest.total_bytes());
+    auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
+    if (!st.ok()) return Fail(st.status());
+    if (hh.digest != Hex(dest.Digest())) {
+      return Fail(DataLoss("fetched bytes differ from the holder's"));
+    }
+    for (const FetchSourceStats& s : st->sources) {
+      if (s.transport != "ucx") {
+        return Fail(FailedPrecondition(
+            "a source was read over " + s.transport +
+            ", not ucx: this build or machine has no UCX (TH_UCX needs "
+            "libucx-dev at build time; the log's 'data plane:' line says "
+            "why)"));
+      }
+    }
+    const double gbps = st->bytes / st->seconds / 1e9;
+    th = std::max(th, gbps);
+    // The same bytes in one message, so that it, like the fetch, is bound by
+    // memory rather than served from the cache.
+    auto p = UcxPerftestGbps(f.bytes, 3);
+    if (!p.ok()) return Fail(p.status().WithContext("ucx_perftest"));
+    perf = std::max(perf, *p);
+    mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
+    std::printf(
+        "  run %llu: tensorhub over ucx %.2f GB/s, ucx_perftest ucp_get %.2f "
+        "GB/s, memcpy %.2f GB/s\n",
+        static_cast<unsigned long long>(r + 1), gbps, *p, mc);
+  }
+  (void)hh.holder->Send("quit");
+  hh.holder->Stop(5000);
+  std::printf("\n%-48s %8s %10s\n", "", "GB/s", "tensorhub/x");
+  std::printf("%-48s %8.2f %10s\n", "tensorhub fetch over ucx (verified)", th,
+              "");
+  std::printf("%-48s %8.2f %10.2f\n", "ucx_perftest ucp_get, same bytes", perf,
+              th / perf);
+  std::printf("%-48s %8.2f %10.2f\n", "memcpy (same process)", mc, th / mc);
+  std::printf("\nratio vs ucx_perftest: %.2f\n", th / perf);
+  return 0;
+}
+
 }  // namespace
 
 void AddBenchCommands(CommandLine& cl) {
-  CLI::App* bench = cl.AddGroup(
-      "bench",
-      "bench pair | bench local: a fetch beside the limits measured "
-      "in the same run");
+  CLI::App* bench = cl.AddGroup("bench",
+                                "bench pair | bench local | bench ucx: a fetch "
+                                "beside the limits measured "
+                                "in the same run");
   auto pair = std::make_shared<TwoProcessFlags>();
   CLI::App* pc = cl.Add(
       "pair",
@@ -619,6 +781,14 @@ void AddBenchCommands(CommandLine& cl) {
           "TCP, process_vm_readv and memcpy",
           [local] { return RunBenchLocal(*local); }, bench),
       local.get());
+  auto ucx = std::make_shared<TwoProcessFlags>();
+  AddTwoProcessFlags(
+      cl.Add(
+          "ucx",
+          "the same over the UCX data plane, beside UCX's ucx_perftest "
+          "(ucp_get of the same bytes, the same UCX_TLS) and memcpy",
+          [ucx] { return RunBenchUcx(*ucx); }, bench),
+      ucx.get());
   auto h = std::make_shared<HolderFlags>();
   CLI::App* c = cl.Add(
       "_holder", "the holder process of bench pair|local",

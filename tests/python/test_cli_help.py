@@ -47,6 +47,7 @@ CLI_COMMANDS = {
     ("demo",): ["--rollouts", "--rounds", "--scale"],
     ("bench", "pair"): ["--bytes", "--chunk-bytes", "--repeat", "--connections"],
     ("bench", "local"): ["--bytes", "--chunk-bytes", "--repeat", "--connections"],
+    ("bench", "ucx"): ["--bytes", "--chunk-bytes", "--repeat", "--connections"],
 }
 LAB_COMMANDS = {
     ("chaos",): ["--seed", "--rounds", "--readers", "--bytes", "--verbose"],
@@ -54,13 +55,13 @@ LAB_COMMANDS = {
                "--model-bytes", "--tp", "--nic-gbit", "--rack-oversub", "--wan-gbit", "--seed"],
     ("bench", "hub"): ["--workers", "--tensors", "--chunks", "--threads", "--no-rpc"],
     ("bench", "fanout"): ["--testbed", "--readers", "--bytes", "--chunk-bytes", "--mode", "--repeat",
-                          "--connections", "--port"],
+                          "--connections", "--port", "--metrics-port"],
     ("bench", "workload"): ["--testbed", "--bytes", "--chunk-bytes", "--rounds", "--step-ms", "--batch-ms",
                             "--copies", "--connections", "--port", "--seed", "--spot", "--stay-max",
                             "--timeout-s", "--systems", "--mpi-script", "--mpi-algorithms"],
     ("bench", "reshard"): ["--trainers", "--tp", "--scale"],
     ("serve",): ["--listen", "--lease-ms", "--keep-latest", "--rebuild-ms", "--secret-file",
-                 "--metrics-listen"],
+                 "--metrics-listen", "--insecure"],
 }
 
 
