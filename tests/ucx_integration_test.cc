@@ -53,6 +53,49 @@ TEST_F(UcxHubTest, PublishFetchOverUcxByteExactAndReaderServesOverUcx) {
   for (const FetchSourceStats& s : st->sources) EXPECT_EQ(s.transport, "ucx");
 }
 
+// Transport per peer: every worker serves tcp; one asked for ucx serves it
+// too and says so through the hub. A reader dials each holder over the
+// first of its transports the holder serves, else tcp.
+TEST_F(UcxHubTest, AReaderUsesUcxOnlyWithHoldersThatServeIt) {
+  auto with = [&](const std::string& name, std::vector<std::string> t) {
+    ClientOptions o = HubTest::WorkerOptions(name);
+    o.transports = std::move(t);
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  };
+  SyntheticModel src(TestLayout(4 << 20));
+  src.Fill(3);
+  auto tcp_holder = with("tcp-holder", {"tcp"});
+  ASSERT_TRUE(tcp_holder->Publish("m", Version(1), src.tensors()).ok());
+  auto check = [&](Client& reader, const std::string& want) {
+    SyntheticModel dst(TestLayout(4 << 20));
+    FetchOptions fo;
+    fo.serve = false;
+    auto st = reader.Fetch("m", Version(1), dst.tensors(), fo);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    EXPECT_EQ(dst.Digest(), src.Digest());
+    ASSERT_FALSE(st->sources.empty());
+    for (const FetchSourceStats& s : st->sources) {
+      EXPECT_EQ(s.transport, want) << s.address;
+    }
+  };
+  // A UCX reader and a holder that serves tcp only: tcp.
+  auto ucx_reader = with("ucx-reader", {"ucx", "tcp"});
+  check(*ucx_reader, "tcp");
+  // A holder that serves both: the UCX reader uses ucx, a tcp reader tcp.
+  SyntheticModel copy(TestLayout(4 << 20));  // outlives `both`, which serves it
+  auto both = with("both", {"ucx", "tcp"});
+  {
+    auto st = both->Fetch("m", Version(1), copy.tensors());
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+  }
+  ASSERT_TRUE(tcp_holder->Unpublish("m", Version(1)).ok());
+  check(*ucx_reader, "ucx");
+  auto tcp_reader = with("tcp-reader", {"tcp"});
+  check(*tcp_reader, "tcp");
+}
+
 }  // namespace
 }  // namespace tensorhub::testing
 

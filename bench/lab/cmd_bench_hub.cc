@@ -233,7 +233,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
   }
   // The first call waits (bounded) for the hub to listen; not timed.
   if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {},
-                                        WorkerClass::kReliable, 10000);
+                                        {}, WorkerClass::kReliable, 10000);
       !first.ok()) {
     return Fail(first.status().WithContext("hub did not come up"));
   } else if (Status s = clients[0]->Leave(*first, 5000); !s.ok()) {
@@ -264,7 +264,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, const PartLayout& part,
 
   double c0 = cpu();
   parallel(0, [&](client::ControlPlane& c, uint64_t i, uint64_t) -> Status {
-    auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i),
+    auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i), {},
                          LabelsOf(i), WorkerClass::kReliable, 10000);
     if (!id.ok()) return id.status();
     ids[i] = *id;

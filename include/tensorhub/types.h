@@ -122,6 +122,16 @@ struct Labels {
   std::string host;
 };
 
+// A data-plane transport a worker serves besides TCP, and where: "ucx" and
+// the TCP address of its UCX server. Every worker serves TCP at its data
+// address; readers read over the first transport of their preference that
+// the holder lists, else over TCP (docs/design.md, "Transport per peer").
+struct DataEndpoint {
+  std::string transport;
+  std::string address;
+  bool operator==(const DataEndpoint&) const = default;
+};
+
 enum class WorkerClass : uint8_t { kReliable, kSpot };
 
 enum class VersionState : uint8_t {

@@ -22,6 +22,7 @@
 #include "client/reachability.h"
 #include "client/registry.h"
 #include "client/slice_fetch.h"
+#include "client/transport_set.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -95,9 +96,21 @@ class Client::Impl {
         server_,
         transport_->Listen(options_.data_listen_address, &registry_, so));
     data_address_ = server_->address();
+    endpoints_ = server_->endpoints();
     if (!options_.data_advertise_host.empty()) {
-      std::string port = data_address_.substr(data_address_.rfind(':'));
-      data_address_ = options_.data_advertise_host + port;
+      auto advertised = [this](const std::string& address) {
+        return options_.data_advertise_host +
+               address.substr(address.rfind(':'));
+      };
+      data_address_ = advertised(data_address_);
+      for (DataEndpoint& e : endpoints_) e.address = advertised(e.address);
+    }
+    // What this worker dials first: its transports in their order.
+    std::string_view names = transport_->name();
+    for (size_t at = 0; at <= names.size();) {
+      const size_t comma = std::min(names.find(',', at), names.size());
+      dial_preference_.emplace_back(names.substr(at, comma - at));
+      at = comma + 1;
     }
     hub_is_loopback_ =
         client::HostIsLoopback(client::HostOf(options_.hub_address));
@@ -115,10 +128,11 @@ class Client::Impl {
       ::gethostname(host, sizeof(host) - 1);
       options_.name = std::string(host) + ":" + std::to_string(::getpid());
     }
-    TH_ASSIGN_OR_RETURN(WorkerId id,
-                        hub_->Register(WorkerId(), options_.name, data_address_,
-                                       options_.labels, options_.worker_class,
-                                       options_.connect_timeout_ms));
+    TH_ASSIGN_OR_RETURN(
+        WorkerId id,
+        hub_->Register(WorkerId(), options_.name, data_address_, endpoints_,
+                       options_.labels, options_.worker_class,
+                       options_.connect_timeout_ms));
     {
       MutexLock lock(mu_);
       id_ = id;
@@ -189,7 +203,7 @@ class Client::Impl {
       // from us yet. Register again (the heartbeat thread re-reports what
       // we hold) and publish once more, within the caller's time.
       Result<WorkerId> again = hub_->Register(
-          id(), options_.name, data_address_, options_.labels,
+          id(), options_.name, data_address_, endpoints_, options_.labels,
           options_.worker_class,
           std::min(options_.rpc_timeout_ms,
                    std::max<int64_t>(1, deadline.remaining_ms())));
@@ -378,7 +392,7 @@ class Client::Impl {
     st.sources_used = rep->sources_used;
     st.sources = rep->per_source;
     for (FetchSourceStats& fs : st.sources) {
-      fs.transport = std::string(transport_->name());
+      fs.transport = std::string(client::TransportOf(fs.address));
     }
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
@@ -781,7 +795,9 @@ class Client::Impl {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
       out.push_back(
-          {s.worker.value(), s.data_address, s.epoch, s.chunks, s.filling,
+          {s.worker.value(),
+           client::DialAddress(dial_preference_, s.data_address, s.endpoints),
+           s.epoch, s.chunks, s.filling,
            client::LoopbackHolderHint(s.worker.value(), s.data_address,
                                       s.labels.host, options_.labels.host,
                                       data_address_, options_.hub_address,
@@ -995,9 +1011,9 @@ class Client::Impl {
   // Re-registers under the same id and re-reports every reference: this is
   // how a restarted hub rebuilds its table.
   void Rejoin(const WorkerId& id) {
-    Result<WorkerId> r =
-        hub_->Register(id, options_.name, data_address_, options_.labels,
-                       options_.worker_class, options_.rpc_timeout_ms);
+    Result<WorkerId> r = hub_->Register(
+        id, options_.name, data_address_, endpoints_, options_.labels,
+        options_.worker_class, options_.rpc_timeout_ms);
     if (!r.ok()) {
       TH_LOG(WARN) << "re-register: " << r.status().ToString();
       return;
@@ -1049,7 +1065,11 @@ class Client::Impl {
   std::unique_ptr<transport::Transport> transport_;
   Registry registry_;
   std::unique_ptr<transport::Server> server_;
-  std::string data_address_;
+  std::string data_address_;  // its TCP data server, as advertised
+  // The other transports it serves (advertised), and the order in which it
+  // dials a holder's (transport_set.h).
+  std::vector<DataEndpoint> endpoints_;
+  std::vector<std::string> dial_preference_;
   // Whether the hub is on loopback (reachability.h), set by Start.
   bool hub_is_loopback_ = true;
   std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran
@@ -1086,43 +1106,46 @@ std::vector<std::string> WantedTransports(const ClientOptions& options) {
   return out;
 }
 
-// The first transport of the list this build and machine can run; tcp if
-// none can. With data-plane TLS (`tls`), tcp: UCX would move the bytes in
-// the clear.
-std::unique_ptr<transport::Transport> PickTransport(
+// TCP, which every worker serves and reads (the fallback), and besides it
+// each other transport of the list this build and machine can run, in the
+// list's order (transport_set.h). With data-plane TLS (`tls`), TCP alone:
+// UCX would move the bytes in the clear.
+std::unique_ptr<transport::Transport> PickTransports(
     const ClientOptions& options, std::shared_ptr<const tls::Context> tls) {
+  std::vector<std::unique_ptr<transport::Transport>> others;
   for (const std::string& name : WantedTransports(options)) {
+    if (name == "tcp") continue;
     if (name == "ucx" && tls != nullptr) {
       TH_LOG(WARN) << "data plane: ucx skipped: data-plane TLS (data_tls) "
                       "runs over tcp, and UCX would move the bytes in the "
                       "clear";
-      break;
+      continue;
     }
     if (name == "ucx") {
+      if (!others.empty()) continue;  // listed twice
       transport::UcxTransportOptions u;
       u.secret = options.secret;
       Result<std::unique_ptr<transport::Transport>> t =
           transport::MakeUcxTransport(u);
       if (t.ok()) {
-        TH_LOG(INFO) << "data plane: ucx";
-        return std::move(t).value();
+        others.push_back(std::move(t).value());
+        continue;
       }
       TH_LOG(WARN) << "data plane: ucx asked for but unavailable ("
-                   << t.status().ToString() << "); trying the next one";
+                   << t.status().ToString() << "); serving and reading tcp";
       continue;
     }
-    if (name != "tcp") {
-      TH_LOG(WARN) << "data plane: unknown transport '" << name
-                   << "' skipped (known: ucx, tcp)";
-      continue;
-    }
-    break;
+    TH_LOG(WARN) << "data plane: unknown transport '" << name
+                 << "' skipped (known: ucx, tcp)";
   }
   transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
   t.secret = options.secret;  // the data plane requires the hub's secret too
   t.tls = std::move(tls);
-  TH_LOG(INFO) << "data plane: tcp" << (t.tls ? " with TLS" : "");
-  return transport::MakeTcpTransport(t);
+  std::unique_ptr<transport::Transport> set =
+      MakeTransportSet(transport::MakeTcpTransport(t), std::move(others));
+  TH_LOG(INFO) << "data plane: " << set->name() << (t.tls ? " with TLS" : "")
+               << " (reads use the first of these a holder serves)";
+  return set;
 }
 
 }  // namespace
@@ -1130,7 +1153,7 @@ std::unique_ptr<transport::Transport> PickTransport(
 Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
   TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
   ClientDeps deps;
-  deps.transport = PickTransport(options, tls.data);
+  deps.transport = PickTransports(options, tls.data);
   deps.control =
       MakeGrpcControlPlane(options.hub_address, options.secret,
                            options.rpc_timeout_ms, std::move(tls.hub));

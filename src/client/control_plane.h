@@ -28,7 +28,8 @@ namespace tensorhub::client {
 
 struct ResolvedSource {
   WorkerId worker;
-  std::string data_address;
+  std::string data_address;             // its TCP server
+  std::vector<DataEndpoint> endpoints;  // other transports it serves
   Labels labels;
   WorkerClass worker_class = WorkerClass::kReliable;
   uint64_t epoch = 0;
@@ -73,9 +74,12 @@ class ControlPlane {
  public:
   virtual ~ControlPlane() = default;
 
+  // `data_address`: the worker's TCP data server; `endpoints`: the other
+  // transports it serves.
   virtual Result<WorkerId> Register(const WorkerId& old_id,
                                     const std::string& name,
                                     const std::string& data_address,
+                                    const std::vector<DataEndpoint>& endpoints,
                                     const Labels& labels,
                                     WorkerClass worker_class,
                                     int64_t timeout_ms) = 0;

@@ -68,6 +68,7 @@ class GrpcControlPlane final : public ControlPlane {
 
   Result<WorkerId> Register(const WorkerId& old_id, const std::string& name,
                             const std::string& data_address,
+                            const std::vector<DataEndpoint>& endpoints,
                             const Labels& labels, WorkerClass worker_class,
                             int64_t timeout_ms) override;
   Status Heartbeat(const WorkerId& id) override;
@@ -297,16 +298,19 @@ Status GrpcControlPlane::Check(const grpc::Status& s, const char* what,
   return st;
 }
 
-Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
-                                            const std::string& name,
-                                            const std::string& data_address,
-                                            const Labels& labels,
-                                            WorkerClass worker_class,
-                                            int64_t timeout_ms) {
+Result<WorkerId> GrpcControlPlane::Register(
+    const WorkerId& old_id, const std::string& name,
+    const std::string& data_address, const std::vector<DataEndpoint>& endpoints,
+    const Labels& labels, WorkerClass worker_class, int64_t timeout_ms) {
   v1::RegisterWorkerRequest req;
   req.set_worker_id(old_id.value());
   req.set_name(name);
   req.set_data_address(data_address);
+  for (const DataEndpoint& e : endpoints) {
+    v1::DataEndpoint* pe = req.add_endpoints();
+    pe->set_transport(e.transport);
+    pe->set_address(e.address);
+  }
   wire::ToProto(labels, req.mutable_labels());
   req.set_worker_class(worker_class == WorkerClass::kSpot ? v1::SPOT
                                                           : v1::RELIABLE);
@@ -453,6 +457,12 @@ Result<ResolvedSource> GrpcControlPlane::FromProto(const v1::Holder& h) {
   ResolvedSource s;
   s.worker = WorkerId(h.worker_id());
   s.data_address = h.data_address();
+  if (h.endpoints_size() > 16) {
+    return InvalidArgument("hub sent too many data endpoints");
+  }
+  for (const v1::DataEndpoint& e : h.endpoints()) {
+    s.endpoints.push_back({e.transport(), e.address()});
+  }
   s.labels = wire::FromProto(h.labels());
   s.worker_class = h.worker_class() == v1::SPOT ? WorkerClass::kSpot
                                                 : WorkerClass::kReliable;

@@ -77,6 +77,10 @@ class HubServiceImpl final : public v1::Hub::Service {
     reg.requested_id = WorkerId(req->worker_id());
     reg.name = req->name();
     reg.data_address = req->data_address();
+    for (const v1::DataEndpoint& e : req->endpoints()) {
+      if (reg.endpoints.size() > kMaxDataEndpoints) break;  // refused below
+      reg.endpoints.push_back({e.transport(), e.address()});
+    }
     reg.labels = wire::FromProto(req->labels());
     reg.worker_class = req->worker_class() == v1::SPOT ? WorkerClass::kSpot
                                                        : WorkerClass::kReliable;
@@ -623,6 +627,11 @@ class HubServiceImpl final : public v1::Hub::Service {
   static void ToProto(const HolderView& h, v1::Holder* out) {
     out->set_worker_id(h.worker.value());
     out->set_data_address(h.data_address);
+    for (const DataEndpoint& e : h.endpoints) {
+      v1::DataEndpoint* pe = out->add_endpoints();
+      pe->set_transport(e.transport);
+      pe->set_address(e.address);
+    }
     wire::ToProto(h.labels, out->mutable_labels());
     out->set_worker_class(h.worker_class == WorkerClass::kSpot ? v1::SPOT
                                                                : v1::RELIABLE);

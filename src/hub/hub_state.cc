@@ -39,6 +39,24 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   if (reg.name.size() > 256 || reg.requested_id.value().size() > 128) {
     return InvalidArgument("worker name or id too long");
   }
+  // Copied into every answer that lists the worker: bounded.
+  if (reg.endpoints.size() > kMaxDataEndpoints) {
+    return InvalidArgument("a worker may advertise at most " +
+                           std::to_string(kMaxDataEndpoints) +
+                           " transports besides tcp");
+  }
+  for (const DataEndpoint& e : reg.endpoints) {
+    const bool name_ok =
+        !e.transport.empty() && e.transport.size() <= 16 &&
+        std::all_of(e.transport.begin(), e.transport.end(), [](char c) {
+          return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+        });
+    if (!name_ok || e.address.empty() || e.address.size() > 256) {
+      return InvalidArgument(
+          "a data endpoint needs a transport name of 1-16 lowercase letters "
+          "or digits and an address of 1-256 characters");
+    }
+  }
   // Labels are kept per worker and copied into every answer that lists the
   // worker: bounded like the name.
   if (reg.labels.datacenter.size() > 256 || reg.labels.rack.size() > 256 ||
@@ -607,6 +625,7 @@ HolderView HubState::ViewOf(const VersionEntry& v, const WorkerId& id) const {
   HolderView hv;
   hv.worker = id;
   hv.data_address = w.reg.data_address;
+  hv.endpoints = w.reg.endpoints;
   hv.labels = w.reg.labels;
   hv.worker_class = w.reg.worker_class;
   hv.epoch = ref.epoch;

@@ -99,6 +99,8 @@ struct WorkerRegistration {
   std::string data_address;
   Labels labels;
   WorkerClass worker_class = WorkerClass::kReliable;
+  // Transports it serves besides TCP (at most kMaxDataEndpoints).
+  std::vector<DataEndpoint> endpoints;
 };
 
 struct ChunkRange {
@@ -110,6 +112,7 @@ struct ChunkRange {
 struct HolderView {
   WorkerId worker;
   std::string data_address;
+  std::vector<DataEndpoint> endpoints;
   Labels labels;
   WorkerClass worker_class = WorkerClass::kReliable;
   uint64_t epoch = 0;
@@ -123,6 +126,8 @@ struct HolderView {
 // back on, and listing all of 10,000 per reader would cost the hub O(N) per
 // reader (O(N^2) per version).
 inline constexpr size_t kMaxResolveHolders = 64;
+// Transports a worker may advertise besides TCP.
+inline constexpr size_t kMaxDataEndpoints = 4;
 
 struct Resolution {
   Version version;

@@ -293,6 +293,35 @@ TEST_F(HubStateTest, ReRegisterWithNewAddressDropsOldReferences) {
   EXPECT_EQ(r->holders[0].data_address, "tcp://t-restarted:9000");
 }
 
+TEST_F(HubStateTest, TransportsAWorkerServesAreBoundedAndListedWithIt) {
+  WorkerRegistration reg;
+  reg.name = "t";
+  reg.data_address = "10.0.0.1:9000";
+  reg.endpoints = {{"UCX", "10.0.0.1:9001"}};  // names are lowercase
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  reg.endpoints = {{"ucx", ""}};
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  reg.endpoints.assign(kMaxDataEndpoints + 1, {"ucx", "10.0.0.1:9001"});
+  EXPECT_EQ(hub_.RegisterWorker(reg, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(hub_.num_workers(), 0u);
+
+  reg.endpoints = {{"ucx", "10.0.0.1:9001"}};
+  Result<WorkerId> t = hub_.RegisterWorker(reg, 0);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  auto g = Group("m", 1);
+  ASSERT_TRUE(Pub(*t, "m", 1, g, 0).ok());
+  WorkerId reader = Register("reader");
+  Result<Resolution> r = hub_.Resolve(reader, "m", Version(1), false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->holders.size(), 1u);
+  EXPECT_EQ(r->holders[0].data_address, "10.0.0.1:9000");
+  EXPECT_EQ(r->holders[0].endpoints,
+            (std::vector<DataEndpoint>{{"ucx", "10.0.0.1:9001"}}));
+}
+
 // ------------------------------------------------------------ publish
 
 TEST_F(HubStateTest, SingleRankPublishCommits) {

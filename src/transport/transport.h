@@ -128,6 +128,9 @@ class Server {
   // (kTLS: the bytes still leave straight from the served memory).
   virtual uint64_t connections_tls() const { return 0; }
   virtual uint64_t connections_kernel_tls() const { return 0; }
+  // Transports served besides the one at address() (a worker's set of
+  // servers, src/client/transport_set.h), with where they listen.
+  virtual std::vector<DataEndpoint> endpoints() const { return {}; }
 };
 
 // How one read moved its bytes, for metrics and FetchStats.
