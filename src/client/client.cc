@@ -321,6 +321,10 @@ class Client::Impl {
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    fo.on_sources = [&](const client::FetchReport& so_far) {
+      ReportProgress(model, v, manifest.total_bytes(), t_sources, so_far,
+                     /*done=*/false);
+    };
     fo.metrics = &metrics_;
     if (fill_epoch.has_value()) {
       fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
@@ -344,6 +348,9 @@ class Client::Impl {
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
     const auto t3 = SteadyClock::now();
+    // What each holder gave this reader, for the hub's slowest holders.
+    ReportProgress(model, v, manifest.total_bytes(), t_sources, *rep,
+                   /*done=*/true, t2);
     auto secs = [](SteadyClock::time_point a, SteadyClock::time_point b) {
       return std::max(0.0, std::chrono::duration<double>(b - a).count());
     };
@@ -377,6 +384,31 @@ class Client::Impl {
     st.tls_connections = rep->tls_connections;
     st.kernel_tls_connections = rep->kernel_tls_connections;
     return st;
+  }
+
+  // `tensorhub top`: a fetch's bytes so far, in all and per source, to the
+  // hub; best effort, at most kProgressReportMs (a hub that does not take
+  // it costs a line at debug level). `until`: when the transfer ended
+  // (default: now).
+  static constexpr int64_t kProgressReportMs = 1000;
+  void ReportProgress(const std::string& model, Version v, uint64_t total,
+                      SteadyClock::time_point since,
+                      const client::FetchReport& r, bool done,
+                      std::optional<SteadyClock::time_point> until = {}) {
+    client::ProgressUpdate u;
+    u.model = model;
+    u.version = v;
+    u.bytes_done = r.bytes;
+    u.bytes_total = total;
+    u.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       until.value_or(SteadyClock::now()) - since)
+                       .count();
+    for (const FetchSourceStats& ps : r.per_source) {
+      u.sources.emplace_back(ps.worker, ps.bytes);
+    }
+    u.done = done;
+    Status s = hub_->ReportProgress(id(), u, kProgressReportMs);
+    if (!s.ok()) TH_LOG(DEBUG) << "progress report: " << s.ToString();
   }
 
   // Aborts a fill (fence and drain the partial copy, tell the hub) when the
