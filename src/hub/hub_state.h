@@ -304,8 +304,9 @@ class HubState {
   // source's throughput for Snapshot's slowest holders. NOT_FOUND if the
   // hub does not know the reader. O(s log N) for s sources.
   Status ReportProgress(const ProgressReport& report, int64_t now_ms);
-  // Read only. O(versions + readers in flight + holders with rates), each
-  // list cut to `limits` (clamped to the kMaxSnapshot* bounds).
+  // Read only. O(versions + references of the listed versions + readers
+  // in flight + holders with rates), each list cut to `limits` (clamped to
+  // the kMaxSnapshot* bounds).
   HubSnapshot Snapshot(const SnapshotLimits& limits, int64_t now_ms) const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and
