@@ -57,7 +57,7 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data,
           size_t size) {
   grpc::ServerContext ctx;
   v1::Hub::Service* s = f.service.get();
-  switch (selector % 10) {
+  switch (selector % 12) {
     case 0: {
       v1::RegisterWorkerRequest req;
       v1::RegisterWorkerResponse resp;
@@ -128,6 +128,25 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data,
       v1::LeaveRequest req;
       v1::LeaveResponse resp;
       if (Parse(&req, data, size, f, worker)) (void)s->Leave(&ctx, &req, &resp);
+      return;
+    }
+    case 9: {
+      v1::ReportProgressRequest req;
+      v1::ReportProgressResponse resp;
+      if (Parse(&req, data, size, f, worker))
+        (void)s->ReportProgress(&ctx, &req, &resp);
+      return;
+    }
+    case 10: {
+      v1::SnapshotRequest req;
+      v1::SnapshotResponse resp;
+      if (!req.ParseFromArray(data, static_cast<int>(size))) return;
+      if (!s->Snapshot(&ctx, &req, &resp).ok()) __builtin_trap();
+      // Bounded whatever was asked (kMaxSnapshot*).
+      if (resp.models_size() > 256 || resp.transfers_size() > 1024 ||
+          resp.slowest_size() > 64) {
+        __builtin_trap();
+      }
       return;
     }
     default: {

@@ -64,6 +64,8 @@ step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
 step "the CLI as a full reader on the test bed (CLI fetches pipeline; loopback mistakes named)"
 bash tests/testbed/cli_pipeline_smoke.sh
+step "tensorhub top on a live fan-out (tmux: send-keys, capture-pane; plain output)"
+bash tests/testbed/top_smoke.sh
 step "rollout workloads (standalone, elastic, cross-DC) on small test beds"
 bash tests/testbed/workload_smoke.sh
 

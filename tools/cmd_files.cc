@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "cli_util.h"
 #include "common/deadline.h"
 #include "common/log.h"
+#include "fetch_pause.h"
 #include "safetensors/hf_checkpoint.h"
 #include "safetensors/safetensors.h"
 
@@ -150,6 +152,7 @@ struct FetchFlags {
   uint64_t step = 0;
   bool hold = false;
   std::string stats_json;
+  uint64_t pause_after_chunks = 0;  // hidden: tests (FetchPause)
 };
 
 constexpr uint64_t kFetchTimeoutMs = 600000;
@@ -406,7 +409,25 @@ int RunFetch(const FetchFlags& f) {
   fo.on_progress = [&bar](const FetchProgress& p) {
     bar.Update(p.bytes_done, p.bytes_total);
   };
+  // A test's known point mid-fetch (tests/testbed/top_smoke.sh): after that
+  // many chunks, say so on stderr and pull nothing more until a line (or
+  // EOF) on stdin.
+  std::optional<FetchPause> pause;
+  if (f.pause_after_chunks > 0) {
+    pause.emplace(
+        f.pause_after_chunks,
+        [](uint64_t n) {
+          std::fprintf(stderr, "paused after %llu chunks\n",
+                       static_cast<unsigned long long>(n));
+          std::fflush(stderr);
+        },
+        [] {
+          std::string line;
+          std::getline(std::cin, line);
+        });
+  }
   auto stats = (*client)->Fetch(ref->model, version, dest->tensors, fo);
+  pause.reset();
   bar.Finish();
   if (!stats.ok()) return Fail(stats.status());
   stop->Arm();
@@ -516,6 +537,10 @@ void AddFileCommands(CommandLine& cl) {
                 "deadline of the fetch (default 600000), and for reaching the "
                 "hub (default 10000)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{86400000}));
+  // Hidden: a known point mid-fetch for tests (see RunFetch).
+  c->add_option("--pause-after-chunks", f->pause_after_chunks,
+                "tests: pause after N verified chunks until a line on stdin")
+      ->group("");
   AddWorkerFlags(c, &f->worker);
 }
 

@@ -10,6 +10,7 @@ void AddFileCommands(CommandLine& cl);
 void AddRetainCommands(CommandLine& cl);
 void AddDemoCommands(CommandLine& cl);
 void AddBenchCommands(CommandLine& cl);
+void AddTopCommand(CommandLine& cl);
 }  // namespace tensorhub::cli
 
 int main(int argc, char** argv) {
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
                  "lists a command's flags.");
   AddServeCommand(cl);
   AddInspectCommands(cl);
+  AddTopCommand(cl);
   AddFileCommands(cl);
   AddRetainCommands(cl);
   AddDemoCommands(cl);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tensorhub/reshard.h"
+#include "tensorhub/snapshot.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -333,6 +334,30 @@ class Client {
   class Impl;
   friend class client::ClientFactory;
   explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A read-only view of the hub for monitoring (`tensorhub top`): it does not
+// register as a worker, holds nothing and serves nothing. Uses only
+// ClientOptions' hub_address (an HA set's list too), secret, TLS files
+// (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name) and
+// rpc_timeout_ms. Safe to call from several threads at once.
+class HubWatcher {
+ public:
+  // Reads and checks the TLS files (INVALID_ARGUMENT naming a bad one);
+  // connects lazily, so an unreachable hub shows at the first Snapshot.
+  static Result<std::unique_ptr<HubWatcher>> Connect(
+      const ClientOptions& options);
+  ~HubWatcher();
+  HubWatcher(const HubWatcher&) = delete;
+  HubWatcher& operator=(const HubWatcher&) = delete;
+
+  // One bounded view (snapshot.h), within rpc_timeout_ms.
+  Result<HubSnapshot> Snapshot(const SnapshotLimits& limits = {});
+
+ private:
+  class Impl;
+  explicit HubWatcher(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

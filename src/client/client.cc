@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -56,6 +57,7 @@ class Client::Impl {
     }
     cv_.notify_all();
     if (heartbeat_.joinable()) heartbeat_.join();
+    if (!id_.empty()) SendDoneReports();
     // Leave while still serving: the hub may hold the call (renewing our
     // lease) until keepers copied retained versions only we hold. Best
     // effort: if the hub does not answer, our lease expiring has the same
@@ -343,6 +345,10 @@ class Client::Impl {
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    fo.on_sources = [&](const client::FetchReport& so_far) {
+      ReportProgress(Progress(model, v, manifest.total_bytes(), t_sources,
+                              so_far, /*done=*/false));
+    };
     fo.metrics = &metrics_;
     if (fill_epoch.has_value()) {
       fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
@@ -366,6 +372,10 @@ class Client::Impl {
       if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     }
     const auto t3 = SteadyClock::now();
+    // What each holder gave this reader, for the hub's slowest holders:
+    // sent by the heartbeat thread (SendDoneReports), so no fetch waits.
+    QueueDoneReport(Progress(model, v, manifest.total_bytes(), t_sources, *rep,
+                             /*done=*/true, t2));
     auto secs = [](SteadyClock::time_point a, SteadyClock::time_point b) {
       return std::max(0.0, std::chrono::duration<double>(b - a).count());
     };
@@ -399,6 +409,52 @@ class Client::Impl {
     st.tls_connections = rep->tls_connections;
     st.kernel_tls_connections = rep->kernel_tls_connections;
     return st;
+  }
+
+  // `tensorhub top`: a fetch's bytes so far, in all and per source, since
+  // its data transfer began (`since`) until `until` (default: now).
+  static client::ProgressUpdate Progress(
+      const std::string& model, Version v, uint64_t total,
+      SteadyClock::time_point since, const client::FetchReport& r, bool done,
+      std::optional<SteadyClock::time_point> until = {}) {
+    client::ProgressUpdate u;
+    u.model = model;
+    u.version = v;
+    u.bytes_done = r.bytes;
+    u.bytes_total = total;
+    u.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       until.value_or(SteadyClock::now()) - since)
+                       .count();
+    for (const FetchSourceStats& ps : r.per_source) {
+      u.sources.emplace_back(ps.worker, ps.bytes);
+    }
+    u.done = done;
+    return u;
+  }
+
+  // Sends one report; best effort, at most kProgressReportMs (a hub that
+  // does not take it costs a line at debug level).
+  static constexpr int64_t kProgressReportMs = 1000;
+  void ReportProgress(const client::ProgressUpdate& u) {
+    Status s = hub_->ReportProgress(id(), u, kProgressReportMs);
+    if (!s.ok()) TH_LOG(DEBUG) << "progress report: " << s.ToString();
+  }
+
+  // Final reports wait for the heartbeat thread (or the destructor); at
+  // most kMaxDoneReports, the oldest dropped (they are soft state).
+  static constexpr size_t kMaxDoneReports = 64;
+  void QueueDoneReport(client::ProgressUpdate u) {
+    MutexLock lock(mu_);
+    if (done_reports_.size() >= kMaxDoneReports) done_reports_.pop_front();
+    done_reports_.push_back(std::move(u));
+  }
+  void SendDoneReports() {
+    std::deque<client::ProgressUpdate> reports;
+    {
+      MutexLock lock(mu_);
+      reports.swap(done_reports_);
+    }
+    for (const client::ProgressUpdate& u : reports) ReportProgress(u);
   }
 
   // Aborts a fill (fence and drain the partial copy, tell the hub) when the
@@ -1003,6 +1059,7 @@ class Client::Impl {
         TH_LOG(DEBUG) << "heartbeat: " << s.ToString();
       } else {
         RetryPending(id);
+        SendDoneReports();
       }
       lock.Lock();
     }
@@ -1083,6 +1140,7 @@ class Client::Impl {
   bool stopping_ TH_GUARDED_BY(mu_) = false;
   std::set<std::pair<std::string, Version>> pending_unpublish_
       TH_GUARDED_BY(mu_);
+  std::deque<client::ProgressUpdate> done_reports_ TH_GUARDED_BY(mu_);
   std::thread heartbeat_;
 };
 

@@ -22,6 +22,7 @@
 
 #include "common/manifest.h"
 #include "tensorhub/client.h"
+#include "tensorhub/snapshot.h"
 #include "tensorhub/status.h"
 
 namespace tensorhub::client {
@@ -68,6 +69,18 @@ struct KeeperPollResult {
   std::vector<KeeperItem> release;
   std::vector<KeeperItem> pinned;
   uint64_t hub_incarnation = 0;
+};
+
+// A fetch's progress for the hub (`tensorhub top`): bytes so far, in all
+// and from each source, since its data transfer began `elapsed_ms` ago.
+struct ProgressUpdate {
+  std::string model;
+  Version version;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  int64_t elapsed_ms = 0;
+  std::vector<std::pair<WorkerId, uint64_t>> sources;
+  bool done = false;  // the fetch succeeded; the last report
 };
 
 class ControlPlane {
@@ -127,6 +140,18 @@ class ControlPlane {
                         bool retain) = 0;
   virtual Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
                                               int64_t wait_ms) = 0;
+  // `tensorhub top`'s two calls. Neither is needed for a fetch to work: a
+  // control plane without them (a test's) answers FAILED_PRECONDITION.
+  virtual Status ReportProgress(const WorkerId& reader,
+                                const ProgressUpdate& update,
+                                int64_t timeout_ms = -1) {
+    (void)reader, (void)update, (void)timeout_ms;
+    return FailedPrecondition("this control plane takes no progress reports");
+  }
+  virtual Result<HubSnapshot> Snapshot(const SnapshotLimits& limits) {
+    (void)limits;
+    return FailedPrecondition("this control plane has no snapshots");
+  }
 };
 
 // TLS to the hub: the PEM text of ClientOptions' files, read and checked

@@ -195,13 +195,23 @@ class FetchRun {
 
   // On the calling thread, until every stream has ended: at most one
   // on_progress per kProgressIntervalMs, never under mu_.
+  // Also on_sources, every sources_interval_ms.
   void DeliverProgress() {
     static constexpr int64_t kProgressIntervalMs = 50;
     uint64_t reported = 0;
+    int64_t sources_ms = clock_.NowMs();
     MutexLock lock(mu_);
     while (running_ > 0) {
       cv_.wait_for(lock.native(),
                    std::chrono::milliseconds(kProgressIntervalMs));
+      if (options_.on_sources && running_ > 0 &&
+          clock_.NowMs() - sources_ms >= options_.sources_interval_ms) {
+        sources_ms = clock_.NowMs();
+        const FetchReport so_far = plan_.Report();
+        lock.Unlock();
+        options_.on_sources(so_far);
+        lock.Lock();
+      }
       const uint64_t bytes = plan_.bytes_done();
       if (!options_.on_progress || bytes == reported || running_ == 0) continue;
       reported = bytes;

@@ -37,6 +37,7 @@
 namespace tensorhub::client {
 
 class ClientMetrics;  // client/client_metrics.h
+struct FetchReport;   // below
 
 struct FetchSource {
   std::string worker;  // the hub's id for it (for excluding it later)
@@ -79,6 +80,13 @@ struct FetcherOptions {
   int64_t steal_min_ms = 1000;
   int steal_factor = 4;
   std::function<void(const FetchProgress&)> on_progress;
+  // Called every sources_interval_ms while the fetch runs, whether bytes
+  // moved or not (so a stalled fetch still reports), from the calling
+  // thread with no lock held: the bytes so far in all and per source
+  // (FetchReport's bytes and per_source only). The worker sends it to the
+  // hub for `tensorhub top`; a slow callback holds up no stream.
+  std::function<void(const FetchReport& so_far)> on_sources;
+  int64_t sources_interval_ms = 1000;
   // Called once per chunk right after it was verified (from a stream
   // thread, no lock held): the caller may serve it onward from then on.
   std::function<void(uint64_t global_chunk)> on_chunk;

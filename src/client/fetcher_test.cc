@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/registry.h"
+#include "common/test_point.h"
 #include "transport/fake/fake_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
@@ -288,6 +289,59 @@ TEST_F(FetcherTest, ProgressReachesTheTotal) {
     if (i > 0) {
       EXPECT_GE(seen[i].bytes_done, seen[i - 1].bytes_done);
     }
+  }
+}
+
+// `tensorhub top`'s source: per-source bytes every sources_interval_ms,
+// also while no byte moves (the streams held at a test point after their
+// second chunk), and summing to the bytes done.
+TEST_F(FetcherTest, SourcesAreReportedAlsoWhileTheFetchStalls) {
+  TestVersion v = MakeVersion(17, 1, 4096, 40);
+  Holder h(*tcp_, v, {0}, "m", 1);
+  Destination d(v);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  std::vector<FetchReport> seen;
+  testpoint::Arm("fetcher.chunk_done", [&](uint64_t n) {
+    if (n < 2) return;
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return go; });
+  });
+  FetcherOptions o = TestOptions();
+  o.sources_interval_ms = 1;
+  o.on_sources = [&](const FetchReport& r) {
+    std::lock_guard<std::mutex> l(mu);
+    seen.push_back(r);
+    cv.notify_all();
+  };
+  std::thread release([&] {
+    std::unique_lock<std::mutex> l(mu);
+    // Two reports with bytes and the same count: the fetch stands still.
+    const bool stalled = cv.wait_for(l, milliseconds(kGenerousMs), [&] {
+      const size_t n = seen.size();
+      return n >= 2 && seen[n - 1].bytes > 0 &&
+             seen[n - 1].bytes == seen[n - 2].bytes;
+    });
+    EXPECT_TRUE(stalled) << "no reports while the streams were held";
+    go = true;
+    cv.notify_all();
+  });
+  Result<FetchReport> r = RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()},
+                                   nullptr, o, Deadline::AfterMs(kGenerousMs));
+  release.join();
+  testpoint::Disarm("fetcher.chunk_done");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(d.data, v.data);
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_GE(seen.size(), 2u);
+  for (const FetchReport& s : seen) {
+    uint64_t sum = 0;
+    for (const FetchSourceStats& ps : s.per_source) {
+      EXPECT_EQ(ps.worker, WorkerId(h.Source().worker));
+      sum += ps.bytes;
+    }
+    EXPECT_EQ(sum, s.bytes);
   }
 }
 

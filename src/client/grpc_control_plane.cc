@@ -99,6 +99,9 @@ class GrpcControlPlane final : public ControlPlane {
                 bool retain) override;
   Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
                                       int64_t wait_ms) override;
+  Status ReportProgress(const WorkerId& reader, const ProgressUpdate& update,
+                        int64_t timeout_ms) override;
+  Result<HubSnapshot> Snapshot(const SnapshotLimits& limits) override;
 
  private:
   // One hub the client may call.
@@ -566,6 +569,41 @@ Result<KeeperPollResult> GrpcControlPlane::KeeperPoll(const WorkerId& keeper,
   }
   out.hub_incarnation = resp.hub_incarnation();
   return out;
+}
+
+Status GrpcControlPlane::ReportProgress(const WorkerId& reader,
+                                        const ProgressUpdate& u,
+                                        int64_t timeout_ms) {
+  v1::ReportProgressRequest req;
+  req.set_worker_id(reader.value());
+  req.set_model(u.model);
+  req.set_version(u.version.value());
+  req.set_bytes_done(u.bytes_done);
+  req.set_bytes_total(u.bytes_total);
+  req.set_elapsed_ms(static_cast<uint64_t>(std::max<int64_t>(0, u.elapsed_ms)));
+  for (const auto& [src, bytes] : u.sources) {
+    if (req.sources_size() >= static_cast<int>(kMaxProgressSources)) break;
+    v1::SourceBytes* sb = req.add_sources();
+    sb->set_worker_id(src.value());
+    sb->set_bytes(bytes);
+  }
+  req.set_done(u.done);
+  v1::ReportProgressResponse resp;
+  return Call(&v1::Hub::Stub::ReportProgress, req, &resp, "progress report",
+              Within(timeout_ms));
+}
+
+Result<HubSnapshot> GrpcControlPlane::Snapshot(const SnapshotLimits& limits) {
+  v1::SnapshotRequest req;
+  req.set_max_models(limits.models);
+  req.set_max_versions_per_model(limits.versions_per_model);
+  req.set_max_holders_per_version(limits.holders_per_version);
+  req.set_max_transfers(limits.transfers);
+  req.set_max_slowest(limits.slowest);
+  v1::SnapshotResponse resp;
+  TH_RETURN_IF_ERROR(
+      Call(&v1::Hub::Stub::Snapshot, req, &resp, "snapshot", rpc_timeout_ms_));
+  return wire::FromProto(resp);
 }
 
 Result<std::vector<ModelInfo>> GrpcControlPlane::List() {

@@ -395,6 +395,50 @@ class HubServiceImpl final : public v1::Hub::Service {
     return grpc::Status::OK;
   }
 
+  // `tensorhub top`: a progress report costs one lookup of the version and
+  // a copy of at most kMaxProgressSources counters; nothing durable.
+  grpc::Status ReportProgress(ServerContext* ctx,
+                              const v1::ReportProgressRequest* req,
+                              v1::ReportProgressResponse*) override {
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
+    ProgressReport p;
+    p.reader = WorkerId(req->worker_id());
+    p.model = req->model();
+    p.version = Version(req->version());
+    p.bytes_done = req->bytes_done();
+    p.bytes_total = req->bytes_total();
+    p.elapsed_ms = static_cast<int64_t>(
+        std::min<uint64_t>(req->elapsed_ms(), uint64_t{1} << 62));
+    for (const v1::SourceBytes& sb : req->sources()) {
+      if (p.sources.size() >= kMaxProgressSources) break;
+      p.sources.emplace_back(WorkerId(sb.worker_id()), sb.bytes());
+    }
+    p.done = req->done();
+    MutexLock lock(mu_);
+    return Answer(ctx, state_.ReportProgress(p, NowMs()));
+  }
+
+  grpc::Status Snapshot(ServerContext* ctx, const v1::SnapshotRequest* req,
+                        v1::SnapshotResponse* resp) override {
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
+    SnapshotLimits lim;
+    auto set = [](uint32_t asked, uint32_t& field) {
+      if (asked != 0) field = asked;
+    };
+    set(req->max_models(), lim.models);
+    set(req->max_versions_per_model(), lim.versions_per_model);
+    set(req->max_holders_per_version(), lim.holders_per_version);
+    set(req->max_transfers(), lim.transfers);
+    set(req->max_slowest(), lim.slowest);
+    HubSnapshot snap;
+    {
+      MutexLock lock(mu_);
+      snap = state_.Snapshot(lim, NowMs());
+    }
+    wire::ToProto(snap, resp);
+    return grpc::Status::OK;
+  }
+
   grpc::Status Leave(ServerContext* ctx, const v1::LeaveRequest* req,
                      v1::LeaveResponse*) override {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;

@@ -421,7 +421,7 @@ Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
   ref.epoch = epoch;
   ref.filling = filling;
   File(v, worker, ref, w.reg.labels);
-  if (!filling) Release(v, worker);
+  if (!filling) EndFetch(v, worker);
   UpdateAvailability(v);
   w.refs.insert({model, version});
   return Status::Ok();
@@ -459,7 +459,7 @@ void HubState::DropReference(const std::string& model, Version version,
   Unfile(v, rit->second);
   v.refs.erase(rit);
   v.departing.erase(worker);
-  Release(v, worker);
+  EndFetch(v, worker);
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
     // complete. Abort it and drop the other ranks' references.
@@ -766,6 +766,11 @@ void HubState::Release(VersionEntry& v, const WorkerId& reader) {
   v.assignments.erase(it);
 }
 
+void HubState::EndFetch(VersionEntry& v, const WorkerId& reader) {
+  Release(v, reader);
+  v.progress.erase(reader);
+}
+
 HubState::VersionEntry* HubState::FindVersion(const std::string& model,
                                               Version version) {
   auto mit = models_.find(model);
@@ -997,7 +1002,7 @@ std::vector<HolderView> HubState::Assign(VersionEntry& v,
 void HubState::FetchDone(const WorkerId& reader, const std::string& model,
                          Version version) {
   VersionEntry* v = FindVersion(model, version);
-  if (v != nullptr) Release(*v, reader);
+  if (v != nullptr) EndFetch(*v, reader);
 }
 
 std::vector<ModelSummary> HubState::List() const {
@@ -1049,6 +1054,162 @@ HubStats HubState::Stats() const {
   return st;
 }
 
+// ---- tensorhub top ----
+
+Status HubState::ReportProgress(const ProgressReport& p, int64_t now_ms) {
+  if (workers_.count(p.reader) == 0) {
+    return NotFound("hub does not know worker " + p.reader.value() +
+                    "; register again");
+  }
+  if (p.done) {
+    // Each source's throughput as this reader saw it. Sources the hub no
+    // longer knows are skipped (rates_ holds known workers only).
+    const int64_t ms = std::max<int64_t>(1, p.elapsed_ms);
+    size_t n = 0;
+    for (const auto& [src, bytes] : p.sources) {
+      if (++n > kMaxProgressSources) break;
+      if (bytes == 0 || workers_.count(src) == 0) continue;
+      std::vector<RateSample>& samples = rates_[src];
+      if (samples.size() >= kMaxRateSamples) samples.erase(samples.begin());
+      samples.push_back({static_cast<double>(bytes) * 1000.0 / ms, now_ms});
+    }
+  }
+  VersionEntry* v = FindVersion(p.model, p.version);
+  if (v == nullptr) return Status::Ok();
+  if (p.done) {
+    v->progress.erase(p.reader);
+    return Status::Ok();
+  }
+  // Only a fetch the hub counts as in flight: what bounds the entries.
+  if (v->assignments.count(p.reader) == 0) return Status::Ok();
+  ReaderProgress& rp = v->progress[p.reader];
+  rp.bytes_done = p.bytes_done;
+  rp.bytes_total = p.bytes_total;
+  rp.elapsed_ms = std::max<int64_t>(0, p.elapsed_ms);
+  rp.sources.assign(
+      p.sources.begin(),
+      p.sources.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(
+                              p.sources.size(), kMaxProgressSources)));
+  return Status::Ok();
+}
+
+std::string HubState::NameOf(const WorkerId& id) const {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? std::string() : it->second.reg.name;
+}
+
+HubSnapshot HubState::Snapshot(const SnapshotLimits& want,
+                               int64_t now_ms) const {
+  SnapshotLimits lim;
+  lim.models = std::min(want.models, kMaxSnapshotModels);
+  lim.versions_per_model =
+      std::min(want.versions_per_model, kMaxSnapshotVersions);
+  lim.holders_per_version =
+      std::min(want.holders_per_version, kMaxSnapshotHolders);
+  lim.transfers = std::min(want.transfers, kMaxSnapshotTransfers);
+  lim.slowest = std::min(want.slowest, kMaxSnapshotSlowest);
+  auto rate = [](uint64_t bytes, int64_t ms) {
+    return ms > 0 ? static_cast<double>(bytes) * 1000.0 / ms : 0.0;
+  };
+  HubSnapshot out;
+  out.workers = static_cast<uint32_t>(workers_.size());
+  out.models_total = static_cast<uint32_t>(models_.size());
+  for (const auto& [name, m] : models_) {
+    const bool listed = out.models.size() < lim.models;
+    SnapshotModel sm;
+    sm.model = name;
+    sm.versions_total = static_cast<uint32_t>(m.versions.size());
+    uint32_t listed_versions = 0;
+    for (auto vit = m.versions.rbegin(); vit != m.versions.rend(); ++vit) {
+      const Version version = vit->first;
+      const VersionEntry& v = vit->second;
+      // Every version's fetches count; only listed ones are described.
+      for (const auto& [reader, sources] : v.assignments) {
+        ++out.transfers_total;
+        if (out.transfers.size() >= lim.transfers) continue;
+        SnapshotTransfer t;
+        t.model = name;
+        t.version = version;
+        t.reader = reader;
+        t.reader_name = NameOf(reader);
+        std::map<WorkerId, uint64_t> bytes;
+        auto pit = v.progress.find(reader);
+        if (pit != v.progress.end()) {
+          const ReaderProgress& p = pit->second;
+          t.reported = true;
+          t.bytes_done = p.bytes_done;
+          t.bytes_total = p.bytes_total;
+          t.elapsed_ms = p.elapsed_ms;
+          t.bytes_per_second = rate(p.bytes_done, p.elapsed_ms);
+          for (const auto& [src, b] : p.sources) bytes[src] += b;
+        }
+        if (t.bytes_total == 0 && v.manifest.has_value()) {
+          t.bytes_total = v.manifest->total_bytes();
+        }
+        // The assigned sources first, then others it read from earlier.
+        std::set<WorkerId> seen;
+        auto add = [&](const WorkerId& src) {
+          if (t.sources.size() >= kMaxProgressSources ||
+              !seen.insert(src).second) {
+            return;
+          }
+          auto b = bytes.find(src);
+          const uint64_t n = b == bytes.end() ? 0 : b->second;
+          t.sources.push_back({src, NameOf(src), n, rate(n, t.elapsed_ms)});
+        };
+        for (const WorkerId& src : sources) add(src);
+        for (const auto& [src, b] : bytes) add(src);
+        out.transfers.push_back(std::move(t));
+      }
+      if (!listed || listed_versions >= lim.versions_per_model) continue;
+      ++listed_versions;
+      SnapshotVersion sv;
+      sv.version = version;
+      sv.state = v.state;
+      sv.retained = IsRetained(m, version, v);
+      if (v.manifest.has_value()) {
+        sv.total_bytes = v.manifest->total_bytes();
+      } else {
+        for (const auto& p : v.parts) {
+          if (p.has_value()) sv.total_bytes += p->part_bytes;
+        }
+      }
+      for (const auto& [id, r] : v.refs) {
+        ++(r.filling ? sv.holders_filling : sv.holders_complete);
+      }
+      for (bool filling : {false, true}) {
+        for (const auto& [id, r] : v.refs) {
+          if (r.filling != filling) continue;
+          if (sv.holders.size() >= lim.holders_per_version) break;
+          sv.holders.push_back({id, NameOf(id), r.filling});
+        }
+      }
+      sm.versions.push_back(std::move(sv));
+    }
+    if (listed) out.models.push_back(std::move(sm));
+  }
+  for (const auto& [id, samples] : rates_) {
+    double sum = 0;
+    uint32_t n = 0;
+    for (const RateSample& s : samples) {
+      if (now_ms - s.at_ms > kRateWindowMs) continue;
+      sum += s.bytes_per_second;
+      ++n;
+    }
+    if (n == 0) continue;
+    out.slowest.push_back({id, NameOf(id), sum / n, n});
+  }
+  std::sort(out.slowest.begin(), out.slowest.end(),
+            [](const SnapshotHolderRate& a, const SnapshotHolderRate& b) {
+              if (a.bytes_per_second != b.bytes_per_second) {
+                return a.bytes_per_second < b.bytes_per_second;
+              }
+              return a.worker < b.worker;
+            });
+  if (out.slowest.size() > lim.slowest) out.slowest.resize(lim.slowest);
+  return out;
+}
+
 void HubState::ExpireLeases(int64_t now_ms) {
   std::vector<WorkerId> expired;
   for (const auto& [id, w] : workers_) {
@@ -1073,8 +1234,9 @@ void HubState::RemoveWorker(const WorkerId& id) {
   for (const auto& [model, version] : refs) DropReference(model, version, id);
   // A reader that served nothing may still have sources assigned.
   for (auto& [name, m] : models_) {
-    for (auto& [version, v] : m.versions) Release(v, id);
+    for (auto& [version, v] : m.versions) EndFetch(v, id);
   }
+  rates_.erase(id);
   workers_.erase(id);
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/manifest.h"
+#include "tensorhub/snapshot.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -203,6 +204,26 @@ struct HubStats {
   size_t readers_scheduled = 0;
 };
 
+// A fetching worker's progress (ReportProgress): bytes done in all and per
+// source, cumulative since its data transfer began `elapsed_ms` ago.
+struct ProgressReport {
+  WorkerId reader;
+  std::string model;
+  Version version;
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  int64_t elapsed_ms = 0;
+  std::vector<std::pair<WorkerId, uint64_t>> sources;  // bytes read from each
+  // The fetch ended successfully: record each source's throughput
+  // (bytes over elapsed_ms) and drop the fetch's progress.
+  bool done = false;
+};
+
+// A holder's measured throughputs are kept for this long, at most
+// kMaxRateSamples per holder (the newest).
+inline constexpr int64_t kRateWindowMs = 300000;
+inline constexpr size_t kMaxRateSamples = 8;
+
 // Names of models: 1-256 printable ASCII characters without '@' or spaces.
 Status ValidateModelName(const std::string& model);
 
@@ -278,6 +299,20 @@ class HubState {
   std::vector<ModelSummary> List() const;
   // Read only; O(versions + references).
   HubStats Stats() const;
+
+  // ---- `tensorhub top` (docs/design.md, "tensorhub top") ----
+  // A fetch's progress. Kept only while the hub counts the reader's fetch
+  // as in flight (it has sources from Schedule): one entry per reader and
+  // version, dropped when the fetch ends (FetchDone, a full AddHolder, the
+  // reader's reference dropped) or the reader leaves; a report for a fetch
+  // the hub does not count as in flight is ignored. `done` records each
+  // source's throughput for Snapshot's slowest holders. NOT_FOUND if the
+  // hub does not know the reader. O(s log N) for s sources.
+  Status ReportProgress(const ProgressReport& report, int64_t now_ms);
+  // Read only. O(versions + references of the listed versions + readers
+  // in flight + holders with rates), each list cut to `limits` (clamped to
+  // the kMaxSnapshot* bounds).
+  HubSnapshot Snapshot(const SnapshotLimits& limits, int64_t now_ms) const;
   // Drops workers whose lease ended, with all their references. A scan of
   // all workers: it runs a few times per lease, not once per request, and
   // costs less than keeping an expiry order current on every heartbeat.
@@ -401,6 +436,17 @@ class HubState {
     std::map<uint32_t, WorkerId> rank_holders;  // trainer rank -> its worker
     size_t full_complete = 0;  // holders of every chunk that are not filling
   };
+  struct ReaderProgress {
+    uint64_t bytes_done = 0;
+    uint64_t bytes_total = 0;
+    int64_t elapsed_ms = 0;
+    std::vector<std::pair<WorkerId, uint64_t>> sources;
+  };
+  struct RateSample {
+    double bytes_per_second = 0;
+    int64_t at_ms = 0;
+  };
+
   struct VersionEntry {
     VersionState state = VersionState::kPending;
     uint32_t group_size = 0;
@@ -417,6 +463,8 @@ class HubState {
     std::map<WorkerId, std::vector<WorkerId>> assignments;
     bool retained = false;         // an explicit Retain pin
     std::set<WorkerId> departing;  // holders waiting to leave it
+    // Readers in `assignments` that reported progress (ReportProgress).
+    std::map<WorkerId, ReaderProgress> progress;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -478,6 +526,9 @@ class HubState {
                       const std::string& model, Version version,
                       VersionEntry& v, uint64_t epoch, bool filling);
   static void Release(VersionEntry& v, const WorkerId& reader);
+  // The reader's fetch of `v` ended: Release, and drop its progress.
+  static void EndFetch(VersionEntry& v, const WorkerId& reader);
+  std::string NameOf(const WorkerId& id) const;
   static void File(VersionEntry& v, const WorkerId& id, Reference& r,
                    const Labels& labels);
   static void Unfile(VersionEntry& v, Reference& r);
@@ -503,6 +554,9 @@ class HubState {
   // (model, group) -> pins; bounded by config_.max_groups.
   std::map<std::pair<std::string, std::string>, GroupPins> groups_;
   std::vector<DurableChange> durable_changes_;  // with record_durable
+  // Holder -> its throughputs as readers measured them (ReportProgress
+  // done), oldest first: at most kMaxRateSamples, known workers only.
+  std::map<WorkerId, std::vector<RateSample>> rates_;
 };
 
 }  // namespace tensorhub::hub

@@ -1803,5 +1803,200 @@ TEST_F(HubStateTest, ANewLeaderStartsFromTheDurableFacts) {
       StatusCode::kFailedPrecondition);  // older than the steps it keeps
 }
 
+// ------------------------------------------------------------ top
+
+ProgressReport Progress(const WorkerId& reader, uint64_t done, uint64_t total,
+                        int64_t elapsed_ms,
+                        std::vector<std::pair<WorkerId, uint64_t>> sources,
+                        bool finished = false) {
+  ProgressReport p;
+  p.reader = reader;
+  p.model = "m";
+  p.version = Version(1);
+  p.bytes_done = done;
+  p.bytes_total = total;
+  p.elapsed_ms = elapsed_ms;
+  p.sources = std::move(sources);
+  p.done = finished;
+  return p;
+}
+
+TEST_F(HubStateTest, SnapshotListsVersionsHoldersAndTransfersInFlight) {
+  WorkerId t = Register("trainer");
+  auto g = Group("m", 1, 9);
+  Manifest m = ManifestOf(g);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  WorkerId r = Register("reader");
+  ASSERT_TRUE(hub_.AddHolder(r, "m", Version(1), 1, m, 0, true).ok());
+  ASSERT_TRUE(hub_.Schedule(r, "m", Version(1), {}, 4).ok());
+
+  HubSnapshot s = hub_.Snapshot(SnapshotLimits{}, 0);
+  EXPECT_EQ(s.workers, 2u);
+  ASSERT_EQ(s.models.size(), 1u);
+  ASSERT_EQ(s.models[0].versions.size(), 1u);
+  const SnapshotVersion& v = s.models[0].versions[0];
+  EXPECT_EQ(v.state, VersionState::kCommitted);
+  EXPECT_EQ(v.total_bytes, m.total_bytes());
+  EXPECT_EQ(v.holders_complete, 1u);
+  EXPECT_EQ(v.holders_filling, 1u);
+  ASSERT_EQ(v.holders.size(), 2u);
+  EXPECT_EQ(v.holders[0].name, "trainer");  // complete ones first
+  EXPECT_FALSE(v.holders[0].filling);
+  EXPECT_EQ(v.holders[1].name, "reader");
+  EXPECT_TRUE(v.holders[1].filling);
+
+  // Before its first report: in flight, sources known, progress not.
+  ASSERT_EQ(s.transfers_total, 1u);
+  ASSERT_EQ(s.transfers.size(), 1u);
+  EXPECT_EQ(s.transfers[0].reader_name, "reader");
+  EXPECT_FALSE(s.transfers[0].reported);
+  EXPECT_EQ(s.transfers[0].bytes_total, m.total_bytes());
+  ASSERT_EQ(s.transfers[0].sources.size(), 1u);
+  EXPECT_EQ(s.transfers[0].sources[0].name, "trainer");
+
+  ASSERT_TRUE(hub_.ReportProgress(
+                      Progress(r, 3000, m.total_bytes(), 1500, {{t, 3000}}), 10)
+                  .ok());
+  s = hub_.Snapshot(SnapshotLimits{}, 10);
+  ASSERT_EQ(s.transfers.size(), 1u);
+  const SnapshotTransfer& x = s.transfers[0];
+  EXPECT_TRUE(x.reported);
+  EXPECT_EQ(x.bytes_done, 3000u);
+  EXPECT_EQ(x.elapsed_ms, 1500);
+  EXPECT_DOUBLE_EQ(x.bytes_per_second, 2000.0);
+  ASSERT_EQ(x.sources.size(), 1u);
+  EXPECT_EQ(x.sources[0].bytes, 3000u);
+  EXPECT_DOUBLE_EQ(x.sources[0].bytes_per_second, 2000.0);
+  EXPECT_TRUE(s.slowest.empty());
+
+  // A full AddHolder ends the fetch: its progress goes with it.
+  ASSERT_TRUE(hub_.AddHolder(r, "m", Version(1), 1, m, 20, false).ok());
+  s = hub_.Snapshot(SnapshotLimits{}, 20);
+  EXPECT_EQ(s.transfers_total, 0u);
+  EXPECT_TRUE(s.transfers.empty());
+  EXPECT_EQ(s.models[0].versions[0].holders_complete, 2u);
+}
+
+TEST_F(HubStateTest, ProgressOfAFetchNotInFlightIsIgnoredAndEndsWithIt) {
+  WorkerId t = Register("trainer");
+  auto g = Group("m", 1, 9);
+  Manifest m = ManifestOf(g);
+  ASSERT_EQ(*Pub(t, "m", 1, g, 0), VersionState::kCommitted);
+  WorkerId r = Register("reader");
+  // Unknown reader: NOT_FOUND (it registers again, as for any call).
+  EXPECT_EQ(
+      hub_.ReportProgress(Progress(WorkerId("w-x"), 1, 2, 3, {}), 0).code(),
+      StatusCode::kNotFound);
+  // Not scheduled: nothing is kept, nothing listed.
+  EXPECT_TRUE(hub_.ReportProgress(Progress(r, 10, 20, 30, {{t, 10}}), 0).ok());
+  EXPECT_TRUE(hub_.Snapshot(SnapshotLimits{}, 0).transfers.empty());
+  // Unknown version: ignored too.
+  ProgressReport other = Progress(r, 10, 20, 30, {});
+  other.version = Version(9);
+  EXPECT_TRUE(hub_.ReportProgress(other, 0).ok());
+
+  ASSERT_TRUE(hub_.Schedule(r, "m", Version(1), {}, 4).ok());
+  ASSERT_TRUE(hub_.ReportProgress(Progress(r, 10, 20, 30, {{t, 10}}), 0).ok());
+  ASSERT_TRUE(hub_.Snapshot(SnapshotLimits{}, 0).transfers[0].reported);
+  // Scheduled again (a refresh): the fetch goes on, and so does its progress.
+  ASSERT_TRUE(hub_.Schedule(r, "m", Version(1), {}, 4).ok());
+  ASSERT_TRUE(hub_.Snapshot(SnapshotLimits{}, 0).transfers[0].reported);
+  // FetchDone ends it; a stale report after that is not kept.
+  hub_.FetchDone(r, "m", Version(1));
+  EXPECT_TRUE(hub_.ReportProgress(Progress(r, 11, 20, 40, {{t, 11}}), 0).ok());
+  EXPECT_TRUE(hub_.Snapshot(SnapshotLimits{}, 0).transfers.empty());
+
+  // The reader leaving ends it as well.
+  ASSERT_TRUE(hub_.Schedule(r, "m", Version(1), {}, 4).ok());
+  ASSERT_TRUE(hub_.ReportProgress(Progress(r, 10, 20, 30, {{t, 10}}), 0).ok());
+  ASSERT_TRUE(hub_.Leave(r).ok());
+  HubSnapshot s = hub_.Snapshot(SnapshotLimits{}, 0);
+  EXPECT_EQ(s.transfers_total, 0u);
+  EXPECT_EQ(s.workers, 1u);
+}
+
+TEST_F(HubStateTest, SlowestHoldersFromFinishedFetchesBoundedAndForgotten) {
+  WorkerId a = Register("a");
+  WorkerId b = Register("b");
+  WorkerId c = Register("c");
+  WorkerId r = Register("reader");
+  // Throughputs: a 1000 B/s, b 4000 and 2000 (mean 3000), c 8000.
+  ASSERT_TRUE(hub_.ReportProgress(
+                      Progress(r, 0, 0, 1000, {{a, 1000}, {b, 4000}}, true), 0)
+                  .ok());
+  ASSERT_TRUE(
+      hub_.ReportProgress(
+              Progress(r, 0, 0, 2000,
+                       {{b, 4000}, {c, 16000}, {WorkerId("gone"), 1}}, true),
+              0)
+          .ok());
+  HubSnapshot s = hub_.Snapshot(SnapshotLimits{}, 0);
+  ASSERT_EQ(s.slowest.size(), 3u);  // the unknown worker is not recorded
+  EXPECT_EQ(s.slowest[0].name, "a");
+  EXPECT_DOUBLE_EQ(s.slowest[0].bytes_per_second, 1000.0);
+  EXPECT_EQ(s.slowest[1].name, "b");
+  EXPECT_DOUBLE_EQ(s.slowest[1].bytes_per_second, 3000.0);
+  EXPECT_EQ(s.slowest[1].samples, 2u);
+  EXPECT_EQ(s.slowest[2].name, "c");
+  SnapshotLimits two;
+  two.slowest = 2;
+  EXPECT_EQ(hub_.Snapshot(two, 0).slowest.size(), 2u);
+
+  // At most kMaxRateSamples per holder, the newest kept.
+  for (size_t i = 0; i < kMaxRateSamples + 3; ++i) {
+    ASSERT_TRUE(
+        hub_.ReportProgress(Progress(r, 0, 0, 1000, {{a, 500}}, true), 1).ok());
+  }
+  s = hub_.Snapshot(SnapshotLimits{}, 1);
+  EXPECT_EQ(s.slowest[0].name, "a");
+  EXPECT_EQ(s.slowest[0].samples, kMaxRateSamples);
+  EXPECT_DOUBLE_EQ(s.slowest[0].bytes_per_second, 500.0);
+  // Old samples fall out of the window; a holder that leaves is forgotten.
+  s = hub_.Snapshot(SnapshotLimits{}, 1 + kRateWindowMs + 1);
+  EXPECT_TRUE(s.slowest.empty());
+  ASSERT_TRUE(hub_.Leave(c).ok());
+  s = hub_.Snapshot(SnapshotLimits{}, 0);
+  ASSERT_EQ(s.slowest.size(), 2u);
+  EXPECT_EQ(s.slowest[1].name, "b");
+}
+
+TEST_F(HubStateTest, SnapshotIsBoundedByItsLimits) {
+  WorkerId t = Register("trainer");
+  std::vector<WorkerId> readers;
+  for (int i = 0; i < 5; ++i)
+    readers.push_back(Register("r" + std::to_string(i)));
+  for (int mi = 0; mi < 3; ++mi) {
+    const std::string model = "m" + std::to_string(mi);
+    for (uint64_t ver = 1; ver <= 4; ++ver) {
+      auto g = Group(model, 1, static_cast<uint8_t>(mi * 10 + ver));
+      ASSERT_EQ(*Pub(t, model, ver, g, 0), VersionState::kCommitted);
+      for (const WorkerId& r : readers) {
+        ASSERT_TRUE(
+            hub_.AddHolder(r, model, Version(ver), 1, ManifestOf(g), 0, true)
+                .ok());
+        ASSERT_TRUE(hub_.Schedule(r, model, Version(ver), {}, 4).ok());
+      }
+    }
+  }
+  SnapshotLimits lim;
+  lim.models = 2;
+  lim.versions_per_model = 3;
+  lim.holders_per_version = 4;
+  lim.transfers = 7;
+  HubSnapshot s = hub_.Snapshot(lim, 0);
+  EXPECT_EQ(s.models_total, 3u);
+  ASSERT_EQ(s.models.size(), 2u);
+  EXPECT_EQ(s.models[0].versions_total, 4u);
+  ASSERT_EQ(s.models[0].versions.size(), 3u);
+  EXPECT_EQ(s.models[0].versions[0].version, Version(4));  // newest first
+  EXPECT_EQ(s.models[0].versions[0].holders_filling, 5u);
+  EXPECT_EQ(s.models[0].versions[0].holders.size(), 4u);
+  EXPECT_EQ(s.transfers_total, 3u * 4u * 5u);
+  EXPECT_EQ(s.transfers.size(), 7u);
+  // Limits past the hub's bounds are clamped.
+  lim.transfers = 1u << 30;
+  EXPECT_EQ(hub_.Snapshot(lim, 0).transfers.size(), 60u);
+}
+
 }  // namespace
 }  // namespace tensorhub::hub

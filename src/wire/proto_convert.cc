@@ -151,4 +151,108 @@ Status FromGrpc(const grpc::Status& s) {
   }
 }
 
+void ToProto(const HubSnapshot& s, v1::SnapshotResponse* out) {
+  out->set_workers(s.workers);
+  out->set_models_total(s.models_total);
+  for (const SnapshotModel& m : s.models) {
+    v1::SnapshotModel* pm = out->add_models();
+    pm->set_model(m.model);
+    pm->set_versions_total(m.versions_total);
+    for (const SnapshotVersion& v : m.versions) {
+      v1::SnapshotVersion* pv = pm->add_versions();
+      pv->set_version(v.version.value());
+      pv->set_state(ToProto(v.state));
+      pv->set_total_bytes(v.total_bytes);
+      pv->set_retained(v.retained);
+      pv->set_holders_complete(v.holders_complete);
+      pv->set_holders_filling(v.holders_filling);
+      for (const SnapshotHolder& h : v.holders) {
+        v1::SnapshotHolder* ph = pv->add_holders();
+        ph->set_worker_id(h.worker.value());
+        ph->set_name(h.name);
+        ph->set_filling(h.filling);
+      }
+    }
+  }
+  out->set_transfers_total(s.transfers_total);
+  for (const SnapshotTransfer& t : s.transfers) {
+    v1::SnapshotTransfer* pt = out->add_transfers();
+    pt->set_model(t.model);
+    pt->set_version(t.version.value());
+    pt->set_reader_id(t.reader.value());
+    pt->set_reader_name(t.reader_name);
+    pt->set_reported(t.reported);
+    pt->set_bytes_done(t.bytes_done);
+    pt->set_bytes_total(t.bytes_total);
+    pt->set_elapsed_ms(t.elapsed_ms);
+    pt->set_bytes_per_second(t.bytes_per_second);
+    for (const SnapshotSource& src : t.sources) {
+      v1::SnapshotSource* ps = pt->add_sources();
+      ps->set_worker_id(src.worker.value());
+      ps->set_name(src.name);
+      ps->set_bytes(src.bytes);
+      ps->set_bytes_per_second(src.bytes_per_second);
+    }
+  }
+  for (const SnapshotHolderRate& r : s.slowest) {
+    v1::SnapshotHolderRate* pr = out->add_slowest();
+    pr->set_worker_id(r.worker.value());
+    pr->set_name(r.name);
+    pr->set_bytes_per_second(r.bytes_per_second);
+    pr->set_samples(r.samples);
+  }
+}
+
+HubSnapshot FromProto(const v1::SnapshotResponse& in) {
+  HubSnapshot s;
+  s.workers = in.workers();
+  s.models_total = in.models_total();
+  for (const v1::SnapshotModel& pm : in.models()) {
+    if (s.models.size() >= kMaxSnapshotModels) break;
+    SnapshotModel& m = s.models.emplace_back();
+    m.model = pm.model();
+    m.versions_total = pm.versions_total();
+    for (const v1::SnapshotVersion& pv : pm.versions()) {
+      if (m.versions.size() >= kMaxSnapshotVersions) break;
+      SnapshotVersion& v = m.versions.emplace_back();
+      v.version = Version(pv.version());
+      v.state = FromProto(pv.state());
+      v.total_bytes = pv.total_bytes();
+      v.retained = pv.retained();
+      v.holders_complete = pv.holders_complete();
+      v.holders_filling = pv.holders_filling();
+      for (const v1::SnapshotHolder& ph : pv.holders()) {
+        if (v.holders.size() >= kMaxSnapshotHolders) break;
+        v.holders.push_back(
+            {WorkerId(ph.worker_id()), ph.name(), ph.filling()});
+      }
+    }
+  }
+  s.transfers_total = in.transfers_total();
+  for (const v1::SnapshotTransfer& pt : in.transfers()) {
+    if (s.transfers.size() >= kMaxSnapshotTransfers) break;
+    SnapshotTransfer& t = s.transfers.emplace_back();
+    t.model = pt.model();
+    t.version = Version(pt.version());
+    t.reader = WorkerId(pt.reader_id());
+    t.reader_name = pt.reader_name();
+    t.reported = pt.reported();
+    t.bytes_done = pt.bytes_done();
+    t.bytes_total = pt.bytes_total();
+    t.elapsed_ms = pt.elapsed_ms();
+    t.bytes_per_second = pt.bytes_per_second();
+    for (const v1::SnapshotSource& ps : pt.sources()) {
+      if (t.sources.size() >= kMaxProgressSources) break;
+      t.sources.push_back({WorkerId(ps.worker_id()), ps.name(), ps.bytes(),
+                           ps.bytes_per_second()});
+    }
+  }
+  for (const v1::SnapshotHolderRate& pr : in.slowest()) {
+    if (s.slowest.size() >= kMaxSnapshotSlowest) break;
+    s.slowest.push_back({WorkerId(pr.worker_id()), pr.name(),
+                         pr.bytes_per_second(), pr.samples()});
+  }
+  return s;
+}
+
 }  // namespace tensorhub::wire

@@ -8,6 +8,7 @@
 
 #include "common/manifest.h"
 #include "tensorhub.pb.h"
+#include "tensorhub/snapshot.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -24,6 +25,11 @@ Labels FromProto(const v1::Labels& in);
 
 v1::VersionState ToProto(VersionState s);
 VersionState FromProto(v1::VersionState s);
+
+// `tensorhub top`'s view (the Snapshot RPC). FromProto keeps at most the
+// kMaxSnapshot* entries of each list.
+void ToProto(const HubSnapshot& s, v1::SnapshotResponse* out);
+HubSnapshot FromProto(const v1::SnapshotResponse& in);
 
 // Our codes share gRPC's numbering.
 grpc::Status ToGrpc(const Status& s);

@@ -38,6 +38,7 @@ CLI_COMMANDS = {
                  "--secret-file", "--metrics-listen"],
     ("ls",): HUB + ["--timeout-ms"],
     ("show",): HUB + ["--timeout-ms"],
+    ("top",): HUB + ["--interval", "--once", "--timeout-ms", "--width", "--transfers", "--versions"],
     ("publish",): WORKER + ["--model", "--version", "--rank", "--group-size", "--chunk-bytes", "--timeout-ms"],
     ("fetch",): WORKER + ["--output", "--hold", "--stats-json", "--connections", "--group", "--step",
                           "--timeout-ms"],
@@ -121,7 +122,7 @@ def test_top_level_help_lists_every_command():
     for args in (["--help"], ["-h"], ["help"]):
         r = run(BIN, *args)
         assert r.returncode == 0, r.stderr
-        for c in ["serve", "ls", "show", "publish", "fetch", "retain", "unretain", "keeper", "demo", "bench"]:
+        for c in ["serve", "ls", "show", "top", "publish", "fetch", "retain", "unretain", "keeper", "demo", "bench"]:
             assert re.search(rf"^  {c}\s", r.stdout, re.M), (c, r.stdout)
         assert "bench pair" in r.stdout and "bench local" in r.stdout, r.stdout
     r = run(BIN, "bench", "--help")
