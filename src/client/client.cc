@@ -1306,4 +1306,3 @@ std::string Client::data_address() const { return impl_->data_address(); }
 std::string Client::metrics_address() const { return impl_->metrics_address(); }
 
 }  // namespace tensorhub
-

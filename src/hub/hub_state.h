@@ -285,8 +285,9 @@ class HubState {
   // Schedule for a reader of slices: up to `max_sources` holders of slices
   // whose boxes intersect one of `wants` (nearest first, rotated among
   // equally near ones), first, so that the reader prefers them; then
-  // Schedule's sources. Slice holders are not counted busy. A full fetch (Schedule, Resolve) never gets a slice
-  // holder. Cost: Schedule's plus O(slice holders x boxes x wants).
+  // Schedule's sources. Slice holders are not counted busy. A full fetch
+  // (Schedule, Resolve) never gets a slice holder. Cost: Schedule's plus
+  // O(slice holders x boxes x wants).
   Result<std::vector<HolderView>> ScheduleSlices(
       const WorkerId& reader, const std::string& model, Version version,
       const std::set<WorkerId>& exclude, size_t max_sources,
