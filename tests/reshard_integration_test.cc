@@ -565,5 +565,46 @@ TEST_F(SliceHolderTest, CorruptHolderOfSlicesIsDetectedAndFailedOver) {
   EXPECT_GT(BytesFrom(*st, t0), 0u);
 }
 
+// Holders of slices are soft state: a restarted hub hears of them again
+// from the holders' next heartbeat, as of every other reference.
+TEST_F(SliceHolderTest, ARestartedHubHearsOfHoldersOfSlicesAgain) {
+  Worker t0 = NewWorker("t0");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 1).ok());
+  Worker holder = NewWorker("h");
+  RankSlices held = TpSlices(0, 2);
+  FetchOptions serve;
+  serve.serve_slices = true;
+  ASSERT_TRUE(
+      holder.client->FetchSlices("m", Version(1), held.slices, serve).ok());
+  const std::string address = hub_->address();
+  hub_.reset();
+  HubOptions o;
+  o.listen_address = address;
+  o.rebuild_ms = 0;
+  auto hub = hub::HubServer::Start(o);
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  hub_ = std::move(hub).value();
+  // Until the trainer and the holder have re-reported, a fetch fails or
+  // comes from the trainer alone: ask (bounded) until the holder serves.
+  Worker reader = NewWorker("r");
+  FetchOptions one;
+  one.connections = 1;
+  one.timeout_ms = 2000;
+  const Deadline deadline = Deadline::AfterMs(30000);
+  uint64_t from_holder = 0;
+  while (from_holder == 0 && !deadline.expired()) {
+    RankSlices mine = TpSlices(0, 2);
+    Result<FetchStats> st =
+        reader.client->FetchSlices("m", Version(1), mine.slices, one);
+    if (st.ok()) {
+      ExpectEqual(mine);
+      from_holder = BytesFrom(*st, holder);
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  EXPECT_GT(from_holder, 0u);
+}
+
 }  // namespace
 }  // namespace tensorhub
