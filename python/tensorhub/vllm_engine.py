@@ -191,6 +191,7 @@ class _Staged:
         self.finished_at: Optional[float] = None
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
+        self.slices = False  # fetched this rank's slices only
 
 
 class TensorHubWeightTransferEngine(
@@ -303,6 +304,7 @@ class TensorHubWeightTransferEngine(
             "withdraw_seconds": self._withdraw_s,
             "pause_seconds": time.monotonic() - t0,
             "fetch": asdict(staged.stats) if staged.stats is not None else None,
+            "slices": staged.slices,
         }
         logger.info(
             "tensorhub: %s@%s applied: fetch %.3fs (staged %.3fs, waited %.3fs), apply %.3fs",
@@ -423,6 +425,7 @@ class TensorHubWeightTransferEngine(
             slices = self._info.slices  # type: ignore[union-attr]
             if self._tp > 1 if slices is None else slices:
                 out = self._fetch_rank_slices(client, staged, info, remaining)
+                staged.slices = True
             else:
                 out = info.empty("torch")
                 staged.stats = client.fetch(
