@@ -440,5 +440,171 @@ TEST_F(ReshardTest, FailsOverWhenAHolderDiesMidRead) {
   EXPECT_EQ(out, Slice(full_[name], shape, box));
 }
 
+// TP(2) rank r's slices of every tensor, into fresh buffers.
+struct RankSlices {
+  std::vector<TensorSlice> slices;
+  std::deque<std::vector<uint16_t>> out;
+};
+RankSlices TpSlices(uint32_t rank, uint32_t tp) {
+  RankSlices rs;
+  for (const auto& [name, shape] : TinyLlama()) {
+    Box box = *TpRankBox(name, shape, rank, tp, kDims);
+    if (box.Elements() == 0) continue;
+    std::vector<uint16_t>& o = rs.out.emplace_back(box.Elements(), 0xAAAA);
+    rs.slices.push_back({{{name, DType::kBF16, box.extent},
+                          o.data(),
+                          o.size() * 2,
+                          MemoryLocation::Host()},
+                         box,
+                         {}});
+  }
+  return rs;
+}
+
+// Bytes a fetch read from `w` (its per-source stats).
+uint64_t BytesFrom(const FetchStats& st, const Worker& w) {
+  uint64_t n = 0;
+  for (const FetchSourceStats& s : st.sources) {
+    if (s.worker == w.client->id()) n += s.bytes;
+  }
+  return n;
+}
+
+class SliceHolderTest : public ReshardTest {
+ protected:
+  void ExpectEqual(const RankSlices& rs) {
+    for (size_t i = 0; i < rs.slices.size(); ++i) {
+      const std::string& name = rs.slices[i].tensor.spec.name;
+      Shape shape;
+      for (const auto& [n, s] : TinyLlama()) {
+        if (n == name) shape = s;
+      }
+      ASSERT_EQ(rs.out[i], Slice(full_[name], shape, rs.slices[i].box)) << name;
+    }
+  }
+};
+
+// TP(2) readers of an FSDP(2) trainer serve their slices onward: a third
+// reader of a TP(2) rank reads its bytes from the slice holder, a reader
+// of everything (TP 1) from both, and the trainers serve less.
+TEST_F(SliceHolderTest, ReadersOfSlicesFeedEachOther) {
+  Worker t0 = NewWorker("t0"), t1 = NewWorker("t1");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 2).ok());
+  ASSERT_TRUE(PublishRank(t1, "m", true, 1, 2).ok());
+  FetchOptions serve;
+  serve.serve_slices = true;
+  serve.connections = 1;
+  std::vector<Worker> holders;
+  std::deque<RankSlices> held;  // registered memory: never moves
+  for (uint32_t r = 0; r < 2; ++r) {
+    holders.push_back(NewWorker("h" + std::to_string(r)));
+    held.push_back(TpSlices(r, 2));
+    Result<FetchStats> st =
+        holders[r].client->FetchSlices("m", Version(1), held[r].slices, serve);
+    ASSERT_TRUE(st.ok()) << st.status().ToString();
+    ExpectEqual(held[r]);
+  }
+  // A third reader of TP rank 0: every byte from the holders of slices
+  // (one stream, and the hub lists holders of slices first). Holder 1 has
+  // the replicated tensors too.
+  Worker third = NewWorker("third");
+  RankSlices mine = TpSlices(0, 2);
+  FetchOptions one;
+  one.connections = 1;
+  Result<FetchStats> st =
+      third.client->FetchSlices("m", Version(1), mine.slices, one);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(mine);
+  EXPECT_GT(BytesFrom(*st, holders[0]), 0u);
+  EXPECT_EQ(BytesFrom(*st, holders[0]) + BytesFrom(*st, holders[1]), st->bytes);
+  EXPECT_EQ(BytesFrom(*st, t0) + BytesFrom(*st, t1), 0u);
+  // A reader of everything (TP 1): each wanted box is cut along the
+  // holders' boxes, and every piece comes from one of them.
+  Worker whole = NewWorker("whole");
+  RankSlices all = TpSlices(0, 1);
+  st = whole.client->FetchSlices("m", Version(1), all.slices, one);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(all);
+  EXPECT_GT(BytesFrom(*st, holders[0]), 0u);
+  EXPECT_GT(BytesFrom(*st, holders[1]), 0u);
+  EXPECT_EQ(BytesFrom(*st, t0) + BytesFrom(*st, t1), 0u);
+  // Unpublished, a holder of slices is no longer handed out.
+  ASSERT_TRUE(holders[0].client->Unpublish("m", Version(1)).ok());
+  Worker fourth = NewWorker("fourth");
+  RankSlices again = TpSlices(0, 2);
+  st = fourth.client->FetchSlices("m", Version(1), again.slices, one);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(again);
+  EXPECT_EQ(BytesFrom(*st, holders[0]), 0u);
+}
+
+// A holder of slices whose memory changed after it registered them is
+// caught by the segment checksums it registered, and the reader fails over.
+TEST_F(SliceHolderTest, CorruptHolderOfSlicesIsDetectedAndFailedOver) {
+  Worker t0 = NewWorker("t0");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 1).ok());
+  Worker holder = NewWorker("h");
+  RankSlices held = TpSlices(1, 2);
+  FetchOptions serve;
+  serve.serve_slices = true;
+  ASSERT_TRUE(
+      holder.client->FetchSlices("m", Version(1), held.slices, serve).ok());
+  // Corrupt the last tensor it holds (lm_head's vocabulary slice): the
+  // reader reads the earlier ones from it, then this one fails its check.
+  held.out.back()[7] ^= 0x0100;
+  Worker reader = NewWorker("r");
+  RankSlices mine = TpSlices(1, 2);
+  FetchOptions one;
+  one.connections = 1;
+  Result<FetchStats> st =
+      reader.client->FetchSlices("m", Version(1), mine.slices, one);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(mine);
+  EXPECT_GE(st->chunk_retries, 1u);
+  EXPECT_GT(BytesFrom(*st, holder), 0u);
+  EXPECT_GT(BytesFrom(*st, t0), 0u);
+}
+
+// Holders of slices are soft state: a restarted hub hears of them again
+// from the holders' next heartbeat, as of every other reference.
+TEST_F(SliceHolderTest, ARestartedHubHearsOfHoldersOfSlicesAgain) {
+  Worker t0 = NewWorker("t0");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 1).ok());
+  Worker holder = NewWorker("h");
+  RankSlices held = TpSlices(0, 2);
+  FetchOptions serve;
+  serve.serve_slices = true;
+  ASSERT_TRUE(
+      holder.client->FetchSlices("m", Version(1), held.slices, serve).ok());
+  const std::string address = hub_->address();
+  hub_.reset();
+  HubOptions o;
+  o.listen_address = address;
+  o.rebuild_ms = 0;
+  auto hub = hub::HubServer::Start(o);
+  ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+  hub_ = std::move(hub).value();
+  // Until the trainer and the holder have re-reported, a fetch fails or
+  // comes from the trainer alone: ask (bounded) until the holder serves.
+  Worker reader = NewWorker("r");
+  FetchOptions one;
+  one.connections = 1;
+  one.timeout_ms = 2000;
+  const Deadline deadline = Deadline::AfterMs(30000);
+  uint64_t from_holder = 0;
+  while (from_holder == 0 && !deadline.expired()) {
+    RankSlices mine = TpSlices(0, 2);
+    Result<FetchStats> st =
+        reader.client->FetchSlices("m", Version(1), mine.slices, one);
+    if (st.ok()) {
+      ExpectEqual(mine);
+      from_holder = BytesFrom(*st, holder);
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  EXPECT_GT(from_holder, 0u);
+}
+
 }  // namespace
 }  // namespace tensorhub

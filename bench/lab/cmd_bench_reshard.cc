@@ -11,6 +11,9 @@
 // and the bytes the holders served (their own counters) against the bound:
 // the rank's share, i.e. the bytes of its boxes (1/TP of the sharded
 // tensors plus the replicated ones). Prints both ratios per rank.
+// Then holders of slices: a first TP(M) instance serves its ranks' slices
+// (FetchOptions::serve_slices) and a second fetches the same boxes; prints
+// the trainers' bytes for each instance and the first one's for the second.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -122,6 +125,95 @@ uint64_t ServedSince(const std::vector<Worker>& ws, uint64_t before,
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
       .count();
+}
+
+// TP rank `rank` of `tp`'s boxes of every tensor, into buffers in `out`;
+// returns their bytes.
+Result<uint64_t> RankSlices(
+    const std::vector<std::pair<std::string, Shape>>& model, uint32_t rank,
+    uint32_t tp, const ModelDims& dims, std::deque<std::vector<uint8_t>>& out,
+    std::vector<TensorSlice>& slices) {
+  uint64_t bytes = 0;
+  for (const auto& [name, shape] : model) {
+    TH_ASSIGN_OR_RETURN(Box box, TpRankBox(name, shape, rank, tp, dims));
+    if (box.Elements() == 0) continue;
+    std::vector<uint8_t>& o = out.emplace_back(box.Elements() * 2);
+    slices.push_back({{{name, DType::kBF16, box.extent},
+                       o.data(),
+                       o.size(),
+                       MemoryLocation::Host()},
+                      box,
+                      {}});
+    bytes += o.size();
+  }
+  return bytes;
+}
+
+// Holders of slices: a first TP(tp) instance fetches its ranks' slices and
+// serves them (FetchOptions::serve_slices), then a second instance's ranks
+// fetch the same boxes. Per rank: the trainers' bytes for each instance and
+// the first instance's bytes for the second (the holders' own counters).
+int RunSliceHolders(const std::string& hub,
+                    const std::vector<std::pair<std::string, Shape>>& model,
+                    const std::vector<Worker>& trainers, uint32_t tp,
+                    const ModelDims& dims) {
+  std::printf(
+      "\nholders of slices: a second TP(%u) instance after a first that "
+      "serves its slices\n",
+      tp);
+  std::printf("%-5s %12s %12s %12s %12s %9s %9s\n", "rank", "bound",
+              "trainers A", "trainers B", "holders B", "tB/tA", "t_B s");
+  std::vector<Worker> first;
+  std::deque<std::deque<std::vector<uint8_t>>> held;  // served: never moves
+  std::vector<uint64_t> from_trainers_a;
+  for (uint32_t rank = 0; rank < tp; ++rank) {
+    Result<Worker> w = NewWorker(hub, "A" + std::to_string(rank));
+    if (!w.ok()) return Fail(w.status());
+    first.push_back(std::move(*w));
+    std::vector<TensorSlice> slices;
+    Result<uint64_t> bound =
+        RankSlices(model, rank, tp, dims, held.emplace_back(), slices);
+    if (!bound.ok()) return Fail(bound.status());
+    FetchOptions fo;
+    fo.serve_slices = true;
+    const uint64_t before = Served(trainers);
+    Result<FetchStats> st =
+        first.back().client->FetchSlices("m", Version(1), slices, fo);
+    if (!st.ok()) return Fail(st.status());
+    from_trainers_a.push_back(ServedSince(trainers, before, st->bytes));
+  }
+  for (uint32_t rank = 0; rank < tp; ++rank) {
+    Result<Worker> reader = NewWorker(hub, "B" + std::to_string(rank));
+    if (!reader.ok()) return Fail(reader.status());
+    std::deque<std::vector<uint8_t>> out;
+    std::vector<TensorSlice> slices;
+    Result<uint64_t> bound = RankSlices(model, rank, tp, dims, out, slices);
+    if (!bound.ok()) return Fail(bound.status());
+    const uint64_t before_t = Served(trainers), before_h = Served(first);
+    const auto t0 = std::chrono::steady_clock::now();
+    Result<FetchStats> st =
+        reader->client->FetchSlices("m", Version(1), slices);
+    const double t_b = Since(t0);
+    if (!st.ok()) return Fail(st.status());
+    // Both kinds of holder together catch up with what the reader got.
+    const Deadline deadline = Deadline::AfterMs(10000);
+    uint64_t t_bytes = 0, h_bytes = 0;
+    do {
+      t_bytes = Served(trainers) - before_t;
+      h_bytes = Served(first) - before_h;
+      if (t_bytes + h_bytes < st->bytes) std::this_thread::yield();
+    } while (t_bytes + h_bytes < st->bytes && !deadline.expired());
+    std::printf("%-5u %12s %12s %12s %12s %9.3f %9.2f\n", rank,
+                FormatBytes(*bound).c_str(),
+                FormatBytes(from_trainers_a[rank]).c_str(),
+                FormatBytes(t_bytes).c_str(), FormatBytes(h_bytes).c_str(),
+                static_cast<double>(t_bytes) / from_trainers_a[rank], t_b);
+  }
+  std::printf(
+      "trainers A/B: bytes the trainers served to each instance's rank; "
+      "holders B: bytes the first instance's ranks served to the second's; "
+      "tB/tA: the trainers' bytes for B over those for A\n");
+  return 0;
 }
 
 // Long on purpose (about 95 lines): one run's setup, the two ways of
@@ -237,7 +329,7 @@ int Run(uint32_t k, uint32_t tp, double scale) {
       "replicated ones); partial and full: bytes the trainers served (their "
       "counters); times on loopback, one rank at a time\n",
       tp);
-  return 0;
+  return RunSliceHolders((*hub)->address(), model, trainers, tp, dims);
 }
 
 }  // namespace

@@ -132,6 +132,13 @@ struct FetchOptions {
   // Serve what we fetch: each chunk as soon as it is verified (so readers
   // arriving together form a pipeline), and the whole version afterwards.
   bool serve = true;
+  // FetchSlices only: once the slices are fetched and verified, serve them
+  // onward as a holder of slices (the hub gives them to other readers of
+  // slices that intersect them). As with `serve`, the memory then belongs to
+  // the version until Unpublish(model, version). Only slices kept in the
+  // published dtype are served. Off by default: a caller that reuses slice
+  // buffers must opt in knowingly.
+  bool serve_slices = false;
   // Called from a fetch thread, at most every few milliseconds.
   std::function<void(const FetchProgress&)> on_progress;
   // Reader group (the ranks of one model-parallel inference instance):

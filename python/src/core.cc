@@ -255,7 +255,8 @@ class PyClient {
       const std::vector<
           std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>& boxes,
       const std::vector<std::vector<float>>& scales, int64_t timeout_ms,
-      int connections, std::string group, uint64_t group_step) {
+      int connections, std::string group, uint64_t group_step,
+      bool serve_slices) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     if (boxes.size() != refs.size() || scales.size() != refs.size()) {
@@ -271,6 +272,7 @@ class PyClient {
     fo.connections = connections;
     fo.group = std::move(group);
     fo.group_step = group_step;
+    fo.serve_slices = serve_slices;
     Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
@@ -501,7 +503,8 @@ PYBIND11_MODULE(_core, m) {
       .def("fetch_slices", &PyClient::FetchSlices, py::arg("model"),
            py::arg("version"), py::arg("tensors"), py::arg("boxes"),
            py::arg("scales"), py::arg("timeout_ms"), py::arg("connections"),
-           py::arg("group"), py::arg("group_step"))
+           py::arg("group"), py::arg("group_step"),
+           py::arg("serve_slices") = false)
       .def("list", &PyClient::List)
       .def("describe", &PyClient::Describe, py::arg("model"),
            py::arg("version"), py::arg("group"), py::arg("group_step"))

@@ -485,13 +485,17 @@ class Client:
             raise
         self._drop(model, v)
 
-    def _fetch_slices(self, model, v, into, timeout, connections, return_stats, group, step):
+    def _fetch_slices(self, model, v, into, timeout, connections, return_stats, group, step,
+                      serve_slices=False):
         """fetch(into={name: (tensor, box)}) or (tensor, box, fp8_scales):
         each tensor receives that box of the logical tensor (see
         :func:`tensorhub.reshard.tp_slices`), converted to the tensor's own
         dtype (BF16/F16/F32 to each other; F8_E4M3 needs the scales: one,
         or one per row of the box, see :func:`tensorhub.reshard.fp8_scale`).
-        Slices are not served onward."""
+        With ``serve_slices=True`` the slices kept in the version's dtype are
+        then served onward (a holder of slices; docs/design.md): the client
+        holds the tensors until :meth:`unpublish` of the version, as
+        ``serve=True`` does for a full fetch. Do not modify them meanwhile."""
         tensors, boxes, scales = {}, [], []
         for name, entry in into.items():
             if len(entry) not in (2, 3):
@@ -503,10 +507,25 @@ class Client:
             scales.append([float(x) for x in entry[2]] if len(entry) == 3 else [])
         tuples = _tensors.to_tuples(tensors, writable=True, dtypes=None)
         group_id, step = _group(group, step)
+        spans = _tensors.spans(tuples)
         stats = self._core.fetch_slices(
             model, v, tuples, boxes, scales,
             _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout"), int(connections),
-            group_id, step)
+            group_id, step, bool(serve_slices))
+        got = int(stats["version"])
+        with self._lock:
+            # As for a full fetch: registrations overlapping the slices were
+            # withdrawn before the fetch wrote to them.
+            for key in list(self._held):
+                kept = [e for e in self._held[key] if not _tensors.overlaps(e.spans, spans)]
+                if kept:
+                    self._held[key] = kept
+                else:
+                    del self._held[key]
+            if serve_slices:
+                self._held.setdefault((model, got), []).append(
+                    _Held("fetched", list(tensors.values()), spans)
+                )
         if return_stats:
             return FetchStats(
                 version=int(stats["version"]),
@@ -548,6 +567,7 @@ class Client:
         return_stats: Literal[False] = ...,
         group: Optional[str] = ...,
         step: int = ...,
+        serve_slices: bool = ...,
     ) -> int: ...
 
     @overload
@@ -564,6 +584,7 @@ class Client:
         return_stats: Literal[True],
         group: Optional[str] = ...,
         step: int = ...,
+        serve_slices: bool = ...,
     ) -> FetchStats: ...
 
     def fetch(
@@ -579,6 +600,7 @@ class Client:
         return_stats: bool = False,
         group: Optional[str] = None,
         step: int = 0,
+        serve_slices: bool = False,
     ) -> Union[int, FetchStats]:
         """Pulls ``model@version`` into ``into``, in place, and returns the version.
 
@@ -628,7 +650,7 @@ class Client:
             )
         if into and all(isinstance(x, tuple) for x in into.values()):
             return self._fetch_slices(model, v, into, timeout, connections,
-                                      return_stats, group, step)
+                                      return_stats, group, step, serve_slices)
         if not isinstance(connections, int) or connections < 1:
             raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
         timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")

@@ -161,7 +161,49 @@ def tp_slices(shapes: Mapping[str, Sequence[int]], rank: int, tp: int,
     return out
 
 
+def tp_rank_buffers(tensors: Mapping[str, Tuple[Sequence[int], Any]], rank: int, tp: int,
+                    config: Optional[Mapping[str, Any]] = None):
+    """Full-shape tensors of which TP rank ``rank`` of ``tp`` fetches only
+    its own box, for loaders that take whole tensors and narrow them to the
+    rank's part themselves (vLLM's ``load_weights``).
+
+    ``tensors`` maps names to ``(global shape, torch dtype)``. Returns
+    ``(full, into, finish)``: ``full`` maps each name to an uninitialised
+    tensor of its global shape (``torch.empty``: pages outside the box are
+    never touched, so they cost address space, not memory); ``into`` is the
+    ``client.fetch(..., into=into)`` argument of ``(tensor, box)`` pairs, a
+    view of ``full`` where the box is contiguous in it (dim-0 slices, whole
+    tensors) and a separate buffer otherwise; ``finish()`` copies those
+    separate buffers into place after the fetch. Only the box of each
+    tensor holds fetched bytes: hand ``full`` to a loader that reads just
+    that box."""
+    import torch  # a torch user's helper
+    full: Dict[str, Any] = {}
+    into: Dict[str, Tuple[Any, Box]] = {}
+    copies = []
+    for name, (shape, dtype) in tensors.items():
+        t = torch.empty([int(x) for x in shape], dtype=dtype)
+        full[name] = t
+        box = tp_rank_box(name, shape, rank, tp, config)
+        if box_elements(box) == 0:
+            continue
+        region = t[tuple(slice(o, o + e) for o, e in zip(box[0], box[1]))]
+        if region.is_contiguous():
+            into[name] = (region, box)
+        else:
+            dest = torch.empty(box[1], dtype=dtype)
+            into[name] = (dest, box)
+            copies.append((region, dest))
+
+    def finish() -> None:
+        for region, dest in copies:
+            region.copy_(dest)
+
+    return full, into, finish
+
+
 __all__ = [
     "Box", "classify", "tp_rank_box", "ep_rank_box", "fsdp_shards", "tp_shards",
-    "box_slices", "box_elements", "tp_slices", "fp8_scale", "convert", "DTYPE_BYTES",
+    "box_slices", "box_elements", "tp_slices", "tp_rank_buffers", "fp8_scale", "convert",
+    "DTYPE_BYTES",
 ]

@@ -111,6 +111,11 @@ class TensorHubInitInfo(WeightTransferInitInfo):
         timeout_s: default deadline of one fetch, in seconds.
         connections: parallel data streams per fetch.
         worker_name: name in the hub's listings (default vllm-GROUP-rankN).
+        slices: fetch only this TP rank's slice of each tensor (the layout
+            helpers' boxes, as vLLM's loaders split them) and serve those
+            slices onward to the same rank of other engines. Default: when
+            tensor_parallel_size > 1. True at TP 1 takes the same path with
+            whole-tensor boxes (what the tests run on a CPU vLLM).
     """
 
     hub: str
@@ -122,6 +127,7 @@ class TensorHubInitInfo(WeightTransferInitInfo):
     timeout_s: float = 120.0
     connections: int = 4
     worker_name: Optional[str] = None
+    slices: Optional[bool] = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.hub, str) or ":" not in self.hub:
@@ -185,6 +191,7 @@ class _Staged:
         self.finished_at: Optional[float] = None
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
+        self.slices = False  # fetched this rank's slices only
 
 
 class TensorHubWeightTransferEngine(
@@ -201,6 +208,7 @@ class TensorHubWeightTransferEngine(
         self._info: Optional[TensorHubInitInfo] = None
         self._group = ""
         self._rank = _tp_rank()
+        self._tp = _tp_size()
         self._step = 0
         # What this worker holds and serves: (model, version) -> tensors.
         self._held: Optional[Tuple[str, int, Dict[str, torch.Tensor]]] = None
@@ -230,7 +238,7 @@ class TensorHubWeightTransferEngine(
             raise ValueError(
                 f"tensorhub init_info {sorted(init_dict)}: {e}; fields: hub, secret_file, "
                 f"labels, reader_group, data_listen, advertise_host, timeout_s, connections, "
-                f"worker_name"
+                f"worker_name, slices"
             ) from e
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
@@ -296,6 +304,7 @@ class TensorHubWeightTransferEngine(
             "withdraw_seconds": self._withdraw_s,
             "pause_seconds": time.monotonic() - t0,
             "fetch": asdict(staged.stats) if staged.stats is not None else None,
+            "slices": staged.slices,
         }
         logger.info(
             "tensorhub: %s@%s applied: fetch %.3fs (staged %.3fs, waited %.3fs), apply %.3fs",
@@ -408,17 +417,22 @@ class TensorHubWeightTransferEngine(
                 # Already held (and served) here: a fetch would read from itself.
                 staged.version, staged.tensors = info.version, held[2]
                 return
-            out = info.empty("torch")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DeadlineExceededError(
                     f"tensorhub: no time left to fetch {staged.model}@{info.version}"
                 )
-            staged.stats = client.fetch(
-                staged.model, info.version, into=out, timeout=remaining,
-                connections=self._info.connections,  # type: ignore[union-attr]
-                return_stats=True,
-            )
+            slices = self._info.slices  # type: ignore[union-attr]
+            if self._tp > 1 if slices is None else slices:
+                out = self._fetch_rank_slices(client, staged, info, remaining)
+                staged.slices = True
+            else:
+                out = info.empty("torch")
+                staged.stats = client.fetch(
+                    staged.model, info.version, into=out, timeout=remaining,
+                    connections=self._info.connections,  # type: ignore[union-attr]
+                    return_stats=True,
+                )
             staged.version = info.version
             staged.tensors = out
         except BaseException as e:  # handed to the caller of update_weights
@@ -427,6 +441,26 @@ class TensorHubWeightTransferEngine(
             staged.finished_at = time.monotonic()
             staged.seconds = staged.finished_at - t0
             staged.done.set()
+
+    def _fetch_rank_slices(self, client: Client, staged: _Staged, info: Any,
+                           remaining: float) -> Dict[str, torch.Tensor]:
+        """TP > 1: fetch only this rank's box of each tensor (the layout
+        helpers' TpRankBox, which splits as vLLM's loaders do), into
+        full-shape tensors that vLLM's ``load_weights`` narrows to exactly
+        that box; the slices are served onward to the same rank of other
+        engines (a holder of slices)."""
+        from .reshard import tp_rank_buffers
+
+        shapes = {t.name: (t.shape, t.torch_dtype()) for t in info.tensors}
+        hf_config = getattr(self.model_config, "hf_config", None)
+        full, into, finish = tp_rank_buffers(shapes, self._rank, self._tp, hf_config)
+        staged.stats = client.fetch(
+            staged.model, info.version, into=into, timeout=remaining,
+            connections=self._info.connections,  # type: ignore[union-attr]
+            return_stats=True, serve_slices=True,
+        )
+        finish()
+        return full
 
     def _drop(self, staged: _Staged) -> None:
         with self._lock:
@@ -484,6 +518,15 @@ class TensorHubWeightTransferEngine(
             logger.warning("tensorhub: withdrawing an old version is still waiting for its reads")
         else:
             self._withdrawing = None
+
+
+def _tp_size() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return int(get_tensor_model_parallel_world_size())
+    except Exception:  # noqa: BLE001 - not initialised (unit tests): 1
+        return 1
 
 
 def _tp_rank() -> int:

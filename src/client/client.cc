@@ -587,25 +587,27 @@ class Client::Impl {
 
   // The fetcher's way to ask the hub for sources, excluding the ones that
   // failed this fetch.
-  client::SourceRefresher MakeScheduler(const std::string& model, Version v,
-                                        int max_sources_wanted,
-                                        const Deadline& work) {
+  // `wants` (a reader of slices): holders of slices that intersect them
+  // come too.
+  client::SourceRefresher MakeScheduler(
+      const std::string& model, Version v, int max_sources_wanted,
+      const Deadline& work, std::vector<client::SliceWant> wants = {}) {
     const uint32_t max_sources =
         static_cast<uint32_t>(std::clamp(max_sources_wanted, 1, 16));
-    return [this, model, v, max_sources,
-            work](const std::vector<std::string>& failed)
+    return [this, model, v, max_sources, work,
+            wants = std::move(wants)](const std::vector<std::string>& failed)
                -> Result<client::SourceUpdate> {
       std::vector<WorkerId> exclude;
       for (const std::string& w : failed) exclude.emplace_back(w);
-      Result<client::Scheduled> srcs = hub_->Schedule(
-          id(), model, v, exclude, max_sources, work.remaining_ms());
+      Result<client::Scheduled> srcs = hub_->ScheduleSlices(
+          id(), model, v, exclude, max_sources, wants, work.remaining_ms());
       if (!srcs.ok() && srcs.status().code() == StatusCode::kUnavailable &&
           !exclude.empty()) {
         // Every holder left has failed us once. Failures are often passing
         // (a stall, a dropped connection): ask again without exclusions.
         // The fetcher's per-chunk attempt bound ends a hopeless retry.
-        srcs = hub_->Schedule(id(), model, v, {}, max_sources,
-                              work.remaining_ms());
+        srcs = hub_->ScheduleSlices(id(), model, v, {}, max_sources, wants,
+                                    work.remaining_ms());
       }
       if (!srcs.ok()) return srcs.status();
       client::SourceUpdate update(ToSources(srcs->sources));
@@ -710,10 +712,19 @@ class Client::Impl {
       TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
                              .WithContext("fetch: releasing the destination"));
     }
+    std::vector<client::SliceWant> wants;
+    for (const client::SliceDest& d : dests) wants.push_back({d.name, d.box});
     const client::SourceRefresher schedule =
-        MakeScheduler(model, v, opts.max_sources, work);
+        MakeScheduler(model, v, opts.max_sources, work, std::move(wants));
     TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
                         FirstSources(schedule, r, vname));
+    if (std::any_of(sources.begin(), sources.end(),
+                    [](const client::FetchSource& s) { return s.slices; })) {
+      // Holders of slices: plan again with their boxes (alternative reads).
+      plan =
+          client::PlanSlices(manifest, dests, manifest.chunk_bytes(), sources);
+      if (!plan.ok()) return plan.status().WithContext(vname);
+    }
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
@@ -724,6 +735,7 @@ class Client::Impl {
     Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
     if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
     if (!rep.ok()) return rep.status();
+    if (opts.serve_slices) ServeSlices(model, v, manifest, slices, deadline);
     FetchStats st;
     st.version = v;
     st.bytes = rep->bytes;
@@ -734,6 +746,91 @@ class Client::Impl {
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
     return st;
+  }
+
+  // After a verified fetch of slices: serve them onward as a holder of
+  // slices. The segment checksums are computed here, over the bytes just
+  // verified against the manifest, and registered with the hub beside the
+  // boxes (docs/design.md, "Holders of slices"). Best effort: a slice that
+  // cannot be served (converted, a tensor named twice, this worker serves
+  // the version already) is logged and the fetch still succeeds.
+  void ServeSlices(const std::string& model, Version v,
+                   const Manifest& manifest,
+                   const std::vector<TensorSlice>& slices,
+                   const Deadline& deadline) {
+    const std::string vname =
+        "'" + model + "@" + std::to_string(v.value()) + "'";
+    if (registry_.Contains(model, v)) {
+      TH_LOG(DEBUG) << "serve slices of " << vname
+                    << ": this worker serves the version already";
+      return;
+    }
+    std::map<std::string, const TensorLayout*> logical;
+    uint64_t segment_bytes = 0;
+    for (const PartLayout& p : manifest.parts()) {
+      for (const TensorLayout& t : p.tensors) {
+        logical.emplace(t.spec.name, &t);
+        // Segments about as large as the publisher's.
+        segment_bytes = std::max(
+            segment_bytes, t.seg.rows * t.seg.cols * DTypeBytes(t.spec.dtype));
+      }
+    }
+    std::vector<TensorRef> refs;
+    PieceOptions po;
+    po.segment_bytes = segment_bytes > 0 ? segment_bytes : kDefaultSegmentBytes;
+    for (const TensorSlice& s : slices) {
+      const TensorLayout& t = *logical.at(s.tensor.spec.name);  // planned
+      if (s.tensor.spec.dtype != t.spec.dtype || s.box.Elements() == 0)
+        continue;
+      if (!po.pieces
+               .emplace(s.tensor.spec.name,
+                        TensorPiece{t.GlobalShape(), s.box.offset})
+               .second) {
+        TH_LOG(WARN) << "serve slices of " << vname << ": tensor '"
+                     << s.tensor.spec.name
+                     << "' is named twice; serving none of its slices";
+        return;
+      }
+      refs.push_back(s.tensor);
+    }
+    if (refs.empty()) return;
+    ChunkHasher hash = [](std::span<const iovec> pieces) -> Result<uint64_t> {
+      return Xxh3Pieces(pieces);
+    };
+    Result<PartLayout> layout = BuildPartLayout(
+        client::kSliceHolderPart, refs, manifest.chunk_bytes(), hash, po);
+    if (!layout.ok()) {
+      TH_LOG(WARN) << "serve slices of " << vname << ": "
+                   << layout.status().ToString();
+      return;
+    }
+    Holding h;
+    h.model = model;
+    h.version = v;
+    h.group_size = manifest.group_size();
+    h.chunk_bytes = manifest.chunk_bytes();
+    h.memory = MemoryLocation::Host();
+    h.slices = true;
+    std::vector<uint8_t*> bases;
+    for (const TensorRef& t : refs)
+      bases.push_back(static_cast<uint8_t*>(t.data));
+    h.bases[client::kSliceHolderPart] = std::move(bases);
+    h.parts[client::kSliceHolderPart] = *layout;
+    Result<uint64_t> epoch = registry_.Add(std::move(h));
+    if (!epoch.ok()) {
+      TH_LOG(WARN) << "serve slices of " << vname << ": "
+                   << epoch.status().ToString();
+      return;
+    }
+    WarnIfUnreachable();
+    Status s =
+        hub_->AddSliceHolder(id(), model, v, *epoch, *layout,
+                             std::max<int64_t>(1, deadline.remaining_ms()));
+    // Not acknowledged: the heartbeat thread reports it again.
+    registry_.MarkReported(model, v, *epoch, s.ok());
+    if (!s.ok()) {
+      TH_LOG(WARN) << "serve slices of " << vname << ": " << s.ToString();
+    }
   }
 
   Result<std::vector<ModelInfo>> List() { return hub_->List(); }
@@ -857,7 +954,8 @@ class Client::Impl {
            client::LoopbackHolderHint(s.worker.value(), s.data_address,
                                       s.labels.host, options_.labels.host,
                                       data_address_, options_.hub_address,
-                                      hub_is_loopback_)});
+                                      hub_is_loopback_),
+           s.slices});
     }
     return out;
   }
@@ -1097,9 +1195,12 @@ class Client::Impl {
     for (const Holding& h : registry_.Unreported()) {
       // A part whose own Publish has not been acknowledged yet: that call
       // reports it (as a new version, not a rebuild).
-      if (!h.manifest.has_value() && !h.accepted) continue;
+      if (!h.manifest.has_value() && !h.accepted && !h.slices) continue;
       Status s;
-      if (h.manifest.has_value()) {
+      if (h.slices) {
+        s = hub_->AddSliceHolder(id, h.model, h.version, h.epoch,
+                                 h.parts.at(client::kSliceHolderPart));
+      } else if (h.manifest.has_value()) {
         s = hub_->AddHolder(id, h.model, h.version, h.epoch, *h.manifest,
                             h.filling);
       } else {

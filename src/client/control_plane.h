@@ -36,6 +36,14 @@ struct ResolvedSource {
   uint64_t epoch = 0;
   std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [begin, end)
   bool filling = false;
+  // A holder of slices (ScheduleSlices only): its own layout, no chunks.
+  std::shared_ptr<const PartLayout> slices;
+};
+
+// A slice reader's box of one logical tensor.
+struct SliceWant {
+  std::string name;
+  Box box;
 };
 
 struct Resolved {
@@ -115,6 +123,25 @@ class ControlPlane {
                                      const std::vector<WorkerId>& exclude,
                                      uint32_t max_sources,
                                      int64_t timeout_ms = -1) = 0;
+  // Schedule for a reader of slices: also holders of slices whose boxes
+  // intersect `wants`. Default: Schedule (no holders of slices).
+  virtual Result<Scheduled> ScheduleSlices(
+      const WorkerId& reader, const std::string& model, Version version,
+      const std::vector<WorkerId>& exclude, uint32_t max_sources,
+      const std::vector<SliceWant>& wants, int64_t timeout_ms = -1) {
+    (void)wants;
+    return Schedule(reader, model, version, exclude, max_sources, timeout_ms);
+  }
+  // Registers the boxes this worker holds of a committed version, in its
+  // own layout (hub_state.h: AddSliceHolder). Default: FAILED_PRECONDITION.
+  virtual Status AddSliceHolder(const WorkerId& id, const std::string& model,
+                                Version version, uint64_t epoch,
+                                const PartLayout& slices,
+                                int64_t timeout_ms = -1) {
+    (void)id, (void)model, (void)version, (void)epoch, (void)slices;
+    (void)timeout_ms;
+    return FailedPrecondition("this control plane has no holders of slices");
+  }
   virtual Status FetchDone(const WorkerId& reader, const std::string& model,
                            Version version, int64_t timeout_ms = -1) = 0;
   // wait_ms: how long the hub may hold the call waiting for a reliable

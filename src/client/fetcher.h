@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ struct FetchSource {
   // LoopbackHolderHint), or empty: if reads from it fail, the fetch says so
   // in a warning and in its error.
   std::string unreachable_hint{};
+  // A holder of slices (slice_fetch.h): its own layout instead of chunks;
+  // only a slice fetch reads from it.
+  std::shared_ptr<const PartLayout> slices{};
 };
 
 struct FetchJob {

@@ -83,6 +83,15 @@ class GrpcControlPlane final : public ControlPlane {
                              Version version,
                              const std::vector<WorkerId>& exclude,
                              uint32_t max_sources, int64_t timeout_ms) override;
+  Result<Scheduled> ScheduleSlices(const WorkerId& reader,
+                                   const std::string& model, Version version,
+                                   const std::vector<WorkerId>& exclude,
+                                   uint32_t max_sources,
+                                   const std::vector<SliceWant>& wants,
+                                   int64_t timeout_ms) override;
+  Status AddSliceHolder(const WorkerId& id, const std::string& model,
+                        Version version, uint64_t epoch,
+                        const PartLayout& slices, int64_t timeout_ms) override;
   Status FetchDone(const WorkerId& reader, const std::string& model,
                    Version version, int64_t timeout_ms) override;
   Status Unpublish(const WorkerId& id, const std::string& model,
@@ -481,14 +490,51 @@ Result<ResolvedSource> GrpcControlPlane::FromProto(const v1::Holder& h) {
     }
     s.chunks.push_back({h.chunk_begin(i), h.chunk_end(i)});
   }
+  if (h.has_slices()) {
+    TH_ASSIGN_OR_RETURN(PartLayout slices, wire::FromProto(h.slices()));
+    if (!s.chunks.empty()) {
+      return InvalidArgument("hub sent a holder of slices with chunks");
+    }
+    s.slices = std::make_shared<const PartLayout>(std::move(slices));
+  }
   return s;
+}
+
+Status GrpcControlPlane::AddSliceHolder(const WorkerId& id,
+                                        const std::string& model,
+                                        Version version, uint64_t epoch,
+                                        const PartLayout& slices,
+                                        int64_t timeout_ms) {
+  v1::AddSliceHolderRequest req;
+  req.set_worker_id(id.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_epoch(epoch);
+  wire::ToProto(slices, req.mutable_slices());
+  v1::AddSliceHolderResponse resp;
+  return Call(&v1::Hub::Stub::AddSliceHolder, req, &resp, "add slice holder",
+              Within(timeout_ms));
 }
 
 Result<Scheduled> GrpcControlPlane::Schedule(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources,
     int64_t timeout_ms) {
+  return ScheduleSlices(reader, model, version, exclude, max_sources, {},
+                        timeout_ms);
+}
+
+Result<Scheduled> GrpcControlPlane::ScheduleSlices(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::vector<WorkerId>& exclude, uint32_t max_sources,
+    const std::vector<SliceWant>& wants, int64_t timeout_ms) {
   v1::ScheduleRequest req;
+  for (const SliceWant& w : wants) {
+    v1::SliceWant* pw = req.add_want();
+    pw->set_name(w.name);
+    for (uint64_t o : w.box.offset) pw->add_box_offset(o);
+    for (uint64_t e : w.box.extent) pw->add_box_extent(e);
+  }
   req.set_worker_id(reader.value());
   req.set_model(model);
   req.set_version(version.value());

@@ -48,6 +48,9 @@ struct Holding {
   // read of a chunk not there yet waits for it (bounded by fill_wait_ms).
   // Requires `manifest`.
   bool filling = false;
+  // A holder of slices: parts = {kSliceHolderPart: its own layout}, neither
+  // rank nor manifest; reported with AddSliceHolder.
+  bool slices = false;
 };
 
 class Registry final : public transport::ReadSource {

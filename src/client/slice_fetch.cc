@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "client/fetch_plan.h"
@@ -58,11 +59,124 @@ Status CheckDest(const SliceDest& d, const TensorLayout& t) {
 
 }  // namespace
 
-// Long on purpose (about 85 lines): the intersection, the growth to
-// segments and the cut into items are one walk over the pieces.
+namespace {
+
+// A box of a holder of slices.
+struct HolderPiece {
+  uint32_t holder;  // index in SlicePlan::holders
+  uint32_t tensor;  // index in its layout
+  Box box;          // of the global tensor
+};
+
+// `inter` cut along every boundary of `hs` inside it, so that each piece
+// lies wholly inside or wholly outside each of their boxes; `inter` alone
+// if that makes more than kMaxSliceCuts pieces.
+std::vector<Box> CutAlong(const Box& inter,
+                          const std::vector<HolderPiece>& hs) {
+  const size_t n = inter.rank();
+  if (n == 0 || hs.empty()) return {inter};
+  std::vector<std::vector<uint64_t>> cuts(n);
+  uint64_t pieces = 1;
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t lo = inter.offset[k], hi = lo + inter.extent[k];
+    std::set<uint64_t> c{lo, hi};
+    for (const HolderPiece& h : hs) {
+      for (uint64_t x : {h.box.offset[k], h.box.offset[k] + h.box.extent[k]}) {
+        if (x > lo && x < hi) c.insert(x);
+      }
+    }
+    cuts[k].assign(c.begin(), c.end());
+    pieces *= cuts[k].size() - 1;
+    if (pieces > kMaxSliceCuts) return {inter};
+  }
+  std::vector<Box> out;
+  std::vector<size_t> idx(n, 0);
+  for (;;) {
+    Box b;
+    for (size_t k = 0; k < n; ++k) {
+      b.offset.push_back(cuts[k][idx[k]]);
+      b.extent.push_back(cuts[k][idx[k] + 1] - cuts[k][idx[k]]);
+    }
+    out.push_back(std::move(b));
+    size_t k = n;
+    while (k > 0 && ++idx[k - 1] + 1 == cuts[k - 1].size()) idx[--k] = 0;
+    if (k == 0) return out;
+  }
+}
+
+// The read of `item`'s wanted bytes (of trainer piece `t`) from holder
+// piece `h` (layout tensor `ht`), if they lie in its box: the matrix view of
+// tensors of 1 or 2 dimensions maps a wanted rectangle to one box.
+std::optional<SliceItem> AltRead(const SliceItem& item, const TensorLayout& t,
+                                 const HolderPiece& h, const TensorLayout& ht) {
+  const Box piece = t.PieceBox();
+  const size_t n = piece.rank();
+  if (n == 0 || n > 2 || item.rows.size() != 1) return std::nullopt;
+  Box want;
+  if (n == 1) {
+    want = {{piece.offset[0] + item.col_begin},
+            {item.col_end - item.col_begin}};
+  } else {
+    const auto [r0, r1] = item.rows[0];
+    want = {{piece.offset[0] + r0, piece.offset[1] + item.col_begin},
+            {r1 - r0, item.col_end - item.col_begin}};
+  }
+  if (!Contains(h.box, want)) return std::nullopt;
+  Box local = want;
+  for (size_t k = 0; k < n; ++k) local.offset[k] -= h.box.offset[k];
+  const std::vector<MatrixRect> rects = RectsOfBox(ht.spec.shape, local);
+  if (rects.size() != 1) return std::nullopt;
+  const std::vector<MatrixRect> grown =
+      CoveringSegments(rects, MatrixOf(ht.spec.shape), ht.seg);
+  if (grown.size() != 1 ||
+      grown[0].row_end - grown[0].row_begin > wire::kMaxStridedRuns) {
+    return std::nullopt;
+  }
+  SliceItem a;
+  a.part = h.holder;
+  a.tensor = h.tensor;
+  a.dest = item.dest;
+  a.read = grown[0];
+  a.rows = {{rects[0].row_begin, rects[0].row_end}};
+  a.col_begin = rects[0].col_begin;
+  a.col_end = rects[0].col_end;
+  a.bytes = (a.read.row_end - a.read.row_begin) *
+            (a.read.col_end - a.read.col_begin) * DTypeBytes(ht.spec.dtype);
+  return a;
+}
+
+// The usable boxes of holders of slices, by tensor name: same dtype and
+// global shape as the version's, with segment checksums.
+std::map<std::string_view, std::vector<HolderPiece>> HolderPieces(
+    const SlicePlan& plan,
+    const std::map<std::string_view, std::vector<PieceRef>>& pieces,
+    const Manifest& manifest) {
+  std::map<std::string_view, std::vector<HolderPiece>> out;
+  for (uint32_t h = 0; h < plan.holders.size(); ++h) {
+    const PartLayout& l = *plan.holders[h].layout;
+    for (uint32_t i = 0; i < l.tensors.size(); ++i) {
+      const TensorLayout& ht = l.tensors[i];
+      auto it = pieces.find(ht.spec.name);
+      if (it == pieces.end() || ht.seg.rows == 0) continue;
+      const TensorLayout& t =
+          manifest.parts()[it->second[0].part].tensors[it->second[0].tensor];
+      if (ht.spec.dtype != t.spec.dtype || ht.GlobalShape() != t.GlobalShape())
+        continue;
+      out[it->first].push_back({h, i, ht.PieceBox()});
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// Long on purpose (about 95 lines): the intersection, the cuts along the
+// holders of slices, the growth to segments and the cut into items are one
+// walk over the pieces.
 Result<SlicePlan> PlanSlices(const Manifest& manifest,
                              const std::vector<SliceDest>& dests,
-                             uint64_t item_bytes) {
+                             uint64_t item_bytes,
+                             const std::vector<FetchSource>& sources) {
   std::map<std::string_view, std::vector<PieceRef>> pieces;
   for (const PartLayout& p : manifest.parts()) {
     for (uint32_t i = 0; i < p.tensors.size(); ++i) {
@@ -70,6 +184,12 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
     }
   }
   SlicePlan plan;
+  for (const FetchSource& s : sources) {
+    if (s.slices)
+      plan.holders.push_back({s.worker, s.address, s.epoch, s.slices});
+  }
+  const std::map<std::string_view, std::vector<HolderPiece>> held =
+      HolderPieces(plan, pieces, manifest);
   for (uint32_t di = 0; di < dests.size(); ++di) {
     const SliceDest& d = dests[di];
     auto it = pieces.find(d.name);
@@ -82,6 +202,9 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
     TH_RETURN_IF_ERROR(CheckDest(d, first));
     const uint64_t elem = DTypeBytes(first.spec.dtype);
     plan.wanted_bytes += d.box.Elements() * elem;
+    auto hit = held.find(d.name);
+    const std::vector<HolderPiece> none;
+    const std::vector<HolderPiece>& hs = hit == held.end() ? none : hit->second;
     for (const PieceRef& ref : it->second) {
       const TensorLayout& t = manifest.parts()[ref.part].tensors[ref.tensor];
       const Box piece = t.PieceBox();
@@ -93,49 +216,67 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
             " has no segment checksums (an older publisher, or device "
             "memory), so a slice of it cannot be verified: fetch it whole");
       }
-      Box local = *inter;
-      for (size_t k = 0; k < local.rank(); ++k)
-        local.offset[k] -= piece.offset[k];
-      const MatrixView m = MatrixOf(t.spec.shape);
-      const std::vector<MatrixRect> want = RectsOfBox(t.spec.shape, local);
-      if (want.empty()) continue;
-      std::vector<std::pair<uint64_t, uint64_t>> rows;
-      for (const MatrixRect& r : want) rows.push_back({r.row_begin, r.row_end});
-      for (const MatrixRect& grown : CoveringSegments(want, m, t.seg)) {
-        const uint64_t row_bytes = (grown.col_end - grown.col_begin) * elem;
-        // Whole row blocks per item, about item_bytes, at most
-        // kMaxStridedRuns rows.
-        uint64_t block_rows = std::max<uint64_t>(
-            1, item_bytes / std::max<uint64_t>(1, row_bytes * t.seg.rows));
-        block_rows = std::min<uint64_t>(
-            block_rows * t.seg.rows,
-            std::max<uint64_t>(
-                t.seg.rows, wire::kMaxStridedRuns / t.seg.rows * t.seg.rows));
-        for (uint64_t r0 = grown.row_begin; r0 < grown.row_end;
-             r0 += block_rows) {
-          SliceItem item;
-          item.part = ref.part;
-          item.tensor = ref.tensor;
-          item.dest = di;
-          item.read = grown;
-          item.read.row_begin = r0;
-          item.read.row_end = std::min(grown.row_end, r0 + block_rows);
-          item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
-          item.col_begin = want[0].col_begin;
-          item.col_end = want[0].col_end;
-          item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
-          const uint64_t begin =
-              t.offset +
-              (item.read.row_begin * m.cols + grown.col_begin) * elem;
-          const uint64_t end =
-              t.offset +
-              ((item.read.row_end - 1) * m.cols + grown.col_end) * elem;
-          const uint64_t base = manifest.chunk_base(ref.part);
-          item.chunk_first = base + begin / manifest.chunk_bytes();
-          item.chunk_last = base + (end - 1) / manifest.chunk_bytes();
-          plan.read_bytes += item.bytes;
-          plan.max_item_bytes = std::max(plan.max_item_bytes, item.bytes);
-          plan.items.push_back(std::move(item));
+      std::vector<HolderPiece> meeting;
+      for (const HolderPiece& h : hs) {
+        if (Intersect(*inter, h.box).has_value()) meeting.push_back(h);
+      }
+      for (const Box& cut : CutAlong(*inter, meeting)) {
+        Box local = cut;
+        for (size_t k = 0; k < local.rank(); ++k)
+          local.offset[k] -= piece.offset[k];
+        const MatrixView m = MatrixOf(t.spec.shape);
+        const std::vector<MatrixRect> want = RectsOfBox(t.spec.shape, local);
+        if (want.empty()) continue;
+        std::vector<std::pair<uint64_t, uint64_t>> rows;
+        for (const MatrixRect& r : want)
+          rows.push_back({r.row_begin, r.row_end});
+        for (const MatrixRect& grown : CoveringSegments(want, m, t.seg)) {
+          const uint64_t row_bytes = (grown.col_end - grown.col_begin) * elem;
+          // Whole row blocks per item, about item_bytes, at most
+          // kMaxStridedRuns rows.
+          uint64_t block_rows = std::max<uint64_t>(
+              1, item_bytes / std::max<uint64_t>(1, row_bytes * t.seg.rows));
+          block_rows = std::min<uint64_t>(
+              block_rows * t.seg.rows,
+              std::max<uint64_t>(
+                  t.seg.rows, wire::kMaxStridedRuns / t.seg.rows * t.seg.rows));
+          for (uint64_t r0 = grown.row_begin; r0 < grown.row_end;
+               r0 += block_rows) {
+            SliceItem item;
+            item.part = ref.part;
+            item.tensor = ref.tensor;
+            item.dest = di;
+            item.read = grown;
+            item.read.row_begin = r0;
+            item.read.row_end = std::min(grown.row_end, r0 + block_rows);
+            item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
+            item.col_begin = want[0].col_begin;
+            item.col_end = want[0].col_end;
+            item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
+            const uint64_t begin =
+                t.offset +
+                (item.read.row_begin * m.cols + grown.col_begin) * elem;
+            const uint64_t end =
+                t.offset +
+                ((item.read.row_end - 1) * m.cols + grown.col_end) * elem;
+            const uint64_t base = manifest.chunk_base(ref.part);
+            item.chunk_first = base + begin / manifest.chunk_bytes();
+            item.chunk_last = base + (end - 1) / manifest.chunk_bytes();
+            plan.read_bytes += item.bytes;
+            plan.max_item_bytes = std::max(plan.max_item_bytes, item.bytes);
+            for (const HolderPiece& h : meeting) {
+              const bool have = std::any_of(
+                  item.alts.begin(), item.alts.end(),
+                  [&](const SliceItem& a) { return a.part == h.holder; });
+              if (have) continue;
+              std::optional<SliceItem> alt = AltRead(
+                  item, t, h, plan.holders[h.holder].layout->tensors[h.tensor]);
+              if (!alt.has_value()) continue;
+              plan.max_item_bytes = std::max(plan.max_item_bytes, alt->bytes);
+              item.alts.push_back(std::move(*alt));
+            }
+            plan.items.push_back(std::move(item));
+          }
         }
       }
     }
@@ -152,13 +293,25 @@ std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
                                          std::vector<FetchSource> sources) {
   for (FetchSource& s : sources) {
     std::vector<std::pair<uint64_t, uint64_t>> items;
+    int holder = -1;
+    for (size_t h = 0; s.slices && h < plan.holders.size(); ++h) {
+      if (plan.holders[h].worker == s.worker &&
+          plan.holders[h].epoch == s.epoch) {
+        holder = static_cast<int>(h);
+      }
+    }
     for (uint64_t i = 0; i < plan.items.size(); ++i) {
       const SliceItem& it = plan.items[i];
       const bool has =
-          std::any_of(s.chunks.begin(), s.chunks.end(), [&](const auto& range) {
-            return range.first <= it.chunk_first &&
-                   it.chunk_last < range.second;
-          });
+          s.slices ? std::any_of(it.alts.begin(), it.alts.end(),
+                                 [&](const SliceItem& a) {
+                                   return static_cast<int>(a.part) == holder;
+                                 })
+                   : std::any_of(s.chunks.begin(), s.chunks.end(),
+                                 [&](const auto& range) {
+                                   return range.first <= it.chunk_first &&
+                                          it.chunk_last < range.second;
+                                 });
       if (!has) continue;
       if (!items.empty() && items.back().second == i) {
         ++items.back().second;
@@ -339,10 +492,34 @@ class SliceRun {
 
   Status ReadItem(Conns& conns, const FetchStep& step,
                   std::vector<uint8_t>& scratch) {
-    const SliceItem& item = job_.plan->items[step.chunk];
+    // From a holder of slices: the item's alternative read in its layout.
+    const SliceItem* chosen = &job_.plan->items[step.chunk];
+    const TensorLayout* layout = nullptr;
+    uint32_t read_part = chosen->part;
+    const std::vector<SliceHolderRef>& holders = job_.plan->holders;
+    for (size_t h = 0; h < holders.size() && layout == nullptr; ++h) {
+      if (holders[h].address != step.address ||
+          holders[h].epoch != step.epoch) {
+        continue;
+      }
+      for (const SliceItem& a : chosen->alts) {
+        if (a.part != h) continue;
+        layout = &holders[h].layout->tensors[a.tensor];
+        chosen = &a;
+        read_part = kSliceHolderPart;
+        break;
+      }
+      if (layout == nullptr) {
+        return Internal("slice read " + std::to_string(step.chunk) +
+                        " has no read from holder of slices " + step.address);
+      }
+    }
+    if (layout == nullptr) {
+      layout = &job_.manifest->parts()[chosen->part].tensors[chosen->tensor];
+    }
+    const SliceItem& item = *chosen;
     const SliceDest& d = (*job_.dests)[item.dest];
-    const PartLayout& part = job_.manifest->parts()[item.part];
-    const TensorLayout& t = part.tensors[item.tensor];
+    const TensorLayout& t = *layout;
     const uint64_t elem = DTypeBytes(t.spec.dtype);
     const MatrixView m = MatrixOf(t.spec.shape);
     const MatrixRect& rd = item.read;
@@ -382,7 +559,7 @@ class SliceRun {
     req.model = job_.model;
     req.version = job_.version.value();
     req.epoch = step.epoch;
-    req.part = item.part;
+    req.part = read_part;
     req.offset = t.offset + (rd.row_begin * m.cols + rd.col_begin) * elem;
     req.length = item.bytes;
     const uint64_t run = (rd.col_end - rd.col_begin) * elem;

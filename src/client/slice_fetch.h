@@ -16,6 +16,7 @@
 #define TENSORHUB_CLIENT_SLICE_FETCH_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,17 @@ struct SliceDest {
   std::vector<float> scales;
 };
 
+// Reads of a holder of slices name this part; offsets are in its own
+// layout (the boxes it registered with the hub, packed).
+inline constexpr uint32_t kSliceHolderPart = 0xFFFFFFFFu;
+
 // One read: a segment-aligned rectangle of one piece's matrix view, and
 // which of its rows and columns the caller wants.
 struct SliceItem {
+  // The trainer part; in an alternative (alts), the holder of slices (an
+  // index in SlicePlan::holders).
   uint32_t part = 0;
-  uint32_t tensor = 0;  // index in the part
+  uint32_t tensor = 0;  // index in the part (or the holder's layout)
   uint32_t dest = 0;    // index in the destinations
   MatrixRect read;
   // Wanted: these rows (sorted, disjoint [begin, end) intervals inside
@@ -47,24 +54,45 @@ struct SliceItem {
   uint64_t col_begin = 0, col_end = 0;
   uint64_t bytes = 0;                        // read bytes
   uint64_t chunk_first = 0, chunk_last = 0;  // global chunks the read spans
+  // The same wanted bytes read from holders of slices whose boxes contain
+  // them, in their layouts (at most one per holder). Empty in alternatives.
+  std::vector<SliceItem> alts;
+};
+
+// A holder of slices the plan reads from: its own layout, from the hub.
+struct SliceHolderRef {
+  std::string worker;
+  std::string address;
+  uint64_t epoch = 0;
+  std::shared_ptr<const PartLayout> layout;
 };
 
 struct SlicePlan {
-  std::vector<SliceItem> items;  // by (part, offset in the part)
-  uint64_t wanted_bytes = 0;     // in the published dtype
-  uint64_t read_bytes = 0;       // with the segment overhang
-  uint64_t max_item_bytes = 0;
+  std::vector<SliceItem> items;         // by (part, offset in the part)
+  uint64_t wanted_bytes = 0;            // in the published dtype
+  uint64_t read_bytes = 0;              // with the segment overhang
+  uint64_t max_item_bytes = 0;          // alternatives included
+  std::vector<SliceHolderRef> holders;  // what alts' `part` indexes
 };
 
 // Checks the destinations against the manifest (known tensor, box inside
 // its global shape, a conversion that exists, scales where F8 needs them,
 // sizes) and plans the reads. INVALID_ARGUMENT naming the tensor for bad
 // input; FAILED_PRECONDITION for a piece without segment checksums.
+// `sources` with a layout of slices (FetchSource::slices) are holders of
+// slices: each wanted box is also cut along their boxes (at most
+// kMaxSliceCuts pieces per intersection), and each read whose wanted bytes
+// (of a tensor of at most 2 dimensions) lie in one of their boxes gets an
+// alternative read from it. Other sources are ignored here.
+inline constexpr uint64_t kMaxSliceCuts = 64;
 Result<SlicePlan> PlanSlices(const Manifest& manifest,
                              const std::vector<SliceDest>& dests,
-                             uint64_t item_bytes);
+                             uint64_t item_bytes,
+                             const std::vector<FetchSource>& sources = {});
 
-// The sources' chunk ranges, as ranges of the plan's item ids.
+// The sources' chunk ranges, as ranges of the plan's item ids; a holder of
+// slices gets the items with an alternative read from it (none if the plan
+// does not know it).
 std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
                                          std::vector<FetchSource> sources);
 

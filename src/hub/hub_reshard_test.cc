@@ -61,6 +61,34 @@ class HubReshardTest : public ::testing::Test {
     return hub_.Publish(a, 0);
   }
 
+  // A holder of slices' layout: one box of `name` ([global] U8 matrix of
+  // 8 columns), rows [begin, end).
+  PartLayout Slices(const std::string& name, uint64_t global_rows,
+                    uint64_t begin, uint64_t end, uint64_t segment_bytes = 16) {
+    std::vector<uint8_t>& buf = buffers_.emplace_back((end - begin) * 8, 9);
+    std::vector<TensorRef> refs = {{{name, DType::kU8, {end - begin, 8}},
+                                    buf.data(),
+                                    buf.size(),
+                                    MemoryLocation::Host()}};
+    PieceOptions opts;
+    opts.pieces[name] = {{global_rows, 8}, {begin, 0}};
+    opts.segment_bytes = segment_bytes;
+    Result<PartLayout> p = BuildPartLayout(
+        0xFFFFFFFFu, refs, kMinChunkBytes,
+        [](std::span<const iovec> v) -> Result<uint64_t> {
+          return Xxh3Pieces(v);
+        },
+        opts);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return *p;
+  }
+
+  static std::vector<WorkerId> Ids(const std::vector<HolderView>& hs) {
+    std::vector<WorkerId> out;
+    for (const HolderView& h : hs) out.push_back(h.worker);
+    return out;
+  }
+
   HubState hub_;
   std::deque<std::vector<uint8_t>> buffers_;
 };
@@ -106,6 +134,81 @@ TEST_F(HubReshardTest, AnOverlapIsRefusedNamingBothBoxes) {
                                 "overlap"),
       std::string::npos)
       << s.status().ToString();
+}
+
+// Holders of slices go to readers of slices whose boxes they meet, first,
+// and never to a full fetch; unpublish and leave drop them.
+TEST_F(HubReshardTest, HoldersOfSlicesServeOnlyReadersOfSlicesTheyMeet) {
+  const WorkerId t = Register("t"), s = Register("s"), r = Register("r");
+  ASSERT_EQ(*Pub(t, 0, 1, Rows(0, 10, 0, 10)), VersionState::kCommitted);
+  const PartLayout slices = Slices("w", 10, 0, 4);
+  ASSERT_TRUE(hub_.AddSliceHolder(s, "m", Version(1), 7, slices, 0).ok());
+  // A full fetch: never the holder of slices.
+  EXPECT_EQ(Ids(*hub_.Schedule(r, "m", Version(1), {}, 4)),
+            std::vector<WorkerId>{t});
+  hub_.FetchDone(r, "m", Version(1));
+  EXPECT_EQ(Ids(hub_.Resolve(r, "m", Version(1), false)->holders),
+            std::vector<WorkerId>{t});
+  // A reader of rows 2..3 of w: the holder of slices first, with its layout.
+  const std::vector<SliceWant> meets = {{"w", Box{{2, 0}, {1, 8}}}};
+  Result<std::vector<HolderView>> got =
+      hub_.ScheduleSlices(r, "m", Version(1), {}, 4, meets);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(Ids(*got), (std::vector<WorkerId>{s, t}));
+  EXPECT_TRUE((*got)[0].slice_holder);
+  EXPECT_EQ((*got)[0].slices, slices);
+  EXPECT_EQ((*got)[0].epoch, 7u);
+  EXPECT_TRUE((*got)[0].chunks.empty());
+  EXPECT_FALSE((*got)[1].slice_holder);
+  // Boxes it does not meet, another tensor, or excluded: not listed.
+  for (const std::vector<SliceWant>& w :
+       {std::vector<SliceWant>{{"w", Box{{5, 0}, {3, 8}}}},
+        std::vector<SliceWant>{{"n", Box{{0}, {8}}}}}) {
+    EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {}, 4, w)),
+              std::vector<WorkerId>{t});
+  }
+  EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {s}, 4, meets)),
+            std::vector<WorkerId>{t});
+  // Unpublish drops it; a second unpublish has nothing to drop.
+  ASSERT_TRUE(hub_.Unpublish(s, "m", Version(1), 0).ok());
+  EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {}, 4, meets)),
+            std::vector<WorkerId>{t});
+  EXPECT_EQ(hub_.Unpublish(s, "m", Version(1), 0).code(),
+            StatusCode::kNotFound);
+  // So does leaving (or a lease ending).
+  ASSERT_TRUE(hub_.AddSliceHolder(s, "m", Version(1), 8, slices, 0).ok());
+  EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {}, 4, meets)),
+            (std::vector<WorkerId>{s, t}));
+  ASSERT_TRUE(hub_.Leave(s).ok());
+  EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {}, 4, meets)),
+            std::vector<WorkerId>{t});
+}
+
+TEST_F(HubReshardTest, BadSlicesAreRefusedAndChangeNothing) {
+  const WorkerId t = Register("t"), s = Register("s"), r = Register("r");
+  // Before the version is committed (e.g. a restarted hub that has not
+  // heard from its holders yet): report again later.
+  EXPECT_EQ(hub_.AddSliceHolder(s, "m", Version(1), 1, Slices("w", 10, 0, 4), 0)
+                .code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_EQ(*Pub(t, 0, 1, Rows(0, 10, 0, 10)), VersionState::kCommitted);
+  struct Case {
+    PartLayout slices;
+    std::string says;
+  };
+  std::vector<Case> cases = {
+      {Slices("zz", 10, 0, 4), "no such tensor"},
+      {Slices("w", 12, 0, 4), "global shape"},
+      {Slices("w", 10, 0, 4, /*segment_bytes=*/0), "no segment checksums"},
+  };
+  for (const Case& c : cases) {
+    Status st = hub_.AddSliceHolder(s, "m", Version(1), 1, c.slices, 0);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << c.says;
+    EXPECT_NE(st.message().find(c.says), std::string::npos) << st.ToString();
+  }
+  EXPECT_EQ(Ids(*hub_.ScheduleSlices(r, "m", Version(1), {}, 4,
+                                     {{"w", Box{{0, 0}, {10, 8}}}})),
+            std::vector<WorkerId>{t});
 }
 
 }  // namespace

@@ -167,6 +167,19 @@ class HubServiceImpl final : public v1::Hub::Service {
     return wire::ToGrpc(s);
   }
 
+  grpc::Status AddSliceHolder(ServerContext* ctx,
+                              const v1::AddSliceHolderRequest* req,
+                              v1::AddSliceHolderResponse*) override {
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
+    Result<PartLayout> slices = wire::FromProto(req->slices());
+    if (!slices.ok()) return wire::ToGrpc(slices.status());
+    MutexLock lock(mu_);
+    Status s = state_.AddSliceHolder(WorkerId(req->worker_id()), req->model(),
+                                     Version(req->version()), req->epoch(),
+                                     *slices, NowMs());
+    return wire::ToGrpc(s);
+  }
+
   grpc::Status Unpublish(ServerContext* ctx, const v1::UnpublishRequest* req,
                          v1::UnpublishResponse*) override {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
@@ -330,18 +343,30 @@ class HubServiceImpl final : public v1::Hub::Service {
                         v1::ScheduleResponse* resp) override {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->max_sources() < 1 || req->max_sources() > 16 ||
-        req->exclude_size() > 4096) {
-      return wire::ToGrpc(InvalidArgument(
-          "schedule: max_sources must be in [1, 16], exclude at most 4096"));
+        req->exclude_size() > 4096 || req->want_size() > 4096) {
+      return wire::ToGrpc(
+          InvalidArgument("schedule: max_sources must be in [1, 16], exclude "
+                          "and want at most 4096"));
     }
     std::set<WorkerId> exclude;
     for (const std::string& e : req->exclude()) exclude.insert(WorkerId(e));
+    std::vector<SliceWant> wants;
+    for (const v1::SliceWant& w : req->want()) {
+      wants.push_back(
+          {w.name(), Box{{w.box_offset().begin(), w.box_offset().end()},
+                         {w.box_extent().begin(), w.box_extent().end()}}});
+    }
     bool version_unavailable = false;
     Result<std::vector<HolderView>> r = [&] {
       MutexLock lock(mu_);
       Result<std::vector<HolderView>> res =
-          state_.Schedule(WorkerId(req->worker_id()), req->model(),
-                          Version(req->version()), exclude, req->max_sources());
+          wants.empty()
+              ? state_.Schedule(WorkerId(req->worker_id()), req->model(),
+                                Version(req->version()), exclude,
+                                req->max_sources())
+              : state_.ScheduleSlices(WorkerId(req->worker_id()), req->model(),
+                                      Version(req->version()), exclude,
+                                      req->max_sources(), wants);
       version_unavailable =
           !res.ok() && res.status().code() == StatusCode::kUnavailable &&
           state_.StateOf(req->model(), Version(req->version())) ==
@@ -685,6 +710,7 @@ class HubServiceImpl final : public v1::Hub::Service {
       out->add_chunk_begin(c.begin);
       out->add_chunk_end(c.end);
     }
+    if (h.slice_holder) wire::ToProto(h.slices, out->mutable_slices());
   }
 
   // The encoded manifests Resolve sends, by (model, version, digest): the

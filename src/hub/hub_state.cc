@@ -435,12 +435,145 @@ Status HubState::Unpublish(const WorkerId& worker, const std::string& model,
                     "; register again");
   }
   wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
-  if (wit->second.refs.count({model, version}) == 0) {
+  const bool full = wit->second.refs.count({model, version}) > 0;
+  const bool slices = wit->second.slices.count({model, version}) > 0;
+  if (!full && !slices) {
     return NotFound("worker " + worker.value() + " holds no reference to " +
                     VersionName(model, version));
   }
-  DropReference(model, version, worker);
+  if (slices) DropSliceReference(model, version, worker);
+  if (full) DropReference(model, version, worker);
   return Status::Ok();
+}
+
+void HubState::DropSliceReference(const std::string& model, Version version,
+                                  const WorkerId& worker) {
+  auto wit = workers_.find(worker);
+  if (wit != workers_.end()) wit->second.slices.erase({model, version});
+  VersionEntry* v = FindVersion(model, version);
+  if (v != nullptr) v->slice_refs.erase(worker);
+}
+
+Status HubState::CheckSlices(const std::string& vname, const Manifest& m,
+                             const PartLayout& slices) {
+  TH_RETURN_IF_ERROR(Manifest::ValidatePart(slices, m.chunk_bytes())
+                         .WithContext("slices of " + vname));
+  std::map<std::string_view, const TensorLayout*> logical;
+  for (const PartLayout& p : m.parts()) {
+    for (const TensorLayout& t : p.tensors) logical.emplace(t.spec.name, &t);
+  }
+  std::map<std::string_view, size_t> boxes;
+  for (const TensorLayout& b : slices.tensors) {
+    const std::string what =
+        "slice of tensor '" + b.spec.name + "' of " + vname;
+    auto it = logical.find(b.spec.name);
+    if (it == logical.end()) {
+      return InvalidArgument(what + ": no such tensor in the version");
+    }
+    const TensorLayout& t = *it->second;
+    if (b.spec.dtype != t.spec.dtype || b.GlobalShape() != t.GlobalShape()) {
+      return InvalidArgument(what +
+                             ": dtype or global shape differs from the "
+                             "version's");
+    }
+    TH_RETURN_IF_ERROR(CheckBoxInShape(b.PieceBox(), t.GlobalShape(), what));
+    if (b.seg.rows == 0) {
+      return InvalidArgument(what + " has no segment checksums");
+    }
+    if (++boxes[b.spec.name] > kMaxSliceBoxesPerTensor) {
+      return InvalidArgument(what + ": more than " +
+                             std::to_string(kMaxSliceBoxesPerTensor) +
+                             " boxes of one tensor");
+    }
+  }
+  return Status::Ok();
+}
+
+Status HubState::AddSliceHolder(const WorkerId& worker,
+                                const std::string& model, Version version,
+                                uint64_t epoch, const PartLayout& slices,
+                                int64_t now_ms) {
+  TH_ASSIGN_OR_RETURN(Worker * w,
+                      ReportingWorker(worker, model, version, now_ms));
+  const std::string vname = VersionName(model, version);
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr || !v->manifest.has_value() ||
+      v->state == VersionState::kAborted) {
+    return FailedPrecondition("hub has no committed manifest of " + vname +
+                              " (yet): report the slices again later");
+  }
+  TH_RETURN_IF_ERROR(CheckSlices(vname, *v->manifest, slices));
+  auto it = v->slice_refs.find(worker);
+  if (it == v->slice_refs.end()) {
+    if (v->slice_refs.size() >= kMaxSliceHoldersPerVersion) {
+      return ResourceExhausted(vname + " has " +
+                               std::to_string(kMaxSliceHoldersPerVersion) +
+                               " holders of slices already");
+    }
+    it = v->slice_refs.emplace(worker, VersionEntry::SliceRef{}).first;
+    it->second.join_seq = v->next_join++;
+  }
+  it->second.epoch = epoch;
+  it->second.slices = slices;
+  w->slices.insert({model, version});
+  return Status::Ok();
+}
+
+Result<std::vector<HolderView>> HubState::ScheduleSlices(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::set<WorkerId>& exclude, size_t max_sources,
+    const std::vector<SliceWant>& wants) {
+  TH_ASSIGN_OR_RETURN(std::vector<HolderView> out,
+                      Schedule(reader, model, version, exclude, max_sources));
+  VersionEntry& v = *FindVersion(model, version);  // Schedule found it
+  if (wants.empty() || v.slice_refs.empty()) return out;
+  Labels near;
+  if (auto rit = workers_.find(reader); rit != workers_.end()) {
+    near = rit->second.reg.labels;
+  }
+  auto useful = [&](const PartLayout& slices) {
+    for (const TensorLayout& b : slices.tensors) {
+      for (const SliceWant& w : wants) {
+        if (w.name == b.spec.name && Intersect(w.box, b.PieceBox())) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  // (distance, rotated join order, worker)
+  std::vector<std::tuple<int, uint64_t, const WorkerId*>> found;
+  const uint64_t turn = v.slice_schedules++;
+  for (const auto& [id, ref] : v.slice_refs) {
+    auto wit = workers_.find(id);
+    if (id == reader || exclude.count(id) > 0 || wit == workers_.end() ||
+        !useful(ref.slices)) {
+      continue;
+    }
+    found.emplace_back(Distance(near, wit->second.reg.labels),
+                       (ref.join_seq + turn) % v.next_join, &id);
+  }
+  std::sort(found.begin(), found.end());
+  if (found.size() > max_sources) found.resize(max_sources);
+  // Holders of slices first: a reader prefers them (at equal load), which
+  // takes their share off the trainer ranks and full holders.
+  std::vector<HolderView> slices;
+  for (const auto& [distance, order, id] : found) {
+    const Worker& w = workers_.at(*id);
+    const VersionEntry::SliceRef& ref = v.slice_refs.at(*id);
+    HolderView hv;
+    hv.worker = *id;
+    hv.data_address = w.reg.data_address;
+    hv.labels = w.reg.labels;
+    hv.worker_class = w.reg.worker_class;
+    hv.epoch = ref.epoch;
+    hv.slice_holder = true;
+    hv.slices = ref.slices;
+    slices.push_back(std::move(hv));
+  }
+  slices.insert(slices.end(), std::make_move_iterator(out.begin()),
+                std::make_move_iterator(out.end()));
+  return slices;
 }
 
 void HubState::DropReference(const std::string& model, Version version,
@@ -1232,6 +1365,10 @@ void HubState::RemoveWorker(const WorkerId& id) {
   if (it == workers_.end()) return;
   std::set<std::pair<std::string, Version>> refs = it->second.refs;
   for (const auto& [model, version] : refs) DropReference(model, version, id);
+  std::set<std::pair<std::string, Version>> slices = it->second.slices;
+  for (const auto& [model, version] : slices) {
+    DropSliceReference(model, version, id);
+  }
   // A reader that served nothing may still have sources assigned.
   for (auto& [name, m] : models_) {
     for (auto& [version, v] : m.versions) EndFetch(v, id);

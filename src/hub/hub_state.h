@@ -121,7 +121,25 @@ struct HolderView {
   // Still receiving the version: it serves each chunk once it has verified
   // it (a read of a chunk it is still receiving waits for it).
   bool filling = false;
+  // A holder of slices (AddSliceHolder): `chunks` is empty and `slices` is
+  // its own layout (its boxes of logical tensors, packed, with the segment
+  // checksums it computed). Only ScheduleSlices gives these out.
+  bool slice_holder = false;
+  PartLayout slices;
 };
+
+// A slice reader's wanted box of one logical tensor (ScheduleSlices).
+struct SliceWant {
+  std::string name;
+  Box box;
+};
+
+// Bounds on holders of slices: boxes per logical tensor in one report, and
+// slice holders per version (a report beyond it is RESOURCE_EXHAUSTED; the
+// reader keeps its slices, unserved). ScheduleSlices scans a version's slice
+// holders, so the second bound also bounds its cost.
+inline constexpr size_t kMaxSliceBoxesPerTensor = 4;
+inline constexpr size_t kMaxSliceHoldersPerVersion = 1024;
 
 // Resolve lists at most this many holders: a reader needs a few to fall
 // back on, and listing all of 10,000 per reader would cost the hub O(N) per
@@ -277,6 +295,29 @@ class HubState {
                                            Version version,
                                            const std::set<WorkerId>& exclude,
                                            size_t max_sources);
+  // ---- Holders of slices (docs/design.md, "Holders of slices") ----
+  // A reader that fetched slices of a committed version serves them onward.
+  // `slices` is its own layout: one TensorLayout per box it holds (spec.shape
+  // = the box's extents, global_shape and box_offset = where it lies, in the
+  // version's dtype), packed into part_bytes, with segment checksums the
+  // holder computed over its verified bytes (readers verify against these).
+  // Soft state like AddHolder: a restarted hub hears it again. Replaces the
+  // worker's previous boxes of the version. FAILED_PRECONDITION if the hub
+  // has no committed manifest of the version (yet: report again later);
+  // INVALID_ARGUMENT for boxes that do not fit the manifest. O(manifest).
+  Status AddSliceHolder(const WorkerId& worker, const std::string& model,
+                        Version version, uint64_t epoch,
+                        const PartLayout& slices, int64_t now_ms);
+  // Schedule for a reader of slices: up to `max_sources` holders of slices
+  // whose boxes intersect one of `wants` (nearest first, rotated among
+  // equally near ones), first, so that the reader prefers them; then
+  // Schedule's sources. Slice holders are not counted busy. A full fetch
+  // (Schedule, Resolve) never gets a slice holder. Cost: Schedule's plus
+  // O(slice holders x boxes x wants).
+  Result<std::vector<HolderView>> ScheduleSlices(
+      const WorkerId& reader, const std::string& model, Version version,
+      const std::set<WorkerId>& exclude, size_t max_sources,
+      const std::vector<SliceWant>& wants);
   // The reader's fetch ended (success or not): release its sources.
   void FetchDone(const WorkerId& reader, const std::string& model,
                  Version version);
@@ -384,7 +425,8 @@ class HubState {
   struct Worker {
     WorkerRegistration reg;
     int64_t lease_expiry_ms = 0;
-    std::set<std::pair<std::string, Version>> refs;  // what it holds
+    std::set<std::pair<std::string, Version>> refs;    // what it holds
+    std::set<std::pair<std::string, Version>> slices;  // slices it holds
   };
   // Schedule's preference among equally near holders: the least busy, then
   // the latest to join, then the id (trainer ranks all joined at 0).
@@ -465,6 +507,15 @@ class HubState {
     std::set<WorkerId> departing;  // holders waiting to leave it
     // Readers in `assignments` that reported progress (ReportProgress).
     std::map<WorkerId, ReaderProgress> progress;
+    // Holders of slices (AddSliceHolder), kept apart from `refs`: they never
+    // count towards availability, retention or full fetches.
+    struct SliceRef {
+      uint64_t epoch = 0;
+      uint64_t join_seq = 0;
+      PartLayout slices;
+    };
+    std::map<WorkerId, SliceRef> slice_refs;
+    uint64_t slice_schedules = 0;  // rotates equally near slice holders
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -508,6 +559,11 @@ class HubState {
                                   int64_t now_ms);
   void DropReference(const std::string& model, Version version,
                      const WorkerId& worker);
+  void DropSliceReference(const std::string& model, Version version,
+                          const WorkerId& worker);
+  // AddSliceHolder's checks of a holder's boxes against the manifest.
+  static Status CheckSlices(const std::string& vname, const Manifest& m,
+                            const PartLayout& slices);
   void Prune(const std::string& model, Model& m);
   // A version entry was just created in `m`: raises the model's highest
   // version number and applies a restored pin.

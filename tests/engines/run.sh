@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The engine integration tests, on real engines (CPU):
-#   .venv-vllm: two vLLM engines following a trainer (test_vllm_e2e.py), a
+#   .venv-vllm: two vLLM engines following a trainer (test_vllm_e2e.py), one
+#               at TP 2 loading each rank's slices (test_vllm_tp2.py), a
 #               short run of examples/rl_vllm.py (test_rl_vllm_example.py),
 #               HF checkpoints through the CLI (test_hf_checkpoint.py, needs
 #               build/tools/tensorhub or $TENSORHUB_BIN); the dtype
@@ -20,7 +21,8 @@ bash python/setup_vllm_env.sh
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 .venv-vllm/bin/python -m pytest -q -s -p no:cacheprovider \
-  tests/engines/test_vllm_backend_unit.py tests/engines/test_vllm_e2e.py tests/engines/test_rl_vllm_example.py \
+  tests/engines/test_vllm_backend_unit.py tests/engines/test_vllm_e2e.py tests/engines/test_vllm_tp2.py \
+  tests/engines/test_rl_vllm_example.py \
   tests/engines/test_hf_checkpoint.py tests/python/test_reshard_convert.py "$@"
 if [ "${SKIP_VERL:-0}" != "1" ]; then
   bash python/setup_verl_env.sh

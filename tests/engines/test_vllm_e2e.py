@@ -93,6 +93,8 @@ def test_two_vllm_engines_follow_the_trainer(tmp_path, monkeypatch):
             assert [s["version"] for s in stats] == [v, v]
             assert all(s["holding"] == ["policy", v] for s in stats)
             engine_workers = [s["worker_id"] for s in stats]
+            # engine1 takes the TP slice path (whole boxes at TP 1).
+            assert [s["slices"] for s in stats] == [False, True]
             first, second = stats[0]["fetch"], stats[1]["fetch"]
             assert first["bytes"] > 0 and second["bytes"] == first["bytes"]
             from_first = sum(s["bytes"] for s in second["sources"] if s["worker"] == engine_workers[0])

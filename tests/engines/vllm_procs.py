@@ -47,8 +47,10 @@ def recv(conn: Any, deadline: float, what: str) -> Any:
 class PipeEngine:
     """One engine process, called over a pipe."""
 
-    def __init__(self, conn: Any, name: str, timeout_s: float = 180.0) -> None:
+    def __init__(self, conn: Any, name: str, timeout_s: float = 180.0,
+                 init_extra: Optional[Dict[str, Any]] = None) -> None:
         self.conn, self.name, self.timeout_s = conn, name, timeout_s
+        self.init_extra = dict(init_extra or {})
 
     def call(self, method: str, *args: Any, timeout_s: Optional[float] = None) -> Any:
         self.conn.send((method, args))
@@ -68,7 +70,8 @@ class PipeClient:
 
     def init_weight_transfer_engine(self, init_info: Dict[str, Any]) -> None:
         for e in self.engines:
-            e.call("init_weight_transfer_engine", {"init_info": dict(init_info, worker_name=e.name)})
+            e.call("init_weight_transfer_engine",
+                   {"init_info": dict(init_info, worker_name=e.name, **e.init_extra)})
 
     def start_weight_update(self) -> None:
         for e in self.engines:
@@ -179,7 +182,12 @@ def _trainer(conns: List[Any], hub: str, model_dir: str, updates: int) -> Dict[s
     tensorhub.vllm.register()
     torch.manual_seed(1234)
     model = Qwen2ForCausalLM(Qwen2Config.from_pretrained(model_dir)).float().eval()
-    engines = [PipeEngine(c, f"engine{i}") for i, c in enumerate(conns)]
+    # engine1 fetches through the TP slice path (rank 0 of 1: whole boxes),
+    # which TP > 1 engines take; engine0 the plain full fetch.
+    engines = [
+        PipeEngine(c, f"engine{i}", init_extra={"slices": True} if i == 1 else None)
+        for i, c in enumerate(conns)
+    ]
     client = PipeClient(engines)
     trainer = WeightTransferTrainerFactory.trainer_init(
         TensorHubTrainerInitInfo(hub=hub, model="policy", timeout_s=60.0, rank=0), client=client

@@ -67,3 +67,76 @@ def test_bad_box_is_refused(connect):
     with pytest.raises(Exception, match="outside"):
         connect().fetch("reshard-bad", 1, into={"w": (out, ([3, 0], [2, 4]))})
     assert torch.all(out == 7.0)
+
+
+def _vllm_region(name, shape, rank, tp):
+    """The part of a whole tensor vLLM's loaders narrow TP rank ``rank`` to
+    (written out here from vLLM's rules, not from the layout helpers):
+    column-parallel weights along dim 0 in equal parts (q by query heads, k
+    and v by kv heads), row-parallel ones along dim 1, the vocabulary padded
+    to a multiple of 64 and split evenly, the rest whole."""
+    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        per = -(-shape[0] // 64) * 64 // tp
+        return (slice(rank * per, min((rank + 1) * per, shape[0])),)
+    if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight",
+                      "up_proj.weight", "gate_proj.weight")):
+        per = shape[0] // tp
+        return (slice(rank * per, (rank + 1) * per),)
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        per = shape[1] // tp
+        return (slice(None), slice(rank * per, (rank + 1) * per))
+    return tuple(slice(None) for _ in shape)
+
+
+def test_tp_rank_buffers_give_vllm_its_narrowed_slices(connect):
+    """What the vLLM backend does at TP > 1 (tp_rank_buffers): whole-shape
+    tensors of which each rank fetched only its box; the part vLLM's loader
+    narrows to equals the published tensor. The ranks serve their slices
+    onward: a second engine's rank reads them from the first's."""
+    g = torch.Generator().manual_seed(1)
+    shapes = {
+        "model.embed_tokens.weight": (131, 32),
+        "model.layers.0.self_attn.q_proj.weight": (32, 32),
+        "model.layers.0.self_attn.k_proj.weight": (16, 32),
+        "model.layers.0.self_attn.o_proj.weight": (32, 32),
+        "model.layers.0.mlp.up_proj.weight": (48, 32),
+        "model.layers.0.mlp.down_proj.weight": (32, 48),
+        "model.norm.weight": (32,),
+    }
+    full = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes.items()}
+    model, k, tp = "vllm-slices", 2, 2
+    trainers = [connect() for _ in range(k)]
+    for r in range(k):
+        tensors, pieces = {}, {}
+        for name, t in full.items():
+            box = reshard.fsdp_shards(t.shape, k)[r]
+            if reshard.box_elements(box) == 0:
+                continue
+            tensors[name] = t[reshard.box_slices(box)].contiguous()
+            pieces[name] = (list(t.shape), box[0])
+        trainers[r].publish(model, 1, tensors, rank=r, group_size=k, pieces=pieces,
+                            segment_bytes=256)
+    wanted = {n: (s, torch.bfloat16) for n, s in shapes.items()}
+    first = [connect() for _ in range(tp)]
+    second = [connect() for _ in range(tp)]
+    holders = {c.worker_id for c in first}
+    for engine, serve in ((first, True), (second, False)):
+        for rank in range(tp):
+            bufs, into, finish = reshard.tp_rank_buffers(wanted, rank, tp, CONFIG)
+            stats = engine[rank].fetch(model, 1, into=into, return_stats=True,
+                                       connections=1, serve_slices=serve)
+            finish()
+            total = sum(t.numel() * 2 for t, _ in into.values())
+            assert stats.bytes >= total
+            for name, shape in shapes.items():
+                region = _vllm_region(name, shape, rank, tp)
+                assert torch.equal(bufs[name][region].view(torch.int16),
+                                   full[name][region].view(torch.int16)), (name, rank)
+            if engine is second:
+                # One stream, and the hub lists holders of slices first.
+                from_first = sum(s["bytes"] for s in stats.sources if s["worker"] in holders)
+                assert from_first == stats.bytes, (rank, stats.sources)
+    for c in first:
+        c.unpublish(model, 1)
+    for t in trainers:
+        t.unpublish(model, 1)
