@@ -156,10 +156,12 @@ struct FetchSourceStats {
 // total_seconds (less a few microseconds of bookkeeping between them); the
 // metric tensorhub_fetch_stage_seconds{stage} records the same figures
 // (docs/metrics.md):
-//   resolve     the hub round trips that name the version (retries included)
+//   resolve     the hub round trip that starts the fetch (retries
+//               included): one BeginFetch names the version, registers the
+//               filling holder and chooses the first sources
 //   schedule    mapping the destination (releasing memory that still served
-//               an older version: its drain), the filling registration and
-//               the hub's choice of sources
+//               an older version: its drain) and registering it for
+//               serving here
 //   first_byte  from the sources in hand until the first chunk is verified
 //   transfer    the rest of the data plane, less verify
 //   verify      the checksum work's share of the data plane: the time the

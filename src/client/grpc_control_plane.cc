@@ -91,6 +91,12 @@ class GrpcControlPlane final : public ControlPlane {
                            Version version, bool include_uncommitted,
                            const std::string& group, uint64_t group_step,
                            int64_t timeout_ms) override;
+  Result<FetchStart> BeginFetch(const WorkerId& reader,
+                                const std::string& model, Version version,
+                                const std::string& group, uint64_t group_step,
+                                uint32_t max_sources,
+                                std::optional<uint64_t> fill_epoch,
+                                int64_t timeout_ms) override;
   Result<std::vector<ModelInfo>> List() override;
   Status Leave(const WorkerId& id, int64_t timeout_ms,
                int64_t wait_ms) override;
@@ -136,6 +142,9 @@ class GrpcControlPlane final : public ControlPlane {
   Status Check(const grpc::Status& s, const char* what,
                const std::string& address) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
+  // A manifest the hub sent encoded (empty: none yet).
+  static Result<std::optional<Manifest>> ParseManifest(const std::string& bytes,
+                                                       const char* what);
 
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
@@ -432,19 +441,76 @@ Result<Resolved> GrpcControlPlane::Resolve(
   out.state = wire::FromProto(resp.state());
   out.num_holders = resp.num_holders();
   out.retained = resp.retained();
-  if (!resp.manifest().empty()) {
-    v1::VersionManifest vm;
-    if (!vm.ParseFromString(resp.manifest())) {
-      return InvalidArgument("resolve: the hub sent a malformed manifest");
-    }
-    if (vm.group_size() > 0) {
-      TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
-      out.manifest = std::move(m);
-    }
-  }
+  TH_ASSIGN_OR_RETURN(out.manifest, ParseManifest(resp.manifest(), "resolve"));
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     out.sources.push_back(std::move(src));
+  }
+  return out;
+}
+
+Result<std::optional<Manifest>> GrpcControlPlane::ParseManifest(
+    const std::string& bytes, const char* what) {
+  if (bytes.empty()) return std::optional<Manifest>();
+  v1::VersionManifest vm;
+  if (!vm.ParseFromString(bytes)) {
+    return InvalidArgument(std::string(what) +
+                           ": the hub sent a malformed manifest");
+  }
+  if (vm.group_size() == 0) return std::optional<Manifest>();
+  TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
+  return std::optional<Manifest>(std::move(m));
+}
+
+Result<FetchStart> GrpcControlPlane::BeginFetch(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::string& group, uint64_t group_step, uint32_t max_sources,
+    std::optional<uint64_t> fill_epoch, int64_t timeout_ms) {
+  v1::BeginFetchRequest req;
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_group(group);
+  req.set_group_step(group_step);
+  req.set_max_sources(max_sources);
+  if (fill_epoch.has_value()) req.set_fill_epoch(*fill_epoch);
+  v1::BeginFetchResponse resp;
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::BeginFetch, req, &resp, "begin fetch",
+                          Within(timeout_ms)));
+  FetchStart out;
+  Resolved& r = out.resolved;
+  r.version = Version(resp.version());
+  r.state = wire::FromProto(resp.state());
+  r.num_holders = resp.num_holders();
+  r.retained = resp.retained();
+  TH_ASSIGN_OR_RETURN(r.manifest,
+                      ParseManifest(resp.manifest(), "begin fetch"));
+  for (const v1::Holder& h : resp.holders()) {
+    TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+    r.sources.push_back(std::move(src));
+  }
+  out.filling = resp.filling() && fill_epoch.has_value();
+  out.fill_detail = resp.fill_detail();
+  if (resp.sources_code() != 0) {
+    out.first_status = wire::FromGrpc(
+        grpc::Status(static_cast<grpc::StatusCode>(resp.sources_code()),
+                     "schedule: " + resp.sources_detail()));
+    if (out.first_status.ok()) {
+      return InvalidArgument("begin fetch: the hub sent a bad status code");
+    }
+  } else if (resp.sources_state() == v1::UNAVAILABLE) {
+    if (resp.sources_size() > 0) {
+      return InvalidArgument(
+          "begin fetch: the hub sent sources of an unavailable version");
+    }
+    out.first.unavailable = resp.sources_detail().empty()
+                                ? "the version has no complete holder"
+                                : resp.sources_detail();
+  } else {
+    for (const v1::Holder& h : resp.sources()) {
+      TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+      out.first.sources.push_back(std::move(src));
+    }
   }
   return out;
 }
