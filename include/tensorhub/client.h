@@ -51,7 +51,10 @@ struct ClientOptions {
   int64_t rpc_timeout_ms = 5000;
   // Deadline for the first registration with the hub.
   int64_t connect_timeout_ms = 10000;
-  int64_t heartbeat_interval_ms = 1000;
+  // How often the worker renews its lease with the hub. 0: a third of the
+  // lease the hub grants (serve --lease-ms; 5 s by default, so 1.67 s), at
+  // most 5 s.
+  int64_t heartbeat_interval_ms = 0;
   // Bound on data-plane connections this worker serves at once.
   size_t max_serving_connections = 256;
   // Shared secret for the hub (empty: none).

@@ -1058,12 +1058,26 @@ class Client::Impl {
     }
   }
 
+  // The configured interval, or a third of the hub's lease (so that two
+  // heartbeats may be lost before it expires), within [kMinHeartbeatMs,
+  // kMaxHeartbeatMs]: the bound keeps a hub restart noticed soon even
+  // under a long lease.
+  static constexpr int64_t kMinHeartbeatMs = 50;
+  static constexpr int64_t kMaxHeartbeatMs = 5000;
+  static int64_t HeartbeatIntervalMs(const ClientOptions& o,
+                                     const client::ControlPlane& hub) {
+    if (o.heartbeat_interval_ms > 0) return o.heartbeat_interval_ms;
+    const int64_t lease_ms = hub.lease_ms();
+    if (lease_ms <= 0) return 1000;
+    return std::clamp<int64_t>(lease_ms / 3, kMinHeartbeatMs, kMaxHeartbeatMs);
+  }
+
   void HeartbeatLoop() {
     MutexLock lock(mu_);
     while (!stopping_) {
       // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
-      cv_.wait_for(lock.native(),
-                   std::chrono::milliseconds(options_.heartbeat_interval_ms));
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(
+                                      HeartbeatIntervalMs(options_, *hub_)));
       if (stopping_) break;
       WorkerId id = id_;
       lock.Unlock();

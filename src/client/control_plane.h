@@ -149,6 +149,9 @@ class ControlPlane {
                         bool retain) = 0;
   virtual Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
                                               int64_t wait_ms) = 0;
+  // The lease the hub last granted (Register and Heartbeat answers carry
+  // it); 0 while unknown. Workers heartbeat a few times per lease.
+  virtual int64_t lease_ms() const { return 0; }
 };
 
 // TLS to the hub: the PEM text of ClientOptions' files, read and checked

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -104,6 +105,7 @@ class GrpcControlPlane final : public ControlPlane {
                 bool retain) override;
   Result<KeeperPollResult> KeeperPoll(const WorkerId& keeper,
                                       int64_t wait_ms) override;
+  int64_t lease_ms() const override { return lease_ms_.load(); }
 
  private:
   // One hub the client may call.
@@ -149,6 +151,7 @@ class GrpcControlPlane final : public ControlPlane {
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
   const HubTls tls_;
+  std::atomic<int64_t> lease_ms_{0};  // the hub's last answer's
   Mutex mu_;
   // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
@@ -339,7 +342,10 @@ Result<WorkerId> GrpcControlPlane::Register(const WorkerId& old_id,
     v1::RegisterWorkerResponse resp;
     last = Call(&v1::Hub::Stub::RegisterWorker, req, &resp, "register",
                 std::max<int64_t>(1, left_ms), /*wait_for_ready=*/one_hub);
-    if (last.ok()) return WorkerId(resp.worker_id());
+    if (last.ok()) {
+      lease_ms_.store(resp.lease_ms());
+      return WorkerId(resp.worker_id());
+    }
     if (last.code() != StatusCode::kUnavailable) break;
   }
   if (last.code() == StatusCode::kUnavailable ||
@@ -358,8 +364,10 @@ Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
   v1::HeartbeatRequest req;
   req.set_worker_id(id.value());
   v1::HeartbeatResponse resp;
-  return Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
-              rpc_timeout_ms_);
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
+                          rpc_timeout_ms_));
+  lease_ms_.store(resp.lease_ms());
+  return Status::Ok();
 }
 
 Status GrpcControlPlane::Publish(const WorkerId& id, const std::string& model,
