@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/test_point.h"
+
 namespace tensorhub::client {
 
 uint64_t Registry::ReserveEpoch() {
@@ -208,6 +210,7 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
       reserved_.count(req.epoch) > 0) {
     // The hub knows this fetch's registration before it exists here
     // (BeginFetch): wait for it, as for a chunk not there yet.
+    testpoint::Hit("registry.reserved_read_waits", req.epoch);
     chunk_arrived_.wait_for(
         lock.native(), std::chrono::milliseconds(fill_wait_ms_),
         [&]() TH_REQUIRES(mu_) { return reserved_.count(req.epoch) == 0; });

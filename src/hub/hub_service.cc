@@ -41,8 +41,7 @@ using grpc::ServerContext;
 constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
 
-class HubServiceImpl final
-    : public v1::Hub::WithCallbackMethod_Heartbeat<v1::Hub::Service> {
+class HubServiceImpl final : public v1::Hub::Service {
  public:
   // `coord` (not owned; null: a single hub) must outlive the service's
   // calls; an HA hub starts with no state and answers as a standby until
@@ -94,16 +93,8 @@ class HubServiceImpl final
     return grpc::Status::OK;
   }
 
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatResponse* resp) override {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    r->Finish(DoHeartbeat(ctx, req, resp));
-    return r;
-  }
-  grpc::Status DoHeartbeat(grpc::ServerContextBase* ctx,
-                           const v1::HeartbeatRequest* req,
-                           v1::HeartbeatResponse* resp) {
+  grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
+                         v1::HeartbeatResponse* resp) override {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
@@ -530,7 +521,7 @@ class HubServiceImpl final
   }
 
  private:
-  grpc::Status Auth(grpc::ServerContextBase* ctx, const std::string& secret) {
+  grpc::Status Auth(ServerContext* ctx, const std::string& secret) {
     if (secret_.empty() || secret == secret_) return grpc::Status::OK;
     TH_LOG(WARN) << "refused a call from " << ctx->peer()
                  << ": wrong or missing secret";
@@ -541,7 +532,7 @@ class HubServiceImpl final
   bool Leading() const { return coord_ == nullptr || coord_->Leading(); }
 
   // The secret, then (in an HA set) whether this hub leads now.
-  grpc::Status Admit(grpc::ServerContextBase* ctx, const std::string& secret) {
+  grpc::Status Admit(ServerContext* ctx, const std::string& secret) {
     if (auto s = Auth(ctx, secret); !s.ok()) return s;
     if (!Leading()) return NotLeader(ctx);
     return grpc::Status::OK;
@@ -549,7 +540,7 @@ class HubServiceImpl final
 
   // A standby's answer to every call: UNAVAILABLE (clients retry), the
   // leader named in the message and, for clients to follow, in a trailer.
-  grpc::Status NotLeader(grpc::ServerContextBase* ctx) const {
+  grpc::Status NotLeader(ServerContext* ctx) const {
     std::string leader = coord_->Leader();
     if (leader == coord_->self()) leader.clear();  // lost it this moment
     ctx->AddTrailingMetadata(kLeaderTrailer, leader);
@@ -564,7 +555,7 @@ class HubServiceImpl final
 
   // A leader's considered answer: an UNAVAILABLE ("rebuilding", retry) is
   // marked as the leader's, so that a client does not try another hub.
-  grpc::Status Answer(grpc::ServerContextBase* ctx, const Status& s) const {
+  grpc::Status Answer(ServerContext* ctx, const Status& s) const {
     if (coord_ != nullptr && s.code() == StatusCode::kUnavailable) {
       ctx->AddTrailingMetadata(kRoleTrailer, "leader");
     }
@@ -630,7 +621,7 @@ class HubServiceImpl final
   // Persisted(), as a call's answer: a hub that could not record the
   // change answers like a standby (the client tries the leader), or
   // UNAVAILABLE when etcd could not be reached (the change stays queued).
-  grpc::Status AwaitDurable(grpc::ServerContextBase* ctx, uint64_t seq) {
+  grpc::Status AwaitDurable(ServerContext* ctx, uint64_t seq) {
     Status s = Persisted(seq);
     if (s.ok()) return grpc::Status::OK;
     TH_LOG(WARN) << "could not record a change in etcd: " << s.ToString();
