@@ -247,9 +247,6 @@ TEST_F(HaHubServiceTest, AFencedWriteAnswersLikeAStandbyAndDropsTheState) {
   EXPECT_EQ(Publish(w, 2).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
-}  // namespace
-}  // namespace tensorhub::hub
-
 // ---- BeginFetch: the three steps of a fetch's start in one answer ----
 
 class BeginFetchTest : public HaHubServiceTest {
@@ -332,3 +329,6 @@ TEST_F(BeginFetchTest, UnknownModelFailsLikeResolve) {
   grpc::Status s = BeginFetch(Register(), 5, &rs);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
+
+}  // namespace
+}  // namespace tensorhub::hub
