@@ -391,9 +391,6 @@ class Client::Impl {
     return st;
   }
 
-  // Aborts a fill (fence and drain the partial copy, tell the hub) when the
-  // fetch leaves without completing it: the one cleanup of every failed
-  // exit. Complete() hands the fill to EndFill instead.
   // An epoch reserved for the fetch destination's registration
   // (Registry::ReserveEpoch), cancelled unless the registration used it.
   class EpochReservation {
@@ -470,6 +467,9 @@ class Client::Impl {
     bool done_ = false;
   };
 
+  // Aborts a fill (fence and drain the partial copy, tell the hub) when the
+  // fetch leaves without completing it: the one cleanup of every failed
+  // exit. Complete() hands the fill to EndFill instead.
   class FillGuard {
    public:
     FillGuard(Impl* impl, const std::string& model, Version version,
