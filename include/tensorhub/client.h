@@ -52,7 +52,10 @@ struct ClientOptions {
   int64_t rpc_timeout_ms = 5000;
   // Deadline for the first registration with the hub.
   int64_t connect_timeout_ms = 10000;
-  int64_t heartbeat_interval_ms = 1000;
+  // How often the worker renews its lease with the hub. 0: a third of the
+  // lease the hub grants (serve --lease-ms; 5 s by default, so 1.67 s), at
+  // most 5 s.
+  int64_t heartbeat_interval_ms = 0;
   // Bound on data-plane connections this worker serves at once.
   size_t max_serving_connections = 256;
   // Shared secret for the hub (empty: none).
@@ -168,10 +171,12 @@ struct FetchSourceStats {
 // total_seconds (less a few microseconds of bookkeeping between them); the
 // metric tensorhub_fetch_stage_seconds{stage} records the same figures
 // (docs/metrics.md):
-//   resolve     the hub round trips that name the version (retries included)
+//   resolve     the hub round trip that starts the fetch (retries
+//               included): one BeginFetch names the version, registers the
+//               filling holder and chooses the first sources
 //   schedule    mapping the destination (releasing memory that still served
-//               an older version: its drain), the filling registration and
-//               the hub's choice of sources
+//               an older version: its drain) and registering it for
+//               serving here
 //   first_byte  from the sources in hand until the first chunk is verified
 //   transfer    the rest of the data plane, less verify
 //   verify      the checksum work's share of the data plane: the time the

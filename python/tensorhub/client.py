@@ -793,7 +793,7 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "advertise_host": "",
     "rpc_timeout": 5.0,
     "connect_timeout": 10.0,
-    "heartbeat_interval": 1.0,
+    "heartbeat_interval": None,
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
@@ -837,7 +837,8 @@ def connect(
             rely on it).
         **options: ``data_listen`` ("127.0.0.1:0"), ``advertise_host``,
             ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
-            ``heartbeat_interval`` (1 s), ``max_serving_connections`` (256),
+            ``heartbeat_interval`` (None: a third of the hub's lease, at
+            most 5 s), ``max_serving_connections`` (256),
             ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
@@ -892,7 +893,7 @@ def connect(
         advertise_host=str(opts["advertise_host"]),
         rpc_timeout_ms=_ms(opts["rpc_timeout"], 5.0, "rpc_timeout"),
         connect_timeout_ms=_ms(opts["connect_timeout"], 10.0, "connect_timeout"),
-        heartbeat_interval_ms=max(1, _ms(opts["heartbeat_interval"], 1.0, "heartbeat_interval")),
+        heartbeat_interval_ms=_ms(opts["heartbeat_interval"], 0.0, "heartbeat_interval"),
         max_serving_connections=int(opts["max_serving_connections"]),
         secret=secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),

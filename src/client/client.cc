@@ -301,10 +301,19 @@ class Client::Impl {
         std::clamp<int64_t>(opts.timeout_ms / 10, 0, 250);
     const Deadline work =
         Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
+    // One call to the hub starts the fetch: resolve, register the
+    // destination as a filling holder (partial-prefix serving: it serves
+    // each chunk once verified) under an epoch reserved here, schedule the
+    // first sources. Reads of the epoch that arrive before the destination
+    // is registered below wait for it (Registry::ReserveEpoch).
+    EpochReservation reserved(registry_, opts.serve);
+    if (opts.serve) WarnIfUnreachable();
     TH_ASSIGN_OR_RETURN(
-        client::Resolved r,
-        ResolveWithin(model, version, work, opts.group, opts.group_step));
+        client::FetchStart start,
+        BeginFetchWithin(model, version, work, opts.group, opts.group_step,
+                         MaxSources(opts.max_sources), reserved.epoch()));
     const auto t1 = SteadyClock::now();
+    const client::Resolved& r = start.resolved;
     if (!r.manifest.has_value()) {
       return Internal("hub resolved a version without a manifest");
     }
@@ -312,11 +321,15 @@ class Client::Impl {
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
+    // Until the destination is registered here, an exit withdraws what the
+    // hub was told: the filling reference and the sources it assigned.
+    StartGuard started(this, model, v, start.filling, deadline);
     if (IsSharded(manifest)) {
       // Pieces of logical tensors: the destination names the logical
       // tensors, which come whole through the slice path (not served).
       TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
                           WholeSlices(manifest, dest, vname));
+      started.Withdraw();
       return FetchSlices(model, v, whole, opts);
     }
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
@@ -328,19 +341,18 @@ class Client::Impl {
       TH_RETURN_IF_ERROR(Unpublish(m, old, work.remaining_ms(), false)
                              .WithContext("fetch: releasing the destination"));
     }
-    // Serve chunks onward while still receiving the rest (partial-prefix
-    // serving): register the destination as a filling holder first. Every
-    // exit below that does not complete the fill aborts it (one guard).
+    // Every exit below that does not complete the fill aborts it (one
+    // guard).
     std::optional<uint64_t> fill_epoch;
     if (opts.serve) {
-      WarnIfUnreachable();
-      fill_epoch = BeginFill(model, v, manifest, job, work);
+      fill_epoch = BeginFill(model, v, manifest, job, reserved, start.filling);
     }
+    started.Release(/*filled=*/fill_epoch.has_value());
     FillGuard fill(this, model, v, fill_epoch, deadline);
     const client::SourceRefresher schedule =
         MakeScheduler(model, v, opts.max_sources, work);
     TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
-                        FirstSources(schedule, r, vname));
+                        FirstSources(start, vname));
     const auto t_sources = SteadyClock::now();
     client::FetcherOptions fo;
     fo.streams = opts.connections;
@@ -456,6 +468,82 @@ class Client::Impl {
     }
     for (const client::ProgressUpdate& u : reports) ReportProgress(u);
   }
+
+  // An epoch reserved for the fetch destination's registration
+  // (Registry::ReserveEpoch), cancelled unless the registration used it.
+  class EpochReservation {
+   public:
+    EpochReservation(client::Registry& registry, bool reserve)
+        : registry_(registry) {
+      if (reserve) epoch_ = registry_.ReserveEpoch();
+    }
+    ~EpochReservation() {
+      if (epoch_.has_value()) registry_.CancelReservation(*epoch_);
+    }
+    EpochReservation(const EpochReservation&) = delete;
+    EpochReservation& operator=(const EpochReservation&) = delete;
+    std::optional<uint64_t> epoch() const { return epoch_; }
+    void Used() { epoch_.reset(); }
+
+   private:
+    client::Registry& registry_;
+    std::optional<uint64_t> epoch_;
+  };
+
+  // What BeginFetch told the hub, until the fetch takes it over: the
+  // sources assigned to this reader (released by FetchDone) and, if the hub
+  // took it, the filling reference (dropped by a forced Unpublish). On
+  // exit, or on Withdraw(), both are withdrawn; Release() hands them to
+  // the fetch (FillGuard, EndFill, FetchDone).
+  class StartGuard {
+   public:
+    StartGuard(Impl* impl, const std::string& model, Version version,
+               bool filling, const Deadline& deadline)
+        : impl_(impl),
+          model_(model),
+          version_(version),
+          filling_(filling),
+          deadline_(deadline) {}
+    ~StartGuard() { Withdraw(); }
+    StartGuard(const StartGuard&) = delete;
+    StartGuard& operator=(const StartGuard&) = delete;
+
+    void Withdraw() {
+      if (done_) return;
+      done_ = true;
+      const int64_t left_ms = std::max<int64_t>(1, deadline_.remaining_ms());
+      Status s = impl_->hub_->FetchDone(impl_->id(), model_, version_, left_ms);
+      if (!s.ok()) TH_LOG(DEBUG) << "fetch done: " << s.ToString();
+      if (filling_) {
+        s = impl_->hub_->Unpublish(impl_->id(), model_, version_, 0,
+                                   /*force=*/true, left_ms);
+        if (!s.ok() && s.code() != StatusCode::kNotFound) {
+          MutexLock lock(impl_->mu_);
+          impl_->pending_unpublish_.insert({model_, version_});
+        }
+      }
+    }
+    // The fetch goes on: its own guards and reports take over. `filled`:
+    // the destination is registered here (the filling reference is its);
+    // if not, a filling reference the hub took is withdrawn now.
+    void Release(bool filled) {
+      if (filling_ && !filled) {
+        Status s = impl_->hub_->Unpublish(
+            impl_->id(), model_, version_, 0, /*force=*/true,
+            std::max<int64_t>(1, deadline_.remaining_ms()));
+        if (!s.ok()) TH_LOG(DEBUG) << "unpublish: " << s.ToString();
+      }
+      done_ = true;
+    }
+
+   private:
+    Impl* const impl_;
+    const std::string& model_;
+    const Version version_;
+    const bool filling_;
+    const Deadline& deadline_;
+    bool done_ = false;
+  };
 
   // Aborts a fill (fence and drain the partial copy, tell the hub) when the
   // fetch leaves without completing it: the one cleanup of every failed
@@ -616,32 +704,31 @@ class Client::Impl {
     };
   }
 
-  // The sources a fetch starts from: the hub's schedule, or, when the hub
-  // cannot schedule now (restarting, or it says no complete holder is
-  // left), the holders Resolve listed a moment ago; the fetcher asks the
+  // The sources a fetch starts from: the hub's first schedule, or, when
+  // the hub could not schedule (restarting, or it says no complete holder
+  // is left), the nearest holders it listed instead; the fetcher asks the
   // hub again when they run out.
   Result<std::vector<client::FetchSource>> FirstSources(
-      const client::SourceRefresher& schedule, const client::Resolved& r,
-      const std::string& vname) {
-    Result<client::SourceUpdate> first = schedule({});
+      const client::FetchStart& start, const std::string& vname) {
     std::vector<client::FetchSource> sources;
-    if (first.ok() && first->unavailable.has_value()) {
+    if (start.first_status.ok() && start.first.unavailable.has_value()) {
       // Some may still have chunks (filling ones). The fetcher confirms
       // with the hub before giving up.
       TH_LOG(INFO) << "schedule " << vname << ": the hub says "
-                   << *first->unavailable
+                   << *start.first.unavailable
                    << "; trying the holders from resolve";
-      sources = ToSources(r.sources);
-    } else if (first.ok()) {
-      sources = std::move(first->sources);
+      sources = ToSources(start.resolved.sources);
+    } else if (start.first_status.ok()) {
+      sources = ToSources(start.first.sources);
     } else {
-      StatusCode c = first.status().code();
+      StatusCode c = start.first_status.code();
       if (c != StatusCode::kUnavailable && c != StatusCode::kDeadlineExceeded) {
-        return first.status();
+        return start.first_status;
       }
-      TH_LOG(WARN) << "schedule " << vname << ": " << first.status().ToString()
+      TH_LOG(WARN) << "schedule " << vname << ": "
+                   << start.first_status.ToString()
                    << "; using the holders from resolve";
-      sources = ToSources(r.sources);
+      sources = ToSources(start.resolved.sources);
     }
     if (sources.empty()) {
       return Unavailable(vname + " has no holder other than this worker");
@@ -690,9 +777,11 @@ class Client::Impl {
     const Deadline work =
         Deadline::AfterMs(opts.timeout_ms - reserve_ms, clock_);
     TH_ASSIGN_OR_RETURN(
-        client::Resolved r,
-        ResolveWithin(model, version, work, opts.group, opts.group_step));
+        client::FetchStart start,
+        BeginFetchWithin(model, version, work, opts.group, opts.group_step,
+                         MaxSources(opts.max_sources), std::nullopt));
     const auto t1 = SteadyClock::now();
+    const client::Resolved& r = start.resolved;
     if (!r.manifest.has_value()) {
       return Internal("hub resolved a version without a manifest");
     }
@@ -700,6 +789,8 @@ class Client::Impl {
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
+    // Releases the sources the hub assigned, on every exit (FetchDone).
+    StartGuard started(this, model, v, /*filling=*/false, deadline);
     Result<client::SlicePlan> plan =
         client::PlanSlices(manifest, dests, manifest.chunk_bytes());
     if (!plan.ok()) return plan.status().WithContext(vname);
@@ -717,7 +808,17 @@ class Client::Impl {
     const client::SourceRefresher schedule =
         MakeScheduler(model, v, opts.max_sources, work, std::move(wants));
     TH_ASSIGN_OR_RETURN(std::vector<client::FetchSource> sources,
-                        FirstSources(schedule, r, vname));
+                        FirstSources(start, vname));
+    // BeginFetch scheduled without the boxes: ask once more with them, so
+    // that holders of slices that meet them come first (one more call, for
+    // fetches of slices only). If that fails, BeginFetch's sources stand.
+    if (!dests.empty()) {
+      Result<client::SourceUpdate> with_boxes = schedule({});
+      if (with_boxes.ok() && !with_boxes->sources.empty() &&
+          !with_boxes->unavailable.has_value()) {
+        sources = std::move(with_boxes->sources);
+      }
+    }
     if (std::any_of(sources.begin(), sources.end(),
                     [](const client::FetchSource& s) { return s.slices; })) {
       // Holders of slices: plan again with their boxes (alternative reads).
@@ -732,8 +833,7 @@ class Client::Impl {
     Result<client::FetchReport> rep = client::RunSliceFetch(
         *transport_, job, std::move(sources), schedule, fo, work);
     const auto t2 = SteadyClock::now();
-    Status done = hub_->FetchDone(id(), model, v, deadline.remaining_ms());
-    if (!done.ok()) TH_LOG(DEBUG) << "fetch done: " << done.ToString();
+    started.Withdraw();  // FetchDone: the slices are not served
     if (!rep.ok()) return rep.status();
     if (opts.serve_slices) ServeSlices(model, v, manifest, slices, deadline);
     FetchStats st;
@@ -1018,32 +1118,41 @@ class Client::Impl {
   // Between asks to a hub that did not answer or asked to try again.
   static constexpr int64_t kHubRetryPauseMs = 100;
 
-  // Resolve, retrying while the hub is unreachable (it may be restarting),
-  // until the deadline.
-  Result<client::Resolved> ResolveWithin(const std::string& model,
-                                         Version version,
-                                         const Deadline& deadline,
-                                         const std::string& group,
-                                         uint64_t group_step) {
+  static uint32_t MaxSources(int wanted) {
+    return static_cast<uint32_t>(std::clamp(wanted, 1, 16));
+  }
+
+  // BeginFetch, retrying while the hub is unreachable (it may be
+  // restarting), until the deadline.
+  Result<client::FetchStart> BeginFetchWithin(
+      const std::string& model, Version version, const Deadline& deadline,
+      const std::string& group, uint64_t group_step, uint32_t max_sources,
+      std::optional<uint64_t> fill_epoch) {
     int unavailable_answers = 0;
     uint64_t retryable_answers = 0;
     while (true) {
-      Result<client::Resolved> r =
-          hub_->Resolve(id(), model, version, false, group, group_step,
-                        std::max<int64_t>(1, deadline.remaining_ms()));
-      if (r.ok() && r->state == VersionState::kUnavailable) {
+      Result<client::FetchStart> r = hub_->BeginFetch(
+          id(), model, version, group, group_step, max_sources, fill_epoch,
+          std::max<int64_t>(1, deadline.remaining_ms()));
+      if (r.ok() && r->resolved.state == VersionState::kUnavailable) {
         // The hub's own answer (not an unreachable hub): committed, but no
         // complete holder is left. Filling holders may still have chunks:
         // the fetch tries them and gives up when they cannot finish. With
         // none, asking once more (a passing moment of the hub's table must
         // not end a fetch) is all that is worth doing.
         const std::string why =
-            "'" + model + "@" + std::to_string(r->version.value()) +
+            "'" + model + "@" + std::to_string(r->resolved.version.value()) +
             "' is committed but no live worker holds all of its chunks";
-        if (!r->sources.empty()) {
+        if (!r->resolved.sources.empty() || !r->first.sources.empty()) {
           TH_LOG(INFO) << "fetch: the hub says " << why << "; trying the "
-                       << r->sources.size() << " partial holder(s) it lists";
+                       << r->resolved.sources.size()
+                       << " partial holder(s) it lists";
           return r;
+        }
+        if (r->filling) {
+          (void)hub_->Unpublish(id(), model, r->resolved.version, 0,
+                                /*force=*/true,
+                                std::max<int64_t>(1, deadline.remaining_ms()));
         }
         if (++unavailable_answers >= 2 || deadline.remaining_ms() < 400) {
           return Unavailable(why + ": the hub said so twice, " +
@@ -1067,15 +1176,18 @@ class Client::Impl {
     }
   }
 
-  // Registers the fetch destination as a filling holder: it serves each
-  // chunk once verified. Best effort: without it we only fetch.
+  // Registers the fetch destination, under the reserved epoch, as a
+  // filling holder: it serves each chunk once verified. `reported`: the hub
+  // took the registration (BeginFetch); if not, the heartbeat thread
+  // reports it later. Best effort: without it we only fetch.
   std::optional<uint64_t> BeginFill(const std::string& model, Version version,
                                     const Manifest& manifest,
                                     const client::FetchJob& job,
-                                    const Deadline& deadline) {
+                                    EpochReservation& reserved, bool reported) {
     Holding h;
     h.model = model;
     h.version = version;
+    h.epoch = *reserved.epoch();
     h.group_size = manifest.group_size();
     h.chunk_bytes = manifest.chunk_bytes();
     h.manifest = manifest;
@@ -1091,13 +1203,8 @@ class Client::Impl {
                    << "': " << epoch.status().ToString();
       return std::nullopt;
     }
-    Status s = hub_->AddHolder(id(), model, version, *epoch, manifest,
-                               /*filling=*/true, deadline.remaining_ms());
-    if (s.ok()) {
-      registry_.MarkReported(model, version, *epoch, true);
-    } else {
-      TH_LOG(DEBUG) << "filling holder not reported: " << s.ToString();
-    }
+    reserved.Used();
+    if (reported) registry_.MarkReported(model, version, *epoch, true);
     return *epoch;
   }
 
@@ -1139,12 +1246,26 @@ class Client::Impl {
     }
   }
 
+  // The configured interval, or a third of the hub's lease (so that two
+  // heartbeats may be lost before it expires), within [kMinHeartbeatMs,
+  // kMaxHeartbeatMs]: the bound keeps a hub restart noticed soon even
+  // under a long lease.
+  static constexpr int64_t kMinHeartbeatMs = 50;
+  static constexpr int64_t kMaxHeartbeatMs = 5000;
+  static int64_t HeartbeatIntervalMs(const ClientOptions& o,
+                                     const client::ControlPlane& hub) {
+    if (o.heartbeat_interval_ms > 0) return o.heartbeat_interval_ms;
+    const int64_t lease_ms = hub.lease_ms();
+    if (lease_ms <= 0) return 1000;
+    return std::clamp<int64_t>(lease_ms / 3, kMinHeartbeatMs, kMaxHeartbeatMs);
+  }
+
   void HeartbeatLoop() {
     MutexLock lock(mu_);
     while (!stopping_) {
       // Real time whatever clock_ is (ClientDeps::clock): this paces I/O.
-      cv_.wait_for(lock.native(),
-                   std::chrono::milliseconds(options_.heartbeat_interval_ms));
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(
+                                      HeartbeatIntervalMs(options_, *hub_)));
       if (stopping_) break;
       WorkerId id = id_;
       lock.Unlock();

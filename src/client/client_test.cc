@@ -329,6 +329,32 @@ TEST_F(ClientOnFakes, FetchFromACorruptOnlyHolderFailsWithDataLoss) {
   EXPECT_EQ(hub_->fetch_dones(), 1);
 }
 
+// BeginFetch registers the reader as a filling holder and assigns it
+// sources before the reader has the manifest to check its destination
+// against: a destination that does not fit withdraws both (a forced
+// unpublish of the filling reference, FetchDone for the sources).
+TEST_F(ClientOnFakes, ADestinationThatDoesNotFitWithdrawsTheFetchStart) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  hub_->holders = {Holder("a", v_)};
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Bytes wrong(3);
+  TensorRef t;
+  t.spec.name = "t0";
+  t.spec.dtype = DType::kU8;
+  t.spec.shape = {wrong.size()};
+  t.data = wrong.data();
+  t.bytes = wrong.size();
+  FetchOptions fo;
+  fo.timeout_ms = 60000;  // simulated
+  Result<FetchStats> r = c->Fetch(kModel, Version(1), {t}, fo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument)
+      << r.status().ToString();
+  EXPECT_EQ(hub_->forced_unpublishes(), 1);
+  EXPECT_EQ(hub_->fetch_dones(), 1);
+}
+
 // A version the hub does not know ends the fetch at once with NOT_FOUND,
 // with no read made.
 TEST_F(ClientOnFakes, FetchOfAnUnknownVersionIsNotFound) {

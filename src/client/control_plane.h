@@ -66,6 +66,22 @@ struct Scheduled {
   std::optional<std::string> unavailable;
 };
 
+// A BeginFetch answer: the resolution, the filling registration, and the
+// first schedule, as Resolve, AddHolder (filling) and Schedule would
+// answer one after another. `resolved.sources` (Resolve's nearest holders)
+// is filled only when `first` has no sources: the reader falls back to it.
+struct FetchStart {
+  Resolved resolved;
+  // The reader is a filling holder now (fill_epoch was given and the hub
+  // took it); if not, fill_detail says why.
+  bool filling = false;
+  std::string fill_detail;
+  // Schedule's answer when first_status is OK; else why it failed (e.g.
+  // UNAVAILABLE: the hub is rebuilding).
+  Status first_status;
+  Scheduled first;
+};
+
 // A keeper's work from KeeperPoll: (model, version, total bytes).
 struct KeeperItem {
   std::string model;
@@ -158,6 +174,16 @@ class ControlPlane {
                                    const std::string& group = "",
                                    uint64_t group_step = 0,
                                    int64_t timeout_ms = -1) = 0;
+  // The start of a fetch in one call to the hub (docs/design.md, "A fetch,
+  // step by step"). fill_epoch set: also register the reader as a filling
+  // holder of the resolved version under that epoch. group as for Resolve.
+  // Fails as Resolve fails; the other two steps' outcomes are in the
+  // answer. The default asks Resolve, AddHolder and Schedule in turn (for
+  // in-memory control planes in tests); the gRPC one makes one call.
+  virtual Result<FetchStart> BeginFetch(
+      const WorkerId& reader, const std::string& model, Version version,
+      const std::string& group, uint64_t group_step, uint32_t max_sources,
+      std::optional<uint64_t> fill_epoch, int64_t timeout_ms = -1);
   virtual Result<std::vector<ModelInfo>> List() = 0;
   // wait_ms: as for Unpublish, for every retained version it holds the
   // last copy of; it leaves all the same.
@@ -179,6 +205,9 @@ class ControlPlane {
     (void)limits;
     return FailedPrecondition("this control plane has no snapshots");
   }
+  // The lease the hub last granted (Register and Heartbeat answers carry
+  // it); 0 while unknown. Workers heartbeat a few times per lease.
+  virtual int64_t lease_ms() const { return 0; }
 };
 
 // TLS to the hub: the PEM text of ClientOptions' files, read and checked

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -101,6 +102,12 @@ class GrpcControlPlane final : public ControlPlane {
                            Version version, bool include_uncommitted,
                            const std::string& group, uint64_t group_step,
                            int64_t timeout_ms) override;
+  Result<FetchStart> BeginFetch(const WorkerId& reader,
+                                const std::string& model, Version version,
+                                const std::string& group, uint64_t group_step,
+                                uint32_t max_sources,
+                                std::optional<uint64_t> fill_epoch,
+                                int64_t timeout_ms) override;
   Result<std::vector<ModelInfo>> List() override;
   Status Leave(const WorkerId& id, int64_t timeout_ms,
                int64_t wait_ms) override;
@@ -111,6 +118,7 @@ class GrpcControlPlane final : public ControlPlane {
   Status ReportProgress(const WorkerId& reader, const ProgressUpdate& update,
                         int64_t timeout_ms) override;
   Result<HubSnapshot> Snapshot(const SnapshotLimits& limits) override;
+  int64_t lease_ms() const override { return lease_ms_.load(); }
 
  private:
   // One hub the client may call.
@@ -149,10 +157,14 @@ class GrpcControlPlane final : public ControlPlane {
   Status Check(const grpc::Status& s, const char* what,
                const std::string& address) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
+  // A manifest the hub sent encoded (empty: none yet).
+  static Result<std::optional<Manifest>> ParseManifest(const std::string& bytes,
+                                                       const char* what);
 
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
   const HubTls tls_;
+  std::atomic<int64_t> lease_ms_{0};  // the hub's last answer's
   Mutex mu_;
   // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
@@ -346,7 +358,10 @@ Result<WorkerId> GrpcControlPlane::Register(
     v1::RegisterWorkerResponse resp;
     last = Call(&v1::Hub::Stub::RegisterWorker, req, &resp, "register",
                 std::max<int64_t>(1, left_ms), /*wait_for_ready=*/one_hub);
-    if (last.ok()) return WorkerId(resp.worker_id());
+    if (last.ok()) {
+      lease_ms_.store(resp.lease_ms());
+      return WorkerId(resp.worker_id());
+    }
     if (last.code() != StatusCode::kUnavailable) break;
   }
   if (last.code() == StatusCode::kUnavailable ||
@@ -365,8 +380,10 @@ Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
   v1::HeartbeatRequest req;
   req.set_worker_id(id.value());
   v1::HeartbeatResponse resp;
-  return Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
-              rpc_timeout_ms_);
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
+                          rpc_timeout_ms_));
+  lease_ms_.store(resp.lease_ms());
+  return Status::Ok();
 }
 
 Status GrpcControlPlane::Publish(const WorkerId& id, const std::string& model,
@@ -448,19 +465,76 @@ Result<Resolved> GrpcControlPlane::Resolve(
   out.state = wire::FromProto(resp.state());
   out.num_holders = resp.num_holders();
   out.retained = resp.retained();
-  if (!resp.manifest().empty()) {
-    v1::VersionManifest vm;
-    if (!vm.ParseFromString(resp.manifest())) {
-      return InvalidArgument("resolve: the hub sent a malformed manifest");
-    }
-    if (vm.group_size() > 0) {
-      TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
-      out.manifest = std::move(m);
-    }
-  }
+  TH_ASSIGN_OR_RETURN(out.manifest, ParseManifest(resp.manifest(), "resolve"));
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     out.sources.push_back(std::move(src));
+  }
+  return out;
+}
+
+Result<std::optional<Manifest>> GrpcControlPlane::ParseManifest(
+    const std::string& bytes, const char* what) {
+  if (bytes.empty()) return std::optional<Manifest>();
+  v1::VersionManifest vm;
+  if (!vm.ParseFromString(bytes)) {
+    return InvalidArgument(std::string(what) +
+                           ": the hub sent a malformed manifest");
+  }
+  if (vm.group_size() == 0) return std::optional<Manifest>();
+  TH_ASSIGN_OR_RETURN(Manifest m, wire::FromProto(vm));
+  return std::optional<Manifest>(std::move(m));
+}
+
+Result<FetchStart> GrpcControlPlane::BeginFetch(
+    const WorkerId& reader, const std::string& model, Version version,
+    const std::string& group, uint64_t group_step, uint32_t max_sources,
+    std::optional<uint64_t> fill_epoch, int64_t timeout_ms) {
+  v1::BeginFetchRequest req;
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_group(group);
+  req.set_group_step(group_step);
+  req.set_max_sources(max_sources);
+  if (fill_epoch.has_value()) req.set_fill_epoch(*fill_epoch);
+  v1::BeginFetchResponse resp;
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::BeginFetch, req, &resp, "begin fetch",
+                          Within(timeout_ms)));
+  FetchStart out;
+  Resolved& r = out.resolved;
+  r.version = Version(resp.version());
+  r.state = wire::FromProto(resp.state());
+  r.num_holders = resp.num_holders();
+  r.retained = resp.retained();
+  TH_ASSIGN_OR_RETURN(r.manifest,
+                      ParseManifest(resp.manifest(), "begin fetch"));
+  for (const v1::Holder& h : resp.holders()) {
+    TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+    r.sources.push_back(std::move(src));
+  }
+  out.filling = resp.filling() && fill_epoch.has_value();
+  out.fill_detail = resp.fill_detail();
+  if (resp.sources_code() != 0) {
+    out.first_status = wire::FromGrpc(
+        grpc::Status(static_cast<grpc::StatusCode>(resp.sources_code()),
+                     "schedule: " + resp.sources_detail()));
+    if (out.first_status.ok()) {
+      return InvalidArgument("begin fetch: the hub sent a bad status code");
+    }
+  } else if (resp.sources_state() == v1::UNAVAILABLE) {
+    if (resp.sources_size() > 0) {
+      return InvalidArgument(
+          "begin fetch: the hub sent sources of an unavailable version");
+    }
+    out.first.unavailable = resp.sources_detail().empty()
+                                ? "the version has no complete holder"
+                                : resp.sources_detail();
+  } else {
+    for (const v1::Holder& h : resp.sources()) {
+      TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
+      out.first.sources.push_back(std::move(src));
+    }
   }
   return out;
 }

@@ -2,10 +2,28 @@
 
 #include <algorithm>
 
+#include "common/test_point.h"
+
 namespace tensorhub::client {
+
+uint64_t Registry::ReserveEpoch() {
+  MutexLock lock(mu_);
+  const uint64_t epoch = next_epoch_++;
+  reserved_.insert(epoch);
+  return epoch;
+}
+
+void Registry::CancelReservation(uint64_t epoch) {
+  MutexLock lock(mu_);
+  if (reserved_.erase(epoch) > 0) chunk_arrived_.notify_all();
+}
 
 Result<uint64_t> Registry::Add(Holding holding) {
   MutexLock lock(mu_);
+  if (holding.epoch != 0 && reserved_.count(holding.epoch) == 0) {
+    return Internal("registration names epoch " +
+                    std::to_string(holding.epoch) + ", which is not reserved");
+  }
   Key key{holding.model, holding.version};
   if (live_.count(key) > 0) {
     return AlreadyExists("'" + holding.model + "@" +
@@ -42,7 +60,12 @@ Result<uint64_t> Registry::Add(Holding holding) {
   }
   e->registration = std::make_unique<transport::Registration>(
       std::move(regions), holding.memory);
-  holding.epoch = next_epoch_++;
+  if (holding.epoch == 0) {
+    holding.epoch = next_epoch_++;
+  } else {
+    reserved_.erase(holding.epoch);
+    chunk_arrived_.notify_all();  // reads waiting for the registration
+  }
   uint64_t epoch = holding.epoch;
   e->holding = std::move(holding);
   live_[key] = std::move(e);
@@ -183,6 +206,16 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   auto it = live_.find({req.model, Version(req.version)});
   const std::string name =
       "'" + req.model + "@" + std::to_string(req.version) + "'";
+  if ((it == live_.end() || it->second->holding.epoch != req.epoch) &&
+      reserved_.count(req.epoch) > 0) {
+    // The hub knows this fetch's registration before it exists here
+    // (BeginFetch): wait for it, as for a chunk not there yet.
+    testpoint::Hit("registry.reserved_read_waits", req.epoch);
+    chunk_arrived_.wait_for(
+        lock.native(), std::chrono::milliseconds(fill_wait_ms_),
+        [&]() TH_REQUIRES(mu_) { return reserved_.count(req.epoch) == 0; });
+    it = live_.find({req.model, Version(req.version)});
+  }
   if (it == live_.end()) {
     return NotFound("this worker does not hold " + name);
   }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,16 @@ class Registry final : public transport::ReadSource {
 
   // Registers memory; returns the new registration's epoch. Replaces a
   // registration of the same (model, version) only after it was revoked.
+  // holding.epoch 0: a new epoch; else one ReserveEpoch() returned.
   Result<uint64_t> Add(Holding holding);
+  // An epoch for a registration added later (Add with holding.epoch set
+  // to it), so that the hub can be told of the registration before the
+  // fetch that makes it knows its layout (BeginFetch). A read naming the
+  // epoch before the registration exists waits for it, bounded by
+  // fill_wait_ms, as a read of a chunk not there yet does. Every
+  // reservation ends with Add or CancelReservation.
+  uint64_t ReserveEpoch();
+  void CancelReservation(uint64_t epoch);
   // Fences the registration: reads not yet admitted are refused. Returns
   // its epoch, NOT_FOUND if there is none.
   Result<uint64_t> Revoke(const std::string& model, Version version);
@@ -125,6 +135,8 @@ class Registry final : public transport::ReadSource {
   std::condition_variable drained_;
   std::condition_variable chunk_arrived_;
   uint64_t next_epoch_ TH_GUARDED_BY(mu_) = 1;
+  // Epochs reserved and not yet added or cancelled (one per fetch running).
+  std::set<uint64_t> reserved_ TH_GUARDED_BY(mu_);
   std::map<Key, std::shared_ptr<Entry>> live_ TH_GUARDED_BY(mu_);
   // Revoked entries with reads still in flight, by epoch.
   std::map<uint64_t, std::shared_ptr<Entry>> draining_ TH_GUARDED_BY(mu_);

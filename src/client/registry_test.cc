@@ -7,10 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 
 #include "common/clock.h"
+#include "common/test_point.h"
 
 namespace tensorhub::client {
 namespace {
@@ -511,6 +513,62 @@ TEST(RegistryUnreportedTest, ListsOnlyWhatTheHubHasNotAcknowledged) {
   EXPECT_TRUE(reg.Unreported().empty());
   reg.MarkAllUnreported();
   EXPECT_EQ(reg.Unreported().size(), 2u);
+}
+
+}  // namespace
+}  // namespace tensorhub::client
+
+namespace tensorhub::client {
+namespace {
+
+// A fetch tells the hub of its destination (BeginFetch) before it can
+// register it here: a read of the reserved epoch that arrives first waits
+// for the registration, and is served once it is there.
+TEST(RegistryTest, AReadOfAReservedEpochWaitsForItsRegistration) {
+  Part p = MakePart(0, kSizes, 21);
+  Registry reg(kGenerousMs);
+  const uint64_t epoch = reg.ReserveEpoch();
+  std::promise<void> waiting;
+  testpoint::Arm("registry.reserved_read_waits", [&](uint64_t e) {
+    if (e == epoch) waiting.set_value();
+  });
+  std::thread reader([&] {
+    Result<transport::ServeLease> lease =
+        reg.BeginRead(Req("m", 1, epoch, 0, 0, 100));
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    std::vector<uint8_t> got = Gather(*lease);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), p.flat.begin()));
+  });
+  waiting.get_future().wait();
+  testpoint::Disarm("registry.reserved_read_waits");
+  Holding h = MakeHolding("m", 1, p);
+  h.epoch = epoch;
+  Result<uint64_t> added = reg.Add(std::move(h));
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(*added, epoch);
+  reader.join();
+  // An epoch no one reserved is not taken.
+  Holding other = MakeHolding("m", 2, p);
+  other.epoch = epoch + 100;
+  EXPECT_EQ(reg.Add(std::move(other)).status().code(), StatusCode::kInternal);
+}
+
+TEST(RegistryTest, AReadOfACancelledReservationIsRefused) {
+  Part p = MakePart(0, kSizes, 22);
+  Registry reg(kGenerousMs);
+  const uint64_t epoch = reg.ReserveEpoch();
+  std::promise<void> waiting;
+  testpoint::Arm("registry.reserved_read_waits", [&](uint64_t e) {
+    if (e == epoch) waiting.set_value();
+  });
+  std::thread reader([&] {
+    EXPECT_EQ(reg.BeginRead(Req("m", 1, epoch, 0, 0, 100)).status().code(),
+              StatusCode::kNotFound);
+  });
+  waiting.get_future().wait();
+  testpoint::Disarm("registry.reserved_read_waits");
+  reg.CancelReservation(epoch);
+  reader.join();
 }
 
 }  // namespace

@@ -17,6 +17,12 @@
 //   ucx.read_landed        a UCX read's bytes are in the reader's
 //                          destination, the holder's lease not yet
 //                          released; arg = bytes of the read
+//   registry.reserved_read_waits  a read names an epoch the worker reserved
+//                          for a fetch destination not registered yet
+//                          (BeginFetch told the hub first) and is about to
+//                          wait for it; arg = the epoch. Runs with the
+//                          registry's lock held: the action must not call
+//                          the registry.
 //   hub.departure_held     the hub holds an Unpublish or Leave of the last
 //                          reliable copy of a retained version until a
 //                          keeper copies it; arg = versions held. Runs with

@@ -247,5 +247,88 @@ TEST_F(HaHubServiceTest, AFencedWriteAnswersLikeAStandbyAndDropsTheState) {
   EXPECT_EQ(Publish(w, 2).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+// ---- BeginFetch: the three steps of a fetch's start in one answer ----
+
+class BeginFetchTest : public HaHubServiceTest {
+ protected:
+  BeginFetchTest() { Elect(); }
+
+  grpc::Status BeginFetch(const std::string& reader, uint64_t fill_epoch,
+                          v1::BeginFetchResponse* rs,
+                          const std::string& group = "") {
+    grpc::ServerContext ctx;
+    v1::BeginFetchRequest rq;
+    rq.set_worker_id(reader);
+    rq.set_model("m");
+    rq.set_version(0);
+    rq.set_group(group);
+    rq.set_group_step(group.empty() ? 0 : 3);
+    rq.set_max_sources(4);
+    rq.set_fill_epoch(fill_epoch);
+    return service_->BeginFetch(&ctx, &rq, rs);
+  }
+};
+
+TEST_F(BeginFetchTest, ResolvesRegistersTheFillAndSchedulesInOneAnswer) {
+  const std::string trainer = Register();
+  ASSERT_TRUE(Publish(trainer, 1).ok());
+  const std::string reader = Register();
+  v1::BeginFetchResponse rs;
+  grpc::Status s = BeginFetch(reader, /*fill_epoch=*/5, &rs);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(rs.version(), 1u);
+  EXPECT_EQ(rs.state(), v1::COMMITTED);
+  v1::VersionManifest vm;
+  ASSERT_TRUE(vm.ParseFromString(rs.manifest()));
+  EXPECT_EQ(vm.group_size(), 1u);
+  EXPECT_TRUE(rs.filling()) << rs.fill_detail();
+  ASSERT_EQ(rs.sources_size(), 1);
+  EXPECT_EQ(rs.sources(0).worker_id(), trainer);
+  EXPECT_EQ(rs.sources_code(), 0u);
+  // Sources in hand: no fallback list.
+  EXPECT_EQ(rs.holders_size(), 0);
+  EXPECT_EQ(rs.num_holders(), 1u);
+
+  // The reader is a filling holder now: the next reader may be sent to it
+  // (it feeds readers that joined after it), under the epoch it named.
+  const std::string next = Register();
+  v1::BeginFetchResponse rs2;
+  ASSERT_TRUE(BeginFetch(next, 0, &rs2).ok());
+  EXPECT_FALSE(rs2.filling());
+  EXPECT_EQ(rs2.num_holders(), 2u);
+  bool saw_reader = false;
+  for (const v1::Holder& h : rs2.sources()) {
+    if (h.worker_id() == reader) {
+      saw_reader = true;
+      EXPECT_TRUE(h.filling());
+      EXPECT_EQ(h.epoch(), 5u);
+    }
+  }
+  EXPECT_TRUE(saw_reader);
+}
+
+TEST_F(BeginFetchTest, AReaderGroupPinIsWrittenBeforeTheAnswer) {
+  const std::string trainer = Register();
+  ASSERT_TRUE(Publish(trainer, 1).ok());
+  coord_.batches.clear();
+  v1::BeginFetchResponse rs;
+  ASSERT_TRUE(BeginFetch(Register(), 0, &rs, "g").ok());
+  EXPECT_EQ(rs.version(), 1u);
+  bool pinned = false;
+  for (const auto& batch : coord_.batches) {
+    for (const DurableChange& c : batch) {
+      pinned = pinned || (c.kind == DurableChange::Kind::kGroup &&
+                          c.group == "g" && c.record.steps.count(3) == 1);
+    }
+  }
+  EXPECT_TRUE(pinned);
+}
+
+TEST_F(BeginFetchTest, UnknownModelFailsLikeResolve) {
+  v1::BeginFetchResponse rs;
+  grpc::Status s = BeginFetch(Register(), 5, &rs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+}
+
 }  // namespace
 }  // namespace tensorhub::hub

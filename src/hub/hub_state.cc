@@ -806,7 +806,7 @@ std::optional<VersionState> HubState::StateOf(const std::string& model,
 Result<Resolution> HubState::Resolve(const WorkerId& reader,
                                      const std::string& model, Version version,
                                      bool include_uncommitted,
-                                     bool copy_manifest) {
+                                     bool copy_manifest, bool list_holders) {
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   auto mit = models_.find(model);
   if (mit == models_.end()) {
@@ -847,6 +847,7 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   }
   res.num_holders = static_cast<uint32_t>(v.refs.size() - v.refs.count(reader));
   res.retained = IsRetained(m, vit->first, v);
+  if (!list_holders) return res;
   Labels reader_labels;
   auto rit = workers_.find(reader);
   if (rit != workers_.end()) reader_labels = rit->second.reg.labels;
@@ -884,6 +885,55 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
   }
   for (const Listed& l : listed) res.holders.push_back(ViewOf(v, *l.worker));
   return res;
+}
+
+Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
+                                        int64_t now_ms) {
+  const bool group = !a.group.empty() && a.version.is_latest();
+  Result<Resolution> res =
+      group ? ResolveForGroup(a.reader, a.model, a.group, a.group_step, now_ms,
+                              /*copy_manifest=*/false, /*list_holders=*/false)
+            : Resolve(a.reader, a.model, a.version, false,
+                      /*copy_manifest=*/false, /*list_holders=*/false);
+  if (!res.ok() && res.status().code() == StatusCode::kUnavailable &&
+      !a.version.is_latest() && a.settled &&
+      StateOf(a.model, a.version) == VersionState::kUnavailable) {
+    // The considered answer: the version, its manifest and the (filling)
+    // holders left, so the reader can tell it from an unreachable hub.
+    res = Resolve(a.reader, a.model, a.version, /*include_uncommitted=*/true,
+                  /*copy_manifest=*/false, /*list_holders=*/false);
+  }
+  if (!res.ok()) return res.status();
+  FetchStart out;
+  out.resolution = std::move(res).value();
+  const Version version = out.resolution.version;
+  if (a.fill_epoch.has_value()) {
+    if (!out.resolution.manifest_digest.has_value()) {
+      out.filling = FailedPrecondition(VersionName(a.model, version) +
+                                       " has no committed manifest here");
+    } else {
+      Result<bool> filled = AddHolderByDigest(
+          a.reader, a.model, version, *a.fill_epoch,
+          *out.resolution.manifest_digest, now_ms, /*filling=*/true);
+      out.filling = filled.ok() ? Status::Ok() : filled.status();
+    }
+  }
+  Result<std::vector<HolderView>> sources =
+      Schedule(a.reader, a.model, version, {}, a.max_sources);
+  if (sources.ok()) {
+    out.sources = std::move(sources).value();
+    return out;
+  }
+  out.sources_status = sources.status();
+  out.sources_unavailable =
+      a.settled && sources.status().code() == StatusCode::kUnavailable &&
+      StateOf(a.model, version) == VersionState::kUnavailable;
+  // No source now: the reader falls back to the nearest holders.
+  Result<Resolution> listed =
+      Resolve(a.reader, a.model, version, /*include_uncommitted=*/true,
+              /*copy_manifest=*/false, /*list_holders=*/true);
+  if (listed.ok()) out.resolution.holders = std::move(listed->holders);
+  return out;
 }
 
 void HubState::Release(VersionEntry& v, const WorkerId& reader) {
@@ -1576,11 +1626,9 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
 
 // ---- Reader groups ----
 
-Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
-                                             const std::string& model,
-                                             const std::string& group,
-                                             uint64_t step, int64_t now_ms,
-                                             bool copy_manifest) {
+Result<Resolution> HubState::ResolveForGroup(
+    const WorkerId& reader, const std::string& model, const std::string& group,
+    uint64_t step, int64_t now_ms, bool copy_manifest, bool list_holders) {
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   if (group.empty() || group.size() > 256) {
     return InvalidArgument("reader group id must be 1-256 characters");
@@ -1594,8 +1642,8 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
     g.last_used_ms = now_ms;
     auto sit = g.steps.find(step);
     if (sit != g.steps.end()) {
-      Result<Resolution> r =
-          Resolve(reader, model, sit->second, false, copy_manifest);
+      Result<Resolution> r = Resolve(reader, model, sit->second, false,
+                                     copy_manifest, list_holders);
       if (!r.ok()) {
         return r.status().WithContext(gname + " is pinned to " +
                                       VersionName(model, sit->second));
@@ -1610,8 +1658,9 @@ Result<Resolution> HubState::ResolveForGroup(const WorkerId& reader,
           std::to_string(g.forgot_below) + "); its ranks might disagree");
     }
   }
-  TH_ASSIGN_OR_RETURN(Resolution res, Resolve(reader, model, Version::Latest(),
-                                              false, copy_manifest));
+  TH_ASSIGN_OR_RETURN(Resolution res,
+                      Resolve(reader, model, Version::Latest(), false,
+                              copy_manifest, list_holders));
   if (git == groups_.end()) {
     if (groups_.size() >= config_.max_groups) {
       // Forget the group unused for longest.

@@ -174,6 +174,36 @@ struct PublishArgs {
   bool rebuild = false;
 };
 
+struct BeginFetchArgs {
+  WorkerId reader;
+  std::string model;
+  Version version;    // Version::Latest(): the latest committed
+  std::string group;  // with Latest: the reader group's pin for group_step
+  uint64_t group_step = 0;
+  // Register the reader as a filling holder of the resolved version under
+  // this epoch (its data-plane registration's); nullopt: fetch only.
+  std::optional<uint64_t> fill_epoch;
+  size_t max_sources = 4;
+  // The hub's answers are final (its rebuild window after a start is
+  // over): a committed version that no live worker holds whole is answered
+  // as such (state kUnavailable) instead of as an error.
+  bool settled = true;
+};
+
+struct FetchStart {
+  // As Resolve answers; holders listed only when `sources` holds none.
+  Resolution resolution;
+  // The filling registration: OK when made (or not asked for), else why
+  // not (e.g. the version is known here only as unavailable).
+  Status filling;
+  // Schedule's answer: the sources, or (sources_unavailable, with
+  // sources_status saying why) the considered answer that no live worker
+  // holds the whole version, or an error (sources_status).
+  std::vector<HolderView> sources;
+  bool sources_unavailable = false;
+  Status sources_status;
+};
+
 struct VersionSummary {
   Version version;
   VersionState state = VersionState::kPending;
@@ -318,6 +348,14 @@ class HubState {
       const WorkerId& reader, const std::string& model, Version version,
       const std::set<WorkerId>& exclude, size_t max_sources,
       const std::vector<SliceWant>& wants);
+  // The start of a fetch in one call (the BeginFetch RPC): Resolve (or
+  // ResolveForGroup), the reader's registration as a filling holder, and
+  // Schedule, as the three calls would answer them one after another.
+  // Fails only as the resolution fails; the other two steps report their
+  // own outcome in FetchStart. Resolution::holders is listed only when
+  // Schedule found no source (the reader then falls back to that list), so
+  // a fetch costs O((s + G) log N), not the listing of 64 holders.
+  Result<FetchStart> BeginFetch(const BeginFetchArgs& args, int64_t now_ms);
   // The reader's fetch ended (success or not): release its sources.
   void FetchDone(const WorkerId& reader, const std::string& model,
                  Version version);
@@ -328,9 +366,12 @@ class HubState {
   // has a live holder. Lists at most kMaxResolveHolders holders.
   // `copy_manifest` false leaves Resolution::manifest empty (the RPC layer
   // sends a copy it encoded once per version, found by manifest_digest).
+  // `list_holders` false leaves Resolution::holders empty (and skips the
+  // walk that finds them).
   Result<Resolution> Resolve(const WorkerId& reader, const std::string& model,
                              Version version, bool include_uncommitted,
-                             bool copy_manifest = true);
+                             bool copy_manifest = true,
+                             bool list_holders = true);
   // The committed manifest of a version, if there is one.
   std::optional<Manifest> CommittedManifest(const std::string& model,
                                             Version version);
@@ -400,7 +441,8 @@ class HubState {
   Result<Resolution> ResolveForGroup(const WorkerId& reader,
                                      const std::string& model,
                                      const std::string& group, uint64_t step,
-                                     int64_t now_ms, bool copy_manifest = true);
+                                     int64_t now_ms, bool copy_manifest = true,
+                                     bool list_holders = true);
   size_t num_group_pins() const;
   // Forgets groups unused for group_ttl_ms (also done by ExpireLeases).
   void ExpireGroups(int64_t now_ms);

@@ -716,6 +716,50 @@ TEST_F(HubStateTest, OnlyHolderExpiringMakesVersionUnavailable) {
             StatusCode::kNotFound);
 }
 
+// BeginFetch answers as Resolve, AddHolder (filling) and Schedule would,
+// one after another: here, a version whose last complete holder left, with
+// one filling holder still there.
+TEST_F(HubStateTest, BeginFetchOfAnUnavailableVersionListsWhatIsLeft) {
+  WorkerId a = Register(hub_, "a", {}, {}, 0);
+  WorkerId f = Register(hub_, "f", {}, {}, 0);
+  WorkerId r = Register(hub_, "r", {}, {}, 0);
+  auto g = Group("m", 1, 1);
+  ASSERT_EQ(*Pub(a, "m", 1, g, 0, 0), VersionState::kCommitted);
+  BeginFetchArgs args;
+  args.reader = f;
+  args.model = "m";
+  args.version = Version::Latest();
+  args.fill_epoch = 4;
+  Result<FetchStart> first = hub_.BeginFetch(args, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->resolution.version, Version(1));
+  EXPECT_TRUE(first->filling.ok()) << first->filling.ToString();
+  ASSERT_EQ(first->sources.size(), 1u);
+  EXPECT_EQ(first->sources[0].worker, a);
+  EXPECT_TRUE(first->resolution.holders.empty());  // sources in hand
+  ASSERT_TRUE(hub_.Heartbeat(f, 900).ok());
+  ASSERT_TRUE(hub_.Heartbeat(r, 900).ok());
+  hub_.ExpireLeases(1000);  // a, the only complete holder, is gone
+
+  args.reader = r;
+  args.version = Version(1);
+  args.fill_epoch.reset();
+  args.settled = false;  // rebuilding: no considered answer yet
+  Result<FetchStart> early = hub_.BeginFetch(args, 1000);
+  EXPECT_EQ(early.status().code(), StatusCode::kUnavailable);
+  args.settled = true;
+  Result<FetchStart> later = hub_.BeginFetch(args, 1000);
+  ASSERT_TRUE(later.ok()) << later.status().ToString();
+  EXPECT_EQ(later->resolution.state, VersionState::kUnavailable);
+  EXPECT_TRUE(later->resolution.manifest_digest.has_value());
+  EXPECT_TRUE(later->sources_unavailable);
+  EXPECT_TRUE(later->sources.empty());
+  // The fallback: the filling holder, with what it has.
+  ASSERT_EQ(Ids(later->resolution), std::vector<std::string>{f.value()});
+  EXPECT_TRUE(later->resolution.holders[0].filling);
+  EXPECT_EQ(later->resolution.holders[0].epoch, 4u);
+}
+
 TEST_F(HubStateTest, AddHolderKeepsVersionCommittedAfterTrainerLeaves) {
   WorkerId t = Register("t");
   WorkerId f = Register("f");

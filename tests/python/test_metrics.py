@@ -226,7 +226,7 @@ def test_embedded_hub_and_clients_export_what_happened(model_name):
             assert h.value("tensorhub_hub_versions", state="committed") >= 1
             assert h.value("tensorhub_hub_holders", state="complete") >= 2
             assert h.value("tensorhub_hub_rebuilding") == 0
-            assert h.value("tensorhub_hub_rpcs_total", method="Resolve", code="OK") >= 1
+            assert h.value("tensorhub_hub_rpcs_total", method="BeginFetch", code="OK") >= 1
             assert h.value("tensorhub_hub_rpc_seconds_count", method="Publish") >= 1
             assert h.value("tensorhub_hub_rpcs_total", method="Publish", code="OK") == h.value(
                 "tensorhub_hub_rpc_seconds_count", method="Publish")
@@ -238,7 +238,7 @@ def test_embedded_hub_and_clients_export_what_happened(model_name):
             assert r.value("tensorhub_fetches_total", outcome="error") == 1
             assert r.value("tensorhub_fetch_seconds_count") == 1
             h = Scrape(hub.metrics_address)
-            assert h.value("tensorhub_hub_rpcs_total", method="Resolve", code="NOT_FOUND") == 1
+            assert h.value("tensorhub_hub_rpcs_total", method="BeginFetch", code="NOT_FOUND") == 1
 
             # A drain is observed once per unpublish.
             trainer.unpublish(model_name, 1)
@@ -332,8 +332,8 @@ def test_cli_processes_export_what_happened(cli_cluster, tmp_path):
         h = Scrape(addr["hub"])
         assert h.value("tensorhub_hub_workers") == 3
         assert h.value("tensorhub_hub_holders", state="complete") == 2
-        assert h.value("tensorhub_hub_rpcs_total", method="Resolve", code="OK") >= (
-            before.value("tensorhub_hub_rpcs_total", method="Resolve", code="OK") + 1)
+        assert h.value("tensorhub_hub_rpcs_total", method="BeginFetch", code="OK") >= (
+            before.value("tensorhub_hub_rpcs_total", method="BeginFetch", code="OK") + 1)
 
         # The version is retained and its last reliable holder leaves: the
         # hub holds the unpublish until the keeper copied it, and both count.
