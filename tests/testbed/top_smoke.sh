@@ -17,6 +17,9 @@
 # Needs root and tmux. About 15 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# The hosts listen on the test bed's addresses, which the hub and workers
+# refuse without a secret or TLS: every process here shares a random one.
+export TENSORHUB_SECRET="${TENSORHUB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 prefix=thtop
 net=10.86
