@@ -14,6 +14,7 @@
 #include "process_util.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
+#include "tls/pki_test_base.h"
 #include "tls/throwaway_pki.h"
 #include "tls/tls.h"
 
@@ -27,19 +28,8 @@ bool Has(const Status& s, const std::string& text) {
   return s.message().find(text) != std::string::npos;
 }
 
-class TlsIntegrationTest : public ::testing::Test {
+class TlsIntegrationTest : public tls::PkiTest {
  protected:
-  static void SetUpTestSuite() {
-    auto p = ThrowawayPki::Make();
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    pki_ = std::move(p).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(pki_, nullptr); }
-
   // A hub on loopback: TLS with `cert`/`key` unless empty, client
   // certificates required if `client_ca` is not empty.
   void StartHub(const std::string& cert, const std::string& key,
@@ -76,11 +66,8 @@ class TlsIntegrationTest : public ::testing::Test {
     return c.ok() ? Status::Ok() : c.status();
   }
 
-  static ThrowawayPki* pki_;
   std::unique_ptr<Hub> hub_;
 };
-
-ThrowawayPki* TlsIntegrationTest::pki_ = nullptr;
 
 // The whole path over TLS: the trainer and the reader reach the hub by
 // mutual TLS, the reader pulls the bytes over data-plane TLS (the secret's

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tls/pki_test_base.h"
 #include "tls/throwaway_pki.h"
 
 namespace tensorhub::tls {
@@ -57,19 +58,8 @@ struct SocketPair {
   }
 };
 
-class TlsTest : public ::testing::Test {
+class TlsTest : public PkiTest {
  protected:
-  static void SetUpTestSuite() {
-    auto p = ThrowawayPki::Make();
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    pki_ = std::move(p).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(pki_, nullptr); }
-
   static std::shared_ptr<const Context> DataContext(const std::string& cert,
                                                     const std::string& key,
                                                     const std::string& ca) {
@@ -84,11 +74,7 @@ class TlsTest : public ::testing::Test {
     EXPECT_TRUE(ctx.ok()) << ctx.status().ToString();
     return ctx.ok() ? *ctx : nullptr;
   }
-
-  static ThrowawayPki* pki_;
 };
-
-ThrowawayPki* TlsTest::pki_ = nullptr;
 
 TEST_F(TlsTest, LoadsCredentialsAndNamesEveryBadFileWithItsOption) {
   PemFiles f;

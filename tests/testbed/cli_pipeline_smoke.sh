@@ -17,15 +17,14 @@
 # Needs root. About 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# The hosts listen on the test bed's addresses, which the hub and workers
-# refuse without a secret or TLS: every process here shares a random one.
-export TENSORHUB_SECRET="${TENSORHUB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 prefix=thcli
 net=10.81
 N=4
 port=7373
 fail() { echo "FAIL: cli_pipeline_smoke: $*" >&2; exit 1; }
+# shellcheck source=tests/testbed/lib.sh
+source tests/testbed/lib.sh
 [[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces, tc)"
 [[ -x "$BIN" ]] || fail "no CLI binary at $BIN (build the tensorhub target)"
 
@@ -50,17 +49,6 @@ hub="${ips[0]}:$port"
 # Host i's namespace. Background jobs run `ip netns exec` directly (it
 # execs the command), so $! is the command's pid, the one to signal.
 ns() { echo "${prefix}-h$1"; }
-# Waits (at most $2 seconds) until command $3... succeeds.
-wait_for() {
-  local what="$1" secs="$2"; shift 2
-  local i
-  for ((i = 0; i < secs * 20; i++)); do
-    if "$@"; then return 0; fi
-    sleep 0.05
-  done
-  fail "timed out after ${secs} s waiting for $what"
-}
-alive() { kill -0 "$1" 2>/dev/null; }
 # Sends SIGTERM to our child $1 and sets rc to its exit status. (Not
 # SIGINT: a non-interactive shell starts background jobs with SIGINT
 # ignored.)

@@ -14,9 +14,6 @@
 # test, h3 the hub. Needs root. About half a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# The hosts listen on the test bed's addresses, which the hub and workers
-# refuse without a secret or TLS: every process here shares a random one.
-export TENSORHUB_SECRET="${TENSORHUB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 BIN=$(realpath "${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}")
 prefix=thch
 bytes=$((64 << 20))
@@ -26,6 +23,8 @@ limit_ms=20000
 work=$(mktemp -d)
 pids=()
 fail() { echo "failover_smoke: FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/testbed/lib.sh
+source tests/testbed/lib.sh
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   bench/testbed.sh down --prefix "$prefix" >/dev/null 2>&1 || true

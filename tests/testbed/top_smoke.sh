@@ -17,14 +17,13 @@
 # Needs root and tmux. About 15 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-# The hosts listen on the test bed's addresses, which the hub and workers
-# refuse without a secret or TLS: every process here shares a random one.
-export TENSORHUB_SECRET="${TENSORHUB_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 prefix=thtop
 net=10.86
 port=7374
 fail() { echo "FAIL: top_smoke: $*" >&2; exit 1; }
+# shellcheck source=tests/testbed/lib.sh
+source tests/testbed/lib.sh
 [[ $(id -u) -eq 0 ]] || fail "needs root (network namespaces, tc)"
 [[ -x "$BIN" ]] || fail "no CLI binary at $BIN (build the tensorhub target)"
 command -v tmux >/dev/null || fail "needs tmux (scripts/install-deps.sh)"
@@ -50,17 +49,6 @@ source "/run/tensorhub-testbed-${prefix}.env"
 read -r -a ips <<<"$TB_HOST_IPS"
 hub="${ips[0]}:$port"
 ns() { echo "${prefix}-h$1"; }
-# Waits (at most $2 seconds) until command $3... succeeds.
-wait_for() {
-  local what="$1" secs="$2"; shift 2
-  local i
-  for ((i = 0; i < secs * 20; i++)); do
-    if "$@"; then return 0; fi
-    sleep 0.05
-  done
-  fail "timed out after ${secs} s waiting for $what"
-}
-alive() { kill -0 "$1" 2>/dev/null; }
 
 bytes=$((16 << 20))
 python3 - "$work/model.safetensors" "$bytes" <<'EOF'

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "tls/pki_test_base.h"
 #include "tls/throwaway_pki.h"
 #include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
@@ -60,19 +61,8 @@ wire::ReadRequest Req(uint64_t offset, uint64_t length) {
   return r;
 }
 
-class TlsTransportTest : public ::testing::Test {
+class TlsTransportTest : public tls::PkiTest {
  protected:
-  static void SetUpTestSuite() {
-    auto p = ThrowawayPki::Make();
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    pki_ = std::move(p).value().release();
-  }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(pki_, nullptr); }
-
   // A transport with TLS on certificate `cert` (empty: plain TCP).
   static std::unique_ptr<Transport> Make(const std::string& cert,
                                          const std::string& key,
@@ -100,11 +90,8 @@ class TlsTransportTest : public ::testing::Test {
     return s.ok() ? std::move(s).value() : nullptr;
   }
 
-  static ThrowawayPki* pki_;
   Source source_{16 << 20};
 };
-
-ThrowawayPki* TlsTransportTest::pki_ = nullptr;
 
 TEST_F(TlsTransportTest, ReadsOverTlsAreByteExactAndKernelTlsIsUsedIfThere) {
   auto holder = Make(pki_->worker_cert, pki_->worker_key, "s");
