@@ -599,15 +599,6 @@ int RunBenchLocal(const TwoProcessFlags& f) {
   return 0;
 }
 
-// A free loopback TCP port (bound, read and released: good enough for a
-// benchmark's helper process that binds it a moment later).
-Result<int> FreeLoopbackPort() {
-  using transport::Fd;
-  TH_ASSIGN_OR_RETURN(Fd l, transport::ListenTcp("127.0.0.1:0", 1));
-  TH_ASSIGN_OR_RETURN(std::string a, transport::LocalAddress(l.get()));
-  return std::stoi(a.substr(a.rfind(':') + 1));
-}
-
 // UCX's own benchmark: `ucx_perftest -t ucp_get` of one message of `bytes`
 // between a server and a client process on this host, `iters` times, with
 // the environment's UCX_TLS; the overall bandwidth in GB/s (1e9 bytes).

@@ -54,7 +54,6 @@
 #include <cinttypes>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -179,9 +178,10 @@ int RunChaosWorker(const ChaosWorkerFlags& f) {
   o.connect_timeout_ms = 20000;
   o.data_listen_address = f.data_listen;
   // A test bed's worker (tests/testbed/failover_smoke.sh) listens on its
-  // host's address, which needs the run's secret.
-  if (const char* secret = std::getenv("TENSORHUB_SECRET"); secret != nullptr)
-    o.secret = secret;
+  // host's address, which needs the run's secret ($TENSORHUB_SECRET).
+  auto secret = ReadSecret("");
+  if (!secret.ok()) return Fail(secret.status());
+  o.secret = *secret;
   auto client = Client::Connect(o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready");
