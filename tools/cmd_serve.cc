@@ -12,6 +12,8 @@ namespace {
 struct ServeFlags {
   std::string listen = "127.0.0.1:7070";
   uint64_t lease_ms = 5000;
+  uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
+  uint64_t max_lease_ms = static_cast<uint64_t>(HubOptions{}.max_lease_ms);
   bool oversubscribed_racks = false;
   uint32_t keep_latest = 0;
   std::optional<int64_t> rebuild_ms;
@@ -31,6 +33,8 @@ int RunServe(const ServeFlags& f) {
   hub::HubServerOptions o;
   o.listen_address = f.listen;
   o.lease_ms = static_cast<int64_t>(f.lease_ms);
+  o.heartbeat_budget_per_s = f.heartbeat_budget;
+  o.max_lease_ms = static_cast<int64_t>(f.max_lease_ms);
   o.racks_oversubscribed = f.oversubscribed_racks;
   if (f.rebuild_ms.has_value()) o.rebuild_ms = *f.rebuild_ms;
   o.keep_latest = f.keep_latest;
@@ -73,6 +77,18 @@ void AddServeCommand(CommandLine& cl) {
                 "with its references")
       ->check(CLI::Range(uint64_t{100}, uint64_t{3600000}))
       ->capture_default_str();
+  c->add_option("--heartbeat-budget", f->heartbeat_budget,
+                "heartbeats per second the hub plans for: a fleet that would "
+                "send more is told a longer interval and lease (up to "
+                "--max-lease-ms); 0: every worker gets --lease-ms")
+      ->check(CLI::Range(0u, 1000000u))
+      ->type_name("N")
+      ->capture_default_str();
+  c->add_option("--max-lease-ms", f->max_lease_ms,
+                "the longest lease the heartbeat budget may grant: a dead "
+                "worker is forgotten within this")
+      ->check(CLI::Range(uint64_t{100}, uint64_t{3600000}))
+      ->capture_default_str();
   c->add_flag("--oversubscribed-racks", f->oversubscribed_racks,
               "rack uplinks are the bottleneck: keep copies inside racks");
   c->add_option("--keep-latest", f->keep_latest,
@@ -83,7 +99,7 @@ void AddServeCommand(CommandLine& cl) {
   c->add_option("--rebuild-ms", f->rebuild_ms,
                 "after a start, answer versions it does not know UNAVAILABLE "
                 "(try again) for this long while workers report what they "
-                "hold (default: the lease)")
+                "hold (default: the lease it grants)")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
   c->add_option("--secret-file", f->secret_file,
                 "file with the shared secret workers must present (without "

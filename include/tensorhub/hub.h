@@ -22,6 +22,16 @@ struct HubOptions {
   std::string listen_address = "127.0.0.1:7070";
   // A worker whose heartbeats stop for this long loses its references.
   int64_t lease_ms = 5000;
+  // Heartbeats scale with the fleet (docs/design.md, "Heartbeats"): workers
+  // heartbeat every third of the lease, and when a fleet that size would
+  // send more than heartbeat_budget_per_s heartbeats a second, the hub
+  // tells its workers a longer interval and grants a longer lease (three
+  // intervals), up to max_lease_ms: with the defaults, 1,000 workers
+  // heartbeat every 1.7 s under a 5 s lease, 10,000 every 10 s under a 30 s
+  // lease. A dead worker is forgotten within max(lease_ms, max_lease_ms).
+  // 0: no budget, every worker gets lease_ms.
+  uint32_t heartbeat_budget_per_s = 1000;
+  int64_t max_lease_ms = 30000;
   // Shared secret every worker must present (empty: none).
   std::string secret;
   // TLS on the control plane (PEM file paths; docs/security.md). With
@@ -45,7 +55,8 @@ struct HubOptions {
   // For this long after it starts, a version it does not know (or knows
   // with no complete holder) is answered UNAVAILABLE ("rebuilding"), which
   // callers retry within their deadline, instead of NOT_FOUND, which is
-  // final. -1: lease_ms. 0: answer from the table at once.
+  // final. -1: the lease it grants (lease_ms for a small fleet; it grows
+  // as a large fleet re-registers). 0: answer from the table at once.
   int64_t rebuild_ms = -1;
   // HOST:PORT to serve Prometheus metrics on (GET /metrics; port 0 picks a
   // free port, see Hub::metrics_address()). Empty: no metrics endpoint.

@@ -1246,10 +1246,12 @@ class Client::Impl {
     }
   }
 
-  // The configured interval, or a third of the hub's lease (so that two
-  // heartbeats may be lost before it expires), within [kMinHeartbeatMs,
-  // kMaxHeartbeatMs]: the bound keeps a hub restart noticed soon even
-  // under a long lease.
+  // The configured interval, or the one the hub planned for its fleet
+  // (it grows with the fleet, docs/design.md "Heartbeats"), at most a third
+  // of the lease it granted (so that two heartbeats may be lost before it
+  // expires). From a hub that names no interval: a third of its lease,
+  // within [kMinHeartbeatMs, kMaxHeartbeatMs], the bound keeping a hub
+  // restart noticed soon even under a long lease.
   static constexpr int64_t kMinHeartbeatMs = 50;
   static constexpr int64_t kMaxHeartbeatMs = 5000;
   static int64_t HeartbeatIntervalMs(const ClientOptions& o,
@@ -1257,6 +1259,11 @@ class Client::Impl {
     if (o.heartbeat_interval_ms > 0) return o.heartbeat_interval_ms;
     const int64_t lease_ms = hub.lease_ms();
     if (lease_ms <= 0) return 1000;
+    const int64_t planned_ms = hub.heartbeat_interval_ms();
+    if (planned_ms > 0) {
+      return std::clamp<int64_t>(planned_ms, kMinHeartbeatMs,
+                                 std::max(kMinHeartbeatMs, lease_ms / 3));
+    }
     return std::clamp<int64_t>(lease_ms / 3, kMinHeartbeatMs, kMaxHeartbeatMs);
   }
 

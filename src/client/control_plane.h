@@ -208,6 +208,10 @@ class ControlPlane {
   // The lease the hub last granted (Register and Heartbeat answers carry
   // it); 0 while unknown. Workers heartbeat a few times per lease.
   virtual int64_t lease_ms() const { return 0; }
+  // The heartbeat interval the hub last told (it plans it from the fleet's
+  // size, docs/design.md "Heartbeats"); 0 while unknown or from a hub that
+  // does not say: then a third of lease_ms().
+  virtual int64_t heartbeat_interval_ms() const { return 0; }
 };
 
 // TLS to the hub: the PEM text of ClientOptions' files, read and checked

@@ -119,6 +119,9 @@ class GrpcControlPlane final : public ControlPlane {
                         int64_t timeout_ms) override;
   Result<HubSnapshot> Snapshot(const SnapshotLimits& limits) override;
   int64_t lease_ms() const override { return lease_ms_.load(); }
+  int64_t heartbeat_interval_ms() const override {
+    return heartbeat_interval_ms_.load();
+  }
 
  private:
   // One hub the client may call.
@@ -164,7 +167,8 @@ class GrpcControlPlane final : public ControlPlane {
   const std::string secret_;
   const int64_t rpc_timeout_ms_;
   const HubTls tls_;
-  std::atomic<int64_t> lease_ms_{0};  // the hub's last answer's
+  std::atomic<int64_t> lease_ms_{0};               // the hub's last answer's
+  std::atomic<int64_t> heartbeat_interval_ms_{0};  // likewise
   Mutex mu_;
   // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
@@ -360,6 +364,7 @@ Result<WorkerId> GrpcControlPlane::Register(
                 std::max<int64_t>(1, left_ms), /*wait_for_ready=*/one_hub);
     if (last.ok()) {
       lease_ms_.store(resp.lease_ms());
+      heartbeat_interval_ms_.store(resp.heartbeat_interval_ms());
       return WorkerId(resp.worker_id());
     }
     if (last.code() != StatusCode::kUnavailable) break;
@@ -383,6 +388,7 @@ Status GrpcControlPlane::Heartbeat(const WorkerId& id) {
   TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Heartbeat, req, &resp, "heartbeat",
                           rpc_timeout_ms_));
   lease_ms_.store(resp.lease_ms());
+  heartbeat_interval_ms_.store(resp.heartbeat_interval_ms());
   return Status::Ok();
 }
 

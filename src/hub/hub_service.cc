@@ -92,7 +92,9 @@ class HubServiceImpl final : public v1::Hub::Service {
                  << reg.data_address
                  << (req->worker_id().empty() ? " joined" : " re-joined");
     resp->set_worker_id(id->value());
-    resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
+    const HeartbeatPlan plan = Planned();
+    resp->set_lease_ms(static_cast<uint32_t>(plan.lease_ms));
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(plan.interval_ms));
     resp->set_hub_incarnation(state_.config().incarnation);
     return grpc::Status::OK;
   }
@@ -102,7 +104,9 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
-    resp->set_lease_ms(static_cast<uint32_t>(state_.config().lease_ms));
+    const HeartbeatPlan plan = Planned();
+    resp->set_lease_ms(static_cast<uint32_t>(plan.lease_ms));
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(plan.interval_ms));
     resp->set_hub_incarnation(state_.config().incarnation);
     return wire::ToGrpc(s);
   }
@@ -570,7 +574,8 @@ class HubServiceImpl final : public v1::Hub::Service {
       MutexLock lock(mu_);
       stats = state_.Stats();
     }
-    return HubMetrics::StateFamilies(stats, Rebuilding(), rebuild_ms_ / 1e3);
+    return HubMetrics::StateFamilies(stats, Rebuilding(),
+                                     RebuildWindowMs() / 1e3);
   }
 
   void Expire() {
@@ -642,6 +647,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     c.incarnation = config_.incarnation + (++resets_);
     c.record_durable = coord_ != nullptr;
     state_ = HubState(c);
+    planned_lease_ms_.store(state_.plan().lease_ms);
     manifest_cache_.clear();
     manifest_order_.clear();
     manifest_cache_bytes_ = 0;
@@ -708,18 +714,37 @@ class HubServiceImpl final : public v1::Hub::Service {
   // holder" (UNAVAILABLE) may only mean "not re-reported yet", so both are
   // answered as an UNAVAILABLE error that says so: callers retry within
   // their deadline, and no reader takes them for final.
-  bool Rebuilding() const { return NowMs() - started_ms_.load() < rebuild_ms_; }
+  //
+  // The window (rebuild_ms_ < 0, the default) is the lease the hub grants
+  // now: a worker heartbeats within a third of it, so every worker told
+  // the old plan has re-registered by then. A fleet planned a longer lease
+  // by the hub before the restart re-registers at up to the budget's rate,
+  // which keeps the new plan's lease, and so the window, ahead of it.
+  int64_t RebuildWindowMs() const {
+    return rebuild_ms_ >= 0 ? rebuild_ms_ : planned_lease_ms_.load();
+  }
+  bool Rebuilding() const {
+    return NowMs() - started_ms_.load() < RebuildWindowMs();
+  }
   Status DuringRebuild(const Status& s) {
     if (s.code() != StatusCode::kNotFound &&
         s.code() != StatusCode::kUnavailable)
       return s;
     const int64_t age_ms = NowMs() - started_ms_.load();
-    if (age_ms >= rebuild_ms_) return s;
+    const int64_t window_ms = RebuildWindowMs();
+    if (age_ms >= window_ms) return s;
     metrics_.RebuildAnswer();
     return Unavailable(
         "hub started " + std::to_string(age_ms) +
         " ms ago and is rebuilding its state from the workers' reports (for " +
-        std::to_string(rebuild_ms_) + " ms): " + s.message());
+        std::to_string(window_ms) + " ms): " + s.message());
+  }
+
+  // The heartbeat plan now, published for Rebuilding() (read without mu_).
+  HeartbeatPlan Planned() TH_REQUIRES(mu_) {
+    const HeartbeatPlan plan = state_.plan();
+    planned_lease_ms_.store(plan.lease_ms);
+    return plan;
   }
 
   static constexpr uint32_t kMaxWaitMs = 600000;
@@ -841,11 +866,13 @@ class HubServiceImpl final : public v1::Hub::Service {
   std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
   size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;
   const std::string secret_;
-  const int64_t rebuild_ms_;
+  const int64_t rebuild_ms_;  // < 0: the planned lease (RebuildWindowMs)
   HubMetrics metrics_;
   Coordinator* const coord_;  // not owned; null: a single hub
   // When this hub started, or (HA) was last elected: the rebuild window.
   std::atomic<int64_t> started_ms_;
+  // The lease of the last plan told to a worker (Planned).
+  std::atomic<int64_t> planned_lease_ms_{config_.lease_ms};
 };
 
 class HubServerImpl final : public HubServer {
@@ -1032,11 +1059,13 @@ Status CheckExposure(const HubOptions& options, bool tls, bool client_certs) {
 Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
+  config.heartbeat_budget_per_s = options.heartbeat_budget_per_s;
+  config.max_lease_ms = options.max_lease_ms;
   config.racks_oversubscribed = options.racks_oversubscribed;
   config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
-  const int64_t rebuild_ms =
-      options.rebuild_ms < 0 ? options.lease_ms : options.rebuild_ms;
+  // -1: the lease the hub plans for the fleet it sees (RebuildWindowMs).
+  const int64_t rebuild_ms = options.rebuild_ms < 0 ? -1 : options.rebuild_ms;
   // TLS files are checked before anything starts (etcd, a listener).
   TH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       ServerCredentials(options));
@@ -1120,9 +1149,18 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
     }
   }
   TH_LOG(INFO) << "hub listening on " << address << " (lease "
-               << options.lease_ms
-               << " ms, rebuilding from the workers' reports for " << rebuild_ms
-               << " ms"
+               << options.lease_ms << " ms"
+               << (options.heartbeat_budget_per_s > 0
+                       ? ", longer up to " +
+                             std::to_string(std::max(options.max_lease_ms,
+                                                     options.lease_ms)) +
+                             " ms to keep heartbeats under " +
+                             std::to_string(options.heartbeat_budget_per_s) +
+                             "/s"
+                       : std::string())
+               << ", rebuilding from the workers' reports for "
+               << (rebuild_ms < 0 ? std::string("a lease")
+                                  : std::to_string(rebuild_ms) + " ms")
                << (options.secret.empty() ? ", no secret" : ", secret required")
                << (!tls           ? ", plaintext"
                    : client_certs ? ", TLS with client certificates required"

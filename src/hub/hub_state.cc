@@ -85,7 +85,7 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   const Labels old = w.reg.labels;
   w.reg = reg;
   w.reg.requested_id = id;
-  w.lease_expiry_ms = now_ms + config_.lease_ms;
+  Renew(w, now_ms);
   if (old.datacenter != reg.labels.datacenter || old.rack != reg.labels.rack ||
       old.host != reg.labels.host) {
     // The same process, moved: file what it holds under its new place.
@@ -100,13 +100,39 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
   return id;
 }
 
+HeartbeatPlan PlanHeartbeats(size_t workers, int64_t base_lease_ms,
+                             uint32_t budget_per_s, int64_t max_lease_ms) {
+  HeartbeatPlan p;
+  p.lease_ms = base_lease_ms;
+  p.interval_ms = std::clamp<int64_t>(
+      base_lease_ms / 3, kMinHeartbeatIntervalMs, kMaxBaseHeartbeatIntervalMs);
+  if (budget_per_s == 0) return p;
+  // The interval at which `workers` send `budget_per_s` heartbeats a
+  // second, rounded up; no longer than a third of the longest lease.
+  const uint64_t needed_ms =
+      (static_cast<uint64_t>(workers) * 1000 + budget_per_s - 1) / budget_per_s;
+  const int64_t longest_ms = std::max(max_lease_ms, base_lease_ms) / 3;
+  if (needed_ms <= static_cast<uint64_t>(p.interval_ms) ||
+      longest_ms <= p.interval_ms) {
+    return p;
+  }
+  p.interval_ms =
+      static_cast<int64_t>(std::min<uint64_t>(needed_ms, longest_ms));
+  p.lease_ms = std::max(base_lease_ms, 3 * p.interval_ms);
+  return p;
+}
+
+void HubState::Renew(Worker& w, int64_t now_ms) const {
+  w.lease_expiry_ms = std::max(w.lease_expiry_ms, now_ms + plan().lease_ms);
+}
+
 Status HubState::Heartbeat(const WorkerId& worker, int64_t now_ms) {
   auto it = workers_.find(worker);
   if (it == workers_.end()) {
     return NotFound("hub does not know worker " + worker.value() +
                     "; register again");
   }
-  it->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  Renew(it->second, now_ms);
   return Status::Ok();
 }
 
@@ -116,7 +142,7 @@ Result<VersionState> HubState::Publish(const PublishArgs& a, int64_t now_ms) {
     return NotFound("hub does not know worker " + a.worker.value() +
                     "; register again");
   }
-  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  Renew(wit->second, now_ms);
   TH_RETURN_IF_ERROR(CheckPublishArgs(a));
   TH_ASSIGN_OR_RETURN(VersionEntry * found, VersionForPublish(a));
   VersionEntry& v = *found;
@@ -305,7 +331,7 @@ Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
     return NotFound("hub does not know worker " + worker.value() +
                     "; register again");
   }
-  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  Renew(wit->second, now_ms);
   TH_RETURN_IF_ERROR(ValidateModelName(model));
   if (version.value() == 0)
     return InvalidArgument("version numbers start at 1");
@@ -434,7 +460,7 @@ Status HubState::Unpublish(const WorkerId& worker, const std::string& model,
     return NotFound("hub does not know worker " + worker.value() +
                     "; register again");
   }
-  wit->second.lease_expiry_ms = now_ms + config_.lease_ms;
+  Renew(wit->second, now_ms);
   const bool full = wit->second.refs.count({model, version}) > 0;
   const bool slices = wit->second.slices.count({model, version}) > 0;
   if (!full && !slices) {

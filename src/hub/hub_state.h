@@ -27,7 +27,13 @@
 namespace tensorhub::hub {
 
 struct HubConfig {
+  // The lease of a small fleet; a fleet too big for the heartbeat budget
+  // gets a longer one (PlanHeartbeats).
   int64_t lease_ms = 5000;
+  // Heartbeats per second the hub plans for (0: no budget, every worker
+  // gets lease_ms), and the longest lease it grants to stay within it.
+  uint32_t heartbeat_budget_per_s = 0;
+  int64_t max_lease_ms = 30000;
   uint64_t incarnation = 1;  // distinguishes hub restarts
   size_t max_workers = 100000;
   size_t max_models = 10000;
@@ -275,6 +281,30 @@ inline constexpr size_t kMaxRateSamples = 8;
 // Names of models: 1-256 printable ASCII characters without '@' or spaces.
 Status ValidateModelName(const std::string& model);
 
+// How often a fleet's workers heartbeat and the lease the hub grants them
+// (docs/design.md, "Heartbeats"). The hub sends both with every Register
+// and Heartbeat answer; workers heartbeat every interval_ms, so two
+// heartbeats may be lost before the lease lapses (lease_ms >= 3 x
+// interval_ms).
+struct HeartbeatPlan {
+  int64_t interval_ms = 0;
+  int64_t lease_ms = 0;
+  bool operator==(const HeartbeatPlan&) const = default;
+};
+// The bounds of the interval a small fleet gets (a third of the lease):
+// at most 5 s, so that a worker notices a restarted hub soon.
+inline constexpr int64_t kMinHeartbeatIntervalMs = 50;
+inline constexpr int64_t kMaxBaseHeartbeatIntervalMs = 5000;
+// The plan for `workers` workers: a third of `base_lease_ms` (within the
+// bounds above) and base_lease_ms, unless that is more than
+// `budget_per_s` heartbeats per second in all; then the interval grows
+// until the fleet sends at most the budget, and the lease with it (3
+// intervals), up to `max_lease_ms` (a fleet bigger than budget x
+// max_lease_ms / 3 then exceeds the budget: failure detection stays
+// bounded). budget_per_s 0: no budget. A pure function of its arguments.
+HeartbeatPlan PlanHeartbeats(size_t workers, int64_t base_lease_ms,
+                             uint32_t budget_per_s, int64_t max_lease_ms);
+
 class HubState {
  public:
   explicit HubState(HubConfig config);
@@ -462,6 +492,15 @@ class HubState {
 
   const HubConfig& config() const { return config_; }
   size_t num_workers() const { return workers_.size(); }
+  // The plan for the fleet now (PlanHeartbeats of the config): what the
+  // hub tells a worker it just renewed. A renewal grants plan().lease_ms
+  // but never shortens a lease granted before: a worker told a long
+  // interval keeps its long lease until its next heartbeat tells it the
+  // new plan.
+  HeartbeatPlan plan() const {
+    return PlanHeartbeats(workers_.size(), config_.lease_ms,
+                          config_.heartbeat_budget_per_s, config_.max_lease_ms);
+  }
 
  private:
   struct Worker {
@@ -470,6 +509,8 @@ class HubState {
     std::set<std::pair<std::string, Version>> refs;    // what it holds
     std::set<std::pair<std::string, Version>> slices;  // slices it holds
   };
+  // Extends w's lease to plan().lease_ms from now, never shortening it.
+  void Renew(Worker& w, int64_t now_ms) const;
   // Schedule's preference among equally near holders: the least busy, then
   // the latest to join, then the id (trainer ranks all joined at 0).
   struct HolderKey {

@@ -250,6 +250,122 @@ TEST_F(HubStateTest, HeartbeatExtendsTheLease) {
   EXPECT_EQ(hub_.num_workers(), 0u);
 }
 
+// The heartbeat plan for a fleet: a table of (workers, base lease, budget,
+// max lease) -> (interval, lease).
+TEST(PlanHeartbeatsTest, Table) {
+  struct Row {
+    size_t workers;
+    int64_t base_lease_ms;
+    uint32_t budget_per_s;
+    int64_t max_lease_ms;
+    HeartbeatPlan want;
+  };
+  const Row rows[] = {
+      // No budget: a third of the lease, within [50 ms, 5 s].
+      {10000, 5000, 0, 30000, {1666, 5000}},
+      {1, 120, 0, 30000, {50, 120}},
+      {1, 60000, 0, 30000, {5000, 60000}},
+      // Within the budget: the base plan.
+      {1, 5000, 1000, 30000, {1666, 5000}},
+      {1666, 5000, 1000, 30000, {1666, 5000}},
+      // Over it: the interval at which the fleet sends the budget (rounded
+      // up), three of them the lease.
+      {1667, 5000, 1000, 30000, {1667, 5001}},
+      {5000, 5000, 1000, 30000, {5000, 15000}},
+      {10000, 5000, 1000, 30000, {10000, 30000}},
+      {3, 5000, 1, 30000, {3000, 9000}},
+      // Beyond budget x max lease / 3: capped at the max lease.
+      {20000, 5000, 1000, 30000, {10000, 30000}},
+      {100000, 5000, 500, 60000, {20000, 60000}},
+      // A max lease below the base lease: the base lease is the cap.
+      {100000, 9000, 1000, 1000, {3000, 9000}},
+      // A base interval over the cap of 5 s grows from there.
+      {1000, 60000, 100, 60000, {10000, 60000}},
+      {100, 60000, 100, 60000, {5000, 60000}},
+  };
+  for (const Row& r : rows) {
+    const HeartbeatPlan got = PlanHeartbeats(r.workers, r.base_lease_ms,
+                                             r.budget_per_s, r.max_lease_ms);
+    EXPECT_EQ(got.interval_ms, r.want.interval_ms)
+        << r.workers << " workers, lease " << r.base_lease_ms << ", budget "
+        << r.budget_per_s << "/s, max lease " << r.max_lease_ms;
+    EXPECT_EQ(got.lease_ms, r.want.lease_ms)
+        << r.workers << " workers, lease " << r.base_lease_ms << ", budget "
+        << r.budget_per_s << "/s, max lease " << r.max_lease_ms;
+  }
+}
+
+// Invariants over many fleets: two heartbeats may be lost before a lease
+// lapses, the lease is bounded, and the fleet keeps to the budget unless
+// the bound on the lease forbids it.
+TEST(PlanHeartbeatsTest, Invariants) {
+  for (size_t workers : {0, 1, 7, 100, 999, 1000, 1001, 4321, 10000, 99999}) {
+    for (int64_t base : {100, 999, 5000, 30000}) {
+      for (uint32_t budget : {0u, 1u, 10u, 1000u, 100000u}) {
+        for (int64_t max_lease : {100, 5000, 30000, 600000}) {
+          const HeartbeatPlan p =
+              PlanHeartbeats(workers, base, budget, max_lease);
+          SCOPED_TRACE(std::to_string(workers) + " " + std::to_string(base) +
+                       " " + std::to_string(budget) + " " +
+                       std::to_string(max_lease));
+          EXPECT_GE(p.interval_ms, kMinHeartbeatIntervalMs);
+          EXPECT_LE(3 * p.interval_ms, std::max<int64_t>(p.lease_ms, 150));
+          EXPECT_GE(p.lease_ms, base);
+          EXPECT_LE(p.lease_ms, std::max(base, max_lease));
+          if (budget > 0 && p.interval_ms < std::max(base, max_lease) / 3) {
+            // Not capped by the longest lease: the fleet keeps the budget.
+            EXPECT_LE(static_cast<double>(workers) * 1000.0 /
+                          static_cast<double>(p.interval_ms),
+                      static_cast<double>(budget));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The state machine grants the plan of its fleet, and a renewal never
+// shortens a lease granted before: a worker told a long interval keeps
+// its long lease until a heartbeat tells it the new (shorter) one.
+TEST(HubStateLeaseTest, LeaseFollowsTheFleetAndIsNeverShortened) {
+  HubConfig c;
+  c.lease_ms = 300;               // interval 100 ms
+  c.heartbeat_budget_per_s = 20;  // 2 workers at 100 ms: 20/s
+  c.max_lease_ms = 1200;
+  HubState hub(c);
+  auto reg = [&](const std::string& name, int64_t now_ms) {
+    WorkerRegistration r;
+    r.name = name;
+    r.data_address = "tcp://" + name + ":9000";
+    Result<WorkerId> id = hub.RegisterWorker(r, now_ms);
+    EXPECT_TRUE(id.ok()) << id.status().ToString();
+    return id.ok() ? *id : WorkerId();
+  };
+  WorkerId a = reg("a", 0);
+  EXPECT_EQ(hub.plan(), (HeartbeatPlan{100, 300}));
+  WorkerId b = reg("b", 0);
+  EXPECT_EQ(hub.plan(), (HeartbeatPlan{100, 300}));
+  WorkerId d = reg("d", 0);  // 3 workers at 20/s: every 150 ms
+  EXPECT_EQ(hub.plan(), (HeartbeatPlan{150, 450}));
+  std::vector<WorkerId> more;
+  for (int i = 0; i < 7; ++i) more.push_back(reg("m" + std::to_string(i), 0));
+  // 10 workers at 20/s: every 500 ms, but the lease is capped at 1200.
+  EXPECT_EQ(hub.plan(), (HeartbeatPlan{400, 1200}));
+  ASSERT_TRUE(hub.Heartbeat(a, 100).ok());  // a: lease to 1300
+  ASSERT_TRUE(hub.Heartbeat(d, 100).ok());  // d: lease to 1300
+  // a was told a 400 ms interval; the fleet shrinks to 2 (b, a).
+  for (const WorkerId& m : more) ASSERT_TRUE(hub.Leave(m).ok());
+  ASSERT_TRUE(hub.Leave(d).ok());
+  EXPECT_EQ(hub.plan(), (HeartbeatPlan{100, 300}));
+  // A renewal under the short plan keeps a's long lease (until 1300).
+  ASSERT_TRUE(hub.Heartbeat(a, 200).ok());
+  hub.ExpireLeases(1299);
+  EXPECT_EQ(hub.num_workers(), 1u);  // b's lease (0 + 300) ended
+  EXPECT_EQ(hub.Heartbeat(b, 1299).code(), StatusCode::kNotFound);
+  hub.ExpireLeases(1300);
+  EXPECT_EQ(hub.num_workers(), 0u);
+}
+
 TEST_F(HubStateTest, ReRegisterWithSameAddressKeepsReferences) {
   WorkerId t = Register("t");
   auto g = Group("m", 1);
