@@ -215,6 +215,7 @@ int RunStateMachine(uint64_t workers, const PartLayout& part,
 
 // (2) The real hub process, over gRPC.
 int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
+               uint32_t heartbeat_budget, int64_t max_lease_ms,
                const PartLayout& part, const Manifest& manifest,
                double state_machine_s) {
   std::printf(
@@ -225,10 +226,14 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
   Result<int> port = FreePort();
   if (!port.ok()) return Fail(port.status());
   const std::string address = "127.0.0.1:" + std::to_string(*port);
-  // Logging each of 10,000 joins is not what is measured here.
-  auto hub =
-      Subprocess::Spawn({"serve", "--listen", address, "--lease-ms", "600000"},
-                        {"TENSORHUB_LOG=warn"});
+  // Logging each of 10,000 joins is not what is measured here. The hub
+  // runs with the lease flags a production hub would: it plans the
+  // heartbeat interval and lease for the fleet it sees.
+  auto hub = Subprocess::Spawn(
+      {"serve", "--listen", address, "--lease-ms", std::to_string(lease_ms),
+       "--heartbeat-budget", std::to_string(heartbeat_budget), "--max-lease-ms",
+       std::to_string(max_lease_ms)},
+      {"TENSORHUB_LOG=warn"});
   if (!hub.ok()) return Fail(hub.status());
   auto cpu = [&]() -> double {
     Result<double> c = ProcessCpuSeconds(hub->pid());
@@ -326,9 +331,16 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
   if (failed) return Fail(first_error.WithContext("fetch"));
 
   // Heartbeats at the workers' real rate: each worker once per interval
-  // (a third of the lease, at most 5 s, as the client sends them by
-  // default), spread evenly over the interval by the client threads.
-  const int64_t interval_ms = std::clamp<int64_t>(lease_ms / 3, 50, 5000);
+  // the hub planned for this fleet and told in its last heartbeat answers
+  // (as the client follows it), spread evenly over the interval by the
+  // client threads.
+  const int64_t interval_ms = clients[0]->heartbeat_interval_ms();
+  const int64_t granted_lease_ms = clients[0]->lease_ms();
+  if (interval_ms <= 0 || granted_lease_ms < 3 * interval_ms) {
+    return Fail(Internal("the hub planned no usable heartbeat interval (" +
+                         std::to_string(interval_ms) + " ms, lease " +
+                         std::to_string(granted_lease_ms) + " ms)"));
+  }
   const double rate_per_s =
       static_cast<double>(workers) * 1000.0 / static_cast<double>(interval_ms);
   double h0 = cpu();
@@ -380,10 +392,16 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
   all.Print("BeginFetch RPC (client wall clock)");
   const double core = (h1 - h0) / hb_wall;
   std::printf(
-      "  heartbeats at the workers' interval (%lld ms, for a %lld ms lease): "
+      "  heartbeats at the interval the hub planned for %llu workers (%lld "
+      "ms, lease %lld ms; serve --lease-ms %lld --heartbeat-budget %u "
+      "--max-lease-ms %lld): "
       "%llu in %.2f s wall (%.0f/s, target rate %.0f/s), hub CPU %.3f s = "
       "%.1f%% of one core; target < %.0f%%; ratio %.2fx of the target\n",
-      static_cast<long long>(interval_ms), static_cast<long long>(lease_ms),
+      static_cast<unsigned long long>(workers),
+      static_cast<long long>(interval_ms),
+      static_cast<long long>(granted_lease_ms),
+      static_cast<long long>(lease_ms), heartbeat_budget,
+      static_cast<long long>(max_lease_ms),
       static_cast<unsigned long long>(workers), hb_wall,
       static_cast<double>(workers) / hb_wall, rate_per_s, h1 - h0, core * 100,
       kHeartbeatTargetCore * 100, core / kHeartbeatTargetCore);
@@ -398,6 +416,8 @@ struct BenchHubFlags {
   uint64_t chunks = 4096;
   uint64_t threads = 4;
   int64_t lease_ms = HubOptions{}.lease_ms;
+  uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
+  int64_t max_lease_ms = HubOptions{}.max_lease_ms;
   bool no_rpc = false;
 };
 
@@ -434,8 +454,8 @@ int RunBenchHub(const BenchHubFlags& f) {
       rc != 0)
     return rc;
   if (f.no_rpc) return 0;
-  return RunRealHub(f.workers, f.threads, f.lease_ms, part, manifest,
-                    state_machine_s);
+  return RunRealHub(f.workers, f.threads, f.lease_ms, f.heartbeat_budget,
+                    f.max_lease_ms, part, manifest, state_machine_s);
 }
 
 }  // namespace
@@ -460,7 +480,17 @@ void AddBenchHubCommand(CommandLine& cl, CLI::App* bench) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{64}))
       ->capture_default_str();
   c->add_option("--lease-ms", f->lease_ms,
-                "the lease whose heartbeat interval (a third) is measured")
+                "the hub's lease for a small fleet (serve --lease-ms)")
+      ->check(CLI::Range(int64_t{150}, int64_t{600000}))
+      ->capture_default_str();
+  c->add_option("--heartbeat-budget", f->heartbeat_budget,
+                "heartbeats per second the hub plans for (serve "
+                "--heartbeat-budget; 0: every worker heartbeats every third "
+                "of --lease-ms)")
+      ->check(CLI::Range(0u, 1000000u))
+      ->capture_default_str();
+  c->add_option("--max-lease-ms", f->max_lease_ms,
+                "the longest lease the budget may grant (serve --max-lease-ms)")
       ->check(CLI::Range(int64_t{150}, int64_t{600000}))
       ->capture_default_str();
   c->add_flag("--no-rpc", f->no_rpc, "the state machine only");

@@ -33,7 +33,7 @@ struct HubConfig {
   // Heartbeats per second the hub plans for (0: no budget, every worker
   // gets lease_ms), and the longest lease it grants to stay within it.
   uint32_t heartbeat_budget_per_s = 0;
-  int64_t max_lease_ms = 30000;
+  int64_t max_lease_ms = 60000;
   uint64_t incarnation = 1;  // distinguishes hub restarts
   size_t max_workers = 100000;
   size_t max_models = 10000;
