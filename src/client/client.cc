@@ -357,6 +357,7 @@ class Client::Impl {
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    fo.sources_interval_ms = ProgressIntervalMs(*hub_);
     fo.on_sources = [&](const client::FetchReport& so_far) {
       ReportProgress(Progress(model, v, manifest.total_bytes(), t_sources,
                               so_far, /*done=*/false));
@@ -1265,6 +1266,17 @@ class Client::Impl {
                                  std::max(kMinHeartbeatMs, lease_ms / 3));
     }
     return std::clamp<int64_t>(lease_ms / 3, kMinHeartbeatMs, kMaxHeartbeatMs);
+  }
+
+  // How often a running fetch reports its progress (for `tensorhub top`):
+  // every second, unless the hub stretched the heartbeat interval beyond
+  // its base (at most 5 s) because the fleet is over its heartbeat budget:
+  // then at that interval, so that a fan-out to the whole fleet costs the
+  // hub no more calls per second than its heartbeats.
+  static int64_t ProgressIntervalMs(const client::ControlPlane& hub) {
+    constexpr int64_t kProgressMs = 1000;
+    const int64_t planned_ms = hub.heartbeat_interval_ms();
+    return planned_ms > kMaxHeartbeatMs ? planned_ms : kProgressMs;
   }
 
   void HeartbeatLoop() {

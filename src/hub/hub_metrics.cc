@@ -173,6 +173,14 @@ std::vector<prometheus::MetricFamily> HubMetrics::StateFamilies(
   };
   gauge("tensorhub_hub_workers", "Workers holding a lease",
         static_cast<double>(st.workers));
+  gauge("tensorhub_hub_heartbeat_interval_seconds",
+        "The heartbeat interval the hub tells its workers now (planned from "
+        "the fleet's size and --heartbeat-budget)",
+        static_cast<double>(st.heartbeat_interval_ms) / 1e3);
+  gauge("tensorhub_hub_lease_seconds",
+        "The lease a renewal grants now: a dead worker is forgotten within "
+        "it (at most --max-lease-ms)",
+        static_cast<double>(st.lease_ms) / 1e3);
   gauge("tensorhub_hub_models", "Models the hub knows",
         static_cast<double>(st.models));
   out.push_back(metrics::GaugeFamily(

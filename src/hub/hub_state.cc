@@ -1249,6 +1249,9 @@ HubStats HubState::Stats() const {
   HubStats st;
   st.workers = workers_.size();
   st.models = models_.size();
+  const HeartbeatPlan p = plan();
+  st.heartbeat_interval_ms = p.interval_ms;
+  st.lease_ms = p.lease_ms;
   for (const auto& [name, m] : models_) {
     for (const auto& [version, v] : m.versions) {
       ++st.versions.at(static_cast<size_t>(v.state));

@@ -256,6 +256,9 @@ struct HubStats {
   size_t reader_group_pins = 0;
   // Readers holding sources Schedule() gave them (fetches in flight).
   size_t readers_scheduled = 0;
+  // The heartbeat plan told to workers now (HubState::plan()).
+  int64_t heartbeat_interval_ms = 0;
+  int64_t lease_ms = 0;
 };
 
 // A fetching worker's progress (ReportProgress): bytes done in all and per
