@@ -20,21 +20,9 @@ struct HubOptions {
   // refuses (FAILED_PRECONDITION, saying what anyone who can reach it could
   // do and how to fix it) unless `insecure` is set.
   std::string listen_address = "127.0.0.1:7070";
-  // A worker whose heartbeats stop for this long loses its references.
+  // A worker whose heartbeats stop for this long loses its references (a
+  // fleet too large for heartbeat_budget_per_s gets a longer lease, below).
   int64_t lease_ms = 5000;
-  // Heartbeats scale with the fleet (docs/design.md, "Heartbeats"): workers
-  // heartbeat every third of the lease, and when a fleet that size would
-  // send more than heartbeat_budget_per_s heartbeats a second, the hub
-  // tells its workers a longer interval and grants a longer lease (three
-  // intervals), up to max_lease_ms: with the defaults, up to 833 workers
-  // heartbeat every 1.7 s under a 5 s lease, 2,000 every 4 s under a 12 s
-  // lease, 10,000 every 20 s under a 60 s lease (500 heartbeats/s, about
-  // 6% of a core of the 2-core test machine, docs/benchmarks.md section 6).
-  // A dead worker is forgotten within max(lease_ms, max_lease_ms); readers
-  // do not wait for that (they fail over to another source at once).
-  // 0: no budget, every worker gets lease_ms.
-  uint32_t heartbeat_budget_per_s = 500;
-  int64_t max_lease_ms = 60000;
   // Shared secret every worker must present (empty: none).
   std::string secret;
   // TLS on the control plane (PEM file paths; docs/security.md). With
@@ -65,6 +53,19 @@ struct HubOptions {
   // free port, see Hub::metrics_address()). Empty: no metrics endpoint.
   // The metrics are listed in docs/metrics.md.
   std::string metrics_listen = "";
+  // Heartbeats scale with the fleet (docs/design.md, "Heartbeats"): workers
+  // heartbeat every third of the lease, and when a fleet that size would
+  // send more than heartbeat_budget_per_s heartbeats a second, the hub
+  // tells its workers a longer interval and grants a longer lease (three
+  // intervals), up to max_lease_ms: with the defaults, up to 833 workers
+  // heartbeat every 1.7 s under a 5 s lease, 2,000 every 4 s under a 12 s
+  // lease, 10,000 every 20 s under a 60 s lease (500 heartbeats/s, about
+  // 6% of a core of the 2-core test machine, docs/benchmarks.md section 6).
+  // A dead worker is forgotten within max(lease_ms, max_lease_ms); readers
+  // do not wait for that (they fail over to another source at once).
+  // 0: no budget, every worker gets lease_ms.
+  uint32_t heartbeat_budget_per_s = 500;
+  int64_t max_lease_ms = 60000;
 
   // ---- A highly available hub set (docs/design.md, "A highly available
   // hub") ----

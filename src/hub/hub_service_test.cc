@@ -86,6 +86,62 @@ TEST(HubServiceTest, NoRebuildWindowAnswersFromTheTableAtOnce) {
 
 // ---- A hub of an HA set, with a coordinator the test plays ----
 
+// Register and Heartbeat answers carry the plan for the fleet (interval
+// and lease), and the default rebuild window (-1) is the planned lease, so
+// it grows while a large fleet re-registers. No timing in play: the window
+// is a minute or more and the test takes milliseconds.
+TEST(HubServiceTest, AnswersCarryTheHeartbeatPlanAndTheWindowFollowsIt) {
+  HubConfig c;
+  c.lease_ms = 60000;  // base interval 5 s (capped)
+  c.heartbeat_budget_per_s = 1;
+  c.max_lease_ms = 600000;
+  std::unique_ptr<v1::Hub::Service> s =
+      NewHubService(c, "", /*rebuild_ms=*/-1, NowMs());
+  auto register_one = [&](int i) {
+    grpc::ServerContext ctx;
+    v1::RegisterWorkerRequest rq;
+    rq.set_name("w" + std::to_string(i));
+    rq.set_data_address("127.0.0.1:" + std::to_string(1000 + i));
+    v1::RegisterWorkerResponse rs;
+    grpc::Status st = s->RegisterWorker(&ctx, &rq, &rs);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return rs;
+  };
+  auto unknown_model_answer = [&] {
+    grpc::ServerContext ctx;
+    v1::ResolveRequest rq;
+    rq.set_worker_id("reader");
+    rq.set_model("m");
+    rq.set_version(7);
+    v1::ResolveResponse rs;
+    return s->Resolve(&ctx, &rq, &rs);
+  };
+  v1::RegisterWorkerResponse first = register_one(0);
+  EXPECT_EQ(first.heartbeat_interval_ms(), 5000u);
+  EXPECT_EQ(first.lease_ms(), 60000u);
+  grpc::Status r = unknown_model_answer();
+  EXPECT_EQ(r.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(r.error_message().find("(for 60000 ms)"), std::string::npos)
+      << r.error_message();
+  v1::RegisterWorkerResponse last;
+  for (int i = 1; i < 30; ++i) last = register_one(i);
+  // 30 workers at 1 heartbeat/s: every 30 s, a lease of 90 s.
+  EXPECT_EQ(last.heartbeat_interval_ms(), 30000u);
+  EXPECT_EQ(last.lease_ms(), 90000u);
+  grpc::ServerContext ctx;
+  v1::HeartbeatRequest hq;
+  hq.set_worker_id(first.worker_id());
+  v1::HeartbeatResponse hr;
+  grpc::Status h = s->Heartbeat(&ctx, &hq, &hr);
+  ASSERT_TRUE(h.ok()) << h.error_message();
+  EXPECT_EQ(hr.heartbeat_interval_ms(), 30000u);
+  EXPECT_EQ(hr.lease_ms(), 90000u);
+  r = unknown_model_answer();
+  EXPECT_EQ(r.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(r.error_message().find("(for 90000 ms)"), std::string::npos)
+      << r.error_message();
+}
+
 // Records what the hub asks to persist; answers as the test says.
 class ScriptedCoordinator final : public Coordinator {
  public:
