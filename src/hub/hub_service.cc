@@ -566,6 +566,8 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
   HubMetrics& metrics() { return metrics_; }
+  // The lease of the heartbeat plan last told to a worker.
+  int64_t PlannedLeaseMs() const { return planned_lease_ms_.load(); }
 
   // The families about the table, computed now (a scrape thread).
   std::vector<prometheus::MetricFamily> StateFamilies() {
@@ -882,7 +884,6 @@ class HubServerImpl final : public HubServer {
   HubServerImpl(std::unique_ptr<Coordinator> coord,
                 std::unique_ptr<HubServiceImpl> service,
                 std::unique_ptr<grpc::Server> server, std::string address,
-                int64_t lease_ms,
                 std::shared_ptr<metrics::FunctionCollector> collector,
                 std::unique_ptr<metrics::MetricsServer> metrics_server)
       : coord_(std::move(coord)),
@@ -891,11 +892,15 @@ class HubServerImpl final : public HubServer {
         address_(std::move(address)),
         collector_(std::move(collector)),
         metrics_server_(std::move(metrics_server)) {
-    int64_t tick = std::max<int64_t>(50, lease_ms / 10);
-    expiry_ = std::thread([this, tick] {
+    expiry_ = std::thread([this] {
       MutexLock lock(mu_);
       while (!stopping_) {
-        cv_.wait_for(lock.native(), std::chrono::milliseconds(tick));
+        // A tenth of the lease the hub plans now: a worker is dropped at
+        // most that late, and a large fleet under a long lease is not
+        // scanned (all of it, under the hub's lock) every half second.
+        const int64_t tick_ms =
+            std::max<int64_t>(50, service_->PlannedLeaseMs() / 10);
+        cv_.wait_for(lock.native(), std::chrono::milliseconds(tick_ms));
         if (stopping_) break;
         lock.Unlock();
         service_->Expire();
@@ -1178,7 +1183,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
       std::move(coord), std::move(service), std::move(server), address,
-      options.lease_ms, std::move(collector), std::move(metrics_server)));
+      std::move(collector), std::move(metrics_server)));
 }
 
 }  // namespace tensorhub
