@@ -86,7 +86,7 @@ void AddServeCommand(CommandLine& cl) {
       ->capture_default_str();
   c->add_option("--max-lease-ms", f->max_lease_ms,
                 "the longest lease the heartbeat budget may grant: a dead "
-                "worker is forgotten within this")
+                "worker is forgotten within this (plus a tenth)")
       ->check(CLI::Range(uint64_t{100}, uint64_t{3600000}))
       ->capture_default_str();
   c->add_flag("--oversubscribed-racks", f->oversubscribed_racks,

@@ -61,8 +61,9 @@ struct HubOptions {
   // heartbeat every 1.7 s under a 5 s lease, 2,000 every 4 s under a 12 s
   // lease, 10,000 every 20 s under a 60 s lease (500 heartbeats/s, about
   // 6% of a core of the 2-core test machine, docs/benchmarks.md section 6).
-  // A dead worker is forgotten within max(lease_ms, max_lease_ms); readers
-  // do not wait for that (they fail over to another source at once).
+  // A dead worker is forgotten within 1.1 x max(lease_ms, max_lease_ms)
+  // (the lease and the expiry scan's period, a tenth of it); readers do not
+  // wait for that (they fail over to another source at once).
   // 0: no budget, every worker gets lease_ms.
   uint32_t heartbeat_budget_per_s = 500;
   int64_t max_lease_ms = 60000;
