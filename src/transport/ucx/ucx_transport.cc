@@ -1,5 +1,6 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "common/checksum.h"
@@ -226,18 +228,43 @@ class MappingSet {
   std::vector<std::unique_ptr<Mapping>> maps_;  // sorted by base
 };
 
-// Creates an endpoint on `worker` to `remote_address`. Asks UCX to report a
-// peer that died (failing the messages on it at once instead of at their
-// deadline); the wires that cannot (shared memory in UCX 1.13) are used
-// without it, their transfers then bounded by the deadline and the TCP
-// connection beside them alone.
+// Whether the TCP connection `fd` joins two addresses of this host (then
+// UCX may use its shared-memory wires for it).
+bool SameHost(int fd) {
+  sockaddr_storage a{}, b{};
+  socklen_t alen = sizeof(a), blen = sizeof(b);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &blen) != 0 ||
+      a.ss_family != b.ss_family) {
+    return false;
+  }
+  if (a.ss_family == AF_INET) {
+    return reinterpret_cast<sockaddr_in*>(&a)->sin_addr.s_addr ==
+           reinterpret_cast<sockaddr_in*>(&b)->sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr,
+                       &reinterpret_cast<sockaddr_in6*>(&b)->sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+// Creates an endpoint on `worker` to `remote_address`. Across hosts it
+// asks UCX to report a peer that died (failing the messages on it at once
+// instead of at their deadline). On one host it does not: UCX 1.13's
+// shared-memory wires cannot report a dead peer, and an endpoint that asks
+// for it is put on tcp instead (a fifth of the bandwidth; the cause of the
+// old gap to ucx_perftest). The TCP connection beside the endpoint bounds
+// those transfers: both ends watch it while messages are in flight.
 Result<ucp_ep_h> CreateEndpoint(Worker& worker,
                                 const std::string& remote_address,
-                                std::atomic<bool>* failed) {
+                                bool same_host, std::atomic<bool>* failed) {
   ucp_ep_h ep = nullptr;
   ucs_status_t s = UCS_ERR_UNREACHABLE;
   for (ucp_err_handling_mode_t mode :
        {UCP_ERR_HANDLING_MODE_PEER, UCP_ERR_HANDLING_MODE_NONE}) {
+    if (same_host && mode == UCP_ERR_HANDLING_MODE_PEER) continue;
     ucp_ep_params_t p{};
     p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -360,7 +387,8 @@ class UcxServer final : public Server {
       return nullptr;
     }
     auto failed = std::make_unique<std::atomic<bool>>(false);
-    Result<ucp_ep_h> ep = CreateEndpoint(**worker, remote, failed.get());
+    Result<ucp_ep_h> ep =
+        CreateEndpoint(**worker, remote, SameHost(fd), failed.get());
     if (!ep.ok()) {
       TH_LOG(WARN) << "ucx data server " << address_
                    << ": dropping peer: " << ep.status().ToString();
