@@ -419,5 +419,25 @@ TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
   EXPECT_TRUE(conn_->broken());
 }
 
+// The reader goes away after its bytes landed, before its release: the
+// holder, waiting for the release, sees the connection end and ends the
+// lease, so a drain returns (it would hit its deadline otherwise) and the
+// registration is unmapped.
+TEST_F(UcxRegistryTest, AReaderLeavingBeforeItsReleaseEndsTheLease) {
+  const uint64_t before = UcxLiveMappingsForTest();
+  testpoint::Arm("ucx.read_landed", [&](uint64_t) { conn_->Cancel(); });
+  std::vector<uint8_t> out(flat_.size());
+  Status read = ReadInto(out, 0);
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
+  EXPECT_TRUE(conn_->broken());
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok());
+  ASSERT_TRUE(
+      registry_.Drain("m", Version(1), *revoked, Deadline::AfterMs(kGenerousMs))
+          .ok());
+  EXPECT_EQ(registry_.reads_in_flight(), 0u);
+  EXPECT_EQ(UcxLiveMappingsForTest(), before);
+}
+
 }  // namespace
 }  // namespace tensorhub::transport
