@@ -750,10 +750,14 @@ int RunBenchUcx(const TwoProcessFlags& f) {
     gets.push_back(*get);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
     std::printf(
-        "  run %llu: tensorhub over ucx %.2f GB/s (verify %.0f%% of it), "
-        "ucx_perftest tag_bw %.2f GB/s, ucp_get %.2f GB/s\n",
+        "  run %llu: tensorhub over ucx %.2f GB/s (verify %.0f%% of it, "
+        "first chunk after %.0f ms), ucx_perftest tag_bw %.2f GB/s, ucp_get "
+        "%.2f GB/s\n",
         static_cast<unsigned long long>(r + 1), gbps,
-        100 * st->verify_seconds / st->seconds, *tag, *get);
+        100 * st->verify_seconds / st->seconds,
+        1000 * (st->resolve_seconds + st->schedule_seconds +
+                st->first_byte_seconds),
+        *tag, *get);
   }
   (void)hh.holder->Send("quit");
   hh.holder->Stop(5000);
