@@ -10,6 +10,7 @@
 
 #include "client/client_metrics.h"
 #include "client/fetch_plan.h"
+#include "client/transport_set.h"
 #include "common/checksum.h"
 #include "common/mutex.h"
 #include "common/test_point.h"
@@ -75,6 +76,12 @@ class FetchRun {
   }
 
  private:
+  static DataPath PathOf(const FetchStep& step,
+                         const transport::ReadInfo& info) {
+    if (info.same_host) return DataPath::kSameHost;
+    return TransportOf(step.address) == "ucx" ? DataPath::kUcx : DataPath::kTcp;
+  }
+
   void Stream() {
     Conns conns;  // this stream's, one per address it read from lately
     std::vector<iovec> pieces;
@@ -121,9 +128,7 @@ class FetchRun {
           }
           lock.Unlock();
           if (options_.metrics != nullptr) {
-            options_.metrics->ChunkFetched(loc.bytes, info.same_host
-                                                          ? DataPath::kSameHost
-                                                          : DataPath::kTcp);
+            options_.metrics->ChunkFetched(loc.bytes, PathOf(step, info));
           }
           if (options_.on_chunk) options_.on_chunk(step.chunk);
           testpoint::Hit("fetcher.chunk_done", done_now);
