@@ -78,8 +78,10 @@ ClientMetrics::ClientMetrics()
       bytes_ucx_(NewCounter(*registry_, "tensorhub_fetched_bytes_total",
                             "Bytes of verified chunks fetched, by path",
                             {{"path", DataPathLabel(DataPath::kUcx)}})),
-      chunks_(NewCounter(*registry_, "tensorhub_fetched_chunks_total",
-                         "Verified chunks fetched")),
+      chunks_(NewCounter(
+          *registry_, "tensorhub_fetched_chunks_total",
+          "Verified reads fetched: chunks of whole fetches, slice reads of "
+          "partial fetches")),
       retries_(NewCounter(
           *registry_, "tensorhub_fetch_chunk_retries_total",
           "Chunk reads that failed (error, refusal, bad checksum, stall) or "
