@@ -131,6 +131,13 @@ class Server {
   // Transports served besides the one at address() (a worker's set of
   // servers, src/client/transport_set.h), with where they listen.
   virtual std::vector<DataEndpoint> endpoints() const { return {}; }
+  // Of bytes_served(), what those other transports sent over their wires
+  // (not copied by same-host readers), by transport name, in the order of
+  // endpoints().
+  virtual std::vector<std::pair<std::string, uint64_t>> bytes_sent_by_others()
+      const {
+    return {};
+  }
 };
 
 // How one read moved its bytes, for metrics and FetchStats.
