@@ -9,7 +9,10 @@
 #
 #   bench/fanout.sh [--readers "4 8 16"] [--bytes 268435456] [--host-mbit 400]
 #                   [--wan-mbit 100] [--crossdc-readers 7] [--chunk-bytes 2MiB]
-#                   [--skip "p2p mpi gloo"] [--output bench/results/fanout.txt]
+#                   [--skip "p2p mpi gloo ucx"] [--output bench/results/fanout.txt]
+#
+# TensorHub runs over TCP, then over UCX on the same test bed (skip with
+# --skip ucx, as a build without UCX must).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${TENSORHUB_LAB_BIN:-build/bench/lab/tensorhub-lab}
@@ -43,6 +46,7 @@ for n in $readers_list; do
   echo "=== fan-out to $n readers, ${host_mbit} Mbit/s links, $bytes bytes"
   bench/testbed.sh up --prefix "$prefix" --hosts $((n + 1)) --dcs 1 --host-mbit "$host_mbit" --force >/dev/null
   record "$(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$n" --bytes "$bytes" --chunk-bytes "$chunk" --mode tensorhub --repeat 2)"
+  skipped ucx || record "$(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$n" --bytes "$bytes" --chunk-bytes "$chunk" --mode tensorhub --transport ucx --repeat 2)"
   skipped p2p || record "$(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$n" --bytes "$bytes" --chunk-bytes "$chunk" --mode p2p --repeat 1)"
   skipped mpi || record "$(run_last '^mpi_bcast_best' bench/mpi_bcast.sh --prefix "$prefix" --bytes "$bytes" --receivers "$n" --algorithms "3 9")"
   skipped gloo || record "$(run_last '^gloo_bcast' bench/gloo_bcast.sh --prefix "$prefix" --bytes "$bytes" --receivers "$n")"

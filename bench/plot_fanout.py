@@ -23,7 +23,10 @@ def main(src, dst):
         f = fields(line)
         if line.startswith("fanout "):
             n = int(f["readers"])
-            series["TensorHub" if f["mode"] == "tensorhub" else "point-to-point (pull from trainer)"][n] = float(f["seconds"])
+            name = "TensorHub" if f["mode"] == "tensorhub" else "point-to-point (pull from trainer)"
+            if f.get("transport", "tcp") != "tcp":
+                name += " over " + f["transport"].upper()
+            series[name][n] = float(f["seconds"])
             bound[n] = float(f["bound_seconds"])
         elif line.startswith("mpi_bcast_best"):
             series["MPI_Bcast (best of pipeline / scatter-allgather)"][int(f["receivers"])] = float(f["seconds"])

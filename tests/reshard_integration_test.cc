@@ -12,7 +12,7 @@
 #include <random>
 #include <thread>
 
-#include "client/client_deps.h"
+#include "client/counted_client.h"
 #include "common/convert.h"
 #include "common/deadline.h"
 #include "common/geometry.h"
@@ -21,7 +21,6 @@
 #include "tensorhub/client.h"
 #include "tensorhub/hub.h"
 #include "tensorhub/reshard.h"
-#include "transport/transport.h"
 
 namespace tensorhub {
 namespace {
@@ -29,36 +28,7 @@ namespace {
 using Shape = std::vector<uint64_t>;
 constexpr uint64_t kSegmentBytes = 512;
 
-// Forwards to the TCP transport and keeps its server, to read its
-// served-byte counter.
-class CountingTransport : public transport::Transport {
- public:
-  explicit CountingTransport(std::unique_ptr<transport::Transport> inner)
-      : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  Result<std::unique_ptr<transport::Server>> Listen(
-      const std::string& host_port, transport::ReadSource* source,
-      const transport::ServerOptions& options) override {
-    auto s = inner_->Listen(host_port, source, options);
-    if (s.ok()) *server_ = s->get();
-    return s;
-  }
-  Result<std::unique_ptr<transport::Connection>> Connect(
-      const std::string& address, const Deadline& deadline) override {
-    return inner_->Connect(address, deadline);
-  }
-  std::shared_ptr<transport::Server*> server_ =
-      std::make_shared<transport::Server*>(nullptr);
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
-};
-
-struct Worker {
-  std::unique_ptr<Client> client;
-  std::shared_ptr<transport::Server*> server;
-  uint64_t served() const { return (*server)->bytes_served(); }
-};
+using Worker = client::CountedClient;
 
 // The tiny model: names and global shapes (BF16), odd sizes.
 std::vector<std::pair<std::string, Shape>> TinyLlama() {
@@ -136,18 +106,9 @@ class ReshardTest : public ::testing::Test {
     ClientOptions o;
     o.hub_address = hub_->address();
     o.name = name;
-    Result<client::ClientDeps> made = client::DefaultClientDeps(o);
-    EXPECT_TRUE(made.ok()) << made.status().ToString();
-    client::ClientDeps deps = std::move(made).value();
-    auto counting =
-        std::make_unique<CountingTransport>(std::move(deps.transport));
-    Worker w;
-    w.server = counting->server_;
-    deps.transport = std::move(counting);
-    auto c = client::ClientFactory::Connect(o, std::move(deps));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    w.client = std::move(c).value();
-    return w;
+    Result<Worker> w = client::ConnectCounted(o);
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    return w.ok() ? std::move(w).value() : Worker{};
   }
 
   // Trainer rank r of k publishes its pieces: FSDP rows, or TP slices

@@ -5,6 +5,13 @@
 // ctest runs it with UCX_TLS=tcp (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "client/client_deps.h"
+#include "common/deadline.h"
 #include "demo_model.h"
 #include "hub/hub_service.h"
 #include "hub_fixture.h"
@@ -32,6 +39,16 @@ class UcxHubTest : public HubTest {
   }
 };
 
+// The value of the sample `name{path="PATH"}` in a client's metrics text
+// (-1 if missing).
+double PathSample(Client& c, const std::string& name, const std::string& path) {
+  const std::string text = client::ClientFactory::MetricsText(c);
+  const std::string key = name + "{path=\"" + path + "\"} ";
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::strtod(text.c_str() + at + key.size(), nullptr);
+}
+
 TEST_F(UcxHubTest, PublishFetchOverUcxByteExactAndReaderServesOverUcx) {
   SyntheticModel src(TestLayout(8 << 20));
   src.Fill(1);
@@ -44,6 +61,19 @@ TEST_F(UcxHubTest, PublishFetchOverUcxByteExactAndReaderServesOverUcx) {
   EXPECT_EQ(a.Digest(), src.Digest());
   ASSERT_FALSE(st->sources.empty());
   for (const FetchSourceStats& s : st->sources) EXPECT_EQ(s.transport, "ucx");
+  // The metrics count those bytes on the ucx path, at both ends.
+  const double bytes = static_cast<double>(st->bytes);
+  EXPECT_EQ(PathSample(*ra, "tensorhub_fetched_bytes_total", "ucx"), bytes);
+  EXPECT_EQ(PathSample(*ra, "tensorhub_fetched_bytes_total", "tcp"), 0);
+  // (A holder counts a read when the reader's release reaches it, which may
+  // be just after the fetch returned: waited for, bounded.)
+  const Deadline counted = Deadline::AfterMs(10000);
+  while (PathSample(*trainer, "tensorhub_served_bytes_total", "ucx") < bytes &&
+         !counted.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(PathSample(*trainer, "tensorhub_served_bytes_total", "ucx"), bytes);
+  EXPECT_EQ(PathSample(*trainer, "tensorhub_served_bytes_total", "tcp"), 0);
   // The trainer leaves; b fetches from a, which serves its copy over UCX.
   ASSERT_TRUE(trainer->Unpublish("m", Version(1)).ok());
   auto rb = NewClient("b");

@@ -22,47 +22,19 @@
 #include <thread>
 
 #include "cli_util.h"
-#include "client/client_deps.h"
+#include "client/counted_client.h"
 #include "common/deadline.h"
 #include "common/geometry.h"
 #include "tensorhub/client.h"
 #include "tensorhub/hub.h"
 #include "tensorhub/reshard.h"
-#include "transport/transport.h"
 
 namespace tensorhub::cli {
 namespace {
 
 using Shape = std::vector<uint64_t>;
 
-// Forwards to the TCP transport and keeps its server, for its counter.
-class CountingTransport : public transport::Transport {
- public:
-  explicit CountingTransport(std::unique_ptr<transport::Transport> inner)
-      : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  Result<std::unique_ptr<transport::Server>> Listen(
-      const std::string& host_port, transport::ReadSource* source,
-      const transport::ServerOptions& options) override {
-    auto s = inner_->Listen(host_port, source, options);
-    if (s.ok()) *server_ = s->get();
-    return s;
-  }
-  Result<std::unique_ptr<transport::Connection>> Connect(
-      const std::string& address, const Deadline& deadline) override {
-    return inner_->Connect(address, deadline);
-  }
-  std::shared_ptr<transport::Server*> server_ =
-      std::make_shared<transport::Server*>(nullptr);
-
- private:
-  std::unique_ptr<transport::Transport> inner_;
-};
-
-struct Worker {
-  std::unique_ptr<Client> client;
-  std::shared_ptr<transport::Server*> server;
-};
+using Worker = client::CountedClient;
 
 std::vector<std::pair<std::string, Shape>> LlamaHalfB(double scale) {
   const uint64_t h = 1024, inter = 4096, kv = 512;
@@ -91,20 +63,12 @@ Result<Worker> NewWorker(const std::string& hub, const std::string& name) {
   ClientOptions o;
   o.hub_address = hub;
   o.name = name;
-  TH_ASSIGN_OR_RETURN(client::ClientDeps deps, client::DefaultClientDeps(o));
-  auto counting =
-      std::make_unique<CountingTransport>(std::move(deps.transport));
-  Worker w;
-  w.server = counting->server_;
-  deps.transport = std::move(counting);
-  TH_ASSIGN_OR_RETURN(w.client,
-                      client::ClientFactory::Connect(o, std::move(deps)));
-  return w;
+  return client::ConnectCounted(o);
 }
 
 uint64_t Served(const std::vector<Worker>& ws) {
   uint64_t n = 0;
-  for (const Worker& w : ws) n += (*w.server)->bytes_served();
+  for (const Worker& w : ws) n += w.served();
   return n;
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -171,6 +172,19 @@ int RunBenchReader(const RoleFlags& f) {
       Reply("error " + st.status().ToString());
       continue;
     }
+    // bench fanout --transport ucx: every byte must have come over UCX.
+    const char* want = std::getenv("TENSORHUB_TRANSPORTS");
+    std::string other;
+    for (const FetchSourceStats& s : st->sources) {
+      if (want != nullptr && std::string(want) == "ucx" &&
+          s.transport != "ucx") {
+        other = s.transport;
+      }
+    }
+    if (!other.empty()) {
+      Reply("error a source was read over " + other + ", not ucx");
+      continue;
+    }
     std::string out = "fetched " + std::to_string(v) + " " +
                       Hex(model.Digest()) + " " + std::to_string(st->seconds) +
                       " " + std::to_string(st->chunk_retries);
@@ -188,6 +202,7 @@ struct FanoutFlags {
   std::optional<uint64_t> readers;
   uint64_t bytes = 0;
   std::string mode = "tensorhub";
+  std::string transport = "tcp";
   uint64_t repeat = 2;
   uint64_t chunk = 0;
   int connections = 4;
@@ -206,6 +221,9 @@ int RunBenchFanout(const FanoutFlags& f) {
                       std::to_string(tb->names.size() - 1) + " --readers");
   }
   SetLogLevel(LogLevel::kWarn);
+  // The roles inherit it: with ucx, every worker also serves UCX and reads
+  // over it (each reader checks that every source's bytes came over it).
+  ::setenv("TENSORHUB_TRANSPORTS", f.transport.c_str(), 1);
   std::string hub;
   auto hub_proc = SpawnHub(*tb, f.port, &hub, f.metrics_port);
   if (!hub_proc.ok()) return Fail(hub_proc.status());
@@ -232,10 +250,11 @@ int RunBenchFanout(const FanoutFlags& f) {
     if (tb->dcs[i] != tb->dcs[0]) remote_dcs.insert(tb->dcs[i]);
   }
   std::printf(
-      "fanout: mode %s, %llu readers, %s, links %.0f Mbit/s%s, chunks of %s, "
-      "bound S/B %.2f s\n",
-      mode.c_str(), static_cast<unsigned long long>(readers),
-      FormatBytes(f.bytes).c_str(), tb->host_mbit,
+      "fanout: mode %s over %s, %llu readers, %s, links %.0f Mbit/s%s, chunks "
+      "of %s, bound S/B %.2f s\n",
+      mode.c_str(), f.transport.c_str(),
+      static_cast<unsigned long long>(readers), FormatBytes(f.bytes).c_str(),
+      tb->host_mbit,
       remote_dcs.empty()
           ? ""
           : (", WAN " + std::to_string(static_cast<int>(tb->wan_mbit)) +
@@ -311,10 +330,12 @@ int RunBenchFanout(const FanoutFlags& f) {
   std::printf(
       "fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f "
       "ratio=%.3f "
-      "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d\n",
+      "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d "
+      "transport=%s\n",
       mode.c_str(), static_cast<unsigned long long>(readers),
       static_cast<unsigned long long>(f.bytes), best, bound, best / bound,
-      best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0);
+      best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0,
+      f.transport.c_str());
   return all_ok ? 0 : 1;
 }
 
@@ -337,6 +358,11 @@ void AddBenchFanoutCommands(CommandLine& cl, CLI::App* bench) {
   c->add_option("--mode", f->mode,
                 "tensorhub, or p2p: readers do not serve (the baseline)")
       ->check(CLI::IsMember({"tensorhub", "p2p"}))
+      ->capture_default_str();
+  c->add_option("--transport", f->transport,
+                "the data plane the workers read over: tcp, or ucx (UCX "
+                "between the test bed's hosts; TCP stays served beside it)")
+      ->check(CLI::IsMember({"tcp", "ucx"}))
       ->capture_default_str();
   c->add_option("--repeat", f->repeat, "rounds (the best is reported)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{20}))

@@ -512,32 +512,46 @@ class Client:
             model, v, tuples, boxes, scales,
             _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout"), int(connections),
             group_id, step, bool(serve_slices))
+        return self._fetched(model, stats, spans, list(tensors.values()),
+                             bool(serve_slices), return_stats)
+
+    def _fetched(self, model: str, stats: dict, spans, objs: list, serve: bool,
+                 return_stats: bool):
+        """What a fetch (whole or slices) returns, after the bookkeeping of
+        what this client serves: the C++ client withdrew every registration
+        overlapping the destination before writing to it, so those objects
+        are no longer served; the destination is, if `serve`."""
         got = int(stats["version"])
         with self._lock:
-            # As for a full fetch: registrations overlapping the slices were
-            # withdrawn before the fetch wrote to them.
             for key in list(self._held):
                 kept = [e for e in self._held[key] if not _tensors.overlaps(e.spans, spans)]
                 if kept:
                     self._held[key] = kept
                 else:
                     del self._held[key]
-            if serve_slices:
-                self._held.setdefault((model, got), []).append(
-                    _Held("fetched", list(tensors.values()), spans)
-                )
-        if return_stats:
-            return FetchStats(
-                version=int(stats["version"]),
-                bytes=int(stats["bytes"]),
-                seconds=float(stats["seconds"]),
-                resolve_seconds=float(stats["resolve_seconds"]),
-                sources_used=int(stats["sources_used"]),
-                chunk_retries=int(stats["chunk_retries"]),
-                chunks_stolen=int(stats["chunks_stolen"]),
-                sources=[dict(s) for s in stats.get("sources", [])],
-            )
-        return int(stats["version"])
+            if serve:
+                self._held.setdefault((model, got), []).append(_Held("fetched", objs, spans))
+        if not return_stats:
+            return got
+        return FetchStats(
+            version=got,
+            bytes=int(stats["bytes"]),
+            seconds=float(stats["seconds"]),
+            resolve_seconds=float(stats["resolve_seconds"]),
+            sources_used=int(stats["sources_used"]),
+            chunk_retries=int(stats["chunk_retries"]),
+            chunks_stolen=int(stats["chunks_stolen"]),
+            tls_connections=int(stats["tls_connections"]),
+            kernel_tls_connections=int(stats["kernel_tls_connections"]),
+            sources=[dict(s) for s in stats.get("sources", [])],
+            schedule_seconds=float(stats["schedule_seconds"]),
+            first_byte_seconds=float(stats["first_byte_seconds"]),
+            transfer_seconds=float(stats["transfer_seconds"]),
+            verify_seconds=float(stats["verify_seconds"]),
+            register_seconds=float(stats["register_seconds"]),
+            total_seconds=float(stats["total_seconds"]),
+            bytes_same_host=int(stats["bytes_same_host"]),
+        )
 
     def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:
         with self._lock:
@@ -668,41 +682,8 @@ class Client:
         stats = self._core.fetch(
             model, v, tuples, timeout_ms, connections, bool(serve), group_id, step
         )
-        got = int(stats["version"])
-        with self._lock:
-            # The C++ client withdrew every registration overlapping `into`
-            # before writing to it: those objects are no longer served.
-            for key in list(self._held):
-                kept = [e for e in self._held[key] if not _tensors.overlaps(e.spans, spans)]
-                if kept:
-                    self._held[key] = kept
-                else:
-                    del self._held[key]
-            if serve:
-                self._held.setdefault((model, got), []).append(
-                    _Held("fetched", list(into.values()), spans)
-                )
-        if return_stats:
-            return FetchStats(
-                version=got,
-                bytes=int(stats["bytes"]),
-                seconds=float(stats["seconds"]),
-                resolve_seconds=float(stats["resolve_seconds"]),
-                sources_used=int(stats["sources_used"]),
-                chunk_retries=int(stats["chunk_retries"]),
-                chunks_stolen=int(stats["chunks_stolen"]),
-                tls_connections=int(stats["tls_connections"]),
-                kernel_tls_connections=int(stats["kernel_tls_connections"]),
-                sources=[dict(s) for s in stats.get("sources", [])],
-                schedule_seconds=float(stats["schedule_seconds"]),
-                first_byte_seconds=float(stats["first_byte_seconds"]),
-                transfer_seconds=float(stats["transfer_seconds"]),
-                verify_seconds=float(stats["verify_seconds"]),
-                register_seconds=float(stats["register_seconds"]),
-                total_seconds=float(stats["total_seconds"]),
-                bytes_same_host=int(stats["bytes_same_host"]),
-            )
-        return got
+        return self._fetched(model, stats, spans, list(into.values()), bool(serve),
+                             return_stats)
 
     # -- inspection ------------------------------------------------------------
 

@@ -107,13 +107,12 @@ class Client::Impl {
       data_address_ = advertised(data_address_);
       for (DataEndpoint& e : endpoints_) e.address = advertised(e.address);
     }
-    // What this worker dials first: its transports in their order.
-    std::string_view names = transport_->name();
-    for (size_t at = 0; at <= names.size();) {
-      const size_t comma = std::min(names.find(',', at), names.size());
-      dial_preference_.emplace_back(names.substr(at, comma - at));
-      at = comma + 1;
+    // What this worker dials first: the transports it serves besides TCP,
+    // in their order of preference (transport_set.h), then TCP.
+    for (const DataEndpoint& e : endpoints_) {
+      dial_preference_.push_back(e.transport);
     }
+    dial_preference_.emplace_back("tcp");
     hub_is_loopback_ =
         client::HostIsLoopback(client::HostOf(options_.hub_address));
     if (!options_.metrics_listen.empty()) {
@@ -1006,6 +1005,12 @@ class Client::Impl {
     return metrics_server_ ? metrics_server_->address() : std::string();
   }
   client::ClientMetrics& metrics() { return metrics_; }
+  // What GET /metrics answers, with or without a metrics endpoint.
+  std::string MetricsText() {
+    auto scrape_time = std::make_shared<metrics::FunctionCollector>(
+        [this] { return ScrapeTimeFamilies(); });
+    return metrics::Render({metrics_.registry(), scrape_time});
+  }
 
  private:
   static std::string Describe(const TensorSpec& s) {
@@ -1078,12 +1083,17 @@ class Client::Impl {
     std::vector<prometheus::MetricFamily> out;
     const uint64_t served = server_->bytes_served();
     const uint64_t local = server_->bytes_served_local();
+    uint64_t tcp = served - std::min(served, local);
     auto bytes = metrics::CounterFamily(
         "tensorhub_served_bytes_total",
         "Bytes this worker served to readers, by path (same_host: copied by "
         "a reader on this host from this process's memory)");
+    for (const auto& [name, sent] : server_->bytes_sent_by_others()) {
+      tcp -= std::min(tcp, sent);
+      AddSample(bytes, {{"path", name}}, static_cast<double>(sent));
+    }
     AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kTcp)}},
-              static_cast<double>(served - std::min(served, local)));
+              static_cast<double>(tcp));
     AddSample(bytes, {{"path", DataPathLabel(client::DataPath::kSameHost)}},
               static_cast<double>(local));
     out.push_back(std::move(bytes));
@@ -1462,6 +1472,10 @@ Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
 
 ClientMetrics& ClientFactory::Metrics(Client& client) {
   return client.impl_->metrics();
+}
+
+std::string ClientFactory::MetricsText(Client& client) {
+  return client.impl_->MetricsText();
 }
 
 Result<std::unique_ptr<Client>> ClientFactory::Connect(

@@ -49,6 +49,8 @@ class ClientFactory {
                                                  ClientDeps deps);
   // The client's metrics (the keeper adds its own to the same registry).
   static ClientMetrics& Metrics(Client& client);
+  // The text its metrics endpoint serves (also without one), for tests.
+  static std::string MetricsText(Client& client);
 };
 
 }  // namespace tensorhub::client

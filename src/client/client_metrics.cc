@@ -75,8 +75,13 @@ ClientMetrics::ClientMetrics()
           NewCounter(*registry_, "tensorhub_fetched_bytes_total",
                      "Bytes of verified chunks fetched, by path",
                      {{"path", DataPathLabel(DataPath::kSameHost)}})),
-      chunks_(NewCounter(*registry_, "tensorhub_fetched_chunks_total",
-                         "Verified chunks fetched")),
+      bytes_ucx_(NewCounter(*registry_, "tensorhub_fetched_bytes_total",
+                            "Bytes of verified chunks fetched, by path",
+                            {{"path", DataPathLabel(DataPath::kUcx)}})),
+      chunks_(NewCounter(
+          *registry_, "tensorhub_fetched_chunks_total",
+          "Verified reads fetched: chunks of whole fetches, slice reads of "
+          "partial fetches")),
       retries_(NewCounter(
           *registry_, "tensorhub_fetch_chunk_retries_total",
           "Chunk reads that failed (error, refusal, bad checksum, stall) or "
@@ -104,8 +109,10 @@ ClientMetrics::ClientMetrics()
 
 void ClientMetrics::ChunkFetched(uint64_t bytes, DataPath path) {
   chunks_.Increment();
-  (path == DataPath::kSameHost ? bytes_same_host_ : bytes_tcp_)
-      .Increment(static_cast<double>(bytes));
+  prometheus::Counter& c = path == DataPath::kSameHost ? bytes_same_host_
+                           : path == DataPath::kUcx    ? bytes_ucx_
+                                                       : bytes_tcp_;
+  c.Increment(static_cast<double>(bytes));
 }
 
 void ClientMetrics::FetchPlanEnded(const FetchReport& report) {

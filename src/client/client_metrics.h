@@ -25,8 +25,8 @@ struct FetchReport;
 
 // The path bytes took, the `path` label of the byte counters: "tcp" (sent
 // over the data connection), "same_host" (copied by the reader from the
-// holder's memory: cross-memory attach or CUDA IPC), "ucx" (reserved for a
-// UCX transport; nothing counts it yet).
+// holder's memory: cross-memory attach or CUDA IPC), "ucx" (sent by UCX, to
+// or from a holder that serves it: src/client/transport_set.h).
 enum class DataPath { kTcp, kSameHost, kUcx };
 const char* DataPathLabel(DataPath path);
 
@@ -67,6 +67,7 @@ class ClientMetrics {
   prometheus::Histogram& stage_register_;
   prometheus::Counter& bytes_tcp_;
   prometheus::Counter& bytes_same_host_;
+  prometheus::Counter& bytes_ucx_;
   prometheus::Counter& chunks_;
   prometheus::Counter& retries_;
   prometheus::Counter& steals_;

@@ -366,9 +366,7 @@ TEST_F(ClientOnFakes, FetchOfAnUnknownVersionIsNotFound) {
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
 }
 
-std::string MetricsText(Client& c) {
-  return metrics::Render({ClientFactory::Metrics(c).registry()});
-}
+std::string MetricsText(Client& c) { return ClientFactory::MetricsText(c); }
 
 bool Has(const std::string& text, const std::string& line) {
   return text.find(line + "\n") != std::string::npos;

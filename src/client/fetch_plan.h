@@ -109,6 +109,8 @@ class FetchPlan {
   const Status& error() const { return error_; }
   uint64_t chunks_done() const { return done_chunks_; }
   uint64_t bytes_done() const { return bytes_done_; }
+  uint64_t chunks_total() const { return total_chunks_; }
+  uint64_t item_bytes(uint64_t chunk) const { return item_bytes_.at(chunk); }
   size_t sources_known() const { return sources_.size(); }
   FetchReport Report() const;
 

@@ -1,16 +1,17 @@
 #include "client/slice_fetch.h"
 
 #include <algorithm>
-#include <condition_variable>
-#include <map>
+#include <chrono>
 #include <memory>
 #include <set>
-#include <thread>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "client/fetch_plan.h"
+#include "client/plan_run.h"
 #include "common/checksum.h"
 #include "common/convert.h"
-#include "common/mutex.h"
 #include "common/test_point.h"
 
 namespace tensorhub::client {
@@ -326,8 +327,6 @@ std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
 
 namespace {
 
-using Conns = std::map<std::string, std::unique_ptr<transport::Connection>>;
-
 // Where one row of an item lands: up to three pieces (overhang before,
 // wanted, overhang after), each (first column, memory).
 struct RowLanding {
@@ -335,50 +334,23 @@ struct RowLanding {
   int n = 0;
 };
 
-// The I/O around a FetchPlan over items, as FetchRun is around chunks
-// (fetcher.cc): `streams` threads take steps under mu_ and do them with
-// mu_ released.
-class SliceRun {
+// A slice fetch: each read is one item of the slice plan (a rectangle of
+// rows and columns of one tensor, from a full holder or a holder of
+// slices), landing in the caller's memory (overhang and conversions through
+// the stream's scratch) and verified segment by segment.
+class SliceRun final : public PlanRun {
  public:
   SliceRun(transport::Transport& transport, const SliceJob& job,
            std::vector<FetchSource> sources, const SourceRefresher& refresh,
            const FetcherOptions& options, const Deadline& deadline)
-      : transport_(transport),
-        job_(job),
-        refresh_(refresh),
-        options_(options),
-        deadline_(deadline),
-        clock_(deadline.clock()),
-        plan_(job.model + "@" + std::to_string(job.version.value()),
-              ItemSizes(*job.plan),
-              SourcesForItems(*job.plan, std::move(sources)),
-              static_cast<bool>(refresh), options, clock_.NowMs(),
-              deadline.at_ms()) {}
-
-  Result<FetchReport> Run() {
-    const uint64_t total = job_.plan->items.size();
-    const int n =
-        std::max(1, std::min<int>(options_.streams, static_cast<int>(total)));
-    {
-      MutexLock lock(mu_);
-      running_ = n;
-    }
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) threads.emplace_back([this] { Stream(); });
-    for (std::thread& t : threads) t.join();
-    MutexLock lock(mu_);
-    if (!plan_.error().ok()) return plan_.error();
-    if (plan_.chunks_done() != total) {
-      return Internal("slice fetch ended with " +
-                      std::to_string(total - plan_.chunks_done()) +
-                      " reads missing");
-    }
-    if (options_.on_progress) {
-      options_.on_progress(
-          FetchProgress{plan_.bytes_done(), job_.plan->read_bytes});
-    }
-    return plan_.Report();
-  }
+      : PlanRun(transport, refresh, options, deadline,
+                FetchPlan(job.model + "@" + std::to_string(job.version.value()),
+                          ItemSizes(*job.plan),
+                          SourcesForItems(*job.plan, std::move(sources)),
+                          static_cast<bool>(refresh), options,
+                          deadline.clock().NowMs(), deadline.at_ms()),
+                job.plan->read_bytes),
+        job_(job) {}
 
  private:
   static std::vector<uint64_t> ItemSizes(const SlicePlan& plan) {
@@ -387,56 +359,13 @@ class SliceRun {
     return out;
   }
 
-  void Stream() {
-    Conns conns;
-    std::vector<uint8_t> scratch(job_.plan->max_item_bytes);
-    MutexLock lock(mu_);
-    for (;;) {
-      const int64_t now_ms = clock_.NowMs();
-      FetchStep step = plan_.NextStep(now_ms);
-      switch (step.kind) {
-        case FetchStep::Kind::kDone:
-          --running_;
-          cv_.notify_all();
-          return;
-        case FetchStep::Kind::kWait:
-          clock_.WaitFor(cv_, lock.native(),
-                         std::max<int64_t>(1, step.until_ms - now_ms));
-          break;
-        case FetchStep::Kind::kSteal:
-          cancellable_.at(step.chunk)->Cancel();
-          break;
-        case FetchStep::Kind::kRefresh: {
-          lock.Unlock();
-          Result<SourceUpdate> fresh = refresh_(step.failed);
-          if (fresh.ok()) {
-            fresh->sources =
-                SourcesForItems(*job_.plan, std::move(fresh->sources));
-          }
-          lock.Lock();
-          plan_.SourcesRefreshed(clock_.NowMs(), std::move(fresh));
-          cv_.notify_all();
-          break;
-        }
-        case FetchStep::Kind::kRead: {
-          lock.Unlock();
-          Status st = ReadItem(conns, step, scratch);
-          lock.Lock();
-          cancellable_.erase(step.chunk);
-          plan_.ReadFinished(clock_.NowMs(), step.chunk, st);
-          cv_.notify_all();
-          if (!st.ok()) {
-            conns.erase(step.address);
-          } else {
-            const uint64_t done = plan_.chunks_done();
-            lock.Unlock();
-            testpoint::Hit("fetcher.slice_done", done);
-            lock.Lock();
-          }
-          break;
-        }
-      }
-    }
+  void AdjustSources(SourceUpdate& update) override {
+    update.sources = SourcesForItems(*job_.plan, std::move(update.sources));
+  }
+
+  void Landed(const FetchStep& step, uint64_t done) override {
+    (void)step;
+    testpoint::Hit("fetcher.slice_done", done);
   }
 
   // Where row r of `item` lands: overhang into `scratch` (advancing
@@ -490,8 +419,12 @@ class SliceRun {
     return d.data + lin * elem;
   }
 
-  Status ReadItem(Conns& conns, const FetchStep& step,
-                  std::vector<uint8_t>& scratch) {
+  Status Read(StreamState& s, const FetchStep& step,
+              transport::ReadInfo* info) override {
+    if (s.scratch.size() < job_.plan->max_item_bytes) {
+      s.scratch.resize(job_.plan->max_item_bytes);
+    }
+    std::vector<uint8_t>& scratch = s.scratch;
     // From a holder of slices: the item's alternative read in its layout.
     const SliceItem* chosen = &job_.plan->items[step.chunk];
     const TensorLayout* layout = nullptr;
@@ -524,18 +457,7 @@ class SliceRun {
     const MatrixView m = MatrixOf(t.spec.shape);
     const MatrixRect& rd = item.read;
     const bool convert = d.dtype != t.spec.dtype;
-    auto it = conns.find(step.address);
-    if (it == conns.end() || it->second->broken()) {
-      Result<std::unique_ptr<transport::Connection>> c = transport_.Connect(
-          step.address, deadline_.Cap(options_.connect_timeout_ms));
-      if (!c.ok()) return c.status();
-      it = conns.insert_or_assign(step.address, std::move(c).value()).first;
-    }
-    {
-      MutexLock l(mu_);
-      cancellable_[step.chunk] = it->second.get();
-      plan_.ReadConnected(step.chunk);
-    }
+    TH_ASSIGN_OR_RETURN(transport::Connection * conn, Connect(s, step));
     // Land every row; neighbouring pieces that touch in memory merge.
     std::vector<RowLanding> rows;
     std::vector<iovec> dest;
@@ -567,9 +489,14 @@ class SliceRun {
       req.run = run;
       req.stride = m.cols * elem;
     }
-    TH_RETURN_IF_ERROR(it->second->Read(
-        req, dest, deadline_.Cap(options_.read_timeout_ms), nullptr));
+    TH_RETURN_IF_ERROR(conn->Read(
+        req, dest, deadline().Cap(options().read_timeout_ms), nullptr));
+    *info = conn->last_read();
+    const auto v0 = std::chrono::steady_clock::now();
     TH_RETURN_IF_ERROR(Verify(item, t, rows, step.address));
+    info->verify_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - v0)
+                          .count();
     if (convert) Convert(item, t, rows);
     return Status::Ok();
   }
@@ -633,18 +560,7 @@ class SliceRun {
     }
   }
 
-  transport::Transport& transport_;
   const SliceJob& job_;
-  const SourceRefresher& refresh_;
-  const FetcherOptions& options_;
-  const Deadline deadline_;
-  const Clock& clock_;
-
-  Mutex mu_;
-  std::condition_variable cv_;
-  FetchPlan plan_ TH_GUARDED_BY(mu_);
-  std::map<uint64_t, transport::Connection*> cancellable_ TH_GUARDED_BY(mu_);
-  int running_ TH_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace

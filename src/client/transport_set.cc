@@ -1,5 +1,6 @@
 #include "client/transport_set.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/log.h"
@@ -54,6 +55,16 @@ class ServerSet final : public transport::Server {
     std::vector<DataEndpoint> out;
     for (size_t i = 0; i < others_.size(); ++i) {
       out.push_back({names_[i], others_[i]->address()});
+    }
+    return out;
+  }
+  std::vector<std::pair<std::string, uint64_t>> bytes_sent_by_others()
+      const override {
+    std::vector<std::pair<std::string, uint64_t>> out;
+    for (size_t i = 0; i < others_.size(); ++i) {
+      const uint64_t all = others_[i]->bytes_served();
+      out.emplace_back(names_[i],
+                       all - std::min(all, others_[i]->bytes_served_local()));
     }
     return out;
   }

@@ -26,8 +26,8 @@ namespace tensorhub::transport {
 
 // The whole memory of one registration (one publish), for transports that
 // register memory with the network once per publish instead of once per read
-// (UCX: ucp_mem_map and a packed remote key). A transport attaches its state
-// on first use; the state is destroyed with the Registration, which its
+// (UCX: ucp_mem_map, whose handle every send names). A transport attaches its
+// state on first use; the state is destroyed with the Registration, which its
 // owner (the worker's registry) does after the drain, before the memory may
 // be reused, so a registration never outlives the memory it names.
 // Thread-safe.
@@ -131,6 +131,13 @@ class Server {
   // Transports served besides the one at address() (a worker's set of
   // servers, src/client/transport_set.h), with where they listen.
   virtual std::vector<DataEndpoint> endpoints() const { return {}; }
+  // Of bytes_served(), what those other transports sent over their wires
+  // (not copied by same-host readers), by transport name, in the order of
+  // endpoints().
+  virtual std::vector<std::pair<std::string, uint64_t>> bytes_sent_by_others()
+      const {
+    return {};
+  }
 };
 
 // How one read moved its bytes, for metrics and FetchStats.

@@ -765,15 +765,7 @@ class TcpConnection final : public Connection {
       staging_.Sync();  // nothing may still copy after the release
     }
     if (copied.ok()) {
-      // The holder sends nothing until it has our release; anything to
-      // read now means it gave up the lease, and the memory may have been
-      // reused under the copy.
-      if (PeerClosed()) {
-        Abandon();
-        return Unavailable("holder " + peer_ +
-                           " ended the lease before the copy finished");
-      }
-      TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
+      TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
       if (xxh3 != nullptr) *xxh3 = sum;
       last_read_.same_host = true;
       return Status::Ok();
@@ -879,15 +871,7 @@ class TcpConnection final : public Connection {
         static_cast<pid_t>(reply->pid), reply->pieces, dest, kCmaSegmentBytes,
         xxh3 != nullptr ? &hash : nullptr, local_->copy());
     if (copied.ok()) {
-      // The holder sends nothing until it has our release; anything to
-      // read now means it gave up the lease (timeout, Stop) and its memory
-      // may have changed under the copy.
-      if (PeerClosed()) {
-        Abandon();
-        return Unavailable("holder " + peer_ +
-                           " ended the lease before the copy finished");
-      }
-      TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kCopied, deadline));
+      TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
       if (xxh3 != nullptr) *xxh3 = hash.Digest();
       last_read_ = ReadInfo{true, hash.update_ns()};
       return Status::Ok();
@@ -895,6 +879,18 @@ class TcpConnection final : public Connection {
     TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
     local_->Refuse(peer_, copied);
     return TcpRead(req, dest, deadline, xxh3);
+  }
+
+  // After a same-host copy that succeeded. The holder sends nothing until
+  // it has our release; anything to read now means it gave up the lease
+  // (timeout, Stop), and its memory may have been reused under the copy.
+  Status ReleaseCopied(const Deadline& deadline) {
+    if (PeerClosed()) {
+      Abandon();
+      return Unavailable("holder " + peer_ +
+                         " ended the lease before the copy finished");
+    }
+    return SendRelease(wire::ReleaseOutcome::kCopied, deadline);
   }
 
   Status SendRelease(wire::ReleaseOutcome outcome, const Deadline& deadline) {

@@ -1,26 +1,36 @@
 // The UCX data plane (docs/design.md "UCX data plane"). Control on TCP,
-// bytes by UCX one-sided RMA:
+// bytes by UCX tagged messages with rendezvous:
 //
 //  - Every connection starts on TCP with the same shared-secret proof as
-//    the TCP transport (transport/tcp/auth.h); only then does the holder
-//    send its UCX worker address, and the reader connects a UCX endpoint
-//    to it.
+//    the TCP transport (transport/tcp/auth.h); only then does the reader
+//    send its UCX worker address, and the holder connects an endpoint to
+//    it (one worker per connection on each side, used by one thread).
 //  - A read is a ReadRequest on the TCP connection. The holder admits it
-//    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease and
-//    answers with where the range lies in its registered memory and the
-//    remote keys; the reader moves the bytes with ucp_get_nbx straight from
-//    the holder's buffers into its destination, checks the holder still
-//    holds the lease, hashes them, and releases the lease (a Release
-//    frame). Only then does the lease end, so an unpublish's drain waits
-//    for every UCX read in flight.
-//  - Memory is registered (ucp_mem_map + a packed remote key) once per
-//    registration (transport.h Registration), not per read, and unmapped
-//    when the registration is destroyed after its drain: a key a reader
-//    kept is useless afterwards. A source without registrations gets a
-//    registration per read, unmapped when the lease ends.
-//  - Every UCX progress loop is bounded by the call's deadline and wakes
-//    for Cancel(); a read that stops early closes its endpoint and worker
-//    (force), so no byte lands in the destination after Read returned.
+//    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease,
+//    answers with how it splits the range into messages (at most 4 MiB
+//    each), and sends them from its registered memory; the reader receives
+//    them straight into its destination (UCX's rendezvous: the reader pulls
+//    the bytes, by cross-memory attach on one host and RDMA read across
+//    hosts), checks the holder still holds the lease, hashes them, and
+//    releases the lease (a Release frame). The lease ends only when the
+//    release has come and every message was sent, so an unpublish's drain
+//    waits for every UCX read in flight.
+//  - Why not RMA (ucp_get): UCX 1.13 has no zero-copy RMA on one host for
+//    memory it did not allocate itself (cma is not an RMA lane; posix/sysv
+//    only map their own allocations), so gets of published tensors were
+//    emulated with active messages over tcp, a fifth of what rendezvous
+//    over cma moves (docs/benchmarks.md section 14).
+//  - Memory is registered (ucp_mem_map) once per registration
+//    (transport.h Registration), not per read, named in every send, and
+//    unmapped when the registration is destroyed after its drain. A source
+//    without registrations gets a registration per read, unmapped when the
+//    lease ends.
+//  - Every UCX progress loop is bounded by the call's deadline, wakes for
+//    Cancel() and Stop(), and watches the TCP connection: a peer that
+//    closes it or speaks out of turn ends the transfer. A read that stops
+//    early cancels its receives and destroys its worker; a holder that
+//    stops early force-closes its endpoint before the lease ends, so no
+//    byte moves after Read returned or the lease ended.
 //
 // UCX picks the wire itself (UCX_TLS: rc/dc verbs, tcp, posix/sysv shared
 // memory, cma); this transport is the same on all of them.

@@ -209,28 +209,42 @@ INSTANTIATE_TEST_SUITE_P(Transports, TransportContractTest,
                          });
 
 TEST(UcxReplyTest, RoundTripsAndRejectsBadFrames) {
-  ucx::RmaReply r;
-  r.keys = {{7, "abc"}, {9, std::string(100, 'k')}};
-  r.pieces = {{0x1000, 10, 0}, {0x5000, 20, 1}, {0x9000, 5, 0}};
-  std::string b = ucx::EncodeRmaReply(r);
+  const std::vector<uint64_t> plan = {10, 20, 5};
+  std::string b = ucx::EncodePlan(plan);
   auto* p = reinterpret_cast<const uint8_t*>(b.data());
-  Result<ucx::RmaReply> d = ucx::DecodeRmaReply(p, b.size(), 35);
+  Result<std::vector<uint64_t>> d = ucx::DecodePlan(p, b.size(), 35);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_EQ(*d, r);
-  EXPECT_FALSE(ucx::DecodeRmaReply(p, b.size(), 34).ok());  // wrong total
-  EXPECT_FALSE(ucx::DecodeRmaReply(p, b.size() - 1, 35).ok());
+  EXPECT_EQ(*d, plan);
+  EXPECT_FALSE(ucx::DecodePlan(p, b.size(), 34).ok());  // wrong total
+  EXPECT_FALSE(ucx::DecodePlan(p, b.size(), 36).ok());
   for (size_t cut = 0; cut < b.size(); ++cut) {
-    EXPECT_FALSE(ucx::DecodeRmaReply(p, cut, 35).ok()) << cut;
+    EXPECT_FALSE(ucx::DecodePlan(p, cut, 35).ok()) << cut;
   }
-  r.pieces[1].key = 2;  // no such key
-  b = ucx::EncodeRmaReply(r);
-  EXPECT_FALSE(ucx::DecodeRmaReply(reinterpret_cast<const uint8_t*>(b.data()),
-                                   b.size(), 35)
-                   .ok());
+  for (const std::vector<uint64_t>& bad :
+       {std::vector<uint64_t>{}, std::vector<uint64_t>{0, 35},
+        std::vector<uint64_t>{ucx::kMaxMessageBytes + 1}}) {
+    b = ucx::EncodePlan(bad);
+    uint64_t total = 0;
+    for (uint64_t n : bad) total += n;
+    EXPECT_FALSE(ucx::DecodePlan(reinterpret_cast<const uint8_t*>(b.data()),
+                                 b.size(), total)
+                     .ok());
+  }
   std::string h = ucx::EncodeHelloHeader(ucx::kMaxWorkerAddressBytes + 1);
   EXPECT_FALSE(ucx::DecodeHelloHeader(
                    reinterpret_cast<const uint8_t*>(h.data()), h.size())
                    .ok());
+  h = ucx::EncodeHelloHeader(0);
+  EXPECT_FALSE(ucx::DecodeHelloHeader(
+                   reinterpret_cast<const uint8_t*>(h.data()), h.size())
+                   .ok());
+  std::string r = ucx::EncodeReady();
+  EXPECT_TRUE(
+      ucx::DecodeReady(reinterpret_cast<const uint8_t*>(r.data()), r.size())
+          .ok());
+  EXPECT_FALSE(ucx::DecodeReady(reinterpret_cast<const uint8_t*>(h.data()),
+                                h.size())
+                   .ok());  // a hello is not a ready
 }
 
 // A one-part registration of `tensors` random buffers in the worker's real
@@ -403,6 +417,26 @@ TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
   reader.join();
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
   EXPECT_TRUE(conn_->broken());
+}
+
+// The reader goes away after its bytes landed, before its release: the
+// holder, waiting for the release, sees the connection end and ends the
+// lease, so a drain returns (it would hit its deadline otherwise) and the
+// registration is unmapped.
+TEST_F(UcxRegistryTest, AReaderLeavingBeforeItsReleaseEndsTheLease) {
+  const uint64_t before = UcxLiveMappingsForTest();
+  testpoint::Arm("ucx.read_landed", [&](uint64_t) { conn_->Cancel(); });
+  std::vector<uint8_t> out(flat_.size());
+  Status read = ReadInto(out, 0);
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
+  EXPECT_TRUE(conn_->broken());
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok());
+  ASSERT_TRUE(
+      registry_.Drain("m", Version(1), *revoked, Deadline::AfterMs(kGenerousMs))
+          .ok());
+  EXPECT_EQ(registry_.reads_in_flight(), 0u);
+  EXPECT_EQ(UcxLiveMappingsForTest(), before);
 }
 
 }  // namespace
