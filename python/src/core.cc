@@ -400,9 +400,12 @@ class PyHub {
       std::string listen, int64_t lease_ms, std::string secret,
       uint32_t keep_latest, bool oversubscribed_racks, int64_t rebuild_ms,
       std::string metrics_listen, std::string tls_cert, std::string tls_key,
-      std::string tls_client_ca, bool insecure) {
+      std::string tls_client_ca, bool insecure,
+      uint32_t heartbeat_budget_per_s, int64_t max_lease_ms) {
     HubOptions o;
     o.insecure = insecure;
+    o.heartbeat_budget_per_s = heartbeat_budget_per_s;
+    o.max_lease_ms = max_lease_ms;
     o.metrics_listen = std::move(metrics_listen);
     o.keep_latest = keep_latest;
     o.racks_oversubscribed = oversubscribed_racks;
@@ -522,7 +525,8 @@ PYBIND11_MODULE(_core, m) {
                   py::arg("keep_latest"), py::arg("oversubscribed_racks"),
                   py::arg("rebuild_ms"), py::arg("metrics_listen"),
                   py::arg("tls_cert"), py::arg("tls_key"),
-                  py::arg("tls_client_ca"), py::arg("insecure"))
+                  py::arg("tls_client_ca"), py::arg("insecure"),
+                  py::arg("heartbeat_budget_per_s"), py::arg("max_lease_ms"))
       .def_property_readonly("address", &PyHub::address)
       .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)

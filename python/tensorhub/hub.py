@@ -65,6 +65,8 @@ def serve_hub(
     tls_key: Optional[Union[str, os.PathLike]] = None,
     tls_client_ca: Optional[Union[str, os.PathLike]] = None,
     insecure: bool = False,
+    heartbeat_budget: int = 500,
+    max_lease_ms: int = 60000,
 ) -> Hub:
     """Starts a hub in this process and returns once it accepts calls.
 
@@ -83,8 +85,9 @@ def serve_hub(
             it does not know (or knows with no complete holder) as
             UNAVAILABLE, "rebuilding", which fetches retry within their
             timeout, rather than NOT_FOUND: a restarted hub learns versions
-            from the workers' reports within about a lease. None: lease_ms;
-            0: answer from its table at once.
+            from the workers' reports within about a lease. None: the lease
+            the hub currently grants (``lease_ms``, or longer for a large
+            fleet: ``heartbeat_budget``); 0: answer from its table at once.
         metrics_listen: HOST:PORT to serve the hub's Prometheus metrics on
             (GET /metrics; port 0 picks a free port, see
             :attr:`Hub.metrics_address`). None: no endpoint
@@ -94,6 +97,12 @@ def serve_hub(
         tls_client_ca: with them, require every client to present a
             certificate signed by this CA (mutual TLS). See docs/security.md.
 
+        heartbeat_budget: the most heartbeats a second the hub plans for:
+            a fleet that would send more is told a longer heartbeat interval
+            and granted a longer lease (three intervals), up to
+            ``max_lease_ms`` (``tensorhub serve --heartbeat-budget``,
+            docs/design.md "Heartbeats"). 0: every worker gets ``lease_ms``.
+        max_lease_ms: the longest lease the budget may grant.
         insecure: accept a non-loopback ``listen`` with neither ``secret``
             nor TLS (a private test network); the hub then logs what anyone
             who can reach it can do. Without it such a hub refuses to start.
@@ -108,6 +117,11 @@ def serve_hub(
     """
     if not isinstance(insecure, bool):
         raise InvalidArgumentError(f"insecure must be a bool, not {insecure!r}")
+    for name, value, low, top in (("heartbeat_budget", heartbeat_budget, 0, 1_000_000),
+                                  ("max_lease_ms", max_lease_ms, 100, 3_600_000)):
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= top:
+            raise InvalidArgumentError(
+                f"{name} must be an integer in [{low}, {top}], not {value!r}")
     if not isinstance(keep_latest, int) or not 0 <= keep_latest <= 1024:
         raise InvalidArgumentError(f"keep_latest must be an integer in [0, 1024], not {keep_latest!r}")
     if not isinstance(oversubscribed_racks, bool):
@@ -138,5 +152,7 @@ def serve_hub(
             tls_key=_path(tls_key, "tls_key"),
             tls_client_ca=_path(tls_client_ca, "tls_client_ca"),
             insecure=insecure,
+            heartbeat_budget_per_s=heartbeat_budget,
+            max_lease_ms=max_lease_ms,
         )
     )

@@ -1,5 +1,5 @@
-"""serve_hub's options beyond the address: oversubscribed_racks and the
-rebuild window after a start (rebuild_ms)."""
+"""serve_hub's options beyond the address: oversubscribed_racks, the
+heartbeat budget and the rebuild window after a start (rebuild_ms)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,23 @@ def test_oversubscribed_racks_reaches_the_hub(capfd):
     assert hub2.address in lines[1]
 
 
+def test_heartbeat_budget_reaches_the_hub(capfd):
+    tensorhub.set_log_level("info")
+    try:
+        with tensorhub.serve_hub(heartbeat_budget=7, max_lease_ms=9000, rebuild_ms=0) as hub:
+            pass
+        with tensorhub.serve_hub(heartbeat_budget=0, rebuild_ms=0) as hub2:
+            pass
+    finally:
+        tensorhub.set_log_level("warn")
+    lines = [line for line in capfd.readouterr().err.splitlines() if "hub listening on" in line]
+    assert len(lines) == 2, lines
+    assert hub.address in lines[0]
+    assert "longer up to 9000 ms to keep heartbeats under 7/s" in lines[0], lines[0]
+    assert hub2.address in lines[1]
+    assert "heartbeats under" not in lines[1], lines[1]
+
+
 def test_oversubscribed_hub_moves_bytes_between_racks():
     with tensorhub.serve_hub(oversubscribed_racks=True, rebuild_ms=0) as hub:
         trainer = tensorhub.connect(hub.address, labels={"datacenter": "d", "rack": "a"})
@@ -54,6 +71,10 @@ def test_bad_serve_hub_options():
         tensorhub.serve_hub(rebuild_ms=-5)
     with pytest.raises(tensorhub.InvalidArgumentError, match="rebuild_ms"):
         tensorhub.serve_hub(rebuild_ms=1.5)  # type: ignore[arg-type]
+    with pytest.raises(tensorhub.InvalidArgumentError, match="heartbeat_budget"):
+        tensorhub.serve_hub(heartbeat_budget=-1)
+    with pytest.raises(tensorhub.InvalidArgumentError, match="max_lease_ms"):
+        tensorhub.serve_hub(max_lease_ms=50)
 
 
 def test_unknown_model_is_unavailable_while_the_hub_rebuilds():
