@@ -3,12 +3,17 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <list>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "common/checksum.h"
@@ -31,11 +36,49 @@ Status UcsError(ucs_status_t s, const std::string& what) {
   return Unavailable(what + ": " + ucs_status_string(s));
 }
 
+// UCX's own log. UCX prints its warnings and errors to stdout unless
+// UCX_LOG_FILE names another place, where they mix with what the program
+// that hosts a worker prints there (a CLI's result, the line protocol of
+// the test and chaos workers): they go to TensorHub's log instead (stderr,
+// at TENSORHUB_LOG's level), unless the user set UCX_LOG_FILE.
+//
+// A connection first asks for an endpoint that reports a dead peer, and on
+// a wire that cannot (shared memory in UCX 1.13) asks again without:
+// UCX reports the first refusal as an ERROR, which is expected there, so
+// what it logs during that probe is debug.
+thread_local bool t_probing_peer_errors = false;
+
+ucs_log_func_rc_t LogUcxMessage(const char* file, unsigned line,
+                                const char* /*function*/, ucs_log_level_t level,
+                                const ucs_log_component_config_t* /*comp*/,
+                                const char* format, va_list ap) {
+  if (level == UCS_LOG_LEVEL_FATAL) return UCS_LOG_FUNC_RC_CONTINUE;
+  LogLevel ours = level <= UCS_LOG_LEVEL_ERROR  ? LogLevel::kError
+                  : level == UCS_LOG_LEVEL_WARN ? LogLevel::kWarn
+                  : level <= UCS_LOG_LEVEL_INFO ? LogLevel::kInfo
+                                                : LogLevel::kDebug;
+  if (t_probing_peer_errors) ours = LogLevel::kDebug;
+  if (!LogEnabled(ours)) return UCS_LOG_FUNC_RC_STOP;
+  char text[1024];
+  std::vsnprintf(text, sizeof(text), format, ap);
+  LogLine(ours, file, static_cast<int>(line)).stream() << "UCX: " << text;
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void RouteUcxLogOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* file = std::getenv("UCX_LOG_FILE");
+    if (file == nullptr || *file == '\0') ucs_log_push_handler(LogUcxMessage);
+  });
+}
+
 // The UCX context: one per transport, shared by its server and connections
 // (and by the registrations they made, which must be unmapped in it).
 class Context {
  public:
   static Result<std::shared_ptr<Context>> Create() {
+    RouteUcxLogOnce();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return UcsError(s, "reading the UCX configuration");
@@ -525,7 +568,9 @@ class UcxConnection final : public Connection {
   // deadline); the wires that cannot (shared memory in UCX 1.13) are used
   // without it, their reads then bounded by the deadline alone.
   Status Open(const std::string& remote_address) {
+    t_probing_peer_errors = true;
     ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
+    t_probing_peer_errors = false;
     if (s == UCS_ERR_UNREACHABLE) {
       s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
     }
