@@ -40,7 +40,9 @@
 //     rebuilds its table from the workers);
 //   * no call outlived its deadline: each worker measures its own calls, and a
 //     call may exceed its timeout only by a fixed slack plus the time its own
-//     process was stopped; a call that never answers is a violation.
+//     process was stopped; a call that never answers is a violation;
+//   * no worker ended without being killed (a crash, or a library such as
+//     UCX aborting the process).
 // The schedule (which fault, when, on whom, how long) is drawn from the seed
 // before each round, so a failing seed replays the same schedule (thread
 // timing on a loaded machine still varies).
@@ -55,6 +57,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -477,12 +480,31 @@ class Chaos {
     return p;
   }
 
+  // Whether `p`'s process ended without the driver killing it: gone, or a
+  // zombie (not reaped here: Subprocess::Stop does that).
+  static bool DiedOnItsOwn(const Proc& p) {
+    if (!p.sub || p.killed.load()) return false;
+    std::ifstream stat("/proc/" + std::to_string(p.sub->pid()) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    // pid (comm) STATE ...: comm may hold spaces and parentheses.
+    const size_t close = line.rfind(')');
+    return close == std::string::npos || close + 2 >= line.size() ||
+           line[close + 2] == 'Z' || line[close + 2] == 'X';
+  }
+
   // Sends one command and waits for its reply; checks the call's time.
   Reply_ Call(Proc& p, const std::string& cmd, int64_t timeout_ms) {
     Reply_ r;
     if (!p.sub || p.killed.load()) return r;
     int64_t stopped0 = p.stopped_ms.load();
-    if (!p.sub->Send(cmd).ok()) return r;
+    if (!p.sub->Send(cmd).ok()) {
+      if (!p.killed.load()) {
+        Violation(p.name + " is gone, not killed by the driver (a crash: " +
+                  "its stderr says why); '" + cmd + "' not sent");
+      }
+      return r;
+    }
     // The driver's own bound: the worker's deadline, the slack, and the
     // longest its process can be stopped by one fault, twice.
     auto line = p.sub->ReadLine(
@@ -817,6 +839,27 @@ class Chaos {
                           std::to_string(kUnpublishTimeoutMs),
                       kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
+    }
+    // A worker that ended without being killed crashed: a violation (a
+    // library aborting the process counts), then replaced like the killed.
+    for (Proc* p : std::vector<Proc*>{trainer_.get(), auditor_.get()}) {
+      if (DiedOnItsOwn(*p)) {
+        Violation(p->name + " died without being killed (a crash: its " +
+                  "stderr says why)");
+        p->killed.store(true);
+      }
+    }
+    for (auto& r : readers_) {
+      if (DiedOnItsOwn(*r)) {
+        Violation(r->name +
+                  " died without being killed (a crash: its stderr says why)");
+        r->killed.store(true);
+      }
+    }
+    if (auditor_->killed.load()) {
+      auditor_->sub->Stop(1000);
+      Untrack(auditor_->sub->pid());
+      auditor_ = Spawn(true, "auditor");
     }
     // Replace what was killed (a fresh process holds nothing).
     if (trainer_->killed.load()) {
