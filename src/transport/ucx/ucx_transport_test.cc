@@ -782,6 +782,71 @@ TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
 }
 
+// A reader stopped mid-read for longer than the holder waits for its
+// release (local_release_timeout_ms): the holder drops it and ends the
+// lease, so an unpublish's drain completes instead of waiting for it, the
+// registration is unmapped, and the reader, once it runs again, fails the
+// read (its bytes may come from memory the owner now reuses) instead of
+// returning them; a read after the unpublish is refused.
+TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
+  const uint64_t before_server = UcxLiveMappingsForTest();
+  conn_.reset();
+  server_->Stop();
+  ServerOptions o;
+  o.local_release_timeout_ms = 500;
+  Result<std::unique_ptr<Server>> s =
+      transport_->Listen("127.0.0.1:0", &registry_, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  server_ = std::move(s).value();
+  Result<std::unique_ptr<Connection>> c =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  conn_ = std::move(c).value();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool landed = false, go = false;
+  testpoint::Arm("ucx.read_landed", [&](uint64_t) {
+    std::unique_lock<std::mutex> l(mu);
+    landed = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  });
+  std::vector<uint8_t> out(flat_.size());
+  Status read;
+  std::thread reader([&] { read = ReadInto(out, 0); });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                            [&] { return landed; }));
+  }
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok());
+  // The reader stays stopped; the drain ends once the holder gave up on it
+  // (its release timeout), well within this deadline.
+  Status drained = registry_.Drain("m", Version(1), *revoked,
+                                   Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_EQ(registry_.reads_in_flight(), 0u);
+  EXPECT_EQ(UcxLiveMappingsForTest(), before_server);  // unmapped
+  {
+    std::lock_guard<std::mutex> l(mu);
+    go = true;
+    cv.notify_all();
+  }
+  reader.join();
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
+  EXPECT_TRUE(conn_->broken());
+  testpoint::Disarm("ucx.read_landed");
+  Result<std::unique_ptr<Connection>> late =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  std::vector<uint8_t> small(100);
+  iovec v{small.data(), small.size()};
+  Status refused = (*late)->Read(RegReq(0, small.size()), {&v, 1},
+                                 Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(refused.code(), StatusCode::kNotFound) << refused.ToString();
+}
+
 // The holder gives the lease up (it stops) while the reader's bytes are in
 // but not released: the reader must discard them.
 TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
