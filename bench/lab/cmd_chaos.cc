@@ -330,8 +330,10 @@ class Chaos {
         rng_(seed) {
     env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
     // UCX first, TCP as every worker's fallback: a worker whose UCX could
-    // not start serves TCP only, which CheckFetched reports.
-    if (transport_ == "ucx") env_.push_back("TENSORHUB_TRANSPORTS=ucx,tcp");
+    // not start serves TCP only, which CheckFetched reports. Set either way:
+    // the caller's own TENSORHUB_TRANSPORTS does not leak into a tcp run.
+    env_.push_back(transport_ == "ucx" ? "TENSORHUB_TRANSPORTS=ucx,tcp"
+                                       : "TENSORHUB_TRANSPORTS=tcp");
   }
 
   int Run() {
