@@ -6,9 +6,9 @@
 # byte-exact.
 #  1. Each UCX wire between two hosts. The hosts are network namespaces
 #     of one kernel: they share /dev/shm, the SysV IPC namespace and the pid
-#     namespace, so UCX 1.13 counts its shared-memory and cma wires as
-#     reachable across them (it checks the boot id and the IPC and pid
-#     namespaces, not the network one).
+#     namespace, and UCX 1.13 counts its shared-memory and cma wires as
+#     reachable across them (the network namespace is not part of its
+#     check).
 #      - UCX_TLS=tcp: the fetch must be exact, over ucx.
 #      - UCX_TLS=sm,self (POSIX/SysV shared memory for UCX's messages, cma
 #        for the bytes): UCX wakes an idle peer's shared-memory interface
