@@ -9,6 +9,12 @@
 #                rounds, so that CI replays the same fault schedule; set a
 #                new seed to explore, and replay a failure with its seed)
 #   CHAOS_HA_ROUNDS=R  rounds of the HA chaos run (--ha 3; default 10)
+#   CHAOS_UCX_ROUNDS=R rounds of the chaos run over UCX (UCX_TLS=sm,self;
+#                default 10; 0 skips it). CHAOS_UCX_TLS=tcp (or a list
+#                "sm,self tcp") runs it over other wires: over tcp, UCX 1.13
+#                can abort a holder whose reader died mid-read, rarely and
+#                under load (docs/benchmarks.md section 9), which the run
+#                reports as a violation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -55,11 +61,22 @@ step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes
 build/bench/lab/tensorhub-lab chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
 step "chaos with an HA hub set: 3 hubs on a loopback etcd, leader killed, stopped, restarted"
 build/bench/lab/tensorhub-lab chaos --ha 3 --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_HA_ROUNDS:-10}"
+if [ "${CHAOS_UCX_ROUNDS:-10}" != "0" ] && grep -q '^TH_UCX:BOOL=ON' build/CMakeCache.txt; then
+  for tls in ${CHAOS_UCX_TLS:-sm,self}; do
+    step "chaos over the UCX data plane (UCX_TLS=$tls)"
+    UCX_TLS=$tls build/bench/lab/tensorhub-lab chaos --transport ucx --seed "${CHAOS_SEED:-20261122}" \
+      --rounds "${CHAOS_UCX_ROUNDS:-10}"
+  done
+fi
 
 step "multi-host test bed smoke test (network namespaces, tc tbf, MPI)"
 bash tests/testbed/testbed_smoke.sh
 step "failure masking on the test bed (a holder cut off / slowed mid-fetch)"
 bash tests/testbed/failover_smoke.sh
+if grep -q '^TH_UCX:BOOL=ON' build/CMakeCache.txt; then
+  step "UCX between test-bed hosts: each wire across network namespaces; link cut, slowed, holder stopped, killed"
+  bash tests/testbed/ucx_smoke.sh
+fi
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
 step "the CLI as a full reader on the test bed (CLI fetches pipeline; loopback mistakes named)"

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "subprocess.h"
 #include "tensorhub/client.h"
 #include "test_roles.h"
+#include "transport/ucx/ucx_transport.h"
 
 namespace tensorhub::testing {
 namespace {
@@ -204,27 +206,50 @@ TEST(MultiProcess, KilledHolderLosesItsReferencesAfterItsLease) {
 // kPauseAfterChunks chunks are verified (fetchx); the test injects the fault
 // and only then lets it go on, so the fault lands mid-transfer on a fast
 // idle machine and on a slow loaded one alike.
+//
+// The data-plane faults run over each transport (the test's parameter):
+// tcp, and ucx, where every worker serves and reads UCX over the wires of
+// the UCX_TLS it inherits. ctest runs the ucx ones once with UCX_TLS=tcp
+// (UCX reports a dead peer) and once with UCX_TLS=sm,self (shared memory
+// and cma: it cannot, and only deadlines and work stealing end a read from
+// a dead or stopped holder); tests/CMakeLists.txt.
 
 // 64 chunks of 4 MiB.
 constexpr uint64_t kFaultBytes = 256ull << 20;
 constexpr uint64_t kFaultChunks = kFaultBytes / (4ull << 20);
 
+// A worker process (a --role=... of this binary) serving and reading over
+// `transport`; `env` is added to its environment.
+Subprocess SpawnOver(const std::string& transport,
+                     const std::vector<std::string>& args,
+                     std::vector<std::string> env = {}) {
+  env.push_back("TENSORHUB_LOG=warn");
+  if (transport == "ucx") env.push_back("TENSORHUB_TRANSPORTS=ucx,tcp");
+  auto p = Subprocess::Spawn(args, env);
+  if (!p.ok()) {
+    ADD_FAILURE() << p.status().ToString();
+    std::abort();  // nothing to test without it
+  }
+  return std::move(p).value();
+}
+
 struct TwoHolders {
-  explicit TwoHolders(int lease_ms) : port(FreePort()) {
+  TwoHolders(int lease_ms, const std::string& transport) : port(FreePort()) {
     addr = "127.0.0.1:" + std::to_string(port);
     hub.emplace(StartHub(port, lease_ms));
     std::string bytes = std::to_string(kFaultBytes);
-    trainer.emplace(
-        MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes}));
-    first.emplace(MustSpawn(
-        {"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "first"}));
+    trainer.emplace(SpawnOver(
+        transport, {"--role=trainer", "--hub", addr, "--bytes", bytes}));
+    first.emplace(SpawnOver(transport, {"--role=reader", "--hub", addr,
+                                        "--bytes", bytes, "--name", "first"}));
     // Over TCP, as between hosts: a same-host reader would copy straight
     // from the holder's memory, which a stopped holder does not prevent.
-    auto r = Subprocess::Spawn(
+    // (UCX's cma wire does the same: the holder still admits and releases
+    // each read on its TCP control connection, which a stop holds up.)
+    reader.emplace(SpawnOver(
+        transport,
         {"--role=reader", "--hub", addr, "--bytes", bytes, "--name", "r"},
-        {"TENSORHUB_LOG=warn", "TENSORHUB_NO_CMA=1"});
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    reader.emplace(std::move(r).value());
+        {"TENSORHUB_NO_CMA=1"}));
     std::string pub = Ask(*trainer, "publish 1");
     EXPECT_EQ(Word(pub, 0), "published") << pub;
     digest = Word(pub, 2);
@@ -236,8 +261,22 @@ struct TwoHolders {
   std::optional<Subprocess> hub, trainer, first, reader;
 };
 
-TEST(FailureModes, HolderKilledMidTransferIsMaskedByTheOtherHolder) {
-  TwoHolders t(/*lease_ms=*/10000);
+class TransportFailureModes : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "ucx" && !transport::UcxAvailable()) {
+      GTEST_SKIP() << "built without TH_UCX";
+    }
+  }
+  // The reader's chunks came over the transport under test, and nothing
+  // else: a worker whose UCX did not start would serve TCP only.
+  void ExpectOverTheTransport(const std::string& fetched) {
+    EXPECT_EQ(Word(fetched, 8), GetParam()) << fetched;
+  }
+};
+
+TEST_P(TransportFailureModes, HolderKilledMidTransferIsMaskedByTheOtherHolder) {
+  TwoHolders t(/*lease_ms=*/10000, GetParam());
   // SIGKILL of the trainer mid-transfer: the hub still lists it (its lease
   // runs 10 s), so only the reader's own failover can save the fetch.
   FetchUntilPaused(*t.reader, "1", 60000);
@@ -250,11 +289,13 @@ TEST(FailureModes, HolderKilledMidTransferIsMaskedByTheOtherHolder) {
   EXPECT_GE(std::stoull(Word(got, 6)), kPauseAfterChunks) << got;
   EXPECT_LT(std::stoull(Word(got, 6)), kFaultChunks) << got;
   EXPECT_GT(std::stoll(Word(got, 3)), 0) << "no read failed over: " << got;
-  std::printf("killed holder: %s\n", got.c_str());
+  ExpectOverTheTransport(got);
+  std::printf("killed holder (%s): %s\n", GetParam().c_str(), got.c_str());
 }
 
-TEST(FailureModes, HolderStoppedMidTransferLosesItsChunksToTheOtherHolder) {
-  TwoHolders t(/*lease_ms=*/10000);
+TEST_P(TransportFailureModes,
+       HolderStoppedMidTransferLosesItsChunksToTheOtherHolder) {
+  TwoHolders t(/*lease_ms=*/10000, GetParam());
   // SIGSTOP: a holder that stops answering while its sockets stay open (cut
   // off, or as slow as can be). Its reads would wait for the 30 s read
   // timeout, past the fetch's 20 s deadline; work stealing moves them to
@@ -276,18 +317,20 @@ TEST(FailureModes, HolderStoppedMidTransferLosesItsChunksToTheOtherHolder) {
   // That the read timeout (30 s) did not do it follows from success within
   // the fetch's 20 s deadline.
   EXPECT_GE(std::stoll(Word(got, 3)), 1) << "no read was moved away: " << got;
-  std::printf("stopped holder: %s\n", got.c_str());
+  ExpectOverTheTransport(got);
+  std::printf("stopped holder (%s): %s\n", GetParam().c_str(), got.c_str());
 }
 
-TEST(FailureModes, OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
+TEST_P(TransportFailureModes,
+       OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
   int port = FreePort();
   std::string addr = "127.0.0.1:" + std::to_string(port);
   Subprocess hub = StartHub(port, /*lease_ms=*/10000);
   std::string bytes = std::to_string(kFaultBytes);
-  Subprocess trainer =
-      MustSpawn({"--role=trainer", "--hub", addr, "--bytes", bytes});
+  Subprocess trainer = SpawnOver(
+      GetParam(), {"--role=trainer", "--hub", addr, "--bytes", bytes});
   Subprocess reader =
-      MustSpawn({"--role=reader", "--hub", addr, "--bytes", bytes});
+      SpawnOver(GetParam(), {"--role=reader", "--hub", addr, "--bytes", bytes});
   ASSERT_EQ(Word(Ask(trainer, "publish 1"), 0), "published");
   // The hub still lists the stopped holder (lease 10 s): it is there but
   // unreachable, and the fetch must say so by its deadline.
@@ -299,15 +342,17 @@ TEST(FailureModes, OnlyHolderStoppedFetchFailsUnavailableWithinItsDeadline) {
   EXPECT_LT(std::stoll(Word(got, 1)), 3000 + kDeadlineSlackMs) << got;
 }
 
-TEST(FailureModes, ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
-  TwoHolders t(/*lease_ms=*/2000);
+TEST_P(TransportFailureModes,
+       ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
+  TwoHolders t(/*lease_ms=*/2000, GetParam());
   // The reader is killed mid-fetch: its reads in flight and its place in
   // the hub's schedule must not hold anybody up.
   std::string bytes = std::to_string(kFaultBytes);
   FetchUntilPaused(*t.reader, "1", 60000);
   ::kill(t.reader->pid(), SIGKILL);
   t.reader->Stop(1000);
-  Subprocess other = MustSpawn(
+  Subprocess other = SpawnOver(
+      GetParam(),
       {"--role=reader", "--hub", t.addr, "--bytes", bytes, "--name", "other"});
   EXPECT_EQ(Ask(other, "fetch 1", 60000), "fetched 1 " + t.digest);
   // Unpublish drains reads in flight; the dead reader's are over. (A drain
@@ -316,6 +361,12 @@ TEST(FailureModes, ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
   // The first reader fetches again, now that the trainer is gone.
   EXPECT_EQ(Ask(*t.first, "fetch 1", 60000), "fetched 1 " + t.digest);
 }
+
+INSTANTIATE_TEST_SUITE_P(Over, TransportFailureModes,
+                         ::testing::Values("tcp", "ucx"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           return i.param;
+                         });
 
 TEST(FailureModes, TrainerKilledBeforeCommitAbortsTheVersion) {
   int port = FreePort();

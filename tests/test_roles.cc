@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "cli_util.h"
@@ -99,6 +100,15 @@ int RunTrainer(const RoleFlags& f) {
   return 0;
 }
 
+// "ucx", "tcp,ucx", ...: the transports a fetch's chunks came over.
+std::string Transports(const FetchStats& st) {
+  std::set<std::string> names;
+  for (const FetchSourceStats& s : st.sources) names.insert(s.transport);
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ",") + n;
+  return out.empty() ? "-" : out;
+}
+
 int RunReader(const RoleFlags& f) {
   const std::string& name = f.name;
   SetLogPrefix(name.c_str());
@@ -168,7 +178,7 @@ int RunReader(const RoleFlags& f) {
                         std::to_string(st->chunk_retries) + " " +
                         std::to_string(st->chunks_stolen) + " " + ms + " " +
                         std::to_string(paused_at) + " " +
-                        std::to_string(st->sources_used)
+                        std::to_string(st->sources_used) + " " + Transports(*st)
                   : "failed " + ms + " " + st.status().ToString());
   }
   return 0;

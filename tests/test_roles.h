@@ -12,7 +12,8 @@
 //            stops pulling once that many chunks are verified, prints
 //            "paused N" and waits for the line "go" (the test injects its
 //            fault meanwhile) ->
-//            "fetched V DIGEST RETRIES STOLEN MS PAUSED_AT SOURCES"
+//            "fetched V DIGEST RETRIES STOLEN MS PAUSED_AT SOURCES TRANSPORTS"
+//            (TRANSPORTS: what the chunks came over, e.g. "ucx", "tcp,ucx")
 //            or "failed MS CODE: message"
 //            "fetchwait V|latest TIMEOUT_MS": prints "waiting" the first time
 //            the hub answers a retryable UNAVAILABLE, then

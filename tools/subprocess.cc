@@ -10,8 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -50,8 +52,18 @@ Result<Subprocess> Subprocess::Spawn(const std::vector<std::string>& args,
   std::vector<char*> argv;
   for (std::string& s : argv_s) argv.push_back(s.data());
   argv.push_back(nullptr);
+  // `env` replaces what this process has under the same names (getenv
+  // would find the first of two).
+  auto name_of = [](std::string_view kv) { return kv.substr(0, kv.find('=')); };
   std::vector<std::string> env_s;
-  for (char** e = environ; *e != nullptr; ++e) env_s.push_back(*e);
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view name = name_of(*e);
+    if (std::none_of(env.begin(), env.end(), [&](const std::string& kv) {
+          return name_of(kv) == name;
+        })) {
+      env_s.push_back(*e);
+    }
+  }
   env_s.insert(env_s.end(), env.begin(), env.end());
   std::vector<char*> envp;
   for (std::string& s : env_s) envp.push_back(s.data());

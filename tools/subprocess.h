@@ -16,7 +16,8 @@ namespace tensorhub::cli {
 class Subprocess {
  public:
   // Runs this binary with `args` (argv[1..]); extra "KEY=VALUE" pairs are
-  // added to the environment. A non-empty `wrapper` is run instead, with
+  // added to the environment (replacing this process's values of the same
+  // names). A non-empty `wrapper` is run instead, with
   // this binary's path and `args` appended (e.g. {"ip", "netns", "exec",
   // "th-h3"} runs it inside a network namespace).
   static Result<Subprocess> Spawn(const std::vector<std::string>& args,

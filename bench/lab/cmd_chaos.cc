@@ -40,7 +40,9 @@
 //     rebuilds its table from the workers);
 //   * no call outlived its deadline: each worker measures its own calls, and a
 //     call may exceed its timeout only by a fixed slack plus the time its own
-//     process was stopped; a call that never answers is a violation.
+//     process was stopped; a call that never answers is a violation;
+//   * no worker ended without being killed (a crash, or a library such as
+//     UCX aborting the process).
 // The schedule (which fault, when, on whom, how long) is drawn from the seed
 // before each round, so a failing seed replays the same schedule (thread
 // timing on a loaded machine still varies).
@@ -54,6 +56,8 @@
 #include <cinttypes>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -62,6 +66,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <string>
 #include <thread>
 
 #include "cli_util.h"
@@ -139,6 +144,13 @@ uint64_t ContentKey(uint64_t seed, uint64_t v) {
   return seed * 0x9E3779B97F4A7C15ull + v;
 }
 
+// A decimal that std::stoll and std::stoull take whole.
+bool IsNumber(const std::string& w) {
+  return !w.empty() && w.size() <= 18 &&
+         std::all_of(w.begin(), w.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::vector<std::string> Words(const std::string& line) {
   std::istringstream in(line);
   std::vector<std::string> w;
@@ -147,17 +159,34 @@ std::vector<std::string> Words(const std::string& line) {
 }
 
 // ---------------------------------------------------------------------------
-// The worker process. Every reply starts with its word and the call's time:
-//   publish V RANK GROUP TIMEOUT_MS      -> ok MS DIGEST | error MS CODE:
-//   message unpublish V TIMEOUT_MS               -> ok MS | error MS ... fetch
-//   V|latest TIMEOUT_MS SERVE [PAUSE_AFTER]
-//                                        -> fetched MS V DIGEST RETRIES STOLEN
-//                                        SOURCES
-//                                           | error MS ...
-//                                        With PAUSE_AFTER > 0, first "paused N"
-//                                        once N >= PAUSE_AFTER chunks are in;
-//                                        the fetch goes on at the line "go".
-//   describe V                           -> state MS NAME | error MS ...
+// The worker process. Every reply starts with its word and the call's time.
+//
+//   publish V RANK GROUP TIMEOUT_MS
+//       -> ok MS DIGEST | error MS CODE: message
+//   unpublish V TIMEOUT_MS
+//       -> ok MS | error MS ...
+//   fetch V|latest TIMEOUT_MS SERVE [PAUSE_AFTER]
+//       -> fetched MS V DIGEST RETRIES STOLEN SOURCES TRANSPORTS
+//          | error MS ...
+//       TRANSPORTS: the data-plane transports the chunks came over, sorted,
+//       comma-separated ("tcp", "ucx", "tcp,ucx"). With PAUSE_AFTER > 0,
+//       first "paused N" once N >= PAUSE_AFTER chunks are in; the fetch
+//       goes on at the line "go".
+//   describe V
+//       -> state MS NAME | error MS ...
+//
+// The worker serves and reads the transports of $TENSORHUB_TRANSPORTS
+// (ClientOptions::transports; tcp when unset), over UCX's wires of $UCX_TLS.
+
+// "ucx", "tcp,ucx", ...: the transports a fetch's chunks came over.
+std::string SourceTransports(const FetchStats& st) {
+  std::set<std::string> names;
+  for (const FetchSourceStats& s : st.sources) names.insert(s.transport);
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ",") + n;
+  return out.empty() ? "-" : out;
+}
+
 struct ChaosWorkerFlags {
   std::string hub;
   std::string name = "worker";
@@ -228,13 +257,14 @@ int RunChaosWorker(const ChaosWorkerFlags& f) {
       }
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
       pause.reset();
-      st.ok() ? Reply("fetched " + ms() + " " +
-                      std::to_string(st->version.value()) + " " +
-                      Hex(model.Digest()) + " " +
-                      std::to_string(st->chunk_retries) + " " +
-                      std::to_string(st->chunks_stolen) + " " +
-                      std::to_string(st->sources_used))
-              : error(st.status());
+      st.ok()
+          ? Reply(
+                "fetched " + ms() + " " + std::to_string(st->version.value()) +
+                " " + Hex(model.Digest()) + " " +
+                std::to_string(st->chunk_retries) + " " +
+                std::to_string(st->chunks_stolen) + " " +
+                std::to_string(st->sources_used) + " " + SourceTransports(*st))
+          : error(st.status());
     } else if (w[0] == "describe" && w.size() == 2) {
       auto info = (*client)->Describe(kModel, Version(std::stoull(w[1])));
       info.ok() ? Reply("state " + ms() + " " +
@@ -287,15 +317,23 @@ struct Reply_ {
 class Chaos {
  public:
   // ha: the number of hubs of an HA set on etcd, or 0 for one hub.
+  // transport: the data plane every worker serves and reads, "tcp" or "ucx"
+  // (then over UCX's wires of $UCX_TLS, which the workers inherit).
   Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose,
-        int ha)
+        int ha, std::string transport)
       : seed_(seed),
         rounds_(rounds),
         num_readers_(readers),
         bytes_(bytes),
         ha_(ha),
+        transport_(std::move(transport)),
         rng_(seed) {
     env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
+    // UCX first, TCP as every worker's fallback: a worker whose UCX could
+    // not start serves TCP only, which CheckFetched reports. Set either way:
+    // the caller's own TENSORHUB_TRANSPORTS does not leak into a tcp run.
+    env_.push_back(transport_ == "ucx" ? "TENSORHUB_TRANSPORTS=ucx,tcp"
+                                       : "TENSORHUB_TRANSPORTS=tcp");
   }
 
   int Run() {
@@ -444,12 +482,31 @@ class Chaos {
     return p;
   }
 
+  // Whether `p`'s process ended without the driver killing it: gone, or a
+  // zombie (not reaped here: Subprocess::Stop does that).
+  static bool DiedOnItsOwn(const Proc& p) {
+    if (!p.sub || p.killed.load()) return false;
+    std::ifstream stat("/proc/" + std::to_string(p.sub->pid()) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return true;
+    // pid (comm) STATE ...: comm may hold spaces and parentheses.
+    const size_t close = line.rfind(')');
+    return close == std::string::npos || close + 2 >= line.size() ||
+           line[close + 2] == 'Z' || line[close + 2] == 'X';
+  }
+
   // Sends one command and waits for its reply; checks the call's time.
   Reply_ Call(Proc& p, const std::string& cmd, int64_t timeout_ms) {
     Reply_ r;
     if (!p.sub || p.killed.load()) return r;
     int64_t stopped0 = p.stopped_ms.load();
-    if (!p.sub->Send(cmd).ok()) return r;
+    if (!p.sub->Send(cmd).ok()) {
+      if (!p.killed.load()) {
+        Violation(p.name + " is gone, not killed by the driver (a crash: " +
+                  "its stderr says why); '" + cmd + "' not sent");
+      }
+      return r;
+    }
     // The driver's own bound: the worker's deadline, the slack, and the
     // longest its process can be stopped by one fault, twice.
     auto line = p.sub->ReadLine(
@@ -463,7 +520,11 @@ class Chaos {
     }
     r.answered = true;
     r.words = Words(*line);
-    if (r.words.size() < 2) {
+    // Anything else on the worker's stdout (a library printing there) is a
+    // violation, not a crash of the driver.
+    if (r.words.size() < 2 || !IsNumber(r.words[1]) ||
+        (r.words[0] == "fetched" &&
+         (r.words.size() < 4 || !IsNumber(r.words[2])))) {
       Violation(p.name + ": bad reply '" + *line + "' to '" + cmd + "'");
       r.answered = false;
       return r;
@@ -511,6 +572,13 @@ class Chaos {
     if (aborted_.count(v)) {
       Violation(p.name + " fetched version " + std::to_string(v) +
                 " whose trainer died before commit");
+    }
+    // Every worker serves the run's transport: a chunk that came over
+    // another one means a worker did not, and the run tests less than it
+    // says.
+    if (r.words.size() > 7 && r.words[7] != "-" && r.words[7] != transport_) {
+      Violation(p.name + " fetched version " + std::to_string(v) + " over " +
+                r.words[7] + " in a " + transport_ + " run");
     }
     return v;
   }
@@ -774,6 +842,27 @@ class Chaos {
                       kUnpublishTimeoutMs);
       Count(r, &unpublish_ok_, &unpublish_failed_);
     }
+    // A worker that ended without being killed crashed: a violation (a
+    // library aborting the process counts), then replaced like the killed.
+    for (Proc* p : std::vector<Proc*>{trainer_.get(), auditor_.get()}) {
+      if (DiedOnItsOwn(*p)) {
+        Violation(p->name + " died without being killed (a crash: its " +
+                  "stderr says why)");
+        p->killed.store(true);
+      }
+    }
+    for (auto& r : readers_) {
+      if (DiedOnItsOwn(*r)) {
+        Violation(r->name +
+                  " died without being killed (a crash: its stderr says why)");
+        r->killed.store(true);
+      }
+    }
+    if (auditor_->killed.load()) {
+      auditor_->sub->Stop(1000);
+      Untrack(auditor_->sub->pid());
+      auditor_ = Spawn(true, "auditor");
+    }
     // Replace what was killed (a fresh process holds nothing).
     if (trainer_->killed.load()) {
       trainer_->sub->Stop(1000);
@@ -882,15 +971,23 @@ class Chaos {
     }
   }
 
+  // "tcp", or "ucx (UCX_TLS=...)".
+  std::string DataPlaneName() const {
+    if (transport_ != "ucx") return transport_;
+    const char* tls = std::getenv("UCX_TLS");
+    return "ucx (UCX_TLS=" + std::string(tls != nullptr ? tls : "all") + ")";
+  }
+
   void PrintSummary(double seconds) {
     std::printf(
         "chaos: seed %" PRIu64
-        ", %d rounds, %d readers, %s per version, %s, %.0f s\n",
+        ", %d rounds, %d readers, %s per version, %s, data plane %s, %.0f "
+        "s\n",
         seed_, rounds_, num_readers_, FormatBytes(bytes_).c_str(),
         ha_ > 0
             ? ("an HA set of " + std::to_string(ha_) + " hubs on etcd").c_str()
             : "one hub",
-        seconds);
+        DataPlaneName().c_str(), seconds);
     std::printf("chaos: faults %d:", TotalFaults());
     for (int f = 0; f < (ha_ > 0 ? kNumFaults : kHubFailover); ++f)
       std::printf(" %s %d", kFaultNames[f], faults_[f].load());
@@ -921,6 +1018,7 @@ class Chaos {
   const int num_readers_;
   const uint64_t bytes_;
   const int ha_;
+  const std::string transport_;
   std::mt19937_64 rng_;
   std::vector<std::string> env_;
   // --ha: etcd, and a client to ask it who leads (declared before the hubs:
@@ -963,6 +1061,7 @@ struct ChaosFlags {
   uint64_t bytes = 0;
   bool verbose = false;
   uint64_t ha = 0;  // hubs of an HA set on a loopback etcd (0: one hub)
+  std::string transport = "tcp";
 };
 
 int RunChaos(const ChaosFlags& f) {
@@ -971,7 +1070,7 @@ int RunChaos(const ChaosFlags& f) {
   ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
   Chaos chaos(f.seed, static_cast<int>(f.rounds), static_cast<int>(f.readers),
-              f.bytes, f.verbose, static_cast<int>(f.ha));
+              f.bytes, f.verbose, static_cast<int>(f.ha), f.transport);
   return chaos.Run();
 }
 
@@ -1001,6 +1100,12 @@ void AddChaosCommands(CommandLine& cl) {
                 "(0: one hub)")
       ->check(CLI::IsMember({0, 2, 3, 4, 5}))
       ->type_name("N")
+      ->capture_default_str();
+  c->add_option("--transport", f->transport,
+                "the data plane every worker serves and reads: tcp, or ucx "
+                "(over UCX's wires of $UCX_TLS; TCP stays each worker's "
+                "fallback, and a fetch that used it is a violation)")
+      ->check(CLI::IsMember({"tcp", "ucx"}))
       ->capture_default_str();
 
   auto w = std::make_shared<ChaosWorkerFlags>();

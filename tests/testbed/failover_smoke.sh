@@ -90,7 +90,7 @@ round() {
   got=$(expect_line 8 "reader fetch" 60)
   [[ $got == "fetched "*" $v $digest "* ]] || fail "reader under test ($fault): $got"
   local ms retries stolen sources
-  read -r _ ms _ _ retries stolen sources <<< "$got"
+  read -r _ ms _ _ retries stolen sources _ <<< "$got"
   ((${paused#paused } < chunks)) || fail "the fault came after the last chunk ($paused)"
   ((sources == 2)) || fail "the reader used $sources holder(s), not both: nothing was tested"
   ((retries > 0)) || fail "no read from the trainer failed over after '$fault'"

@@ -4,11 +4,16 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/checksum.h"
@@ -30,11 +35,49 @@ Status UcsError(ucs_status_t s, const std::string& what) {
   return Unavailable(what + ": " + ucs_status_string(s));
 }
 
+// UCX's own log. UCX prints its warnings and errors to stdout unless
+// UCX_LOG_FILE names another place, where they mix with what the program
+// that hosts a worker prints there (a CLI's result, the line protocol of
+// the test and chaos workers): they go to TensorHub's log instead (stderr,
+// at TENSORHUB_LOG's level), unless the user set UCX_LOG_FILE.
+//
+// A connection first asks for an endpoint that reports a dead peer, and on
+// a wire that cannot (shared memory in UCX 1.13) asks again without:
+// UCX reports the first refusal as an ERROR, which is expected there, so
+// what it logs during that probe is debug.
+thread_local bool t_probing_peer_errors = false;
+
+ucs_log_func_rc_t LogUcxMessage(const char* file, unsigned line,
+                                const char* /*function*/, ucs_log_level_t level,
+                                const ucs_log_component_config_t* /*comp*/,
+                                const char* format, va_list ap) {
+  if (level == UCS_LOG_LEVEL_FATAL) return UCS_LOG_FUNC_RC_CONTINUE;
+  LogLevel ours = level <= UCS_LOG_LEVEL_ERROR  ? LogLevel::kError
+                  : level == UCS_LOG_LEVEL_WARN ? LogLevel::kWarn
+                  : level <= UCS_LOG_LEVEL_INFO ? LogLevel::kInfo
+                                                : LogLevel::kDebug;
+  if (t_probing_peer_errors) ours = LogLevel::kDebug;
+  if (!LogEnabled(ours)) return UCS_LOG_FUNC_RC_STOP;
+  char text[1024];
+  std::vsnprintf(text, sizeof(text), format, ap);
+  LogLine(ours, file, static_cast<int>(line)).stream() << "UCX: " << text;
+  return UCS_LOG_FUNC_RC_STOP;
+}
+
+void RouteUcxLogOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* file = std::getenv("UCX_LOG_FILE");
+    if (file == nullptr || *file == '\0') ucs_log_push_handler(LogUcxMessage);
+  });
+}
+
 // The UCX context: one per transport, shared by its server and connections
 // (and by the registrations they made, which must be unmapped in it).
 class Context {
  public:
   static Result<std::shared_ptr<Context>> Create() {
+    RouteUcxLogOnce();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return UcsError(s, "reading the UCX configuration");
@@ -277,7 +320,9 @@ Result<ucp_ep_h> CreateEndpoint(Worker& worker,
       };
       p.err_handler.arg = failed;
     }
+    t_probing_peer_errors = mode == UCP_ERR_HANDLING_MODE_PEER;
     s = ucp_ep_create(worker.get(), &p, &ep);
+    t_probing_peer_errors = false;
     if (s != UCS_ERR_UNREACHABLE) break;
   }
   if (s != UCS_OK) return UcsError(s, "connecting a UCX endpoint");

@@ -3,15 +3,22 @@
 // connections; then what only the UCX transport does: registration once
 // per publish, the drain of UCX reads in flight, the unmap after it.
 //
+// The contract's cases include what tcp/tcp_transport_test.cc checks of the
+// TCP transport (gaps left untouched, every refusal code, garbage and
+// stalled peers, deadlines, Stop under a held lease, the connection limit,
+// the secret both ways), so that ucx is held to the same.
+//
 // UCX picks its wire from UCX_TLS, read when the transport is made: ctest
-// runs this binary once per wire (src/transport/CMakeLists.txt), e.g.
-// UCX_TLS=tcp, UCX_TLS=sm,self and UCX_TLS=cma,tcp.
+// runs this binary once per wire (src/transport/CMakeLists.txt):
+// UCX_TLS=tcp; sm,self; cma,posix,self; posix,sysv,self.
 #include "transport/ucx/ucx_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -20,6 +27,9 @@
 #include "common/checksum.h"
 #include "common/manifest.h"
 #include "common/test_point.h"
+#include "transport/tcp/auth.h"
+#include "transport/tcp/raw_peer_test_util.h"
+#include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_reply.h"
 
@@ -31,14 +41,26 @@ namespace {
 constexpr int64_t kGenerousMs = 30000;
 
 // Serves model "m" version 1 epoch 1 part 0 from one buffer in pieces of
-// 1..64 KiB; other names are refused with NOT_FOUND.
+// 1..64 KiB; model "other" is refused with a settable status, other names
+// with NOT_FOUND. Counts the leases it handed out and those still alive;
+// while held (Hold), a read waits in BeginRead (bounded) before it is
+// admitted, as a holder that does not answer.
 class TestSource final : public ReadSource {
  public:
   explicit TestSource(size_t bytes) : data_(bytes) {
     std::mt19937 rng(7);
     for (uint8_t& b : data_) b = static_cast<uint8_t>(rng());
   }
+  ~TestSource() override { Hold(false); }
   Result<ServeLease> BeginRead(const wire::ReadRequest& req) override {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      ++asked_;
+      cv_.notify_all();
+      cv_.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                   [&] { return !held_; });
+      if (req.model == "other") return refusal_;
+    }
     if (req.model != "m" || req.version != 1 || req.epoch != 1) {
       return NotFound("no such registration");
     }
@@ -53,12 +75,56 @@ class TestSource final : public ReadSource {
       off += take;
       step = step * 7 % 65536 + 1;
     }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ++active_;
+      ++begun_;
+      cv_.notify_all();
+    }
+    lease.pin = std::shared_ptr<void>(nullptr, [this](void*) {
+      std::lock_guard<std::mutex> l(mu_);
+      --active_;
+      cv_.notify_all();
+    });
     return lease;
   }
   const std::vector<uint8_t>& data() const { return data_; }
+  void set_refusal(Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    refusal_ = std::move(s);
+  }
+  void Hold(bool held) {
+    std::lock_guard<std::mutex> l(mu_);
+    held_ = held;
+    cv_.notify_all();
+  }
+  // Waits until no lease is alive; false at the deadline.
+  bool WaitIdle(int64_t ms) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::milliseconds(ms),
+                        [&] { return active_ == 0; });
+  }
+  // Waits until `n` reads were asked for (admitted or not); false at the
+  // deadline.
+  bool WaitAsked(int n, int64_t ms) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::milliseconds(ms),
+                        [&] { return asked_ >= n; });
+  }
+  int begun() {
+    std::lock_guard<std::mutex> l(mu_);
+    return begun_;
+  }
 
  private:
   std::vector<uint8_t> data_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int active_ = 0;                                     // guarded by mu_
+  int begun_ = 0;                                      // guarded by mu_
+  int asked_ = 0;                                      // guarded by mu_
+  bool held_ = false;                                  // guarded by mu_
+  Status refusal_ = NotFound("no such registration");  // guarded by mu_
 };
 
 wire::ReadRequest Req(uint64_t offset, uint64_t length,
@@ -110,6 +176,35 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
         transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
+  }
+  void RestartServer(const ServerOptions& options) {
+    server_->Stop();
+    Result<std::unique_ptr<Server>> s =
+        transport_->Listen("127.0.0.1:0", &source_, options);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+  }
+  // A raw socket past the handshake (and, over ucx, with the holder's
+  // hello read), for playing a bad peer.
+  Fd RawConnect(const std::string& address) {
+    Result<Fd> fd = ConnectTcp(address, Deadline::AfterMs(kGenerousMs));
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (!fd.ok()) return Fd();
+    Status hs = ClientHandshake(fd->get(), "", Deadline::AfterMs(kGenerousMs));
+    EXPECT_TRUE(hs.ok()) << hs.ToString();
+    if (GetParam() == "ucx") {
+      uint8_t hello[ucx::kHelloHeaderBytes];
+      EXPECT_TRUE(ReadExact(fd->get(), hello, sizeof(hello),
+                            Deadline::AfterMs(kGenerousMs))
+                      .ok());
+      Result<uint32_t> len = ucx::DecodeHelloHeader(hello, sizeof(hello));
+      EXPECT_TRUE(len.ok());
+      std::string addr(len.ok() ? *len : 0, '\0');
+      EXPECT_TRUE(ReadExact(fd->get(), addr.data(), addr.size(),
+                            Deadline::AfterMs(kGenerousMs))
+                      .ok());
+    }
+    return std::move(fd).value();
   }
 
   TestSource source_{6 << 20};
@@ -200,6 +295,320 @@ TEST_P(TransportContractTest, StopWithOpenConnectionsReturns) {
   iovec v{out.data(), out.size()};
   EXPECT_FALSE(
       c->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+}
+
+// What the TCP transport's own tests (tcp/tcp_transport_test.cc) check of
+// it, asked of every transport: the same promises over ucx.
+
+TEST_P(TransportContractTest, ListenResolvesThePort) {
+  Result<std::pair<std::string, uint16_t>> hp =
+      SplitHostPort(server_->address());
+  ASSERT_TRUE(hp.ok()) << server_->address();
+  EXPECT_EQ(hp->first, "127.0.0.1");
+  EXPECT_NE(hp->second, 0);
+}
+
+// Destination pieces of random sizes with gaps between them, in reversed
+// memory order, several rounds on one connection: the bytes land exactly,
+// the gaps stay untouched, and the server counts every byte served.
+TEST_P(TransportContractTest, ScatteredReadsLeaveTheGapsAndCountTheBytes) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  std::mt19937_64 rng(7);
+  const std::vector<uint8_t>& src = source_.data();
+  uint64_t served = 0;
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t offset = rng() % 4096;
+    const uint64_t length = (4 << 20) + rng() % (1 << 20);
+    std::vector<uint8_t> arena(length * 2, 0xAB);
+    std::vector<std::pair<uint64_t, uint64_t>> slots;  // length order
+    uint64_t pos = 0;
+    for (uint64_t left = length; left > 0;) {
+      uint64_t len = std::min<uint64_t>(left, 1 + rng() % (256 << 10));
+      slots.push_back({0, len});
+      pos += len + 1 + rng() % 64;
+      left -= len;
+    }
+    ASSERT_LE(pos, arena.size());
+    std::vector<iovec> dest;
+    for (auto& [at, len] : slots) {  // reversed memory order
+      pos -= len + 1;
+      at = pos;
+      dest.push_back({arena.data() + at, len});
+    }
+    Status s =
+        c->Read(Req(offset, length), dest, Deadline::AfterMs(kGenerousMs));
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    std::vector<bool> covered(arena.size(), false);
+    uint64_t from = offset;
+    for (auto [at, len] : slots) {
+      ASSERT_EQ(std::memcmp(arena.data() + at, src.data() + from, len), 0)
+          << "round " << round << " piece at " << at;
+      std::fill(covered.begin() + at, covered.begin() + at + len, true);
+      from += len;
+    }
+    for (size_t i = 0; i < arena.size(); ++i) {
+      if (!covered[i]) {
+        ASSERT_EQ(arena[i], 0xAB) << "gap byte " << i;
+      }
+    }
+    served += length;
+  }
+  EXPECT_TRUE(source_.WaitIdle(kGenerousMs));
+  EXPECT_EQ(server_->bytes_served(), served);
+}
+
+// Every refusal code the fetcher acts on comes back as itself, with its
+// message (cut to the frame's bound), and leaves the connection usable.
+TEST_P(TransportContractTest, EveryRefusalCodeComesBackAndTheMessageIsCut) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  std::vector<uint8_t> out(100);
+  iovec v{out.data(), out.size()};
+  for (StatusCode code :
+       {StatusCode::kNotFound, StatusCode::kAborted,
+        StatusCode::kInvalidArgument, StatusCode::kResourceExhausted,
+        StatusCode::kPermissionDenied}) {
+    source_.set_refusal(Status(code, "refused with a reason"));
+    Status s =
+        c->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    EXPECT_EQ(s.code(), code) << s.ToString();
+    EXPECT_NE(s.message().find("refused with a reason"), std::string::npos)
+        << s.ToString();
+    EXPECT_FALSE(c->broken()) << s.ToString();
+    ASSERT_TRUE(
+        c->Read(Req(10, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+    EXPECT_TRUE(
+        std::equal(out.begin(), out.end(), source_.data().begin() + 10));
+  }
+  source_.set_refusal(NotFound(std::string(5000, 'x')));
+  Status s =
+      c->Read(Req(0, 100, "other"), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find(std::string(wire::kMaxMessageBytes, 'x')),
+            std::string::npos);
+  EXPECT_EQ(s.message().find(std::string(wire::kMaxMessageBytes + 1, 'x')),
+            std::string::npos);
+  EXPECT_TRUE(
+      c->Read(Req(5, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+}
+
+// A peer past the handshake that sends garbage is dropped; the other
+// connections and new ones are served.
+TEST_P(TransportContractTest, GarbageFromAPeerDropsOnlyThatConnection) {
+  auto good = MustConnect();
+  ASSERT_NE(good, nullptr);
+  std::mt19937 rng(3);
+  std::vector<std::string> frames;
+  {  // random bytes
+    std::string f(wire::kRequestHeaderBytes, '\0');
+    for (char& ch : f) ch = static_cast<char>(rng());
+    frames.push_back(f);
+  }
+  {  // good magic, model name too long
+    std::string f = wire::EncodeReadRequest(Req(0, 10));
+    f[4] = '\xFF';
+    f[5] = '\xFF';
+    frames.push_back(f.substr(0, wire::kRequestHeaderBytes));
+  }
+  frames.push_back(wire::EncodeReadRequest(Req(0, wire::kMaxReadBytes + 1)));
+  std::vector<uint8_t> out(5000);
+  iovec v{out.data(), out.size()};
+  for (size_t i = 0; i < frames.size(); ++i) {
+    Fd raw = RawConnect(server_->address());
+    ASSERT_TRUE(raw.valid());
+    ASSERT_TRUE(
+        testing::SendAllRaw(raw.get(), frames[i].data(), frames[i].size()));
+    EXPECT_TRUE(testing::ClosedByPeerWithin(raw.get(), kGenerousMs))
+        << "frame " << i;
+    ASSERT_TRUE(good->Read(Req(100 * i, out.size()), {&v, 1},
+                           Deadline::AfterMs(kGenerousMs))
+                    .ok());
+    auto fresh = MustConnect();
+    ASSERT_NE(fresh, nullptr);
+    std::vector<uint8_t> small(100);
+    iovec sv{small.data(), small.size()};
+    ASSERT_TRUE(
+        fresh->Read(Req(7, 100), {&sv, 1}, Deadline::AfterMs(kGenerousMs))
+            .ok());
+  }
+  EXPECT_EQ(source_.begun(), 2 * static_cast<int>(frames.size()));
+}
+
+// Half a request, then silence: dropped by the stall timeout (the request's
+// own deadline is an hour), and others are still served.
+TEST_P(TransportContractTest, HalfARequestThenSilenceIsDroppedAfterTheStall) {
+  ServerOptions o;
+  o.io_stall_timeout_ms = 2000;
+  RestartServer(o);
+  Fd raw = RawConnect(server_->address());
+  ASSERT_TRUE(raw.valid());
+  std::string f = wire::EncodeReadRequest(Req(0, 10));
+  ASSERT_TRUE(testing::SendAllRaw(raw.get(), f.data(), 20));
+  EXPECT_TRUE(testing::ClosedByPeerWithin(raw.get(), kGenerousMs));
+  auto good = MustConnect();
+  ASSERT_NE(good, nullptr);
+  std::vector<uint8_t> out(100);
+  iovec v{out.data(), out.size()};
+  EXPECT_TRUE(
+      good->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+}
+
+TEST_P(TransportContractTest, ConnectToAClosedPortIsUnavailable) {
+  std::string address;
+  {
+    Result<Fd> l = ListenTcp("127.0.0.1:0", 1);
+    ASSERT_TRUE(l.ok());
+    Result<std::string> a = LocalAddress(l->get());
+    ASSERT_TRUE(a.ok());
+    address = *a;
+  }
+  // UNAVAILABLE, not DEADLINE_EXCEEDED: refused, not waited out.
+  Result<std::unique_ptr<Connection>> c =
+      transport_->Connect(address, Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable)
+      << c.status().ToString();
+  Result<std::unique_ptr<Connection>> bad =
+      transport_->Connect("no-port-here", Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument)
+      << bad.status().ToString();
+}
+
+// A holder that takes the request and does not answer (its source does not
+// admit the read): the read ends by its own deadline, DEADLINE_EXCEEDED,
+// and the connection is broken.
+TEST_P(TransportContractTest, HolderThatDoesNotAnswerHitsTheReadDeadline) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  source_.Hold(true);
+  std::vector<uint8_t> out(1000);
+  iovec v{out.data(), out.size()};
+  Status s = c->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(300));
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.ToString();
+  EXPECT_TRUE(c->broken());
+  source_.Hold(false);
+}
+
+// Stop cuts a connection whose peer holds a lease (asked for a range and
+// then neither reads it nor, over ucx, releases it) instead of waiting for
+// the stall or release timeout, ends that lease, and refuses newcomers.
+TEST_P(TransportContractTest, StopCutsAPeerHoldingALease) {
+  ServerOptions o;
+  o.io_stall_timeout_ms = 120000;
+  o.local_release_timeout_ms = 120000;
+  RestartServer(o);
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  Fd stuck = RawConnect(server_->address());
+  ASSERT_TRUE(stuck.valid());
+  std::string f = wire::EncodeReadRequest(Req(0, source_.data().size()));
+  ASSERT_TRUE(testing::SendAllRaw(stuck.get(), f.data(), f.size()));
+  ASSERT_TRUE(source_.WaitAsked(1, kGenerousMs));
+  // The lease is taken once the read is admitted; the server then sends
+  // (tcp: more than the socket buffers hold) or waits for the release.
+  Deadline d = Deadline::AfterMs(kGenerousMs);
+  while (source_.begun() < 1 && !d.expired()) std::this_thread::yield();
+  ASSERT_EQ(source_.begun(), 1);
+  server_->Stop();  // must return: the test would hang otherwise
+  EXPECT_TRUE(source_.WaitIdle(0));
+  server_->Stop();  // idempotent
+  std::vector<uint8_t> out(10);
+  iovec v{out.data(), out.size()};
+  EXPECT_FALSE(c->Read(Req(0, 10), {&v, 1}, Deadline::AfterMs(5000)).ok());
+  EXPECT_FALSE(
+      transport_->Connect(server_->address(), Deadline::AfterMs(5000)).ok());
+}
+
+TEST_P(TransportContractTest, MaxConnectionsRefusesExtras) {
+  ServerOptions o;
+  o.max_connections = 2;
+  RestartServer(o);
+  auto a = MustConnect();
+  auto b = MustConnect();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::vector<uint8_t> out(100);
+  iovec v{out.data(), out.size()};
+  ASSERT_TRUE(
+      a->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+  ASSERT_TRUE(
+      b->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+  // The kernel accepts the third; the server closes it at once, so the
+  // handshake fails and Connect says so.
+  Result<std::unique_ptr<Connection>> third =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(third.status().code(), StatusCode::kUnavailable)
+      << third.status().ToString();
+  EXPECT_TRUE(
+      a->Read(Req(1, 100), {&v, 1}, Deadline::AfterMs(kGenerousMs)).ok());
+  // Once one leaves, a newcomer gets in (after the server notices).
+  a.reset();
+  Deadline d = Deadline::AfterMs(kGenerousMs);
+  bool served = false;
+  while (!served && !d.expired()) {
+    Result<std::unique_ptr<Connection>> n =
+        transport_->Connect(server_->address(), Deadline::AfterMs(1000));
+    served = n.ok() &&
+             (*n)->Read(Req(0, 100), {&v, 1}, Deadline::AfterMs(1000)).ok();
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(served);
+}
+
+// Readers that do not prove the holder's secret (another, or none; or a
+// secret the holder does not have) are refused, counted, and read nothing.
+TEST_P(TransportContractTest, SharedSecretIsRequiredBothWays) {
+  struct Case {
+    const char* holder;
+    const char* reader;
+    bool served;
+  };
+  for (const Case& k :
+       {Case{"s3cret", "s3cret", true}, Case{"s3cret", "other", false},
+        Case{"s3cret", "", false}, Case{"", "s3cret", false}}) {
+    auto holder = MakeTransport(GetParam(), k.holder);
+    auto reader = MakeTransport(GetParam(), k.reader);
+    ASSERT_NE(holder, nullptr);
+    ASSERT_NE(reader, nullptr);
+    Result<std::unique_ptr<Server>> server =
+        holder->Listen("127.0.0.1:0", &source_, {});
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    Result<std::unique_ptr<Connection>> conn =
+        reader->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+    if (k.served) {
+      ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+      std::vector<uint8_t> out(1000);
+      iovec v{out.data(), out.size()};
+      EXPECT_TRUE(
+          (*conn)
+              ->Read(Req(0, 1000), {&v, 1}, Deadline::AfterMs(kGenerousMs))
+              .ok());
+      EXPECT_EQ((*server)->connections_refused(), 0u);
+      continue;
+    }
+    EXPECT_EQ(conn.status().code(), StatusCode::kPermissionDenied)
+        << k.holder << "/" << k.reader << ": " << conn.status().ToString();
+    Deadline d = Deadline::AfterMs(kGenerousMs);
+    while ((*server)->connections_refused() == 0 && !d.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ((*server)->connections_refused(), 1u);
+    EXPECT_EQ((*server)->bytes_served(), 0u);
+  }
+}
+
+// A peer that skips the handshake and sends a request gets nothing (over
+// ucx: not even the holder's UCX address).
+TEST_P(TransportContractTest, RequestWithoutHandshakeIsRefused) {
+  Result<Fd> fd =
+      ConnectTcp(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(fd.ok());
+  std::string frame = wire::EncodeReadRequest(Req(0, 100));
+  ASSERT_TRUE(testing::SendAllRaw(fd->get(), frame.data(), frame.size()));
+  // Whatever the holder sent first (its challenge) is discarded: then EOF.
+  EXPECT_TRUE(testing::ClosedByPeerWithin(fd->get(), kGenerousMs));
+  EXPECT_EQ(source_.begun(), 0);
+  EXPECT_EQ(server_->bytes_served(), 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransportContractTest,
@@ -385,6 +794,71 @@ TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
   std::vector<uint8_t> late(100);
   Status s = ReadInto(late, 0);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+}
+
+// A reader stopped mid-read for longer than the holder waits for its
+// release (local_release_timeout_ms): the holder drops it and ends the
+// lease, so an unpublish's drain completes instead of waiting for it, the
+// registration is unmapped, and the reader, once it runs again, fails the
+// read (its bytes may come from memory the owner now reuses) instead of
+// returning them; a read after the unpublish is refused.
+TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
+  const uint64_t before_server = UcxLiveMappingsForTest();
+  conn_.reset();
+  server_->Stop();
+  ServerOptions o;
+  o.local_release_timeout_ms = 500;
+  Result<std::unique_ptr<Server>> s =
+      transport_->Listen("127.0.0.1:0", &registry_, o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  server_ = std::move(s).value();
+  Result<std::unique_ptr<Connection>> c =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  conn_ = std::move(c).value();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool landed = false, go = false;
+  testpoint::Arm("ucx.read_landed", [&](uint64_t) {
+    std::unique_lock<std::mutex> l(mu);
+    landed = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  });
+  std::vector<uint8_t> out(flat_.size());
+  Status read;
+  std::thread reader([&] { read = ReadInto(out, 0); });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                            [&] { return landed; }));
+  }
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok());
+  // The reader stays stopped; the drain ends once the holder gave up on it
+  // (its release timeout), well within this deadline.
+  Status drained = registry_.Drain("m", Version(1), *revoked,
+                                   Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_EQ(registry_.reads_in_flight(), 0u);
+  EXPECT_EQ(UcxLiveMappingsForTest(), before_server);  // unmapped
+  {
+    std::lock_guard<std::mutex> l(mu);
+    go = true;
+    cv.notify_all();
+  }
+  reader.join();
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
+  EXPECT_TRUE(conn_->broken());
+  testpoint::Disarm("ucx.read_landed");
+  Result<std::unique_ptr<Connection>> late =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  std::vector<uint8_t> small(100);
+  iovec v{small.data(), small.size()};
+  Status refused = (*late)->Read(RegReq(0, small.size()), {&v, 1},
+                                 Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(refused.code(), StatusCode::kNotFound) << refused.ToString();
 }
 
 // The holder gives the lease up (it stops) while the reader's bytes are in
