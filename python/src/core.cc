@@ -400,8 +400,8 @@ class PyHub {
       std::string listen, int64_t lease_ms, std::string secret,
       uint32_t keep_latest, bool oversubscribed_racks, int64_t rebuild_ms,
       std::string metrics_listen, std::string tls_cert, std::string tls_key,
-      std::string tls_client_ca, bool insecure,
-      uint32_t heartbeat_budget_per_s, int64_t max_lease_ms) {
+      std::string tls_client_ca, bool insecure, uint32_t heartbeat_budget_per_s,
+      int64_t max_lease_ms) {
     HubOptions o;
     o.insecure = insecure;
     o.heartbeat_budget_per_s = heartbeat_budget_per_s;
