@@ -1112,6 +1112,19 @@ class UcxTransport final : public Transport {
 
   Result<std::unique_ptr<Connection>> Connect(
       const std::string& address, const Deadline& deadline) override {
+    TH_ASSIGN_OR_RETURN(Link link, OpenLink(address, deadline));
+    return std::unique_ptr<Connection>(
+        new UcxConnection(std::move(link.fd), address, std::move(link.worker)));
+  }
+
+  // A TCP connection to the holder at `address` with the link set up: the
+  // secret proved both ways, then this side's worker and the holder's
+  // endpoint to it.
+  struct Link {
+    Fd fd;
+    std::unique_ptr<Worker> worker;
+  };
+  Result<Link> OpenLink(const std::string& address, const Deadline& deadline) {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
     TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
                            .WithContext("holder " + address));
@@ -1133,8 +1146,7 @@ class UcxTransport final : public Transport {
                            .WithContext("holder " + address));
     TH_RETURN_IF_ERROR(ucx::DecodeReady(ready, sizeof(ready))
                            .WithContext("holder " + address));
-    return std::unique_ptr<Connection>(
-        new UcxConnection(std::move(fd), address, std::move(worker)));
+    return Link{std::move(fd), std::move(worker)};
   }
 
  private:
@@ -1145,6 +1157,39 @@ class UcxTransport final : public Transport {
 }  // namespace
 
 bool UcxAvailable() { return true; }
+
+Result<RawUcxLinkForTest> OpenRawUcxLinkForTest(const std::string& address,
+                                                const std::string& secret,
+                                                const Deadline& deadline) {
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create());
+  UcxTransportOptions options;
+  options.secret = secret;
+  UcxTransport t(ctx, options);
+  TH_ASSIGN_OR_RETURN(UcxTransport::Link link, t.OpenLink(address, deadline));
+  // The worker answers UCX's own messages (the holder's endpoint's wire-up)
+  // as a real reader's does, on its own thread until `keep` goes; then the
+  // worker goes, before its context.
+  struct Kept {
+    std::shared_ptr<Context> ctx;
+    std::unique_ptr<Worker> worker;
+    std::atomic<bool> stop{false};
+    std::thread progress;
+    ~Kept() {
+      stop = true;
+      worker->Signal();
+      progress.join();
+    }
+  };
+  auto kept = std::make_shared<Kept>();
+  kept->ctx = ctx;
+  kept->worker = std::move(link.worker);
+  Kept* k = kept.get();
+  kept->progress = std::thread([k] {
+    (void)k->worker->Wait([] { return false; }, Deadline::AfterMs(3600000),
+                          &k->stop);
+  });
+  return RawUcxLinkForTest{std::move(link.fd), std::move(kept)};
+}
 
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options) {

@@ -40,6 +40,7 @@
 #include <memory>
 #include <string>
 
+#include "transport/tcp/socket_util.h"
 #include "transport/transport.h"
 
 namespace tensorhub::transport {
@@ -61,6 +62,23 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 // Registrations (ucp_mem_map) alive in this process, for tests that check
 // the unmap after a drain.
 uint64_t UcxLiveMappingsForTest();
+
+// For tests that play a bad peer: a TCP connection to the UCX data server
+// at `address`, past the secret's handshake and the link set-up (the
+// reader's hello with the address of a real UCX worker, the holder's
+// ready), on which the caller writes raw frames. `keep` holds the worker
+// the holder's endpoint points at, progressed by a thread of its own as a
+// real reader's is (the holder aborts inside UCX 1.13 if it must destroy
+// an endpoint whose wire-up to a worker that never progresses is pending:
+// docs/design.md, UCX data plane); destroy it after `fd` and after the
+// server.
+struct RawUcxLinkForTest {
+  Fd fd;
+  std::shared_ptr<void> keep;
+};
+Result<RawUcxLinkForTest> OpenRawUcxLinkForTest(const std::string& address,
+                                                const std::string& secret,
+                                                const Deadline& deadline);
 
 }  // namespace tensorhub::transport
 
