@@ -57,21 +57,25 @@ Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
   return len;
 }
 
-std::string EncodeReady() {
+std::string EncodeReady(uint32_t address_len) {
   std::string out;
   Put<uint32_t>(out, kReadyMagic);
-  Put<uint32_t>(out, 0);
+  Put<uint32_t>(out, address_len);
   return out;
 }
 
-Status DecodeReady(const uint8_t* bytes, size_t size) {
+Result<uint32_t> DecodeReady(const uint8_t* bytes, size_t size) {
   Reader r(bytes, size);
-  uint32_t magic = 0, zero = 1;
-  if (!r.Get(&magic) || !r.Get(&zero)) return DataLoss("short UCX ready");
-  if (magic != kReadyMagic || zero != 0) {
+  uint32_t magic = 0, len = 0;
+  if (!r.Get(&magic) || !r.Get(&len)) return DataLoss("short UCX ready");
+  if (magic != kReadyMagic) {
     return DataLoss("not a TensorHub UCX data server (bad ready frame)");
   }
-  return Status::Ok();
+  if (len == 0 || len > kMaxWorkerAddressBytes) {
+    return DataLoss("UCX ready frame names a worker address of " +
+                    std::to_string(len) + " bytes");
+  }
+  return len;
 }
 
 std::string EncodePlan(const std::vector<uint64_t>& lengths) {

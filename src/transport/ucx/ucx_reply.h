@@ -31,8 +31,10 @@ std::string EncodeHelloHeader(uint32_t address_len);
 // bound.
 Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size);
 
-std::string EncodeReady();
-Status DecodeReady(const uint8_t* bytes, size_t size);
+// The holder's answer to the hello: its own worker's address follows
+// (`address_len` bytes), to which the reader connects an endpoint of its own.
+std::string EncodeReady(uint32_t address_len);
+Result<uint32_t> DecodeReady(const uint8_t* bytes, size_t size);
 
 // The lengths of a read's messages, in order.
 std::string EncodePlan(const std::vector<uint64_t>& lengths);

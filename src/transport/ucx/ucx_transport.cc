@@ -441,9 +441,20 @@ class UcxServer final : public Server {
     }
     auto link = std::make_unique<ServingLink>(std::move(worker).value(), *ep,
                                               std::move(failed));
-    std::string ready = ucx::EncodeReady();
-    iovec rv{ready.data(), ready.size()};
-    if (!WriteAll(fd, {&rv, 1}, deadline, stall_ms).ok()) return nullptr;
+    // Its own worker's address: the reader connects an endpoint of its own
+    // to it, which UCX pairs with ours (one connection, an endpoint handle
+    // at each end), so that either end can close it.
+    Result<std::string> local = link->worker().Address();
+    if (!local.ok() || local->empty() ||
+        local->size() > ucx::kMaxWorkerAddressBytes) {
+      TH_LOG(WARN) << "ucx data server " << address_
+                   << ": no usable UCX worker address";
+      return nullptr;
+    }
+    std::string ready = ucx::EncodeReady(static_cast<uint32_t>(local->size()));
+    iovec rv[2] = {{ready.data(), ready.size()},
+                   {local->data(), local->size()}};
+    if (!WriteAll(fd, rv, deadline, stall_ms).ok()) return nullptr;
     return link;
   }
 
@@ -725,10 +736,13 @@ Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
 
 class UcxConnection final : public Connection {
  public:
-  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker)
+  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker,
+                ucp_ep_h ep, std::unique_ptr<std::atomic<bool>> ep_failed)
       : fd_(std::move(fd)),
         peer_(std::move(peer)),
-        worker_(std::move(worker)) {}
+        worker_(std::move(worker)),
+        ep_(ep),
+        ep_failed_(std::move(ep_failed)) {}
   ~UcxConnection() override {
     for (auto& s : streams_) {
       if (s) (void)s->Synchronize();
@@ -1046,6 +1060,13 @@ class UcxConnection final : public Connection {
     for (const Pending& p : pending_) {
       ucp_request_cancel(worker_->get(), p.request);
     }
+    // Force-closing our endpoint ends what the holder's messages started
+    // on this connection (a matched receive's transfer cannot be cancelled
+    // otherwise): nothing lands in the destination after this.
+    if (ep_ != nullptr) {
+      CloseEndpoint(*worker_, ep_);
+      ep_ = nullptr;
+    }
     (void)worker_->Wait(
         [&] {
           for (const Pending& p : pending_) {
@@ -1080,6 +1101,8 @@ class UcxConnection final : public Connection {
   std::atomic<bool> cancelled_{false};
   const std::string peer_;
   std::unique_ptr<Worker> worker_;
+  ucp_ep_h ep_;  // ours, paired with the holder's; closed in Teardown
+  std::unique_ptr<std::atomic<bool>> ep_failed_;  // UCX's error callback's
   // The reading thread's:
   uint64_t read_seq_ = 0;         // reads the holder answered with a plan
   std::vector<Pending> pending_;  // receives in flight
@@ -1114,7 +1137,8 @@ class UcxTransport final : public Transport {
       const std::string& address, const Deadline& deadline) override {
     TH_ASSIGN_OR_RETURN(Link link, OpenLink(address, deadline));
     return std::unique_ptr<Connection>(
-        new UcxConnection(std::move(link.fd), address, std::move(link.worker)));
+        new UcxConnection(std::move(link.fd), address, std::move(link.worker),
+                          link.ep, std::move(link.failed)));
   }
 
   // A TCP connection to the holder at `address` with the link set up: the
@@ -1123,6 +1147,8 @@ class UcxTransport final : public Transport {
   struct Link {
     Fd fd;
     std::unique_ptr<Worker> worker;
+    ucp_ep_h ep = nullptr;
+    std::unique_ptr<std::atomic<bool>> failed;  // set by UCX's error callback
   };
   Result<Link> OpenLink(const std::string& address, const Deadline& deadline) {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
@@ -1144,9 +1170,21 @@ class UcxTransport final : public Transport {
     uint8_t ready[ucx::kHelloHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd.get(), ready, sizeof(ready), deadline)
                            .WithContext("holder " + address));
-    TH_RETURN_IF_ERROR(ucx::DecodeReady(ready, sizeof(ready))
-                           .WithContext("holder " + address));
-    return Link{std::move(fd), std::move(worker)};
+    Result<uint32_t> len = ucx::DecodeReady(ready, sizeof(ready));
+    if (!len.ok()) return len.status().WithContext("holder " + address);
+    std::string remote(*len, '\0');
+    TH_RETURN_IF_ERROR(
+        ReadExact(fd.get(), remote.data(), remote.size(), deadline)
+            .WithContext("holder " + address));
+    // An endpoint of our own to the holder's worker, which UCX pairs with
+    // the holder's to ours: closing it (Teardown) ends the transfers the
+    // holder's messages started here, which a cut link would otherwise
+    // leave running after Read returned.
+    auto failed = std::make_unique<std::atomic<bool>>(false);
+    Result<ucp_ep_h> ep =
+        CreateEndpoint(*worker, remote, SameHost(fd.get()), failed.get());
+    if (!ep.ok()) return ep.status().WithContext("holder " + address);
+    return Link{std::move(fd), std::move(worker), *ep, std::move(failed)};
   }
 
  private:
@@ -1172,17 +1210,22 @@ Result<RawUcxLinkForTest> OpenRawUcxLinkForTest(const std::string& address,
   struct Kept {
     std::shared_ptr<Context> ctx;
     std::unique_ptr<Worker> worker;
+    ucp_ep_h ep = nullptr;
+    std::unique_ptr<std::atomic<bool>> failed;
     std::atomic<bool> stop{false};
     std::thread progress;
     ~Kept() {
       stop = true;
       worker->Signal();
       progress.join();
+      CloseEndpoint(*worker, ep);
     }
   };
   auto kept = std::make_shared<Kept>();
   kept->ctx = ctx;
   kept->worker = std::move(link.worker);
+  kept->ep = link.ep;
+  kept->failed = std::move(link.failed);
   Kept* k = kept.get();
   kept->progress = std::thread([k] {
     (void)k->worker->Wait([] { return false; }, Deadline::AfterMs(3600000),

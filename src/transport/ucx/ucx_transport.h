@@ -4,7 +4,10 @@
 //  - Every connection starts on TCP with the same shared-secret proof as
 //    the TCP transport (transport/tcp/auth.h); only then does the reader
 //    send its UCX worker address, and the holder connects an endpoint to
-//    it (one worker per connection on each side, used by one thread).
+//    it and answers with its own, to which the reader connects one too
+//    (UCX pairs them: the reader can force-close its end, the only way to
+//    stop a transfer a message has started). One worker per connection on
+//    each side, used by one thread.
 //  - A read is a ReadRequest on the TCP connection. The holder admits it
 //    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease,
 //    answers with how it splits the range into messages (at most 4 MiB

@@ -658,8 +658,17 @@ TEST(UcxReplyTest, RoundTripsAndRejectsBadFrames) {
   EXPECT_FALSE(ucx::DecodeHelloHeader(
                    reinterpret_cast<const uint8_t*>(h.data()), h.size())
                    .ok());
-  std::string r = ucx::EncodeReady();
-  EXPECT_TRUE(
+  std::string r = ucx::EncodeReady(77);
+  Result<uint32_t> rl =
+      ucx::DecodeReady(reinterpret_cast<const uint8_t*>(r.data()), r.size());
+  ASSERT_TRUE(rl.ok()) << rl.status().ToString();
+  EXPECT_EQ(*rl, 77u);
+  r = ucx::EncodeReady(0);
+  EXPECT_FALSE(
+      ucx::DecodeReady(reinterpret_cast<const uint8_t*>(r.data()), r.size())
+          .ok());  // no address
+  r = ucx::EncodeReady(ucx::kMaxWorkerAddressBytes + 1);
+  EXPECT_FALSE(
       ucx::DecodeReady(reinterpret_cast<const uint8_t*>(r.data()), r.size())
           .ok());
   EXPECT_FALSE(ucx::DecodeReady(reinterpret_cast<const uint8_t*>(h.data()),
