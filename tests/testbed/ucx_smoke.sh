@@ -28,9 +28,10 @@
 #     fetching from two holders pauses after $pause_after of its $chunks
 #     chunks (a test point; no timers), one holder is hit, and the reader
 #     goes on; it must finish from the other holder with the published
-#     bytes, with reads moved away from the one hit: the holder's link set
-#     down; its link shaped from 400 to 4 Mbit/s; the holder SIGSTOPped;
-#     the holder SIGKILLed. The fetch's deadline (20 s) is below the read
+#     bytes, with reads moved away from the one hit (except where it was
+#     only slowed, which may finish its read on a loaded machine): the
+#     holder's link set down; its link shaped from 400 to 4 Mbit/s; the
+#     holder SIGSTOPped; the holder SIGKILLed. The fetch's deadline (20 s) is below the read
 #     timeout (30 s): without failover and work stealing it fails.
 #  3. The only holder SIGSTOPped (UCX_TLS=tcp): the fetch fails UNAVAILABLE
 #     by its deadline (3 s, plus 2 s slack for a loaded machine).
@@ -175,7 +176,13 @@ round() {  # fault command (run between the pause and "go")
   read -r _ ms _ _ retries stolen sources _ <<< "$got"
   ((${paused#paused } < chunks)) || fail "the fault came after the last chunk ($paused)"
   ((sources == 2)) || fail "the reader used $sources holder(s), not both: nothing was tested"
-  ((retries > 0)) || fail "no read from the trainer moved away after '$fault'"
+  # A holder cut off, stopped or killed never finishes the read it has, so
+  # it must be moved. A slowed one (4 Mbit/s: about 2 s a chunk) may finish
+  # it before work stealing takes it when the machine is loaded: there the
+  # round checks the bytes and the deadline only.
+  if [[ $fault != *tbf* ]]; then
+    ((retries > 0)) || fail "no read from the trainer moved away after '$fault'"
+  fi
   echo "ucx_smoke: '$fault' mid-fetch over ucx: version $version exact in $ms ms, $retries reads moved, $stolen by work stealing" >&2
   # The reader unpublishes what it fetched on its next fetch; the first
   # reader's copy stays until its next one too.
