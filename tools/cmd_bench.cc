@@ -12,7 +12,7 @@
 // process_vm_readv measured in the same run.
 //
 // `tensorhub bench ucx`: the same two processes with the UCX data plane,
-// beside UCX's own ucx_perftest (tag_bw and ucp_get of the same bytes
+// beside UCX's own ucx_perftest (ucp_get and tag_bw of the same bytes
 // between two processes, with the same UCX_TLS) and memcpy, in the same run.
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -709,11 +709,12 @@ int RunBenchUcx(const TwoProcessFlags& f) {
       static_cast<unsigned long long>(f.connections),
       static_cast<unsigned long long>(f.repeat));
   // Per round: the fetch, then UCX's own benchmark of the same bytes in one
-  // message with the same UCX_TLS, once as tagged messages (tag_bw: the
-  // rendezvous this data plane uses, on the same wires) and once as RMA
-  // reads (ucp_get of buffers UCX allocated itself, which on one host it
-  // may map through shared memory; memory a user allocated, such as
-  // published tensors, cannot take that path in UCX 1.13).
+  // message with the same UCX_TLS, once as RMA reads (ucp_get: the
+  // operation this data plane uses, but of buffers UCX allocated itself,
+  // which on one host it may map through shared memory; memory a user
+  // allocated, such as published tensors, cannot take that path in UCX
+  // 1.13) and once as tagged messages (tag_bw: rendezvous, which does carry
+  // user memory over cma; docs/design.md says why it is not used).
   std::vector<double> ths, tags, gets;
   double mc = 0, verify_share = 0;
   for (uint64_t r = 0; r < f.repeat; ++r) {
@@ -778,17 +779,17 @@ int RunBenchUcx(const TwoProcessFlags& f) {
               "tensorhub fetch over ucx (every chunk verified)", th,
               range(ths).c_str(), "");
   std::printf("%-50s %8.2f %12s %10.2f\n",
-              "ucx_perftest tag_bw, same bytes (same protocol)", tag,
-              range(tags).c_str(), th / tag);
-  std::printf("%-50s %8.2f %12s %10.2f\n",
               "ucx_perftest ucp_get, same bytes (UCX's buffers)", get,
               range(gets).c_str(), th / get);
+  std::printf("%-50s %8.2f %12s %10.2f\n",
+              "ucx_perftest tag_bw, same bytes (rendezvous)", tag,
+              range(tags).c_str(), th / tag);
   std::printf("%-50s %8.2f %12s %10.2f\n", "memcpy (same process)", mc, "",
               th / mc);
   std::printf(
-      "\nratio vs ucx_perftest tag_bw: %.2f (target >= 0.90); vs ucp_get: "
+      "\nratio vs ucx_perftest ucp_get: %.2f (target >= 0.90); vs tag_bw: "
       "%.2f; verification took %.0f%% of the best fetch\n",
-      th / tag, th / get, 100 * verify_share);
+      th / get, th / tag, 100 * verify_share);
   return 0;
 }
 
@@ -823,7 +824,7 @@ void AddBenchCommands(CommandLine& cl) {
       cl.Add(
           "ucx",
           "the same over the UCX data plane, beside UCX's ucx_perftest "
-          "(tag_bw and ucp_get of the same bytes, the same UCX_TLS) and "
+          "(ucp_get and tag_bw of the same bytes, the same UCX_TLS) and "
           "memcpy",
           [ucx] { return RunBenchUcx(*ucx); }, bench),
       ucx.get());

@@ -26,7 +26,7 @@ namespace tensorhub::transport {
 
 // The whole memory of one registration (one publish), for transports that
 // register memory with the network once per publish instead of once per read
-// (UCX: ucp_mem_map, whose handle every send names). A transport attaches its
+// (UCX: ucp_mem_map and a packed remote key). A transport attaches its
 // state on first use; the state is destroyed with the Registration, which its
 // owner (the worker's registry) does after the drain, before the memory may
 // be reused, so a registration never outlives the memory it names.

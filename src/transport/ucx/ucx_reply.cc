@@ -25,6 +25,12 @@ class Reader {
     *v = x;
     return true;
   }
+  bool Bytes(size_t len, std::string* out) {
+    if (n_ - at_ < len) return false;
+    out->assign(reinterpret_cast<const char*>(p_ + at_), len);
+    at_ += len;
+    return true;
+  }
   size_t left() const { return n_ - at_; }
 
  private:
@@ -57,64 +63,70 @@ Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
   return len;
 }
 
-std::string EncodeReady(uint32_t address_len) {
+std::string EncodeRmaReply(const RmaReply& reply) {
   std::string out;
-  Put<uint32_t>(out, kReadyMagic);
-  Put<uint32_t>(out, address_len);
+  Put<uint32_t>(out, static_cast<uint32_t>(reply.keys.size()));
+  Put<uint32_t>(out, static_cast<uint32_t>(reply.pieces.size()));
+  for (const RmaKey& k : reply.keys) {
+    Put<uint64_t>(out, k.id);
+    Put<uint32_t>(out, static_cast<uint32_t>(k.packed.size()));
+    out.append(k.packed);
+  }
+  for (const RmaPiece& p : reply.pieces) {
+    Put<uint64_t>(out, p.address);
+    Put<uint64_t>(out, p.length);
+    Put<uint32_t>(out, p.key);
+  }
   return out;
 }
 
-Result<uint32_t> DecodeReady(const uint8_t* bytes, size_t size) {
+Result<RmaReply> DecodeRmaReply(const uint8_t* bytes, size_t size,
+                                uint64_t expected_length) {
+  if (size > kMaxRmaReplyBytes) return DataLoss("UCX reply too large");
   Reader r(bytes, size);
-  uint32_t magic = 0, len = 0;
-  if (!r.Get(&magic) || !r.Get(&len)) return DataLoss("short UCX ready");
-  if (magic != kReadyMagic) {
-    return DataLoss("not a TensorHub UCX data server (bad ready frame)");
+  uint32_t nkeys = 0, npieces = 0;
+  if (!r.Get(&nkeys) || !r.Get(&npieces)) return DataLoss("short UCX reply");
+  if (nkeys == 0 || nkeys > kMaxRmaKeys) {
+    return DataLoss("UCX reply with " + std::to_string(nkeys) + " keys");
   }
-  if (len == 0 || len > kMaxWorkerAddressBytes) {
-    return DataLoss("UCX ready frame names a worker address of " +
-                    std::to_string(len) + " bytes");
+  if (npieces == 0 || npieces > kMaxRmaPieces) {
+    return DataLoss("UCX reply with " + std::to_string(npieces) + " pieces");
   }
-  return len;
-}
-
-std::string EncodePlan(const std::vector<uint64_t>& lengths) {
-  std::string out;
-  Put<uint32_t>(out, static_cast<uint32_t>(lengths.size()));
-  for (uint64_t n : lengths) Put<uint64_t>(out, n);
-  return out;
-}
-
-Result<std::vector<uint64_t>> DecodePlan(const uint8_t* bytes, size_t size,
-                                         uint64_t expected_length) {
-  if (size > kMaxPlanBytes) return DataLoss("UCX plan too large");
-  Reader r(bytes, size);
-  uint32_t n = 0;
-  if (!r.Get(&n)) return DataLoss("short UCX plan");
-  if (n == 0 || n > kMaxMessages) {
-    return DataLoss("UCX plan of " + std::to_string(n) + " messages");
+  RmaReply reply;
+  reply.keys.resize(nkeys);
+  for (RmaKey& k : reply.keys) {
+    uint32_t len = 0;
+    if (!r.Get(&k.id) || !r.Get(&len)) return DataLoss("short UCX reply key");
+    if (len == 0 || len > kMaxRkeyBytes) {
+      return DataLoss("UCX remote key of " + std::to_string(len) + " bytes");
+    }
+    if (!r.Bytes(len, &k.packed)) return DataLoss("short UCX remote key");
   }
-  if (r.left() != static_cast<size_t>(n) * 8) {
-    return DataLoss("UCX plan lengths do not fill the frame");
+  if (r.left() != static_cast<size_t>(npieces) * 20) {
+    return DataLoss("UCX reply pieces do not fill the frame");
   }
-  std::vector<uint64_t> lengths(n);
+  reply.pieces.resize(npieces);
   uint64_t total = 0;
-  for (uint64_t& len : lengths) {
-    (void)r.Get(&len);
-    if (len == 0 || len > kMaxMessageBytes) {
-      return DataLoss("UCX plan with a message of " + std::to_string(len) +
-                      " bytes");
+  for (RmaPiece& p : reply.pieces) {
+    (void)r.Get(&p.address);
+    (void)r.Get(&p.length);
+    (void)r.Get(&p.key);
+    if (p.length == 0 || p.key >= nkeys) {
+      return DataLoss("UCX reply with an empty piece or an unknown key");
     }
-    if (len > expected_length - total) {
-      return DataLoss("UCX plan messages exceed the read");
+    if (p.address + p.length < p.address) {
+      return DataLoss("UCX reply piece wraps the address space");
     }
-    total += len;
+    if (p.length > expected_length - total) {
+      return DataLoss("UCX reply pieces exceed the read");
+    }
+    total += p.length;
   }
   if (total != expected_length) {
-    return DataLoss("UCX plan messages cover " + std::to_string(total) +
+    return DataLoss("UCX reply pieces cover " + std::to_string(total) +
                     " bytes of a read of " + std::to_string(expected_length));
   }
-  return lengths;
+  return reply;
 }
 
 }  // namespace tensorhub::transport::ucx

@@ -1,3 +1,19 @@
+// The UCX data plane's control frames that are not in wire/frame.h (they
+// travel on the same authenticated TCP connection; docs/wire.md "UCX"):
+//
+//   hello   holder -> reader once, after the handshake:
+//           u32 magic "THU1" | u32 address_len | the holder's UCX worker
+//           address (address_len bytes)
+//   reply   the body of an OK ResponseHeader to a ReadRequest: where the
+//           range lies in the holder's registered memory and the remote
+//           keys to read it with (RMA get), then the reader sends a Release
+//           (wire/frame.h) once the bytes are in. Little-endian:
+//           u32 key_count | u32 piece_count |
+//           key_count x (u64 key_id | u32 rkey_len | rkey bytes) |
+//           piece_count x (u64 address | u64 length | u32 key_index)
+//
+// Pure encoding, no I/O. Decoders bound every count and length before they
+// size anything, and return errors (never crash) on bytes from the network.
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_REPLY_H_
 #define TENSORHUB_TRANSPORT_UCX_UCX_REPLY_H_
 
@@ -10,38 +26,45 @@
 
 namespace tensorhub::transport::ucx {
 
-inline constexpr uint32_t kHelloMagic = 0x32554854;  // "THU2"
-inline constexpr uint32_t kReadyMagic = 0x52554854;  // "THUR"
+inline constexpr uint32_t kHelloMagic = 0x31554854;  // "THU1"
 inline constexpr size_t kHelloHeaderBytes = 8;
 inline constexpr uint32_t kMaxWorkerAddressBytes = 64 << 10;
-// A read is at most this many messages of at most kMaxMessageBytes each
-// (the holder splits larger pieces; a reader staging into device memory
-// receives one message per staging buffer of that size).
-inline constexpr uint32_t kMaxMessages = 1 << 16;
-inline constexpr uint64_t kMaxMessageBytes = 4ull << 20;
-inline constexpr size_t kMaxPlanBytes = 4 + 8 * size_t{kMaxMessages};
+inline constexpr uint32_t kMaxRmaKeys = 4096;
+inline constexpr uint32_t kMaxRkeyBytes = 16 << 10;
+inline constexpr uint32_t kMaxRmaPieces = 65536;
+inline constexpr size_t kMaxRmaReplyBytes = 8 << 20;
 
-// The tag of message `index` of the `read_seq`th read on a connection.
-inline uint64_t MessageTag(uint64_t read_seq, uint32_t index) {
-  return (read_seq << 16) | index;
-}
+// One registration's remote key. `id` names the registration for the
+// life of the holder process (the reader caches unpacked keys by it).
+struct RmaKey {
+  uint64_t id = 0;
+  std::string packed;
+  bool operator==(const RmaKey&) const = default;
+};
+
+struct RmaPiece {
+  uint64_t address = 0;  // in the holder's address space
+  uint64_t length = 0;
+  uint32_t key = 0;  // index into RmaReply::keys
+  bool operator==(const RmaPiece&) const = default;
+};
+
+struct RmaReply {
+  std::vector<RmaKey> keys;
+  std::vector<RmaPiece> pieces;
+  bool operator==(const RmaReply&) const = default;
+};
 
 std::string EncodeHelloHeader(uint32_t address_len);
-// The address length; rejects a wrong magic or a length of 0 or over the
-// bound.
+// The address length; rejects a wrong magic or a length over the bound.
 Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size);
 
-// The holder's answer to the hello: its own worker's address follows
-// (`address_len` bytes), to which the reader connects an endpoint of its own.
-std::string EncodeReady(uint32_t address_len);
-Result<uint32_t> DecodeReady(const uint8_t* bytes, size_t size);
-
-// The lengths of a read's messages, in order.
-std::string EncodePlan(const std::vector<uint64_t>& lengths);
-// Accepts only 1..kMaxMessages lengths of 1..kMaxMessageBytes that add up
-// to exactly `expected_length`, and nothing after them.
-Result<std::vector<uint64_t>> DecodePlan(const uint8_t* bytes, size_t size,
-                                         uint64_t expected_length);
+std::string EncodeRmaReply(const RmaReply& reply);
+// Accepts only 1..kMaxRmaKeys keys of 1..kMaxRkeyBytes, 1..kMaxRmaPieces
+// non-empty pieces naming existing keys, whose lengths add up to exactly
+// `expected_length`, and nothing after them.
+Result<RmaReply> DecodeRmaReply(const uint8_t* bytes, size_t size,
+                                uint64_t expected_length);
 
 }  // namespace tensorhub::transport::ucx
 

@@ -15,10 +15,4 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 
 uint64_t UcxLiveMappingsForTest() { return 0; }
 
-Result<RawUcxLinkForTest> OpenRawUcxLinkForTest(const std::string&,
-                                                const std::string&,
-                                                const Deadline&) {
-  return Unavailable("this build has no UCX transport");
-}
-
 }  // namespace tensorhub::transport

@@ -1,6 +1,5 @@
 #include "transport/ucx/ucx_transport.h"
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
@@ -12,7 +11,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -30,6 +30,7 @@ namespace tensorhub::transport {
 namespace {
 
 std::atomic<uint64_t> g_live_mappings{0};
+std::atomic<uint64_t> g_next_key_id{1};
 
 Status UcsError(ucs_status_t s, const std::string& what) {
   return Unavailable(what + ": " + ucs_status_string(s));
@@ -83,11 +84,9 @@ class Context {
     if (s != UCS_OK) return UcsError(s, "reading the UCX configuration");
     ucp_params_t p{};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    // Tagged messages, not RMA: see the file comment of ucx_transport.h.
-    p.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
-    // Each connection's worker is made and used on its own thread (the
-    // reader's fetch thread, the holder's serving thread); memory maps are
-    // shared between them.
+    p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    // Connections' workers are made and used on the fetch threads, the
+    // server's on its own: memory maps are shared between them.
     p.mt_workers_shared = 1;
     ucp_context_h ctx = nullptr;
     s = ucp_init(&p, config, &ctx);
@@ -138,14 +137,12 @@ class Worker {
   }
 
   // Progresses the worker until done() holds, the deadline passes or
-  // *stop is set, or (watch_fd >= 0) watch_fd has something to read or was
-  // closed: then *watch_ready is set and it returns OK. Between bursts of
-  // progress it sleeps on the worker's event descriptor and watch_fd (at
-  // most 50 ms at a time, so that a stop is seen even without a signal).
+  // *stop is set. Between bursts of progress it sleeps on the worker's
+  // event descriptor (at most 50 ms at a time, so that a stop is seen even
+  // without a signal).
   template <typename Done>
   Status Wait(Done&& done, const Deadline& deadline,
-              const std::atomic<bool>* stop, int watch_fd = -1,
-              bool* watch_ready = nullptr) {
+              const std::atomic<bool>* stop) {
     for (;;) {
       while (ucp_worker_progress(w_) != 0) {
       }
@@ -153,13 +150,6 @@ class Worker {
       if (stop != nullptr && stop->load()) return Unavailable("cancelled");
       if (deadline.expired()) {
         return DeadlineExceeded("UCX transfer did not finish in time");
-      }
-      if (watch_fd >= 0) {
-        pollfd w{watch_fd, POLLIN | POLLRDHUP, 0};
-        if (::poll(&w, 1, 0) != 0) {
-          *watch_ready = true;
-          return Status::Ok();
-        }
       }
       if (efd_ < 0) {
         std::this_thread::yield();
@@ -171,9 +161,9 @@ class Worker {
         std::this_thread::yield();
         continue;
       }
-      pollfd p[2] = {{efd_, POLLIN, 0}, {watch_fd, POLLIN | POLLRDHUP, 0}};
+      pollfd p{efd_, POLLIN, 0};
       (void)::poll(
-          p, watch_fd >= 0 ? 2 : 1,
+          &p, 1,
           static_cast<int>(std::min<int64_t>(deadline.remaining_ms(), 50)));
     }
   }
@@ -186,9 +176,8 @@ class Worker {
   int efd_;  // owned by the worker
 };
 
-// One ucp_mem_map of contiguous memory, whose handle the holder's sends
-// name, so that UCX does not register the memory per message. Unmapped on
-// destruction.
+// One ucp_mem_map of contiguous memory and its packed remote key. Unmapped
+// on destruction: a remote key a reader kept no longer reads anything.
 class Mapping {
  public:
   static Result<std::unique_ptr<Mapping>> Create(std::shared_ptr<Context> ctx,
@@ -204,9 +193,23 @@ class Mapping {
     ucp_mem_h memh = nullptr;
     ucs_status_t s = ucp_mem_map(ctx->get(), &mp, &memh);
     if (s != UCS_OK) return UcsError(s, "registering served memory with UCX");
+    void* buf = nullptr;
+    size_t buf_len = 0;
+    s = ucp_rkey_pack(ctx->get(), memh, &buf, &buf_len);
+    if (s != UCS_OK) {
+      ucp_mem_unmap(ctx->get(), memh);
+      return UcsError(s, "packing a UCX remote key");
+    }
+    std::string packed(static_cast<const char*>(buf), buf_len);
+    ucp_rkey_buffer_release(buf);
+    if (packed.empty() || packed.size() > ucx::kMaxRkeyBytes) {
+      ucp_mem_unmap(ctx->get(), memh);
+      return ResourceExhausted("UCX remote key of " +
+                               std::to_string(packed.size()) + " bytes");
+    }
     g_live_mappings.fetch_add(1);
     return std::unique_ptr<Mapping>(
-        new Mapping(std::move(ctx), memh, base, len));
+        new Mapping(std::move(ctx), memh, base, len, std::move(packed)));
   }
   ~Mapping() {
     ucp_mem_unmap(ctx_->get(), memh_);
@@ -215,16 +218,24 @@ class Mapping {
 
   const uint8_t* base() const { return base_; }
   size_t length() const { return len_; }
-  ucp_mem_h memh() const { return memh_; }
+  uint64_t id() const { return id_; }
+  const std::string& packed() const { return packed_; }
 
  private:
   Mapping(std::shared_ptr<Context> ctx, ucp_mem_h memh, uint8_t* base,
-          size_t len)
-      : ctx_(std::move(ctx)), memh_(memh), base_(base), len_(len) {}
+          size_t len, std::string packed)
+      : ctx_(std::move(ctx)),
+        memh_(memh),
+        base_(base),
+        len_(len),
+        id_(g_next_key_id.fetch_add(1)),
+        packed_(std::move(packed)) {}
   const std::shared_ptr<Context> ctx_;
   const ucp_mem_h memh_;
   uint8_t* const base_;
   const size_t len_;
+  const uint64_t id_;
+  const std::string packed_;
 };
 
 // The mappings of a set of regions, adjacent regions merged into one.
@@ -271,125 +282,22 @@ class MappingSet {
   std::vector<std::unique_ptr<Mapping>> maps_;  // sorted by base
 };
 
-// Whether the TCP connection `fd` joins two addresses of this host (then
-// UCX may use its shared-memory wires for it).
-bool SameHost(int fd) {
-  sockaddr_storage a{}, b{};
-  socklen_t alen = sizeof(a), blen = sizeof(b);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &alen) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &blen) != 0 ||
-      a.ss_family != b.ss_family) {
-    return false;
-  }
-  if (a.ss_family == AF_INET) {
-    return reinterpret_cast<sockaddr_in*>(&a)->sin_addr.s_addr ==
-           reinterpret_cast<sockaddr_in*>(&b)->sin_addr.s_addr;
-  }
-  if (a.ss_family == AF_INET6) {
-    return std::memcmp(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr,
-                       &reinterpret_cast<sockaddr_in6*>(&b)->sin6_addr,
-                       sizeof(in6_addr)) == 0;
-  }
-  return false;
-}
-
-// Creates an endpoint on `worker` to `remote_address`. Across hosts it
-// asks UCX to report a peer that died (failing the messages on it at once
-// instead of at their deadline). On one host it does not: UCX 1.13's
-// shared-memory wires cannot report a dead peer, and an endpoint that asks
-// for it is put on tcp instead (a fifth of the bandwidth; the cause of the
-// old gap to ucx_perftest). The TCP connection beside the endpoint bounds
-// those transfers: both ends watch it while messages are in flight.
-Result<ucp_ep_h> CreateEndpoint(Worker& worker,
-                                const std::string& remote_address,
-                                bool same_host, std::atomic<bool>* failed) {
-  ucp_ep_h ep = nullptr;
-  ucs_status_t s = UCS_ERR_UNREACHABLE;
-  for (ucp_err_handling_mode_t mode :
-       {UCP_ERR_HANDLING_MODE_PEER, UCP_ERR_HANDLING_MODE_NONE}) {
-    if (same_host && mode == UCP_ERR_HANDLING_MODE_PEER) continue;
-    ucp_ep_params_t p{};
-    p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    p.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
-    p.err_mode = mode;
-    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
-      p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      p.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
-        static_cast<std::atomic<bool>*>(arg)->store(true);
-      };
-      p.err_handler.arg = failed;
-    }
-    t_probing_peer_errors = mode == UCP_ERR_HANDLING_MODE_PEER;
-    s = ucp_ep_create(worker.get(), &p, &ep);
-    t_probing_peer_errors = false;
-    if (s != UCS_ERR_UNREACHABLE) break;
-  }
-  if (s != UCS_OK) return UcsError(s, "connecting a UCX endpoint");
-  return ep;
-}
-
-// Force-closes `ep` (its operations in flight complete as cancelled) and
-// waits, bounded, for the close.
-void CloseEndpoint(Worker& worker, ucp_ep_h ep) {
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
-  if (UCS_PTR_IS_PTR(r)) {
-    (void)worker.Wait(
-        [&] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
-        Deadline::AfterMs(2000), nullptr);
-    ucp_request_free(r);
-  }
-}
-
-// Frees requests once none can complete any more (their endpoint closed,
-// or all complete).
-void FreeRequests(std::vector<void*>& requests) {
-  for (void* r : requests) ucp_request_free(r);
-  requests.clear();
-}
-
-// A holder's side of one connection: its own worker (progressed only by
-// the connection's serving thread) and an endpoint to the reader's worker.
-// Closed in the destructor, endpoint first, so that nothing more is sent.
-class ServingLink {
- public:
-  ServingLink(std::unique_ptr<Worker> worker, ucp_ep_h ep,
-              std::unique_ptr<std::atomic<bool>> failed)
-      : worker_(std::move(worker)), ep_(ep), failed_(std::move(failed)) {}
-  ~ServingLink() {
-    CloseEndpoint(*worker_, ep_);
-    FreeRequests(sends_);
-  }
-  ServingLink(const ServingLink&) = delete;
-  ServingLink& operator=(const ServingLink&) = delete;
-
-  Worker& worker() { return *worker_; }
-  ucp_ep_h ep() const { return ep_; }
-  bool failed() const { return failed_->load(); }
-  std::vector<void*>& sends() { return sends_; }
-
- private:
-  std::unique_ptr<Worker> worker_;
-  ucp_ep_h ep_;
-  std::unique_ptr<std::atomic<bool>> failed_;  // set by UCX's error callback
-  std::vector<void*> sends_;                   // the read's messages
-};
-
 class UcxServer final : public Server {
  public:
   UcxServer(Fd listener, std::string address, ReadSource* source,
             ServerOptions options, std::shared_ptr<Context> ctx,
+            std::unique_ptr<Worker> worker, std::string worker_address,
             std::string secret)
       : address_(std::move(address)),
         source_(source),
         options_(options),
         ctx_(std::move(ctx)),
+        worker_(std::move(worker)),
+        worker_address_(std::move(worker_address)),
         secret_(std::move(secret)),
         acceptor_(std::move(listener), options.max_connections,
                   "ucx data server " + address_) {
+    progress_thread_ = std::thread([this] { ProgressLoop(); });
     acceptor_.Start([this](int fd) { Serve(fd); });
   }
   ~UcxServer() override { Stop(); }
@@ -401,68 +309,27 @@ class UcxServer final : public Server {
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
     stopping_ = true;
-    // Shuts every connection down and waits for its serving thread, which
-    // ends its lease and closes its worker: nothing is read any more.
     acceptor_.Stop();
+    // Every lease has ended: nothing can still be read through the worker.
+    worker_->Signal();
+    if (progress_thread_.joinable()) progress_thread_.join();
   }
 
  private:
-  // The reader's hello, then this connection's worker and an endpoint to
-  // the reader's. Null (logged) when the connection is to be dropped.
-  std::unique_ptr<ServingLink> Link(int fd, int64_t stall_ms) {
-    const Deadline deadline = Deadline::AfterMs(stall_ms);
-    uint8_t hello[ucx::kHelloHeaderBytes];
-    if (!ReadExact(fd, hello, sizeof(hello), deadline, stall_ms).ok()) {
-      return nullptr;
+  // The holder's worker answers what UCX cannot do without it (gets over
+  // tcp or shared memory are served by the target's progress; verbs and
+  // cma reads are not).
+  void ProgressLoop() {
+    while (!stopping_.load()) {
+      (void)worker_->Wait([] { return false; }, Deadline::AfterMs(200),
+                          &stopping_);
     }
-    Result<uint32_t> len = ucx::DecodeHelloHeader(hello, sizeof(hello));
-    if (!len.ok()) {
-      TH_LOG(WARN) << "ucx data server " << address_
-                   << ": dropping peer: " << len.status().ToString();
-      return nullptr;
-    }
-    std::string remote(*len, '\0');
-    if (!ReadExact(fd, remote.data(), remote.size(), deadline, stall_ms).ok()) {
-      return nullptr;
-    }
-    Result<std::unique_ptr<Worker>> worker = Worker::Create(ctx_);
-    if (!worker.ok()) {
-      TH_LOG(WARN) << "ucx data server " << address_ << ": "
-                   << worker.status().ToString();
-      return nullptr;
-    }
-    auto failed = std::make_unique<std::atomic<bool>>(false);
-    Result<ucp_ep_h> ep =
-        CreateEndpoint(**worker, remote, SameHost(fd), failed.get());
-    if (!ep.ok()) {
-      TH_LOG(WARN) << "ucx data server " << address_
-                   << ": dropping peer: " << ep.status().ToString();
-      return nullptr;
-    }
-    auto link = std::make_unique<ServingLink>(std::move(worker).value(), *ep,
-                                              std::move(failed));
-    // Its own worker's address: the reader connects an endpoint of its own
-    // to it, which UCX pairs with ours (one connection, an endpoint handle
-    // at each end), so that either end can close it.
-    Result<std::string> local = link->worker().Address();
-    if (!local.ok() || local->empty() ||
-        local->size() > ucx::kMaxWorkerAddressBytes) {
-      TH_LOG(WARN) << "ucx data server " << address_
-                   << ": no usable UCX worker address";
-      return nullptr;
-    }
-    std::string ready = ucx::EncodeReady(static_cast<uint32_t>(local->size()));
-    iovec rv[2] = {{ready.data(), ready.size()},
-                   {local->data(), local->size()}};
-    if (!WriteAll(fd, rv, deadline, stall_ms).ok()) return nullptr;
-    return link;
   }
 
   // Serves one connection until the peer leaves, an I/O error, or Stop().
   // As in the TCP server, one request's whole life stays in one loop body:
   // the lease (and a per-read mapping) visibly ends at its bottom, after
-  // the reader released it, or after the connection was shut down and the
-  // read's messages were cancelled.
+  // the reader released it, or after the connection was shut down.
   void Serve(int fd) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     Status auth = ServerHandshake(fd, secret_, Deadline::AfterMs(stall_ms));
@@ -472,10 +339,13 @@ class UcxServer final : public Server {
       refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    // Only a peer that proved the secret gets an endpoint.
-    std::unique_ptr<ServingLink> link = Link(fd, stall_ms);
-    if (link == nullptr) return;
-    uint64_t read_seq = 0;
+    // Only a peer that proved the secret learns where the worker is.
+    std::string hello =
+        ucx::EncodeHelloHeader(static_cast<uint32_t>(worker_address_.size()));
+    iovec hv[2] = {
+        {hello.data(), hello.size()},
+        {const_cast<char*>(worker_address_.data()), worker_address_.size()}};
+    if (!WriteAll(fd, hv, Deadline::AfterMs(stall_ms), stall_ms).ok()) return;
     uint8_t header[wire::kRequestHeaderBytes];
     while (!stopping_.load()) {
       pollfd p{fd, POLLIN, 0};
@@ -528,18 +398,16 @@ class UcxServer final : public Server {
         continue;
       }
       Result<std::shared_ptr<MappingSet>> maps = Mappings(*lease);
-      Result<std::vector<Message>> plan =
-          maps.ok() ? Plan(**maps, lease->pieces) : maps.status();
-      if (!plan.ok()) {
-        if (!SendError(fd, plan.status(), deadline).ok()) return;
+      Result<std::string> body =
+          maps.ok() ? ReplyBody(**maps, lease->pieces) : maps.status();
+      if (!body.ok()) {
+        if (!SendError(fd, body.status(), deadline).ok()) return;
         continue;
       }
-      if (!ServeMessages(fd, *link, read_seq++, req, *plan)) {
-        // Shut down, and the messages cancelled (closing the link), before
-        // the lease ends: a reader still reading sees the connection gone
-        // when it finishes, and discards the bytes.
+      if (!ServeRma(fd, req, *body, deadline)) {
+        // Shut down before the lease ends: a reader still reading sees the
+        // connection gone when it finishes, and discards the bytes.
         ::shutdown(fd, SHUT_RDWR);
-        link.reset();
         return;
       }
       // The lease (and a per-read mapping) ends here, after the release.
@@ -560,18 +428,10 @@ class UcxServer final : public Server {
     return MappingSet::Create(ctx_, lease.pieces);
   }
 
-  // One tagged message of a read: contiguous, inside one mapping.
-  struct Message {
-    const uint8_t* data;
-    uint64_t length;
-    ucp_mem_h memh;
-  };
-
-  // The read's pieces as messages: adjacent pieces of one mapping merged,
-  // then cut at kMaxMessageBytes.
-  static Result<std::vector<Message>> Plan(const MappingSet& maps,
-                                           const std::vector<iovec>& pieces) {
-    std::vector<Message> runs;
+  static Result<std::string> ReplyBody(const MappingSet& maps,
+                                       const std::vector<iovec>& pieces) {
+    ucx::RmaReply reply;
+    std::map<uint64_t, uint32_t> key_index;  // mapping id -> index
     for (const iovec& v : pieces) {
       if (v.iov_len == 0) continue;
       const auto* p = static_cast<const uint8_t*>(v.iov_base);
@@ -579,114 +439,67 @@ class UcxServer final : public Server {
       if (m == nullptr) {
         return Internal("a served range lies outside its registered memory");
       }
-      if (!runs.empty() && runs.back().memh == m->memh() &&
-          runs.back().data + runs.back().length == p) {
-        runs.back().length += v.iov_len;
-      } else {
-        runs.push_back({p, v.iov_len, m->memh()});
-      }
-    }
-    std::vector<Message> out;
-    for (const Message& r : runs) {
-      for (uint64_t off = 0; off < r.length; off += ucx::kMaxMessageBytes) {
-        if (out.size() == ucx::kMaxMessages) {
-          return ResourceExhausted("read too scattered for one UCX plan");
+      auto [it, added] =
+          key_index.emplace(m->id(), static_cast<uint32_t>(reply.keys.size()));
+      if (added) {
+        if (reply.keys.size() == ucx::kMaxRmaKeys) {
+          return ResourceExhausted("read spans too many registrations");
         }
-        out.push_back({r.data + off,
-                       std::min(ucx::kMaxMessageBytes, r.length - off),
-                       r.memh});
+        reply.keys.push_back({m->id(), m->packed()});
       }
+      const uint64_t addr = reinterpret_cast<uint64_t>(p);
+      if (!reply.pieces.empty() && reply.pieces.back().key == it->second &&
+          reply.pieces.back().address + reply.pieces.back().length == addr) {
+        reply.pieces.back().length += v.iov_len;
+        continue;
+      }
+      if (reply.pieces.size() == ucx::kMaxRmaPieces) {
+        return ResourceExhausted("read too scattered for one UCX reply");
+      }
+      reply.pieces.push_back({addr, v.iov_len, it->second});
     }
-    if (out.empty()) return Internal("a read of no bytes");
-    return out;
+    std::string body = ucx::EncodeRmaReply(reply);
+    if (body.size() > ucx::kMaxRmaReplyBytes) {
+      return ResourceExhausted("UCX reply over its bound");
+    }
+    return body;
   }
 
-  // Tells the reader how the range is split, sends the messages (the
-  // reader pulls them by rendezvous), and waits, bounded, until they are
-  // all sent and the reader released the lease. False: drop the
-  // connection.
-  bool ServeMessages(int fd, ServingLink& link, uint64_t read_seq,
-                     const wire::ReadRequest& req,
-                     const std::vector<Message>& plan) {
-    std::vector<uint64_t> lengths;
-    lengths.reserve(plan.size());
-    for (const Message& m : plan) lengths.push_back(m.length);
-    std::string body = ucx::EncodePlan(lengths);
+  // Tells the reader where to read, then waits (bounded) for its release.
+  // False: drop the connection.
+  bool ServeRma(int fd, const wire::ReadRequest& req, const std::string& body,
+                const Deadline& deadline) {
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.payload_len = body.size();
     auto hdr = wire::EncodeResponseHeader(h);
-    iovec iov[2] = {{hdr.data(), hdr.size()}, {body.data(), body.size()}};
-    if (!WriteAll(fd, iov, Deadline::AfterMs(options_.io_stall_timeout_ms),
-                  options_.io_stall_timeout_ms)
-             .ok()) {
+    iovec iov[2] = {{hdr.data(), hdr.size()},
+                    {const_cast<char*>(body.data()), body.size()}};
+    if (!WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms).ok()) {
       return false;
     }
-    std::vector<void*>& sends = link.sends();
-    for (uint32_t i = 0; i < plan.size(); ++i) {
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-      param.memh = plan[i].memh;
-      ucs_status_ptr_t r =
-          ucp_tag_send_nbx(link.ep(), plan[i].data, plan[i].length,
-                           ucx::MessageTag(read_seq, i), &param);
-      if (UCS_PTR_IS_ERR(r)) {
+    uint8_t release[wire::kReleaseBytes];
+    Status s = ReadExact(fd, release, sizeof(release),
+                         Deadline::AfterMs(options_.local_release_timeout_ms));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kDeadlineExceeded) {
         TH_LOG(WARN) << "ucx data server " << address_
-                     << ": UCX send: " << ucs_status_string(UCS_PTR_STATUS(r));
-        return false;
+                     << ": a reader did not release its lease within "
+                     << options_.local_release_timeout_ms << " ms; dropping it";
       }
-      if (r != nullptr) sends.push_back(r);
+      return false;
     }
-    // The release may come over TCP before UCX tells this side that the
-    // reader has pulled the last message: wait for both.
-    const Deadline deadline =
-        Deadline::AfterMs(options_.local_release_timeout_ms);
-    bool released = false;
-    size_t next = 0;  // sends[..next) are complete
-    auto sent = [&] {
-      while (next < sends.size() &&
-             ucp_request_check_status(sends[next]) != UCS_INPROGRESS) {
-        ++next;
-      }
-      return next == sends.size();
-    };
-    for (;;) {
-      bool readable = false;
-      Status s =
-          link.worker().Wait([&] { return released && sent(); }, deadline,
-                             &stopping_, released ? -1 : fd, &readable);
-      if (!s.ok()) {
-        if (s.code() == StatusCode::kDeadlineExceeded) {
-          TH_LOG(WARN) << "ucx data server " << address_
-                       << ": a reader did not take and release its read "
-                       << "within " << options_.local_release_timeout_ms
-                       << " ms; dropping it";
-        }
-        return false;
-      }
-      if (!readable) break;  // released and sent
-      uint8_t release[wire::kReleaseBytes];
-      if (!ReadExact(fd, release, sizeof(release), deadline,
-                     options_.io_stall_timeout_ms)
-               .ok()) {
-        return false;
-      }
-      Result<wire::ReleaseOutcome> outcome =
-          wire::DecodeRelease(release, sizeof(release));
-      if (!outcome.ok()) {
-        TH_LOG(WARN) << "ucx data server " << address_
-                     << ": dropping peer: " << outcome.status().ToString();
-        return false;
-      }
-      released = true;
-      if (*outcome == wire::ReleaseOutcome::kCopied) {
-        bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
-      }
+    Result<wire::ReleaseOutcome> outcome =
+        wire::DecodeRelease(release, sizeof(release));
+    if (!outcome.ok()) {
+      TH_LOG(WARN) << "ucx data server " << address_
+                   << ": dropping peer: " << outcome.status().ToString();
+      return false;
     }
-    bool ok = !link.failed();
-    for (void* r : sends) ok = ok && ucp_request_check_status(r) == UCS_OK;
-    FreeRequests(sends);
-    return ok;
+    if (*outcome == wire::ReleaseOutcome::kCopied) {
+      bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
+    }
+    return true;
   }
 
   Status SendError(int fd, const Status& status, const Deadline& deadline) {
@@ -703,11 +516,14 @@ class UcxServer final : public Server {
   ReadSource* const source_;
   const ServerOptions options_;
   const std::shared_ptr<Context> ctx_;
+  const std::unique_ptr<Worker> worker_;
+  const std::string worker_address_;
   const std::string secret_;
   std::atomic<uint64_t> refused_{0};
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
+  std::thread progress_thread_;
   // Last: its threads run Serve() on the members above.
   Acceptor acceptor_;
 };
@@ -736,18 +552,33 @@ Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
 
 class UcxConnection final : public Connection {
  public:
-  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker,
-                ucp_ep_h ep, std::unique_ptr<std::atomic<bool>> ep_failed)
+  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker)
       : fd_(std::move(fd)),
         peer_(std::move(peer)),
-        worker_(std::move(worker)),
-        ep_(ep),
-        ep_failed_(std::move(ep_failed)) {}
+        worker_(std::move(worker)) {}
   ~UcxConnection() override {
     for (auto& s : streams_) {
       if (s) (void)s->Synchronize();
     }
     Teardown();
+  }
+
+  // Connects the endpoint to the holder's worker. Asks UCX to report a
+  // holder that died (failing the reads on it at once instead of at their
+  // deadline); the wires that cannot (shared memory in UCX 1.13) are used
+  // without it, their reads then bounded by the deadline alone.
+  Status Open(const std::string& remote_address) {
+    t_probing_peer_errors = true;
+    ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
+    t_probing_peer_errors = false;
+    if (s == UCS_ERR_UNREACHABLE) {
+      s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
+    }
+    if (s != UCS_OK) {
+      ep_ = nullptr;
+      return UcsError(s, "connecting a UCX endpoint to holder " + peer_);
+    }
+    return Status::Ok();
   }
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
@@ -820,14 +651,15 @@ class UcxConnection final : public Connection {
     iovec out{frame.data(), frame.size()};
     TH_RETURN_IF_ERROR(WriteAll(fd_.get(), {&out, 1}, deadline)
                            .WithContext("holder " + peer_));
-    TH_ASSIGN_OR_RETURN(std::vector<uint64_t> plan, ReceivePlan(req, deadline));
-    const uint64_t seq = read_seq_++;
+    TH_ASSIGN_OR_RETURN(ucx::RmaReply reply, ReceiveReply(req, deadline));
+    TH_ASSIGN_OR_RETURN(std::vector<ucp_rkey_h> keys, Keys(reply));
     Xxh3Stream hash(/*timed=*/true);
     if (device < 0) {
-      TH_RETURN_IF_ERROR(Receive(plan, seq, dest, deadline));
+      TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline));
     } else {
-      TH_RETURN_IF_ERROR(ReceiveStaged(plan, seq, dest, bufs, deadline,
-                                       xxh3 != nullptr ? &hash : nullptr));
+      TH_RETURN_IF_ERROR(GetStaged(reply, keys, req.length, dest, bufs,
+                                   deadline,
+                                   xxh3 != nullptr ? &hash : nullptr));
     }
     testpoint::Hit("ucx.read_landed", req.length);
     // The holder sends nothing until our release; anything to read now
@@ -850,10 +682,9 @@ class UcxConnection final : public Connection {
     return Status::Ok();
   }
 
-  // The holder's answer: its refusal as a status, or the lengths of the
-  // messages it is sending.
-  Result<std::vector<uint64_t>> ReceivePlan(const wire::ReadRequest& req,
-                                            const Deadline& deadline) {
+  // The holder's answer: its refusal as a status, or where to read.
+  Result<ucx::RmaReply> ReceiveReply(const wire::ReadRequest& req,
+                                     const Deadline& deadline) {
     uint8_t hdr[wire::kResponseHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
                            .WithContext("holder " + peer_));
@@ -870,166 +701,157 @@ class UcxConnection final : public Connection {
                              .WithContext("holder " + peer_));
       return Status(h->status, "holder " + peer_ + " refused: " + msg);
     }
-    if (h->local || h->cuda_ipc || h->payload_len > ucx::kMaxPlanBytes) {
+    if (h->local || h->cuda_ipc || h->payload_len > ucx::kMaxRmaReplyBytes) {
       Abandon();
       return DataLoss("holder " + peer_ + " sent a reply UCX does not expect");
     }
     std::string body(h->payload_len, '\0');
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
-    Result<std::vector<uint64_t>> plan = ucx::DecodePlan(
+    Result<ucx::RmaReply> reply = ucx::DecodeRmaReply(
         reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
-    if (!plan.ok()) {
+    if (!reply.ok()) {
       Abandon();  // closing the connection ends the holder's lease
       return DataLoss("holder " + peer_ +
-                      " sent a bad UCX plan: " + plan.status().message());
+                      " sent a bad UCX reply: " + reply.status().message());
     }
-    return plan;
+    return reply;
   }
 
-  // Posts a receive of message `index` of read `seq` into `dst` (one or
-  // more runs; an IOV receive when several). `iovs` keeps the runs alive
-  // until the receive completes.
-  Status PostReceive(uint64_t seq, uint32_t index, std::span<const iovec> dst,
-                     uint64_t length, std::vector<ucp_dt_iov_t>& iovs) {
+  // The unpacked remote key of each of the reply's keys, cached by id.
+  Result<std::vector<ucp_rkey_h>> Keys(const ucx::RmaReply& reply) {
+    if (rkeys_.size() + reply.keys.size() > kMaxCachedKeys) {
+      // No read is in flight here: every cached key may go.
+      for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
+      rkeys_.clear();
+    }
+    std::vector<ucp_rkey_h> out;
+    out.reserve(reply.keys.size());
+    for (const ucx::RmaKey& k : reply.keys) {
+      auto it = rkeys_.find(k.id);
+      if (it == rkeys_.end()) {
+        ucp_rkey_h rk = nullptr;
+        ucs_status_t s = ucp_ep_rkey_unpack(ep_, k.packed.data(), &rk);
+        if (s != UCS_OK) {
+          Abandon();
+          return DataLoss("holder " + peer_ + " sent a UCX remote key that " +
+                          "cannot be unpacked: " + ucs_status_string(s));
+        }
+        it = rkeys_.emplace(k.id, rk).first;
+      }
+      out.push_back(it->second);
+    }
+    return out;
+  }
+
+  // Reads bytes [offset, offset + size of dst) of the reply's range into
+  // `dst` with one ucp_get_nbx per contiguous run, and waits for all of
+  // them. On any failure the connection is abandoned before returning, so
+  // nothing lands in `dst` afterwards.
+  Status Get(const ucx::RmaReply& reply, const std::vector<ucp_rkey_h>& keys,
+             uint64_t offset, std::span<const iovec> dst,
+             const Deadline& deadline) {
+    size_t pi = 0;
+    uint64_t at = 0;
+    while (pi < reply.pieces.size() && at + reply.pieces[pi].length <= offset) {
+      at += reply.pieces[pi++].length;
+    }
+    uint64_t in = offset - at;  // into piece pi
     ucp_request_param_t param{};
-    // Always a request, whose length is checked once it completes.
-    param.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    void* buffer = nullptr;
-    size_t count = 0;
-    if (dst.size() == 1) {
-      buffer = dst[0].iov_base;
-      count = dst[0].iov_len;
-    } else {
-      const size_t first = iovs.size();
-      for (const iovec& v : dst) iovs.push_back({v.iov_base, v.iov_len});
-      buffer = iovs.data() + first;
-      count = dst.size();
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
-      param.datatype = ucp_dt_make_iov();
+    Status issued = Status::Ok();
+    for (const iovec& d : dst) {
+      auto* p = static_cast<uint8_t*>(d.iov_base);
+      uint64_t left = d.iov_len;
+      while (left > 0 && issued.ok()) {
+        if (pi >= reply.pieces.size()) {
+          issued = Internal("read past the end of the holder's pieces");
+          break;
+        }
+        const ucx::RmaPiece& rp = reply.pieces[pi];
+        const uint64_t take = std::min(left, rp.length - in);
+        ucs_status_ptr_t r =
+            ucp_get_nbx(ep_, p, take, rp.address + in, keys[rp.key], &param);
+        if (UCS_PTR_IS_ERR(r)) {
+          issued = UcsError(UCS_PTR_STATUS(r), "UCX get from holder " + peer_);
+        } else if (r != nullptr) {
+          pending_.push_back(r);
+        }
+        p += take;
+        left -= take;
+        in += take;
+        if (in == rp.length) {
+          ++pi;
+          in = 0;
+        }
+      }
     }
-    ucs_status_ptr_t r =
-        ucp_tag_recv_nbx(worker_->get(), buffer, count,
-                         ucx::MessageTag(seq, index), ~ucp_tag_t{0}, &param);
-    if (UCS_PTR_IS_ERR(r)) {
-      return UcsError(UCS_PTR_STATUS(r), "UCX receive from holder " + peer_);
-    }
-    pending_.push_back({r, length});
-    return Status::Ok();
-  }
-
-  // Receives the plan's messages into `dst` (their concatenation is the
-  // read's range): all posted at once, then waited for. On any failure the
-  // connection is abandoned before returning, so nothing lands in `dst`
-  // afterwards.
-  Status Receive(const std::vector<uint64_t>& plan, uint64_t seq,
-                 std::span<const iovec> dst, const Deadline& deadline) {
-    std::vector<ucp_dt_iov_t> iovs;
-    // Reserved: an IOV receive points into it until it completes.
-    uint64_t runs = 0, off = 0;
-    for (uint64_t len : plan) {
-      TH_RETURN_IF_ERROR(
-          ForRange(dst, off, len, [&](uint8_t*, uint64_t, uint64_t) {
-            ++runs;
-            return Status::Ok();
-          }));
-      off += len;
-    }
-    iovs.reserve(runs);
-    off = 0;
-    Status posted = Status::Ok();
-    std::vector<iovec> parts;
-    for (uint32_t i = 0; i < plan.size() && posted.ok(); ++i) {
-      parts.clear();
-      posted =
-          ForRange(dst, off, plan[i], [&](uint8_t* p, uint64_t l, uint64_t) {
-            parts.push_back({p, l});
-            return Status::Ok();
-          });
-      if (posted.ok()) posted = PostReceive(seq, i, parts, plan[i], iovs);
-      off += plan[i];
-    }
-    if (!posted.ok()) {
-      Abandon();
-      return posted.WithContext("holder " + peer_);
-    }
-    return WaitReceives(deadline);
-  }
-
-  // Waits for every posted receive; checks each landed whole. Abandons the
-  // connection on any failure, and when the holder sends or closes anything
-  // on the TCP connection before they are in (it gave up the lease).
-  Status WaitReceives(const Deadline& deadline) {
     size_t next = 0;  // pending_[..next) are complete
-    bool holder_spoke = false;
     Status waited = worker_->Wait(
         [&] {
           while (next < pending_.size() &&
-                 ucp_request_check_status(pending_[next].request) !=
-                     UCS_INPROGRESS) {
+                 ucp_request_check_status(pending_[next]) != UCS_INPROGRESS) {
             ++next;
           }
           return next == pending_.size();
         },
-        deadline, &cancelled_, fd_.get(), &holder_spoke);
-    if (waited.ok() && holder_spoke) {
-      waited = Unavailable("holder ended the lease before the read finished");
-    }
-    if (!waited.ok()) {
+        deadline, &cancelled_);
+    if (!waited.ok() || !issued.ok()) {
       Abandon();
-      return waited.WithContext("holder " + peer_);
+      return (issued.ok() ? waited : issued).WithContext("holder " + peer_);
     }
     Status result = Status::Ok();
-    for (const Pending& p : pending_) {
-      ucp_tag_recv_info_t info{};
-      ucs_status_t s = ucp_tag_recv_request_test(p.request, &info);
+    for (void* r : pending_) {
+      ucs_status_t s = ucp_request_check_status(r);
       if (s != UCS_OK && result.ok()) {
-        result = UcsError(s, "UCX receive from holder " + peer_);
-      } else if (result.ok() && info.length != p.length) {
-        result = DataLoss("holder " + peer_ + " sent a UCX message of " +
-                          std::to_string(info.length) + " bytes for one of " +
-                          std::to_string(p.length));
+        result = UcsError(s, "UCX get from holder " + peer_);
       }
-      ucp_request_free(p.request);
+      ucp_request_free(r);
     }
     pending_.clear();
+    if (result.ok() && ep_failed_.load()) {
+      result = Unavailable("UCX endpoint to holder " + peer_ + " failed");
+    }
     if (!result.ok()) Abandon();
     return result;
   }
 
-  // Device destination: each message is received into one of two pinned
+  ucs_status_t CreateEp(const std::string& remote_address,
+                        ucp_err_handling_mode_t mode) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    ep.err_mode = mode;
+    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+        static_cast<UcxConnection*>(arg)->ep_failed_.store(true);
+      };
+      ep.err_handler.arg = this;
+    }
+    return ucp_ep_create(worker_->get(), &ep, &ep_);
+  }
+
+  // Device destination: each segment is read into one of two pinned
   // buffers, hashed there, and copied to the device while the next one is
-  // received into the other buffer.
-  Status ReceiveStaged(const std::vector<uint64_t>& plan, uint64_t seq,
-                       std::span<const iovec> dest,
-                       cuda::PinnedPool::Lease& bufs, const Deadline& deadline,
-                       Xxh3Stream* hash) {
+  // read into the other buffer.
+  Status GetStaged(const ucx::RmaReply& reply,
+                   const std::vector<ucp_rkey_h>& keys, uint64_t length,
+                   std::span<const iovec> dest, cuda::PinnedPool::Lease& bufs,
+                   const Deadline& deadline, Xxh3Stream* hash) {
     const uint64_t seg = cuda::StagingPool().buffer_bytes();
-    std::vector<ucp_dt_iov_t> unused;
-    uint64_t off = 0;
-    for (uint32_t k = 0; k < plan.size(); ++k) {
-      const uint64_t len = plan[k];
-      if (len > seg) {
-        Abandon();
-        return Internal("a UCX message of " + std::to_string(len) +
-                        " bytes is larger than a staging buffer");
-      }
+    for (uint64_t k = 0, off = 0; off < length; ++k, off += seg) {
+      const uint64_t len = std::min(seg, length - off);
       uint8_t* buf = bufs.buffer(k % 2);
-      // The copy out of this buffer two messages ago must be done.
+      // The copy out of this buffer two segments ago must be done.
       TH_RETURN_IF_ERROR(streams_[k % 2]->Synchronize());
       iovec b{buf, len};
-      Status posted = PostReceive(seq, k, {&b, 1}, len, unused);
-      if (!posted.ok()) {
-        Abandon();
-        return posted;
-      }
-      TH_RETURN_IF_ERROR(WaitReceives(deadline));
+      TH_RETURN_IF_ERROR(Get(reply, keys, off, {&b, 1}, deadline));
       if (hash != nullptr) hash->Update(buf, len);
       TH_RETURN_IF_ERROR(
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
             return streams_[k % 2]->CopyAsync(p, buf + done, l);
           }));
-      off += len;
     }
     for (auto& s : streams_) TH_RETURN_IF_ERROR(s->Synchronize());
     return Status::Ok();
@@ -1041,8 +863,8 @@ class UcxConnection final : public Connection {
   }
 
   // Breaks the connection for good: closes the TCP stream (which ends the
-  // holder's lease) and the UCX worker, after which no receive of ours
-  // moves another byte.
+  // holder's lease) and the UCX endpoint and worker, after which no get
+  // of ours moves another byte.
   void Abandon() {
     broken_ = true;
     {
@@ -1052,33 +874,28 @@ class UcxConnection final : public Connection {
     Teardown();
   }
 
-  // Cancels and frees what the reads left, and destroys the worker (and
-  // with it the endpoint the holder's connection made). Reading thread
+  // Force-closes the endpoint (outstanding gets complete as cancelled),
+  // frees what the reads left, and destroys the worker. Reading thread
   // only.
   void Teardown() {
     if (!worker_) return;
-    for (const Pending& p : pending_) {
-      ucp_request_cancel(worker_->get(), p.request);
-    }
-    // Force-closing our endpoint ends what the holder's messages started
-    // on this connection (a matched receive's transfer cannot be cancelled
-    // otherwise): nothing lands in the destination after this.
     if (ep_ != nullptr) {
-      CloseEndpoint(*worker_, ep_);
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(ep_, &param);
+      if (UCS_PTR_IS_PTR(r)) {
+        (void)worker_->Wait(
+            [&] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
+            Deadline::AfterMs(kCloseWaitMs), nullptr);
+        ucp_request_free(r);
+      }
       ep_ = nullptr;
     }
-    (void)worker_->Wait(
-        [&] {
-          for (const Pending& p : pending_) {
-            if (ucp_request_check_status(p.request) == UCS_INPROGRESS) {
-              return false;
-            }
-          }
-          return true;
-        },
-        Deadline::AfterMs(kCloseWaitMs), nullptr);
-    for (const Pending& p : pending_) ucp_request_free(p.request);
+    for (void* r : pending_) ucp_request_free(r);
     pending_.clear();
+    for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
+    rkeys_.clear();
     std::unique_ptr<Worker> w;
     {
       MutexLock l(mu_);
@@ -1087,25 +904,22 @@ class UcxConnection final : public Connection {
     w.reset();  // destroys the worker: its transports stop moving bytes
   }
 
+  // Twice the most one reply names, so one reply always fits.
+  static constexpr size_t kMaxCachedKeys = 2 * ucx::kMaxRmaKeys;
   static constexpr int64_t kCloseWaitMs = 2000;
-
-  struct Pending {
-    void* request;
-    uint64_t length;  // the message's, from the plan
-  };
 
   // fd_ and worker_ are replaced only by the reading thread, under mu_;
   // Cancel uses them under mu_ from another thread.
   Mutex mu_;
   Fd fd_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> ep_failed_{false};
   const std::string peer_;
   std::unique_ptr<Worker> worker_;
-  ucp_ep_h ep_;  // ours, paired with the holder's; closed in Teardown
-  std::unique_ptr<std::atomic<bool>> ep_failed_;  // UCX's error callback's
   // The reading thread's:
-  uint64_t read_seq_ = 0;         // reads the holder answered with a plan
-  std::vector<Pending> pending_;  // receives in flight
+  ucp_ep_h ep_ = nullptr;
+  std::map<uint64_t, ucp_rkey_h> rkeys_;  // by key id, bounded
+  std::vector<void*> pending_;            // gets in flight
   bool broken_ = false;
   ReadInfo last_read_;
   std::unique_ptr<cuda::Stream> streams_[2];  // device reads, made on use
@@ -1129,62 +943,35 @@ class UcxTransport final : public Transport {
         (hp.first.find(':') != std::string::npos ? "[" + hp.first + "]"
                                                  : hp.first) +
         ":" + std::to_string(bound.second);
-    return std::unique_ptr<Server>(new UcxServer(
-        std::move(fd), advertised, source, options, ctx_, secret_));
+    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
+    TH_ASSIGN_OR_RETURN(std::string waddr, worker->Address());
+    if (waddr.empty() || waddr.size() > ucx::kMaxWorkerAddressBytes) {
+      return ResourceExhausted("UCX worker address of " +
+                               std::to_string(waddr.size()) + " bytes");
+    }
+    return std::unique_ptr<Server>(
+        new UcxServer(std::move(fd), advertised, source, options, ctx_,
+                      std::move(worker), std::move(waddr), secret_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(
       const std::string& address, const Deadline& deadline) override {
-    TH_ASSIGN_OR_RETURN(Link link, OpenLink(address, deadline));
-    return std::unique_ptr<Connection>(
-        new UcxConnection(std::move(link.fd), address, std::move(link.worker),
-                          link.ep, std::move(link.failed)));
-  }
-
-  // A TCP connection to the holder at `address` with the link set up: the
-  // secret proved both ways, then this side's worker and the holder's
-  // endpoint to it.
-  struct Link {
-    Fd fd;
-    std::unique_ptr<Worker> worker;
-    ucp_ep_h ep = nullptr;
-    std::unique_ptr<std::atomic<bool>> failed;  // set by UCX's error callback
-  };
-  Result<Link> OpenLink(const std::string& address, const Deadline& deadline) {
     TH_ASSIGN_OR_RETURN(Fd fd, ConnectTcp(address, deadline));
     TH_RETURN_IF_ERROR(ClientHandshake(fd.get(), secret_, deadline)
                            .WithContext("holder " + address));
-    // Only after the holder proved the secret does it learn where this
-    // worker is; it connects an endpoint to it and says so.
-    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
-    TH_ASSIGN_OR_RETURN(std::string local, worker->Address());
-    if (local.empty() || local.size() > ucx::kMaxWorkerAddressBytes) {
-      return ResourceExhausted("UCX worker address of " +
-                               std::to_string(local.size()) + " bytes");
-    }
-    std::string hello =
-        ucx::EncodeHelloHeader(static_cast<uint32_t>(local.size()));
-    iovec hv[2] = {{hello.data(), hello.size()}, {local.data(), local.size()}};
-    TH_RETURN_IF_ERROR(
-        WriteAll(fd.get(), hv, deadline).WithContext("holder " + address));
-    uint8_t ready[ucx::kHelloHeaderBytes];
-    TH_RETURN_IF_ERROR(ReadExact(fd.get(), ready, sizeof(ready), deadline)
+    uint8_t hello[ucx::kHelloHeaderBytes];
+    TH_RETURN_IF_ERROR(ReadExact(fd.get(), hello, sizeof(hello), deadline)
                            .WithContext("holder " + address));
-    Result<uint32_t> len = ucx::DecodeReady(ready, sizeof(ready));
-    if (!len.ok()) return len.status().WithContext("holder " + address);
-    std::string remote(*len, '\0');
-    TH_RETURN_IF_ERROR(
-        ReadExact(fd.get(), remote.data(), remote.size(), deadline)
-            .WithContext("holder " + address));
-    // An endpoint of our own to the holder's worker, which UCX pairs with
-    // the holder's to ours: closing it (Teardown) ends the transfers the
-    // holder's messages started here, which a cut link would otherwise
-    // leave running after Read returned.
-    auto failed = std::make_unique<std::atomic<bool>>(false);
-    Result<ucp_ep_h> ep =
-        CreateEndpoint(*worker, remote, SameHost(fd.get()), failed.get());
-    if (!ep.ok()) return ep.status().WithContext("holder " + address);
-    return Link{std::move(fd), std::move(worker), *ep, std::move(failed)};
+    TH_ASSIGN_OR_RETURN(uint32_t len,
+                        ucx::DecodeHelloHeader(hello, sizeof(hello)));
+    std::string remote(len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd.get(), remote.data(), len, deadline)
+                           .WithContext("holder " + address));
+    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
+    auto c = std::make_unique<UcxConnection>(std::move(fd), address,
+                                             std::move(worker));
+    TH_RETURN_IF_ERROR(c->Open(remote));
+    return std::unique_ptr<Connection>(std::move(c));
   }
 
  private:
@@ -1195,44 +982,6 @@ class UcxTransport final : public Transport {
 }  // namespace
 
 bool UcxAvailable() { return true; }
-
-Result<RawUcxLinkForTest> OpenRawUcxLinkForTest(const std::string& address,
-                                                const std::string& secret,
-                                                const Deadline& deadline) {
-  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create());
-  UcxTransportOptions options;
-  options.secret = secret;
-  UcxTransport t(ctx, options);
-  TH_ASSIGN_OR_RETURN(UcxTransport::Link link, t.OpenLink(address, deadline));
-  // The worker answers UCX's own messages (the holder's endpoint's wire-up)
-  // as a real reader's does, on its own thread until `keep` goes; then the
-  // worker goes, before its context.
-  struct Kept {
-    std::shared_ptr<Context> ctx;
-    std::unique_ptr<Worker> worker;
-    ucp_ep_h ep = nullptr;
-    std::unique_ptr<std::atomic<bool>> failed;
-    std::atomic<bool> stop{false};
-    std::thread progress;
-    ~Kept() {
-      stop = true;
-      worker->Signal();
-      progress.join();
-      CloseEndpoint(*worker, ep);
-    }
-  };
-  auto kept = std::make_shared<Kept>();
-  kept->ctx = ctx;
-  kept->worker = std::move(link.worker);
-  kept->ep = link.ep;
-  kept->failed = std::move(link.failed);
-  Kept* k = kept.get();
-  kept->progress = std::thread([k] {
-    (void)k->worker->Wait([] { return false; }, Deadline::AfterMs(3600000),
-                          &k->stop);
-  });
-  return RawUcxLinkForTest{std::move(link.fd), std::move(kept)};
-}
 
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options) {
