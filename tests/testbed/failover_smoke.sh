@@ -31,14 +31,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-bench/testbed.sh up --prefix "$prefix" --net 10.83 --hosts 4 --host-mbit 400 --force >/dev/null
-source "/run/tensorhub-testbed-${prefix}.env"
-read -r -a ips <<< "$TB_HOST_IPS"
-hub="${ips[3]}:7300"
-
-ip netns exec "$prefix-h3" env TENSORHUB_LOG=warn "$BIN" serve --listen "$hub" --lease-ms 2000 &
-pids+=($!)
-disown
+testbed_with_hub 10.83
 
 # Starts a worker in host $2 named $1, talking on fds opened on two FIFOs.
 start() {

@@ -18,3 +18,17 @@ wait_for() {
   fail "timed out after ${secs} s waiting for $what"
 }
 alive() { kill -0 "$1" 2>/dev/null; }
+
+# Brings up test bed $prefix (4 hosts in one DC, 400 Mbit/s links, subnet
+# $1.0.0/16) and a hub on h3 at port 7300 (`$BIN serve`, lease 2 s): sets
+# ips[] and hub, and adds the hub's pid to pids[]. The caller's EXIT trap
+# takes the test bed down and kills pids[].
+testbed_with_hub() {
+  bench/testbed.sh up --prefix "$prefix" --net "$1" --hosts 4 --host-mbit 400 --force >/dev/null
+  source "/run/tensorhub-testbed-${prefix}.env"
+  read -r -a ips <<< "$TB_HOST_IPS"
+  hub="${ips[3]}:7300"
+  ip netns exec "$prefix-h3" env TENSORHUB_LOG=warn "$BIN" serve --listen "$hub" --lease-ms 2000 &
+  pids+=($!)
+  disown
+}

@@ -56,14 +56,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-bench/testbed.sh up --prefix "$prefix" --net 10.84 --hosts 4 --host-mbit 400 --force >/dev/null
-source "/run/tensorhub-testbed-${prefix}.env"
-read -r -a ips <<< "$TB_HOST_IPS"
-hub="${ips[3]}:7300"
-
-ip netns exec "$prefix-h3" env TENSORHUB_LOG=warn "$BIN" serve --listen "$hub" --lease-ms 2000 &
-pids+=($!)
-disown
+testbed_with_hub 10.84
 
 # Starts worker $1 in host $2 over UCX_TLS=$3, talking on two FIFOs (the
 # descriptors, which bash numbers, in in_of[$1] / out_of[$1]; its pid in

@@ -733,29 +733,54 @@ TEST_F(UcxRegistryTest, RegistersOncePerPublishAndUnmapsAfterTheDrain) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
 }
 
+// Holds UCX reads at the `ucx.read_landed` test point (their bytes landed,
+// their release not sent) until Release(); disarmed by Disarm() or at the
+// end of the scope.
+class LandedHold {
+ public:
+  LandedHold() {
+    testpoint::Arm("ucx.read_landed", [this](uint64_t) {
+      std::unique_lock<std::mutex> l(mu_);
+      landed_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [&] { return go_; });
+    });
+  }
+  ~LandedHold() {
+    Release();
+    Disarm();
+  }
+  // Whether a read reached the point within kGenerousMs.
+  bool WaitLanded() {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                        [&] { return landed_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> l(mu_);
+    go_ = true;
+    cv_.notify_all();
+  }
+  void Disarm() { testpoint::Disarm("ucx.read_landed"); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool landed_ = false;
+  bool go_ = false;
+};
+
 // Unpublish while a UCX read is in flight: the bytes have landed but the
 // reader has not released the lease (held at the test point). The drain
 // waits for it, the registration stays mapped until then, the read
 // completes byte-exact, and a later read is refused.
 TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
   const uint64_t before = UcxLiveMappingsForTest();
-  std::mutex mu;
-  std::condition_variable cv;
-  bool landed = false, go = false;
-  testpoint::Arm("ucx.read_landed", [&](uint64_t) {
-    std::unique_lock<std::mutex> l(mu);
-    landed = true;
-    cv.notify_all();
-    cv.wait(l, [&] { return go; });
-  });
+  LandedHold hold;
   std::vector<uint8_t> out(flat_.size());
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  {
-    std::unique_lock<std::mutex> l(mu);
-    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
-                            [&] { return landed; }));
-  }
+  ASSERT_TRUE(hold.WaitLanded());
   Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
   ASSERT_TRUE(revoked.ok());
   EXPECT_EQ(registry_.reads_in_flight(), 1u);
@@ -764,11 +789,7 @@ TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
       registry_.Drain("m", Version(1), *revoked, Deadline::AfterMs(0));
   EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early.ToString();
   EXPECT_GT(UcxLiveMappingsForTest(), before);  // still mapped
-  {
-    std::lock_guard<std::mutex> l(mu);
-    go = true;
-    cv.notify_all();
-  }
+  hold.Release();
   reader.join();
   ASSERT_TRUE(read.ok()) << read.ToString();
   EXPECT_EQ(out, flat_);
@@ -776,7 +797,7 @@ TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
       registry_.Drain("m", Version(1), *revoked, Deadline::AfterMs(kGenerousMs))
           .ok());
   EXPECT_EQ(UcxLiveMappingsForTest(), before);  // unmapped by the drain
-  testpoint::Disarm("ucx.read_landed");
+  hold.Disarm();
   std::vector<uint8_t> late(100);
   Status s = ReadInto(late, 0);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
@@ -802,23 +823,11 @@ TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
       transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   conn_ = std::move(c).value();
-  std::mutex mu;
-  std::condition_variable cv;
-  bool landed = false, go = false;
-  testpoint::Arm("ucx.read_landed", [&](uint64_t) {
-    std::unique_lock<std::mutex> l(mu);
-    landed = true;
-    cv.notify_all();
-    cv.wait(l, [&] { return go; });
-  });
+  LandedHold hold;
   std::vector<uint8_t> out(flat_.size());
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  {
-    std::unique_lock<std::mutex> l(mu);
-    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
-                            [&] { return landed; }));
-  }
+  ASSERT_TRUE(hold.WaitLanded());
   Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
   ASSERT_TRUE(revoked.ok());
   // The reader stays stopped; the drain ends once the holder gave up on it
@@ -828,15 +837,11 @@ TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
   EXPECT_TRUE(drained.ok()) << drained.ToString();
   EXPECT_EQ(registry_.reads_in_flight(), 0u);
   EXPECT_EQ(UcxLiveMappingsForTest(), before_server);  // unmapped
-  {
-    std::lock_guard<std::mutex> l(mu);
-    go = true;
-    cv.notify_all();
-  }
+  hold.Release();
   reader.join();
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
   EXPECT_TRUE(conn_->broken());
-  testpoint::Disarm("ucx.read_landed");
+  hold.Disarm();
   Result<std::unique_ptr<Connection>> late =
       transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(late.ok()) << late.status().ToString();
@@ -850,30 +855,14 @@ TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
 // The holder gives the lease up (it stops) while the reader's bytes are in
 // but not released: the reader must discard them.
 TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool landed = false, go = false;
-  testpoint::Arm("ucx.read_landed", [&](uint64_t) {
-    std::unique_lock<std::mutex> l(mu);
-    landed = true;
-    cv.notify_all();
-    cv.wait(l, [&] { return go; });
-  });
+  LandedHold hold;
   std::vector<uint8_t> out(4096);
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  {
-    std::unique_lock<std::mutex> l(mu);
-    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
-                            [&] { return landed; }));
-  }
+  ASSERT_TRUE(hold.WaitLanded());
   server_->Stop();  // shuts the connection down, then ends the lease
   EXPECT_EQ(registry_.reads_in_flight(), 0u);
-  {
-    std::lock_guard<std::mutex> l(mu);
-    go = true;
-    cv.notify_all();
-  }
+  hold.Release();
   reader.join();
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
   EXPECT_TRUE(conn_->broken());
