@@ -12,21 +12,33 @@
 // call), then AddHolder (complete, which releases its sources). Last, every
 // worker heartbeats once in the interval the hub planned for the fleet
 // (serve --lease-ms, --heartbeat-budget, --max-lease-ms: the hub says it in
-// its answers), spread evenly over it. The figures of merit, each beside
+// its answers), spread evenly over it. Readers ask BeginFetch to name the
+// manifest by its SHA-256, as the worker library does (it then reads the
+// manifest from a source); --manifest-from-hub has the hub send it whole.
+// --pin runs the hub on the first CPU alone and the client threads on the
+// others, as a hub on a host of its own (by default all share every CPU).
+// The hub's CPU per call depends on how its calls arrive (together, or one
+// at a time, waking its threads for each), which on a small machine the
+// client threads' own CPU sets: see docs/benchmarks.md, section 6. The
+// figures of merit, each beside
 // its target (issue 14): the hub CPU time for the fetches (one version
 // delivered to N-1 readers; < 1 s for 10,000 readers), next to the state
 // machine's for the same work; and the share of one core that heartbeats
 // at the planned interval take (< 10%), with the interval and lease.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -38,6 +50,7 @@
 #include "hub/hub_state.h"
 #include "subprocess.h"
 #include "tensorhub/hub.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub::cli {
 namespace {
@@ -120,6 +133,39 @@ void PrintVerdict(uint64_t readers, double fetch_cpu_s) {
       static_cast<unsigned long long>(readers), fetch_cpu_s, kTargetSeconds,
       fetch_cpu_s / kTargetSeconds,
       fetch_cpu_s / static_cast<double>(readers) * 1e6);
+}
+
+// CPUs of this machine, and pinning every thread of a process to some.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  }
+  return out;
+}
+Status PinProcess(pid_t pid, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(dir, ec)) {
+    const pid_t tid = std::stoi(t.path().filename().string());
+    if (sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH) {
+      return Internal("sched_setaffinity(" + std::to_string(tid) +
+                      ") failed: " + std::strerror(errno));
+    }
+  }
+  if (ec) return Internal("cannot list " + dir + ": " + ec.message());
+  return Status::Ok();
+}
+std::string CpuList(const std::vector<int>& cpus) {
+  std::string s;
+  for (int c : cpus) s += (s.empty() ? "" : ",") + std::to_string(c);
+  return s;
 }
 
 // (1) The state machine in this thread.
@@ -217,15 +263,49 @@ int RunStateMachine(uint64_t workers, const PartLayout& part,
 }
 
 // (2) The real hub process, over gRPC.
-int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
-               uint32_t heartbeat_budget, int64_t max_lease_ms,
-               const PartLayout& part, const Manifest& manifest,
-               double state_machine_s) {
+struct RealHubFlags {
+  uint64_t threads = 4;
+  int64_t lease_ms = 0;
+  uint32_t heartbeat_budget = 0;
+  int64_t max_lease_ms = 0;
+  // The hub on CPU 0 alone, the client threads on the other CPUs: as on a
+  // hub host of its own, where the load generator does not share its cores.
+  bool pin = false;
+  // Readers ask BeginFetch to name the manifest by digest (they take it
+  // from a source), as the worker library does; false: the hub sends it
+  // to every reader (the library before it could).
+  bool manifest_from_sources = true;
+};
+
+int RunRealHub(uint64_t workers, const RealHubFlags& f, const PartLayout& part,
+               const Manifest& manifest, double state_machine_s) {
+  const uint64_t threads = f.threads;
+  const int64_t lease_ms = f.lease_ms;
+  const uint32_t heartbeat_budget = f.heartbeat_budget;
+  const int64_t max_lease_ms = f.max_lease_ms;
+  const std::vector<int> cpus = AllowedCpus();
+  const bool pin = f.pin && cpus.size() >= 2;
+  const std::vector<int> hub_cpus(cpus.begin(), cpus.begin() + (pin ? 1 : 0));
+  const std::vector<int> client_cpus(cpus.begin() + (pin ? 1 : 0), cpus.end());
   std::printf(
       "\n(2) real hub: `tensorhub serve` child process over gRPC, %llu client "
       "threads "
-      "(hub CPU from /proc/PID/stat, 10 ms ticks)\n",
-      static_cast<unsigned long long>(threads));
+      "(hub CPU from /proc/PID/stat, 10 ms ticks); %s; readers take the "
+      "manifest %s\n",
+      static_cast<unsigned long long>(threads),
+      pin ? ("the hub pinned to CPU " + CpuList(hub_cpus) +
+             ", the clients to CPUs " + CpuList(client_cpus) +
+             " (--pin, as on a hub host of its own)")
+                .c_str()
+          : "hub and clients share all CPUs (not pinned)",
+      f.manifest_from_sources
+          ? "from a source, the hub naming it by SHA-256 (as the library does)"
+          : "from the hub (--manifest-from-hub)");
+  // The hub inherits this process's CPUs when spawned; this process then
+  // moves to the others.
+  if (pin) {
+    if (Status s = PinProcess(getpid(), hub_cpus); !s.ok()) return Fail(s);
+  }
   Result<int> port = FreePort();
   if (!port.ok()) return Fail(port.status());
   const std::string address = "127.0.0.1:" + std::to_string(*port);
@@ -238,6 +318,9 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
        std::to_string(max_lease_ms)},
       {"TENSORHUB_LOG=warn"});
   if (!hub.ok()) return Fail(hub.status());
+  if (pin) {
+    if (Status s = PinProcess(getpid(), client_cpus); !s.ok()) return Fail(s);
+  }
   auto cpu = [&]() -> double {
     Result<double> c = ProcessCpuSeconds(hub->pid());
     return c.ok() ? *c : -1.0;
@@ -251,6 +334,9 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
                                         {}, WorkerClass::kReliable, 10000);
       !first.ok()) {
     return Fail(first.status().WithContext("hub did not come up"));
+  } else if (Status s = pin ? PinProcess(hub->pid(), hub_cpus) : Status::Ok();
+             !s.ok()) {
+    return Fail(s);
   } else if (Status s = clients[0]->Leave(*first, 5000); !s.ok()) {
     return Fail(s);
   }
@@ -302,17 +388,28 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
   // All readers arrive together, as rollouts waiting for a new version do:
   // each step of a fetch is one phase, so the hub's CPU per RPC kind shows.
   std::vector<client::FetchStart> started(workers);
+  const wire::Sha256 manifest_sha256 =
+      wire::Sha256Of(wire::EncodeManifest(manifest));
   std::vector<Latencies> begin_lat(threads);
   auto wall0 = std::chrono::steady_clock::now();
   parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t t) -> Status {
     auto s0 = std::chrono::steady_clock::now();
     TH_ASSIGN_OR_RETURN(
-        started[i], c.BeginFetch(ids[i], kModel, Version::Latest(), "", 0, 4,
-                                 /*fill_epoch=*/2));
+        started[i],
+        c.BeginFetch(ids[i], kModel, Version::Latest(), "", 0, 4,
+                     /*fill_epoch=*/2, -1, f.manifest_from_sources));
     auto s1 = std::chrono::steady_clock::now();
     const client::FetchStart& st = started[i];
-    if (!st.resolved.manifest.has_value() ||
-        st.resolved.manifest->num_chunks() != manifest.num_chunks()) {
+    if (f.manifest_from_sources) {
+      // A real reader reads it from a source and checks it against this
+      // SHA-256 (no hub CPU); here it is checked against this process's.
+      if (!st.manifest_ref.has_value() ||
+          st.manifest_ref->sha256 != manifest_sha256 ||
+          st.resolved.manifest.has_value()) {
+        return Internal("begin fetch did not name this manifest by digest");
+      }
+    } else if (!st.resolved.manifest.has_value() ||
+               st.resolved.manifest->num_chunks() != manifest.num_chunks()) {
       return Internal("begin fetch returned another manifest");
     }
     if (!st.filling) return Internal("not a filling holder: " + st.fill_detail);
@@ -325,7 +422,7 @@ int RunRealHub(uint64_t workers, uint64_t threads, int64_t lease_ms,
   double c4 = cpu();
   parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t) {
     return c.AddHolder(ids[i], kModel, started[i].resolved.version, 2,
-                       *started[i].resolved.manifest);
+                       manifest);
   });
   double c5 = cpu();
   double wall =
@@ -422,6 +519,8 @@ struct BenchHubFlags {
   uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
   int64_t max_lease_ms = HubOptions{}.max_lease_ms;
   bool no_rpc = false;
+  bool pin = false;
+  bool manifest_from_hub = false;
 };
 
 int RunBenchHub(const BenchHubFlags& f) {
@@ -457,8 +556,14 @@ int RunBenchHub(const BenchHubFlags& f) {
       rc != 0)
     return rc;
   if (f.no_rpc) return 0;
-  return RunRealHub(f.workers, f.threads, f.lease_ms, f.heartbeat_budget,
-                    f.max_lease_ms, part, manifest, state_machine_s);
+  RealHubFlags r;
+  r.threads = f.threads;
+  r.lease_ms = f.lease_ms;
+  r.heartbeat_budget = f.heartbeat_budget;
+  r.max_lease_ms = f.max_lease_ms;
+  r.pin = f.pin;
+  r.manifest_from_sources = !f.manifest_from_hub;
+  return RunRealHub(f.workers, r, part, manifest, state_machine_s);
 }
 
 }  // namespace
@@ -497,6 +602,14 @@ void AddBenchHubCommand(CommandLine& cl, CLI::App* bench) {
       ->check(CLI::Range(int64_t{150}, int64_t{600000}))
       ->capture_default_str();
   c->add_flag("--no-rpc", f->no_rpc, "the state machine only");
+  c->add_flag("--pin", f->pin,
+              "run the hub on the first CPU alone and the client threads on "
+              "the rest, as on a hub host of its own (by default all share "
+              "every CPU)");
+  c->add_flag("--manifest-from-hub", f->manifest_from_hub,
+              "readers take the manifest from the hub, not from a source "
+              "(the library's behaviour before BeginFetch could name it by "
+              "SHA-256)");
 }
 
 }  // namespace tensorhub::cli

@@ -2,6 +2,7 @@
 // serve) and the fetcher (what we pull).
 #include "tensorhub/client.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 #include "tls/tls.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub {
 
@@ -311,18 +313,16 @@ class Client::Impl {
         client::FetchStart start,
         BeginFetchWithin(model, version, work, opts.group, opts.group_step,
                          MaxSources(opts.max_sources), reserved.epoch()));
-    const auto t1 = SteadyClock::now();
     const client::Resolved& r = start.resolved;
-    if (!r.manifest.has_value()) {
-      return Internal("hub resolved a version without a manifest");
-    }
-    const Manifest& manifest = *r.manifest;
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
     // Until the destination is registered here, an exit withdraws what the
     // hub was told: the filling reference and the sources it assigned.
     StartGuard started(this, model, v, start.filling, deadline);
+    TH_RETURN_IF_ERROR(TakeManifest(model, vname, &start, work));
+    const auto t1 = SteadyClock::now();
+    const Manifest& manifest = *r.manifest;
     if (IsSharded(manifest)) {
       // Pieces of logical tensors: the destination names the logical
       // tensors, which come whole through the slice path (not served).
@@ -780,17 +780,15 @@ class Client::Impl {
         client::FetchStart start,
         BeginFetchWithin(model, version, work, opts.group, opts.group_step,
                          MaxSources(opts.max_sources), std::nullopt));
-    const auto t1 = SteadyClock::now();
     const client::Resolved& r = start.resolved;
-    if (!r.manifest.has_value()) {
-      return Internal("hub resolved a version without a manifest");
-    }
-    const Manifest& manifest = *r.manifest;
     const Version v = r.version;
     const std::string vname =
         "'" + model + "@" + std::to_string(v.value()) + "'";
     // Releases the sources the hub assigned, on every exit (FetchDone).
     StartGuard started(this, model, v, /*filling=*/false, deadline);
+    TH_RETURN_IF_ERROR(TakeManifest(model, vname, &start, work));
+    const auto t1 = SteadyClock::now();
+    const Manifest& manifest = *r.manifest;
     Result<client::SlicePlan> plan =
         client::PlanSlices(manifest, dests, manifest.chunk_bytes());
     if (!plan.ok()) return plan.status().WithContext(vname);
@@ -1128,6 +1126,8 @@ class Client::Impl {
   static constexpr int64_t kUnavailableConfirmMs = 200;
   // Between asks to a hub that did not answer or asked to try again.
   static constexpr int64_t kHubRetryPauseMs = 100;
+  // Sources asked for the manifest before the hub is.
+  static constexpr int kManifestSourcesTried = 3;
 
   static uint32_t MaxSources(int wanted) {
     return static_cast<uint32_t>(std::clamp(wanted, 1, 16));
@@ -1144,7 +1144,8 @@ class Client::Impl {
     while (true) {
       Result<client::FetchStart> r = hub_->BeginFetch(
           id(), model, version, group, group_step, max_sources, fill_epoch,
-          std::max<int64_t>(1, deadline.remaining_ms()));
+          std::max<int64_t>(1, deadline.remaining_ms()),
+          /*manifest_from_sources=*/true);
       if (r.ok() && r->resolved.state == VersionState::kUnavailable) {
         // The hub's own answer (not an unreachable hub): committed, but no
         // complete holder is left. Filling holders may still have chunks:
@@ -1185,6 +1186,85 @@ class Client::Impl {
       metrics_.HubRetry(kHubRetryPauseMs / 1000.0);
       clock_.SleepMs(kHubRetryPauseMs);
     }
+  }
+
+  // The version's manifest, when the hub named it by its SHA-256 instead
+  // of sending it (docs/design.md, "The manifest from a source"): read
+  // from the first of the hub's sources that serves it (kManifestPart) and
+  // checked against the SHA-256; if none of the first few does, from the
+  // hub (Resolve), with a warning that says why. A wrong manifest is never
+  // taken: one that fails the check counts as a failed source.
+  Status TakeManifest(const std::string& model, const std::string& vname,
+                      client::FetchStart* start, const Deadline& work) {
+    client::Resolved& r = start->resolved;
+    if (r.manifest.has_value()) {
+      metrics_.ManifestTaken(/*from_source=*/false);
+      return Status::Ok();
+    }
+    if (!start->manifest_ref.has_value()) {
+      return Internal("the hub resolved " + vname + " without a manifest");
+    }
+    const client::ManifestRef& ref = *start->manifest_ref;
+    std::string failures;
+    int tried = 0;
+    for (const client::FetchSource& src : ToSources(start->first.sources)) {
+      if (tried++ == kManifestSourcesTried || work.remaining_ms() < 2) break;
+      // Each try gets a share of the time left, so that the hub remains
+      // to be asked.
+      const Deadline d = Deadline::AfterMs(
+          std::max<int64_t>(1, work.remaining_ms() / 3), clock_);
+      Result<Manifest> m = ReadManifest(src, model, r.version, ref, d);
+      if (m.ok()) {
+        r.manifest = std::move(m).value();
+        metrics_.ManifestTaken(/*from_source=*/true, ref.size);
+        return Status::Ok();
+      }
+      failures += (failures.empty() ? "" : "; ") + src.address + ": " +
+                  m.status().ToString();
+    }
+    TH_LOG(WARN) << "fetch " << vname
+                 << ": taking the manifest from the hub, as no source served "
+                    "it ("
+                 << (failures.empty() ? "the hub listed none" : failures)
+                 << ")";
+    Result<client::Resolved> again =
+        hub_->Resolve(id(), model, r.version, /*include_uncommitted=*/false, "",
+                      0, std::max<int64_t>(1, work.remaining_ms()));
+    if (!again.ok()) {
+      return again.status().WithContext(
+          "fetch " + vname +
+          ": the manifest (no source served it: " + failures + ")");
+    }
+    if (!again->manifest.has_value()) {
+      return Internal("the hub resolved " + vname + " without a manifest");
+    }
+    r.manifest = std::move(again->manifest);
+    metrics_.ManifestTaken(/*from_source=*/false);
+    return Status::Ok();
+  }
+
+  // One read of a source's manifest part, checked and decoded.
+  Result<Manifest> ReadManifest(const client::FetchSource& src,
+                                const std::string& model, Version v,
+                                const client::ManifestRef& ref,
+                                const Deadline& d) {
+    TH_ASSIGN_OR_RETURN(std::unique_ptr<transport::Connection> conn,
+                        transport_->Connect(src.address, d));
+    wire::ReadRequest req;
+    req.model = model;
+    req.version = v.value();
+    req.epoch = src.epoch;
+    req.part = client::kManifestPart;
+    req.length = ref.size;
+    std::string bytes(ref.size, '\0');
+    const iovec dest{bytes.data(), bytes.size()};
+    TH_RETURN_IF_ERROR(conn->Read(req, {&dest, 1}, d));
+    if (wire::Sha256Of(bytes) != ref.sha256) {
+      return DataLoss(
+          "the manifest it served is not the one the hub named (SHA-256 "
+          "differs)");
+    }
+    return wire::DecodeManifest(bytes, "the manifest it served");
   }
 
   // Registers the fetch destination, under the reserved epoch, as a

@@ -99,6 +99,21 @@ ClientMetrics::ClientMetrics()
       hub_retry_wait_(NewCounter(*registry_,
                                  "tensorhub_fetch_hub_retry_wait_seconds_total",
                                  "Time fetches paused between those retries")),
+      manifests_from_source_(NewCounter(
+          *registry_, "tensorhub_fetch_manifests_total",
+          "Fetches' manifests, by where they came from: a source (checked "
+          "against the SHA-256 the hub named) or the hub",
+          {{"from", "source"}})),
+      manifests_from_hub_(NewCounter(
+          *registry_, "tensorhub_fetch_manifests_total",
+          "Fetches' manifests, by where they came from: a source (checked "
+          "against the SHA-256 the hub named) or the hub",
+          {{"from", "hub"}})),
+      manifest_bytes_(NewCounter(
+          *registry_, "tensorhub_fetch_manifest_bytes_total",
+          "Bytes of manifests read from sources (which count them in their "
+          "tensorhub_served_bytes_total; not in "
+          "tensorhub_fetched_bytes_total)")),
       drain_seconds_(NewHistogram(
           *registry_, "tensorhub_unpublish_drain_seconds",
           "Time an unpublish (or a released or abandoned fetch destination) "
@@ -139,6 +154,11 @@ void ClientMetrics::FetchFailed() { fetches_failed_.Increment(); }
 void ClientMetrics::HubRetry(double pause_seconds) {
   hub_retries_.Increment();
   hub_retry_wait_.Increment(pause_seconds);
+}
+
+void ClientMetrics::ManifestTaken(bool from_source, uint64_t bytes) {
+  (from_source ? manifests_from_source_ : manifests_from_hub_).Increment();
+  manifest_bytes_.Increment(static_cast<double>(bytes));
 }
 
 void ClientMetrics::Drained(double seconds, bool ok) {

@@ -50,6 +50,10 @@ class ClientMetrics {
   void FetchFailed();
   // Resolve asked the hub again (unreachable, or rebuilding) after a pause.
   void HubRetry(double pause_seconds);
+  // Where a fetch took its version's manifest: from a source (checked
+  // against the SHA-256 the hub named; `bytes` of it, which the source
+  // counts as served) or from the hub.
+  void ManifestTaken(bool from_source, uint64_t bytes = 0);
   // Unpublish (or a fetch releasing its destination, or an abandoned fill)
   // waited this long for reads in flight; `ok` false: past its deadline.
   void Drained(double seconds, bool ok);
@@ -74,6 +78,9 @@ class ClientMetrics {
   prometheus::Histogram& steal_wait_;
   prometheus::Counter& hub_retries_;
   prometheus::Counter& hub_retry_wait_;
+  prometheus::Counter& manifests_from_source_;
+  prometheus::Counter& manifests_from_hub_;
+  prometheus::Counter& manifest_bytes_;
   prometheus::Histogram& drain_seconds_;
   prometheus::Counter& drain_timeouts_;
 };

@@ -15,9 +15,11 @@
 #include "client/client_deps.h"
 #include "client/client_metrics.h"
 #include "client/control_plane.h"
+#include "client/registry.h"
 #include "common/clock.h"
 #include "metrics/metrics.h"
 #include "transport/fake/fake_transport.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub::client {
 namespace {
@@ -61,9 +63,28 @@ TestVersion MakeVersion(uint32_t seed) {
   return v;
 }
 
-FakeTransport::Serve ServeFrom(const TestVersion& v) {
-  return [&v](const wire::ReadRequest& req,
-              std::span<const iovec> dest) -> Status {
+// `bad_manifest`: the holder serves a manifest other than the hub's (one
+// chunk checksum changed), as a holder of another encoding or a corrupt
+// one would.
+FakeTransport::Serve ServeFrom(const TestVersion& v,
+                               bool bad_manifest = false) {
+  return [&v, bad_manifest](const wire::ReadRequest& req,
+                            std::span<const iovec> dest) -> Status {
+    if (req.part == kManifestPart) {
+      Manifest m = v.manifest;
+      if (bad_manifest) {
+        std::vector<PartLayout> parts = m.parts();
+        parts[0].chunk_xxh3[0] ^= 1;
+        m = Manifest(m.group_size(), m.chunk_bytes(), std::move(parts));
+      }
+      const std::string bytes = wire::EncodeManifest(m);
+      if (req.offset + req.length > bytes.size())
+        return InvalidArgument("test: read past the manifest");
+      const iovec src{const_cast<char*>(bytes.data()) + req.offset, req.length};
+      if (!transport::CopyPieces({&src, 1}, dest))
+        return Internal("test: bad read sizes");
+      return Status::Ok();
+    }
     std::vector<uint8_t*> bases;
     for (const Bytes& b : v.data)
       bases.push_back(const_cast<uint8_t*>(b.data()));
@@ -91,6 +112,11 @@ class ScriptedHub final : public ControlPlane {
   int resolve_unavailable = 0;   // the first this many Resolves: rebuilding
   int schedule_unavailable = 0;  // the first this many Schedules: rebuilding
 
+  // BeginFetch names the manifest by its SHA-256 instead of sending it
+  // (as the hub does when a source holds the whole version), to a reader
+  // that can take it from a source.
+  bool name_manifest = false;
+
   int resolves() const { return Count(resolves_); }
   int fetch_dones() const { return Count(fetch_dones_); }
   int forced_unpublishes() const { return Count(forced_unpublishes_); }
@@ -114,6 +140,24 @@ class ScriptedHub final : public ControlPlane {
   Status AddHolder(const WorkerId&, const std::string&, Version, uint64_t,
                    const Manifest&, bool, int64_t) override {
     return Status::Ok();
+  }
+  Result<FetchStart> BeginFetch(const WorkerId& reader,
+                                const std::string& model, Version version,
+                                const std::string& group, uint64_t group_step,
+                                uint32_t max_sources,
+                                std::optional<uint64_t> fill_epoch,
+                                int64_t timeout_ms,
+                                bool manifest_from_sources) override {
+    Result<FetchStart> r = ControlPlane::BeginFetch(
+        reader, model, version, group, group_step, max_sources, fill_epoch,
+        timeout_ms, manifest_from_sources);
+    if (r.ok() && name_manifest && manifest_from_sources &&
+        r->resolved.manifest.has_value()) {
+      const std::string bytes = wire::EncodeManifest(*r->resolved.manifest);
+      r->manifest_ref = ManifestRef{wire::Sha256Of(bytes), bytes.size()};
+      r->resolved.manifest.reset();
+    }
+    return r;
   }
   Result<Scheduled> Schedule(const WorkerId&, const std::string& model,
                              Version version,
@@ -416,6 +460,52 @@ TEST_F(ClientOnFakes, StatsAndMetricsCarryTheFetchStages) {
                               std::string(stage) + "\"} 1"))
         << stage;
   }
+}
+
+// The hub names the manifest by its SHA-256: the reader reads it from its
+// first source, checks it, and asks the hub nothing more.
+TEST_F(ClientOnFakes, TheManifestComesFromASourceCheckedByItsDigest) {
+  transport_->AddHolder("a", ServeFrom(v_));
+  hub_->holders = {Holder("a", v_)};
+  hub_->name_manifest = true;
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(dest_, v_.data);
+  EXPECT_EQ(hub_->resolves(), 1);  // BeginFetch's own
+  const std::string text = MetricsText(*c);
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"source\"} 1"))
+      << text;
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"hub\"} 0"));
+}
+
+// A source whose manifest is not the one the hub named is passed over for
+// the next; when no source serves the right one, the manifest comes from
+// the hub (Resolve), and the fetch still completes byte-exact.
+TEST_F(ClientOnFakes, AManifestThatFailsItsDigestIsNeverTaken) {
+  transport_->AddHolder("a", ServeFrom(v_, /*bad_manifest=*/true));
+  transport_->AddHolder("b", ServeFrom(v_));
+  hub_->holders = {Holder("a", v_), Holder("b", v_)};
+  hub_->name_manifest = true;
+  std::unique_ptr<Client> c = Connect();
+  ASSERT_NE(c, nullptr);
+  Result<FetchStats> r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(dest_, v_.data);
+  EXPECT_EQ(hub_->resolves(), 1);  // b served it
+  EXPECT_TRUE(Has(MetricsText(*c),
+                  "tensorhub_fetch_manifests_total{from=\"source\"} 1"));
+
+  hub_->holders = {Holder("a", v_)};  // only the bad one now
+  r = Fetch(*c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(dest_, v_.data);
+  EXPECT_EQ(hub_->resolves(), 3);  // BeginFetch's, then for the manifest
+  const std::string text = MetricsText(*c);
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"hub\"} 1"))
+      << text;
+  EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"source\"} 1"));
 }
 
 TEST_F(ClientOnFakes, AFailedFetchCountsAsAnError) {

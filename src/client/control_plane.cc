@@ -5,7 +5,8 @@ namespace tensorhub::client {
 Result<FetchStart> ControlPlane::BeginFetch(
     const WorkerId& reader, const std::string& model, Version version,
     const std::string& group, uint64_t group_step, uint32_t max_sources,
-    std::optional<uint64_t> fill_epoch, int64_t timeout_ms) {
+    std::optional<uint64_t> fill_epoch, int64_t timeout_ms,
+    bool /*manifest_from_sources: always sent here*/) {
   FetchStart out;
   TH_ASSIGN_OR_RETURN(out.resolved, Resolve(reader, model, version, false,
                                             group, group_step, timeout_ms));

@@ -14,6 +14,7 @@
 #ifndef TENSORHUB_CLIENT_CONTROL_PLANE_H_
 #define TENSORHUB_CLIENT_CONTROL_PLANE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +67,16 @@ struct Scheduled {
   std::optional<std::string> unavailable;
 };
 
+// A manifest the hub named instead of sending it: its SHA-256 and size as
+// encoded (wire::EncodeManifest).
+struct ManifestRef {
+  std::array<uint8_t, 32> sha256{};
+  uint64_t size = 0;
+};
+// The largest manifest a reader takes from a source (as the hub's cache of
+// encoded manifests, and far above a real one: 4 MiB names ~250,000 chunks).
+inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
 // A BeginFetch answer: the resolution, the filling registration, and the
 // first schedule, as Resolve, AddHolder (filling) and Schedule would
 // answer one after another. `resolved.sources` (Resolve's nearest holders)
@@ -80,6 +91,10 @@ struct FetchStart {
   // UNAVAILABLE: the hub is rebuilding).
   Status first_status;
   Scheduled first;
+  // Set when the hub left `resolved.manifest` out (BeginFetch asked with
+  // manifest_from_sources): the reader takes it from a source that holds
+  // the whole version and checks it against this.
+  std::optional<ManifestRef> manifest_ref;
 };
 
 // A keeper's work from KeeperPoll: (model, version, total bytes).
@@ -180,10 +195,13 @@ class ControlPlane {
   // Fails as Resolve fails; the other two steps' outcomes are in the
   // answer. The default asks Resolve, AddHolder and Schedule in turn (for
   // in-memory control planes in tests); the gRPC one makes one call.
+  // manifest_from_sources: the caller can take the manifest from a source
+  // (FetchStart::manifest_ref); the hub may then leave it out.
   virtual Result<FetchStart> BeginFetch(
       const WorkerId& reader, const std::string& model, Version version,
       const std::string& group, uint64_t group_step, uint32_t max_sources,
-      std::optional<uint64_t> fill_epoch, int64_t timeout_ms = -1);
+      std::optional<uint64_t> fill_epoch, int64_t timeout_ms = -1,
+      bool manifest_from_sources = false);
   virtual Result<std::vector<ModelInfo>> List() = 0;
   // wait_ms: as for Unpublish, for every retained version it holds the
   // last copy of; it leaves all the same.

@@ -4,6 +4,7 @@
 #ifndef TENSORHUB_CLIENT_COUNTED_CLIENT_H_
 #define TENSORHUB_CLIENT_COUNTED_CLIENT_H_
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -46,6 +47,17 @@ struct CountedClient {
   // Bytes this client's data server has sent (0 before it listens).
   uint64_t served() const {
     return *server == nullptr ? 0 : (*server)->bytes_served();
+  }
+  // Bytes of manifests this client read from sources (which they count as
+  // served): tensorhub_fetch_manifest_bytes_total.
+  uint64_t manifest_bytes_read() const {
+    const std::string text = ClientFactory::MetricsText(*client);
+    const std::string key = "\ntensorhub_fetch_manifest_bytes_total ";
+    const size_t at = text.find(key);
+    return at == std::string::npos
+               ? 0
+               : static_cast<uint64_t>(
+                     std::strtod(text.c_str() + at + key.size(), nullptr));
   }
 };
 

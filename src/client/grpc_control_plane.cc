@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -107,7 +108,8 @@ class GrpcControlPlane final : public ControlPlane {
                                 const std::string& group, uint64_t group_step,
                                 uint32_t max_sources,
                                 std::optional<uint64_t> fill_epoch,
-                                int64_t timeout_ms) override;
+                                int64_t timeout_ms,
+                                bool manifest_from_sources) override;
   Result<std::vector<ModelInfo>> List() override;
   Status Leave(const WorkerId& id, int64_t timeout_ms,
                int64_t wait_ms) override;
@@ -495,7 +497,8 @@ Result<std::optional<Manifest>> GrpcControlPlane::ParseManifest(
 Result<FetchStart> GrpcControlPlane::BeginFetch(
     const WorkerId& reader, const std::string& model, Version version,
     const std::string& group, uint64_t group_step, uint32_t max_sources,
-    std::optional<uint64_t> fill_epoch, int64_t timeout_ms) {
+    std::optional<uint64_t> fill_epoch, int64_t timeout_ms,
+    bool manifest_from_sources) {
   v1::BeginFetchRequest req;
   req.set_worker_id(reader.value());
   req.set_model(model);
@@ -504,6 +507,7 @@ Result<FetchStart> GrpcControlPlane::BeginFetch(
   req.set_group_step(group_step);
   req.set_max_sources(max_sources);
   if (fill_epoch.has_value()) req.set_fill_epoch(*fill_epoch);
+  req.set_manifest_from_sources(manifest_from_sources);
   v1::BeginFetchResponse resp;
   TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::BeginFetch, req, &resp, "begin fetch",
                           Within(timeout_ms)));
@@ -515,6 +519,20 @@ Result<FetchStart> GrpcControlPlane::BeginFetch(
   r.retained = resp.retained();
   TH_ASSIGN_OR_RETURN(r.manifest,
                       ParseManifest(resp.manifest(), "begin fetch"));
+  if (!resp.manifest_sha256().empty()) {
+    ManifestRef ref;
+    if (!manifest_from_sources || r.manifest.has_value() ||
+        resp.manifest_sha256().size() != ref.sha256.size() ||
+        resp.manifest_size() == 0 || resp.manifest_size() > kMaxManifestBytes) {
+      return InvalidArgument(
+          "begin fetch: the hub named the manifest by a bad digest or size (" +
+          std::to_string(resp.manifest_size()) + " bytes)");
+    }
+    std::memcpy(ref.sha256.data(), resp.manifest_sha256().data(),
+                ref.sha256.size());
+    ref.size = resp.manifest_size();
+    out.manifest_ref = ref;
+  }
   for (const v1::Holder& h : resp.holders()) {
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     r.sources.push_back(std::move(src));

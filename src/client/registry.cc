@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/test_point.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub::client {
 
@@ -224,6 +225,7 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
     return Aborted("registration " + std::to_string(req.epoch) + " of " + name +
                    " was revoked");
   }
+  if (req.part == kManifestPart) return ServeManifest(*e, req, name);
   auto pit = e->holding.parts.find(req.part);
   if (pit == e->holding.parts.end()) {
     return NotFound("this worker does not hold part " +
@@ -288,6 +290,40 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
       drained_.notify_all();
     }
   });
+  return lease;
+}
+
+Result<transport::ServeLease> Registry::ServeManifest(
+    Entry& e, const wire::ReadRequest& req, const std::string& name) {
+  if (e.manifest_bytes == nullptr) {
+    const Holding& h = e.holding;
+    if (h.manifest.has_value()) {
+      e.manifest_bytes = std::make_shared<const std::string>(
+          wire::EncodeManifest(*h.manifest));
+    } else if (h.group_size == 1 && h.rank.has_value() && !h.slices) {
+      // A trainer that published the whole version alone knows its
+      // manifest: the hub's is made of this one part.
+      e.manifest_bytes =
+          std::make_shared<const std::string>(wire::EncodeManifest(
+              Manifest(1, h.chunk_bytes, {h.parts.at(*h.rank)})));
+    } else {
+      return NotFound("this worker holds a part of " + name +
+                      " and does not know its whole manifest");
+    }
+  }
+  const std::shared_ptr<const std::string>& bytes = e.manifest_bytes;
+  if (req.run != 0 || req.offset > bytes->size() ||
+      req.length > bytes->size() - req.offset) {
+    return InvalidArgument("read past the end of the manifest of " + name +
+                           " (" + std::to_string(bytes->size()) + " bytes)");
+  }
+  // The bytes are the registry's own, not the published memory: the read
+  // pins them, not the registration, and no drain waits for it.
+  transport::ServeLease lease;
+  lease.memory = MemoryLocation::Host();
+  lease.pieces.push_back(
+      {const_cast<char*>(bytes->data()) + req.offset, req.length});
+  lease.pin = std::const_pointer_cast<std::string>(bytes);
   return lease;
 }
 

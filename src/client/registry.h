@@ -27,6 +27,12 @@
 
 namespace tensorhub::client {
 
+// The part number a read names to get a version's whole manifest from a
+// holder (as the hub encodes it, wire::EncodeManifest), instead of bytes
+// of a part: a reader the hub sent only the manifest's SHA-256 takes it
+// from a source (docs/design.md, "The manifest from a source").
+inline constexpr uint32_t kManifestPart = 0xFFFFFFFEu;
+
 struct Holding {
   std::string model;
   Version version;
@@ -124,7 +130,17 @@ class Registry final : public transport::ReadSource {
     // per publish (transport.h). Destroyed once the registration is revoked
     // and drained (guarded by Registry::mu_), before Drain() returns.
     std::unique_ptr<transport::Registration> registration;
+    // The manifest as a source serves it (kManifestPart), encoded on the
+    // first read of it.
+    std::shared_ptr<const std::string> manifest_bytes;  // Registry::mu_
   };
+  // A read of kManifestPart: the whole manifest, encoded as the hub
+  // encodes it, or NOT_FOUND from a trainer rank of a group (which holds
+  // its part only).
+  Result<transport::ServeLease> ServeManifest(Entry& e,
+                                              const wire::ReadRequest& req,
+                                              const std::string& name)
+      TH_REQUIRES(mu_);
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
       TH_REQUIRES(mu_);
   using Key = std::pair<std::string, Version>;

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/test_point.h"
+#include "wire/proto_convert.h"
 
 namespace tensorhub::client {
 namespace {
@@ -569,6 +570,54 @@ TEST(RegistryTest, AReadOfACancelledReservationIsRefused) {
   testpoint::Disarm("registry.reserved_read_waits");
   reg.CancelReservation(epoch);
   reader.join();
+}
+
+// kManifestPart: a trainer that published the whole version alone, and a
+// reader that fetched one, serve the manifest as the hub encodes it; a
+// trainer rank of a group (its part only) refuses; a read past its end is
+// refused. The bytes outlive an unpublish of the memory (they are the
+// registry's own, pinned by the lease).
+TEST(RegistryTest, ServesTheWholeManifestAsTheHubEncodesIt) {
+  Registry reg;
+  Part p = MakePart(0, kSizes, 11);
+  const Manifest whole(1, kChunkBytes, {p.layout});
+  const std::string expect = wire::EncodeManifest(whole);
+  Result<uint64_t> trainer = reg.Add(MakeHolding("m", 1, p));
+  ASSERT_TRUE(trainer.ok());
+  Result<transport::ServeLease> lease =
+      reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 0, expect.size()));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const std::vector<uint8_t> got = Gather(*lease);
+  EXPECT_EQ(std::string(got.begin(), got.end()), expect);
+  EXPECT_EQ(
+      reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 1, expect.size()))
+          .status()
+          .code(),
+      StatusCode::kInvalidArgument);
+  // Served bytes are not the published memory: an unpublish drains at once.
+  ASSERT_TRUE(reg.Revoke("m", Version(1)).ok());
+  EXPECT_TRUE(reg.Drain("m", Version(1), *trainer, Deadline::AfterMs(0)).ok());
+  EXPECT_EQ(Gather(*lease), got);
+
+  // A reader's holding: the full manifest it fetched.
+  Holding reader = MakeHolding("m", 2, p);
+  reader.rank.reset();
+  reader.manifest = whole;
+  Result<uint64_t> e2 = reg.Add(std::move(reader));
+  ASSERT_TRUE(e2.ok());
+  lease = reg.BeginRead(Req("m", 2, *e2, kManifestPart, 0, expect.size()));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  const std::vector<uint8_t> got2 = Gather(*lease);
+  EXPECT_EQ(std::string(got2.begin(), got2.end()), expect);
+
+  // Rank 0 of a group of two knows its part only.
+  Holding rank0 = MakeHolding("m", 3, p);
+  rank0.group_size = 2;
+  Result<uint64_t> e3 = reg.Add(std::move(rank0));
+  ASSERT_TRUE(e3.ok());
+  EXPECT_EQ(
+      reg.BeginRead(Req("m", 3, *e3, kManifestPart, 0, 1)).status().code(),
+      StatusCode::kNotFound);
 }
 
 }  // namespace

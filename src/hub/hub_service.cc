@@ -286,7 +286,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   grpc::Status Resolve(ServerContext* ctx, const v1::ResolveRequest* req,
                        v1::ResolveResponse* resp) override {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
-    std::shared_ptr<const std::string> encoded;
+    std::shared_ptr<const EncodedManifest> encoded;
     std::optional<Manifest> manifest;  // to encode, when not cached
     uint64_t durable = 0;              // a reader group's new pin
     Result<Resolution> r = [&] {
@@ -328,7 +328,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     resp->set_version(r->version.value());
     resp->set_state(wire::ToProto(r->state));
     resp->set_num_holders(r->num_holders);
-    if (encoded != nullptr) resp->set_manifest(*encoded);
+    if (encoded != nullptr) resp->set_manifest(encoded->bytes);
     resp->set_retained(r->retained);
     for (const HolderView& h : r->holders) ToProto(h, resp->add_holders());
     return grpc::Status::OK;
@@ -396,7 +396,7 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (req->fill_epoch() != 0) a.fill_epoch = req->fill_epoch();
     a.max_sources = req->max_sources();
     a.settled = !Rebuilding();
-    std::shared_ptr<const std::string> encoded;
+    std::shared_ptr<const EncodedManifest> encoded;
     std::optional<Manifest> manifest;  // to encode, when not cached
     uint64_t durable = 0;              // a reader group's new pin
     Result<FetchStart> r = [&] {
@@ -418,7 +418,17 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (manifest.has_value()) encoded = EncodeManifest(a.model, res, *manifest);
     resp->set_version(res.version.value());
     resp->set_state(wire::ToProto(res.state));
-    if (encoded != nullptr) resp->set_manifest(*encoded);
+    if (encoded != nullptr) {
+      if (req->manifest_from_sources() &&
+          AnyHoldsAll(r->sources, encoded->num_chunks)) {
+        // The reader reads it from a source and checks it against this.
+        resp->set_manifest_sha256(encoded->sha256.data(),
+                                  encoded->sha256.size());
+        resp->set_manifest_size(encoded->bytes.size());
+      } else {
+        resp->set_manifest(encoded->bytes);
+      }
+    }
     for (const HolderView& h : res.holders) ToProto(h, resp->add_holders());
     resp->set_num_holders(res.num_holders);
     resp->set_retained(res.retained);
@@ -789,6 +799,27 @@ class HubServiceImpl final : public v1::Hub::Service {
     if (h.slice_holder) wire::ToProto(h.slices, out->mutable_slices());
   }
 
+  // A version's manifest as the hub sends it (wire::EncodeManifest), with
+  // what a reader needs to take it from a source instead.
+  struct EncodedManifest {
+    std::string bytes;
+    wire::Sha256 sha256{};
+    uint64_t num_chunks = 0;
+  };
+  // Whether one of `sources` holds every chunk of a version of
+  // `num_chunks`, and so can serve its whole manifest (a trainer rank of a
+  // group holds only its part, and does not know the rest).
+  static bool AnyHoldsAll(const std::vector<HolderView>& sources,
+                          uint64_t num_chunks) {
+    for (const HolderView& h : sources) {
+      if (h.slice_holder) continue;
+      uint64_t held = 0;
+      for (const ChunkRange& c : h.chunks) held += c.end - c.begin;
+      if (held >= num_chunks) return true;
+    }
+    return false;
+  }
+
   // The encoded manifests Resolve sends, by (model, version, digest): the
   // digest tells a version re-created with other contents apart. At most
   // kManifestCacheEntries and kManifestCacheBytes, the oldest evicted first.
@@ -799,11 +830,11 @@ class HubServiceImpl final : public v1::Hub::Service {
   // The encoded manifest of a resolved version: the cached copy, or null
   // with `*manifest` set to the manifest to encode (outside the lock:
   // EncodeManifest), or null when the version has none.
-  std::shared_ptr<const std::string> FindManifest(
+  std::shared_ptr<const EncodedManifest> FindManifest(
       const std::string& model, const Resolution& r,
       std::optional<Manifest>* manifest) TH_REQUIRES(mu_) {
     if (!r.manifest_digest.has_value()) return nullptr;
-    std::shared_ptr<const std::string> encoded = CachedManifest(model, r);
+    std::shared_ptr<const EncodedManifest> encoded = CachedManifest(model, r);
     if (encoded == nullptr)
       *manifest = state_.CommittedManifest(model, r.version);
     return encoded;
@@ -811,37 +842,37 @@ class HubServiceImpl final : public v1::Hub::Service {
   // Encoding happens outside the lock: a big manifest must not stall
   // other calls. Every reader of a version gets the same bytes, so they
   // are encoded once per version.
-  std::shared_ptr<const std::string> EncodeManifest(const std::string& model,
-                                                    const Resolution& r,
-                                                    const Manifest& manifest)
+  std::shared_ptr<const EncodedManifest> EncodeManifest(
+      const std::string& model, const Resolution& r, const Manifest& manifest)
       TH_EXCLUDES(mu_) {
-    v1::VersionManifest vm;
-    wire::ToProto(manifest, &vm);
-    auto encoded = std::make_shared<const std::string>(vm.SerializeAsString());
+    auto e = std::make_shared<EncodedManifest>();
+    e->bytes = wire::EncodeManifest(manifest);
+    e->sha256 = wire::Sha256Of(e->bytes);
+    e->num_chunks = manifest.num_chunks();
+    std::shared_ptr<const EncodedManifest> encoded = std::move(e);
     MutexLock lock(mu_);
     CacheManifest(model, r, encoded);
     return encoded;
   }
 
-  std::shared_ptr<const std::string> CachedManifest(const std::string& model,
-                                                    const Resolution& r)
-      TH_REQUIRES(mu_) {
+  std::shared_ptr<const EncodedManifest> CachedManifest(
+      const std::string& model, const Resolution& r) TH_REQUIRES(mu_) {
     auto it = manifest_cache_.find(
         {model, r.version.value(), r.manifest_digest->value});
     return it == manifest_cache_.end() ? nullptr : it->second;
   }
   void CacheManifest(const std::string& model, const Resolution& r,
-                     std::shared_ptr<const std::string> encoded)
+                     std::shared_ptr<const EncodedManifest> encoded)
       TH_REQUIRES(mu_) {
     ManifestKey key{model, r.version.value(), r.manifest_digest->value};
-    const size_t bytes = encoded->size();
+    const size_t bytes = encoded->bytes.size();
     if (!manifest_cache_.emplace(key, std::move(encoded)).second) return;
     manifest_order_.push_back(key);
     manifest_cache_bytes_ += bytes;
     while (manifest_order_.size() > kManifestCacheEntries ||
            manifest_cache_bytes_ > kManifestCacheBytes) {
       auto oldest = manifest_cache_.find(manifest_order_.front());
-      manifest_cache_bytes_ -= oldest->second->size();
+      manifest_cache_bytes_ -= oldest->second->bytes.size();
       manifest_cache_.erase(oldest);
       manifest_order_.pop_front();
     }
@@ -863,7 +894,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   uint64_t durable_done_ TH_GUARDED_BY(mu_) = 0;
   uint64_t durable_lost_ TH_GUARDED_BY(mu_) = 0;
   Mutex persist_mu_;  // one write to the store at a time, in queue order
-  std::map<ManifestKey, std::shared_ptr<const std::string>> manifest_cache_
+  std::map<ManifestKey, std::shared_ptr<const EncodedManifest>> manifest_cache_
       TH_GUARDED_BY(mu_);
   std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
   size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;

@@ -1,5 +1,11 @@
 #include "wire/proto_convert.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <openssl/sha.h>
+
+#include <climits>
+
 namespace tensorhub::wire {
 
 void ToProto(const PartLayout& part, v1::PartManifest* out) {
@@ -84,6 +90,37 @@ Result<Manifest> FromProto(const v1::VersionManifest& in) {
   Manifest m(in.group_size(), in.chunk_bytes(), std::move(parts));
   TH_RETURN_IF_ERROR(m.Validate());
   return m;
+}
+
+std::string EncodeManifest(const Manifest& m) {
+  v1::VersionManifest vm;
+  ToProto(m, &vm);
+  std::string out;
+  {
+    google::protobuf::io::StringOutputStream stream(&out);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    vm.SerializeToCodedStream(&coded);
+  }
+  return out;
+}
+
+Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view what) {
+  v1::VersionManifest vm;
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !vm.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return InvalidArgument(std::string(what) + ": a malformed manifest");
+  }
+  Result<Manifest> m = FromProto(vm);
+  if (!m.ok()) return m.status().WithContext(std::string(what));
+  return m;
+}
+
+Sha256 Sha256Of(std::string_view bytes) {
+  Sha256 out{};
+  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+         out.data());
+  return out;
 }
 
 void ToProto(const Labels& l, v1::Labels* out) {

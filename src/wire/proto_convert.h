@@ -6,6 +6,11 @@
 
 #include <grpcpp/support/status.h>
 
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
 #include "common/manifest.h"
 #include "tensorhub.pb.h"
 #include "tensorhub/snapshot.h"
@@ -19,6 +24,16 @@ Result<PartLayout> FromProto(const v1::PartManifest& in);
 void ToProto(const Manifest& m, v1::VersionManifest* out);
 // Validates the result (Manifest::Validate).
 Result<Manifest> FromProto(const v1::VersionManifest& in);
+
+// A manifest as it travels whole: the hub's answers and a holder's
+// manifest part (a data-plane read) carry these bytes, a deterministic
+// serialization of its VersionManifest, so that the hub and every holder
+// of a version encode it alike and one SHA-256 names it.
+std::string EncodeManifest(const Manifest& m);
+// Decodes and validates; `what` names the source in the error.
+Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view what);
+using Sha256 = std::array<uint8_t, 32>;
+Sha256 Sha256Of(std::string_view bytes);
 
 void ToProto(const Labels& l, v1::Labels* out);
 Labels FromProto(const v1::Labels& in);

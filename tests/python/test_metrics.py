@@ -211,13 +211,19 @@ def test_embedded_hub_and_clients_export_what_happened(model_name):
             assert r.value("tensorhub_held_versions", state="filling") == 0
 
             t = Scrape(trainer.metrics_address)
-            assert t.total("tensorhub_served_bytes_total") == nbytes
+            # The trainer also served the reader the manifest (the hub named
+            # it by its SHA-256): counted as served, not as fetched chunks.
+            manifest = r.value("tensorhub_fetch_manifest_bytes_total")
+            assert r.value("tensorhub_fetch_manifests_total", **{"from": "source"}) == 1
+            assert 0 < manifest < 65536
+            assert t.total("tensorhub_served_bytes_total") == nbytes + manifest
             assert t.value("tensorhub_fetches_total", outcome="ok") == 0
             # The reader copied from the trainer's memory, or got it over TCP:
             # the two ends agree on which.
             for path in ("tcp", "same_host"):
-                assert t.value("tensorhub_served_bytes_total", path=path) == r.value(
-                    "tensorhub_fetched_bytes_total", path=path)
+                served = t.value("tensorhub_served_bytes_total", path=path)
+                fetched = r.value("tensorhub_fetched_bytes_total", path=path)
+                assert served in (fetched, fetched + manifest)
             assert r.value("tensorhub_fetched_bytes_total", path="same_host") == st.bytes_same_host
 
             h = Scrape(hub.metrics_address)
@@ -327,7 +333,9 @@ def test_cli_processes_export_what_happened(cli_cluster, tmp_path):
         for stage in STAGES:
             assert r.value("tensorhub_fetch_stage_seconds_count", stage=stage) == 1
         p = Scrape(addr["publisher"])
-        assert p.total("tensorhub_served_bytes_total") == nbytes
+        # With the manifest the reader took from it (named by the hub).
+        assert p.total("tensorhub_served_bytes_total") == nbytes + r.value(
+            "tensorhub_fetch_manifest_bytes_total")
         assert p.value("tensorhub_held_versions", state="complete") == 1
         h = Scrape(addr["hub"])
         assert h.value("tensorhub_hub_workers") == 3
