@@ -262,23 +262,28 @@ int RunStateMachine(uint64_t workers, const PartLayout& part,
   return 0;
 }
 
-// (2) The real hub process, over gRPC.
-struct RealHubFlags {
+// The command's flags.
+struct BenchHubFlags {
+  uint64_t workers = 10000;
+  uint64_t tensors = 1000;
+  uint64_t chunks = 4096;
   uint64_t threads = 4;
-  int64_t lease_ms = 0;
-  uint32_t heartbeat_budget = 0;
-  int64_t max_lease_ms = 0;
+  int64_t lease_ms = HubOptions{}.lease_ms;
+  uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
+  int64_t max_lease_ms = HubOptions{}.max_lease_ms;
+  bool no_rpc = false;
   // The hub on CPU 0 alone, the client threads on the other CPUs: as on a
   // hub host of its own, where the load generator does not share its cores.
   bool pin = false;
-  // Readers ask BeginFetch to name the manifest by digest (they take it
-  // from a source), as the worker library does; false: the hub sends it
-  // to every reader (the library before it could).
-  bool manifest_from_sources = true;
+  // The hub sends the manifest to every reader, as before BeginFetch could
+  // name it by SHA-256 (readers then take it from a source).
+  bool manifest_from_hub = false;
 };
 
-int RunRealHub(uint64_t workers, const RealHubFlags& f, const PartLayout& part,
+// (2) The real hub process, over gRPC.
+int RunRealHub(const BenchHubFlags& f, const PartLayout& part,
                const Manifest& manifest, double state_machine_s) {
+  const uint64_t workers = f.workers;
   const uint64_t threads = f.threads;
   const int64_t lease_ms = f.lease_ms;
   const uint32_t heartbeat_budget = f.heartbeat_budget;
@@ -298,7 +303,7 @@ int RunRealHub(uint64_t workers, const RealHubFlags& f, const PartLayout& part,
              " (--pin, as on a hub host of its own)")
                 .c_str()
           : "hub and clients share all CPUs (not pinned)",
-      f.manifest_from_sources
+      !f.manifest_from_hub
           ? "from a source, the hub naming it by SHA-256 (as the library does)"
           : "from the hub (--manifest-from-hub)");
   // The hub inherits this process's CPUs when spawned; this process then
@@ -395,12 +400,11 @@ int RunRealHub(uint64_t workers, const RealHubFlags& f, const PartLayout& part,
   parallel(1, [&](client::ControlPlane& c, uint64_t i, uint64_t t) -> Status {
     auto s0 = std::chrono::steady_clock::now();
     TH_ASSIGN_OR_RETURN(
-        started[i],
-        c.BeginFetch(ids[i], kModel, Version::Latest(), "", 0, 4,
-                     /*fill_epoch=*/2, -1, f.manifest_from_sources));
+        started[i], c.BeginFetch(ids[i], kModel, Version::Latest(), "", 0, 4,
+                                 /*fill_epoch=*/2, -1, !f.manifest_from_hub));
     auto s1 = std::chrono::steady_clock::now();
     const client::FetchStart& st = started[i];
-    if (f.manifest_from_sources) {
+    if (!f.manifest_from_hub) {
       // A real reader reads it from a source and checks it against this
       // SHA-256 (no hub CPU); here it is checked against this process's.
       if (!st.manifest_ref.has_value() ||
@@ -510,19 +514,6 @@ int RunRealHub(uint64_t workers, const RealHubFlags& f, const PartLayout& part,
   return 0;
 }
 
-struct BenchHubFlags {
-  uint64_t workers = 10000;
-  uint64_t tensors = 1000;
-  uint64_t chunks = 4096;
-  uint64_t threads = 4;
-  int64_t lease_ms = HubOptions{}.lease_ms;
-  uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
-  int64_t max_lease_ms = HubOptions{}.max_lease_ms;
-  bool no_rpc = false;
-  bool pin = false;
-  bool manifest_from_hub = false;
-};
-
 int RunBenchHub(const BenchHubFlags& f) {
   if (f.chunks < f.tensors) {
     return UsageError("need --tensors <= --chunks");
@@ -556,14 +547,7 @@ int RunBenchHub(const BenchHubFlags& f) {
       rc != 0)
     return rc;
   if (f.no_rpc) return 0;
-  RealHubFlags r;
-  r.threads = f.threads;
-  r.lease_ms = f.lease_ms;
-  r.heartbeat_budget = f.heartbeat_budget;
-  r.max_lease_ms = f.max_lease_ms;
-  r.pin = f.pin;
-  r.manifest_from_sources = !f.manifest_from_hub;
-  return RunRealHub(f.workers, r, part, manifest, state_machine_s);
+  return RunRealHub(f, part, manifest, state_machine_s);
 }
 
 }  // namespace
