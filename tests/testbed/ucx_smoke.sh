@@ -188,8 +188,14 @@ round "tc -n $prefix-h0 qdisc replace dev eth0 root tbf rate 4mbit burst 65536 l
 tc -n "$prefix-h0" qdisc replace dev eth0 root tbf rate 400mbit burst 100000 latency 20ms
 send trainer "unpublish $version 10000"; expect trainer "unpublish" 20 >/dev/null
 round "kill -STOP ${pid_of[trainer]}"
-kill -CONT "${pid_of[trainer]}"
-send trainer "unpublish $version 10000"; expect trainer "unpublish" 20 >/dev/null
+# Not resumed: UCX 1.13 emulates a get over tcp with messages, and a
+# holder resumed with a get request queued from a reader that gave up on
+# it (closed its endpoint) aborts inside UCX (ucp_get_req_handler:
+# "Fatal: unexpected error: Endpoint timeout"). A known defect, in
+# docs/design.md ("UCX: what 1.13 cannot do"); the reader's side, which
+# this round tests, is unaffected.
+stop_worker trainer
+start trainer 0 tcp
 round "kill -9 ${pid_of[trainer]}"
 stop_worker trainer
 
