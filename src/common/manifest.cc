@@ -25,6 +25,7 @@ Manifest::Manifest(uint32_t group_size, uint64_t chunk_bytes,
     total_bytes_ += p.part_bytes;
     chunk_base_.push_back(chunk_base_.back() + p.chunk_xxh3.size());
   }
+  digest_ = ComputeDigest();
 }
 
 size_t Manifest::num_tensors() const {
@@ -70,7 +71,7 @@ class DigestWriter {
 
 }  // namespace
 
-ManifestDigest Manifest::Digest() const {
+ManifestDigest Manifest::ComputeDigest() const {
   DigestWriter w;
   w.U64(group_size_);
   w.U64(chunk_bytes_);

@@ -103,7 +103,7 @@ struct ChunkLoc {
 
 class Manifest {
  public:
-  Manifest() = default;
+  Manifest() : Manifest(0, 0, {}) {}
   // `parts` must be ranks 0..group_size-1 in order; checked by Validate().
   Manifest(uint32_t group_size, uint64_t chunk_bytes,
            std::vector<PartLayout> parts);
@@ -130,8 +130,10 @@ class Manifest {
   static Status ValidatePart(const PartLayout& part, uint64_t chunk_bytes);
 
   // XXH3-64 over every field that operator== compares, each length-prefixed
-  // so that no two different manifests share one encoding. O(manifest).
-  ManifestDigest Digest() const;
+  // so that no two different manifests share one encoding. Computed once,
+  // when the manifest is made (it never changes afterwards): a worker
+  // reports it with every AddHolder.
+  ManifestDigest Digest() const { return digest_; }
 
   bool operator==(const Manifest& o) const {
     return group_size_ == o.group_size_ && chunk_bytes_ == o.chunk_bytes_ &&
@@ -144,6 +146,9 @@ class Manifest {
   std::vector<PartLayout> parts_;
   uint64_t total_bytes_ = 0;
   std::vector<uint64_t> chunk_base_;  // size group_size + 1
+  ManifestDigest digest_;
+
+  ManifestDigest ComputeDigest() const;
 };
 
 // Lays out `tensors` as part `rank` and checksums every chunk (reads the

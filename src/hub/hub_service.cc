@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,7 +42,67 @@ using grpc::ServerContext;
 constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
 
-class HubServiceImpl final : public v1::Hub::Service {
+// A few threads for an HA hub's calls that may wait for etcd (Persisted:
+// up to kPersistMs), so that they do not hold gRPC's callback threads,
+// which the heartbeats share. Bounded: a call that finds kMaxQueued calls
+// queued runs where it is. Runs what is queued before it stops.
+class WaitingCalls {
+ public:
+  explicit WaitingCalls(int threads) {
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
+  }
+  ~WaitingCalls() {
+    {
+      MutexLock lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+  WaitingCalls(const WaitingCalls&) = delete;
+  WaitingCalls& operator=(const WaitingCalls&) = delete;
+
+  bool TryRun(std::function<void()> call) {
+    MutexLock lock(mu_);
+    if (stopping_ || queue_.size() >= kMaxQueued) return false;
+    queue_.push_back(std::move(call));
+    cv_.notify_one();
+    return true;
+  }
+
+ private:
+  void Run() {
+    MutexLock lock(mu_);
+    while (true) {
+      while (!stopping_ && queue_.empty()) cv_.wait(lock.native());
+      if (queue_.empty()) return;
+      std::function<void()> call = std::move(queue_.front());
+      queue_.pop_front();
+      lock.Unlock();
+      call();
+      lock.Lock();
+    }
+  }
+
+  static constexpr size_t kMaxQueued = 1024;
+  Mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_ TH_GUARDED_BY(mu_);
+  bool stopping_ TH_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+// The calls every worker and every reader makes (a heartbeat, a fetch's
+// BeginFetch and AddHolder) are served through gRPC's callback API: the
+// handler runs on the thread that read the call, where the sync API hands
+// each call to a thread of its pool (docs/design.md "What a fetch costs the
+// hub"). The others, some of which wait (a held Unpublish or Leave, a
+// keeper's long poll), stay on the sync API.
+using HotCallsService = v1::Hub::WithCallbackMethod_Heartbeat<
+    v1::Hub::WithCallbackMethod_BeginFetch<
+        v1::Hub::WithCallbackMethod_AddHolder<v1::Hub::Service>>>;
+
+class HubServiceImpl final : public HotCallsService {
  public:
   // `coord` (not owned; null: a single hub) must outlive the service's
   // calls; an HA hub starts with no state and answers as a standby until
@@ -53,7 +114,9 @@ class HubServiceImpl final : public v1::Hub::Service {
         secret_(std::move(secret)),
         rebuild_ms_(rebuild_ms),
         coord_(coord),
-        started_ms_(started_ms) {}
+        started_ms_(started_ms),
+        waiting_(coord != nullptr ? std::make_unique<WaitingCalls>(8)
+                                  : nullptr) {}
 
   // The coordinator's callbacks (coordinator.h), on its thread.
   Status OnElected(const DurableState& durable) {
@@ -99,8 +162,22 @@ class HubServiceImpl final : public v1::Hub::Service {
     return grpc::Status::OK;
   }
 
+  // The sync form (tests, the fuzz target) and the callback form (the
+  // server) run the same code.
   grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
+    return HeartbeatCall(ctx, req, resp);
+  }
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override {
+    return Serve(
+        ctx, [this, ctx, req, resp] { return HeartbeatCall(ctx, req, resp); },
+        /*may_wait=*/false);
+  }
+  grpc::Status HeartbeatCall(grpc::ServerContextBase* ctx,
+                             const v1::HeartbeatRequest* req,
+                             v1::HeartbeatResponse* resp) {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     MutexLock lock(mu_);
     Status s = state_.Heartbeat(WorkerId(req->worker_id()), NowMs());
@@ -141,8 +218,22 @@ class HubServiceImpl final : public v1::Hub::Service {
     return grpc::Status::OK;
   }
 
+  // The sync form (tests, the fuzz target) and the callback form (the
+  // server) run the same code.
   grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
                          v1::AddHolderResponse* resp) override {
+    return AddHolderCall(ctx, req, resp);
+  }
+  grpc::ServerUnaryReactor* AddHolder(grpc::CallbackServerContext* ctx,
+                                      const v1::AddHolderRequest* req,
+                                      v1::AddHolderResponse* resp) override {
+    return Serve(
+        ctx, [this, ctx, req, resp] { return AddHolderCall(ctx, req, resp); },
+        /*may_wait=*/true);
+  }
+  grpc::Status AddHolderCall(grpc::ServerContextBase* ctx,
+                             const v1::AddHolderRequest* req,
+                             v1::AddHolderResponse* resp) {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (!req->has_manifest()) {
       if (!req->has_manifest_digest()) {
@@ -380,8 +471,22 @@ class HubServiceImpl final : public v1::Hub::Service {
     return grpc::Status::OK;
   }
 
+  // The sync form (tests, the fuzz target) and the callback form (the
+  // server) run the same code.
   grpc::Status BeginFetch(ServerContext* ctx, const v1::BeginFetchRequest* req,
                           v1::BeginFetchResponse* resp) override {
+    return BeginFetchCall(ctx, req, resp);
+  }
+  grpc::ServerUnaryReactor* BeginFetch(grpc::CallbackServerContext* ctx,
+                                       const v1::BeginFetchRequest* req,
+                                       v1::BeginFetchResponse* resp) override {
+    return Serve(
+        ctx, [this, ctx, req, resp] { return BeginFetchCall(ctx, req, resp); },
+        /*may_wait=*/true);
+  }
+  grpc::Status BeginFetchCall(grpc::ServerContextBase* ctx,
+                              const v1::BeginFetchRequest* req,
+                              v1::BeginFetchResponse* resp) {
     if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
     if (req->max_sources() < 1 || req->max_sources() > 16) {
       return wire::ToGrpc(
@@ -611,7 +716,22 @@ class HubServiceImpl final : public v1::Hub::Service {
   }
 
  private:
-  grpc::Status Auth(ServerContext* ctx, const std::string& secret) {
+  // Answers a call made through the callback API: on the gRPC thread that
+  // read it, or, for an HA hub's call that may wait for etcd, on
+  // waiting_ (where it has room).
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx,
+                                  std::function<grpc::Status()> call,
+                                  bool may_wait) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    if (may_wait && waiting_ != nullptr &&
+        waiting_->TryRun([r, call] { r->Finish(call()); })) {
+      return r;
+    }
+    r->Finish(call());
+    return r;
+  }
+
+  grpc::Status Auth(grpc::ServerContextBase* ctx, const std::string& secret) {
     if (secret_.empty() || secret == secret_) return grpc::Status::OK;
     TH_LOG(WARN) << "refused a call from " << ctx->peer()
                  << ": wrong or missing secret";
@@ -622,7 +742,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   bool Leading() const { return coord_ == nullptr || coord_->Leading(); }
 
   // The secret, then (in an HA set) whether this hub leads now.
-  grpc::Status Admit(ServerContext* ctx, const std::string& secret) {
+  grpc::Status Admit(grpc::ServerContextBase* ctx, const std::string& secret) {
     if (auto s = Auth(ctx, secret); !s.ok()) return s;
     if (!Leading()) return NotLeader(ctx);
     return grpc::Status::OK;
@@ -630,7 +750,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   // A standby's answer to every call: UNAVAILABLE (clients retry), the
   // leader named in the message and, for clients to follow, in a trailer.
-  grpc::Status NotLeader(ServerContext* ctx) const {
+  grpc::Status NotLeader(grpc::ServerContextBase* ctx) const {
     std::string leader = coord_->Leader();
     if (leader == coord_->self()) leader.clear();  // lost it this moment
     ctx->AddTrailingMetadata(kLeaderTrailer, leader);
@@ -645,7 +765,7 @@ class HubServiceImpl final : public v1::Hub::Service {
 
   // A leader's considered answer: an UNAVAILABLE ("rebuilding", retry) is
   // marked as the leader's, so that a client does not try another hub.
-  grpc::Status Answer(ServerContext* ctx, const Status& s) const {
+  grpc::Status Answer(grpc::ServerContextBase* ctx, const Status& s) const {
     if (coord_ != nullptr && s.code() == StatusCode::kUnavailable) {
       ctx->AddTrailingMetadata(kRoleTrailer, "leader");
     }
@@ -712,7 +832,7 @@ class HubServiceImpl final : public v1::Hub::Service {
   // Persisted(), as a call's answer: a hub that could not record the
   // change answers like a standby (the client tries the leader), or
   // UNAVAILABLE when etcd could not be reached (the change stays queued).
-  grpc::Status AwaitDurable(ServerContext* ctx, uint64_t seq) {
+  grpc::Status AwaitDurable(grpc::ServerContextBase* ctx, uint64_t seq) {
     Status s = Persisted(seq);
     if (s.ok()) return grpc::Status::OK;
     TH_LOG(WARN) << "could not record a change in etcd: " << s.ToString();
@@ -906,6 +1026,8 @@ class HubServiceImpl final : public v1::Hub::Service {
   std::atomic<int64_t> started_ms_;
   // The lease of the last plan told to a worker (Planned).
   std::atomic<int64_t> planned_lease_ms_{config_.lease_ms};
+  // HA only (Serve). Last: its threads stop before the rest goes.
+  std::unique_ptr<WaitingCalls> waiting_;
 };
 
 class HubServerImpl final : public HubServer {
