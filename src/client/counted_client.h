@@ -41,6 +41,19 @@ class ServerKeepingTransport : public transport::Transport {
       std::make_shared<transport::Server*>(nullptr);
 };
 
+// Bytes of manifests `c` read from sources
+// (tensorhub_fetch_manifest_bytes_total), which those sources count as served:
+// what a check of served bytes against tensor bytes leaves out.
+inline uint64_t ManifestBytesRead(Client& c) {
+  const std::string text = ClientFactory::MetricsText(c);
+  const std::string key = "\ntensorhub_fetch_manifest_bytes_total ";
+  const size_t at = text.find(key);
+  return at == std::string::npos
+             ? 0
+             : static_cast<uint64_t>(
+                   std::strtod(text.c_str() + at + key.size(), nullptr));
+}
+
 struct CountedClient {
   std::unique_ptr<Client> client;
   std::shared_ptr<transport::Server*> server;
@@ -48,17 +61,8 @@ struct CountedClient {
   uint64_t served() const {
     return *server == nullptr ? 0 : (*server)->bytes_served();
   }
-  // Bytes of manifests this client read from sources (which they count as
-  // served): tensorhub_fetch_manifest_bytes_total.
-  uint64_t manifest_bytes_read() const {
-    const std::string text = ClientFactory::MetricsText(*client);
-    const std::string key = "\ntensorhub_fetch_manifest_bytes_total ";
-    const size_t at = text.find(key);
-    return at == std::string::npos
-               ? 0
-               : static_cast<uint64_t>(
-                     std::strtod(text.c_str() + at + key.size(), nullptr));
-  }
+  // Bytes of manifests this client read from sources (ManifestBytesRead).
+  uint64_t manifest_bytes_read() const { return ManifestBytesRead(*client); }
 };
 
 // Client::Connect with the default dependencies, the transport wrapped.
