@@ -171,9 +171,8 @@ class HubServiceImpl final : public HotCallsService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
-    return Serve(
-        ctx, [this, ctx, req, resp] { return HeartbeatCall(ctx, req, resp); },
-        /*may_wait=*/false);
+    return Serve(ctx, req, resp, &HubServiceImpl::HeartbeatCall,
+                 /*may_wait=*/false);
   }
   grpc::Status HeartbeatCall(grpc::ServerContextBase* ctx,
                              const v1::HeartbeatRequest* req,
@@ -227,9 +226,8 @@ class HubServiceImpl final : public HotCallsService {
   grpc::ServerUnaryReactor* AddHolder(grpc::CallbackServerContext* ctx,
                                       const v1::AddHolderRequest* req,
                                       v1::AddHolderResponse* resp) override {
-    return Serve(
-        ctx, [this, ctx, req, resp] { return AddHolderCall(ctx, req, resp); },
-        /*may_wait=*/true);
+    return Serve(ctx, req, resp, &HubServiceImpl::AddHolderCall,
+                 /*may_wait=*/true);
   }
   grpc::Status AddHolderCall(grpc::ServerContextBase* ctx,
                              const v1::AddHolderRequest* req,
@@ -480,9 +478,8 @@ class HubServiceImpl final : public HotCallsService {
   grpc::ServerUnaryReactor* BeginFetch(grpc::CallbackServerContext* ctx,
                                        const v1::BeginFetchRequest* req,
                                        v1::BeginFetchResponse* resp) override {
-    return Serve(
-        ctx, [this, ctx, req, resp] { return BeginFetchCall(ctx, req, resp); },
-        /*may_wait=*/true);
+    return Serve(ctx, req, resp, &HubServiceImpl::BeginFetchCall,
+                 /*may_wait=*/true);
   }
   grpc::Status BeginFetchCall(grpc::ServerContextBase* ctx,
                               const v1::BeginFetchRequest* req,
@@ -716,18 +713,22 @@ class HubServiceImpl final : public HotCallsService {
   }
 
  private:
-  // Answers a call made through the callback API: on the gRPC thread that
-  // read it, or, for an HA hub's call that may wait for etcd, on
-  // waiting_ (where it has room).
-  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* ctx,
-                                  std::function<grpc::Status()> call,
-                                  bool may_wait) {
+  // Answers a call made through the callback API with `call`, the code
+  // its sync form runs too: on the gRPC thread that read it, or, for an HA
+  // hub's call that may wait for etcd, on waiting_ (where it has room).
+  template <class Req, class Resp>
+  grpc::ServerUnaryReactor* Serve(
+      grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
+      grpc::Status (HubServiceImpl::*call)(grpc::ServerContextBase*, const Req*,
+                                           Resp*),
+      bool may_wait) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    if (may_wait && waiting_ != nullptr &&
-        waiting_->TryRun([r, call] { r->Finish(call()); })) {
-      return r;
+    auto answer = [this, r, ctx, req, resp, call] {
+      r->Finish((this->*call)(ctx, req, resp));
+    };
+    if (!may_wait || waiting_ == nullptr || !waiting_->TryRun(answer)) {
+      answer();
     }
-    r->Finish(call());
     return r;
   }
 
