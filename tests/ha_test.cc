@@ -380,6 +380,25 @@ TEST(HubSet, ReaderGroupPinsSurviveAHandover) {
   auto next = (*trainer)->Describe(kModel, Version::Latest(), "inst", 8);
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(next->version, Version(2));
+  // A reader of the group fetches for a step of its own: BeginFetch records
+  // the group's pin in etcd before it answers (on the hub's own threads
+  // for calls that wait: WaitingCalls), and the reader gets version 2.
+  co.name = "reader";
+  auto reader = Client::Connect(co);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> got(1024, 0.0f);
+  FetchOptions fo;
+  fo.group = "inst";
+  fo.group_step = 9;
+  Result<FetchStats> fetched = NotFound("not asked");
+  while (!d.expired()) {
+    fetched = (*reader)->Fetch(kModel, Version::Latest(), tensors(got), fo);
+    if (fetched.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(fetched.ok()) << fetched.status().ToString();
+  EXPECT_EQ(fetched->version, Version(2));
+  EXPECT_EQ(got, w2);
 }
 
 TEST(HubSet, AHubWithAnotherSecretMayNotJoin) {
