@@ -58,6 +58,7 @@ if [[ "$xdc" -gt 0 ]]; then
   echo "=== cross-datacenter: $hosts hosts in 2 DCs, WAN ${wan_mbit} Mbit/s"
   bench/testbed.sh up --prefix "$prefix" --hosts "$hosts" --dcs 2 --host-mbit "$host_mbit" --wan-mbit "$wan_mbit" --force >/dev/null
   record "crossdc $(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$xdc" --bytes "$bytes" --chunk-bytes "$chunk" --mode tensorhub --repeat 1)"
+  skipped ucx || record "crossdc $(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$xdc" --bytes "$bytes" --chunk-bytes "$chunk" --mode tensorhub --transport ucx --repeat 1)"
   skipped p2p || record "crossdc $(run_last '^fanout ' "$BIN" bench fanout --testbed "$prefix" --readers "$xdc" --bytes "$bytes" --chunk-bytes "$chunk" --mode p2p --repeat 1)"
   bench/testbed.sh down --prefix "$prefix" >/dev/null
 fi
