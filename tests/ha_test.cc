@@ -391,7 +391,8 @@ TEST(HubSet, ReaderGroupPinsSurviveAHandover) {
   fo.group = "inst";
   fo.group_step = 9;
   Result<FetchStats> fetched = NotFound("not asked");
-  while (!d.expired()) {
+  const Deadline fetch_deadline = Deadline::AfterMs(30000);
+  while (!fetch_deadline.expired()) {
     fetched = (*reader)->Fetch(kModel, Version::Latest(), tensors(got), fo);
     if (fetched.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
