@@ -6,6 +6,7 @@
 //
 //   gpu_bench [--bytes 1GiB] [--chunk 64MiB] [--streams 4] [--reps 3]
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "cli_util.h"
@@ -49,7 +50,8 @@ Result<double> Best(int reps, uint64_t bytes, Fn&& fn) {
 // connections in parallel.
 Status ParallelRead(transport::Transport& t, const std::string& addr,
                     uint64_t epoch, uint8_t* dest, uint64_t bytes,
-                    uint64_t chunk, int streams, bool device, bool verify) {
+                    uint64_t chunk, int streams, bool device,
+                    std::optional<ChunkChecksum> verify) {
   std::atomic<uint64_t> next{0};
   std::vector<Status> errors(streams);
   std::vector<std::thread> threads;
@@ -70,13 +72,12 @@ Status ParallelRead(transport::Transport& t, const std::string& addr,
         req.offset = off;
         req.length = std::min(chunk, bytes - off);
         iovec v{dest + off, req.length};
-        uint64_t sum = 0;
-        Status s =
-            device
-                ? (*conn)->ReadDevice(req, {&v, 1}, 0, Deadline::AfterMs(60000),
-                                      verify ? &sum : nullptr)
-                : (*conn)->Read(req, {&v, 1}, Deadline::AfterMs(60000),
-                                verify ? &sum : nullptr);
+        transport::ReadChecksum sum{.kind = verify.value_or(ChunkChecksum{})};
+        transport::ReadChecksum* want = verify ? &sum : nullptr;
+        Status s = device ? (*conn)->ReadDevice(req, {&v, 1}, 0,
+                                                Deadline::AfterMs(60000), want)
+                          : (*conn)->Read(req, {&v, 1},
+                                          Deadline::AfterMs(60000), want);
         if (!s.ok()) {
           errors[i] = s;
           return;
@@ -141,27 +142,35 @@ int Run(int argc, char** argv) {
     return s.Synchronize();
   });
   pinned = cuda::PinnedPool::Lease();
-  auto hash = Best(reps, bytes, [&] {
-    iovec v{(*src)->data(), bytes};
-    return s.Xxh3({&v, 1}).status();
-  });
+  auto hash = [&](ChunkChecksum kind) {
+    return Best(reps, bytes, [&] {
+      iovec v{(*src)->data(), bytes};
+      return s.Checksum(kind, {&v, 1}).status();
+    });
+  };
   uint64_t chunks = (bytes + chunk - 1) / chunk;
-  auto hash_chunks = Best(reps, bytes, [&] {
-    for (uint64_t c = 0; c < chunks; ++c) {
-      iovec v{(*src)->data() + c * chunk, std::min(chunk, bytes - c * chunk)};
-      TH_RETURN_IF_ERROR(s.Xxh3({&v, 1}).status());
-    }
-    return Status::Ok();
-  });
+  auto hash_chunks = [&](ChunkChecksum kind) {
+    return Best(reps, bytes, [&] {
+      for (uint64_t c = 0; c < chunks; ++c) {
+        iovec v{(*src)->data() + c * chunk, std::min(chunk, bytes - c * chunk)};
+        TH_RETURN_IF_ERROR(s.Checksum(kind, {&v, 1}).status());
+      }
+      return Status::Ok();
+    });
+  };
   std::printf("limit  cudaMemcpy D2D            %8.2f GB/s\n", *d2d);
   std::printf("limit  cudaMemcpy D2H to pinned  %8.2f GB/s (4 MiB copies)\n",
               *d2h);
   std::printf("limit  cudaMemcpy H2D from pinned%8.2f GB/s (4 MiB copies)\n",
               *h2d);
-  std::printf("device XXH3-64, one %s input      %8.2f GB/s\n",
-              cli::FormatBytes(bytes).c_str(), OrElse(hash, 0.0));
-  std::printf("device XXH3-64, %s chunks, serial %8.2f GB/s\n",
-              cli::FormatBytes(chunk).c_str(), OrElse(hash_chunks, 0.0));
+  for (ChunkChecksum kind : {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+    const std::string name = ChunkChecksumName(kind);
+    std::printf("device %s, one %s input      %8.2f GB/s\n", name.c_str(),
+                cli::FormatBytes(bytes).c_str(), OrElse(hash(kind), 0.0));
+    std::printf("device %s, %s chunks, serial %8.2f GB/s\n", name.c_str(),
+                cli::FormatBytes(chunk).c_str(),
+                OrElse(hash_chunks(kind), 0.0));
+  }
 
   // The holder process.
   auto holder =
@@ -181,20 +190,26 @@ int Run(int argc, char** argv) {
   off.local_reads = false;
   auto staged_t = transport::MakeTcpTransport(off);
   std::vector<uint8_t> host(bytes);
+  // Verified reads check the manifest's default chunk checksum (the
+  // XXH3-64 tree); the first row, plain XXH3-64 (earlier manifests).
+  const std::optional<ChunkChecksum> tree = kDefaultChunkChecksum;
   struct Case {
     const char* name;
     transport::Transport* t;
-    bool device, verify;
+    bool device;
+    std::optional<ChunkChecksum> verify;
     double limit;
     const char* limit_name;
   } cases[] = {
-      {"fetch D2D, CUDA IPC, verified on device", ipc_t.get(), true, true, *d2d,
+      {"fetch D2D, CUDA IPC, verified, xxh3-64", ipc_t.get(), true,
+       ChunkChecksum::kXxh3, *d2d, "D2D"},
+      {"fetch D2D, CUDA IPC, verified on device", ipc_t.get(), true, tree, *d2d,
        "D2D"},
-      {"fetch D2D, CUDA IPC, not verified     ", ipc_t.get(), true, false, *d2d,
-       "D2D"},
-      {"fetch D2H, staged by holder, verified ", staged_t.get(), false, true,
+      {"fetch D2D, CUDA IPC, not verified     ", ipc_t.get(), true,
+       std::nullopt, *d2d, "D2D"},
+      {"fetch D2H, staged by holder, verified ", staged_t.get(), false, tree,
        *d2h, "D2H pinned"},
-      {"fetch D2D, staged both ends, verified ", staged_t.get(), true, true,
+      {"fetch D2D, staged both ends, verified ", staged_t.get(), true, tree,
        *d2h, "D2H pinned"},
   };
   for (const Case& c : cases) {

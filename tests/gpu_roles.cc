@@ -137,12 +137,14 @@ int RunServe(const GpuRoleFlags& f) {
     stream = std::move(s).value();
   }
   // Device bytes are hashed on the device (the host cannot read them).
-  auto part =
-      BuildPartLayout(0, tensors->refs(), kDefaultChunkBytes,
-                      [&](std::span<const iovec> p) -> Result<uint64_t> {
-                        if (stream) return stream->Xxh3(p);
-                        return Xxh3Pieces(p);
-                      });
+  auto part = BuildPartLayout(
+      0, tensors->refs(), kDefaultChunkBytes, kDefaultChunkChecksum,
+      [&](std::span<const iovec> p) -> Result<uint64_t> {
+        if (stream) {
+          return stream->Checksum(kDefaultChunkChecksum, p);
+        }
+        return ChunkSum(kDefaultChunkChecksum, p);
+      });
   if (!part.ok()) return cli::Fail(part.status());
   client::Registry registry;
   client::Holding h;

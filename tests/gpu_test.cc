@@ -114,7 +114,7 @@ TEST(MemoryKinds, PublishAndFetchRefuseBadOrdinalsAndMixedMemory) {
 // ---- the device checksum
 // ------------------------------------------------------
 
-TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
+TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
   REQUIRE_GPU();
   const size_t n = (9 << 20) + 64;
   std::vector<uint8_t> host = Pattern(n, 11);
@@ -128,18 +128,24 @@ TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
   int checked = 0;
   auto check = [&](size_t off, size_t len) {
     iovec v{(*buf)->data() + off, len};
-    Result<uint64_t> got = s.Xxh3({&v, 1});
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    ASSERT_EQ(*got, Xxh3(host.data() + off, len))
-        << "offset " << off << " length " << len;
+    iovec hv{host.data() + off, len};
+    for (ChunkChecksum kind :
+         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+      Result<uint64_t> got = s.Checksum(kind, {&v, 1});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(*got, ChunkSum(kind, {&hv, 1}))
+          << ChunkChecksumName(kind) << " offset " << off << " length " << len;
+    }
     ++checked;
   };
   for (size_t len = 0; len <= 2200; ++len) {
     check(0, len);
     check(5, len);
   }
-  for (size_t blocks : {1, 2, 3, 1024, 4096, 8192}) {
-    for (long d : {-65, -64, -1, 0, 1, 63, 64}) check(0, blocks * 1024 + d);
+  for (size_t blocks : {1, 2, 3, 64, 65, 128, 1024, 4096, 8192}) {
+    for (long d : {-65, -64, -1, 0, 1, 63, 64, 240, 241}) {
+      check(0, blocks * 1024 + d);
+    }
   }
   std::mt19937_64 rng(20261123);
   for (int i = 0; i < 200; ++i) {
@@ -155,12 +161,19 @@ TEST(GpuChecksum, DeviceXxh3EqualsHostOverManySizes) {
       pieces.push_back({(*buf)->data() + off, len});
       concat.insert(concat.end(), host.begin() + off, host.begin() + off + len);
     }
-    Result<uint64_t> got = s.Xxh3(pieces);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
-    ASSERT_EQ(*got, Xxh3(concat.data(), concat.size())) << "case " << i;
+    iovec hv{concat.data(), concat.size()};
+    for (ChunkChecksum kind :
+         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+      Result<uint64_t> got = s.Checksum(kind, pieces);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(*got, ChunkSum(kind, {&hv, 1}))
+          << ChunkChecksumName(kind) << " case " << i;
+    }
     ++checked;
   }
-  std::printf("device XXH3-64 == host XXH3-64 for %d inputs\n", checked);
+  std::printf(
+      "device == host for %d inputs, XXH3-64 and the XXH3-64 tree each\n",
+      checked);
 }
 
 // ---- the data plane across processes
@@ -225,13 +238,14 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s,
     // Two pieces per read, to exercise scatter on the reader's side.
     const uint64_t half = len / 2;
     iovec dst[2] = {{dest + off, half}, {dest + off + half, len - half}};
-    uint64_t sum = 0;
+    transport::ReadChecksum sum{.kind = kDefaultChunkChecksum};
     Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), dst, 0,
                                              Deadline::AfterMs(30000), &sum)
                        : (*conn)->Read(Req(s.epoch, off, len), dst,
                                        Deadline::AfterMs(30000), &sum);
     EXPECT_TRUE(st.ok()) << "read at " << off << ": " << st.ToString();
-    EXPECT_EQ(sum, Xxh3(want.data() + off, len)) << "read at " << off;
+    EXPECT_EQ(sum.value, ChunkSum(sum.kind, want.data() + off, len))
+        << "read at " << off;
   }
   std::vector<uint8_t> got(kServeTotal);
   if (!device) {
@@ -358,7 +372,7 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
           ->CopyAsync((*dest)->data(), *base + reply->pieces[0].offset, len)
           .ok());
   iovec dv{(*dest)->data(), len};
-  auto sum = (*stream)->Xxh3({&dv, 1});
+  auto sum = (*stream)->Checksum(ChunkChecksum::kXxh3, {&dv, 1});
   ASSERT_TRUE(sum.ok());
   EXPECT_EQ(*sum, Xxh3(want.data() + 4096, len));
   auto release = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);

@@ -164,13 +164,13 @@ class Client::Impl {
       TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(memory.device));
     }
     ChunkHasher hash = [&](std::span<const iovec> pieces) -> Result<uint64_t> {
-      if (stream) return stream->Xxh3(pieces);
-      return Xxh3Pieces(pieces);
+      if (stream) return stream->Checksum(kDefaultChunkChecksum, pieces);
+      return ChunkSum(kDefaultChunkChecksum, pieces);
     };
     PieceOptions pieces{opts.pieces, opts.segment_bytes};
-    TH_ASSIGN_OR_RETURN(
-        PartLayout part,
-        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes, hash, pieces));
+    TH_ASSIGN_OR_RETURN(PartLayout part,
+                        BuildPartLayout(opts.rank, tensors, opts.chunk_bytes,
+                                        kDefaultChunkChecksum, hash, pieces));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -893,10 +893,11 @@ class Client::Impl {
     }
     if (refs.empty()) return;
     ChunkHasher hash = [](std::span<const iovec> pieces) -> Result<uint64_t> {
-      return Xxh3Pieces(pieces);
+      return ChunkSum(kDefaultChunkChecksum, pieces);
     };
-    Result<PartLayout> layout = BuildPartLayout(
-        client::kSliceHolderPart, refs, manifest.chunk_bytes(), hash, po);
+    Result<PartLayout> layout =
+        BuildPartLayout(client::kSliceHolderPart, refs, manifest.chunk_bytes(),
+                        kDefaultChunkChecksum, hash, po);
     if (!layout.ok()) {
       TH_LOG(WARN) << "serve slices of " << vname << ": "
                    << layout.status().ToString();

@@ -41,7 +41,7 @@ class FetchRun final : public PlanRun {
     req.part = loc.part;
     req.offset = loc.offset;
     req.length = loc.bytes;
-    uint64_t got = 0;
+    transport::ReadChecksum got{.kind = loc.checksum};
     const Deadline read_deadline = deadline().Cap(options().read_timeout_ms);
     if (job_.memory.is_host()) {
       TH_RETURN_IF_ERROR(conn->Read(req, s.pieces, read_deadline, &got));
@@ -50,10 +50,11 @@ class FetchRun final : public PlanRun {
                                           read_deadline, &got));
     }
     *info = conn->last_read();
-    if (got != loc.xxh3) {
+    if (got.value != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
                       std::to_string(loc.offset) + " from " + step.address +
-                      " failed its checksum");
+                      " failed its checksum (" +
+                      ChunkChecksumName(loc.checksum) + ")");
     }
     return Status::Ok();
   }

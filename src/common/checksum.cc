@@ -1,5 +1,7 @@
 #include "common/checksum.h"
 
+#include <algorithm>
+#include <bit>
 #include <chrono>
 
 #define XXH_STATIC_LINKING_ONLY
@@ -57,6 +59,13 @@ Xxh3Stream::Xxh3Stream(bool timed) : state_(XXH3_createState()), timed_(timed) {
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
 
+void Xxh3Stream::Reset() {
+#ifdef TH_HAVE_AVX2_TU
+  if (UseAvx2()) return internal::Xxh3Avx2Reset(state_);
+#endif
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
 Xxh3Stream::~Xxh3Stream() {
   XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
@@ -82,6 +91,86 @@ uint64_t Xxh3Stream::Digest() const {
   if (UseAvx2()) return internal::Xxh3Avx2Digest(state_);
 #endif
   return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_));
+}
+
+static_assert(std::endian::native == std::endian::little,
+              "the tree checksum hashes its leaf hashes as stored in memory");
+
+std::string ChunkChecksumName(ChunkChecksum kind) {
+  switch (kind) {
+    case ChunkChecksum::kXxh3:
+      return "xxh3-64";
+    case ChunkChecksum::kXxh3Tree:
+      return "xxh3-64-tree-64k";
+  }
+  return "unknown (" + std::to_string(static_cast<uint32_t>(kind)) + ")";
+}
+
+bool IsKnownChunkChecksum(uint32_t value) {
+  return value == static_cast<uint32_t>(ChunkChecksum::kXxh3) ||
+         value == static_cast<uint32_t>(ChunkChecksum::kXxh3Tree);
+}
+
+uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces) {
+  if (kind == ChunkChecksum::kXxh3) return Xxh3Pieces(pieces);
+  ChunkHash h(kind);
+  for (const iovec& p : pieces) h.Update(p.iov_base, p.iov_len);
+  return h.Digest();
+}
+
+uint64_t ChunkSum(ChunkChecksum kind, const void* data, size_t bytes) {
+  iovec v{const_cast<void*>(data), bytes};
+  return ChunkSum(kind, {&v, 1});
+}
+
+ChunkHash::ChunkHash(ChunkChecksum kind, bool timed)
+    : kind_(kind), timed_(timed) {}
+
+void ChunkHash::Update(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (!timed_) return UpdateUntimed(p, bytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  UpdateUntimed(p, bytes);
+  update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
+}
+
+void ChunkHash::UpdateUntimed(const uint8_t* p, size_t bytes) {
+  if (kind_ == ChunkChecksum::kXxh3) return bytes_.Update(p, bytes);
+  while (bytes > 0) {
+    if (leaf_fill_ == 0 && bytes >= kChecksumLeafBytes) {
+      // A whole leaf in one run: one-shot, no stream state.
+      leaves_.push_back(Xxh3(p, kChecksumLeafBytes));
+      p += kChecksumLeafBytes;
+      bytes -= kChecksumLeafBytes;
+      continue;
+    }
+    const size_t take = static_cast<size_t>(
+        std::min<uint64_t>(bytes, kChecksumLeafBytes - leaf_fill_));
+    bytes_.Update(p, take);
+    leaf_fill_ += take;
+    p += take;
+    bytes -= take;
+    if (leaf_fill_ == kChecksumLeafBytes) {
+      leaves_.push_back(bytes_.Digest());
+      bytes_.Reset();
+      leaf_fill_ = 0;
+    }
+  }
+}
+
+uint64_t ChunkHash::Digest() const {
+  if (kind_ == ChunkChecksum::kXxh3) return bytes_.Digest();
+  // The last leaf: the partial one, or the only (empty) one.
+  if (leaf_fill_ == 0 && !leaves_.empty()) {
+    return Xxh3(leaves_.data(), leaves_.size() * sizeof(uint64_t));
+  }
+  Xxh3Stream all;
+  all.Update(leaves_.data(), leaves_.size() * sizeof(uint64_t));
+  const uint64_t last = bytes_.Digest();
+  all.Update(&last, sizeof(last));
+  return all.Digest();
 }
 
 }  // namespace tensorhub

@@ -1,4 +1,6 @@
-// Chunk checksums: XXH3-64 over one or more memory pieces, as one stream.
+// Chunk checksums: XXH3-64 over one or more memory pieces, as one stream,
+// and the tree of XXH3-64s over 64 KiB leaves that manifests name by
+// default (ChunkChecksum).
 #ifndef TENSORHUB_COMMON_CHECKSUM_H_
 #define TENSORHUB_COMMON_CHECKSUM_H_
 
@@ -7,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
+#include <vector>
 
 namespace tensorhub {
 
@@ -24,6 +28,8 @@ class Xxh3Stream {
   ~Xxh3Stream();
   Xxh3Stream(const Xxh3Stream&) = delete;
   Xxh3Stream& operator=(const Xxh3Stream&) = delete;
+  // Starts over (Digest() of nothing); update_ns() keeps counting.
+  void Reset();
   void Update(const void* data, size_t bytes);
   uint64_t Digest() const;
   // Nanoseconds spent in Update() (0 unless constructed `timed`).
@@ -34,6 +40,52 @@ class Xxh3Stream {
 
   void* state_;  // XXH3_state_t
   const bool timed_;
+  int64_t update_ns_ = 0;
+};
+
+// The checksum a manifest's chunks carry (PartManifest.chunk_checksum).
+enum class ChunkChecksum : uint32_t {
+  // XXH3-64 of the chunk's bytes: manifests of builds before the tree.
+  kXxh3 = 0,
+  // XXH3-64 over the XXH3-64s of the chunk's leaves of kChecksumLeafBytes
+  // (the last may be shorter; an empty chunk is one empty leaf), each leaf
+  // hash as 8 little-endian bytes. The leaves hash independently, so a GPU
+  // hashes a chunk with as many leaves in flight as it has (src/cuda/
+  // xxh3_blocks.h); plain XXH3-64 is one chain of steps per KiB.
+  kXxh3Tree = 1,
+};
+inline constexpr ChunkChecksum kDefaultChunkChecksum = ChunkChecksum::kXxh3Tree;
+inline constexpr uint64_t kChecksumLeafBytes = 64 << 10;
+
+// "xxh3-64", "xxh3-64-tree-64k"; "unknown (N)" for other values.
+std::string ChunkChecksumName(ChunkChecksum kind);
+bool IsKnownChunkChecksum(uint32_t value);
+
+// The checksum `kind` of the concatenation of `pieces`, or of one run.
+uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces);
+uint64_t ChunkSum(ChunkChecksum kind, const void* data, size_t bytes);
+
+// Incremental chunk checksum of either kind: Update() with the chunk's
+// consecutive byte runs (any sizes), then Digest(). Equals ChunkSum over
+// everything passed.
+class ChunkHash {
+ public:
+  explicit ChunkHash(ChunkChecksum kind, bool timed = false);
+  ChunkHash(const ChunkHash&) = delete;
+  ChunkHash& operator=(const ChunkHash&) = delete;
+  void Update(const void* data, size_t bytes);
+  uint64_t Digest() const;
+  // Nanoseconds spent in Update() (0 unless constructed `timed`).
+  int64_t update_ns() const { return update_ns_; }
+
+ private:
+  void UpdateUntimed(const uint8_t* data, size_t bytes);
+
+  const ChunkChecksum kind_;
+  const bool timed_;
+  Xxh3Stream bytes_;  // kXxh3: the chunk; kXxh3Tree: the current leaf
+  uint64_t leaf_fill_ = 0;
+  std::vector<uint64_t> leaves_;  // kXxh3Tree: finished leaves' hashes
   int64_t update_ns_ = 0;
 };
 

@@ -263,6 +263,68 @@ TEST(Xxh3Test, PiecesEqualConcatenation) {
   EXPECT_EQ(Xxh3Pieces({}), Xxh3(nullptr, 0));
 }
 
+// The tree checksum against its definition, written out the long way:
+// XXH3-64 of the 64 KiB leaves' XXH3-64s, fed in runs of every size.
+uint64_t TreeByDefinition(const uint8_t* p, size_t n) {
+  std::vector<uint64_t> leaves;
+  size_t at = 0;
+  do {
+    const size_t len = std::min<size_t>(kChecksumLeafBytes, n - at);
+    leaves.push_back(Xxh3(p + at, len));
+    at += len;
+  } while (at < n);
+  return Xxh3(leaves.data(), leaves.size() * 8);
+}
+
+TEST(ChunkChecksumTest, TreeMatchesItsDefinitionForAnySplit) {
+  std::mt19937_64 rng(20261125);
+  std::vector<uint8_t> buf((3 << 20) + 77);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  std::vector<size_t> sizes = {0,
+                               1,
+                               240,
+                               241,
+                               kChecksumLeafBytes - 1,
+                               kChecksumLeafBytes,
+                               kChecksumLeafBytes + 1,
+                               2 * kChecksumLeafBytes,
+                               3 << 20,
+                               buf.size()};
+  for (int i = 0; i < 20; ++i) sizes.push_back(rng() % buf.size());
+  for (size_t n : sizes) {
+    const uint64_t want = TreeByDefinition(buf.data(), n);
+    iovec whole{buf.data(), n};
+    EXPECT_EQ(ChunkSum(ChunkChecksum::kXxh3Tree, {&whole, 1}), want) << n;
+    // Runs that start and end anywhere against the leaves.
+    for (size_t max_run : {size_t{1} << 10, size_t{100003}, size_t{1} << 20}) {
+      ChunkHash h(ChunkChecksum::kXxh3Tree, /*timed=*/true);
+      for (size_t at = 0; at < n;) {
+        size_t run = std::min<size_t>(n - at, rng() % max_run);  // may be 0
+        h.Update(buf.data() + at, run);
+        at += run;
+      }
+      EXPECT_EQ(h.Digest(), want) << n << " runs up to " << max_run;
+    }
+    // Plain XXH3 through ChunkHash is XXH3.
+    ChunkHash plain(ChunkChecksum::kXxh3);
+    plain.Update(buf.data(), n);
+    EXPECT_EQ(plain.Digest(), Xxh3(buf.data(), n)) << n;
+  }
+}
+
+TEST(ChunkChecksumTest, KindsDifferAndNamesAreStable) {
+  std::vector<uint8_t> buf(100000, 3);
+  iovec v{buf.data(), buf.size()};
+  EXPECT_NE(ChunkSum(ChunkChecksum::kXxh3, {&v, 1}),
+            ChunkSum(ChunkChecksum::kXxh3Tree, {&v, 1}));
+  EXPECT_EQ(ChunkChecksumName(ChunkChecksum::kXxh3), "xxh3-64");
+  EXPECT_EQ(ChunkChecksumName(ChunkChecksum::kXxh3Tree), "xxh3-64-tree-64k");
+  EXPECT_EQ(ChunkChecksumName(static_cast<ChunkChecksum>(9)), "unknown (9)");
+  EXPECT_TRUE(IsKnownChunkChecksum(0));
+  EXPECT_TRUE(IsKnownChunkChecksum(1));
+  EXPECT_FALSE(IsKnownChunkChecksum(2));
+}
+
 TEST(Xxh3Test, SeesEveryByte) {
   std::vector<uint8_t> buf(5000, 7);
   uint64_t h = Xxh3(buf.data(), buf.size());
@@ -331,8 +393,11 @@ TEST(BuildPartLayoutTest, OffsetsChunksAndChecksums) {
   for (size_t c = 0; c < 4; ++c) {
     size_t off = c * kMinChunkBytes;
     size_t n = std::min<size_t>(kMinChunkBytes, all.size() - off);
-    EXPECT_EQ(part->chunk_xxh3[c], Xxh3(all.data() + off, n)) << c;
+    iovec v{all.data() + off, n};
+    EXPECT_EQ(part->chunk_xxh3[c], ChunkSum(kDefaultChunkChecksum, {&v, 1}))
+        << c;
   }
+  EXPECT_EQ(part->chunk_checksum, kDefaultChunkChecksum);
 }
 
 TEST(BuildPartLayoutTest, ChunkCounts) {
@@ -362,9 +427,10 @@ TEST(BuildPartLayoutTest, LargerChunkSize) {
   ASSERT_TRUE(part.ok());
   ASSERT_EQ(part->chunk_xxh3.size(), 2u);
   std::vector<uint8_t> all = t.Concat();
-  EXPECT_EQ(part->chunk_xxh3[0], Xxh3(all.data(), 3 * kMinChunkBytes));
-  EXPECT_EQ(part->chunk_xxh3[1],
-            Xxh3(all.data() + 3 * kMinChunkBytes, 20000 - 3 * kMinChunkBytes));
+  iovec first{all.data(), 3 * kMinChunkBytes};
+  iovec second{all.data() + 3 * kMinChunkBytes, 20000 - 3 * kMinChunkBytes};
+  EXPECT_EQ(part->chunk_xxh3[0], ChunkSum(kDefaultChunkChecksum, {&first, 1}));
+  EXPECT_EQ(part->chunk_xxh3[1], ChunkSum(kDefaultChunkChecksum, {&second, 1}));
 }
 
 TEST(BuildPartLayoutTest, Rejections) {
@@ -443,7 +509,10 @@ TEST(ManifestTest, ChunkMapsAcrossParts) {
     EXPECT_EQ(loc.offset, want[c].offset) << c;
     EXPECT_EQ(loc.bytes, want[c].bytes) << c;
     const std::vector<uint8_t>& b = loc.part == 0 ? b0 : b1;
-    EXPECT_EQ(loc.xxh3, Xxh3(b.data() + loc.offset, loc.bytes)) << c;
+    EXPECT_EQ(loc.checksum, kDefaultChunkChecksum) << c;
+    EXPECT_EQ(loc.xxh3,
+              ChunkSum(loc.checksum, b.data() + loc.offset, loc.bytes))
+        << c;
   }
 }
 
@@ -491,6 +560,8 @@ TEST(ManifestTest, DigestFollowsEquality) {
       std::pair<const char*, std::function<void(std::vector<PartLayout>&)>>>
       edits = {
           {"checksum", [](auto& p) { p[1].chunk_xxh3[0] ^= 1; }},
+          {"checksum kind",
+           [](auto& p) { p[1].chunk_checksum = ChunkChecksum::kXxh3; }},
           {"name", [](auto& p) { p[0].tensors[0].spec.name += "x"; }},
           {"dtype", [](auto& p) { p[0].tensors[0].spec.dtype = DType::kI8; }},
           {"shape", [](auto& p) { p[0].tensors[0].spec.shape.push_back(1); }},
@@ -631,6 +702,18 @@ TEST(ManifestValidateTest, EachRule) {
     e = base;
     e.chunk_bytes = 2 * kMinChunkBytes;
     ExpectInvalid(e, "chunk size changes chunk count");
+  }
+  {  // a chunk checksum this build does not know: refused, saying so
+    Edit e = base;
+    e.parts[1].chunk_checksum = static_cast<ChunkChecksum>(7);
+    Status s = e.Build().Validate();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("unknown (7)"), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("upgrade"), std::string::npos) << s.ToString();
+    // Parts may differ in kind (a group upgraded rank by rank).
+    e.parts[1].chunk_checksum = ChunkChecksum::kXxh3;
+    EXPECT_TRUE(e.Build().Validate().ok());
   }
 }
 

@@ -46,6 +46,7 @@ ChunkLoc Manifest::Chunk(uint64_t global_chunk) const {
   loc.offset = local * chunk_bytes_;
   loc.bytes = std::min(chunk_bytes_, p.part_bytes - loc.offset);
   loc.xxh3 = p.chunk_xxh3[local];
+  loc.checksum = p.chunk_checksum;
   return loc;
 }
 
@@ -93,6 +94,11 @@ ManifestDigest Manifest::ComputeDigest() const {
     }
     w.U64(p.part_bytes);
     w.U64s(p.chunk_xxh3);
+    // Only when not plain XXH3, so that manifests of earlier builds keep
+    // their digests.
+    if (p.chunk_checksum != ChunkChecksum::kXxh3) {
+      w.U64(static_cast<uint64_t>(p.chunk_checksum) | uint64_t{1} << 63);
+    }
     w.U64(p.metadata.size());
     for (const auto& [k, v] : p.metadata) {
       w.Str(k);
@@ -193,6 +199,13 @@ Status Manifest::ValidatePart(const PartLayout& p, uint64_t chunk_bytes) {
                            " metadata exceeds " +
                            std::to_string(kMaxMetadataBytes) + " bytes");
   }
+  if (!IsKnownChunkChecksum(static_cast<uint32_t>(p.chunk_checksum))) {
+    return InvalidArgument(
+        "manifest: part " + std::to_string(r) + " names chunk checksum " +
+        ChunkChecksumName(p.chunk_checksum) +
+        ", which this build does not know (it knows xxh3-64 and "
+        "xxh3-64-tree-64k): upgrade this worker to the publisher's release");
+  }
   uint64_t n = ChunksFor(p.part_bytes, chunk_bytes);
   if (n != p.chunk_xxh3.size()) {
     return InvalidArgument("manifest: part " + std::to_string(r) + " has " +
@@ -278,15 +291,15 @@ Status CheckPiecesTile(std::span<const PartLayout> parts, bool complete) {
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes) {
-  return BuildPartLayout(rank, tensors, chunk_bytes,
+  return BuildPartLayout(rank, tensors, chunk_bytes, kDefaultChunkChecksum,
                          [](std::span<const iovec> pieces) -> Result<uint64_t> {
-                           return Xxh3Pieces(pieces);
+                           return ChunkSum(kDefaultChunkChecksum, pieces);
                          });
 }
 
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
-                                   uint64_t chunk_bytes,
+                                   uint64_t chunk_bytes, ChunkChecksum kind,
                                    const ChunkHasher& hash_chunk,
                                    const PieceOptions& options) {
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes) {
@@ -301,6 +314,7 @@ Result<PartLayout> BuildPartLayout(uint32_t rank,
   }
   PartLayout part;
   part.rank = rank;
+  part.chunk_checksum = kind;
   std::set<std::string_view> names;
   std::vector<uint8_t*> bases;
   for (const TensorRef& t : tensors) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/geometry.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
@@ -79,7 +80,9 @@ struct PartLayout {
   uint32_t rank = 0;
   std::vector<TensorLayout> tensors;
   uint64_t part_bytes = 0;
+  // Each chunk's checksum, of the kind `chunk_checksum` (checksum.h).
   std::vector<uint64_t> chunk_xxh3;
+  ChunkChecksum chunk_checksum = ChunkChecksum::kXxh3;
   // Free-form key/value pairs the publisher attached (e.g. the original
   // safetensors header, so a file round-trips byte for byte).
   std::vector<std::pair<std::string, std::string>> metadata;
@@ -98,7 +101,8 @@ struct ChunkLoc {
   uint32_t part = 0;
   uint64_t offset = 0;  // inside the part
   uint64_t bytes = 0;
-  uint64_t xxh3 = 0;
+  uint64_t xxh3 = 0;  // of the kind `checksum`
+  ChunkChecksum checksum = ChunkChecksum::kXxh3;
 };
 
 class Manifest {
@@ -163,12 +167,13 @@ struct PieceOptions {
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
                                    uint64_t chunk_bytes);
-// The same with the chunk checksum computed by `hash_chunk` (XXH3-64 of the
-// concatenated pieces): for tensors in device memory, a device kernel.
+// The same with the chunk checksum computed by `hash_chunk` (the checksum
+// `kind` of the concatenated pieces): for tensors in device memory, a
+// device kernel.
 using ChunkHasher = std::function<Result<uint64_t>(std::span<const iovec>)>;
 Result<PartLayout> BuildPartLayout(uint32_t rank,
                                    std::span<const TensorRef> tensors,
-                                   uint64_t chunk_bytes,
+                                   uint64_t chunk_bytes, ChunkChecksum kind,
                                    const ChunkHasher& hash_chunk,
                                    const PieceOptions& pieces = {});
 

@@ -645,7 +645,7 @@ Result<PartLayout> FsdpPart(Shards& s, uint32_t rank, uint32_t k,
                       offset_override.empty() ? box.offset : offset_override};
   opts.segment_bytes = 32;
   return BuildPartLayout(
-      rank, refs, kMinChunkBytes,
+      rank, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
       [](std::span<const iovec> p) -> Result<uint64_t> {
         return Xxh3Pieces(p);
       },
@@ -716,7 +716,7 @@ TEST(ManifestGeometryTest, GapsOverlapsAndDisagreementsAreRefused) {
   PieceOptions opts;
   opts.pieces["y"] = {{8}, {0}};
   Result<PartLayout> r = BuildPartLayout(
-      0, refs, kMinChunkBytes,
+      0, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
       [](std::span<const iovec> p) -> Result<uint64_t> {
         return Xxh3Pieces(p);
       },

@@ -128,6 +128,56 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
   }
 }
 
+// The tree checksum's leaves: one warp per leaf (grid-stride), given the
+// block sums of the whole input (BlockSumsKernel). All 32 lanes load the
+// leaf's sums into shared memory, lanes 0..7 fold them (at most 63 steps,
+// against one per KiB of the whole input for plain XXH3-64), lane 0
+// finishes the leaf (xxh3::LeafHashFromSums is the same in one thread).
+constexpr uint64_t kLeafBlocks = xxh3::kLeafBytes / xxh3::kBlockBytes;  // 64
+
+__global__ void LeafKernel(const uint8_t* __restrict__ p, uint64_t len,
+                           const uint64_t* __restrict__ sums,
+                           uint64_t* __restrict__ leaf_hashes) {
+  __shared__ uint64_t tile[kLeafBlocks * 8];
+  __shared__ uint64_t acc[8];
+  const unsigned t = threadIdx.x;
+  const xxh3::Secret s = xxh3::DefaultSecret();
+  const uint64_t key =
+      s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
+  const uint64_t leaves = xxh3::LeafCount(len);
+  for (uint64_t leaf = blockIdx.x; leaf < leaves; leaf += gridDim.x) {
+    const uint64_t n = xxh3::LeafLength(len, leaf);
+    const uint8_t* q = p + leaf * xxh3::kLeafBytes;
+    if (n <= xxh3::kMidsizeMax) {  // the same for every lane
+      if (t == 0) leaf_hashes[leaf] = xxh3::HashShort(q, n);
+      continue;
+    }
+    const uint64_t nb = xxh3::FoldedBlocks(n);
+    const uint64_t* mine = sums + leaf * kLeafBlocks * 8;
+    __syncwarp();
+    for (uint64_t i = t; i < nb * 8; i += 32) tile[i] = mine[i];
+    __syncwarp();
+    if (t < 8) {
+      uint64_t init[8];
+      xxh3::InitAcc(init);
+      uint64_t a = init[t];
+      for (uint64_t j = 0; j < nb; ++j) {
+        a += tile[j * 8 + t];
+        a ^= a >> 47;
+        a ^= key;
+        a *= xxh3::kPrime32_1;
+      }
+      acc[t] = a;
+    }
+    __syncwarp();
+    if (t == 0) {
+      uint64_t all[8];
+      for (int k = 0; k < 8; ++k) all[k] = acc[k];
+      leaf_hashes[leaf] = xxh3::FinishLong(all, q, n);
+    }
+  }
+}
+
 class StreamImpl final : public Stream {
  public:
   StreamImpl(int device, cudaStream_t stream)
@@ -137,6 +187,7 @@ class StreamImpl final : public Stream {
     cudaStreamSynchronize(stream_);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (sums_ != nullptr) cudaFree(sums_);
+    if (leaves_ != nullptr) cudaFree(leaves_);
     if (out_ != nullptr) cudaFree(out_);
     cudaStreamDestroy(stream_);
   }
@@ -157,7 +208,8 @@ class StreamImpl final : public Stream {
     return Status::Ok();
   }
 
-  Result<uint64_t> Xxh3(std::span<const iovec> pieces) override {
+  Result<uint64_t> Checksum(ChunkChecksum kind,
+                            std::span<const iovec> pieces) override {
     TH_CUDA_RETURN(cudaSetDevice(device_), "cudaSetDevice");
     uint64_t len = 0;
     size_t nonempty = 0;
@@ -183,18 +235,23 @@ class StreamImpl final : public Stream {
     if (out_ == nullptr) {
       TH_CUDA_RETURN(cudaMalloc(&out_, sizeof(uint64_t)), "cudaMalloc");
     }
-    uint64_t nb = len > xxh3::kMidsizeMax ? xxh3::FoldedBlocks(len) : 0;
-    if (nb > 0) {
-      TH_RETURN_IF_ERROR(Grow(reinterpret_cast<uint8_t**>(&sums_), &sums_bytes_,
-                              nb * 8 * sizeof(uint64_t)));
+    if (kind == ChunkChecksum::kXxh3Tree) {
+      const uint64_t leaves = xxh3::LeafCount(len);
+      TH_RETURN_IF_ERROR(Grow(reinterpret_cast<uint8_t**>(&leaves_),
+                              &leaves_bytes_, leaves * sizeof(uint64_t)));
+      TH_RETURN_IF_ERROR(LaunchBlockSums(p, xxh3::TreeFoldedBlocks(len)));
       const unsigned grid =
-          static_cast<unsigned>(std::min<uint64_t>(nb, 132 * 16));
-      BlockSumsKernel<<<grid, kSumThreads, 0, stream_>>>(
-          reinterpret_cast<const uint64_t*>(p), nb, sums_);
+          static_cast<unsigned>(std::min<uint64_t>(leaves, 132 * 16));
+      LeafKernel<<<grid, 32, 0, stream_>>>(p, len, sums_, leaves_);
       TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
+      TH_RETURN_IF_ERROR(
+          LaunchXxh3(reinterpret_cast<const uint8_t*>(leaves_), leaves * 8));
+    } else if (kind == ChunkChecksum::kXxh3) {
+      TH_RETURN_IF_ERROR(LaunchXxh3(p, len));
+    } else {
+      return InvalidArgument("chunk checksum " + ChunkChecksumName(kind) +
+                             " has no device implementation");
     }
-    FinishKernel<<<1, 32, 0, stream_>>>(p, len, sums_, out_);
-    TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     uint64_t h = 0;
     TH_CUDA_RETURN(
         cudaMemcpyAsync(&h, out_, sizeof(h), cudaMemcpyDeviceToHost, stream_),
@@ -204,6 +261,29 @@ class StreamImpl final : public Stream {
   }
 
  private:
+  // The block sums of the first `nb` blocks at `p` (8-byte aligned) into
+  // sums_.
+  Status LaunchBlockSums(const uint8_t* p, uint64_t nb) {
+    if (nb == 0) return Status::Ok();
+    TH_RETURN_IF_ERROR(Grow(reinterpret_cast<uint8_t**>(&sums_), &sums_bytes_,
+                            nb * 8 * sizeof(uint64_t)));
+    const unsigned grid =
+        static_cast<unsigned>(std::min<uint64_t>(nb, 132 * 16));
+    BlockSumsKernel<<<grid, kSumThreads, 0, stream_>>>(
+        reinterpret_cast<const uint64_t*>(p), nb, sums_);
+    TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
+    return Status::Ok();
+  }
+
+  // XXH3-64 of `len` bytes at `p` (8-byte aligned) into *out_.
+  Status LaunchXxh3(const uint8_t* p, uint64_t len) {
+    TH_RETURN_IF_ERROR(LaunchBlockSums(
+        p, len > xxh3::kMidsizeMax ? xxh3::FoldedBlocks(len) : 0));
+    FinishKernel<<<1, 32, 0, stream_>>>(p, len, sums_, out_);
+    TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
+    return Status::Ok();
+  }
+
   Status Grow(uint8_t** buf, uint64_t* have, uint64_t need) {
     if (*have >= need) return Status::Ok();
     // Pending work may still use the old buffer.
@@ -223,6 +303,8 @@ class StreamImpl final : public Stream {
   uint64_t scratch_bytes_ = 0;
   uint64_t* sums_ = nullptr;
   uint64_t sums_bytes_ = 0;
+  uint64_t* leaves_ = nullptr;
+  uint64_t leaves_bytes_ = 0;
   uint64_t* out_ = nullptr;
 };
 

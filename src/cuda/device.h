@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/deadline.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
@@ -54,12 +55,14 @@ class Stream {
   virtual Status CopyAsync(void* dst, const void* src, size_t bytes) = 0;
   // Waits for everything enqueued; reports the first error.
   virtual Status Synchronize() = 0;
-  // XXH3-64 (the manifest's chunk checksum) of the concatenation of
-  // `pieces`, all in this device's memory, computed by a kernel
-  // (cuda/xxh3_blocks.h). Ordered after the copies enqueued before it;
-  // synchronizes. Several pieces, or a start not 8-byte aligned, are first
-  // gathered into scratch memory on the device.
-  virtual Result<uint64_t> Xxh3(std::span<const iovec> pieces) = 0;
+  // The chunk checksum `kind` (common/checksum.h) of the concatenation of
+  // `pieces`, all in this device's memory, computed by kernels
+  // (cuda/xxh3_blocks.h): equal to ChunkSum on the host over the same
+  // bytes. Ordered after the copies enqueued before it; synchronizes.
+  // Several pieces, or a start not 8-byte aligned, are first gathered into
+  // scratch memory on the device.
+  virtual Result<uint64_t> Checksum(ChunkChecksum kind,
+                                    std::span<const iovec> pieces) = 0;
 };
 
 // Device memory from cudaMalloc, freed on destruction (for tests, benchmarks

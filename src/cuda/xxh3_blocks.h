@@ -271,6 +271,62 @@ TH_HD uint64_t HashByBlocks(const uint8_t* p, uint64_t len) {
   return FinishLong(acc, p, len);
 }
 
+// ---- the tree (common/checksum.h, ChunkChecksum::kXxh3Tree) ----------------
+// XXH3-64 over the XXH3-64s of the input's leaves of kLeafBytes, 8
+// little-endian bytes each. Leaves start at multiples of kLeafBytes, hence
+// at block boundaries: a leaf's folded blocks are blocks of the whole input,
+// so the kernel computes every block sum of the input at once and then
+// folds each leaf's 63 (at most) in parallel with the others.
+inline constexpr uint64_t kLeafBytes = 64 << 10;
+static_assert(kLeafBytes % kBlockBytes == 0);
+
+// At least one leaf: an empty input is one empty leaf.
+TH_HD uint64_t LeafCount(uint64_t len) {
+  return len == 0 ? 1 : (len + kLeafBytes - 1) / kLeafBytes;
+}
+TH_HD uint64_t LeafLength(uint64_t len, uint64_t leaf) {
+  const uint64_t off = leaf * kLeafBytes;
+  return len - off < kLeafBytes ? len - off : kLeafBytes;
+}
+// Every block sum the leaves fold: the folded blocks of the whole input
+// (a leaf's last block, even if whole, is its tail and is not folded).
+TH_HD uint64_t TreeFoldedBlocks(uint64_t len) {
+  return len > kMidsizeMax ? FoldedBlocks(len) : 0;
+}
+
+// One leaf's hash from the block sums of the whole input (`sums[b * 8 +
+// lane]`, block b counted from the input's start): what one warp of the
+// leaf kernel computes, here in one thread.
+TH_HD uint64_t LeafHashFromSums(const uint8_t* input, uint64_t len,
+                                uint64_t leaf, const uint64_t* sums) {
+  const uint64_t n = LeafLength(len, leaf);
+  const uint8_t* q = input + leaf * kLeafBytes;
+  if (n <= kMidsizeMax) return HashShort(q, n);
+  uint64_t acc[kLanes];
+  InitAcc(acc);
+  const uint64_t first = leaf * (kLeafBytes / kBlockBytes);
+  for (uint64_t b = 0; b < FoldedBlocks(n); ++b) {
+    FoldBlock(acc, sums + (first + b) * kLanes);
+  }
+  return FinishLong(acc, q, n);
+}
+
+// The whole tree in one thread through the block sums (the reference the
+// CPU test checks against common/checksum.h's ChunkSum). `leaf_hashes`
+// must hold LeafCount(len) words; `sums` TreeFoldedBlocks(len) * 8.
+TH_HD uint64_t TreeByBlocks(const uint8_t* p, uint64_t len, uint64_t* sums,
+                            uint64_t* leaf_hashes) {
+  for (uint64_t b = 0; b < TreeFoldedBlocks(len); ++b) {
+    BlockSum(p + b * kBlockBytes, sums + b * kLanes);
+  }
+  const uint64_t leaves = LeafCount(len);
+  for (uint64_t l = 0; l < leaves; ++l) {
+    leaf_hashes[l] = LeafHashFromSums(p, len, l, sums);
+  }
+  return HashByBlocks(reinterpret_cast<const uint8_t*>(leaf_hashes),
+                      leaves * 8);
+}
+
 }  // namespace tensorhub::xxh3
 
 #endif  // TENSORHUB_CUDA_XXH3_BLOCKS_H_

@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "common/checksum.h"
+
 namespace tensorhub::xxh3 {
 namespace {
 
@@ -47,6 +49,33 @@ TEST(Xxh3Blocks, RandomLongLengthsMatchLibxxhash) {
       ASSERT_EQ(HashByBlocks(data.data(), len), XXH3_64bits(data.data(), len))
           << "len " << len;
     }
+  }
+}
+
+// The tree as the leaf kernel computes it (every block sum of the input,
+// then each leaf folded from them) against common/checksum.h's, which the
+// host's publishers and readers use: the two must agree on every length,
+// around every leaf and block boundary, at every alignment.
+TEST(Xxh3Blocks, TreeFromBlockSumsMatchesTheHostChecksum) {
+  std::mt19937_64 rng(20261125);
+  std::vector<uint8_t> data = RandomBytes((6 << 20) + 16, 4);
+  std::vector<size_t> lens;
+  for (size_t len = 0; len <= 2 * kBlockBytes; len += 37) lens.push_back(len);
+  for (size_t leaves : {1, 2, 3, 64, 80}) {
+    for (long d : {-1025, -1024, -241, -240, -1, 0, 1, 240, 241, 1024, 1025}) {
+      lens.push_back(leaves * kLeafBytes + d);
+    }
+  }
+  for (int i = 0; i < 40; ++i) lens.push_back(rng() % (5 << 20));
+  for (size_t len : lens) {
+    const size_t align = rng() % 8;
+    uint8_t* p = data.data() + align;
+    std::vector<uint64_t> sums(TreeFoldedBlocks(len) * kLanes);
+    std::vector<uint64_t> leaves(LeafCount(len));
+    iovec v{p, len};
+    ASSERT_EQ(TreeByBlocks(p, len, sums.data(), leaves.data()),
+              ChunkSum(ChunkChecksum::kXxh3Tree, {&v, 1}))
+        << "len " << len << " align " << align;
   }
 }
 

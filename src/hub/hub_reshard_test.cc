@@ -38,7 +38,7 @@ class HubReshardTest : public ::testing::Test {
     PieceOptions opts;
     opts.pieces["w"] = {{rows, 8}, {begin, 0}};
     Result<PartLayout> p = BuildPartLayout(
-        rank, refs, kMinChunkBytes,
+        rank, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
         [](std::span<const iovec> v) -> Result<uint64_t> {
           return Xxh3Pieces(v);
         },
@@ -74,7 +74,7 @@ class HubReshardTest : public ::testing::Test {
     opts.pieces[name] = {{global_rows, 8}, {begin, 0}};
     opts.segment_bytes = segment_bytes;
     Result<PartLayout> p = BuildPartLayout(
-        0xFFFFFFFFu, refs, kMinChunkBytes,
+        0xFFFFFFFFu, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
         [](std::span<const iovec> v) -> Result<uint64_t> {
           return Xxh3Pieces(v);
         },

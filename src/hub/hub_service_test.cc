@@ -50,6 +50,30 @@ Answers AskAboutAnUnknownModel(int64_t rebuild_ms, int64_t age_ms) {
   return a;
 }
 
+TEST(ManifestProtoTest, TheChunkChecksumKindRoundTripsAndAnUnknownIsRefused) {
+  std::vector<uint8_t> bytes(3 * kMinChunkBytes + 5, 9);
+  std::vector<TensorRef> refs = {{TensorSpec{"w", DType::kU8, {bytes.size()}},
+                                  bytes.data(), bytes.size(),
+                                  MemoryLocation::Host()}};
+  Result<PartLayout> part = BuildPartLayout(0, refs, kMinChunkBytes);
+  ASSERT_TRUE(part.ok());
+  v1::PartManifest pm;
+  wire::ToProto(*part, &pm);
+  EXPECT_EQ(pm.chunk_checksum(), v1::CHUNK_CHECKSUM_XXH3_64_TREE_64K);
+  Result<PartLayout> back = wire::FromProto(pm);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, *part);
+  // A publisher of a later release: the kind comes through as it is, and
+  // validation refuses it by name.
+  pm.set_chunk_checksum(static_cast<v1::ChunkChecksum>(5));
+  back = wire::FromProto(pm);
+  ASSERT_TRUE(back.ok());
+  Status s = Manifest::ValidatePart(*back, kMinChunkBytes);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("chunk checksum unknown (5)"), std::string::npos)
+      << s.ToString();
+}
+
 TEST(HubServiceTest, UnknownVersionIsUnavailableWhileTheHubRebuilds) {
   // Started 100 ms ago, rebuilding for a minute: no timing in play.
   Answers a = AskAboutAnUnknownModel(60000, 100);

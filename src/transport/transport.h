@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/deadline.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
@@ -149,6 +150,16 @@ struct ReadInfo {
   int64_t verify_ns = 0;
 };
 
+// The checksum a read computes of the bytes it moves, as they arrive
+// (cheaper than a second pass over memory): `kind` in, `value` out.
+struct ReadChecksum {
+  ChunkChecksum kind = ChunkChecksum::kXxh3;
+  uint64_t value = 0;
+};
+inline ChunkChecksum ChecksumKind(const ReadChecksum* sum) {
+  return sum != nullptr ? sum->kind : ChunkChecksum::kXxh3;
+}
+
 // One reader-to-holder channel. Not thread-safe: one read at a time. After
 // any I/O error the connection is broken and every later Read fails fast;
 // open a new one.
@@ -157,13 +168,14 @@ class Connection {
   virtual ~Connection() = default;
   // Reads req.length bytes into `dest` (whose sizes must add up to it).
   // A refusal by the holder comes back with the holder's code and message.
-  // If `xxh3` is not null it receives the XXH3-64 of the bytes read,
-  // computed as they arrive (cheaper than a second pass over memory).
+  // If `sum` is not null, sum->value receives the checksum sum->kind of
+  // the bytes read.
   virtual Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-                      const Deadline& deadline, uint64_t* xxh3 = nullptr) = 0;
+                      const Deadline& deadline,
+                      ReadChecksum* sum = nullptr) = 0;
   // The same into memory of CUDA device `device` (`dest` holds device
   // addresses). Bytes that come over the connection land in pinned host
-  // staging buffers first, are hashed there (so `xxh3` covers exactly the
+  // staging buffers first, are hashed there (so `sum` covers exactly the
   // bytes then copied to the device) and copied host to device; bytes a
   // same-host holder shares by CUDA IPC are copied device to device and
   // hashed by a kernel on the destination. Returns once the bytes are in
@@ -171,7 +183,7 @@ class Connection {
   virtual Status ReadDevice(const wire::ReadRequest& req,
                             std::span<const iovec> dest, int device,
                             const Deadline& deadline,
-                            uint64_t* xxh3 = nullptr) = 0;
+                            ReadChecksum* sum = nullptr) = 0;
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
   // Runs over TLS; the kernel decrypts what it receives (kTLS).

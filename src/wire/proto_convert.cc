@@ -25,6 +25,7 @@ void ToProto(const PartLayout& part, v1::PartManifest* out) {
     for (uint64_t c : t.seg_xxh3) e->add_seg_xxh3(c);
   }
   for (uint64_t c : part.chunk_xxh3) out->add_chunk_xxh3(c);
+  out->set_chunk_checksum(static_cast<v1::ChunkChecksum>(part.chunk_checksum));
   for (const auto& [k, v] : part.metadata) {
     v1::MetadataEntry* e = out->add_metadata();
     e->set_key(k);
@@ -63,6 +64,10 @@ Result<PartLayout> FromProto(const v1::PartManifest& in) {
     part.tensors.push_back(std::move(t));
   }
   part.chunk_xxh3.assign(in.chunk_xxh3().begin(), in.chunk_xxh3().end());
+  // Unknown kinds are kept as they are: Manifest::ValidatePart refuses
+  // them, with the kind and what to do.
+  part.chunk_checksum =
+      static_cast<ChunkChecksum>(static_cast<uint32_t>(in.chunk_checksum()));
   if (static_cast<size_t>(in.metadata_size()) > kMaxMetadataEntries) {
     return InvalidArgument("part manifest has too many metadata entries");
   }

@@ -249,7 +249,7 @@ class FakeTransport::FakeConnection final : public Connection {
       : t_(t), address_(std::move(address)) {}
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-              const Deadline& deadline, uint64_t* xxh3) override {
+              const Deadline& deadline, ReadChecksum* sum) override {
     if (broken_) return Unavailable("fake: connection is broken");
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
     if (auto f = t_->Take(address_, FaultWhere::kReadHeader)) {
@@ -284,11 +284,11 @@ class FakeTransport::FakeConnection final : public Connection {
       }
     }
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
-    if (xxh3 != nullptr) *xxh3 = Xxh3Pieces(dest);
+    if (sum != nullptr) sum->value = ChunkSum(sum->kind, dest);
     return Status::Ok();
   }
   Status ReadDevice(const wire::ReadRequest&, std::span<const iovec>, int,
-                    const Deadline&, uint64_t*) override {
+                    const Deadline&, ReadChecksum*) override {
     return FailedPrecondition("fake: no device memory");
   }
   bool broken() const override { return broken_; }

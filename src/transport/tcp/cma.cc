@@ -73,7 +73,7 @@ std::vector<wire::LocalPiece> CoalescePieces(std::span<const iovec> pieces) {
 
 Status CopyFromProcess(pid_t pid, std::span<const wire::LocalPiece> remote,
                        std::span<const iovec> dest, size_t segment_bytes,
-                       Xxh3Stream* hash, const CrossMemoryCopyFn& copy) {
+                       ChunkHash* hash, const CrossMemoryCopyFn& copy) {
   std::vector<iovec> liov, riov;
   liov.reserve(IOV_MAX);
   riov.reserve(IOV_MAX);

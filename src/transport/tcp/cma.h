@@ -46,7 +46,7 @@ inline constexpr size_t kCmaSegmentBytes = 1 << 20;
 // holds an unspecified prefix of the bytes.
 Status CopyFromProcess(pid_t pid, std::span<const wire::LocalPiece> remote,
                        std::span<const iovec> dest, size_t segment_bytes,
-                       Xxh3Stream* hash, const CrossMemoryCopyFn& copy);
+                       ChunkHash* hash, const CrossMemoryCopyFn& copy);
 
 }  // namespace tensorhub::transport
 

@@ -276,7 +276,9 @@ class LocalReadTest : public ::testing::Test {
                        uint64_t offset, uint64_t length, uint64_t seed) {
     std::mt19937_64 rng(seed);
     ScatteredDest dest(length, 200 << 10, rng);
-    uint64_t hash = 0;
+    // Odd seeds check the tree checksum, even ones plain XXH3-64.
+    ReadChecksum hash{.kind = seed % 2 ? ChunkChecksum::kXxh3Tree
+                                       : ChunkChecksum::kXxh3};
     Status s = c.Read(Req(offset, length), dest.pieces,
                       Deadline::AfterMs(kGenerousMs), &hash);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -284,7 +286,7 @@ class LocalReadTest : public ::testing::Test {
     std::vector<uint8_t> got = dest.Gather();
     ASSERT_TRUE(std::equal(got.begin(), got.end(), flat.begin() + offset));
     EXPECT_TRUE(dest.GapsUntouched());
-    EXPECT_EQ(hash, Xxh3(flat.data() + offset, length));
+    EXPECT_EQ(hash.value, ChunkSum(hash.kind, flat.data() + offset, length));
   }
 
   // Sources outlive the server: a server thread may end its last lease
@@ -344,12 +346,13 @@ TEST_F(LocalReadTest, ManyTinyPiecesAreCutToTheKernelIovecLimit) {
   ASSERT_NE(conn, nullptr);
   std::mt19937_64 rng(2);
   ScatteredDest dest(32 << 10, 16, rng);
-  uint64_t hash = 0;
+  ReadChecksum hash{.kind = ChunkChecksum::kXxh3Tree};
   ASSERT_TRUE(conn->Read(Req(0, 32 << 10), dest.pieces,
                          Deadline::AfterMs(kGenerousMs), &hash)
                   .ok());
   EXPECT_EQ(dest.Gather(), source.flat());
-  EXPECT_EQ(hash, Xxh3(source.flat().data(), source.flat().size()));
+  EXPECT_EQ(hash.value,
+            ChunkSum(hash.kind, source.flat().data(), source.flat().size()));
   EXPECT_GE(spy.calls(), 4);
   EXPECT_FALSE(spy.too_many_iovecs());
   EXPECT_TRUE(source.WaitActive(0, kGenerousMs));
@@ -680,7 +683,7 @@ TEST_F(LocalReadTest, HolderGivingUpMidCopyFailsTheRead) {
   ASSERT_NE(conn, nullptr);
   std::vector<uint8_t> out(1 << 20);
   iovec v{out.data(), out.size()};
-  uint64_t hash = 0;
+  ReadChecksum hash;
   Status s = conn->Read(Req(0, out.size()), {&v, 1},
                         Deadline::AfterMs(kGenerousMs), &hash);
   EXPECT_FALSE(premise_broken.load());
@@ -842,14 +845,17 @@ TEST(CopyFromProcessTest, RandomSplitsCopyExactlyWithinLimits) {
                        iovec{dest.arena.data(), 0});
     size_t segment = 1 + rng() % (300 << 10);
     CopySpy spy;
-    Xxh3Stream hash;
+    ChunkHash hash(iter % 2 ? ChunkChecksum::kXxh3Tree : ChunkChecksum::kXxh3);
     Status s = CopyFromProcess(::getpid(), remote, dest.pieces, segment, &hash,
                                spy.fn());
     ASSERT_TRUE(s.ok()) << iter << ": " << s.ToString();
     std::vector<uint8_t> got = dest.Gather();
     ASSERT_TRUE(std::equal(got.begin(), got.end(), src.begin())) << iter;
     EXPECT_TRUE(dest.GapsUntouched()) << iter;
-    EXPECT_EQ(hash.Digest(), Xxh3(src.data(), length)) << iter;
+    EXPECT_EQ(hash.Digest(), ChunkSum(iter % 2 ? ChunkChecksum::kXxh3Tree
+                                               : ChunkChecksum::kXxh3,
+                                      src.data(), length))
+        << iter;
     EXPECT_FALSE(spy.too_many_iovecs()) << iter;
     EXPECT_GE(static_cast<uint64_t>(spy.calls()),
               (length + segment - 1) / segment);

@@ -547,21 +547,21 @@ class TcpConnection final : public Connection {
   }
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-              const Deadline& deadline, uint64_t* xxh3) override {
+              const Deadline& deadline, ReadChecksum* sum) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     last_read_ = ReadInfo{};
-    return Finish(DoRead(req, dest, deadline, xxh3));
+    return Finish(DoRead(req, dest, deadline, sum));
   }
 
   Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
                     int device, const Deadline& deadline,
-                    uint64_t* xxh3) override {
+                    ReadChecksum* sum) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     // A failure here is about this process's device, not the holder: it
     // must not break the connection.
     TH_RETURN_IF_ERROR(staging_.Ensure(device));
     last_read_ = ReadInfo{};
-    return Finish(DoReadDevice(req, dest, device, deadline, xxh3));
+    return Finish(DoReadDevice(req, dest, device, deadline, sum));
   }
 
  private:
@@ -600,7 +600,7 @@ class TcpConnection final : public Connection {
 
  private:
   Status DoRead(const wire::ReadRequest& req, std::span<const iovec> dest,
-                const Deadline& deadline, uint64_t* xxh3) {
+                const Deadline& deadline, ReadChecksum* sum) {
     uint64_t want = 0;
     for (const iovec& v : dest) want += v.iov_len;
     if (want != req.length) {
@@ -608,7 +608,7 @@ class TcpConnection final : public Connection {
                       " bytes for a read of " + std::to_string(req.length));
     }
     if (!local_->enabled() || local_declined_ || local_->Refused(peer_)) {
-      return TcpRead(req, dest, deadline, xxh3);
+      return TcpRead(req, dest, deadline, sum);
     }
     TH_RETURN_IF_ERROR(SendRequest(req, &local_->identity(), deadline));
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
@@ -621,13 +621,13 @@ class TcpConnection final : public Connection {
       // Another host (or a holder with same-host reads off): it sent the
       // bytes, and will again, so stop asking on this connection.
       local_declined_ = true;
-      return ReceivePayload(h, req, dest, deadline, xxh3);
+      return ReceivePayload(h, req, dest, deadline, sum);
     }
-    return LocalRead(h, req, dest, deadline, xxh3);
+    return LocalRead(h, req, dest, deadline, sum);
   }
 
   Status TcpRead(const wire::ReadRequest& req, std::span<const iovec> dest,
-                 const Deadline& deadline, uint64_t* xxh3) {
+                 const Deadline& deadline, ReadChecksum* sum) {
     TH_RETURN_IF_ERROR(SendRequest(req, nullptr, deadline));
     TH_ASSIGN_OR_RETURN(wire::ResponseHeader h, ReceiveHeader(deadline));
     if (h.local || h.cuda_ipc) {
@@ -635,11 +635,11 @@ class TcpConnection final : public Connection {
       return DataLoss("holder " + peer_ +
                       " answered a TCP read with a same-host reply");
     }
-    return ReceivePayload(h, req, dest, deadline, xxh3);
+    return ReceivePayload(h, req, dest, deadline, sum);
   }
 
   Status DoReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
-                      int device, const Deadline& deadline, uint64_t* xxh3) {
+                      int device, const Deadline& deadline, ReadChecksum* sum) {
     uint64_t want = 0;
     for (const iovec& v : dest) want += v.iov_len;
     if (want != req.length) {
@@ -656,11 +656,11 @@ class TcpConnection final : public Connection {
       return DataLoss("holder " + peer_ +
                       " answered with a same-host reply it was not asked for");
     }
-    if (h.cuda_ipc) return CudaIpcRead(h, req, dest, device, deadline, xxh3);
+    if (h.cuda_ipc) return CudaIpcRead(h, req, dest, device, deadline, sum);
     // The holder sent the bytes (host memory, another host, or memory CUDA
     // IPC cannot share): it will again, so stop asking on this connection.
     if (ask_ipc) ipc_declined_ = true;
-    return ReceiveToDevice(h, req, dest, deadline, xxh3);
+    return ReceiveToDevice(h, req, dest, deadline, sum);
   }
 
   // Receives the payload segment by segment into two pinned buffers, hashes
@@ -669,7 +669,7 @@ class TcpConnection final : public Connection {
   Status ReceiveToDevice(const wire::ResponseHeader& h,
                          const wire::ReadRequest& req,
                          std::span<const iovec> dest, const Deadline& deadline,
-                         uint64_t* xxh3) {
+                         ReadChecksum* sum) {
     if (h.payload_len != req.length) {
       Abandon();
       return DataLoss("holder " + peer_ + " sent " +
@@ -686,7 +686,7 @@ class TcpConnection final : public Connection {
       StagingStreams& s;
       ~SyncOnExit() { s.Sync(); }
     } sync_on_exit{staging_};
-    Xxh3Stream hash(/*timed=*/true);
+    ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     const uint64_t seg = pool.buffer_bytes();
     for (uint64_t k = 0, off = 0; off < req.length; ++k, off += seg) {
       const uint64_t len = std::min(seg, req.length - off);
@@ -695,7 +695,7 @@ class TcpConnection final : public Connection {
       TH_RETURN_IF_ERROR(staging_[k % 2].Synchronize());
       TH_RETURN_IF_ERROR(
           stream_.ReadExact(buf, len, deadline).WithContext("holder " + peer_));
-      if (xxh3 != nullptr) hash.Update(buf, len);
+      if (sum != nullptr) hash.Update(buf, len);
       TH_RETURN_IF_ERROR(
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
             return staging_[k % 2].CopyAsync(p, buf + done, l);
@@ -703,7 +703,7 @@ class TcpConnection final : public Connection {
     }
     for (size_t i = 0; i < 2; ++i)
       TH_RETURN_IF_ERROR(staging_[i].Synchronize());
-    if (xxh3 != nullptr) *xxh3 = hash.Digest();
+    if (sum != nullptr) sum->value = hash.Digest();
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -714,7 +714,7 @@ class TcpConnection final : public Connection {
   // release and read the bytes over TCP instead (and stop asking).
   Status CudaIpcRead(const wire::ResponseHeader& h,
                      const wire::ReadRequest& req, std::span<const iovec> dest,
-                     int device, const Deadline& deadline, uint64_t* xxh3) {
+                     int device, const Deadline& deadline, ReadChecksum* sum) {
     std::string body(h.payload_len, '\0');
     TH_RETURN_IF_ERROR(stream_.ReadExact(body.data(), body.size(), deadline)
                            .WithContext("holder " + peer_));
@@ -747,17 +747,17 @@ class TcpConnection final : public Connection {
       if (!copied.ok()) break;
       off += piece.length;
     }
-    uint64_t sum = 0;
+    uint64_t value = 0;
     if (copied.ok()) {
-      if (xxh3 != nullptr) {
+      if (sum != nullptr) {
         const auto t0 = std::chrono::steady_clock::now();
-        Result<uint64_t> r = staging_[0].Xxh3(dest);
+        Result<uint64_t> r = staging_[0].Checksum(sum->kind, dest);
         last_read_.verify_ns =
             std::chrono::duration_cast<std::chrono::nanoseconds>(
                 std::chrono::steady_clock::now() - t0)
                 .count();
         copied = r.status();
-        if (r.ok()) sum = *r;
+        if (r.ok()) value = *r;
       } else {
         copied = staging_[0].Synchronize();
       }
@@ -766,7 +766,7 @@ class TcpConnection final : public Connection {
     }
     if (copied.ok()) {
       TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
-      if (xxh3 != nullptr) *xxh3 = sum;
+      if (sum != nullptr) sum->value = value;
       last_read_.same_host = true;
       return Status::Ok();
     }
@@ -780,7 +780,7 @@ class TcpConnection final : public Connection {
       return DataLoss("holder " + peer_ +
                       " answered a TCP read with a same-host reply");
     }
-    return ReceiveToDevice(h2, req, dest, deadline, xxh3);
+    return ReceiveToDevice(h2, req, dest, deadline, sum);
   }
 
   Result<uint8_t*> OpenIpc(const cuda::IpcHandle& handle, int device) {
@@ -823,19 +823,19 @@ class TcpConnection final : public Connection {
   Status ReceivePayload(const wire::ResponseHeader& h,
                         const wire::ReadRequest& req,
                         std::span<const iovec> dest, const Deadline& deadline,
-                        uint64_t* xxh3) {
+                        ReadChecksum* sum) {
     if (h.payload_len != req.length) {
       Abandon();
       return DataLoss("holder " + peer_ + " sent " +
                       std::to_string(h.payload_len) + " bytes for a read of " +
                       std::to_string(req.length));
     }
-    if (xxh3 == nullptr) {
+    if (sum == nullptr) {
       return stream_.Read(dest, deadline).WithContext("holder " + peer_);
     }
     // Hash each segment right after it lands, while it is still in cache:
     // one pass over memory instead of two.
-    Xxh3Stream hash(/*timed=*/true);
+    ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     for (const iovec& piece : dest) {
       auto* p = static_cast<uint8_t*>(piece.iov_base);
       for (size_t off = 0; off < piece.iov_len; off += kHashSegmentBytes) {
@@ -845,7 +845,7 @@ class TcpConnection final : public Connection {
         hash.Update(p + off, n);
       }
     }
-    *xxh3 = hash.Digest();
+    sum->value = hash.Digest();
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -854,7 +854,7 @@ class TcpConnection final : public Connection {
   // the lease. If the copy is refused, release and read over TCP instead.
   Status LocalRead(const wire::ResponseHeader& h, const wire::ReadRequest& req,
                    std::span<const iovec> dest, const Deadline& deadline,
-                   uint64_t* xxh3) {
+                   ReadChecksum* sum) {
     // payload_len was bounded by the decoder (at most kMaxLocalReplyBytes).
     std::string body(h.payload_len, '\0');
     TH_RETURN_IF_ERROR(stream_.ReadExact(body.data(), body.size(), deadline)
@@ -866,19 +866,19 @@ class TcpConnection final : public Connection {
       return DataLoss("holder " + peer_ + " sent a bad same-host reply: " +
                       reply.status().message());
     }
-    Xxh3Stream hash(/*timed=*/true);
+    ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     Status copied = CopyFromProcess(
         static_cast<pid_t>(reply->pid), reply->pieces, dest, kCmaSegmentBytes,
-        xxh3 != nullptr ? &hash : nullptr, local_->copy());
+        sum != nullptr ? &hash : nullptr, local_->copy());
     if (copied.ok()) {
       TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
-      if (xxh3 != nullptr) *xxh3 = hash.Digest();
+      if (sum != nullptr) sum->value = hash.Digest();
       last_read_ = ReadInfo{true, hash.update_ns()};
       return Status::Ok();
     }
     TH_RETURN_IF_ERROR(SendRelease(wire::ReleaseOutcome::kNotCopied, deadline));
     local_->Refuse(peer_, copied);
-    return TcpRead(req, dest, deadline, xxh3);
+    return TcpRead(req, dest, deadline, sum);
   }
 
   // After a same-host copy that succeeded. The holder sends nothing until

@@ -107,12 +107,13 @@ TEST_F(TlsTransportTest, ReadsOverTlsAreByteExactAndKernelTlsIsUsedIfThere) {
     const uint64_t len = (8 << 20) + 5;
     std::vector<uint8_t> got(len);
     iovec v[2] = {{got.data(), 1000}, {got.data() + 1000, len - 1000}};
-    uint64_t xxh3 = 0;
+    ReadChecksum sum{.kind = ChunkChecksum::kXxh3Tree};
     Status s =
-        (*conn)->Read(Req(off, len), v, Deadline::AfterMs(kGenerousMs), &xxh3);
+        (*conn)->Read(Req(off, len), v, Deadline::AfterMs(kGenerousMs), &sum);
     ASSERT_TRUE(s.ok()) << s.ToString();
     EXPECT_TRUE(std::equal(got.begin(), got.end(),
                            source_.data().begin() + static_cast<long>(off)));
+    EXPECT_EQ(sum.value, ChunkSum(sum.kind, source_.data().data() + off, len));
   }
   // A refusal by the holder comes back inside TLS and keeps the connection.
   std::vector<uint8_t> one(16);

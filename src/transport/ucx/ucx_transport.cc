@@ -582,15 +582,15 @@ class UcxConnection final : public Connection {
   }
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
-              const Deadline& deadline, uint64_t* xxh3) override {
+              const Deadline& deadline, ReadChecksum* sum) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     last_read_ = ReadInfo{};
-    return Finish(DoRead(req, dest, -1, deadline, xxh3));
+    return Finish(DoRead(req, dest, -1, deadline, sum));
   }
 
   Status ReadDevice(const wire::ReadRequest& req, std::span<const iovec> dest,
                     int device, const Deadline& deadline,
-                    uint64_t* xxh3) override {
+                    ReadChecksum* sum) override {
     if (broken_) return Unavailable("connection to " + peer_ + " is broken");
     // A failure here is about this process's device, not the holder.
     for (auto& s : streams_) {
@@ -599,7 +599,7 @@ class UcxConnection final : public Connection {
       }
     }
     last_read_ = ReadInfo{};
-    return Finish(DoRead(req, dest, device, deadline, xxh3));
+    return Finish(DoRead(req, dest, device, deadline, sum));
   }
 
   bool broken() const override { return broken_; }
@@ -634,7 +634,7 @@ class UcxConnection final : public Connection {
   // `device` < 0: `dest` is host memory; else memory of that CUDA device,
   // reached through pinned staging buffers.
   Status DoRead(const wire::ReadRequest& req, std::span<const iovec> dest,
-                int device, const Deadline& deadline, uint64_t* xxh3) {
+                int device, const Deadline& deadline, ReadChecksum* sum) {
     uint64_t want = 0;
     for (const iovec& v : dest) want += v.iov_len;
     if (want != req.length) {
@@ -653,13 +653,12 @@ class UcxConnection final : public Connection {
                            .WithContext("holder " + peer_));
     TH_ASSIGN_OR_RETURN(ucx::RmaReply reply, ReceiveReply(req, deadline));
     TH_ASSIGN_OR_RETURN(std::vector<ucp_rkey_h> keys, Keys(reply));
-    Xxh3Stream hash(/*timed=*/true);
+    ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     if (device < 0) {
       TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline));
     } else {
       TH_RETURN_IF_ERROR(GetStaged(reply, keys, req.length, dest, bufs,
-                                   deadline,
-                                   xxh3 != nullptr ? &hash : nullptr));
+                                   deadline, sum != nullptr ? &hash : nullptr));
     }
     testpoint::Hit("ucx.read_landed", req.length);
     // The holder sends nothing until our release; anything to read now
@@ -670,14 +669,14 @@ class UcxConnection final : public Connection {
       return Unavailable("holder " + peer_ +
                          " ended the lease before the read finished");
     }
-    if (xxh3 != nullptr && device < 0) {
+    if (sum != nullptr && device < 0) {
       for (const iovec& v : dest) hash.Update(v.iov_base, v.iov_len);
     }
     auto rel = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
     iovec rv{rel.data(), rel.size()};
     TH_RETURN_IF_ERROR(
         WriteAll(fd_.get(), {&rv, 1}, deadline).WithContext("holder " + peer_));
-    if (xxh3 != nullptr) *xxh3 = hash.Digest();
+    if (sum != nullptr) sum->value = hash.Digest();
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -838,7 +837,7 @@ class UcxConnection final : public Connection {
   Status GetStaged(const ucx::RmaReply& reply,
                    const std::vector<ucp_rkey_h>& keys, uint64_t length,
                    std::span<const iovec> dest, cuda::PinnedPool::Lease& bufs,
-                   const Deadline& deadline, Xxh3Stream* hash) {
+                   const Deadline& deadline, ChunkHash* hash) {
     const uint64_t seg = cuda::StagingPool().buffer_bytes();
     for (uint64_t k = 0, off = 0; off < length; ++k, off += seg) {
       const uint64_t len = std::min(seg, length - off);

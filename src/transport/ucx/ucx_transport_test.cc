@@ -224,11 +224,18 @@ TEST_P(TransportContractTest, ReadsIntoScatteredDestinationByteExact) {
     dest.push_back({out.data() + at, take});
     at += take;
   }
-  uint64_t sum = 0;
-  Status s = c->Read(Req(off, len), dest, Deadline::AfterMs(kGenerousMs), &sum);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(std::equal(out.begin(), out.end(), source_.data().begin() + off));
-  EXPECT_EQ(sum, Xxh3(source_.data().data() + off, len));
+  // Each chunk checksum, computed as the pieces land.
+  for (ChunkChecksum kind : {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+    std::fill(out.begin(), out.end(), 0);
+    ReadChecksum sum{.kind = kind};
+    Status s =
+        c->Read(Req(off, len), dest, Deadline::AfterMs(kGenerousMs), &sum);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(
+        std::equal(out.begin(), out.end(), source_.data().begin() + off));
+    EXPECT_EQ(sum.value, ChunkSum(kind, source_.data().data() + off, len))
+        << ChunkChecksumName(kind);
+  }
   // A second read on the same connection.
   std::vector<uint8_t> small(4096);
   iovec v{small.data(), small.size()};
