@@ -32,6 +32,17 @@ bool UseAvx2() {
 #endif
 }
 
+// Runs fn, adding the nanoseconds it took to *ns when `timed`.
+template <typename Fn>
+void RunTimed(bool timed, int64_t* ns, Fn&& fn) {
+  if (!timed) return fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  *ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now() - t0)
+             .count();
+}
+
 }  // namespace
 
 uint64_t Xxh3(const void* data, size_t bytes) {
@@ -71,12 +82,7 @@ Xxh3Stream::~Xxh3Stream() {
 }
 
 void Xxh3Stream::Update(const void* data, size_t bytes) {
-  if (!timed_) return UpdateUntimed(data, bytes);
-  const auto t0 = std::chrono::steady_clock::now();
-  UpdateUntimed(data, bytes);
-  update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - t0)
-                    .count();
+  RunTimed(timed_, &update_ns_, [&] { UpdateUntimed(data, bytes); });
 }
 
 void Xxh3Stream::UpdateUntimed(const void* data, size_t bytes) {
@@ -127,13 +133,8 @@ ChunkHash::ChunkHash(ChunkChecksum kind, bool timed)
     : kind_(kind), timed_(timed) {}
 
 void ChunkHash::Update(const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  if (!timed_) return UpdateUntimed(p, bytes);
-  const auto t0 = std::chrono::steady_clock::now();
-  UpdateUntimed(p, bytes);
-  update_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - t0)
-                    .count();
+  RunTimed(timed_, &update_ns_,
+           [&] { UpdateUntimed(static_cast<const uint8_t*>(data), bytes); });
 }
 
 void ChunkHash::UpdateUntimed(const uint8_t* p, size_t bytes) {
