@@ -495,6 +495,57 @@ TEST_F(FetcherTest, ARelistedCorruptHolderIsRetriedOnlyUpToTheBound) {
   EXPECT_GE(calls.load(), 4);
 }
 
+// Each part is verified with the checksum its manifest part names: part 0
+// as an earlier build published it (plain XXH3-64), part 1 with the tree.
+// A part that names the wrong kind fails every chunk's check, by name.
+TEST_F(FetcherTest, EachPartIsVerifiedWithTheChecksumItNames) {
+  const TestVersion v = MakeVersion(21, 2, 4096, 24);
+  std::vector<PartLayout> parts = v.manifest.parts();
+  ASSERT_EQ(parts[1].chunk_checksum, ChunkChecksum::kXxh3Tree);
+  std::vector<uint8_t*> bases;
+  for (const Bytes& b : v.data[0])
+    bases.push_back(const_cast<uint8_t*>(b.data()));
+  parts[0].chunk_checksum = ChunkChecksum::kXxh3;
+  for (uint64_t c = 0; c < parts[0].chunk_xxh3.size(); ++c) {
+    std::vector<iovec> pieces;
+    const uint64_t off = c * 4096;
+    AppendPieces(parts[0], bases, off,
+                 std::min<uint64_t>(4096, parts[0].part_bytes - off), &pieces);
+    parts[0].chunk_xxh3[c] = ChunkSum(ChunkChecksum::kXxh3, pieces);
+  }
+  const TestVersion mixed{v.data, Manifest(2, 4096, parts)};
+  ASSERT_TRUE(mixed.manifest.Validate().ok());
+  {
+    Holder h(*tcp_, mixed, {0, 1}, "m", 1);
+    Destination d(mixed);
+    Result<FetchReport> r =
+        RunFetch(*tcp_, d.Job(mixed, "m", 1), {h.Source()}, nullptr,
+                 TestOptions(), Deadline::AfterMs(kGenerousMs));
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(d.data, v.data);
+    EXPECT_EQ(r->chunk_retries, 0u);
+  }
+  // Part 1's tree checksums labelled plain XXH3-64.
+  parts[1].chunk_checksum = ChunkChecksum::kXxh3;
+  const TestVersion mislabelled{v.data, Manifest(2, 4096, parts)};
+  Holder h(*tcp_, mislabelled, {0, 1}, "m", 1);
+  SourceRefresher refresh =
+      [&](const std::vector<std::string>&) -> Result<SourceUpdate> {
+    return SourceUpdate(std::vector<FetchSource>{h.Source()});
+  };
+  FetcherOptions o = TestOptions();
+  o.max_attempts_per_chunk = 2;
+  Destination d(mislabelled);
+  Result<FetchReport> r =
+      RunFetch(*tcp_, d.Job(mislabelled, "m", 1), {h.Source()}, refresh, o,
+               Deadline::AfterMs(kGenerousMs));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("failed its checksum (xxh3-64)"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
 TEST_F(FetcherTest, RefresherSuppliesAHolderLater) {
   TestVersion v = MakeVersion(13, 2, 8192, 24);
   Holder h(*tcp_, v, {0, 1}, "m", 1);
