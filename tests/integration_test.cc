@@ -51,6 +51,38 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
   EXPECT_EQ(info->num_holders, 1u);  // a (b itself is excluded from its view)
 }
 
+// A publisher that names plain XXH3-64 (for readers of earlier builds) is
+// read and verified like one that names the default tree; a checksum name
+// this build does not know fails the publish and changes nothing.
+TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
+  SyntheticModel src(TestLayout(6 << 20));
+  src.Fill(3);
+  auto trainer = NewClient("trainer");
+  PublishOptions legacy;
+  legacy.chunk_checksum = "xxh3-64";
+  ASSERT_TRUE(trainer->Publish("sum", Version(1), src.tensors(), legacy).ok());
+  SyntheticModel src2(TestLayout(6 << 20));
+  src2.Fill(4);
+  PublishOptions bad;
+  bad.chunk_checksum = "md5";
+  Status s = trainer->Publish("sum", Version(2), src2.tensors(), bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("known: xxh3-64-tree-64k, xxh3-64"),
+            std::string::npos)
+      << s.ToString();
+  ASSERT_TRUE(trainer->Publish("sum", Version(2), src2.tensors()).ok());
+  auto reader = NewClient("reader");
+  SyntheticModel dst(TestLayout(6 << 20));
+  for (uint64_t v : {1, 2}) {
+    auto st = reader->Fetch("sum", Version(v), dst.tensors());
+    ASSERT_TRUE(st.ok()) << v << ": " << st.status().ToString();
+    SyntheticModel want(TestLayout(6 << 20));
+    want.Fill(v == 1 ? 3 : 4);
+    EXPECT_EQ(dst.Digest(), want.Digest()) << v;
+    EXPECT_EQ(st->chunk_retries, 0u) << v;
+  }
+}
+
 // AddHolder over gRPC names the manifest by digest; a hub that lacks the
 // committed manifest (here: it never saw the version, as after a restart)
 // asks for it, and the client sends it whole, so the hub rebuilds the

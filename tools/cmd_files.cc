@@ -79,6 +79,7 @@ struct PublishFlags {
   uint32_t rank = 0;
   uint32_t group_size = 1;
   uint64_t chunk_bytes = 0;
+  std::string chunk_checksum;
   uint64_t timeout_ms = 10000;
 };
 
@@ -104,6 +105,7 @@ int RunPublish(const PublishFlags& f) {
   po.rank = f.rank;
   po.group_size = f.group_size;
   po.chunk_bytes = f.chunk_bytes;
+  po.chunk_checksum = f.chunk_checksum;
   if (is_dir) {
     po.metadata.push_back({kHfCheckpointKey, EncodeHfCheckpoint(ckpt->ckpt)});
   } else {
@@ -499,6 +501,11 @@ void AddFileCommands(CommandLine& cl) {
       ->capture_default_str();
   AddBytesOption(c, "--chunk-bytes", &p->chunk_bytes, "4MiB",
                  "the unit of transfer and verification");
+  c->add_option("--chunk-checksum", p->chunk_checksum,
+                "the chunk checksum to publish: xxh3-64-tree-64k (default; "
+                "TENSORHUB_CHUNK_CHECKSUM if set), or xxh3-64 while readers "
+                "of builds before 2026-11-25 remain")
+      ->check(CLI::IsMember({"xxh3-64-tree-64k", "xxh3-64"}));
   c->add_option("--timeout-ms", p->timeout_ms, "deadline for reaching the hub")
       ->check(CLI::Range(uint64_t{1}, uint64_t{3600000}))
       ->capture_default_str();

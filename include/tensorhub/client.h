@@ -96,8 +96,9 @@ struct ClientOptions {
   // Data-plane transports in order of preference ("ucx", "tcp"); the first
   // this build and machine can run is used for serving and reading, and the
   // choice is logged. Empty: the environment's TENSORHUB_TRANSPORTS (a comma
-  // list, e.g. "ucx,tcp"), else tcp. Every worker of a cluster must pick the
-  // same one (a worker does not yet advertise several, docs/design.md).
+  // list, e.g. "ucx,tcp"), else tcp. A worker serves TCP and each listed
+  // transport it can run, and reads each holder over the first of its list
+  // that the holder serves, else TCP (docs/design.md, "Transport per peer").
   std::vector<std::string> transports;
 };
 
@@ -118,6 +119,13 @@ struct PublishOptions {
   // readers of a slice verify what they read (FetchSlices). Computed on
   // the CPU: tensors in device memory get none.
   uint64_t segment_bytes = 64 << 10;
+  // The chunk checksum this rank's part names (docs/wire.md):
+  // "xxh3-64-tree-64k", which a GPU verifies in parallel, or "xxh3-64",
+  // the only one builds before 2026-11-25 can verify (publish it while
+  // such readers remain; this build verifies both). Empty: the
+  // environment's TENSORHUB_CHUNK_CHECKSUM, else "xxh3-64-tree-64k". Any
+  // other name fails the publish.
+  std::string chunk_checksum;
 };
 
 struct FetchProgress {

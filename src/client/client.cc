@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -157,6 +158,7 @@ class Client::Impl {
                              std::to_string(opts.group_size));
     }
     TH_ASSIGN_OR_RETURN(MemoryLocation memory, CheckMemory(tensors, "publish"));
+    TH_ASSIGN_OR_RETURN(const ChunkChecksum kind, PublishChecksum(opts));
     WarnIfUnreachable();
     // The chunk checksums are computed where the bytes are.
     std::unique_ptr<cuda::Stream> stream;
@@ -164,13 +166,13 @@ class Client::Impl {
       TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(memory.device));
     }
     ChunkHasher hash = [&](std::span<const iovec> pieces) -> Result<uint64_t> {
-      if (stream) return stream->Checksum(kDefaultChunkChecksum, pieces);
-      return ChunkSum(kDefaultChunkChecksum, pieces);
+      if (stream) return stream->Checksum(kind, pieces);
+      return ChunkSum(kind, pieces);
     };
     PieceOptions pieces{opts.pieces, opts.segment_bytes};
     TH_ASSIGN_OR_RETURN(PartLayout part,
                         BuildPartLayout(opts.rank, tensors, opts.chunk_bytes,
-                                        kDefaultChunkChecksum, hash, pieces));
+                                        kind, hash, pieces));
     part.metadata = opts.metadata;
     std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
     for (const TensorRef& t : tensors) {
@@ -1019,6 +1021,23 @@ class Client::Impl {
       out += (i ? "," : "") + std::to_string(s.shape[i]);
     }
     return out + "]";
+  }
+
+  // The chunk checksum a publish names: the options', else the
+  // environment's TENSORHUB_CHUNK_CHECKSUM, else the tree.
+  static Result<ChunkChecksum> PublishChecksum(const PublishOptions& opts) {
+    std::string name = opts.chunk_checksum;
+    const char* from = "PublishOptions::chunk_checksum";
+    if (name.empty()) {
+      const char* env = std::getenv("TENSORHUB_CHUNK_CHECKSUM");
+      if (env == nullptr || *env == '\0') return kDefaultChunkChecksum;
+      name = env;
+      from = "TENSORHUB_CHUNK_CHECKSUM";
+    }
+    Result<ChunkChecksum> kind = ParseChunkChecksum(name);
+    if (!kind.ok())
+      return kind.status().WithContext(std::string("publish: ") + from);
+    return kind;
   }
 
   // The one memory all `tensors` are in, checked usable here: a call takes

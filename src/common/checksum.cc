@@ -117,6 +117,14 @@ bool IsKnownChunkChecksum(uint32_t value) {
          value == static_cast<uint32_t>(ChunkChecksum::kXxh3Tree);
 }
 
+Result<ChunkChecksum> ParseChunkChecksum(std::string_view name) {
+  for (ChunkChecksum k : {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+    if (name == ChunkChecksumName(k)) return k;
+  }
+  return InvalidArgument("unknown chunk checksum '" + std::string(name) +
+                         "' (known: xxh3-64-tree-64k, xxh3-64)");
+}
+
 uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces) {
   if (kind == ChunkChecksum::kXxh3) return Xxh3Pieces(pieces);
   ChunkHash h(kind);

@@ -10,7 +10,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "tensorhub/status.h"
 
 namespace tensorhub {
 
@@ -60,6 +63,9 @@ inline constexpr uint64_t kChecksumLeafBytes = 64 << 10;
 // "xxh3-64", "xxh3-64-tree-64k"; "unknown (N)" for other values.
 std::string ChunkChecksumName(ChunkChecksum kind);
 bool IsKnownChunkChecksum(uint32_t value);
+// The kind a name gives ("xxh3-64", "xxh3-64-tree-64k"); InvalidArgument
+// naming the known ones otherwise.
+Result<ChunkChecksum> ParseChunkChecksum(std::string_view name);
 
 // The checksum `kind` of the concatenation of `pieces`, or of one run.
 uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces);
