@@ -193,7 +193,7 @@ class PyClient {
       const std::map<std::string,
                      std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>&
           pieces,
-      uint64_t segment_bytes) {
+      uint64_t segment_bytes, const std::string& chunk_checksum) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
     PublishOptions po;
@@ -201,6 +201,7 @@ class PyClient {
       po.pieces[name] = {piece.first, piece.second};
     }
     po.segment_bytes = segment_bytes;
+    po.chunk_checksum = chunk_checksum;
     po.rank = rank;
     po.group_size = group_size;
     po.chunk_bytes = chunk_bytes;
@@ -497,7 +498,8 @@ PYBIND11_MODULE(_core, m) {
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
            py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
            py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
-           py::arg("pieces"), py::arg("segment_bytes"))
+           py::arg("pieces"), py::arg("segment_bytes"),
+           py::arg("chunk_checksum") = "")
       .def("unpublish", &PyClient::Unpublish, py::arg("model"),
            py::arg("version"), py::arg("timeout_ms"), py::arg("force"))
       .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),

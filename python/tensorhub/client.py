@@ -384,6 +384,7 @@ class Client:
         dtypes: Optional[Mapping[str, str]] = None,
         pieces: Optional[Mapping[str, Tuple[Sequence[int], Sequence[int]]]] = None,
         segment_bytes: int = 64 << 10,
+        chunk_checksum: Optional[str] = None,
     ) -> None:
         """Registers references to ``tensors`` as rank ``rank`` of ``model@version``.
 
@@ -410,10 +411,14 @@ class Client:
             dtypes: names -> dtype name ("BF16", ...) to publish an array's
                 bytes as another dtype of the same element size, e.g. a numpy
                 uint16 array holding bfloat16 bits.
+            chunk_checksum: "xxh3-64-tree-64k" (the default, verified on a
+                GPU in parallel) or "xxh3-64", which readers of TensorHub
+                builds before 2026-11-25 can verify; None: the environment's
+                TENSORHUB_CHUNK_CHECKSUM, else the tree.
 
         Raises:
             InvalidArgumentError: non-contiguous, non-CPU or unsupported
-                tensors, bad version or rank.
+                tensors, bad version or rank, an unknown chunk_checksum.
             FailedPreconditionError: version not greater than the last, or
                 the memory is still published under another version.
             UnavailableError, DeadlineExceededError: hub unreachable.
@@ -443,6 +448,7 @@ class Client:
                 {str(k): ([int(x) for x in g], [int(x) for x in o])
                  for k, (g, o) in (pieces or {}).items()},
                 int(segment_bytes),
+                "" if chunk_checksum is None else str(chunk_checksum),
             )
         except BaseException:
             # Publish withdraws its local registration on failure.

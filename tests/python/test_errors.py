@@ -155,6 +155,25 @@ def test_republish_same_memory_needs_unpublish(connect, model_name):
     pub.publish(model_name, 2, {"w": w})
 
 
+def test_chunk_checksum_names(connect, model_name):
+    """A publisher names its chunk checksum; a reader verifies either kind;
+    an unknown name fails the publish and holds nothing."""
+    pub = connect()
+    w1 = np.arange(300000, dtype=np.float32)
+    with pytest.raises(tensorhub.InvalidArgumentError,
+                       match="known: xxh3-64-tree-64k, xxh3-64"):
+        pub.publish(model_name, 1, {"w": w1}, chunk_checksum="crc32")
+    assert pub.held() == {}
+    pub.publish(model_name, 1, {"w": w1}, chunk_checksum="xxh3-64")
+    w2 = w1 * 2
+    pub.publish(model_name, 2, {"w": w2})  # the default: the tree
+    reader = connect()
+    for v, want in ((1, w1), (2, w2)):
+        got = np.zeros_like(want)
+        reader.fetch(model_name, v, into={"w": got})
+        np.testing.assert_array_equal(got, want)
+
+
 def _closed_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
