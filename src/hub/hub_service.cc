@@ -51,13 +51,19 @@ class WaitingCalls {
   explicit WaitingCalls(int threads) {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Run(); });
   }
-  ~WaitingCalls() {
+  ~WaitingCalls() { Stop(); }
+  // Runs what is queued, then joins the threads; later calls run inline.
+  // The gRPC server must outlive this: a call's Finish() is still inside
+  // gRPC when the server's Shutdown() may already have returned.
+  void Stop() {
     {
       MutexLock lock(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
   WaitingCalls(const WaitingCalls&) = delete;
   WaitingCalls& operator=(const WaitingCalls&) = delete;
@@ -117,6 +123,12 @@ class HubServiceImpl final : public HotCallsService {
         started_ms_(started_ms),
         waiting_(coord != nullptr ? std::make_unique<WaitingCalls>(8)
                                   : nullptr) {}
+
+  // After the server's Shutdown() and before the server goes: no call that
+  // may wait is still inside gRPC then (WaitingCalls::Stop).
+  void StopWaitingCalls() {
+    if (waiting_ != nullptr) waiting_->Stop();
+  }
 
   // The coordinator's callbacks (coordinator.h), on its thread.
   Status OnElected(const DurableState& durable) {
@@ -1089,6 +1101,7 @@ class HubServerImpl final : public HubServer {
     if (coord_ != nullptr) coord_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
+    service_->StopWaitingCalls();
   }
 
  private:
@@ -1304,6 +1317,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
          [svc] { svc->OnDemoted(); }});
     if (!s.ok()) {
       server->Shutdown(std::chrono::system_clock::now());
+      service->StopWaitingCalls();
       return s;
     }
   }
