@@ -87,8 +87,7 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
     return;
   }
   const xxh3::Secret s = xxh3::DefaultSecret();
-  const uint64_t key =
-      s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
+  const uint64_t key = xxh3::LaneKey(s, t % 8);
   uint64_t init[8];
   xxh3::InitAcc(init);
   uint64_t a = init[t % 8];
@@ -111,12 +110,7 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
     if (t < 8) {
       const int n = static_cast<int>(nb - b0 < kFoldTile ? nb - b0 : kFoldTile);
 #pragma unroll 4
-      for (int j = 0; j < n; ++j) {
-        a += tile[j * 8 + t];
-        a ^= a >> 47;
-        a ^= key;
-        a *= xxh3::kPrime32_1;
-      }
+      for (int j = 0; j < n; ++j) a = xxh3::FoldLane(a, tile[j * 8 + t], key);
     }
   }
   if (t < 8) acc[t] = a;
@@ -134,6 +128,8 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
 // against one per KiB of the whole input for plain XXH3-64), lane 0
 // finishes the leaf (xxh3::LeafHashFromSums is the same in one thread).
 constexpr uint64_t kLeafBlocks = xxh3::kLeafBytes / xxh3::kBlockBytes;  // 64
+static_assert(xxh3::kLeafBytes == kChecksumLeafBytes,
+              "the device tree's leaves are common/checksum.h's");
 
 __global__ void LeafKernel(const uint8_t* __restrict__ p, uint64_t len,
                            const uint64_t* __restrict__ sums,
@@ -142,8 +138,7 @@ __global__ void LeafKernel(const uint8_t* __restrict__ p, uint64_t len,
   __shared__ uint64_t acc[8];
   const unsigned t = threadIdx.x;
   const xxh3::Secret s = xxh3::DefaultSecret();
-  const uint64_t key =
-      s.w[(xxh3::kSecretBytes - xxh3::kStripeBytes) / 8 + (t % 8)];
+  const uint64_t key = xxh3::LaneKey(s, t % 8);
   const uint64_t leaves = xxh3::LeafCount(len);
   for (uint64_t leaf = blockIdx.x; leaf < leaves; leaf += gridDim.x) {
     const uint64_t n = xxh3::LeafLength(len, leaf);
@@ -161,12 +156,8 @@ __global__ void LeafKernel(const uint8_t* __restrict__ p, uint64_t len,
       uint64_t init[8];
       xxh3::InitAcc(init);
       uint64_t a = init[t];
-      for (uint64_t j = 0; j < nb; ++j) {
-        a += tile[j * 8 + t];
-        a ^= a >> 47;
-        a ^= key;
-        a *= xxh3::kPrime32_1;
-      }
+      for (uint64_t j = 0; j < nb; ++j)
+        a = xxh3::FoldLane(a, tile[j * 8 + t], key);
       acc[t] = a;
     }
     __syncwarp();
@@ -239,7 +230,7 @@ class StreamImpl final : public Stream {
       const uint64_t leaves = xxh3::LeafCount(len);
       TH_RETURN_IF_ERROR(Grow(reinterpret_cast<uint8_t**>(&leaves_),
                               &leaves_bytes_, leaves * sizeof(uint64_t)));
-      TH_RETURN_IF_ERROR(LaunchBlockSums(p, xxh3::TreeFoldedBlocks(len)));
+      TH_RETURN_IF_ERROR(LaunchBlockSums(p, xxh3::SummedBlocks(len)));
       const unsigned grid =
           static_cast<unsigned>(std::min<uint64_t>(leaves, 132 * 16));
       LeafKernel<<<grid, 32, 0, stream_>>>(p, len, sums_, leaves_);
@@ -277,8 +268,7 @@ class StreamImpl final : public Stream {
 
   // XXH3-64 of `len` bytes at `p` (8-byte aligned) into *out_.
   Status LaunchXxh3(const uint8_t* p, uint64_t len) {
-    TH_RETURN_IF_ERROR(LaunchBlockSums(
-        p, len > xxh3::kMidsizeMax ? xxh3::FoldedBlocks(len) : 0));
+    TH_RETURN_IF_ERROR(LaunchBlockSums(p, xxh3::SummedBlocks(len)));
     FinishKernel<<<1, 32, 0, stream_>>>(p, len, sums_, out_);
     TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     return Status::Ok();

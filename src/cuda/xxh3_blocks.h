@@ -214,15 +214,23 @@ TH_HD void InitAcc(uint64_t acc[kLanes]) {
   acc[7] = kPrime32_1;
 }
 
+// The secret word lane `lane` is scrambled with.
+TH_HD uint64_t LaneKey(const Secret& s, unsigned lane) {
+  return s.w[(kSecretBytes - kStripeBytes) / 8 + lane];
+}
+// One lane of one fold: scramble(a + sum) with the lane's key.
+TH_HD uint64_t FoldLane(uint64_t a, uint64_t sum, uint64_t key) {
+  a += sum;
+  a ^= a >> 47;
+  a ^= key;
+  return a * kPrime32_1;
+}
+
 // acc = scramble(acc + sum): folds one block, in order.
 TH_HD void FoldBlock(uint64_t acc[kLanes], const uint64_t sum[kLanes]) {
   const Secret s = DefaultSecret();
-  for (size_t i = 0; i < kLanes; ++i) {
-    uint64_t a = acc[i] + sum[i];
-    a ^= a >> 47;
-    a ^= s.w[(kSecretBytes - kStripeBytes) / 8 + i];
-    a *= kPrime32_1;
-    acc[i] = a;
+  for (unsigned i = 0; i < kLanes; ++i) {
+    acc[i] = FoldLane(acc[i], sum[i], LaneKey(s, i));
   }
 }
 
@@ -288,9 +296,10 @@ TH_HD uint64_t LeafLength(uint64_t len, uint64_t leaf) {
   const uint64_t off = leaf * kLeafBytes;
   return len - off < kLeafBytes ? len - off : kLeafBytes;
 }
-// Every block sum the leaves fold: the folded blocks of the whole input
-// (a leaf's last block, even if whole, is its tail and is not folded).
-TH_HD uint64_t TreeFoldedBlocks(uint64_t len) {
+// The blocks whose sums a hash of `len` bytes folds: none for a short
+// input. For the tree, the same blocks of the whole input cover every
+// leaf's (a leaf's last block, even if whole, is its tail and not folded).
+TH_HD uint64_t SummedBlocks(uint64_t len) {
   return len > kMidsizeMax ? FoldedBlocks(len) : 0;
 }
 
@@ -313,10 +322,10 @@ TH_HD uint64_t LeafHashFromSums(const uint8_t* input, uint64_t len,
 
 // The whole tree in one thread through the block sums (the reference the
 // CPU test checks against common/checksum.h's ChunkSum). `leaf_hashes`
-// must hold LeafCount(len) words; `sums` TreeFoldedBlocks(len) * 8.
+// must hold LeafCount(len) words; `sums` SummedBlocks(len) * 8.
 TH_HD uint64_t TreeByBlocks(const uint8_t* p, uint64_t len, uint64_t* sums,
                             uint64_t* leaf_hashes) {
-  for (uint64_t b = 0; b < TreeFoldedBlocks(len); ++b) {
+  for (uint64_t b = 0; b < SummedBlocks(len); ++b) {
     BlockSum(p + b * kBlockBytes, sums + b * kLanes);
   }
   const uint64_t leaves = LeafCount(len);

@@ -14,6 +14,9 @@
 namespace tensorhub::xxh3 {
 namespace {
 
+static_assert(kLeafBytes == kChecksumLeafBytes,
+              "the device tree's leaves are common/checksum.h's");
+
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<uint8_t> v(n);
@@ -70,7 +73,7 @@ TEST(Xxh3Blocks, TreeFromBlockSumsMatchesTheHostChecksum) {
   for (size_t len : lens) {
     const size_t align = rng() % 8;
     uint8_t* p = data.data() + align;
-    std::vector<uint64_t> sums(TreeFoldedBlocks(len) * kLanes);
+    std::vector<uint64_t> sums(SummedBlocks(len) * kLanes);
     std::vector<uint64_t> leaves(LeafCount(len));
     iovec v{p, len};
     ASSERT_EQ(TreeByBlocks(p, len, sums.data(), leaves.data()),
