@@ -29,6 +29,14 @@
 namespace tensorhub::transport {
 namespace {
 
+// How long a worker keeps polling after its last event before it sleeps on
+// its event descriptor. Waking a sleeping worker costs a system call and a
+// scheduler round trip for each message it must answer (a holder serving
+// emulated gets over tcp answers a stream of them); polling a little past
+// the last one keeps a busy transfer from paying that per message, and
+// bounds what an idle worker spends.
+constexpr std::chrono::microseconds kSpinBeforeSleep{500};
+
 std::atomic<uint64_t> g_live_mappings{0};
 std::atomic<uint64_t> g_next_key_id{1};
 
@@ -137,21 +145,24 @@ class Worker {
   }
 
   // Progresses the worker until done() holds, the deadline passes or
-  // *stop is set. Between bursts of progress it sleeps on the worker's
-  // event descriptor (at most 50 ms at a time, so that a stop is seen even
-  // without a signal).
+  // *stop is set. Once nothing has happened for kSpinBeforeSleep it sleeps
+  // on the worker's event descriptor (at most 50 ms at a time, so that a
+  // stop is seen even without a signal).
   template <typename Done>
   Status Wait(Done&& done, const Deadline& deadline,
               const std::atomic<bool>* stop) {
+    auto idle_since = std::chrono::steady_clock::now();
     for (;;) {
-      while (ucp_worker_progress(w_) != 0) {
-      }
+      bool progressed = false;
+      while (ucp_worker_progress(w_) != 0) progressed = true;
       if (done()) return Status::Ok();
       if (stop != nullptr && stop->load()) return Unavailable("cancelled");
       if (deadline.expired()) {
         return DeadlineExceeded("UCX transfer did not finish in time");
       }
-      if (efd_ < 0) {
+      const auto now = std::chrono::steady_clock::now();
+      if (progressed) idle_since = now;
+      if (efd_ < 0 || now - idle_since < kSpinBeforeSleep) {
         std::this_thread::yield();
         continue;
       }
