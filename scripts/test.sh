@@ -15,10 +15,22 @@
 #                can abort a holder whose reader died mid-read, rarely and
 #                under load (docs/benchmarks.md section 9), which the run
 #                reports as a violation
+#   TEST_NEED_GIB=N  free disk space asked for before starting (16)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 step() { echo; echo "=== $* ($(( $(date +%s) - start ))s)"; }
+
+# A whole run (three builds, the Python environments with vLLM and verl,
+# the test beds' files) takes about 14 GiB: say so up front rather than
+# failing an hour in with "No space left on device".
+need_gib=${TEST_NEED_GIB:-16}
+free_gib=$(( $(df -Pk . | awk 'NR==2 {print $4}') / 1048576 ))
+if [ "$free_gib" -lt "$need_gib" ]; then
+  echo "scripts/test.sh: $free_gib GiB free on $(df -P . | awk 'NR==2 {print $6}'); a whole run needs about $need_gib GiB" >&2
+  echo "  free space there (old clones, build-* folders, /tmp), or set TEST_NEED_GIB=N to try with less" >&2
+  exit 1
+fi
 
 step "format (clang-format 14, .clang-format)"
 bash scripts/check-format.sh
