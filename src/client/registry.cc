@@ -225,7 +225,26 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
     return Aborted("registration " + std::to_string(req.epoch) + " of " + name +
                    " was revoked");
   }
-  if (req.part == kManifestPart) return ServeManifest(*e, req, name);
+  if (req.part == kManifestPart) {
+    if (e->manifest_bytes == nullptr) {
+      // Encoded once per registration, outside the lock: a large model's
+      // manifest takes milliseconds, which every other read and publish
+      // would wait for. What it is made of (the manifest, the parts, the
+      // rank) does not change after Register(), and `e` keeps the entry.
+      lock.Unlock();
+      testpoint::Hit("registry.manifest_encoding", req.epoch);
+      Result<std::shared_ptr<const std::string>> bytes =
+          EncodeManifestOf(e->holding, name);
+      lock.Lock();
+      if (!bytes.ok()) return bytes.status();
+      if (e->revoked) {
+        return Aborted("registration " + std::to_string(req.epoch) + " of " +
+                       name + " was revoked");
+      }
+      if (e->manifest_bytes == nullptr) e->manifest_bytes = *std::move(bytes);
+    }
+    return ServeManifest(*e, req, name);
+  }
   auto pit = e->holding.parts.find(req.part);
   if (pit == e->holding.parts.end()) {
     return NotFound("this worker does not hold part " +
@@ -293,24 +312,24 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
   return lease;
 }
 
+Result<std::shared_ptr<const std::string>> Registry::EncodeManifestOf(
+    const Holding& h, const std::string& name) {
+  if (h.manifest.has_value()) {
+    return std::make_shared<const std::string>(
+        wire::EncodeManifest(*h.manifest));
+  }
+  if (h.group_size == 1 && h.rank.has_value() && !h.slices) {
+    // A trainer that published the whole version alone knows its manifest:
+    // the hub's is made of this one part.
+    return std::make_shared<const std::string>(wire::EncodeManifest(
+        Manifest(1, h.chunk_bytes, {h.parts.at(*h.rank)})));
+  }
+  return NotFound("this worker holds a part of " + name +
+                  " and does not know its whole manifest");
+}
+
 Result<transport::ServeLease> Registry::ServeManifest(
     Entry& e, const wire::ReadRequest& req, const std::string& name) {
-  if (e.manifest_bytes == nullptr) {
-    const Holding& h = e.holding;
-    if (h.manifest.has_value()) {
-      e.manifest_bytes = std::make_shared<const std::string>(
-          wire::EncodeManifest(*h.manifest));
-    } else if (h.group_size == 1 && h.rank.has_value() && !h.slices) {
-      // A trainer that published the whole version alone knows its
-      // manifest: the hub's is made of this one part.
-      e.manifest_bytes =
-          std::make_shared<const std::string>(wire::EncodeManifest(
-              Manifest(1, h.chunk_bytes, {h.parts.at(*h.rank)})));
-    } else {
-      return NotFound("this worker holds a part of " + name +
-                      " and does not know its whole manifest");
-    }
-  }
   const std::shared_ptr<const std::string>& bytes = e.manifest_bytes;
   if (req.run != 0 || req.offset > bytes->size() ||
       req.length > bytes->size() - req.offset) {

@@ -131,12 +131,15 @@ class Registry final : public transport::ReadSource {
     // and drained (guarded by Registry::mu_), before Drain() returns.
     std::unique_ptr<transport::Registration> registration;
     // The manifest as a source serves it (kManifestPart), encoded on the
-    // first read of it.
+    // first read of it (outside the lock).
     std::shared_ptr<const std::string> manifest_bytes;  // Registry::mu_
   };
-  // A read of kManifestPart: the whole manifest, encoded as the hub
-  // encodes it, or NOT_FOUND from a trainer rank of a group (which holds
-  // its part only).
+  // The whole manifest of what `h` holds, encoded as the hub encodes it,
+  // or NOT_FOUND for a trainer rank of a group or a slice holder (which
+  // hold a part only). Reads only what Register() fixed: no lock needed.
+  static Result<std::shared_ptr<const std::string>> EncodeManifestOf(
+      const Holding& h, const std::string& name);
+  // A read of kManifestPart once `e.manifest_bytes` is set.
   Result<transport::ServeLease> ServeManifest(Entry& e,
                                               const wire::ReadRequest& req,
                                               const std::string& name)

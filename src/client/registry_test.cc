@@ -620,5 +620,46 @@ TEST(RegistryTest, ServesTheWholeManifestAsTheHubEncodesIt) {
       StatusCode::kNotFound);
 }
 
+// The manifest is encoded outside the registry's lock: while a manifest
+// read is held there, a chunk read of another registration is admitted and
+// the registration is revoked; the manifest read then refuses (ABORTED),
+// as any read of a revoked registration does.
+TEST(RegistryTest, EncodesTheManifestOutsideTheLock) {
+  Registry reg;
+  Part p = MakePart(0, kSizes, 11);
+  Result<uint64_t> trainer = reg.Add(MakeHolding("m", 1, p));
+  ASSERT_TRUE(trainer.ok());
+  Result<uint64_t> other = reg.Add(MakeHolding("m", 2, p));
+  ASSERT_TRUE(other.ok());
+  std::promise<void> encoding, go_on;
+  std::shared_future<void> released = go_on.get_future().share();
+  testpoint::Arm("registry.manifest_encoding", [&](uint64_t e) {
+    if (e != *trainer) return;
+    encoding.set_value();
+    released.wait_for(std::chrono::seconds(60));
+  });
+  auto manifest_read = std::async(std::launch::async, [&] {
+    return reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 0, 1))
+        .status()
+        .code();
+  });
+  ASSERT_EQ(encoding.get_future().wait_for(std::chrono::seconds(60)),
+            std::future_status::ready);
+  // With the lock held by the encoding these would wait for it.
+  auto chunk_read = std::async(std::launch::async, [&] {
+    return reg.BeginRead(Req("m", 2, *other, 0, 0, 100)).ok() &&
+           reg.Revoke("m", Version(1)).ok();
+  });
+  ASSERT_EQ(chunk_read.wait_for(std::chrono::seconds(60)),
+            std::future_status::ready)
+      << "a read waited for the manifest's encoding";
+  EXPECT_TRUE(chunk_read.get());
+  go_on.set_value();
+  ASSERT_EQ(manifest_read.wait_for(std::chrono::seconds(60)),
+            std::future_status::ready);
+  EXPECT_EQ(manifest_read.get(), StatusCode::kAborted);
+  testpoint::Disarm("registry.manifest_encoding");
+}
+
 }  // namespace
 }  // namespace tensorhub::client
