@@ -86,6 +86,27 @@ uint64_t ServedSince(const std::vector<Worker>& ws, uint64_t before,
   return n;
 }
 
+// Of the manifest `st` took from a source, the bytes one of `ws` served:
+// holders count a manifest they serve among their served bytes, and it is
+// not tensor data.
+uint64_t ManifestFrom(const std::vector<Worker>& ws, const FetchStats& st) {
+  if (st.manifest_bytes == 0) return 0;
+  for (const Worker& w : ws) {
+    if (w.client->data_address() == st.manifest_source)
+      return st.manifest_bytes;
+  }
+  return 0;
+}
+
+// Tensor bytes `ws` served for `st` since `before`: ServedSince, less the
+// manifest if one of them served it.
+uint64_t TensorBytesSince(const std::vector<Worker>& ws, uint64_t before,
+                          const FetchStats& st) {
+  const uint64_t m = ManifestFrom(ws, st);
+  const uint64_t n = ServedSince(ws, before, st.bytes + m);
+  return n - std::min(n, m);
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
       .count();
@@ -144,7 +165,7 @@ int RunSliceHolders(const std::string& hub,
     Result<FetchStats> st =
         first.back().client->FetchSlices("m", Version(1), slices, fo);
     if (!st.ok()) return Fail(st.status());
-    from_trainers_a.push_back(ServedSince(trainers, before, st->bytes));
+    from_trainers_a.push_back(TensorBytesSince(trainers, before, *st));
   }
   for (uint32_t rank = 0; rank < tp; ++rank) {
     Result<Worker> reader = NewWorker(hub, "B" + std::to_string(rank));
@@ -160,13 +181,18 @@ int RunSliceHolders(const std::string& hub,
     const double t_b = Since(t0);
     if (!st.ok()) return Fail(st.status());
     // Both kinds of holder together catch up with what the reader got.
+    const uint64_t m_t = ManifestFrom(trainers, *st);
+    const uint64_t m_h = ManifestFrom(first, *st);
+    const uint64_t expect = st->bytes + m_t + m_h;
     const Deadline deadline = Deadline::AfterMs(10000);
     uint64_t t_bytes = 0, h_bytes = 0;
     do {
       t_bytes = Served(trainers) - before_t;
       h_bytes = Served(first) - before_h;
-      if (t_bytes + h_bytes < st->bytes) std::this_thread::yield();
-    } while (t_bytes + h_bytes < st->bytes && !deadline.expired());
+      if (t_bytes + h_bytes < expect) std::this_thread::yield();
+    } while (t_bytes + h_bytes < expect && !deadline.expired());
+    t_bytes -= std::min(t_bytes, m_t);
+    h_bytes -= std::min(h_bytes, m_h);
     std::printf("%-5u %12s %12s %12s %12s %9.3f %9.2f\n", rank,
                 FormatBytes(*bound).c_str(),
                 FormatBytes(from_trainers_a[rank]).c_str(),
@@ -250,7 +276,7 @@ int Run(uint32_t k, uint32_t tp, double scale) {
         reader->client->FetchSlices("m", Version(1), slices);
     const double t_part = Since(t0);
     if (!st.ok()) return Fail(st.status());
-    const uint64_t partial = ServedSince(trainers, before, st->bytes);
+    const uint64_t partial = TensorBytesSince(trainers, before, *st);
     // Full fetch, then slice out the same boxes.
     std::vector<std::vector<uint8_t>> whole;
     std::vector<TensorRef> dest;
@@ -280,7 +306,7 @@ int Run(uint32_t k, uint32_t tp, double scale) {
       }
     }
     const double t_full = Since(t0);
-    const uint64_t full_bytes = ServedSince(trainers, before, full->bytes);
+    const uint64_t full_bytes = TensorBytesSince(trainers, before, *full);
     std::printf("%-5u %12s %12s %12s %9.3f %9.3f %9.2f %9.2f\n", rank,
                 FormatBytes(bound).c_str(), FormatBytes(partial).c_str(),
                 FormatBytes(full_bytes).c_str(),

@@ -216,6 +216,12 @@ struct FetchStats {
   uint32_t tls_connections = 0;
   uint32_t kernel_tls_connections = 0;
   std::vector<FetchSourceStats> sources;
+  // Where the manifest came from when the hub named it by its SHA-256
+  // instead of sending it (docs/design.md, "The manifest from a source"):
+  // the data address of the source that served it, and its size. Empty and
+  // 0 when the hub sent it. Not counted in `bytes` or in `sources`.
+  std::string manifest_source;
+  uint64_t manifest_bytes = 0;
 };
 
 struct TensorInfo {

@@ -309,9 +309,12 @@ class PyClient {
       sd["bytes"] = src.bytes;
       sd["chunks"] = src.chunks;
       sd["was_filling"] = src.was_filling;
+      sd["transport"] = src.transport;
       sources.append(std::move(sd));
     }
     d["sources"] = std::move(sources);
+    d["manifest_source"] = st.manifest_source;
+    d["manifest_bytes"] = st.manifest_bytes;
     return d;
   }
 

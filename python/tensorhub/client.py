@@ -141,8 +141,9 @@ class FetchStats:
     #: how many the kernel decrypts (kTLS)
     tls_connections: int = 0
     kernel_tls_connections: int = 0
-    #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling"}
-    #: (was_filling: it was itself still receiving the version when chosen).
+    #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling",
+    #: "transport"} (was_filling: it was itself still receiving the version when
+    #: chosen; transport: "tcp" or "ucx").
     sources: List[Dict[str, Any]] = field(default_factory=list)
     # The stages of the fetch, one after the other: they add up to
     # total_seconds. The metric tensorhub_fetch_stage_seconds{stage} records
@@ -154,6 +155,11 @@ class FetchStats:
     register_seconds: float = 0.0  #: reporting the copy to the hub
     total_seconds: float = 0.0  #: the whole call
     bytes_same_host: int = 0  #: of bytes, copied from a holder on this host
+    #: The source that served the manifest, when the hub sent only its SHA-256
+    #: (its data address; "" when the hub sent it), and the manifest's size.
+    #: Not counted in ``bytes``.
+    manifest_source: str = ""
+    manifest_bytes: int = 0
 
     #: Stage names, in order (the metric's ``stage`` label values).
     STAGES = ("resolve", "schedule", "first_byte", "transfer", "verify", "register")
@@ -557,6 +563,8 @@ class Client:
             register_seconds=float(stats["register_seconds"]),
             total_seconds=float(stats["total_seconds"]),
             bytes_same_host=int(stats["bytes_same_host"]),
+            manifest_source=str(stats.get("manifest_source", "")),
+            manifest_bytes=int(stats.get("manifest_bytes", 0)),
         )
 
     def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:

@@ -322,7 +322,9 @@ class Client::Impl {
     // Until the destination is registered here, an exit withdraws what the
     // hub was told: the filling reference and the sources it assigned.
     StartGuard started(this, model, v, start.filling, deadline);
-    TH_RETURN_IF_ERROR(TakeManifest(model, vname, &start, work));
+    ManifestOrigin manifest_origin;
+    TH_RETURN_IF_ERROR(
+        TakeManifest(model, vname, &start, work, &manifest_origin));
     const auto t1 = SteadyClock::now();
     const Manifest& manifest = *r.manifest;
     if (IsSharded(manifest)) {
@@ -422,6 +424,8 @@ class Client::Impl {
     st.chunks_stolen = rep->chunks_stolen;
     st.tls_connections = rep->tls_connections;
     st.kernel_tls_connections = rep->kernel_tls_connections;
+    st.manifest_source = manifest_origin.source;
+    st.manifest_bytes = manifest_origin.bytes;
     return st;
   }
 
@@ -788,7 +792,9 @@ class Client::Impl {
         "'" + model + "@" + std::to_string(v.value()) + "'";
     // Releases the sources the hub assigned, on every exit (FetchDone).
     StartGuard started(this, model, v, /*filling=*/false, deadline);
-    TH_RETURN_IF_ERROR(TakeManifest(model, vname, &start, work));
+    ManifestOrigin manifest_origin;
+    TH_RETURN_IF_ERROR(
+        TakeManifest(model, vname, &start, work, &manifest_origin));
     const auto t1 = SteadyClock::now();
     const Manifest& manifest = *r.manifest;
     Result<client::SlicePlan> plan =
@@ -845,6 +851,8 @@ class Client::Impl {
     st.sources = rep->per_source;
     st.chunk_retries = rep->chunk_retries;
     st.chunks_stolen = rep->chunks_stolen;
+    st.manifest_source = manifest_origin.source;
+    st.manifest_bytes = manifest_origin.bytes;
     return st;
   }
 
@@ -1214,8 +1222,14 @@ class Client::Impl {
   // checked against the SHA-256; if none of the first few does, from the
   // hub (Resolve), with a warning that says why. A wrong manifest is never
   // taken: one that fails the check counts as a failed source.
+  // Which source served the manifest, for FetchStats (none: the hub).
+  struct ManifestOrigin {
+    std::string source;
+    uint64_t bytes = 0;
+  };
   Status TakeManifest(const std::string& model, const std::string& vname,
-                      client::FetchStart* start, const Deadline& work) {
+                      client::FetchStart* start, const Deadline& work,
+                      ManifestOrigin* origin) {
     client::Resolved& r = start->resolved;
     if (r.manifest.has_value()) {
       metrics_.ManifestTaken(/*from_source=*/false);
@@ -1236,6 +1250,8 @@ class Client::Impl {
       Result<Manifest> m = ReadManifest(src, model, r.version, ref, d);
       if (m.ok()) {
         r.manifest = std::move(m).value();
+        origin->source = src.address;
+        origin->bytes = ref.size;
         metrics_.ManifestTaken(/*from_source=*/true, ref.size);
         return Status::Ok();
       }

@@ -474,6 +474,10 @@ TEST_F(ClientOnFakes, TheManifestComesFromASourceCheckedByItsDigest) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(dest_, v_.data);
   EXPECT_EQ(hub_->resolves(), 1);  // BeginFetch's own
+  // FetchStats names the source and the manifest's size, apart from bytes.
+  EXPECT_EQ(r->manifest_source, "a");
+  EXPECT_EQ(r->manifest_bytes, wire::EncodeManifest(v_.manifest).size());
+  EXPECT_EQ(r->bytes, v_.manifest.total_bytes());
   const std::string text = MetricsText(*c);
   EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"source\"} 1"))
       << text;
@@ -494,6 +498,7 @@ TEST_F(ClientOnFakes, AManifestThatFailsItsDigestIsNeverTaken) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(dest_, v_.data);
   EXPECT_EQ(hub_->resolves(), 1);  // b served it
+  EXPECT_EQ(r->manifest_source, "b");
   EXPECT_TRUE(Has(MetricsText(*c),
                   "tensorhub_fetch_manifests_total{from=\"source\"} 1"));
 
@@ -501,7 +506,9 @@ TEST_F(ClientOnFakes, AManifestThatFailsItsDigestIsNeverTaken) {
   r = Fetch(*c);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(dest_, v_.data);
-  EXPECT_EQ(hub_->resolves(), 3);  // BeginFetch's, then for the manifest
+  EXPECT_EQ(hub_->resolves(), 3);     // BeginFetch's, then for the manifest
+  EXPECT_EQ(r->manifest_source, "");  // the hub's
+  EXPECT_EQ(r->manifest_bytes, 0u);
   const std::string text = MetricsText(*c);
   EXPECT_TRUE(Has(text, "tensorhub_fetch_manifests_total{from=\"hub\"} 1"))
       << text;

@@ -56,6 +56,11 @@ def test_many_tensors_and_chunks(connect, model_name):
     out = {k: np.empty_like(v) for k, v in src.items()}
     stats = sub.fetch(model_name, 3, into=out, connections=4, return_stats=True)
     assert stats.version == 3 and stats.bytes == sum(v.nbytes for v in src.values())
+    # The publisher holds the whole version, so the hub sent the manifest's
+    # SHA-256 and the publisher served the manifest itself (not in bytes).
+    assert stats.manifest_source in {s["address"] for s in stats.sources}
+    assert stats.manifest_bytes > 0
+    assert {s["transport"] for s in stats.sources} == {"tcp"}
     for k in src:
         np.testing.assert_array_equal(out[k], src[k])
 
