@@ -595,7 +595,7 @@ int RunBenchLocal(const TwoProcessFlags& f) {
   std::sort(ratios.begin(), ratios.end());
   std::printf(
       "\nintra-host / memcpy: %.2f best vs best, %.2f median of runs (target "
-      ">= 0.60); intra-host / TCP: %.2f\n",
+      ">= 0.80); intra-host / TCP: %.2f\n",
       local / mc, ratios[ratios.size() / 2], local / tcp);
   return 0;
 }
