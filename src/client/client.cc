@@ -1079,15 +1079,14 @@ class Client::Impl {
       const std::vector<client::ResolvedSource>& sources) const {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
-      out.push_back(
-          {s.worker.value(),
-           client::DialAddress(dial_preference_, s.data_address, s.endpoints),
-           s.epoch, s.chunks, s.filling,
-           client::LoopbackHolderHint(s.worker.value(), s.data_address,
-                                      s.labels.host, options_.labels.host,
-                                      data_address_, options_.hub_address,
-                                      hub_is_loopback_),
-           s.slices});
+      const std::string dial =
+          client::DialAddress(dial_preference_, s.data_address, s.endpoints);
+      out.push_back({s.worker.value(), dial, s.epoch, s.chunks, s.filling,
+                     client::LoopbackHolderHint(
+                         s.worker.value(), s.data_address, s.labels.host,
+                         options_.labels.host, data_address_,
+                         options_.hub_address, hub_is_loopback_),
+                     s.slices, dial == s.data_address ? "" : s.data_address});
     }
     return out;
   }

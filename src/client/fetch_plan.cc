@@ -56,7 +56,10 @@ FetchPlan::FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
 // it is not kept (the hub lists it again at the next refresh).
 void FetchPlan::AddSource(FetchSource s) {
   for (SourceState& k : sources_) {
-    if (k.source.address == s.address && k.source.epoch == s.epoch) {
+    // (A source moved to TCP is the same holder as the hub lists it.)
+    if (k.source.epoch == s.epoch &&
+        (k.source.address == s.address ||
+         (!s.tcp_address.empty() && k.source.address == s.tcp_address))) {
       if (k.refused) return;
       // The hub still lists it, so its failure may have been passing (a
       // refusal under load, a stall, a dropped connection): try it again.
@@ -130,7 +133,8 @@ FetchStep FetchPlan::StartRead(int64_t now_ms,
   const uint64_t chunk = *it;
   pending_.erase(it);
   TH_CHECK(in_flight_.count(chunk) == 0 && !done_[chunk]);
-  in_flight_[chunk] = InFlight{src, now_ms, false, false};
+  in_flight_[chunk] = InFlight{src, now_ms, false, false,
+                               !sources_[src].source.tcp_address.empty()};
   SourceState& s = sources_[src];
   ++s.active;
   FetchStep step;
@@ -240,6 +244,22 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
   TH_LOG(DEBUG) << "chunk " << chunk << " from " << s.source.address
                 << " failed: " << status.ToString();
   last_error_ = status;
+  if (f.other_transport && s.source.tcp_address.empty()) {
+    // Started before the source moved to TCP (below): try again there.
+    pending_.push_front(chunk);
+    return;
+  }
+  if (status.code() == StatusCode::kFailedPrecondition &&
+      !s.source.tcp_address.empty()) {
+    // Refused over its other transport on principle (a UCX holder serving
+    // device memory): read it over TCP instead, without counting a retry.
+    TH_LOG(INFO) << "fetch " << label_ << ": reading " << s.source.address
+                 << " over tcp at " << s.source.tcp_address << " ("
+                 << status.ToString() << ")";
+    s.source.address = std::exchange(s.source.tcp_address, std::string());
+    pending_.push_front(chunk);
+    return;
+  }
   if (status.code() == StatusCode::kDeadlineExceeded &&
       now_ms >= deadline_ms_) {
     // Cut by the fetch's own deadline, not the holder's fault: the fetch

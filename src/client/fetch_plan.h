@@ -134,6 +134,10 @@ class FetchPlan {
     int64_t start_ms = 0;
     bool connected = false;  // may be cancelled
     bool stolen = false;
+    // Dialled over the source's other transport (FetchSource::tcp_address
+    // was still set): once the source moved to TCP, its failure is not
+    // the holder's.
+    bool other_transport = false;
   };
 
   void AddSource(FetchSource s);

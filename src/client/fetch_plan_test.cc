@@ -68,9 +68,11 @@ struct SimHolder {
   bool filling = false;
   bool listed = true;  // given to the plan at the start (else only by the hub)
   std::string hint;    // FetchSource::unreachable_hint
+  std::string tcp_address;  // FetchSource::tcp_address
   int reads = 0;
   FetchSource Source() const {
-    return FetchSource{address, address, 1, chunks, filling, hint};
+    return FetchSource{address, address, 1,       chunks,
+                       filling, hint,    nullptr, tcp_address};
   }
 };
 
@@ -560,6 +562,30 @@ TEST(FetchPlanTest, AMismatchedHolderIsNotRetried) {
   // Only the reads started before its first refusal came back.
   EXPECT_LE(sim.holder("odd").reads, PlanOptions().streams);
   EXPECT_GT(sim.holder("late").reads, 0);
+}
+
+// A holder dialled over another transport that refuses a read on principle
+// (a UCX holder serving device memory) is read over TCP instead: the same
+// holder at its TCP address, with no retry counted and no other holder
+// needed. A refresh that lists it again (at its UCX address) keeps it on
+// TCP.
+TEST(FetchPlanTest, ARefusalOverAnotherTransportMovesTheHolderToTcp) {
+  Manifest m = MakeManifest(1, 16);
+  SimHolder over_ucx = Whole("ucx://a", m);
+  over_ucx.tcp_address = "a";
+  over_ucx.behave = [](uint64_t, int) { return Always(Outcome::kMismatch); };
+  SimHolder over_tcp = Whole("a", m);
+  over_tcp.listed = false;  // reached only through the fallback
+  Sim sim(m, {over_ucx, over_tcp}, PlanOptions(), 60000,
+          [&](int64_t, int) -> Result<SourceUpdate> {
+            return SourceUpdate(std::vector<FetchSource>{over_ucx.Source()});
+          });
+  ASSERT_TRUE(sim.Run().ok());
+  ExpectEveryChunkOnce(sim);
+  // Only the reads started before its first refusal went over UCX.
+  EXPECT_LE(sim.holder("ucx://a").reads, PlanOptions().streams);
+  EXPECT_EQ(sim.holder("a").reads, 16);
+  EXPECT_EQ(sim.plan().Report().chunk_retries, 0u);
 }
 
 // When every holder known refuses on principle, the fetch ends at once with

@@ -53,6 +53,11 @@ struct FetchSource {
   // A holder of slices (slice_fetch.h): its own layout instead of chunks;
   // only a slice fetch reads from it.
   std::shared_ptr<const PartLayout> slices{};
+  // When `address` dials another transport than TCP (ucx://...): the
+  // holder's TCP data address. A read refused on principle over that
+  // transport (FAILED_PRECONDITION: e.g. a UCX holder asked for device
+  // memory) moves the source to TCP, which every worker serves.
+  std::string tcp_address{};
 };
 
 struct FetchJob {

@@ -649,6 +649,46 @@ TEST(UcxReplyTest, RoundTripsAndRejectsBadFrames) {
                    .ok());
 }
 
+// A holder whose lease is device memory refuses a UCX read with
+// FAILED_PRECONDITION that says to read it over tcp (a reader's fetch plan
+// then moves that holder to TCP: FetchPlanTest's
+// ARefusalOverAnotherTransportMovesTheHolderToTcp), and the connection
+// stays usable. No GPU needed: the server refuses before it touches the
+// memory, which here is host memory labelled as device 0's.
+TEST(UcxDeviceMemoryTest, DeviceMemoryIsRefusedWithAPointerToTcp) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  class DeviceSource final : public ReadSource {
+   public:
+    Result<ServeLease> BeginRead(const wire::ReadRequest& req) override {
+      ServeLease lease;
+      lease.pieces.push_back({bytes_.data(), req.length});
+      lease.memory = MemoryLocation::Cuda(0);
+      return lease;
+    }
+
+   private:
+    std::vector<uint8_t> bytes_ = std::vector<uint8_t>(4096);
+  } source;
+  std::unique_ptr<Transport> t = MakeTransport("ucx");
+  ASSERT_NE(t, nullptr);
+  Result<std::unique_ptr<Server>> server =
+      t->Listen("127.0.0.1:0", &source, ServerOptions{});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Result<std::unique_ptr<Connection>> c =
+      t->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> out(4096);
+  iovec v{out.data(), out.size()};
+  for (int i = 0; i < 2; ++i) {
+    Status s =
+        (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_NE(s.message().find("over tcp"), std::string::npos) << s.ToString();
+    EXPECT_FALSE((*c)->broken());
+  }
+  (*server)->Stop();
+}
+
 // A one-part registration of `tensors` random buffers in the worker's real
 // registry, served over UCX.
 class UcxRegistryTest : public ::testing::Test {
