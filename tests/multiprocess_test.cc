@@ -224,7 +224,11 @@ Subprocess SpawnOver(const std::string& transport,
                      const std::vector<std::string>& args,
                      std::vector<std::string> env = {}) {
   env.push_back("TENSORHUB_LOG=warn");
-  if (transport == "ucx") env.push_back("TENSORHUB_TRANSPORTS=ucx,tcp");
+  if (transport == "ucx") {
+    // One host: without this its holders would be read over TCP.
+    env.push_back("TENSORHUB_TRANSPORTS=ucx,tcp");
+    env.push_back("TENSORHUB_UCX_SAME_HOST=1");
+  }
   auto p = Subprocess::Spawn(args, env);
   if (!p.ok()) {
     ADD_FAILURE() << p.status().ToString();

@@ -36,6 +36,8 @@ class UcxHubTest : public HubTest {
   ClientOptions WorkerOptions(const std::string& name) const override {
     ClientOptions o = HubTest::WorkerOptions(name);
     o.transports = {"ucx", "tcp"};
+    // Every worker here is on one host, which is read over TCP otherwise.
+    o.ucx_same_host = true;
     return o;
   }
 };
@@ -96,9 +98,11 @@ TEST_F(UcxHubTest, PublishFetchOverUcxByteExactAndReaderServesOverUcx) {
 // too and says so through the hub. A reader dials each holder over the
 // first of its transports the holder serves, else tcp.
 TEST_F(UcxHubTest, AReaderUsesUcxOnlyWithHoldersThatServeIt) {
-  auto with = [&](const std::string& name, std::vector<std::string> t) {
+  auto with = [&](const std::string& name, std::vector<std::string> t,
+                  bool ucx_same_host = true) {
     ClientOptions o = HubTest::WorkerOptions(name);
     o.transports = std::move(t);
+    o.ucx_same_host = ucx_same_host;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? std::move(c).value() : nullptr;
@@ -133,6 +137,18 @@ TEST_F(UcxHubTest, AReaderUsesUcxOnlyWithHoldersThatServeIt) {
   check(*ucx_reader, "ucx");
   auto tcp_reader = with("tcp-reader", {"tcp"});
   check(*tcp_reader, "tcp");
+  // Without ucx_same_host, a UCX reader reads a holder on its own host
+  // (same data-address host) over TCP, whose same-host path moves the
+  // bytes once: cross-memory attach.
+  auto same_host_reader =
+      with("same-host-reader", {"ucx", "tcp"}, /*ucx_same_host=*/false);
+  check(*same_host_reader, "tcp");
+  SyntheticModel dst(TestLayout(4 << 20));
+  FetchOptions fo;
+  fo.serve = false;
+  auto st = same_host_reader->Fetch("m", Version(1), dst.tensors(), fo);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->bytes_same_host, st->bytes);
 }
 
 }  // namespace

@@ -686,6 +686,8 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   SetLogLevel(LogLevel::kWarn);
   // The holder process inherits it: both ends serve and read over UCX only.
   ::setenv("TENSORHUB_TRANSPORTS", "ucx", 1);
+  // On one host: read over UCX all the same (not TCP's same-host path).
+  ::setenv("TENSORHUB_UCX_SAME_HOST", "1", 1);
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
   if (!pair.ok()) return Fail(pair.status());
   HubAndHolder& hh = *pair;
@@ -694,6 +696,7 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   o.hub_address = hh.hub->address();
   o.name = "bench-reader-ucx";
   o.transports = {"ucx"};
+  o.ucx_same_host = true;
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
   SyntheticModel src(FlatLayout(f.bytes));

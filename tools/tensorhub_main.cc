@@ -34,7 +34,9 @@ int main(int argc, char** argv) {
       "tensorhub-lab (bench/lab/).\n"
       "Environment: TENSORHUB_HUB, TENSORHUB_SECRET_FILE, TENSORHUB_SECRET "
       "(see --hub, --secret-file);\n"
-      "  TENSORHUB_LOG=debug|info|warn|error; TENSORHUB_TRANSPORTS=ucx,tcp;\n"
+      "  TENSORHUB_LOG=debug|info|warn|error; TENSORHUB_TRANSPORTS=ucx,tcp\n"
+      "  (holders on this host are read over tcp's same-host path unless\n"
+      "  TENSORHUB_UCX_SAME_HOST=1);\n"
       "  TENSORHUB_CHUNK_CHECKSUM=xxh3-64-tree-64k|xxh3-64 (publish).\n"
       "Exit status: 0 done, 1 the command failed, 2 a bad command line.");
   return cl.Run(argc, argv);

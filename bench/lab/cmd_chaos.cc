@@ -334,6 +334,10 @@ class Chaos {
     // the caller's own TENSORHUB_TRANSPORTS does not leak into a tcp run.
     env_.push_back(transport_ == "ucx" ? "TENSORHUB_TRANSPORTS=ucx,tcp"
                                        : "TENSORHUB_TRANSPORTS=tcp");
+    // Its workers share one host, whose holders are read over TCP unless
+    // this says otherwise.
+    env_.push_back(transport_ == "ucx" ? "TENSORHUB_UCX_SAME_HOST=1"
+                                       : "TENSORHUB_UCX_SAME_HOST=0");
   }
 
   int Run() {

@@ -99,7 +99,15 @@ struct ClientOptions {
   // list, e.g. "ucx,tcp"), else tcp. A worker serves TCP and each listed
   // transport it can run, and reads each holder over the first of its list
   // that the holder serves, else TCP (docs/design.md, "Transport per peer").
+  // A holder whose data address has this worker's host is read over TCP
+  // whatever the list: TCP's same-host path (cross-memory attach, CUDA IPC)
+  // moves the bytes once, and UCX 1.13 on one host cannot (emulated gets;
+  // docs/benchmarks.md sections 2 and 14).
   std::vector<std::string> transports;
+  // Read same-host holders over the listed transports too, as other hosts'
+  // (for tests and benchmarks of UCX on one host). Also set by the
+  // environment's TENSORHUB_UCX_SAME_HOST=1.
+  bool ucx_same_host = false;
 };
 
 struct PublishOptions {
