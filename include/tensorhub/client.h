@@ -226,8 +226,9 @@ struct FetchStats {
   std::vector<FetchSourceStats> sources;
   // Where the manifest came from when the hub named it by its SHA-256
   // instead of sending it (docs/design.md, "The manifest from a source"):
-  // the data address of the source that served it, and its size. Empty and
-  // 0 when the hub sent it. Not counted in `bytes` or in `sources`.
+  // the address the source that served it was read at (as in
+  // FetchSourceStats::address: ucx://HOST:PORT over UCX), and its size.
+  // Empty and 0 when the hub sent it. Not counted in `bytes` or `sources`.
   std::string manifest_source;
   uint64_t manifest_bytes = 0;
 };

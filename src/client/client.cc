@@ -1226,17 +1226,19 @@ class Client::Impl {
     }
   }
 
+  // Which source served a fetch's manifest (TakeManifest).
+  struct ManifestOrigin {
+    std::string source;  // the address it was read at; empty: the hub
+    uint64_t bytes = 0;
+  };
+
   // The version's manifest, when the hub named it by its SHA-256 instead
   // of sending it (docs/design.md, "The manifest from a source"): read
   // from the first of the hub's sources that serves it (kManifestPart) and
   // checked against the SHA-256; if none of the first few does, from the
   // hub (Resolve), with a warning that says why. A wrong manifest is never
-  // taken: one that fails the check counts as a failed source.
-  // Which source served the manifest, for FetchStats (none: the hub).
-  struct ManifestOrigin {
-    std::string source;
-    uint64_t bytes = 0;
-  };
+  // taken: one that fails the check counts as a failed source. `origin`:
+  // which source served it, for FetchStats (left empty: the hub).
   Status TakeManifest(const std::string& model, const std::string& vname,
                       client::FetchStart* start, const Deadline& work,
                       ManifestOrigin* origin) {
