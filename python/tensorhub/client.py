@@ -156,8 +156,8 @@ class FetchStats:
     total_seconds: float = 0.0  #: the whole call
     bytes_same_host: int = 0  #: of bytes, copied from a holder on this host
     #: The source that served the manifest, when the hub sent only its SHA-256
-    #: (its data address; "" when the hub sent it), and the manifest's size.
-    #: Not counted in ``bytes``.
+    #: (the address it was read at, as in ``sources``; "" when the hub sent
+    #: it), and the manifest's size. Not counted in ``bytes``.
     manifest_source: str = ""
     manifest_bytes: int = 0
 
