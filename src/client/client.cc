@@ -116,11 +116,11 @@ class Client::Impl {
       dial_preference_.push_back(e.transport);
     }
     dial_preference_.emplace_back("tcp");
-    data_host_ = client::HostOf(data_address_);
     const char* same_host_env = std::getenv("TENSORHUB_UCX_SAME_HOST");
-    ucx_same_host_ =
-        options_.ucx_same_host ||
-        (same_host_env != nullptr && std::string(same_host_env) == "1");
+    if (!options_.ucx_same_host &&
+        (same_host_env == nullptr || std::string(same_host_env) != "1")) {
+      tcp_host_ = client::HostOf(data_address_);
+    }
     hub_is_loopback_ =
         client::HostIsLoopback(client::HostOf(options_.hub_address));
     if (!options_.metrics_listen.empty()) {
@@ -1084,14 +1084,8 @@ class Client::Impl {
       const std::vector<client::ResolvedSource>& sources) const {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
-      // A holder on this host: TCP, whose same-host path moves the bytes
-      // once (ClientOptions::transports).
-      const bool same_host = !ucx_same_host_ && !s.endpoints.empty() &&
-                             client::HostOf(s.data_address) == data_host_;
-      const std::string dial =
-          same_host ? s.data_address
-                    : client::DialAddress(dial_preference_, s.data_address,
-                                          s.endpoints);
+      const std::string dial = client::DialAddress(
+          dial_preference_, s.data_address, s.endpoints, tcp_host_);
       out.push_back({s.worker.value(), dial, s.epoch, s.chunks, s.filling,
                      client::LoopbackHolderHint(
                          s.worker.value(), s.data_address, s.labels.host,
@@ -1506,10 +1500,9 @@ class Client::Impl {
   // dials a holder's (transport_set.h).
   std::vector<DataEndpoint> endpoints_;
   std::vector<std::string> dial_preference_;
-  // data_address_'s host: a holder with the same one is on this host.
-  std::string data_host_;
-  // ClientOptions::ucx_same_host or TENSORHUB_UCX_SAME_HOST=1.
-  bool ucx_same_host_ = false;
+  // data_address_'s host, whose holders are dialled over TCP (DialAddress);
+  // empty with ClientOptions::ucx_same_host or TENSORHUB_UCX_SAME_HOST=1.
+  std::string tcp_host_;
   // Whether the hub is on loopback (reachability.h), set by Start.
   bool hub_is_loopback_ = true;
   std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran

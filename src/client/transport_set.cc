@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/reachability.h"
 #include "common/log.h"
 
 namespace tensorhub::client {
@@ -142,7 +143,11 @@ std::unique_ptr<transport::Transport> MakeTransportSet(
 
 std::string DialAddress(const std::vector<std::string>& preference,
                         const std::string& data_address,
-                        const std::vector<DataEndpoint>& endpoints) {
+                        const std::vector<DataEndpoint>& endpoints,
+                        const std::string& tcp_host) {
+  if (!tcp_host.empty() && HostOf(data_address) == tcp_host) {
+    return data_address;
+  }
   for (const std::string& want : preference) {
     if (want == "tcp") break;
     for (const DataEndpoint& e : endpoints) {
