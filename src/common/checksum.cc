@@ -112,17 +112,26 @@ std::string ChunkChecksumName(ChunkChecksum kind) {
   return "unknown (" + std::to_string(static_cast<uint32_t>(kind)) + ")";
 }
 
+std::string KnownChunkChecksumNames() {
+  std::string out;
+  for (ChunkChecksum k : kKnownChunkChecksums) {
+    out += (out.empty() ? "" : ", ") + ChunkChecksumName(k);
+  }
+  return out;
+}
+
 bool IsKnownChunkChecksum(uint32_t value) {
-  return value == static_cast<uint32_t>(ChunkChecksum::kXxh3) ||
-         value == static_cast<uint32_t>(ChunkChecksum::kXxh3Tree);
+  return std::ranges::any_of(kKnownChunkChecksums, [&](ChunkChecksum k) {
+    return value == static_cast<uint32_t>(k);
+  });
 }
 
 Result<ChunkChecksum> ParseChunkChecksum(std::string_view name) {
-  for (ChunkChecksum k : {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+  for (ChunkChecksum k : kKnownChunkChecksums) {
     if (name == ChunkChecksumName(k)) return k;
   }
   return InvalidArgument("unknown chunk checksum '" + std::string(name) +
-                         "' (known: xxh3-64-tree-64k, xxh3-64)");
+                         "' (known: " + KnownChunkChecksumNames() + ")");
 }
 
 uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces) {

@@ -60,8 +60,14 @@ enum class ChunkChecksum : uint32_t {
 inline constexpr ChunkChecksum kDefaultChunkChecksum = ChunkChecksum::kXxh3Tree;
 inline constexpr uint64_t kChecksumLeafBytes = 64 << 10;
 
+// Every kind this build knows, the default first.
+inline constexpr ChunkChecksum kKnownChunkChecksums[] = {
+    ChunkChecksum::kXxh3Tree, ChunkChecksum::kXxh3};
+
 // "xxh3-64", "xxh3-64-tree-64k"; "unknown (N)" for other values.
 std::string ChunkChecksumName(ChunkChecksum kind);
+// The known kinds' names, in kKnownChunkChecksums' order, ", " between.
+std::string KnownChunkChecksumNames();
 bool IsKnownChunkChecksum(uint32_t value);
 // The kind a name gives ("xxh3-64", "xxh3-64-tree-64k"); InvalidArgument
 // naming the known ones otherwise.

@@ -200,11 +200,12 @@ Status Manifest::ValidatePart(const PartLayout& p, uint64_t chunk_bytes) {
                            std::to_string(kMaxMetadataBytes) + " bytes");
   }
   if (!IsKnownChunkChecksum(static_cast<uint32_t>(p.chunk_checksum))) {
-    return InvalidArgument(
-        "manifest: part " + std::to_string(r) + " names chunk checksum " +
-        ChunkChecksumName(p.chunk_checksum) +
-        ", which this build does not know (it knows xxh3-64 and "
-        "xxh3-64-tree-64k): upgrade this worker to the publisher's release");
+    return InvalidArgument("manifest: part " + std::to_string(r) +
+                           " names chunk checksum " +
+                           ChunkChecksumName(p.chunk_checksum) +
+                           ", which this build does not know (it knows " +
+                           KnownChunkChecksumNames() +
+                           "): upgrade this worker to the publisher's release");
   }
   uint64_t n = ChunksFor(p.part_bytes, chunk_bytes);
   if (n != p.chunk_xxh3.size()) {
