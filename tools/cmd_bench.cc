@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "cli_util.h"
@@ -223,7 +224,35 @@ struct TwoProcessFlags {
   uint64_t repeat = 3;
   uint64_t connections = 4;
   bool data_tls = false;  // pair only
+  // The holder's published memory, the reader's destination and the
+  // memcpy's buffers alike.
+  HostMemory host_memory = HostMemory::kHugePages;
 };
+
+// One line naming the memory a two-process benchmark moves, so that its
+// output says which of the two kinds its figures are of.
+void PrintHostMemory(HostMemory memory) {
+  const std::string mode = TransparentHugePageMode();
+  std::printf("host memory: %s (the kernel's THP mode: %s)\n",
+              memory == HostMemory::kPlain
+                  ? "plain (new[])"
+                  : "huge-pages (HostBuffer, madvise(MADV_HUGEPAGE))",
+              mode.empty() ? "unknown" : mode.c_str());
+}
+
+void AddHostMemoryOption(CLI::App* c, HostMemory* memory) {
+  c->add_option_function<std::string>(
+       "--host-memory",
+       [memory](const std::string& v) {
+         *memory = v == "plain" ? HostMemory::kPlain : HostMemory::kHugePages;
+       },
+       "huge-pages: every buffer (the holder's, the reader's, memcpy's) a "
+       "HostBuffer, as TensorHub allocates them; plain: new[], as most "
+       "programs do (huge pages only where the kernel's THP mode is "
+       "'always')")
+      ->check(CLI::IsMember({"huge-pages", "plain"}))
+      ->default_str("huge-pages");
+}
 
 void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
   AddBytesOption(c, "--bytes", &f->bytes, "1GiB", "bytes the holder publishes")
@@ -236,6 +265,7 @@ void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
   c->add_option("--connections", f->connections, "parallel streams")
       ->check(CLI::Range(uint64_t{1}, uint64_t{64}))
       ->capture_default_str();
+  AddHostMemoryOption(c, &f->host_memory);
 }
 
 struct HubAndHolder {
@@ -257,13 +287,16 @@ void UseTls(const tls::ThrowawayPki& pki, ClientOptions* o) {
 }
 
 Result<Subprocess> StartHolder(const std::string& hub, uint64_t bytes,
-                               uint64_t chunk, const std::string& holder_log,
+                               uint64_t chunk, HostMemory memory,
+                               const std::string& holder_log,
                                const tls::ThrowawayPki* pki, bool data_tls,
                                std::string* digest) {
-  std::vector<std::string> args = {"bench",         "_holder",
-                                   "--hub",         hub,
-                                   "--bytes",       std::to_string(bytes),
-                                   "--chunk-bytes", std::to_string(chunk)};
+  std::vector<std::string> args = {
+      "bench",         "_holder",
+      "--hub",         hub,
+      "--bytes",       std::to_string(bytes),
+      "--chunk-bytes", std::to_string(chunk),
+      "--host-memory", memory == HostMemory::kPlain ? "plain" : "huge-pages"};
   if (pki != nullptr) {
     for (const std::string& a :
          {std::string("--tls-ca"), pki->ca, std::string("--tls-cert"),
@@ -288,6 +321,7 @@ Result<Subprocess> StartHolder(const std::string& hub, uint64_t bytes,
 // An embedded hub and a holder process that has published `bytes`; with
 // `data_tls`, the hub on TLS and a second holder serving over TLS.
 Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
+                                       HostMemory memory,
                                        const std::string& holder_log,
                                        bool data_tls = false) {
   HubAndHolder out;
@@ -299,14 +333,15 @@ Result<HubAndHolder> StartHubAndHolder(uint64_t bytes, uint64_t chunk,
     ho.tls_key_file = out.pki->hub_key;
   }
   TH_ASSIGN_OR_RETURN(out.hub, Hub::Start(ho));
-  TH_ASSIGN_OR_RETURN(Subprocess holder,
-                      StartHolder(out.hub->address(), bytes, chunk, holder_log,
-                                  out.pki.get(), false, &out.digest));
+  TH_ASSIGN_OR_RETURN(
+      Subprocess holder,
+      StartHolder(out.hub->address(), bytes, chunk, memory, holder_log,
+                  out.pki.get(), false, &out.digest));
   out.holder.emplace(std::move(holder));
   if (data_tls) {
     std::string digest;
     TH_ASSIGN_OR_RETURN(Subprocess tls_holder,
-                        StartHolder(out.hub->address(), bytes, chunk,
+                        StartHolder(out.hub->address(), bytes, chunk, memory,
                                     holder_log, out.pki.get(), true, &digest));
     out.tls_holder.emplace(std::move(tls_holder));
     if (digest != out.digest) return Internal("the two holders differ");
@@ -324,10 +359,11 @@ struct HolderFlags {
   // plane for the second holder.
   std::string tls_ca, tls_cert, tls_key;
   bool data_tls = false;
+  HostMemory host_memory = HostMemory::kHugePages;
 };
 
 int RunBenchHolder(const HolderFlags& f) {
-  SyntheticModel model(FlatLayout(f.bytes));
+  SyntheticModel model(FlatLayout(f.bytes), f.host_memory);
   model.Fill(1);
   ClientOptions o;
   o.hub_address = f.hub;
@@ -354,11 +390,12 @@ int RunBenchPair(const TwoProcessFlags& f) {
   // switch the intra-host path off for both processes (see bench local).
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
 
-  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn", f.data_tls);
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "warn",
+                                f.data_tls);
   if (!pair.ok()) return Fail(pair.status());
   HubAndHolder& hh = *pair;
 
-  SyntheticModel dest(FlatLayout(f.bytes));
+  SyntheticModel dest(FlatLayout(f.bytes), f.host_memory);
   ClientOptions o;
   o.hub_address = hh.hub->address();
   o.name = "bench-reader";
@@ -383,7 +420,7 @@ int RunBenchPair(const TwoProcessFlags& f) {
     if (!r.ok()) return Fail(r.status().WithContext("TLS reader"));
     tls_reader = std::move(r).value();
   }
-  SyntheticModel src(FlatLayout(f.bytes));
+  SyntheticModel src(FlatLayout(f.bytes), f.host_memory);
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
@@ -393,6 +430,7 @@ int RunBenchPair(const TwoProcessFlags& f) {
       "each)\n",
       FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
       static_cast<unsigned long long>(f.repeat));
+  PrintHostMemory(f.host_memory);
   if (f.data_tls) {
     tls::KernelTlsSupport k = tls::KernelTls();
     std::printf(
@@ -500,7 +538,7 @@ int RunBenchLocal(const TwoProcessFlags& f) {
   }
   SetLogLevel(LogLevel::kWarn);
 
-  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "info");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "info");
   if (!pair.ok()) return Fail(pair.status());
   auto& hub = pair->hub;
   Subprocess& holder = *pair->holder;
@@ -526,8 +564,8 @@ int RunBenchLocal(const TwoProcessFlags& f) {
                               std::min<uint64_t>(f.chunk_bytes, f.bytes));
   if (!probe.ok()) return Fail(probe.status().WithContext("probe read"));
 
-  SyntheticModel dest(FlatLayout(f.bytes));
-  SyntheticModel src(FlatLayout(f.bytes));
+  SyntheticModel dest(FlatLayout(f.bytes), f.host_memory);
+  SyntheticModel src(FlatLayout(f.bytes), f.host_memory);
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
@@ -539,6 +577,7 @@ int RunBenchLocal(const TwoProcessFlags& f) {
       FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
       static_cast<unsigned long long>(f.connections),
       static_cast<unsigned long long>(f.repeat));
+  PrintHostMemory(f.host_memory);
   std::printf(
       "path check: a %s probe read from the holder took %d process_vm_readv "
       "calls%s\n",
@@ -688,10 +727,10 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   ::setenv("TENSORHUB_TRANSPORTS", "ucx", 1);
   // On one host: read over UCX all the same (not TCP's same-host path).
   ::setenv("TENSORHUB_UCX_SAME_HOST", "1", 1);
-  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, "warn");
+  auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "warn");
   if (!pair.ok()) return Fail(pair.status());
   HubAndHolder& hh = *pair;
-  SyntheticModel dest(FlatLayout(f.bytes));
+  SyntheticModel dest(FlatLayout(f.bytes), f.host_memory);
   ClientOptions o;
   o.hub_address = hh.hub->address();
   o.name = "bench-reader-ucx";
@@ -699,7 +738,7 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   o.ucx_same_host = true;
   auto reader = Client::Connect(o);
   if (!reader.ok()) return Fail(reader.status());
-  SyntheticModel src(FlatLayout(f.bytes));
+  SyntheticModel src(FlatLayout(f.bytes), f.host_memory);
   src.Fill(2);
   auto* src_base = static_cast<const uint8_t*>(src.tensors()[0].data);
   auto* dst_base = static_cast<uint8_t*>(dest.tensors()[0].data);
@@ -711,6 +750,7 @@ int RunBenchUcx(const TwoProcessFlags& f) {
       FormatBytes(f.bytes).c_str(), FormatBytes(f.chunk_bytes).c_str(),
       static_cast<unsigned long long>(f.connections),
       static_cast<unsigned long long>(f.repeat));
+  PrintHostMemory(f.host_memory);
   // Per round: the fetch, then UCX's own benchmark of the same bytes in one
   // message with the same UCX_TLS, once as RMA reads (ucp_get: the
   // operation this data plane uses, but of buffers UCX allocated itself,
@@ -851,6 +891,7 @@ void AddBenchCommands(CommandLine& cl) {
   c->add_option("--tls-cert", h->tls_cert);
   c->add_option("--tls-key", h->tls_key);
   c->add_flag("--data-tls", h->data_tls);
+  AddHostMemoryOption(c, &h->host_memory);
   for (const char* moved :
        {"hub", "fanout", "workload", "_trainer", "_reader"}) {
     cl.AddAnyArgs(

@@ -3,6 +3,8 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -39,15 +41,28 @@ std::vector<TensorSpec> QwenLayout(double scale) {
   return out;
 }
 
-SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs) {
+SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs,
+                               HostMemory memory) {
   std::vector<uint64_t> offsets;
   for (const TensorSpec& s : specs) {
     offsets.push_back(total_bytes_);
     // Keep every tensor 8-byte aligned (bf16 sizes here are even anyway).
     total_bytes_ += (*s.ByteSize() + 7) / 8 * 8;
   }
-  storage_.reset(new uint64_t[total_bytes_ / 8 + 1]);
-  auto* base = reinterpret_cast<uint8_t*>(storage_.get());
+  uint8_t* base = nullptr;
+  if (memory == HostMemory::kHugePages) {
+    auto buffer = HostBuffer::Allocate(total_bytes_ + 8);
+    if (!buffer.ok()) {
+      std::fprintf(stderr, "synthetic model: %s\n",
+                   buffer.status().ToString().c_str());
+      std::abort();
+    }
+    buffer_ = std::move(*buffer);
+    base = buffer_.data();
+  } else {
+    plain_.reset(new uint64_t[total_bytes_ / 8 + 1]);
+    base = reinterpret_cast<uint8_t*>(plain_.get());
+  }
   for (size_t i = 0; i < specs.size(); ++i) {
     uint64_t bytes = *specs[i].ByteSize();
     refs_.push_back(

@@ -10,16 +10,24 @@
 #include <memory>
 #include <vector>
 
+#include "tensorhub/host_buffer.h"
 #include "tensorhub/types.h"
 
 namespace tensorhub::cli {
 
 std::vector<TensorSpec> QwenLayout(double scale);
 
-// Host memory for all tensors of a layout, one allocation.
+// Where a SyntheticModel's memory comes from: a HostBuffer (huge pages
+// where the kernel allows them), or new[] (what the kernel's THP mode
+// gives any allocation; `bench local --host-memory plain`).
+enum class HostMemory { kHugePages, kPlain };
+
+// Host memory for all tensors of a layout, one allocation, every page
+// touched.
 class SyntheticModel {
  public:
-  explicit SyntheticModel(std::vector<TensorSpec> specs);
+  explicit SyntheticModel(std::vector<TensorSpec> specs,
+                          HostMemory memory = HostMemory::kHugePages);
   const std::vector<TensorRef>& tensors() const { return refs_; }
   uint64_t total_bytes() const { return total_bytes_; }
   // Deterministic content for `version` (differs per version and tensor).
@@ -30,7 +38,8 @@ class SyntheticModel {
  private:
   std::vector<TensorRef> refs_;
   uint64_t total_bytes_ = 0;
-  std::unique_ptr<uint64_t[]> storage_;
+  HostBuffer buffer_;
+  std::unique_ptr<uint64_t[]> plain_;
 };
 
 }  // namespace tensorhub::cli

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "tensorhub/client.h"
+#include "tensorhub/host_buffer.h"
 #include "tensorhub/hub.h"
 #include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
@@ -486,6 +487,35 @@ PYBIND11_MODULE(_core, m) {
       }
     }
   });
+
+  py::class_<HostBuffer>(m, "HostBuffer", py::buffer_protocol(),
+                         "Zeroed host memory at a 2 MiB boundary, backed by "
+                         "transparent huge pages where the kernel allows "
+                         "them: publish from it and fetch into it for "
+                         "same-host reads at memory speed. Exposes the "
+                         "buffer protocol (numpy.frombuffer, "
+                         "torch.frombuffer); freed when the last view of it "
+                         "is gone.")
+      .def(py::init([](uint64_t nbytes) {
+             return Take(HostBuffer::Allocate(nbytes));
+           }),
+           py::arg("nbytes"))
+      .def_buffer([](HostBuffer& b) {
+        return py::buffer_info(b.data(), 1,
+                               py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size())}, {1},
+                               /*readonly=*/false);
+      })
+      .def("__len__", &HostBuffer::size)
+      .def_property_readonly("nbytes", &HostBuffer::size)
+      .def_property_readonly("address",
+                             [](const HostBuffer& b) {
+                               return reinterpret_cast<uintptr_t>(b.data());
+                             })
+      .def_property_readonly("huge_pages", &HostBuffer::huge_pages,
+                             "the kernel was asked for huge pages and its "
+                             "THP mode allows them");
+  m.def("transparent_huge_page_mode", &TransparentHugePageMode);
 
   py::class_<PyClient>(m, "Client")
       .def_static(

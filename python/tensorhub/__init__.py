@@ -43,6 +43,7 @@ from .errors import (
     StatusCode,
     UnavailableError,
 )
+from .host_memory import HostBuffer, transparent_huge_page_mode
 from .hub import Hub, serve_hub
 
 __version__ = "0.1.0"
@@ -64,6 +65,8 @@ __all__ = [
     "set_log_level",
     "Client",
     "Hub",
+    "HostBuffer",
+    "transparent_huge_page_mode",
     "FetchStats",
     "Holder",
     "TensorInfo",

@@ -19,7 +19,7 @@ from typing import (
     overload,
 )
 
-from . import _core
+from . import _core, host_memory
 from . import _tensors
 from .errors import (
     DeadlineExceededError,
@@ -113,17 +113,18 @@ class VersionInfo:
         """Fresh destination buffers for :meth:`Client.fetch` of this version.
 
         ``framework`` is ``"numpy"`` or ``"torch"``. numpy has no bfloat16: a
-        BF16 tensor raises InvalidArgumentError there (use torch).
+        BF16 tensor raises InvalidArgumentError there (use torch). The
+        tensors lie in one :class:`tensorhub.HostBuffer` (huge pages where the
+        kernel allows them), so that a fetch from a holder on this host, and
+        later reads of them from this one, copy at memory speed.
         """
         if framework == "numpy":
-            import numpy as np
-
-            return {t.name: np.empty(t.shape, dtype=t.numpy_dtype()) for t in self.tensors}
-        if framework == "torch":
-            import torch
-
-            return {t.name: torch.empty(t.shape, dtype=t.torch_dtype()) for t in self.tensors}
-        raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+            specs = [(t.name, t.shape, t.numpy_dtype()) for t in self.tensors]
+        elif framework == "torch":
+            specs = [(t.name, t.shape, t.torch_dtype()) for t in self.tensors]
+        else:
+            raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+        return host_memory.carve(specs, framework)
 
 
 @dataclass(frozen=True)

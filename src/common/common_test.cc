@@ -13,6 +13,7 @@
 #include "common/checksum.h"
 #include "common/deadline.h"
 #include "common/manifest.h"
+#include "tensorhub/host_buffer.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
 
@@ -865,6 +866,43 @@ TEST(CheckDeathTest, ValueOfAnErrorResultNamesTheError) {
   Result<int> r = NotFound("no version 3 of m");
   EXPECT_DEATH((void)r.value(),
                "Result::value\\(\\) on an error: no version 3 of m");
+}
+
+}  // namespace
+}  // namespace tensorhub
+
+namespace tensorhub {
+namespace {
+
+TEST(HostBufferTest, IsAlignedZeroedAndWritable) {
+  const uint64_t bytes = (uint64_t{5} << 20) + 3;
+  auto buf = HostBuffer::Allocate(bytes);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  ASSERT_EQ(buf->size(), bytes);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(buf->data()) % HostBuffer::kAlignment,
+            0u);
+  for (uint64_t i = 0; i < bytes; i += 4093) ASSERT_EQ(buf->data()[i], 0);
+  std::memset(buf->data(), 0xab, bytes);
+  EXPECT_EQ(buf->data()[bytes - 1], 0xab);
+  const std::string mode = TransparentHugePageMode();
+  EXPECT_EQ(buf->huge_pages(), mode == "always" || mode == "madvise")
+      << "THP mode '" << mode << "'";
+}
+
+TEST(HostBufferTest, MovesOwnershipAndRefusesNothing) {
+  auto a = HostBuffer::Allocate(4096);
+  ASSERT_TRUE(a.ok());
+  uint8_t* p = a->data();
+  HostBuffer b = std::move(*a);
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(a->data(), nullptr);
+  EXPECT_EQ(a->size(), 0u);
+  b = HostBuffer();
+  EXPECT_EQ(b.data(), nullptr);
+  auto none = HostBuffer::Allocate(0);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  auto huge = HostBuffer::Allocate(UINT64_MAX - 5);
+  EXPECT_FALSE(huge.ok());
 }
 
 }  // namespace
