@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tensorhub/client.h"
+#include "tensorhub/host_buffer.h"
 #include "tensorhub/hub.h"
 #include "tensorhub/log_level.h"
 
@@ -34,13 +35,17 @@ int main() {
   auto reader = th::Client::Connect(co);
   if (!reader.ok()) return Fail("connect reader", reader.status());
 
-  std::vector<uint8_t> src(1 << 20), dst(src.size());
-  for (size_t i = 0; i < src.size(); ++i)
-    src[i] = static_cast<uint8_t>(i * 7 + 3);
+  // The published side in a HostBuffer (huge pages), the destination in
+  // ordinary memory: both kinds work.
+  auto src = th::HostBuffer::Allocate(1 << 20);
+  if (!src.ok()) return Fail("host buffer", src.status());
+  std::vector<uint8_t> dst(src->size());
+  for (size_t i = 0; i < src->size(); ++i)
+    src->data()[i] = static_cast<uint8_t>(i * 7 + 3);
   th::TensorRef in;
-  in.spec = {"w", th::DType::kU8, {src.size()}};
-  in.data = src.data();
-  in.bytes = src.size();
+  in.spec = {"w", th::DType::kU8, {src->size()}};
+  in.data = src->data();
+  in.bytes = src->size();
   th::TensorRef out = in;
   out.data = dst.data();
 
@@ -50,7 +55,7 @@ int main() {
   fo.serve = false;
   auto got = (*reader)->Fetch("consumer", th::Version(1), {out}, fo);
   if (!got.ok()) return Fail("fetch", got.status());
-  if (std::memcmp(src.data(), dst.data(), src.size()) != 0) {
+  if (std::memcmp(src->data(), dst.data(), src->size()) != 0) {
     std::fprintf(stderr, "consumer: fetched bytes differ\n");
     return 1;
   }
