@@ -170,7 +170,10 @@ struct FetchOptions {
   uint64_t group_step = 0;
 };
 
-// How much one holder contributed to a fetch.
+// How much one holder contributed to a fetch, over one transport. A holder
+// whose reads moved to TCP mid-fetch (it refused them over UCX on
+// principle, e.g. for device memory) has two entries, one per transport,
+// each with what it carried; `sources_used` counts it once.
 struct FetchSourceStats {
   WorkerId worker;
   std::string address;

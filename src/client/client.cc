@@ -449,7 +449,16 @@ class Client::Impl {
                        until.value_or(SteadyClock::now()) - since)
                        .count();
     for (const FetchSourceStats& ps : r.per_source) {
-      u.sources.emplace_back(ps.worker, ps.bytes);
+      // A holder that moved to TCP mid-fetch has an entry per transport:
+      // one line per worker here.
+      auto same =
+          std::find_if(u.sources.begin(), u.sources.end(),
+                       [&](const auto& e) { return e.first == ps.worker; });
+      if (same != u.sources.end()) {
+        same->second += ps.bytes;
+      } else {
+        u.sources.emplace_back(ps.worker, ps.bytes);
+      }
     }
     u.done = done;
     return u;

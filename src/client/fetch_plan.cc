@@ -256,6 +256,9 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
     TH_LOG(INFO) << "fetch " << label_ << ": reading " << s.source.address
                  << " over tcp at " << s.source.tcp_address << " ("
                  << status.ToString() << ")";
+    s.moved_from = s.source.address;
+    s.chunks_before_move = s.chunks_served;
+    s.bytes_before_move = s.bytes_served;
     s.source.address = std::exchange(s.source.tcp_address, std::string());
     pending_.push_front(chunk);
     return;
@@ -431,9 +434,17 @@ FetchReport FetchPlan::Report() const {
   for (const SourceState& s : sources_) {
     if (s.chunks_served == 0) continue;
     ++r.sources_used;
-    r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
-                            s.bytes_served, s.chunks_served, s.source.filling,
-                            ""});
+    if (s.chunks_before_move > 0) {
+      r.per_source.push_back({WorkerId(s.source.worker), s.moved_from,
+                              s.bytes_before_move, s.chunks_before_move,
+                              s.source.filling, ""});
+    }
+    if (s.chunks_served > s.chunks_before_move) {
+      r.per_source.push_back({WorkerId(s.source.worker), s.source.address,
+                              s.bytes_served - s.bytes_before_move,
+                              s.chunks_served - s.chunks_before_move,
+                              s.source.filling, ""});
+    }
   }
   return r;
 }

@@ -126,6 +126,12 @@ class FetchPlan {
     int active = 0;
     uint64_t chunks_served = 0;
     uint64_t bytes_served = 0;
+    // What it served over its other transport before it moved to TCP
+    // (the address it had then): reported as a source of its own, so
+    // that each entry's address names the transport its bytes took.
+    std::string moved_from = {};
+    uint64_t chunks_before_move = 0;
+    uint64_t bytes_before_move = 0;
     bool hint_told = false;  // its unreachable_hint is in hints_
     bool Has(uint64_t chunk) const;
   };

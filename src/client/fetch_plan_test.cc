@@ -588,6 +588,35 @@ TEST(FetchPlanTest, ARefusalOverAnotherTransportMovesTheHolderToTcp) {
   EXPECT_EQ(sim.plan().Report().chunk_retries, 0u);
 }
 
+// A holder that served some chunks over UCX before refusing the rest there
+// is reported as two entries, one per transport, each with what it carried.
+TEST(FetchPlanTest, AMovedHoldersBytesAreReportedPerTransport) {
+  Manifest m = MakeManifest(1, 16);
+  SimHolder over_ucx = Whole("ucx://a", m);
+  over_ucx.tcp_address = "a";
+  over_ucx.behave = [](uint64_t chunk, int) {
+    return chunk < 2 ? Outcome::kOk : Outcome::kMismatch;
+  };
+  SimHolder over_tcp = Whole("a", m);
+  over_tcp.listed = false;
+  FetcherOptions o = PlanOptions();
+  o.streams = 1;  // chunks in order: 0 and 1 over UCX, the rest refused
+  Sim sim(m, {over_ucx, over_tcp}, o, 60000,
+          [&](int64_t, int) -> Result<SourceUpdate> {
+            return SourceUpdate(std::vector<FetchSource>{over_ucx.Source()});
+          });
+  ASSERT_TRUE(sim.Run().ok());
+  ExpectEveryChunkOnce(sim);
+  FetchReport r = sim.plan().Report();
+  EXPECT_EQ(r.sources_used, 1u);
+  ASSERT_EQ(r.per_source.size(), 2u);
+  EXPECT_EQ(r.per_source[0].address, "ucx://a");
+  EXPECT_EQ(r.per_source[0].chunks, 2u);
+  EXPECT_EQ(r.per_source[1].address, "a");
+  EXPECT_EQ(r.per_source[1].chunks, 14u);
+  EXPECT_EQ(r.per_source[0].bytes + r.per_source[1].bytes, r.bytes);
+}
+
 // When every holder known refuses on principle, the fetch ends at once with
 // the reason, not at its deadline.
 TEST(FetchPlanTest, EveryHolderMismatchedEndsTheFetchAtOnce) {
