@@ -138,8 +138,8 @@ TEST_F(UcxHubTest, AReaderUsesUcxOnlyWithHoldersThatServeIt) {
   auto tcp_reader = with("tcp-reader", {"tcp"});
   check(*tcp_reader, "tcp");
   // Without ucx_same_host, a UCX reader reads a holder on its own host
-  // (same data-address host) over TCP, whose same-host path moves the
-  // bytes once: cross-memory attach.
+  // (the holder's UCX hello names the same boot id and namespaces) over
+  // TCP, whose same-host path moves the bytes once: cross-memory attach.
   auto same_host_reader =
       with("same-host-reader", {"ucx", "tcp"}, /*ucx_same_host=*/false);
   check(*same_host_reader, "tcp");

@@ -99,9 +99,10 @@ struct ClientOptions {
   // list, e.g. "ucx,tcp"), else tcp. A worker serves TCP and each listed
   // transport it can run, and reads each holder over the first of its list
   // that the holder serves, else TCP (docs/design.md, "Transport per peer").
-  // A holder whose data address has this worker's host is read over TCP
-  // whatever the list: TCP's same-host path (cross-memory attach, CUDA IPC)
-  // moves the bytes once, and UCX 1.13 on one host cannot (emulated gets;
+  // A holder on this worker's host (the same boot id and pid and network
+  // namespaces, which its UCX hello names) is read over TCP whatever the
+  // list: TCP's same-host path (cross-memory attach, CUDA IPC) moves the
+  // bytes once, and UCX 1.13 on one host cannot (emulated gets;
   // docs/benchmarks.md sections 2 and 14).
   std::vector<std::string> transports;
   // Read same-host holders over the listed transports too, as other hosts'

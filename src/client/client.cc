@@ -116,11 +116,6 @@ class Client::Impl {
       dial_preference_.push_back(e.transport);
     }
     dial_preference_.emplace_back("tcp");
-    const char* same_host_env = std::getenv("TENSORHUB_UCX_SAME_HOST");
-    if (!options_.ucx_same_host &&
-        (same_host_env == nullptr || std::string(same_host_env) != "1")) {
-      tcp_host_ = client::HostOf(data_address_);
-    }
     hub_is_loopback_ =
         client::HostIsLoopback(client::HostOf(options_.hub_address));
     if (!options_.metrics_listen.empty()) {
@@ -1093,8 +1088,8 @@ class Client::Impl {
       const std::vector<client::ResolvedSource>& sources) const {
     std::vector<client::FetchSource> out;
     for (const client::ResolvedSource& s : sources) {
-      const std::string dial = client::DialAddress(
-          dial_preference_, s.data_address, s.endpoints, tcp_host_);
+      const std::string dial =
+          client::DialAddress(dial_preference_, s.data_address, s.endpoints);
       out.push_back({s.worker.value(), dial, s.epoch, s.chunks, s.filling,
                      client::LoopbackHolderHint(
                          s.worker.value(), s.data_address, s.labels.host,
@@ -1509,9 +1504,6 @@ class Client::Impl {
   // dials a holder's (transport_set.h).
   std::vector<DataEndpoint> endpoints_;
   std::vector<std::string> dial_preference_;
-  // data_address_'s host, whose holders are dialled over TCP (DialAddress);
-  // empty with ClientOptions::ucx_same_host or TENSORHUB_UCX_SAME_HOST=1.
-  std::string tcp_host_;
   // Whether the hub is on loopback (reachability.h), set by Start.
   bool hub_is_loopback_ = true;
   std::atomic<bool> reach_checked_{false};  // WarnIfUnreachable ran
@@ -1568,6 +1560,12 @@ std::unique_ptr<transport::Transport> PickTransports(
       if (!others.empty()) continue;  // listed twice
       transport::UcxTransportOptions u;
       u.secret = options.secret;
+      // A holder on this host is read over TCP (its cross-memory attach)
+      // unless UCX on one host is what is wanted (tests, benchmarks).
+      const char* same_host_env = std::getenv("TENSORHUB_UCX_SAME_HOST");
+      u.refuse_same_host =
+          !options.ucx_same_host &&
+          (same_host_env == nullptr || std::string(same_host_env) != "1");
       Result<std::unique_ptr<transport::Transport>> t =
           transport::MakeUcxTransport(u);
       if (t.ok()) {

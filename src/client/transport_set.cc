@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "client/reachability.h"
 #include "common/log.h"
 
 namespace tensorhub::client {
@@ -143,11 +142,7 @@ std::unique_ptr<transport::Transport> MakeTransportSet(
 
 std::string DialAddress(const std::vector<std::string>& preference,
                         const std::string& data_address,
-                        const std::vector<DataEndpoint>& endpoints,
-                        const std::string& tcp_host) {
-  if (!tcp_host.empty() && HostOf(data_address) == tcp_host) {
-    return data_address;
-  }
+                        const std::vector<DataEndpoint>& endpoints) {
   for (const std::string& want : preference) {
     if (want == "tcp") break;
     for (const DataEndpoint& e : endpoints) {

@@ -29,14 +29,12 @@ std::unique_ptr<transport::Transport> MakeTransportSet(
 // The address a reader whose transports are `preference` (in order; "tcp"
 // may be among them, and ends the search) dials for a holder at TCP address
 // `data_address` that also serves `endpoints`: "NAME://ADDRESS" for the
-// first of its preference the holder lists, else `data_address`. A holder
-// whose data address has host `tcp_host` (the reader's own, unless
-// ClientOptions::ucx_same_host; empty: none) is dialled over TCP whatever
-// the preference: TCP's same-host path moves the bytes once.
+// first of its preference the holder lists, else `data_address`. (A holder
+// on the reader's own host is moved to TCP when its UCX hello says so:
+// UcxTransportOptions::refuse_same_host.)
 std::string DialAddress(const std::vector<std::string>& preference,
                         const std::string& data_address,
-                        const std::vector<DataEndpoint>& endpoints,
-                        const std::string& tcp_host);
+                        const std::vector<DataEndpoint>& endpoints);
 
 // The transport a dial address goes over: its scheme, or "tcp".
 std::string_view TransportOf(std::string_view dial_address);

@@ -1,5 +1,7 @@
 #include "transport/ucx/ucx_reply.h"
 
+#include <algorithm>
+
 namespace tensorhub::transport::ucx {
 namespace {
 
@@ -41,26 +43,43 @@ class Reader {
 
 }  // namespace
 
-std::string EncodeHelloHeader(uint32_t address_len) {
+std::string EncodeHelloHeader(uint32_t address_len,
+                              const wire::HostIdentity& host) {
   std::string out;
   Put<uint32_t>(out, kHelloMagic);
   Put<uint32_t>(out, address_len);
+  out.append(reinterpret_cast<const char*>(host.boot_id.data()),
+             host.boot_id.size());
+  Put<uint64_t>(out, host.pid_ns);
+  Put<uint64_t>(out, host.net_ns);
   return out;
 }
 
-Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
+Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
   Reader r(bytes, size);
-  uint32_t magic = 0, len = 0;
-  if (!r.Get(&magic) || !r.Get(&len)) return DataLoss("short UCX hello");
+  uint32_t magic = 0;
+  Hello h;
+  std::string boot;
+  if (!r.Get(&magic)) return DataLoss("short UCX hello");
+  if (magic == 0x31554854) {  // "THU1"
+    return FailedPrecondition(
+        "the holder runs a TensorHub build from before 2026-11-25 (UCX hello "
+        "THU1, without its host identity): upgrade it, or read it over tcp");
+  }
   if (magic != kHelloMagic) {
     return DataLoss("not a TensorHub UCX data server (bad hello)");
   }
-  if (len == 0 || len > kMaxWorkerAddressBytes) {
-    return DataLoss("UCX worker address of " + std::to_string(len) +
+  if (!r.Get(&h.address_len) || !r.Bytes(h.host.boot_id.size(), &boot) ||
+      !r.Get(&h.host.pid_ns) || !r.Get(&h.host.net_ns)) {
+    return DataLoss("short UCX hello");
+  }
+  std::copy(boot.begin(), boot.end(), h.host.boot_id.begin());
+  if (h.address_len == 0 || h.address_len > kMaxWorkerAddressBytes) {
+    return DataLoss("UCX worker address of " + std::to_string(h.address_len) +
                     " bytes (1.." + std::to_string(kMaxWorkerAddressBytes) +
                     " allowed)");
   }
-  return len;
+  return h;
 }
 
 std::string EncodeRmaReply(const RmaReply& reply) {

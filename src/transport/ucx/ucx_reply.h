@@ -2,8 +2,10 @@
 // travel on the same authenticated TCP connection; docs/wire.md "UCX"):
 //
 //   hello   holder -> reader once, after the handshake:
-//           u32 magic "THU1" | u32 address_len | the holder's UCX worker
-//           address (address_len bytes)
+//           u32 magic "THU2" | u32 address_len | the holder's host
+//           identity (16-byte boot id | u64 pid-namespace inode | u64
+//           net-namespace inode; all zero where unknown) | the holder's UCX
+//           worker address (address_len bytes)
 //   reply   the body of an OK ResponseHeader to a ReadRequest: where the
 //           range lies in the holder's registered memory and the remote
 //           keys to read it with (RMA get), then the reader sends a Release
@@ -23,11 +25,12 @@
 #include <vector>
 
 #include "tensorhub/status.h"
+#include "wire/frame.h"
 
 namespace tensorhub::transport::ucx {
 
-inline constexpr uint32_t kHelloMagic = 0x31554854;  // "THU1"
-inline constexpr size_t kHelloHeaderBytes = 8;
+inline constexpr uint32_t kHelloMagic = 0x32554854;  // "THU2"
+inline constexpr size_t kHelloHeaderBytes = 8 + 16 + 8 + 8;
 inline constexpr uint32_t kMaxWorkerAddressBytes = 64 << 10;
 inline constexpr uint32_t kMaxRmaKeys = 4096;
 inline constexpr uint32_t kMaxRkeyBytes = 16 << 10;
@@ -55,9 +58,17 @@ struct RmaReply {
   bool operator==(const RmaReply&) const = default;
 };
 
-std::string EncodeHelloHeader(uint32_t address_len);
-// The address length; rejects a wrong magic or a length over the bound.
-Result<uint32_t> DecodeHelloHeader(const uint8_t* bytes, size_t size);
+// What the hello's fixed part says.
+struct Hello {
+  uint32_t address_len = 0;
+  wire::HostIdentity host;  // all zero: the holder could not read its own
+};
+
+std::string EncodeHelloHeader(uint32_t address_len,
+                              const wire::HostIdentity& host);
+// Rejects a wrong magic (a holder of an older build sent "THU1": the
+// message says to upgrade it) or an address length over the bound.
+Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size);
 
 std::string EncodeRmaReply(const RmaReply& reply);
 // Accepts only 1..kMaxRmaKeys keys of 1..kMaxRkeyBytes, 1..kMaxRmaPieces

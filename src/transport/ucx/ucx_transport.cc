@@ -23,6 +23,7 @@
 #include "cuda/device.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/auth.h"
+#include "transport/tcp/cma.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/ucx/ucx_reply.h"
 
@@ -298,7 +299,7 @@ class UcxServer final : public Server {
   UcxServer(Fd listener, std::string address, ReadSource* source,
             ServerOptions options, std::shared_ptr<Context> ctx,
             std::unique_ptr<Worker> worker, std::string worker_address,
-            std::string secret)
+            std::string secret, const wire::HostIdentity& host)
       : address_(std::move(address)),
         source_(source),
         options_(options),
@@ -306,6 +307,7 @@ class UcxServer final : public Server {
         worker_(std::move(worker)),
         worker_address_(std::move(worker_address)),
         secret_(std::move(secret)),
+        host_(host),
         acceptor_(std::move(listener), options.max_connections,
                   "ucx data server " + address_) {
     progress_thread_ = std::thread([this] { ProgressLoop(); });
@@ -351,8 +353,8 @@ class UcxServer final : public Server {
       return;
     }
     // Only a peer that proved the secret learns where the worker is.
-    std::string hello =
-        ucx::EncodeHelloHeader(static_cast<uint32_t>(worker_address_.size()));
+    std::string hello = ucx::EncodeHelloHeader(
+        static_cast<uint32_t>(worker_address_.size()), host_);
     iovec hv[2] = {
         {hello.data(), hello.size()},
         {const_cast<char*>(worker_address_.data()), worker_address_.size()}};
@@ -530,6 +532,7 @@ class UcxServer final : public Server {
   const std::unique_ptr<Worker> worker_;
   const std::string worker_address_;
   const std::string secret_;
+  const wire::HostIdentity host_;  // sent in the hello
   std::atomic<uint64_t> refused_{0};
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
@@ -938,7 +941,14 @@ class UcxConnection final : public Connection {
 class UcxTransport final : public Transport {
  public:
   UcxTransport(std::shared_ptr<Context> ctx, const UcxTransportOptions& o)
-      : ctx_(std::move(ctx)), secret_(o.secret) {}
+      : ctx_(std::move(ctx)),
+        secret_(o.secret),
+        refuse_same_host_(o.refuse_same_host) {
+    // All zero where /proc cannot say: then no holder counts as this
+    // host's, and none is told it is.
+    Result<wire::HostIdentity> id = ReadHostIdentity();
+    if (id.ok()) host_ = *id;
+  }
 
   std::string_view name() const override { return "ucx"; }
 
@@ -961,7 +971,7 @@ class UcxTransport final : public Transport {
     }
     return std::unique_ptr<Server>(
         new UcxServer(std::move(fd), advertised, source, options, ctx_,
-                      std::move(worker), std::move(waddr), secret_));
+                      std::move(worker), std::move(waddr), secret_, host_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(
@@ -972,8 +982,20 @@ class UcxTransport final : public Transport {
     uint8_t hello[ucx::kHelloHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd.get(), hello, sizeof(hello), deadline)
                            .WithContext("holder " + address));
-    TH_ASSIGN_OR_RETURN(uint32_t len,
-                        ucx::DecodeHelloHeader(hello, sizeof(hello)));
+    Result<ucx::Hello> decoded = ucx::DecodeHelloHeader(hello, sizeof(hello));
+    if (!decoded.ok()) return decoded.status().WithContext("holder " + address);
+    const ucx::Hello& h = *decoded;
+    if (refuse_same_host_ && h.host == host_ &&
+        h.host != wire::HostIdentity{}) {
+      // TCP's same-host path copies the bytes once (cross-memory attach,
+      // CUDA IPC); UCX 1.13 on one host cannot read user memory that way.
+      return FailedPrecondition(
+          "holder " + address +
+          " is on this host (same boot id and namespaces): read it over "
+          "tcp, whose cross-memory attach copies the bytes once "
+          "(TENSORHUB_UCX_SAME_HOST=1 reads it over UCX anyway)");
+    }
+    const uint32_t len = h.address_len;
     std::string remote(len, '\0');
     TH_RETURN_IF_ERROR(ReadExact(fd.get(), remote.data(), len, deadline)
                            .WithContext("holder " + address));
@@ -987,6 +1009,8 @@ class UcxTransport final : public Transport {
  private:
   const std::shared_ptr<Context> ctx_;
   const std::string secret_;
+  const bool refuse_same_host_;
+  wire::HostIdentity host_;  // this process's; set once, in the constructor
 };
 
 }  // namespace

@@ -38,6 +38,12 @@ struct UcxTransportOptions {
   // Shared secret both ends prove they know on every new connection, as
   // for TCP. Empty: the empty key, which only matches peers without one.
   std::string secret;
+  // Connect fails with FAILED_PRECONDITION for a holder on this host (the
+  // same boot id, pid and network namespaces, which its hello names): TCP
+  // reads it by cross-memory attach, which UCX 1.13 cannot match for user
+  // memory, and a reader moves such a holder to its TCP address. Off for
+  // tests and benchmarks of UCX on one host (the client's ucx_same_host).
+  bool refuse_same_host = false;
 };
 
 // Whether this build has the UCX transport (TH_UCX).

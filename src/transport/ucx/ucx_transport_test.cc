@@ -28,6 +28,7 @@
 #include "common/manifest.h"
 #include "common/test_point.h"
 #include "transport/tcp/auth.h"
+#include "transport/tcp/cma.h"
 #include "transport/tcp/raw_peer_test_util.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
@@ -197,9 +198,9 @@ class TransportContractTest : public ::testing::TestWithParam<std::string> {
       EXPECT_TRUE(ReadExact(fd->get(), hello, sizeof(hello),
                             Deadline::AfterMs(kGenerousMs))
                       .ok());
-      Result<uint32_t> len = ucx::DecodeHelloHeader(hello, sizeof(hello));
-      EXPECT_TRUE(len.ok());
-      std::string addr(len.ok() ? *len : 0, '\0');
+      Result<ucx::Hello> h = ucx::DecodeHelloHeader(hello, sizeof(hello));
+      EXPECT_TRUE(h.ok());
+      std::string addr(h.ok() ? h->address_len : 0, '\0');
       EXPECT_TRUE(ReadExact(fd->get(), addr.data(), addr.size(),
                             Deadline::AfterMs(kGenerousMs))
                       .ok());
@@ -643,10 +644,41 @@ TEST(UcxReplyTest, RoundTripsAndRejectsBadFrames) {
   EXPECT_FALSE(ucx::DecodeRmaReply(reinterpret_cast<const uint8_t*>(b.data()),
                                    b.size(), 35)
                    .ok());
-  std::string h = ucx::EncodeHelloHeader(ucx::kMaxWorkerAddressBytes + 1);
+  std::string h = ucx::EncodeHelloHeader(ucx::kMaxWorkerAddressBytes + 1, {});
   EXPECT_FALSE(ucx::DecodeHelloHeader(
                    reinterpret_cast<const uint8_t*>(h.data()), h.size())
                    .ok());
+}
+
+TEST(UcxHelloTest, CarriesTheHoldersHostIdentity) {
+  wire::HostIdentity id;
+  for (size_t i = 0; i < id.boot_id.size(); ++i) id.boot_id[i] = uint8_t(i + 1);
+  id.pid_ns = 0x1122334455667788ull;
+  id.net_ns = 42;
+  std::string h = ucx::EncodeHelloHeader(300, id);
+  ASSERT_EQ(h.size(), ucx::kHelloHeaderBytes);
+  auto got = ucx::DecodeHelloHeader(reinterpret_cast<const uint8_t*>(h.data()),
+                                    h.size());
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->address_len, 300u);
+  EXPECT_EQ(got->host, id);
+  // Cut anywhere: an error, never a read past the end.
+  for (size_t n = 0; n < h.size(); ++n) {
+    EXPECT_EQ(
+        ucx::DecodeHelloHeader(reinterpret_cast<const uint8_t*>(h.data()), n)
+            .status()
+            .code(),
+        StatusCode::kDataLoss)
+        << n;
+  }
+  // An older holder's hello: a refusal on principle that says what to do
+  // (the reader then reads that holder over TCP).
+  std::string old = h;
+  old[0] = 'T', old[1] = 'H', old[2] = 'U', old[3] = '1';
+  auto refused = ucx::DecodeHelloHeader(
+      reinterpret_cast<const uint8_t*>(old.data()), old.size());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("upgrade"), std::string::npos);
 }
 
 // A holder whose lease is device memory refuses a UCX read with
@@ -686,6 +718,44 @@ TEST(UcxDeviceMemoryTest, DeviceMemoryIsRefusedWithAPointerToTcp) {
     EXPECT_NE(s.message().find("over tcp"), std::string::npos) << s.ToString();
     EXPECT_FALSE((*c)->broken());
   }
+  (*server)->Stop();
+}
+
+// A reader that refuses same-host holders (as a worker does unless told
+// ucx_same_host) fails to connect to one with FAILED_PRECONDITION that
+// points to tcp, and its fetch plan moves the holder there; the same
+// holder is read over UCX by a reader that does not refuse.
+TEST(UcxSameHostTest, AReaderOnTheHoldersHostIsPointedToTcp) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  if (!ReadHostIdentity().ok()) GTEST_SKIP() << "no /proc host identity here";
+  TestSource source(1 << 20);
+  std::unique_ptr<Transport> holder = MakeTransport("ucx");
+  ASSERT_NE(holder, nullptr);
+  Result<std::unique_ptr<Server>> server =
+      holder->Listen("127.0.0.1:0", &source, ServerOptions{});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  UcxTransportOptions o;
+  o.refuse_same_host = true;
+  Result<std::unique_ptr<Transport>> refusing = MakeUcxTransport(o);
+  ASSERT_TRUE(refusing.ok()) << refusing.status().ToString();
+  Result<std::unique_ptr<Connection>> c = (*refusing)->Connect(
+      (*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("read it over tcp"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("TENSORHUB_UCX_SAME_HOST"),
+            std::string::npos);
+
+  Result<std::unique_ptr<Connection>> ok =
+      holder->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::vector<uint8_t> out(4096);
+  iovec v{out.data(), out.size()};
+  Status s =
+      (*ok)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(s.ok()) << s.ToString();
   (*server)->Stop();
 }
 
