@@ -221,16 +221,15 @@ bool Keeper::Keep(const KeeperItem& item) {
   }
   Held h;
   h.size = info->total_bytes;
-  h.bytes.reset(new (std::nothrow) uint8_t[std::max<uint64_t>(h.size, 1)]);
-  if (!h.bytes) {
-    return fail(ResourceExhausted("cannot allocate " + std::to_string(h.size) +
-                                  " bytes"));
-  }
+  Result<HostBuffer> buffer =
+      HostBuffer::Allocate(std::max<uint64_t>(h.size, 1));
+  if (!buffer.ok()) return fail(buffer.status());
+  h.bytes = std::move(*buffer);
   std::vector<TensorRef> dest;
   uint64_t offset = 0;
   for (const TensorInfo& t : info->tensors) {
     dest.push_back(
-        {t.spec, h.bytes.get() + offset, t.bytes, MemoryLocation::Host()});
+        {t.spec, h.bytes.data() + offset, t.bytes, MemoryLocation::Host()});
     offset += t.bytes;
   }
   FetchOptions fo;

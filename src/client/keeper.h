@@ -24,6 +24,7 @@
 #include "client/control_plane.h"
 #include "common/mutex.h"
 #include "tensorhub/client.h"
+#include "tensorhub/host_buffer.h"
 
 namespace tensorhub::client {
 
@@ -68,7 +69,9 @@ class Keeper {
   using Key = std::pair<std::string, Version>;
   struct Metrics;  // keeper.cc
   struct Held {
-    std::unique_ptr<uint8_t[]> bytes;
+    // Huge pages where the kernel allows: same-host readers of the copy
+    // read at memory speed (host_buffer.h).
+    HostBuffer bytes;
     uint64_t size = 0;
   };
 
