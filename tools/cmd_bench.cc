@@ -233,10 +233,11 @@ struct TwoProcessFlags {
 // output says which of the two kinds its figures are of.
 void PrintHostMemory(HostMemory memory) {
   const std::string mode = TransparentHugePageMode();
-  std::printf("host memory: %s (the kernel's THP mode: %s)\n",
+  std::printf("host memory: %s (%s; the kernel's THP mode: %s)\n",
+              HostMemoryName(memory),
               memory == HostMemory::kPlain
-                  ? "plain (new[])"
-                  : "huge-pages (HostBuffer, madvise(MADV_HUGEPAGE))",
+                  ? "new[]"
+                  : "HostBuffer, madvise(MADV_HUGEPAGE)",
               mode.empty() ? "unknown" : mode.c_str());
 }
 
@@ -244,14 +245,17 @@ void AddHostMemoryOption(CLI::App* c, HostMemory* memory) {
   c->add_option_function<std::string>(
        "--host-memory",
        [memory](const std::string& v) {
-         *memory = v == "plain" ? HostMemory::kPlain : HostMemory::kHugePages;
+         *memory = v == HostMemoryName(HostMemory::kPlain)
+                       ? HostMemory::kPlain
+                       : HostMemory::kHugePages;
        },
        "huge-pages: every buffer (the holder's, the reader's, memcpy's) a "
        "HostBuffer, as TensorHub allocates them; plain: new[], as most "
        "programs do (huge pages only where the kernel's THP mode is "
        "'always')")
-      ->check(CLI::IsMember({"huge-pages", "plain"}))
-      ->default_str("huge-pages");
+      ->check(CLI::IsMember({HostMemoryName(HostMemory::kHugePages),
+                             HostMemoryName(HostMemory::kPlain)}))
+      ->default_str(HostMemoryName(HostMemory::kHugePages));
 }
 
 void AddTwoProcessFlags(CLI::App* c, TwoProcessFlags* f) {
@@ -291,12 +295,11 @@ Result<Subprocess> StartHolder(const std::string& hub, uint64_t bytes,
                                const std::string& holder_log,
                                const tls::ThrowawayPki* pki, bool data_tls,
                                std::string* digest) {
-  std::vector<std::string> args = {
-      "bench",         "_holder",
-      "--hub",         hub,
-      "--bytes",       std::to_string(bytes),
-      "--chunk-bytes", std::to_string(chunk),
-      "--host-memory", memory == HostMemory::kPlain ? "plain" : "huge-pages"};
+  std::vector<std::string> args = {"bench",         "_holder",
+                                   "--hub",         hub,
+                                   "--bytes",       std::to_string(bytes),
+                                   "--chunk-bytes", std::to_string(chunk),
+                                   "--host-memory", HostMemoryName(memory)};
   if (pki != nullptr) {
     for (const std::string& a :
          {std::string("--tls-ca"), pki->ca, std::string("--tls-cert"),

@@ -41,6 +41,10 @@ std::vector<TensorSpec> QwenLayout(double scale) {
   return out;
 }
 
+const char* HostMemoryName(HostMemory memory) {
+  return memory == HostMemory::kPlain ? "plain" : "huge-pages";
+}
+
 SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs,
                                HostMemory memory) {
   std::vector<uint64_t> offsets;
@@ -62,14 +66,15 @@ SyntheticModel::SyntheticModel(std::vector<TensorSpec> specs,
   } else {
     plain_.reset(new uint64_t[total_bytes_ / 8 + 1]);
     base = reinterpret_cast<uint8_t*>(plain_.get());
+    // Touch every page now, so first-use page faults do not land in a
+    // timing (a HostBuffer comes zeroed and faulted in already).
+    std::memset(base, 0, total_bytes_);
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     uint64_t bytes = *specs[i].ByteSize();
     refs_.push_back(
         TensorRef{specs[i], base + offsets[i], bytes, MemoryLocation::Host()});
   }
-  // Touch every page now, so first-use page faults do not land in a timing.
-  std::memset(base, 0, total_bytes_);
 }
 
 void SyntheticModel::Fill(uint64_t version) {

@@ -21,6 +21,8 @@ std::vector<TensorSpec> QwenLayout(double scale);
 // where the kernel allows them), or new[] (what the kernel's THP mode
 // gives any allocation; `bench local --host-memory plain`).
 enum class HostMemory { kHugePages, kPlain };
+// "huge-pages" or "plain": the spelling of `--host-memory`.
+const char* HostMemoryName(HostMemory memory);
 
 // Host memory for all tensors of a layout, one allocation, every page
 // touched.

@@ -42,20 +42,32 @@ def carve(
 
     ``dtype`` is a numpy dtype for ``"numpy"`` and a torch dtype for
     ``"torch"``. Zeroed."""
-    if framework not in ("numpy", "torch"):
-        raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', not {framework!r}")
     if framework == "numpy":
         import numpy as np
 
-        itemsizes = [np.dtype(dt).itemsize for _, _, dt in specs]
-    else:
+        def itemsize(dt: Any) -> int:
+            return np.dtype(dt).itemsize
+
+        def view(buf: Any, dt: Any, count: int, off: int, shape: Tuple[int, ...]) -> Any:
+            return np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
+
+    elif framework == "torch":
         import torch
 
-        itemsizes = [torch.empty((), dtype=dt).element_size() for _, _, dt in specs]
+        def itemsize(dt: Any) -> int:
+            return torch.empty((), dtype=dt).element_size()
+
+        def view(buf: Any, dt: Any, count: int, off: int, shape: Tuple[int, ...]) -> Any:
+            if count == 0:  # torch.frombuffer refuses an empty view
+                return torch.empty(shape, dtype=dt)
+            return torch.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
+
+    else:
+        raise InvalidArgumentError(f"framework must be 'numpy' or 'torch', not {framework!r}")
     offsets: List[int] = []
     counts: List[int] = []
     total = 0
-    for (name, shape, _), itemsize in zip(specs, itemsizes):
+    for name, shape, dt in specs:
         count = 1
         for d in shape:
             if int(d) < 0:
@@ -64,21 +76,9 @@ def carve(
         total = (total + _TENSOR_ALIGNMENT - 1) // _TENSOR_ALIGNMENT * _TENSOR_ALIGNMENT
         offsets.append(total)
         counts.append(count)
-        total += count * itemsize
+        total += count * itemsize(dt)
     buf = HostBuffer(max(total, 1))
-    out: Dict[str, Any] = {}
-    for (name, shape, dt), off, count in zip(specs, offsets, counts):
-        shape = tuple(int(d) for d in shape)
-        if framework == "numpy":
-            import numpy as np
-
-            out[name] = np.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
-        elif count == 0:  # torch.frombuffer refuses an empty view
-            import torch
-
-            out[name] = torch.empty(shape, dtype=dt)
-        else:
-            import torch
-
-            out[name] = torch.frombuffer(buf, dtype=dt, count=count, offset=off).reshape(shape)
-    return out
+    return {
+        name: view(buf, dt, count, off, tuple(int(d) for d in shape))
+        for (name, shape, dt), off, count in zip(specs, offsets, counts)
+    }
