@@ -147,11 +147,12 @@ class Worker {
 
   // Progresses the worker until done() holds, the deadline passes or
   // *stop is set. Once nothing has happened for kSpinBeforeSleep it sleeps
-  // on the worker's event descriptor (at most 50 ms at a time, so that a
-  // stop is seen even without a signal).
+  // on the worker's event descriptor, and on `also_fd` when one is given
+  // (at most 50 ms at a time, so that a stop is seen even without a
+  // signal).
   template <typename Done>
   Status Wait(Done&& done, const Deadline& deadline,
-              const std::atomic<bool>* stop) {
+              const std::atomic<bool>* stop, int also_fd = -1) {
     auto idle_since = std::chrono::steady_clock::now();
     for (;;) {
       bool progressed = false;
@@ -173,9 +174,9 @@ class Worker {
         std::this_thread::yield();
         continue;
       }
-      pollfd p{efd_, POLLIN, 0};
+      pollfd p[2] = {{efd_, POLLIN, 0}, {also_fd, POLLIN, 0}};
       (void)::poll(
-          &p, 1,
+          p, also_fd >= 0 ? 2 : 1,
           static_cast<int>(std::min<int64_t>(deadline.remaining_ms(), 50)));
     }
   }
@@ -294,23 +295,38 @@ class MappingSet {
   std::vector<std::unique_ptr<Mapping>> maps_;  // sorted by base
 };
 
+// Whether `fd` has something to read, or was closed or shut down.
+bool Readable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+// Each connection has its own UCX worker, made when the connection is
+// accepted, progressed only by the thread that serves the connection (while
+// it waits for the next request and for a release), and destroyed when the
+// connection ends. Where UCX emulates a get (tcp, shared memory), the
+// holder's worker answers it by copying from the address the get names,
+// with no check against a registration, and answers a large get piece by
+// piece as the reader takes the bytes. So a lease that ends without the
+// reader's release (it went silent past local_release_timeout_ms, or
+// closed the connection mid-read) may end only after that worker is gone:
+// until then a get the reader already sent could still be answered from
+// memory its owner may by then have unmapped or reused (docs/design.md,
+// UCX data plane). One worker shared by all connections could not be
+// dropped for one reader.
 class UcxServer final : public Server {
  public:
   UcxServer(Fd listener, std::string address, ReadSource* source,
             ServerOptions options, std::shared_ptr<Context> ctx,
-            std::unique_ptr<Worker> worker, std::string worker_address,
             std::string secret, const wire::HostIdentity& host)
       : address_(std::move(address)),
         source_(source),
         options_(options),
         ctx_(std::move(ctx)),
-        worker_(std::move(worker)),
-        worker_address_(std::move(worker_address)),
         secret_(std::move(secret)),
         host_(host),
         acceptor_(std::move(listener), options.max_connections,
                   "ucx data server " + address_) {
-    progress_thread_ = std::thread([this] { ProgressLoop(); });
     acceptor_.Start([this](int fd) { Serve(fd); });
   }
   ~UcxServer() override { Stop(); }
@@ -322,23 +338,12 @@ class UcxServer final : public Server {
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
     stopping_ = true;
+    // Shuts every connection down and joins its thread, which destroys the
+    // connection's worker before its lease ends.
     acceptor_.Stop();
-    // Every lease has ended: nothing can still be read through the worker.
-    worker_->Signal();
-    if (progress_thread_.joinable()) progress_thread_.join();
   }
 
  private:
-  // The holder's worker answers what UCX cannot do without it (gets over
-  // tcp or shared memory are served by the target's progress; verbs and
-  // cma reads are not).
-  void ProgressLoop() {
-    while (!stopping_.load()) {
-      (void)worker_->Wait([] { return false; }, Deadline::AfterMs(200),
-                          &stopping_);
-    }
-  }
-
   // Serves one connection until the peer leaves, an I/O error, or Stop().
   // As in the TCP server, one request's whole life stays in one loop body:
   // the lease (and a per-read mapping) visibly ends at its bottom, after
@@ -352,19 +357,40 @@ class UcxServer final : public Server {
       refused_.fetch_add(1, std::memory_order_relaxed);
       return;
     }
+    // This connection's worker; see the class comment for why one per
+    // connection, and why it goes before a lease the reader did not release.
+    Result<std::unique_ptr<Worker>> made = Worker::Create(ctx_);
+    Result<std::string> worker_address =
+        made.ok() ? (*made)->Address() : made.status();
+    if (worker_address.ok() &&
+        (worker_address->empty() ||
+         worker_address->size() > ucx::kMaxWorkerAddressBytes)) {
+      worker_address =
+          ResourceExhausted("UCX worker address of " +
+                            std::to_string(worker_address->size()) + " bytes");
+    }
+    if (!worker_address.ok()) {
+      TH_LOG(WARN) << "ucx data server " << address_
+                   << ": dropping a reader: no UCX worker for it: "
+                   << worker_address.status().ToString();
+      return;
+    }
+    std::unique_ptr<Worker> worker = std::move(made).value();
     // Only a peer that proved the secret learns where the worker is.
     std::string hello = ucx::EncodeHelloHeader(
-        static_cast<uint32_t>(worker_address_.size()), host_);
+        static_cast<uint32_t>(worker_address->size()), host_);
     iovec hv[2] = {
         {hello.data(), hello.size()},
-        {const_cast<char*>(worker_address_.data()), worker_address_.size()}};
+        {const_cast<char*>(worker_address->data()), worker_address->size()}};
     if (!WriteAll(fd, hv, Deadline::AfterMs(stall_ms), stall_ms).ok()) return;
     uint8_t header[wire::kRequestHeaderBytes];
     while (!stopping_.load()) {
-      pollfd p{fd, POLLIN, 0};
-      int rc = ::poll(&p, 1, 200);
-      if (rc == 0) continue;
-      if (rc < 0) return;
+      // Between reads the worker still has work: connecting the reader's
+      // endpoint, keepalives.
+      Status ready = worker->Wait([fd] { return Readable(fd); },
+                                  Deadline::AfterMs(200), &stopping_, fd);
+      if (ready.code() == StatusCode::kDeadlineExceeded) continue;
+      if (!ready.ok()) return;
       Deadline deadline = Deadline::AfterMs(3600 * 1000);
       if (!ReadExact(fd, header, sizeof(header), deadline, stall_ms).ok()) {
         return;
@@ -417,13 +443,18 @@ class UcxServer final : public Server {
         if (!SendError(fd, body.status(), deadline).ok()) return;
         continue;
       }
-      if (!ServeRma(fd, req, *body, deadline)) {
+      if (!ServeRma(fd, *worker, req, *body, deadline)) {
         // Shut down before the lease ends: a reader still reading sees the
-        // connection gone when it finishes, and discards the bytes.
+        // connection gone when it finishes, and discards the bytes. And
+        // the worker goes first: a get the reader sent is answered by no
+        // one once the memory may be reused.
         ::shutdown(fd, SHUT_RDWR);
+        worker.reset();
         return;
       }
-      // The lease (and a per-read mapping) ends here, after the release.
+      // The lease (and a per-read mapping) ends here, after the release:
+      // the reader took every byte it asked for, so no get of this read is
+      // still being answered.
     }
   }
 
@@ -478,10 +509,10 @@ class UcxServer final : public Server {
     return body;
   }
 
-  // Tells the reader where to read, then waits (bounded) for its release.
-  // False: drop the connection.
-  bool ServeRma(int fd, const wire::ReadRequest& req, const std::string& body,
-                const Deadline& deadline) {
+  // Tells the reader where to read, then waits (bounded) for its release,
+  // answering its gets meanwhile. False: drop the connection.
+  bool ServeRma(int fd, Worker& worker, const wire::ReadRequest& req,
+                const std::string& body, const Deadline& deadline) {
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.payload_len = body.size();
@@ -492,8 +523,11 @@ class UcxServer final : public Server {
       return false;
     }
     uint8_t release[wire::kReleaseBytes];
-    Status s = ReadExact(fd, release, sizeof(release),
-                         Deadline::AfterMs(options_.local_release_timeout_ms));
+    const Deadline release_by =
+        Deadline::AfterMs(options_.local_release_timeout_ms);
+    Status s =
+        worker.Wait([fd] { return Readable(fd); }, release_by, nullptr, fd);
+    if (s.ok()) s = ReadExact(fd, release, sizeof(release), release_by);
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
         TH_LOG(WARN) << "ucx data server " << address_
@@ -529,15 +563,12 @@ class UcxServer final : public Server {
   ReadSource* const source_;
   const ServerOptions options_;
   const std::shared_ptr<Context> ctx_;
-  const std::unique_ptr<Worker> worker_;
-  const std::string worker_address_;
   const std::string secret_;
   const wire::HostIdentity host_;  // sent in the hello
   std::atomic<uint64_t> refused_{0};
   Mutex stop_mu_;  // serialises Stop()
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
-  std::thread progress_thread_;
   // Last: its threads run Serve() on the members above.
   Acceptor acceptor_;
 };
@@ -798,6 +829,7 @@ class UcxConnection final : public Connection {
         }
       }
     }
+    testpoint::Hit("ucx.gets_issued", pending_.size());
     size_t next = 0;  // pending_[..next) are complete
     Status waited = worker_->Wait(
         [&] {
@@ -963,15 +995,11 @@ class UcxTransport final : public Transport {
         (hp.first.find(':') != std::string::npos ? "[" + hp.first + "]"
                                                  : hp.first) +
         ":" + std::to_string(bound.second);
-    TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
-    TH_ASSIGN_OR_RETURN(std::string waddr, worker->Address());
-    if (waddr.empty() || waddr.size() > ucx::kMaxWorkerAddressBytes) {
-      return ResourceExhausted("UCX worker address of " +
-                               std::to_string(waddr.size()) + " bytes");
-    }
-    return std::unique_ptr<Server>(
-        new UcxServer(std::move(fd), advertised, source, options, ctx_,
-                      std::move(worker), std::move(waddr), secret_, host_));
+    // Each connection gets its own worker; one made here says at once
+    // whether UCX can make them at all.
+    TH_RETURN_IF_ERROR(Worker::Create(ctx_).status());
+    return std::unique_ptr<Server>(new UcxServer(
+        std::move(fd), advertised, source, options, ctx_, secret_, host_));
   }
 
   Result<std::unique_ptr<Connection>> Connect(

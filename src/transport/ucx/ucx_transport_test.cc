@@ -14,6 +14,7 @@
 #include "transport/ucx/ucx_transport.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -27,6 +28,7 @@
 #include "common/checksum.h"
 #include "common/manifest.h"
 #include "common/test_point.h"
+#include "tensorhub/host_buffer.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/cma.h"
 #include "transport/tcp/raw_peer_test_util.h"
@@ -983,6 +985,113 @@ TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
   reader.join();
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
   EXPECT_TRUE(conn_->broken());
+}
+
+// A reader stopped right after it sent its gets, past the holder's release
+// timeout. Over wires where UCX emulates a get (tcp, shared memory) the
+// holder's own worker answers it, copying from the address the get names
+// with no check of its own, and a large get is answered piece by piece as
+// the reader takes the bytes. So the holder must not end the lease (after
+// which the owner may unmap or reuse the memory) while that worker could
+// still answer: here the memory is made unreadable as soon as the drain
+// returns, and the reader then resumes taking bytes. A holder that still
+// answered from it would die of SIGSEGV; it must instead have dropped the
+// reader's worker first, so the reader fails and the holder serves on.
+TEST(UcxAbandonedReadTest, TheLeaseEndsOnlyOnceTheHoldersWorkerCannotAnswer) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  constexpr uint64_t kBytes = 64ull << 20;  // more than socket buffers hold
+  Result<HostBuffer> buf = HostBuffer::Allocate(kBytes);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  std::memset(buf->data(), 0x5a, kBytes);
+  TensorRef r;
+  r.spec.name = "w";
+  r.spec.dtype = DType::kU8;
+  r.spec.shape = {kBytes};
+  r.data = buf->data();
+  r.bytes = kBytes;
+  std::vector<TensorRef> refs{r};
+  Result<PartLayout> layout = BuildPartLayout(0, refs, 1 << 20);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  client::Registry registry;
+  client::Holding h;
+  h.model = "m";
+  h.version = Version(1);
+  h.rank = 0;
+  h.chunk_bytes = 1 << 20;
+  h.parts[0] = *layout;
+  h.bases[0].push_back(buf->data());
+  Result<uint64_t> epoch = registry.Add(std::move(h));
+  ASSERT_TRUE(epoch.ok()) << epoch.status().ToString();
+  std::unique_ptr<Transport> transport = MakeTransport("ucx");
+  ASSERT_NE(transport, nullptr);
+  ServerOptions o;
+  o.local_release_timeout_ms = 300;
+  Result<std::unique_ptr<Server>> server =
+      transport->Listen("127.0.0.1:0", &registry, o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Result<std::unique_ptr<Connection>> conn =
+      transport->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  auto request = [&](uint64_t length) {
+    wire::ReadRequest q = Req(0, length);
+    q.epoch = *epoch;
+    return q;
+  };
+  // A first small read connects the endpoint, so the large read's gets
+  // leave at once.
+  std::vector<uint8_t> small(4096);
+  iovec sv{small.data(), small.size()};
+  ASSERT_TRUE((*conn)
+                  ->Read(request(small.size()), {&sv, 1},
+                         Deadline::AfterMs(kGenerousMs))
+                  .ok());
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool issued = false, go = false;
+  testpoint::Arm("ucx.gets_issued", [&](uint64_t) {
+    std::unique_lock<std::mutex> l(mu);
+    issued = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go; });
+  });
+  std::vector<uint8_t> out(kBytes);
+  Status read;
+  std::thread reader([&] {
+    iovec v{out.data(), out.size()};
+    read =
+        (*conn)->Read(request(kBytes), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                            [&] { return issued; }));
+  }
+  Result<uint64_t> revoked = registry.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok());
+  // Ends once the holder gave up on the stopped reader.
+  Status drained =
+      registry.Drain("m", Version(1), *revoked, Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(drained.ok()) << drained.ToString();
+  ASSERT_EQ(::mprotect(buf->data(), kBytes, PROT_NONE), 0);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    go = true;
+    cv.notify_all();
+  }
+  reader.join();
+  testpoint::Disarm("ucx.gets_issued");
+  EXPECT_FALSE(read.ok());
+  EXPECT_TRUE((*conn)->broken());
+  // The holder serves on: a new reader is refused the revoked version.
+  Result<std::unique_ptr<Connection>> late =
+      transport->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  Status refused = (*late)->Read(request(small.size()), {&sv, 1},
+                                 Deadline::AfterMs(kGenerousMs));
+  EXPECT_EQ(refused.code(), StatusCode::kNotFound) << refused.ToString();
+  (*server)->Stop();
+  ASSERT_EQ(::mprotect(buf->data(), kBytes, PROT_READ | PROT_WRITE), 0);
 }
 
 }  // namespace
