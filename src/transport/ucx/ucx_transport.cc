@@ -33,10 +33,15 @@ namespace {
 // How long a worker keeps polling after its last event before it sleeps on
 // its event descriptor. Waking a sleeping worker costs a system call and a
 // scheduler round trip for each message it must answer (a holder serving
-// emulated gets over tcp answers a stream of them); polling a little past
-// the last one keeps a busy transfer from paying that per message, and
-// bounds what an idle worker spends.
-constexpr std::chrono::microseconds kSpinBeforeSleep{500};
+// emulated gets over tcp answers a stream of them), which polling a little
+// past the last one saves where the next comes soon: on loopback they come
+// tens of microseconds apart. Where they come further apart than kMaxSpin
+// (the test bed's 400 Mbit/s links hand a reader 64 KiB every 1.3 ms),
+// polling only burns a core: so each worker keeps the average gap between
+// its events and polls for kSpinFactor times it, at most kMaxSpin, and not
+// at all when the average is above kMaxSpin (benchmarks.md, section 14).
+constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(500);
+constexpr int kSpinFactor = 4;
 
 std::atomic<uint64_t> g_live_mappings{0};
 std::atomic<uint64_t> g_next_key_id{1};
@@ -146,10 +151,9 @@ class Worker {
   }
 
   // Progresses the worker until done() holds, the deadline passes or
-  // *stop is set. Once nothing has happened for kSpinBeforeSleep it sleeps
-  // on the worker's event descriptor, and on `also_fd` when one is given
-  // (at most 50 ms at a time, so that a stop is seen even without a
-  // signal).
+  // *stop is set. Once nothing has happened for SpinBudget() it sleeps on
+  // the worker's event descriptor, and on `also_fd` when one is given (at
+  // most 50 ms at a time, so that a stop is seen even without a signal).
   template <typename Done>
   Status Wait(Done&& done, const Deadline& deadline,
               const std::atomic<bool>* stop, int also_fd = -1) {
@@ -163,8 +167,11 @@ class Worker {
         return DeadlineExceeded("UCX transfer did not finish in time");
       }
       const auto now = std::chrono::steady_clock::now();
-      if (progressed) idle_since = now;
-      if (efd_ < 0 || now - idle_since < kSpinBeforeSleep) {
+      if (progressed) {
+        NoteGap(now - idle_since);
+        idle_since = now;
+      }
+      if (efd_ < 0 || now - idle_since < SpinBudget()) {
         std::this_thread::yield();
         continue;
       }
@@ -184,9 +191,24 @@ class Worker {
  private:
   Worker(std::shared_ptr<Context> ctx, ucp_worker_h w, int efd)
       : ctx_(std::move(ctx)), w_(w), efd_(efd) {}
+
+  // A moving average over about the last 8 gaps between events, each
+  // counted as at most 4 x kMaxSpin so that one long idle spell (between
+  // reads) does not stop the polling for long.
+  void NoteGap(std::chrono::nanoseconds gap) {
+    gap = std::min<std::chrono::nanoseconds>(gap, 4 * kMaxSpin);
+    gap_ = (7 * gap_ + gap) / 8;
+  }
+  std::chrono::nanoseconds SpinBudget() const {
+    if (gap_ > kMaxSpin) return std::chrono::nanoseconds(0);
+    return std::min<std::chrono::nanoseconds>(kMaxSpin, kSpinFactor * gap_);
+  }
+
   std::shared_ptr<Context> ctx_;  // outlives the worker
   ucp_worker_h w_;
   int efd_;  // owned by the worker
+  // Starts where the budget is kMaxSpin, until the gaps say otherwise.
+  std::chrono::nanoseconds gap_ = kMaxSpin / kSpinFactor;
 };
 
 // One ucp_mem_map of contiguous memory and its packed remote key. Unmapped
