@@ -731,7 +731,8 @@ class UcxConnection final : public Connection {
     TH_ASSIGN_OR_RETURN(std::vector<ucp_rkey_h> keys, Keys(reply));
     ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     if (device < 0) {
-      TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline));
+      TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline,
+                             sum != nullptr ? &hash : nullptr));
     } else {
       TH_RETURN_IF_ERROR(GetStaged(reply, keys, req.length, dest, bufs,
                                    deadline, sum != nullptr ? &hash : nullptr));
@@ -744,9 +745,6 @@ class UcxConnection final : public Connection {
       Abandon();
       return Unavailable("holder " + peer_ +
                          " ended the lease before the read finished");
-    }
-    if (sum != nullptr && device < 0) {
-      for (const iovec& v : dest) hash.Update(v.iov_base, v.iov_len);
     }
     auto rel = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
     iovec rv{rel.data(), rel.size()};
@@ -820,12 +818,15 @@ class UcxConnection final : public Connection {
   }
 
   // Reads bytes [offset, offset + size of dst) of the reply's range into
-  // `dst` with one ucp_get_nbx per contiguous run, and waits for all of
-  // them. On any failure the connection is abandoned before returning, so
-  // nothing lands in `dst` afterwards.
+  // `dst` with one ucp_get_nbx per contiguous run of at most kGetBytes, and
+  // waits for all of them. With `hash`, each run is hashed (in order) as
+  // soon as it and every run before it have landed, while the later ones
+  // are still moving: the check costs no pass over the chunk after the
+  // last byte. On any failure the connection is abandoned before
+  // returning, so nothing lands in `dst` afterwards.
   Status Get(const ucx::RmaReply& reply, const std::vector<ucp_rkey_h>& keys,
              uint64_t offset, std::span<const iovec> dst,
-             const Deadline& deadline) {
+             const Deadline& deadline, ChunkHash* hash = nullptr) {
     size_t pi = 0;
     uint64_t at = 0;
     while (pi < reply.pieces.size() && at + reply.pieces[pi].length <= offset) {
@@ -843,13 +844,15 @@ class UcxConnection final : public Connection {
           break;
         }
         const ucx::RmaPiece& rp = reply.pieces[pi];
-        const uint64_t take = std::min(left, rp.length - in);
+        const uint64_t take = std::min({left, rp.length - in, kGetBytes});
         ucs_status_ptr_t r =
             ucp_get_nbx(ep_, p, take, rp.address + in, keys[rp.key], &param);
         if (UCS_PTR_IS_ERR(r)) {
           issued = UcsError(UCS_PTR_STATUS(r), "UCX get from holder " + peer_);
-        } else if (r != nullptr) {
+        } else {
+          // Null: done already. Kept in order, for the hash.
           pending_.push_back(r);
+          landing_.push_back({p, take});
         }
         p += take;
         left -= take;
@@ -861,11 +864,20 @@ class UcxConnection final : public Connection {
       }
     }
     testpoint::Hit("ucx.gets_issued", pending_.size());
-    size_t next = 0;  // pending_[..next) are complete
+    size_t next = 0;  // pending_[..next) are complete (and hashed)
+    bool failed = false;
     Status waited = worker_->Wait(
         [&] {
-          while (next < pending_.size() &&
-                 ucp_request_check_status(pending_[next]) != UCS_INPROGRESS) {
+          while (next < pending_.size()) {
+            if (pending_[next] != nullptr) {
+              const ucs_status_t st = ucp_request_check_status(pending_[next]);
+              if (st == UCS_INPROGRESS) break;
+              failed = failed || st != UCS_OK;
+            }
+            // Bytes of a failed get are never used: the read fails below.
+            if (hash != nullptr && !failed) {
+              hash->Update(landing_[next].iov_base, landing_[next].iov_len);
+            }
             ++next;
           }
           return next == pending_.size();
@@ -877,6 +889,7 @@ class UcxConnection final : public Connection {
     }
     Status result = Status::Ok();
     for (void* r : pending_) {
+      if (r == nullptr) continue;
       ucs_status_t s = ucp_request_check_status(r);
       if (s != UCS_OK && result.ok()) {
         result = UcsError(s, "UCX get from holder " + peer_);
@@ -884,6 +897,7 @@ class UcxConnection final : public Connection {
       ucp_request_free(r);
     }
     pending_.clear();
+    landing_.clear();
     if (result.ok() && ep_failed_.load()) {
       result = Unavailable("UCX endpoint to holder " + peer_ + " failed");
     }
@@ -968,8 +982,11 @@ class UcxConnection final : public Connection {
       }
       ep_ = nullptr;
     }
-    for (void* r : pending_) ucp_request_free(r);
+    for (void* r : pending_) {
+      if (r != nullptr) ucp_request_free(r);
+    }
     pending_.clear();
+    landing_.clear();
     for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
     rkeys_.clear();
     std::unique_ptr<Worker> w;
@@ -982,6 +999,9 @@ class UcxConnection final : public Connection {
 
   // Twice the most one reply names, so one reply always fits.
   static constexpr size_t kMaxCachedKeys = 2 * ucx::kMaxRmaKeys;
+  // The most one get moves: small enough that the hash of the runs already
+  // landed overlaps the rest, large enough that a chunk takes a handful.
+  static constexpr uint64_t kGetBytes = 1 << 20;
   static constexpr int64_t kCloseWaitMs = 2000;
 
   // fd_ and worker_ are replaced only by the reading thread, under mu_;
@@ -995,7 +1015,8 @@ class UcxConnection final : public Connection {
   // The reading thread's:
   ucp_ep_h ep_ = nullptr;
   std::map<uint64_t, ucp_rkey_h> rkeys_;  // by key id, bounded
-  std::vector<void*> pending_;            // gets in flight
+  std::vector<void*> pending_;  // gets in flight, in order; null: done
+  std::vector<iovec> landing_;  // where each of pending_ lands
   bool broken_ = false;
   ReadInfo last_read_;
   std::unique_ptr<cuda::Stream> streams_[2];  // device reads, made on use

@@ -812,10 +812,11 @@ class UcxRegistryTest : public ::testing::Test {
     r.epoch = epoch_;
     return r;
   }
-  Status ReadInto(std::vector<uint8_t>& out, uint64_t offset) {
+  Status ReadInto(std::vector<uint8_t>& out, uint64_t offset,
+                  ReadChecksum* sum = nullptr) {
     iovec v{out.data(), out.size()};
     return conn_->Read(RegReq(offset, out.size()), {&v, 1},
-                       Deadline::AfterMs(kGenerousMs));
+                       Deadline::AfterMs(kGenerousMs), sum);
   }
 
   std::vector<std::vector<uint8_t>> buffers_;
@@ -830,8 +831,12 @@ class UcxRegistryTest : public ::testing::Test {
 TEST_F(UcxRegistryTest, RegistersOncePerPublishAndUnmapsAfterTheDrain) {
   const uint64_t before = UcxLiveMappingsForTest();
   std::vector<uint8_t> out(flat_.size() - 100);
-  ASSERT_TRUE(ReadInto(out, 50).ok());
+  // Runs of over 1 MiB, each read by several gets, hashed as they land.
+  ReadChecksum sum{.kind = ChunkChecksum::kXxh3};
+  ASSERT_TRUE(ReadInto(out, 50, &sum).ok());
   EXPECT_TRUE(std::equal(out.begin(), out.end(), flat_.begin() + 50));
+  EXPECT_EQ(sum.value,
+            ChunkSum(ChunkChecksum::kXxh3, flat_.data() + 50, out.size()));
   const uint64_t mapped = UcxLiveMappingsForTest() - before;
   EXPECT_GE(mapped, 1u);
   EXPECT_LE(mapped, 3u);  // one per separate allocation
