@@ -22,11 +22,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -724,6 +727,59 @@ Result<double> UcxPerftestGbps(const std::string& test, uint64_t bytes,
   return v[5] * 1048576.0 / 1e9;
 }
 
+// What a process holds: open descriptors and resident memory, from /proc.
+struct ProcessFootprint {
+  uint64_t fds = 0;
+  uint64_t rss_kib = 0;
+};
+
+Result<ProcessFootprint> Footprint(pid_t pid) {
+  ProcessFootprint out;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator(dir + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++out.fds;
+  }
+  if (ec) return Internal("cannot list " + dir + "/fd: " + ec.message());
+  std::ifstream status(dir + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) out.rss_kib = std::stoull(line.substr(6));
+  }
+  if (out.rss_kib == 0) return Internal("no VmRSS in " + dir + "/status");
+  return out;
+}
+
+// Samples a process's footprint every few milliseconds until destroyed and
+// keeps the largest of each: what it held at its busiest, such as a holder
+// with every reader's connection open.
+class PeakFootprint {
+ public:
+  explicit PeakFootprint(pid_t pid)
+      : thread_([this, pid] {
+          while (!stop_.load()) {
+            Result<ProcessFootprint> now = Footprint(pid);
+            if (now.ok()) {
+              peak_.fds = std::max(peak_.fds, now->fds);
+              peak_.rss_kib = std::max(peak_.rss_kib, now->rss_kib);
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        }) {}
+  ~PeakFootprint() { Stop(); }
+  ProcessFootprint Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return peak_;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  ProcessFootprint peak_;  // the sampling thread's until joined
+  std::thread thread_;
+};
+
 int RunBenchUcx(const TwoProcessFlags& f) {
   SetLogLevel(LogLevel::kWarn);
   // The holder process inherits it: both ends serve and read over UCX only.
@@ -763,12 +819,21 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   // user memory over cma; docs/design.md says why it is not used).
   std::vector<double> ths, tags, gets;
   double mc = 0, verify_share = 0;
+  // The holder idle (published, no reader connected), then at its busiest
+  // during each fetch: what its UCX reader connections cost it.
+  Result<ProcessFootprint> idle = Footprint(hh.holder->pid());
+  if (!idle.ok()) return Fail(idle.status().WithContext("the holder"));
+  ProcessFootprint busiest = *idle;
   for (uint64_t r = 0; r < f.repeat; ++r) {
     FetchOptions fo;
     fo.serve = false;
     fo.connections = static_cast<int>(f.connections);
     std::memset(dst_base, 0, dest.total_bytes());
+    PeakFootprint peak(hh.holder->pid());
     auto st = (*reader)->Fetch(kModel, Version(1), dest.tensors(), fo);
+    const ProcessFootprint seen = peak.Stop();
+    busiest.fds = std::max(busiest.fds, seen.fds);
+    busiest.rss_kib = std::max(busiest.rss_kib, seen.rss_kib);
     if (!st.ok()) return Fail(st.status());
     if (hh.digest != Hex(dest.Digest())) {
       return Fail(DataLoss("fetched bytes differ from the holder's"));
@@ -844,6 +909,21 @@ int RunBenchUcx(const TwoProcessFlags& f) {
       "median (target >= 0.90); vs tag_bw: %.2f; verification took %.0f%% "
       "of the best fetch\n",
       th / get, median(ths) / median(gets), th / tag, 100 * verify_share);
+  // Each reader connection has its own UCX worker in the holder
+  // (docs/design.md, UCX data plane): its sockets and, where UCX_TLS allows
+  // shared memory, its shared-memory queues.
+  const double n = static_cast<double>(f.connections);
+  const auto more = [](uint64_t a, uint64_t b) {
+    return a > b ? static_cast<double>(a - b) : 0.0;
+  };
+  std::printf("holder footprint: idle %" PRIu64
+              " fds, %.1f MiB resident; serving %" PRIu64
+              " connections at most %" PRIu64
+              " fds, %.1f MiB: %.1f fds and %.0f KiB "
+              "per connection (sampled every 5 ms)\n",
+              idle->fds, idle->rss_kib / 1024.0, f.connections, busiest.fds,
+              busiest.rss_kib / 1024.0, more(busiest.fds, idle->fds) / n,
+              more(busiest.rss_kib, idle->rss_kib) / n);
   return 0;
 }
 
