@@ -74,10 +74,15 @@ Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
     return DataLoss("short UCX hello");
   }
   std::copy(boot.begin(), boot.end(), h.host.boot_id.begin());
-  if (h.address_len == 0 || h.address_len > kMaxWorkerAddressBytes) {
+  if (h.address_len == 0) {
+    return FailedPrecondition(
+        "the holder could make no UCX worker for this connection (out of "
+        "descriptors or memory; its log says which): read it over tcp");
+  }
+  if (h.address_len > kMaxWorkerAddressBytes) {
     return DataLoss("UCX worker address of " + std::to_string(h.address_len) +
-                    " bytes (1.." + std::to_string(kMaxWorkerAddressBytes) +
-                    " allowed)");
+                    " bytes (at most " +
+                    std::to_string(kMaxWorkerAddressBytes) + " allowed)");
   }
   return h;
 }

@@ -67,7 +67,9 @@ struct Hello {
 std::string EncodeHelloHeader(uint32_t address_len,
                               const wire::HostIdentity& host);
 // Rejects a wrong magic (a holder of an older build sent "THU1": the
-// message says to upgrade it) or an address length over the bound.
+// message says to upgrade it) or an address length over the bound. An
+// address length of 0 is the holder saying it has no worker for this
+// connection: FAILED_PRECONDITION, which moves the reader to TCP.
 Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size);
 
 std::string EncodeRmaReply(const RmaReply& reply);

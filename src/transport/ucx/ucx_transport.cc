@@ -401,9 +401,17 @@ class UcxServer final : public Server {
                             std::to_string(worker_address->size()) + " bytes");
     }
     if (!worker_address.ok()) {
+      // Said in the hello (an address of 0 bytes), so that the reader reads
+      // this holder over TCP instead of counting it as failed.
       TH_LOG(WARN) << "ucx data server " << address_
-                   << ": dropping a reader: no UCX worker for it: "
-                   << worker_address.status().ToString();
+                   << ": sending a reader to tcp: no UCX worker for it ("
+                   << worker_address.status().ToString()
+                   << "); each UCX reader connection needs one (descriptors "
+                      "and memory: docs/design.md, UCX data plane; raise "
+                      "'ulimit -n')";
+      std::string refusal = ucx::EncodeHelloHeader(0, host_);
+      iovec rv{refusal.data(), refusal.size()};
+      (void)WriteAll(fd, {&rv, 1}, Deadline::AfterMs(stall_ms), stall_ms);
       return;
     }
     std::unique_ptr<Worker> worker = std::move(made).value();

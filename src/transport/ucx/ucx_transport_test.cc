@@ -13,13 +13,16 @@
 // UCX_TLS=tcp; sm,self; cma,posix,self; posix,sysv,self.
 #include "transport/ucx/ucx_transport.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -681,6 +684,74 @@ TEST(UcxHelloTest, CarriesTheHoldersHostIdentity) {
       reinterpret_cast<const uint8_t*>(old.data()), old.size());
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.status().message().find("upgrade"), std::string::npos);
+  // No worker address: the holder had none to give this connection.
+  std::string none = ucx::EncodeHelloHeader(0, id);
+  auto to_tcp = ucx::DecodeHelloHeader(
+      reinterpret_cast<const uint8_t*>(none.data()), none.size());
+  EXPECT_EQ(to_tcp.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(to_tcp.status().message().find("read it over tcp"),
+            std::string::npos)
+      << to_tcp.status().ToString();
+}
+
+// Every UCX reader connection costs the holder a worker (descriptors,
+// memory). A holder that cannot make one, here because this process may
+// open no more descriptors, says so in the hello, and the reader's connect
+// fails with FAILED_PRECONDITION pointing to tcp (which its fetch plan
+// takes: FetchPlanTest's ARefusalOverAnotherTransportMovesTheHolderToTcp)
+// instead of a dead source; the holder goes on serving once it can.
+TEST(UcxWorkerShortageTest, AHolderWithNoWorkerToSpareSendsTheReaderToTcp) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  TestSource source(1 << 20);
+  std::unique_ptr<Transport> t = MakeTransport("ucx");
+  ASSERT_NE(t, nullptr);
+  Result<std::unique_ptr<Server>> server =
+      t->Listen("127.0.0.1:0", &source, ServerOptions{});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  rlimit was{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  // Fill every unused descriptor number below the highest one in use, so
+  // that a limit of (highest + 3) leaves exactly two: the reader's socket
+  // and the holder's accepted one. The holder's worker then cannot get its
+  // own (UCX needs several).
+  std::vector<int> filler;
+  int highest = -1;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    highest = std::max(highest, std::stoi(e.path().filename().string()));
+  }
+  for (;;) {
+    int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    if (fd > highest) {
+      ::close(fd);
+      break;
+    }
+    filler.push_back(fd);
+  }
+  rlimit tight = was;
+  tight.rlim_cur = static_cast<rlim_t>(highest) + 3;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  Result<std::unique_ptr<Connection>> c =
+      t->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &was), 0);
+  for (int fd : filler) ::close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("no UCX worker"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("read it over tcp"), std::string::npos)
+      << c.status().ToString();
+
+  Result<std::unique_ptr<Connection>> ok =
+      t->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  std::vector<uint8_t> out(4096);
+  iovec v{out.data(), out.size()};
+  Status s =
+      (*ok)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  (*server)->Stop();
 }
 
 // A holder whose lease is device memory refuses a UCX read with
