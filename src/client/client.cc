@@ -2,6 +2,7 @@
 // serve) and the fetcher (what we pull).
 #include "tensorhub/client.h"
 
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -1541,6 +1542,36 @@ std::vector<std::string> WantedTransports(const ClientOptions& options) {
   return out;
 }
 
+// A holder gives each UCX reader connection a worker of its own, which
+// costs descriptors: about 13 with every UCX wire allowed, 9 with tcp alone
+// (`tensorhub bench ucx` prints it; docs/design.md, UCX data plane). Says
+// so at start-up where this process may not open enough for its
+// connection cap: readers past it would be sent to tcp.
+void WarnIfTooFewDescriptorsForUcx(size_t max_serving_connections) {
+  constexpr uint64_t kPerUcxConnection = 14;
+  constexpr uint64_t kForTheRest = 256;  // hub channel, fetches, files
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) {
+    return;
+  }
+  const uint64_t want =
+      max_serving_connections * kPerUcxConnection + kForTheRest;
+  if (lim.rlim_cur >= want) return;
+  const bool hard = lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want;
+  TH_LOG(WARN) << "data plane: ucx: this process may open " << lim.rlim_cur
+               << " descriptors (ulimit -n), and serving "
+               << max_serving_connections
+               << " UCX readers (max_serving_connections) takes about " << want
+               << "; readers past the limit are sent to tcp. Raise it ('ulimit "
+                  "-n "
+               << want << "'"
+               << (hard ? ", above the hard limit of " +
+                              std::to_string(lim.rlim_max) + ": as root"
+                        : std::string())
+               << ", or LimitNOFILE= in a systemd unit), or lower "
+                  "max_serving_connections";
+}
+
 // TCP, which every worker serves and reads (the fallback), and besides it
 // each other transport of the list this build and machine can run, in the
 // list's order (transport_set.h). With data-plane TLS (`tls`), TCP alone:
@@ -1569,6 +1600,7 @@ std::unique_ptr<transport::Transport> PickTransports(
       Result<std::unique_ptr<transport::Transport>> t =
           transport::MakeUcxTransport(u);
       if (t.ok()) {
+        WarnIfTooFewDescriptorsForUcx(options.max_serving_connections);
         others.push_back(std::move(t).value());
         continue;
       }
