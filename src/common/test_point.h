@@ -17,6 +17,12 @@
 //   ucx.read_landed        a UCX read's bytes are in the reader's
 //                          destination, the holder's lease not yet
 //                          released; arg = bytes of the read
+//   ucx.reply_sent         a UCX holder's serving thread, right after it
+//                          told a reader where to read and before it
+//                          progresses that connection's worker (answers
+//                          any of its gets); arg = bytes of the read
+//   ucx.gets_issued        a UCX reader issued a read's gets and is about
+//                          to wait for them; arg = gets outstanding
 //   registry.reserved_read_waits  a read names an epoch the worker reserved
 //                          for a fetch destination not registered yet
 //                          (BeginFetch told the hub first) and is about to

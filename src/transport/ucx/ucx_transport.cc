@@ -160,12 +160,21 @@ class Worker {
   // Polling::kAlways) it sleeps on the worker's event descriptor, and on
   // `also_fd` when one is given (at most 50 ms at a time, so that a stop is
   // seen even without a signal).
+  //
+  // done() is asked before every progress call, not only after: a holder
+  // waits for "the reader released, or left", and once the reader has left
+  // its worker must not be progressed again. Progress would answer get
+  // requests that the departed reader left behind (a holder paused while
+  // they arrived, then resumed), and UCX 1.13 aborts the process when such
+  // an answer fails (ucp_get_req_handler: "Fatal: unexpected error:
+  // Endpoint timeout"). Test: UcxRegistryTest, AHolderResumedAfter...
   template <typename Done>
   Status Wait(Done&& done, const Deadline& deadline,
               const std::atomic<bool>* stop, int also_fd = -1,
               Polling polling = Polling::kAdaptive) {
     auto idle_since = std::chrono::steady_clock::now();
     for (;;) {
+      if (done()) return Status::Ok();
       bool progressed = false;
       while (ucp_worker_progress(w_) != 0) progressed = true;
       if (done()) return Status::Ok();
@@ -561,6 +570,7 @@ class UcxServer final : public Server {
     if (!WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms).ok()) {
       return false;
     }
+    testpoint::Hit("ucx.reply_sent", req.length);
     uint8_t release[wire::kReleaseBytes];
     const Deadline release_by =
         Deadline::AfterMs(options_.local_release_timeout_ms);

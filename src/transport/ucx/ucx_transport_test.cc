@@ -928,40 +928,42 @@ TEST_F(UcxRegistryTest, RegistersOncePerPublishAndUnmapsAfterTheDrain) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
 }
 
-// Holds UCX reads at the `ucx.read_landed` test point (their bytes landed,
-// their release not sent) until Release(); disarmed by Disarm() or at the
-// end of the scope.
-class LandedHold {
+// Holds the threads that reach a test point there until Release(): by
+// default UCX reads at `ucx.read_landed` (their bytes landed, their release
+// not sent). Disarmed by Disarm() or at the end of the scope.
+class PointHold {
  public:
-  LandedHold() {
-    testpoint::Arm("ucx.read_landed", [this](uint64_t) {
+  explicit PointHold(std::string point = "ucx.read_landed")
+      : point_(std::move(point)) {
+    testpoint::Arm(point_, [this](uint64_t) {
       std::unique_lock<std::mutex> l(mu_);
-      landed_ = true;
+      hit_ = true;
       cv_.notify_all();
       cv_.wait(l, [&] { return go_; });
     });
   }
-  ~LandedHold() {
+  ~PointHold() {
     Release();
     Disarm();
   }
-  // Whether a read reached the point within kGenerousMs.
-  bool WaitLanded() {
+  // Whether a thread reached the point within kGenerousMs.
+  bool WaitHit() {
     std::unique_lock<std::mutex> l(mu_);
     return cv_.wait_for(l, std::chrono::milliseconds(kGenerousMs),
-                        [&] { return landed_; });
+                        [&] { return hit_; });
   }
   void Release() {
     std::lock_guard<std::mutex> l(mu_);
     go_ = true;
     cv_.notify_all();
   }
-  void Disarm() { testpoint::Disarm("ucx.read_landed"); }
+  void Disarm() { testpoint::Disarm(point_); }
 
  private:
+  const std::string point_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool landed_ = false;
+  bool hit_ = false;
   bool go_ = false;
 };
 
@@ -971,11 +973,11 @@ class LandedHold {
 // completes byte-exact, and a later read is refused.
 TEST_F(UcxRegistryTest, UnpublishDrainsAUcxReadInFlight) {
   const uint64_t before = UcxLiveMappingsForTest();
-  LandedHold hold;
+  PointHold hold;
   std::vector<uint8_t> out(flat_.size());
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  ASSERT_TRUE(hold.WaitLanded());
+  ASSERT_TRUE(hold.WaitHit());
   Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
   ASSERT_TRUE(revoked.ok());
   EXPECT_EQ(registry_.reads_in_flight(), 1u);
@@ -1018,11 +1020,11 @@ TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
       transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   conn_ = std::move(c).value();
-  LandedHold hold;
+  PointHold hold;
   std::vector<uint8_t> out(flat_.size());
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  ASSERT_TRUE(hold.WaitLanded());
+  ASSERT_TRUE(hold.WaitHit());
   Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
   ASSERT_TRUE(revoked.ok());
   // The reader stays stopped; the drain ends once the holder gave up on it
@@ -1050,17 +1052,71 @@ TEST_F(UcxRegistryTest, ReaderStoppedPastTheReleaseTimeoutCannotHoldTheDrain) {
 // The holder gives the lease up (it stops) while the reader's bytes are in
 // but not released: the reader must discard them.
 TEST_F(UcxRegistryTest, HolderEndingTheLeaseFailsTheRead) {
-  LandedHold hold;
+  PointHold hold;
   std::vector<uint8_t> out(4096);
   Status read;
   std::thread reader([&] { read = ReadInto(out, 0); });
-  ASSERT_TRUE(hold.WaitLanded());
+  ASSERT_TRUE(hold.WaitHit());
   server_->Stop();  // shuts the connection down, then ends the lease
   EXPECT_EQ(registry_.reads_in_flight(), 0u);
   hold.Release();
   reader.join();
   EXPECT_EQ(read.code(), StatusCode::kUnavailable) << read.ToString();
   EXPECT_TRUE(conn_->broken());
+}
+
+// A holder paused (SIGSTOP, a debugger, a frozen container) right after it
+// told a reader where to read, before it answered any of the reader's gets,
+// and resumed only after that reader gave up on it (work stealing, or its
+// deadline) and closed its endpoint. Over wires where UCX emulates gets
+// (tcp, shared memory) the reader's get requests then wait, unanswered, in
+// the holder's worker. UCX 1.13 treats a failed answer to such a get as
+// fatal (ucp_get_req_handler: "Fatal: unexpected error: Endpoint timeout"),
+// so the resumed holder must drop that worker without progressing it: the
+// holder serves on, the lease ends, and a new reader reads byte-exact.
+TEST_F(UcxRegistryTest, AHolderResumedAfterItsReaderGaveUpServesOn) {
+  std::vector<uint8_t> small(4096);
+  ASSERT_TRUE(ReadInto(small, 0).ok());  // connects the endpoint
+  PointHold paused("ucx.reply_sent");    // the holder's serving thread
+  std::mutex mu;
+  std::condition_variable cv;
+  bool issued = false;
+  testpoint::Arm("ucx.gets_issued", [&](uint64_t) {
+    std::lock_guard<std::mutex> l(mu);
+    issued = true;
+    cv.notify_all();
+  });
+  std::vector<uint8_t> out(flat_.size());
+  Status read;
+  std::thread reader([&] { read = ReadInto(out, 0); });
+  ASSERT_TRUE(paused.WaitHit());
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                            [&] { return issued; }));
+  }
+  conn_->Cancel();  // the reader gives up on the paused holder
+  reader.join();
+  testpoint::Disarm("ucx.gets_issued");
+  EXPECT_FALSE(read.ok());
+  EXPECT_TRUE(conn_->broken());
+  EXPECT_EQ(registry_.reads_in_flight(), 1u);  // the paused holder's lease
+  paused.Release();
+  // The holder is alive and serves a new reader byte-exact.
+  Result<std::unique_ptr<Connection>> again =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  iovec v{out.data(), out.size()};
+  Status second = (*again)->Read(RegReq(0, out.size()), {&v, 1},
+                                 Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(second.ok()) << second.ToString();
+  EXPECT_EQ(out, flat_);
+  // And the abandoned read's lease ended: the drain returns.
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok()) << revoked.status().ToString();
+  Status drained = registry_.Drain("m", Version(1), *revoked,
+                                   Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
 }
 
 // A reader stopped right after it sent its gets, past the holder's release
