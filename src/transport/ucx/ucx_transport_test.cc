@@ -694,6 +694,18 @@ TEST(UcxHelloTest, CarriesTheHoldersHostIdentity) {
       << to_tcp.status().ToString();
 }
 
+// A new connection from `t` to `address` reads 4 KiB of the test source.
+void ExpectAFreshReaderReads(Transport& t, const std::string& address) {
+  Result<std::unique_ptr<Connection>> c =
+      t.Connect(address, Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> out(4096);
+  iovec v{out.data(), out.size()};
+  Status s =
+      (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 // Every UCX reader connection costs the holder a worker (descriptors,
 // memory). A holder that cannot make one, here because this process may
 // open no more descriptors, says so in the hello, and the reader's connect
@@ -743,14 +755,7 @@ TEST(UcxWorkerShortageTest, AHolderWithNoWorkerToSpareSendsTheReaderToTcp) {
   EXPECT_NE(c.status().message().find("read it over tcp"), std::string::npos)
       << c.status().ToString();
 
-  Result<std::unique_ptr<Connection>> ok =
-      t->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
-  std::vector<uint8_t> out(4096);
-  iovec v{out.data(), out.size()};
-  Status s =
-      (*ok)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  ExpectAFreshReaderReads(*t, (*server)->address());
   (*server)->Stop();
 }
 
@@ -821,14 +826,7 @@ TEST(UcxSameHostTest, AReaderOnTheHoldersHostIsPointedToTcp) {
   EXPECT_NE(c.status().message().find("TENSORHUB_UCX_SAME_HOST"),
             std::string::npos);
 
-  Result<std::unique_ptr<Connection>> ok =
-      holder->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
-  std::vector<uint8_t> out(4096);
-  iovec v{out.data(), out.size()};
-  Status s =
-      (*ok)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
-  EXPECT_TRUE(s.ok()) << s.ToString();
+  ExpectAFreshReaderReads(*holder, (*server)->address());
   (*server)->Stop();
 }
 
