@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Packs the GPU tests and the GPU benchmark for a machine that has a GPU but
+# not this one's Debian packages (the lent GPU machine of the `device` tool):
+#
+#   bash scripts/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]   # here; defaults build/, gpu-bundle/
+#   bash gpu-bundle/run.sh                             # there; results under $OUT (or ./gpu-results)
+#
+# OUT_DIR gets gpu_test and gpu_bench from BUILD_DIR (a TH_CUDA=ON build, whose
+# CUDA runtime is linked statically), stripped; lib/, the shared libraries
+# they load that are not glibc's (gRPC, protobuf, UCX, OpenSSL, ...: the other
+# machine need not have them); and run.sh. It is about 35 MiB, under the
+# device tool's 64 MiB carry. That machine needs glibc 2.36 or newer (Debian
+# 12's) and an NVIDIA driver for CUDA 13; run.sh checks both first and says
+# which is missing. The Python CUDA tests (tests/python/test_cuda.py) need the
+# binding built for that machine's Python and are not in the bundle.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+OUT=${2:-gpu-bundle}
+cache="$BUILD/CMakeCache.txt"
+[[ -f $cache ]] || { echo "gpu-bundle: no $cache: build first (bash scripts/build.sh)" >&2; exit 1; }
+grep -q '^TH_CUDA:BOOL=ON' "$cache" || {
+  echo "gpu-bundle: $BUILD was configured without TH_CUDA (no CUDA toolkit found?): nothing to bundle" >&2
+  exit 1
+}
+TARGETS="gpu_test gpu_bench" bash scripts/build.sh "$BUILD" >/dev/null
+rm -rf "$OUT"
+mkdir -p "$OUT/lib"
+for bin in gpu_test gpu_bench; do
+  strip -o "$OUT/$bin" "$BUILD/tests/$bin"
+done
+# Every library the binaries load, except glibc's own (the loader, libc,
+# libm, ...), which must match the other machine's kernel and loader.
+ldd "$BUILD/tests/gpu_test" "$BUILD/tests/gpu_bench" | awk '/=> \//{print $3}' | sort -u |
+  while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|libresolv.so.*) continue ;;
+    esac
+    cp -L "$lib" "$OUT/lib/"
+  done
+cat > "$OUT/run.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs TensorHub's GPU tests and GPU benchmark (made by scripts/gpu-bundle.sh)
+# and writes what each printed under $OUT (or ./gpu-results). Exit code: that
+# of gpu_test. About 2 minutes on an H100.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$PWD/gpu-results}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+need=2.36
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+if [[ -z $have ]] || [[ $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1) != "$need" ]]; then
+  echo "gpu run: this machine's glibc is ${have:-unknown}; the bundle needs $need or newer (built on Debian 12)" | tee "$out/error.txt" >&2
+  exit 2
+fi
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$out/nvidia-smi.txt" 2>&1 || {
+  echo "gpu run: nvidia-smi failed: no NVIDIA driver or GPU here ($(head -1 "$out/nvidia-smi.txt"))" | tee "$out/error.txt" >&2
+  exit 2
+}
+cat "$out/nvidia-smi.txt"
+step() {  # name, seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*" | tee "$out/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$out/$name.txt" 2>&1
+  local rc=$?
+  echo "rc $rc after $((SECONDS - t0)) s" | tee -a "$out/$name.txt"
+  tail -12 "$out/$name.txt"
+  return $rc
+}
+step gpu-test 300 "$here/gpu_test"
+rc=$?
+step gpu-bench-64mib 180 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4
+step gpu-bench-4mib 180 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2
+exit $rc
+EOF
+chmod +x "$OUT/run.sh"
+echo "gpu-bundle: $OUT ($(du -sh "$OUT" | cut -f1)): run 'bash $OUT/run.sh' on the GPU machine"
