@@ -12,10 +12,11 @@
 #   CHAOS_UCX_ROUNDS=R rounds of the chaos run over UCX (UCX_TLS=sm,self;
 #                default 10; 0 skips it). CHAOS_UCX_TLS=tcp (or a list
 #                "sm,self tcp") runs it over other wires: over tcp, UCX 1.13
-#                can still abort a holder whose reader leaves while the
-#                holder answers its gets (docs/design.md, UCX data plane,
-#                "Open"; not seen in 200 rounds since 2026-11-27), which
-#                the run reports as a violation
+#                can still abort a holder stopped while it answers a
+#                reader's gets and resumed after that reader left
+#                (docs/design.md, UCX data plane, "Open"; not seen in 200
+#                rounds since 2026-11-27), which the run reports as a
+#                violation
 #   TEST_NEED_GIB=N  free disk space asked for before starting (16)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -23,6 +23,12 @@
 //                          any of its gets); arg = bytes of the read
 //   ucx.gets_issued        a UCX reader issued a read's gets and is about
 //                          to wait for them; arg = gets outstanding
+//   ucx.progress_next      any thread waiting on a UCX worker (reader or
+//                          holder), after it found it was not done and
+//                          right before its next progress call; arg = 0
+//   ucx.reader_lingers     a UCX reader that gave up with gets outstanding
+//                          closed its TCP connection and starts waiting for
+//                          them to be answered; arg = gets of the read
 //   registry.reserved_read_waits  a read names an epoch the worker reserved
 //                          for a fetch destination not registered yet
 //                          (BeginFetch told the hub first) and is about to

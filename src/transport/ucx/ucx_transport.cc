@@ -175,6 +175,7 @@ class Worker {
     auto idle_since = std::chrono::steady_clock::now();
     for (;;) {
       if (done()) return Status::Ok();
+      testpoint::Hit("ucx.progress_next");
       bool progressed = false;
       while (ucp_worker_progress(w_) != 0) progressed = true;
       if (done()) return Status::Ok();
@@ -665,6 +666,7 @@ class UcxConnection final : public Connection {
     t_probing_peer_errors = true;
     ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
     t_probing_peer_errors = false;
+    peer_errors_ = s == UCS_OK;
     if (s == UCS_ERR_UNREACHABLE) {
       s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
     }
@@ -979,7 +981,37 @@ class UcxConnection final : public Connection {
       MutexLock l(mu_);
       fd_.Reset();
     }
+    Linger();
     Teardown();
+  }
+
+  // Called with the TCP connection just closed, before the endpoint goes.
+  // Where UCX emulates gets, the holder's worker answers ours, and UCX 1.13
+  // aborts the holder when an answer fails because our endpoint is gone.
+  // The holder stops answering once it sees the closed connection (it asks
+  // before every progress call, then drops the connection's worker), but
+  // a progress call it began just before that would still answer. So with
+  // gets outstanding, wait until none is left for the holder to answer:
+  // each completed, or our endpoint failed (the holder dropped its worker),
+  // or kLingerMs passed (a holder stopped that long sees the closed
+  // connection first when it resumes). This worker keeps progressing
+  // meanwhile, so bytes of the failed read may still land in its
+  // destination: its Read has not returned. Only on endpoints that report
+  // a dead peer (tcp); shared memory does not fail an answer to a reader
+  // that left (UcxRegistryTest, AReaderLeavingAsTheHolderAnswers...).
+  void Linger() {
+    if (!worker_ || ep_ == nullptr || !peer_errors_ || ep_failed_.load()) {
+      return;
+    }
+    auto outstanding = [&] {
+      return std::any_of(pending_.begin(), pending_.end(), [](void* r) {
+        return r != nullptr && ucp_request_check_status(r) == UCS_INPROGRESS;
+      });
+    };
+    if (!outstanding()) return;
+    testpoint::Hit("ucx.reader_lingers", pending_.size());
+    (void)worker_->Wait([&] { return ep_failed_.load() || !outstanding(); },
+                        Deadline::AfterMs(kLingerMs), nullptr);
   }
 
   // Force-closes the endpoint (outstanding gets complete as cancelled),
@@ -1021,6 +1053,9 @@ class UcxConnection final : public Connection {
   // landed overlaps the rest, large enough that a chunk takes a handful.
   static constexpr uint64_t kGetBytes = 1 << 20;
   static constexpr int64_t kCloseWaitMs = 2000;
+  // Bounds Linger(): what a reader giving up on a holder that does not
+  // answer at all pays for it.
+  static constexpr int64_t kLingerMs = 200;
 
   // fd_ and worker_ are replaced only by the reading thread, under mu_;
   // Cancel uses them under mu_ from another thread.
@@ -1028,6 +1063,8 @@ class UcxConnection final : public Connection {
   Fd fd_;
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> ep_failed_{false};
+  // The endpoint reports a dead peer (UCP_ERR_HANDLING_MODE_PEER).
+  bool peer_errors_ = false;
   const std::string peer_;
   std::unique_ptr<Worker> worker_;
   // The reading thread's:

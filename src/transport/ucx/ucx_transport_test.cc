@@ -1117,6 +1117,90 @@ TEST_F(UcxRegistryTest, AHolderResumedAfterItsReaderGaveUpServesOn) {
   EXPECT_TRUE(drained.ok()) << drained.ToString();
 }
 
+// The narrower case: the reader leaves just after the holder found it still
+// there and before the holder's next progress call (here the holder is held
+// at that point, `ucx.progress_next`, until the reader has given up). That
+// call would answer the reader's gets over an endpoint the reader has
+// torn down, which UCX 1.13 treats as fatal. So a reader that gives up with
+// gets outstanding closes the TCP connection first and then lingers: it
+// keeps its worker progressing (bytes may still land: its Read has not
+// returned) until its gets are answered or the holder drops its worker,
+// bounded by kLingerMs, and only then tears its endpoint down. The holder
+// is let go once the reader lingers (or, without lingering, once its Read
+// returned): it must serve on, its lease must end, and the failed read
+// must not have returned before every byte that could land had landed.
+TEST_F(UcxRegistryTest, AReaderLeavingAsTheHolderAnswersLingersUntilItIsDone) {
+  std::vector<uint8_t> small(4096);
+  ASSERT_TRUE(ReadInto(small, 0).ok());  // connects the endpoint
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread::id holder_thread;
+  bool replied = false, issued = false, holder_held = false;
+  bool go_reply = false, go_progress = false;
+  auto wait_for = [&](std::unique_lock<std::mutex>& l, bool& flag) {
+    return cv.wait_for(l, std::chrono::milliseconds(kGenerousMs),
+                       [&] { return flag; });
+  };
+  auto set = [&](bool& flag) {
+    std::lock_guard<std::mutex> l(mu);
+    flag = true;
+    cv.notify_all();
+  };
+  testpoint::Arm("ucx.reply_sent", [&](uint64_t) {
+    std::unique_lock<std::mutex> l(mu);
+    holder_thread = std::this_thread::get_id();
+    replied = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go_reply; });
+  });
+  testpoint::Arm("ucx.gets_issued", [&](uint64_t) { set(issued); });
+  testpoint::Arm("ucx.progress_next", [&](uint64_t) {
+    std::unique_lock<std::mutex> l(mu);
+    if (std::this_thread::get_id() != holder_thread || go_progress) return;
+    holder_held = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return go_progress; });
+  });
+  testpoint::Arm("ucx.reader_lingers", [&](uint64_t) { set(go_progress); });
+  std::vector<uint8_t> out(flat_.size());
+  Status read;
+  std::thread reader([&] {
+    read = ReadInto(out, 0);
+    set(go_progress);
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(wait_for(l, replied));
+    ASSERT_TRUE(wait_for(l, issued));
+    go_reply = true;
+    cv.notify_all();
+    ASSERT_TRUE(wait_for(l, holder_held));
+  }
+  conn_->Cancel();  // the reader gives up on the holder
+  reader.join();
+  for (const char* point : {"ucx.reply_sent", "ucx.gets_issued",
+                            "ucx.progress_next", "ucx.reader_lingers"}) {
+    testpoint::Disarm(point);
+  }
+  EXPECT_FALSE(read.ok());
+  EXPECT_TRUE(conn_->broken());
+  // The holder is alive and serves a new reader byte-exact.
+  Result<std::unique_ptr<Connection>> again =
+      transport_->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  std::vector<uint8_t> second(flat_.size());
+  iovec v{second.data(), second.size()};
+  Status ok = (*again)->Read(RegReq(0, second.size()), {&v, 1},
+                             Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(ok.ok()) << ok.ToString();
+  EXPECT_EQ(second, flat_);
+  Result<uint64_t> revoked = registry_.Revoke("m", Version(1));
+  ASSERT_TRUE(revoked.ok()) << revoked.status().ToString();
+  Status drained = registry_.Drain("m", Version(1), *revoked,
+                                   Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
+}
+
 // A reader stopped right after it sent its gets, past the holder's release
 // timeout. Over wires where UCX emulates a get (tcp, shared memory) the
 // holder's own worker answers it, copying from the address the get names
