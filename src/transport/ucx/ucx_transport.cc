@@ -647,10 +647,12 @@ Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
 
 class UcxConnection final : public Connection {
  public:
-  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker)
+  UcxConnection(Fd fd, std::string peer, std::unique_ptr<Worker> worker,
+                int64_t linger_ms)
       : fd_(std::move(fd)),
         peer_(std::move(peer)),
-        worker_(std::move(worker)) {}
+        worker_(std::move(worker)),
+        linger_ms_(linger_ms) {}
   ~UcxConnection() override {
     for (auto& s : streams_) {
       if (s) (void)s->Synchronize();
@@ -993,7 +995,7 @@ class UcxConnection final : public Connection {
   // a progress call it began just before that would still answer. So with
   // gets outstanding, wait until none is left for the holder to answer:
   // each completed, or our endpoint failed (the holder dropped its worker),
-  // or kLingerMs passed (a holder stopped that long sees the closed
+  // or linger_ms_ passed (a holder stopped that long sees the closed
   // connection first when it resumes). This worker keeps progressing
   // meanwhile, so bytes of the failed read may still land in its
   // destination: its Read has not returned. Only on endpoints that report
@@ -1011,7 +1013,7 @@ class UcxConnection final : public Connection {
     if (!outstanding()) return;
     testpoint::Hit("ucx.reader_lingers", pending_.size());
     (void)worker_->Wait([&] { return ep_failed_.load() || !outstanding(); },
-                        Deadline::AfterMs(kLingerMs), nullptr);
+                        Deadline::AfterMs(linger_ms_), nullptr);
   }
 
   // Force-closes the endpoint (outstanding gets complete as cancelled),
@@ -1053,9 +1055,6 @@ class UcxConnection final : public Connection {
   // landed overlaps the rest, large enough that a chunk takes a handful.
   static constexpr uint64_t kGetBytes = 1 << 20;
   static constexpr int64_t kCloseWaitMs = 2000;
-  // Bounds Linger(): what a reader giving up on a holder that does not
-  // answer at all pays for it.
-  static constexpr int64_t kLingerMs = 200;
 
   // fd_ and worker_ are replaced only by the reading thread, under mu_;
   // Cancel uses them under mu_ from another thread.
@@ -1067,6 +1066,7 @@ class UcxConnection final : public Connection {
   bool peer_errors_ = false;
   const std::string peer_;
   std::unique_ptr<Worker> worker_;
+  const int64_t linger_ms_;  // bounds Linger()
   // The reading thread's:
   ucp_ep_h ep_ = nullptr;
   std::map<uint64_t, ucp_rkey_h> rkeys_;  // by key id, bounded
@@ -1082,7 +1082,8 @@ class UcxTransport final : public Transport {
   UcxTransport(std::shared_ptr<Context> ctx, const UcxTransportOptions& o)
       : ctx_(std::move(ctx)),
         secret_(o.secret),
-        refuse_same_host_(o.refuse_same_host) {
+        refuse_same_host_(o.refuse_same_host),
+        linger_ms_(o.give_up_linger_ms) {
     // All zero where /proc cannot say: then no holder counts as this
     // host's, and none is told it is.
     Result<wire::HostIdentity> id = ReadHostIdentity();
@@ -1136,7 +1137,7 @@ class UcxTransport final : public Transport {
                            .WithContext("holder " + address));
     TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
     auto c = std::make_unique<UcxConnection>(std::move(fd), address,
-                                             std::move(worker));
+                                             std::move(worker), linger_ms_);
     TH_RETURN_IF_ERROR(c->Open(remote));
     return std::unique_ptr<Connection>(std::move(c));
   }
@@ -1145,6 +1146,7 @@ class UcxTransport final : public Transport {
   const std::shared_ptr<Context> ctx_;
   const std::string secret_;
   const bool refuse_same_host_;
+  const int64_t linger_ms_;
   wire::HostIdentity host_;  // this process's; set once, in the constructor
 };
 

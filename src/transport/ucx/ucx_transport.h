@@ -44,6 +44,14 @@ struct UcxTransportOptions {
   // memory, and a reader moves such a holder to its TCP address. Off for
   // tests and benchmarks of UCX on one host (the client's ucx_same_host).
   bool refuse_same_host = false;
+  // A reader that gives up on a read with gets outstanding (cancelled, or
+  // past its deadline) keeps its endpoint up until the holder answered them
+  // or dropped the connection's worker, at most this long, before it tears
+  // the endpoint down: over UCX's tcp wire UCX 1.13 aborts a holder whose
+  // answer to a get fails because the reader's endpoint is gone
+  // (docs/design.md, UCX data plane). What giving up on a holder that does
+  // not answer at all costs a reader.
+  int64_t give_up_linger_ms = 200;
 };
 
 // Whether this build has the UCX transport (TH_UCX).

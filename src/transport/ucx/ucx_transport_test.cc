@@ -1150,10 +1150,20 @@ TEST_F(UcxRegistryTest, AHolderResumedAfterItsReaderGaveUpServesOn) {
 // gets outstanding closes the TCP connection first and then lingers: it
 // keeps its worker progressing (bytes may still land: its Read has not
 // returned) until its gets are answered or the holder drops its worker,
-// bounded by kLingerMs, and only then tears its endpoint down. The holder
+// bounded by give_up_linger_ms (here generous, so that a slow machine
+// cannot end it first), and only then tears its endpoint down. The holder
 // is let go once the reader lingers (or, without lingering, once its Read
 // returned): it must serve on, and its lease must end.
 TEST_F(UcxRegistryTest, AReaderLeavingAsTheHolderAnswersLingersUntilItIsDone) {
+  UcxTransportOptions patient;
+  patient.give_up_linger_ms = kGenerousMs;
+  Result<std::unique_ptr<Transport>> reader_side = MakeUcxTransport(patient);
+  ASSERT_TRUE(reader_side.ok()) << reader_side.status().ToString();
+  Result<std::unique_ptr<Connection>> c =
+      (*reader_side)
+          ->Connect(server_->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  conn_ = std::move(c).value();
   std::vector<uint8_t> small(4096);
   ASSERT_TRUE(ReadInto(small, 0).ok());  // connects the endpoint
   std::mutex mu;
