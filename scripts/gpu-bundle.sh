@@ -23,6 +23,11 @@ grep -q '^TH_CUDA:BOOL=ON' "$cache" || {
   echo "gpu-bundle: $BUILD was configured without TH_CUDA (no CUDA toolkit found?): nothing to bundle" >&2
   exit 1
 }
+if grep -q '^TH_BUILD_TESTS:BOOL=OFF' "$cache"; then
+  echo "gpu-bundle: $BUILD was configured with -DTH_BUILD_TESTS=OFF: gpu_test and gpu_bench are tests;" \
+    "reconfigure with bash scripts/build.sh $BUILD -DTH_BUILD_TESTS=ON" >&2
+  exit 1
+fi
 TARGETS="gpu_test gpu_bench" bash scripts/build.sh "$BUILD" >/dev/null
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
