@@ -7,6 +7,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config git ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libxxhash-dev libssl-dev libgtest-dev googletest
+  libzstd-dev                        # the delta codec (src/delta/): deltas on slow links
   openssl                            # the TLS tests make their certificates with it
   clang libclang-rt-14-dev           # libFuzzer targets, the TSan + -Wthread-safety build
   clang-format-14                    # scripts/check-format.sh
