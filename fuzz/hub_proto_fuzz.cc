@@ -57,7 +57,7 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data,
           size_t size) {
   grpc::ServerContext ctx;
   v1::Hub::Service* s = f.service.get();
-  switch (selector % 12) {
+  switch (selector % 13) {
     case 0: {
       v1::RegisterWorkerRequest req;
       v1::RegisterWorkerResponse resp;
@@ -147,6 +147,13 @@ void Call(Fuzz& f, uint8_t selector, uint8_t worker, const uint8_t* data,
           resp.slowest_size() > 64) {
         __builtin_trap();
       }
+      return;
+    }
+    case 11: {
+      v1::ReportDeltaRequest req;
+      v1::ReportDeltaResponse resp;
+      if (Parse(&req, data, size, f, worker))
+        (void)s->ReportDelta(&ctx, &req, &resp);
       return;
     }
     default: {

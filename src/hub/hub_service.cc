@@ -453,6 +453,7 @@ class HubServiceImpl final : public HotCallsService {
                          {w.box_extent().begin(), w.box_extent().end()}}});
     }
     bool version_unavailable = false;
+    bool delta_pending = false;
     Result<std::vector<HolderView>> r = [&] {
       MutexLock lock(mu_);
       Result<std::vector<HolderView>> res =
@@ -467,6 +468,10 @@ class HubServiceImpl final : public HotCallsService {
           !res.ok() && res.status().code() == StatusCode::kUnavailable &&
           state_.StateOf(req->model(), Version(req->version())) ==
               VersionState::kUnavailable;
+      delta_pending =
+          res.ok() && wants.empty() &&
+          state_.DeltaPending(WorkerId(req->worker_id()), req->model(),
+                              Version(req->version()));
       return res;
     }();
     if (version_unavailable && !Rebuilding()) {
@@ -478,6 +483,7 @@ class HubServiceImpl final : public HotCallsService {
     if (!r.ok()) return Answer(ctx, DuringRebuild(r.status()));
     for (const HolderView& h : *r) ToProto(h, resp->add_holders());
     resp->set_state(v1::COMMITTED);
+    resp->set_delta_pending(delta_pending);
     return grpc::Status::OK;
   }
 
@@ -559,7 +565,35 @@ class HubServiceImpl final : public HotCallsService {
     } else {
       resp->set_sources_state(v1::COMMITTED);
     }
+    resp->set_delta_pending(r->delta_pending);
     return grpc::Status::OK;
+  }
+
+  grpc::Status ReportDelta(ServerContext* ctx,
+                           const v1::ReportDeltaRequest* req,
+                           v1::ReportDeltaResponse* resp) override {
+    if (auto s = Admit(ctx, req->secret()); !s.ok()) return s;
+    const WorkerId worker(req->worker_id());
+    const Version version(req->version()), base(req->base());
+    MutexLock lock(mu_);
+    switch (req->action()) {
+      case v1::ReportDeltaRequest::CLAIM: {
+        Result<bool> granted =
+            state_.ClaimDelta(worker, req->model(), version, base, NowMs());
+        if (!granted.ok()) return wire::ToGrpc(granted.status());
+        resp->set_granted(*granted);
+        return grpc::Status::OK;
+      }
+      case v1::ReportDeltaRequest::READY:
+        return wire::ToGrpc(state_.AddDelta(worker, req->model(), version, base,
+                                            req->bytes(), NowMs()));
+      case v1::ReportDeltaRequest::DROP:
+        return wire::ToGrpc(
+            state_.DropDelta(worker, req->model(), version, base, NowMs()));
+      default:
+        return wire::ToGrpc(InvalidArgument("report delta: unknown action " +
+                                            std::to_string(req->action())));
+    }
   }
 
   grpc::Status FetchDone(ServerContext* ctx, const v1::FetchDoneRequest* req,
@@ -930,6 +964,11 @@ class HubServiceImpl final : public HotCallsService {
       out->add_chunk_end(c.end);
     }
     if (h.slice_holder) wire::ToProto(h.slices, out->mutable_slices());
+    for (const DeltaOffer& d : h.deltas) {
+      v1::DeltaOffer* o = out->add_deltas();
+      o->set_base(d.base.value());
+      o->set_bytes(d.bytes);
+    }
   }
 
   // A version's manifest as the hub sends it (wire::EncodeManifest), with

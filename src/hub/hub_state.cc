@@ -619,6 +619,8 @@ void HubState::DropReference(const std::string& model, Version version,
   v.refs.erase(rit);
   v.departing.erase(worker);
   EndFetch(v, worker);
+  std::erase_if(v.deltas,
+                [&](const auto& d) { return d.first.second == worker; });
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
     // complete. Abort it and drop the other ranks' references.
@@ -909,7 +911,12 @@ Result<Resolution> HubState::Resolve(const WorkerId& reader,
     std::rotate(begin, begin + static_cast<long>(shift % (end - begin)), end);
     begin = end;
   }
-  for (const Listed& l : listed) res.holders.push_back(ViewOf(v, *l.worker));
+  for (const Listed& l : listed) {
+    res.holders.push_back(ViewOf(v, *l.worker));
+    if (!v.deltas.empty()) {
+      res.holders.back().deltas = OffersFor(model, v, *l.worker, reader);
+    }
+  }
   return res;
 }
 
@@ -946,6 +953,7 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   }
   Result<std::vector<HolderView>> sources =
       Schedule(a.reader, a.model, version, {}, a.max_sources);
+  out.delta_pending = DeltaPending(a.reader, a.model, version);
   if (sources.ok()) {
     out.sources = std::move(sources).value();
     return out;
@@ -986,6 +994,187 @@ HubState::VersionEntry* HubState::FindVersion(const std::string& model,
   if (mit == models_.end()) return nullptr;
   auto vit = mit->second.versions.find(version);
   return vit == mit->second.versions.end() ? nullptr : &vit->second;
+}
+
+// ---- Deltas ----
+
+namespace {
+
+// Deltas pair chunk i of one version with chunk i of another: the two must
+// cut the same bytes into the same chunks.
+bool SameLayout(const Manifest& a, const Manifest& b) {
+  if (a.group_size() != b.group_size() || a.chunk_bytes() != b.chunk_bytes())
+    return false;
+  for (size_t p = 0; p < a.parts().size(); ++p) {
+    if (a.parts()[p].part_bytes != b.parts()[p].part_bytes) return false;
+  }
+  return true;
+}
+
+// The most a delta of a version of `m` may be (index and chunk headers
+// included): more is no delta worth serving, and a report claiming more
+// is refused.
+uint64_t MaxDeltaBytes(const Manifest& m) {
+  return m.total_bytes() + 64 * m.num_chunks() + 4096;
+}
+
+}  // namespace
+
+bool HubState::HoldsWhole(const WorkerId& worker, const std::string& model,
+                          Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return false;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return false;
+  const VersionEntry& v = vit->second;
+  if (!v.manifest.has_value() || v.state == VersionState::kAborted) {
+    return false;
+  }
+  auto rit = v.refs.find(worker);
+  if (rit == v.refs.end() || rit->second.filling) return false;
+  return !rit->second.rank.has_value() || v.group_size == 1;
+}
+
+Result<bool> HubState::ClaimDelta(const WorkerId& worker,
+                                  const std::string& model, Version version,
+                                  Version base, int64_t now_ms) {
+  TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
+  const std::string vname = VersionName(model, version);
+  if (base.value() == 0 || base >= version) {
+    return InvalidArgument("delta of " + vname + ": the base " +
+                           std::to_string(base.value()) +
+                           " must be an older version");
+  }
+  VersionEntry* v = FindVersion(model, version);
+  VersionEntry* b = FindVersion(model, base);
+  if (v == nullptr) return NotFound("hub does not know " + vname);
+  if (b == nullptr || !HoldsWhole(worker, model, version) ||
+      !HoldsWhole(worker, model, base)) {
+    return FailedPrecondition("worker " + worker.value() +
+                              " does not hold both " + vname + " and " +
+                              VersionName(model, base) + " whole");
+  }
+  if (!SameLayout(*v->manifest, *b->manifest)) {
+    return FailedPrecondition(vname + " and " + VersionName(model, base) +
+                              " cut their bytes into different chunks: no "
+                              "delta between them");
+  }
+  auto it = v->deltas.lower_bound({base, WorkerId()});
+  if (it != v->deltas.end() && it->first.first == base) {
+    // Entries go with their holders' references: this one is live.
+    for (; it != v->deltas.end() && it->first.first == base; ++it) {
+      if (it->first.second == worker) return true;
+    }
+    return false;
+  }
+  if (v->deltas.size() >= kMaxDeltasPerVersion) return false;
+  v->deltas[{base, worker}] = VersionEntry::DeltaRef{};
+  return true;
+}
+
+Status HubState::AddDelta(const WorkerId& worker, const std::string& model,
+                          Version version, Version base, uint64_t bytes,
+                          int64_t now_ms) {
+  TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
+  const std::string vname = VersionName(model, version);
+  if (base.value() == 0 || base >= version) {
+    return InvalidArgument("delta of " + vname + ": the base " +
+                           std::to_string(base.value()) +
+                           " must be an older version");
+  }
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) return NotFound("hub does not know " + vname);
+  if (!HoldsWhole(worker, model, version)) {
+    return FailedPrecondition("worker " + worker.value() + " does not hold " +
+                              vname + " whole: it cannot serve its delta");
+  }
+  if (bytes == 0 || bytes > MaxDeltaBytes(*v->manifest)) {
+    return InvalidArgument("delta of " + vname + ": " + std::to_string(bytes) +
+                           " bytes is no size a delta of it can have");
+  }
+  auto it = v->deltas.find({base, worker});
+  if (it == v->deltas.end()) {
+    if (v->deltas.size() >= kMaxDeltasPerVersion) {
+      return ResourceExhausted(vname + " has " +
+                               std::to_string(kMaxDeltasPerVersion) +
+                               " deltas already");
+    }
+    it = v->deltas
+             .emplace(std::make_pair(base, worker), VersionEntry::DeltaRef{})
+             .first;
+  }
+  it->second.ready = true;
+  it->second.bytes = bytes;
+  return Status::Ok();
+}
+
+Status HubState::DropDelta(const WorkerId& worker, const std::string& model,
+                           Version version, Version base, int64_t now_ms) {
+  TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr || v->deltas.erase({base, worker}) == 0) {
+    return NotFound("worker " + worker.value() + " has no delta of " +
+                    VersionName(model, version) + " from " +
+                    std::to_string(base.value()));
+  }
+  return Status::Ok();
+}
+
+bool HubState::DeltaPending(const WorkerId& reader, const std::string& model,
+                            Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return false;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return false;
+  bool pending = false;
+  for (const auto& [key, d] : vit->second.deltas) {
+    if (key.second == reader || !HoldsWhole(reader, model, key.first)) continue;
+    if (d.ready) return false;
+    pending = true;
+  }
+  return pending;
+}
+
+std::vector<DeltaOffer> HubState::OffersFor(const std::string& model,
+                                            const VersionEntry& v,
+                                            const WorkerId& holder,
+                                            const WorkerId& reader) const {
+  std::vector<DeltaOffer> out;
+  for (const auto& [key, d] : v.deltas) {
+    if (key.second == holder && d.ready && HoldsWhole(reader, model, key.first))
+      out.push_back({key.first, d.bytes});
+  }
+  return out;
+}
+
+void HubState::PreferDeltaHolder(const std::string& model,
+                                 const VersionEntry& v, const WorkerId& reader,
+                                 const std::set<WorkerId>& exclude,
+                                 int first_distance,
+                                 std::vector<WorkerId>* chosen) const {
+  if (first_distance <= kDatacenterDistance || v.deltas.empty()) return;
+  auto rit = workers_.find(reader);
+  if (rit == workers_.end()) return;
+  const WorkerId* best = nullptr;
+  int best_distance = 0;
+  for (const auto& [key, d] : v.deltas) {
+    const WorkerId& holder = key.second;
+    if (!d.ready || holder == reader || exclude.count(holder) > 0 ||
+        !HoldsWhole(reader, model, key.first)) {
+      continue;
+    }
+    const int distance =
+        Distance(rit->second.reg.labels, workers_.at(holder).reg.labels);
+    if (best == nullptr || distance < best_distance) {
+      best = &holder;
+      best_distance = distance;
+    }
+  }
+  if (best == nullptr) return;
+  // Full copies from other holders across the link would cross it too:
+  // the delta's holder alone (it holds every chunk; a chunk it has no
+  // delta of comes from it whole).
+  chosen->assign(1, *best);
 }
 
 // Schedule's search, for one reader of one version. The ranking, written
@@ -1190,7 +1379,13 @@ Result<std::vector<HolderView>> HubState::Schedule(
   }
   std::vector<WorkerId> chosen = picker.WithStripes(first, max_sources);
   picker.CoverMissingParts(&chosen);
-  return Assign(v, reader, chosen);
+  PreferDeltaHolder(model, v, reader, exclude, first.distance, &chosen);
+  std::vector<HolderView> views = Assign(v, reader, chosen);
+  if (!v.deltas.empty()) {
+    for (HolderView& h : views)
+      h.deltas = OffersFor(model, v, h.worker, reader);
+  }
+  return views;
 }
 
 std::vector<HolderView> HubState::Assign(VersionEntry& v,

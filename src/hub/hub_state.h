@@ -116,6 +116,14 @@ struct ChunkRange {
   bool operator==(const ChunkRange&) const = default;
 };
 
+// A delta this holder serves of the version against `base` (docs/design.md,
+// "Deltas on slow links"): `bytes` of index and chunk deltas in all.
+struct DeltaOffer {
+  Version base;
+  uint64_t bytes = 0;
+  bool operator==(const DeltaOffer&) const = default;
+};
+
 struct HolderView {
   WorkerId worker;
   std::string data_address;
@@ -132,6 +140,9 @@ struct HolderView {
   // checksums it computed). Only ScheduleSlices gives these out.
   bool slice_holder = false;
   PartLayout slices;
+  // The deltas it serves of the version from a base the reader holds
+  // whole (Schedule, BeginFetch and Resolve fill it for their reader).
+  std::vector<DeltaOffer> deltas;
 };
 
 // A slice reader's wanted box of one logical tensor (ScheduleSlices).
@@ -146,6 +157,10 @@ struct SliceWant {
 // holders, so the second bound also bounds its cost.
 inline constexpr size_t kMaxSliceBoxesPerTensor = 4;
 inline constexpr size_t kMaxSliceHoldersPerVersion = 1024;
+// Deltas (ready or being computed) a version may have in all, over every
+// base and holder; a claim beyond it is refused (the version travels
+// whole), a report beyond it is RESOURCE_EXHAUSTED.
+inline constexpr size_t kMaxDeltasPerVersion = 16;
 
 // Resolve lists at most this many holders: a reader needs a few to fall
 // back on, and listing all of 10,000 per reader would cost the hub O(N) per
@@ -208,6 +223,10 @@ struct FetchStart {
   std::vector<HolderView> sources;
   bool sources_unavailable = false;
   Status sources_status;
+  // A delta of the version from a base the reader holds whole is being
+  // computed by a live holder (claimed, not ready): a reader behind a slow
+  // link may wait for it (DeltaPending).
+  bool delta_pending = false;
 };
 
 struct VersionSummary {
@@ -381,6 +400,36 @@ class HubState {
       const WorkerId& reader, const std::string& model, Version version,
       const std::set<WorkerId>& exclude, size_t max_sources,
       const std::vector<SliceWant>& wants);
+  // ---- Deltas (docs/design.md, "Deltas on slow links") ----
+  // A worker that holds whole both `version` and an older `base` of a
+  // model, with the same layout (group size, chunk size and part sizes),
+  // asks to compute the delta of the version against the base. Granted
+  // (true) to the first worker to ask per (base, version), while it lives
+  // and holds the version; false when another live worker has claimed or
+  // serves that delta already, or the version has kMaxDeltasPerVersion.
+  // FAILED_PRECONDITION when the worker does not hold both whole (or the
+  // layouts differ), NOT_FOUND for an unknown version. O(log N).
+  Result<bool> ClaimDelta(const WorkerId& worker, const std::string& model,
+                          Version version, Version base, int64_t now_ms);
+  // The worker serves the delta (base -> version), `bytes` in all, from its
+  // copy of the version (reads name that copy's epoch): claimed or not (a
+  // restarted hub hears it again). Readers holding the base whole see it
+  // in their sources' HolderView::deltas. Needs a complete reference to the
+  // version (FAILED_PRECONDITION otherwise); bytes within what a version of
+  // that manifest can have (INVALID_ARGUMENT). The delta goes with the
+  // worker's reference to the version.
+  Status AddDelta(const WorkerId& worker, const std::string& model,
+                  Version version, Version base, uint64_t bytes,
+                  int64_t now_ms);
+  // Withdraws the worker's delta (base -> version), claimed or ready
+  // (e.g. it could not compute it). NOT_FOUND if it had none.
+  Status DropDelta(const WorkerId& worker, const std::string& model,
+                   Version version, Version base, int64_t now_ms);
+  // Whether a live holder is computing a delta of the version from a base
+  // the reader holds whole (claimed, not ready) and none such is ready.
+  bool DeltaPending(const WorkerId& reader, const std::string& model,
+                    Version version) const;
+
   // The start of a fetch in one call (the BeginFetch RPC): Resolve (or
   // ResolveForGroup), the reader's registration as a filling holder, and
   // Schedule, as the three calls would answer them one after another.
@@ -602,6 +651,14 @@ class HubState {
     };
     std::map<WorkerId, SliceRef> slice_refs;
     uint64_t slice_schedules = 0;  // rotates equally near slice holders
+    // Deltas of this version: (base, holder) -> ready (its size known) or
+    // claimed. Each holder has a complete reference in `refs`; the entry
+    // goes with that reference. At most kMaxDeltasPerVersion.
+    struct DeltaRef {
+      bool ready = false;
+      uint64_t bytes = 0;
+    };
+    std::map<std::pair<Version, WorkerId>, DeltaRef> deltas;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -688,6 +745,22 @@ class HubState {
   static std::vector<ChunkRange> RangesOf(const VersionEntry& v,
                                           const Reference& r);
   HolderView ViewOf(const VersionEntry& v, const WorkerId& id) const;
+  // Whether `worker` holds every chunk of model@version, filling no more.
+  bool HoldsWhole(const WorkerId& worker, const std::string& model,
+                  Version version) const;
+  // The ready deltas `holder` serves of `v` from bases `reader` holds
+  // whole.
+  std::vector<DeltaOffer> OffersFor(const std::string& model,
+                                    const VersionEntry& v,
+                                    const WorkerId& holder,
+                                    const WorkerId& reader) const;
+  // A reader whose nearest source is in another datacenter reads from a
+  // holder of a ready delta from a base it holds, instead of full copies
+  // across the wide-area link (docs/design.md, "Deltas on slow links").
+  void PreferDeltaHolder(const std::string& model, const VersionEntry& v,
+                         const WorkerId& reader,
+                         const std::set<WorkerId>& exclude, int first_distance,
+                         std::vector<WorkerId>* chosen) const;
 
   HubConfig config_;
   uint64_t next_worker_ = 1;
