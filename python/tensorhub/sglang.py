@@ -40,10 +40,15 @@ from .errors import FailedPreconditionError, InvalidArgumentError
 LOADER = "tensorhub.sglang.load_weights"
 #: The name of the request tensor in named_tensors.
 REQUEST_NAME = "__tensorhub_request__"
-_FIELDS = {"hub", "model", "version", "secret_file", "timeout_s", "group", "step", "connections"}
+# The worker settings of tensorhub.config, by the names every integration uses
+# (each also read from its TENSORHUB_* variable in the SGLang rank's environment).
+_SETTINGS = ("secret_file", "data_listen", "advertise_host", "metrics_listen", "tls_ca",
+             "tls_cert", "tls_key", "tls_server_name", "data_tls", "insecure", "datacenter",
+             "rack", "host_label", "labels")
+_FIELDS = {"hub", "model", "version", "timeout_s", "group", "step", "connections", *_SETTINGS}
 
 _lock = threading.Lock()
-_clients: Dict[Tuple[str, str], Client] = {}
+_clients: Dict[str, Client] = {}  # by the settings they were made with
 # (hub, model) -> (version, tensors) this process holds and serves.
 _held: Dict[Tuple[str, str], Tuple[int, Dict[str, Any]]] = {}
 last_stats: Dict[str, Any] = {}
@@ -57,12 +62,16 @@ def request(
     secret_file: Optional[str] = None,
     timeout_s: float = 120.0,
     connections: int = 4,
+    **settings: Any,
 ) -> List[Tuple[str, Any]]:
     """The ``named_tensors`` to pass to SGLang's ``update_weights_from_tensor``.
 
     ``hub`` defaults to ``$TENSORHUB_HUB`` as seen by the SGLang ranks. With
     ``version="latest"`` the request names a fresh reader group, so all TP
-    ranks load the same version.
+    ranks load the same version. ``settings`` are worker settings of
+    :mod:`tensorhub.config` (``data_listen``, ``advertise_host``,
+    ``tls_ca``, ``datacenter``, ...) for the ranks' clients; each defaults
+    to its ``TENSORHUB_*`` variable in the SGLang ranks' environment.
     """
     import torch
 
@@ -76,6 +85,10 @@ def request(
         req["hub"] = hub
     if secret_file:
         req["secret_file"] = secret_file
+    unknown = set(settings) - set(_SETTINGS)
+    if unknown:
+        raise InvalidArgumentError(f"unknown settings {sorted(unknown)}; known: {list(_SETTINGS)}")
+    req.update({k: v for k, v in settings.items() if v is not None})
     if version == "latest":
         req["group"] = f"sglang-{uuid.uuid4().hex[:12]}"
         req["step"] = 1
@@ -104,16 +117,16 @@ def _parse(named_tensors: Iterable[Tuple[str, Any]]) -> Dict[str, Any]:
     return req
 
 
-def _client(hub: str, secret_file: Optional[str]) -> Client:
-    key = (hub, secret_file or "")
+def _client(req: Dict[str, Any]) -> Client:
+    from . import config
+
+    cfg = {"hub": req["hub"], **{k: req[k] for k in _SETTINGS if k in req}}
+    key = json.dumps(cfg, sort_keys=True)
     with _lock:
         c = _clients.get(key)
         if c is None or c.closed:
-            secret = None
-            if secret_file:
-                with open(secret_file, encoding="utf-8") as f:
-                    secret = f.read().strip()
-            c = connect(hub, worker_id=f"sglang-{os.getpid()}", secret=secret)
+            s = config.worker_settings(cfg, what=LOADER)
+            c = connect(worker_id=f"sglang-{os.getpid()}", **s.connect_kwargs())
             _clients[key] = c
         return c
 
@@ -125,7 +138,7 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     req = _parse(named_tensors)
     if not callable(getattr(model, "load_weights", None)):
         raise InvalidArgumentError(f"{LOADER}: {type(model).__name__} has no load_weights(weights)")
-    c = _client(req["hub"], req.get("secret_file"))
+    c = _client(req)
     name, timeout_s = req["model"], float(req.get("timeout_s", 120.0))
     t0 = time.monotonic()
     info = c.describe(name, req["version"], group=req.get("group"), step=int(req.get("step", 0)))

@@ -140,6 +140,7 @@ stop "$pub_pid"
 
 # ---- The cross-host mistake: a publisher on loopback, a reader elsewhere ----
 ip netns exec "$(ns 0)" "$BIN" publish "$work/model.safetensors" --model m --version 2 --hub "$hub" \
+  --data-listen 127.0.0.1:0 \
   >"$work/lo.out" 2>"$work/lo.err" &
 lo_pid=$!
 pids+=("$lo_pid")
