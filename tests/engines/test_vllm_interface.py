@@ -44,6 +44,13 @@ def _check(out: dict) -> None:
     assert out["v2"] == out["v1"] + 1
     assert out["weight_versions"] == [str(out["v1"]), str(out["v2"])]
     assert out["source_metadata"] == ["embed.weight", "proj.weight", "proj.bias"]
+    # The slice path: learn (whole), fetch the learned boxes, and a loader
+    # that reads outside them makes the engine fetch the whole version again.
+    learn, sliced, moved = out["slice_stats"]
+    assert all(s["equal"] for s in out["slice_stats"]), out["slice_stats"]
+    assert (learn["slices"], learn["refetched"], learn["bytes"]) == (False, False, learn["total"])
+    assert sliced["slices"] and not sliced["refetched"] and sliced["bytes"] < sliced["total"]
+    assert moved["refetched"] and moved["bytes"] == moved["total"], moved
 
 
 def test_vllm_032_interface():

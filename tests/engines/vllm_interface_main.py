@@ -146,6 +146,53 @@ if __name__ == "__main__":
                 trainer_model.state_dict().values(), engine_model.state_dict().values()))
             out["holding"] = {k: [h[0], h[1]] for k, h in worker._held.items()}
             drafter.close()
+        # The TP slice path (forced at TP 1): the first load fetches whole
+        # tensors and learns what the loader reads (proj.weight's rows
+        # row_start..+8, as a TP rank's column-parallel loader would); the
+        # second fetches only that; when the loader then reads other rows,
+        # the engine notices, fetches the whole version and loads again.
+        class Narrowing(Tiny):
+            def __init__(self) -> None:
+                super().__init__()
+                self.proj = torch.nn.Linear(16, 8)
+                self.row_start = 0
+
+            def load_weights(self, weights: Any) -> set:
+                done = set()
+                for name, w in weights:
+                    if name.startswith("proj."):
+                        w = w.narrow(0, self.row_start, 8)
+                    p = dict(self.named_parameters())[name]
+                    default_weight_loader(p, w)
+                    done.add(name)
+                return done
+
+        sliced = Narrowing()
+        sworker = build_worker(sliced)
+        sworker.init_transfer_engine(sworker.parse_init_info(
+            {"hub": hub.address, "slices": True, "worker_name": "sliced"}))
+        pub = tensorhub.connect(hub.address)
+        slice_stats = []
+        for v, row_start in ((1, 0), (2, 0), (3, 8)):
+            w = {k: t.detach().clone() + v for k, t in trainer_model.state_dict().items()}
+            if v > 1:
+                pub.unpublish("iface-tp", v - 1)
+            pub.publish("iface-tp", v, w)
+            sliced.row_start = row_start
+            sworker.start_weight_update()
+            sworker.update_weights({"model": "iface-tp", "version": v})
+            sworker.finish_weight_update()
+            st = sworker.stats()
+            slice_stats.append({
+                "version": v, "slices": st["slices"], "refetched": st["refetched_whole"],
+                "bytes": st["fetch"]["bytes"],
+                "total": sum(t.numel() * t.element_size() for t in w.values()),
+                "equal": torch.equal(sliced.proj.weight, w["proj.weight"][row_start:row_start + 8])
+                and torch.equal(sliced.embed.weight, w["embed.weight"]),
+            })
+        out["slice_stats"] = slice_stats
+        sworker.shutdown()
+        pub.close()
         out["weight_versions"] = client.versions
         trainer.shutdown()
         worker.shutdown()
