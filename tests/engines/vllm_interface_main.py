@@ -21,6 +21,12 @@ if __name__ == "__main__":
     want = sys.argv[1]
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     import torch
+
+    # What vLLM's CPU model runner does in every CPU worker
+    # (_set_torch_accelerator_to_noop): PyPI's torch is a CUDA build, whose
+    # accelerator synchronize (WeightTransferEngine.update_weights calls it)
+    # needs a GPU.
+    torch.accelerator.synchronize = lambda *args, **kwargs: None
     import vllm
     from vllm.distributed.weight_transfer import base as wt_base
     from vllm.distributed.weight_transfer.factory import (
@@ -163,7 +169,7 @@ if __name__ == "__main__":
                     if name.startswith("proj."):
                         w = w.narrow(0, self.row_start, 8)
                     p = dict(self.named_parameters())[name]
-                    default_weight_loader(p, w)
+                    getattr(p, "weight_loader", default_weight_loader)(p, w)
                     done.add(name)
                 return done
 
@@ -177,7 +183,7 @@ if __name__ == "__main__":
             w = {k: t.detach().clone() + v for k, t in trainer_model.state_dict().items()}
             if v > 1:
                 pub.unpublish("iface-tp", v - 1)
-            pub.publish("iface-tp", v, w)
+            pub.publish("iface-tp", v, w, segment_bytes=256)  # slices read whole segments
             sliced.row_start = row_start
             sworker.start_weight_update()
             sworker.update_weights({"model": "iface-tp", "version": v})
