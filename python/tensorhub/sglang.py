@@ -161,9 +161,10 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     if held is not None and held[0] == info.version:
         out, stats = held[1], None  # this process holds (and serves) it already
     else:
-        out = info.empty("torch")
-        stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
-                        connections=int(req.get("connections", 4)), return_stats=True)
+        from .pieces import fetch_serving
+
+        out, stats = fetch_serving(c, name, info, timeout=timeout_s,
+                                   connections=int(req.get("connections", 4)))
     t1 = time.monotonic()
     raw = info.metadata.get(ALIASES_KEY, "{}")
     aliases = json.loads(raw) if isinstance(raw, str) else {}

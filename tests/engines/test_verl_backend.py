@@ -33,7 +33,7 @@ pytest.importorskip("verl", reason="needs .venv-verl: bash tests/engines/run.sh"
 torch = pytest.importorskip("torch")
 
 import verl.checkpoint_engine.base as verl_ce  # noqa: E402
-from testbed_util import testbed, why_not  # noqa: E402
+import testbed_util  # noqa: E402
 from verl.checkpoint_engine.base import CheckpointEngineManager, CheckpointEngineRegistry  # noqa: E402
 from verl.workers.config import CheckpointEngineConfig  # noqa: E402
 from verl_procs import actor_weights, digest, worker_main  # noqa: E402
@@ -123,14 +123,14 @@ def _start(ctx, procs, netns, role, rank, cfg, name):
 
 
 def test_verl_manager_syncs_across_hosts(tmp_path, monkeypatch):
-    if why_not():
-        pytest.skip(why_not())
+    if testbed_util.why_not():
+        pytest.skip(testbed_util.why_not())
     monkeypatch.setattr(verl_ce, "ray", _Ray())
     monkeypatch.setattr(verl_ce, "RayWorkerGroup", _WorkerGroup)
     ctx = mp.get_context("spawn")
     procs: List[Any] = []
     t0 = time.monotonic()
-    with testbed("thverl", 3, "10.82", str(tmp_path)) as tb:
+    with testbed_util.testbed("thverl", 3, "10.82", str(tmp_path)) as tb:
         try:
             hub_conn, child = ctx.Pipe()
             p = ctx.Process(target=hub_main, args=(child, tb.names[0], tb.ips[0], tb.secret_file),

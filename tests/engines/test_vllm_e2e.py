@@ -27,7 +27,7 @@ vllm = pytest.importorskip("vllm", reason="needs the vLLM venv: bash tests/engin
 
 import tensorhub  # noqa: E402
 
-from testbed_util import testbed, why_not  # noqa: E402
+import testbed_util  # noqa: E402
 from vllm_procs import (  # noqa: E402
     engine_main,
     hub_down_check,
@@ -58,8 +58,8 @@ def _env(tmp_path):
 
 
 def test_two_vllm_engines_follow_the_trainer(tmp_path, monkeypatch):
-    if why_not():
-        pytest.skip(why_not())
+    if testbed_util.why_not():
+        pytest.skip(testbed_util.why_not())
     for k, v in _env(tmp_path).items():
         monkeypatch.setenv(k, v)
     model_dir = str(tmp_path / "tiny-qwen2")
@@ -67,7 +67,7 @@ def test_two_vllm_engines_follow_the_trainer(tmp_path, monkeypatch):
     ctx = mp.get_context("spawn")
     t_start = time.monotonic()
     procs = []
-    with testbed("thvllm", 3, "10.81", str(tmp_path)) as tb:
+    with testbed_util.testbed("thvllm", 3, "10.81", str(tmp_path)) as tb:
         try:
             hub_conn, child = ctx.Pipe()
             p = ctx.Process(target=hub_main, args=(child, tb.names[0], tb.ips[0], tb.secret_file),

