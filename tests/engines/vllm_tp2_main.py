@@ -30,6 +30,27 @@ MOE_CONFIG = dict(
     torch_dtype="float32", sliding_window=None, architectures=["MixtralForCausalLM"],
 )
 
+def _local_reload(worker, ckpt: str) -> None:
+    """Runs in each vLLM worker: vLLM's layerwise reload of the checkpoint in
+    ``ckpt`` (its safetensors files), from local memory."""
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+
+    weights = {}
+    for f in sorted(os.listdir(ckpt)):
+        if f.endswith(".safetensors"):
+            weights.update(load_file(os.path.join(ckpt, f)))
+    model = worker.model_runner.get_model()
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(model)
+        model.load_weights(iter(weights.items()))
+        finalize_layerwise_reload(model, worker.model_config)
+
+
 if __name__ == "__main__":
     tmp = sys.argv[1]
     os.environ.update({
@@ -95,8 +116,14 @@ if __name__ == "__main__":
         llm.update_weights({"update_info": {"model": "policy", "version": v}})
         llm.finish_weight_update()
         stats = [s for per in llm.collective_rpc(tensorhub.vllm.worker_stats) for s in per]
+        after = generate()
+        # The same engine loading the same checkpoint from local files through
+        # vLLM's own layerwise reload (what its nccl/ipc backends run): what a
+        # rank's slices must reproduce exactly.
+        llm.collective_rpc(_local_reload, args=(ckpt,))
+        local = generate()
         result["updates"].append({
-            "version": v, "after": generate(), "reference": _reference(model),
+            "version": v, "after": after, "local_reload": local, "reference": _reference(model),
             "total_bytes": sum(t.numel() * t.element_size() for t in published.values()),
             "stats": [{"rank": s["rank"], "slices": s["slices"], "bytes": s["fetch"]["bytes"],
                        "box_bytes": s["box_bytes"], "refetched": s["refetched_whole"],
