@@ -130,7 +130,7 @@ def test_verl_manager_syncs_across_hosts(tmp_path, monkeypatch):
     ctx = mp.get_context("spawn")
     procs: List[Any] = []
     t0 = time.monotonic()
-    with testbed_util.testbed("thverl", 3, "10.82", str(tmp_path)) as tb:
+    with testbed_util.testbed("thverl", 3, "10.92", str(tmp_path)) as tb:
         try:
             hub_conn, child = ctx.Pipe()
             p = ctx.Process(target=hub_main, args=(child, tb.names[0], tb.ips[0], tb.secret_file),
