@@ -8,7 +8,8 @@ in this process; its Ray worker groups are stood in for by pipes to worker
 processes (verl_procs.py) that run verl's own ``ActorRolloutRefWorker`` and
 ``CheckpointEngineWorker`` ``update_weights``. The hub is on test-bed host
 h0, two actor ranks (publishing one version together) on h1, two rollout
-workers on h2, with a shared secret; nobody is told its data-plane address.
+workers on h2 (the workers of a host share one process: each imports verl),
+with a shared secret; nobody is told its data-plane address.
 
 The step sequence is ``RayPPOTrainer.fit()``'s: step 0 before training,
 step 0 again after validation, then 1, 2, 2 (critic warmup or validation
@@ -55,13 +56,14 @@ class _Pending:
 
 
 class _Handle:
-    """One worker process (what a Ray actor handle is to verl)."""
+    """One worker (what a Ray actor handle is to verl): rank ``rank`` of a
+    host's worker process, which answers its calls in the order sent."""
 
-    def __init__(self, conn: Any, name: str) -> None:
-        self.conn, self.name = conn, name
+    def __init__(self, conn: Any, rank: int, name: str) -> None:
+        self.conn, self.rank, self.name = conn, rank, name
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> _Pending:
-        self.conn.send((method, args, kwargs))
+        self.conn.send((self.rank, method, args, kwargs))
         return _Pending(self)
 
 
@@ -114,12 +116,16 @@ class _Replica:
         self.calls.append("resume_kv_cache")
 
 
-def _start(ctx, procs, netns, role, rank, cfg, name):
+def _start(ctx, procs, netns, role, ranks, cfg):
+    """A worker process on test-bed host ``netns`` with one checkpoint
+    engine per rank; its handles, once it has started."""
     parent, child = ctx.Pipe()
-    p = ctx.Process(target=worker_main, args=(child, netns, role, rank, cfg), daemon=True)
+    p = ctx.Process(target=worker_main, args=(child, netns, role, ranks, cfg), daemon=True)
     p.start()
     procs.append(p)
-    return _Handle(parent, name)
+    status, value = recv(parent, time.monotonic() + 600, f"the {role} process start")
+    assert status == "ok", f"the {role} process did not start:\n{value}"
+    return [_Handle(parent, r, f"{role}{r}") for r in ranks]
 
 
 def test_verl_manager_syncs_across_hosts(tmp_path, monkeypatch):
@@ -142,12 +148,8 @@ def test_verl_manager_syncs_across_hosts(tmp_path, monkeypatch):
             cfg = dict(backend="tensorhub", custom_backend_module="tensorhub.verl",
                        engine_kwargs={"tensorhub": {"hub": hub, "model": "policy", "timeout_s": 60,
                                                     "secret_file": tb.secret_file}})
-            rollouts = [_start(ctx, procs, tb.names[2], "rollout", i, cfg, f"rollout{i}")
-                        for i in range(2)]
-            actors = [_start(ctx, procs, tb.names[1], "actor", i, cfg, f"actor{i}")
-                      for i in range(2)]
-            for h in rollouts + actors:
-                _started(h)
+            rollouts = _start(ctx, procs, tb.names[2], "rollout", [0, 1], cfg)
+            actors = _start(ctx, procs, tb.names[1], "actor", [0, 1], cfg)
             _drive(cfg, tb, actors, rollouts, ctx, procs)
             print(f"verl test: {time.monotonic() - t0:.1f}s")
         finally:
@@ -170,14 +172,9 @@ def _sync(manager, actors, rollouts, run, step):
     return metrics, seen, actor_stats
 
 
-def _started(h: _Handle) -> str:
-    status, value = recv(h.conn, time.monotonic() + 120, f"{h.name} start")
-    assert status == "ok", f"{h.name} did not start:\n{value}"
-    return value
-
-
 def _stop(handles: List[_Handle]) -> None:
-    for h in handles:
+    """Stops the worker processes of ``handles`` (one stop per process)."""
+    for h in {id(h.conn): h for h in handles}.values():
         h.call("stop").result()
 
 
@@ -193,10 +190,7 @@ def _drive(cfg, tb, actors, rollouts, ctx, procs):
             # the rollouts keep serving the last run's versions, the highest
             # the hub knows.
             _stop(actors)
-            actors[:] = [_start(ctx, procs, tb.names[1], "actor", i, cfg, f"actor{i}")
-                         for i in range(2)]
-            for h in actors:
-                _started(h)
+            actors[:] = _start(ctx, procs, tb.names[1], "actor", [0, 1], cfg)
             manager.actor_wg = _WorkerGroup(actors)
         previous = None
         for step in steps:

@@ -66,8 +66,11 @@ class _ServerAdapter:
             self.received[name] = t.clone()
 
 
-def worker_main(conn: Any, netns: str, role: str, rank: int, cfg: Dict[str, Any]) -> None:
-    """One actor rank or rollout worker; serves calls until "stop"."""
+def worker_main(conn: Any, netns: str, role: str, ranks: List[int], cfg: Dict[str, Any]) -> None:
+    """The actor ranks or rollout workers of one test-bed host, one
+    checkpoint engine each, in one process (fewer processes to start: each
+    imports verl); serves calls (rank, method, args, kwargs) in order until
+    "stop"."""
     try:
         from testbed_util import enter_host
 
@@ -82,32 +85,36 @@ def worker_main(conn: Any, netns: str, role: str, rank: int, cfg: Dict[str, Any]
         bucket_size = ce.update_weights_bucket_megabytes << 20
         engine_kwargs = ce.engine_kwargs.get(backend, {})
         import_external_libs(ce.custom_backend_module or None)
-        if role == "actor":
-            engine = CheckpointEngineRegistry.new(
-                backend, is_master=(rank == 0), bucket_size=bucket_size, **engine_kwargs)
-            me = SimpleNamespace(
-                config=SimpleNamespace(rollout=SimpleNamespace(checkpoint_engine=ce)),
-                actor=SimpleNamespace(engine=_Engine()), checkpoint_engine=engine)
-            update = ActorRolloutRefWorker.update_weights
-        else:
-            engine = CheckpointEngineRegistry.new(backend, bucket_size=bucket_size, **engine_kwargs)
-            me = SimpleNamespace(checkpoint_engine=engine, server_adapter=_ServerAdapter())
-            update = CheckpointEngineWorker.update_weights
+        workers = {}
+        for rank in ranks:
+            if role == "actor":
+                engine = CheckpointEngineRegistry.new(
+                    backend, is_master=(rank == 0), bucket_size=bucket_size, **engine_kwargs)
+                me = SimpleNamespace(
+                    config=SimpleNamespace(rollout=SimpleNamespace(checkpoint_engine=ce)),
+                    actor=SimpleNamespace(engine=_Engine()), checkpoint_engine=engine)
+                workers[rank] = (me, ActorRolloutRefWorker.update_weights)
+            else:
+                engine = CheckpointEngineRegistry.new(backend, bucket_size=bucket_size, **engine_kwargs)
+                me = SimpleNamespace(checkpoint_engine=engine, server_adapter=_ServerAdapter())
+                workers[rank] = (me, CheckpointEngineWorker.update_weights)
+            engine.client  # joins the hub now
     except BaseException:
         conn.send(("err", traceback.format_exc()))
         return
-    conn.send(("ok", engine.client.worker_id))
+    conn.send(("ok", None))
 
-    def execute_checkpoint_engine(method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(engine, method)(*args, **kwargs)
+    def execute_checkpoint_engine(me: Any, update: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(me.checkpoint_engine, method)(*args, **kwargs)
 
-    def update_weights(**kwargs: Any) -> Any:
+    def update_weights(me: Any, update: Any, **kwargs: Any) -> Any:
         return asyncio.run(update(me, **kwargs))
 
-    def set_step(run: int, step: int) -> None:
+    def set_step(me: Any, update: Any, run: int, step: int) -> None:
         me.actor.engine.run, me.actor.engine.step = run, step
 
-    def inspect() -> Dict[str, Any]:
+    def inspect(me: Any, update: Any) -> Dict[str, Any]:
+        engine = me.checkpoint_engine
         out = {"last_stats": {k: v for k, v in engine.last_stats.items() if k != "fetch"},
                "worker_id": engine.client.worker_id, "data_address": engine.client.data_address}
         fetch = engine.last_stats.get("fetch")
@@ -116,8 +123,6 @@ def worker_main(conn: Any, netns: str, role: str, rank: int, cfg: Dict[str, Any]
             out["sources"] = fetch.sources
         if role == "rollout":
             out["received"] = digest(me.server_adapter.received)
-            out["lm_head_is_embed"] = (
-                me.server_adapter.received.get("lm_head.weight") is not None)
         return out
 
     calls = {"execute_checkpoint_engine": execute_checkpoint_engine,
@@ -125,13 +130,15 @@ def worker_main(conn: Any, netns: str, role: str, rank: int, cfg: Dict[str, Any]
     while True:
         if not conn.poll(600):
             break  # the test is gone
-        method, args, kwargs = conn.recv()
+        rank, method, args, kwargs = conn.recv()
         if method == "stop":
-            engine.close()
+            for me, _ in workers.values():
+                me.checkpoint_engine.close()
             conn.send(("ok", None))
             return
         try:
-            conn.send(("ok", calls[method](*args, **kwargs)))
+            conn.send(("ok", calls[method](*workers[rank], *args, **kwargs)))
         except BaseException as e:  # reported to the caller
             conn.send(("err", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-    engine.close()
+    for me, _ in workers.values():
+        me.checkpoint_engine.close()
