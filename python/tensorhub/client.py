@@ -784,23 +784,19 @@ class Client:
 
 
 _LABEL_KEYS = ("datacenter", "rack", "host")
+# Options of connect() beyond the worker settings of tensorhub.config (which
+# connect() also takes, each defaulting to its environment variable).
 _OPTION_DEFAULTS: Dict[str, Any] = {
-    "data_listen": "127.0.0.1:0",
-    "advertise_host": "",
     "rpc_timeout": 5.0,
     "connect_timeout": 10.0,
     "heartbeat_interval": None,
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
-    "metrics_listen": None,
-    "tls_ca": None,
-    "tls_cert": None,
-    "tls_key": None,
-    "tls_server_name": None,
-    "data_tls": False,
-    "insecure": False,
 }
+_SETTINGS = ("data_listen", "advertise_host", "metrics_listen", "tls_ca", "tls_cert", "tls_key",
+             "tls_server_name", "data_tls", "insecure", "secret_file", "datacenter", "rack",
+             "host_label")
 
 
 def _metrics_listen(value: Any) -> str:
@@ -831,20 +827,26 @@ def connect(
             "host": ..}``; readers prefer near holders.
         reliable: False marks a spot worker (may vanish; retention does not
             rely on it).
-        **options: ``data_listen`` ("127.0.0.1:0"), ``advertise_host``,
-            ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
+        **options: ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
             ``heartbeat_interval`` (None: a third of the hub's lease, at
             most 5 s), ``max_serving_connections`` (256),
-            ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
+            ``secret`` (the shared secret itself; default: the file of
+            ``secret_file``, else ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
-            holds), ``metrics_listen`` (HOST:PORT: serve this worker's
-            Prometheus metrics at ``/metrics``, port 0 for a free one, see
-            :attr:`Client.metrics_address`; default None: no endpoint). TLS
-            (PEM file paths, see docs/security.md): ``tls_ca`` (talk TLS to
-            the hub, trusting a hub certificate signed by this CA),
-            ``tls_cert`` and ``tls_key`` (this worker's certificate, for a
-            hub that requires client certificates and for data-plane TLS),
+            holds), and the worker settings of :mod:`tensorhub.config`, each
+            defaulting to its environment variable: ``secret_file``,
+            ``data_listen`` (default: 127.0.0.1:0 when the hub is on
+            loopback, else the address of the interface that routes to the
+            hub, port 0), ``advertise_host``, ``metrics_listen`` (HOST:PORT:
+            serve this worker's Prometheus metrics at ``/metrics``, port 0
+            for a free one, see :attr:`Client.metrics_address`; default
+            None: no endpoint), ``datacenter``, ``rack``, ``host_label``
+            (the labels, as ``labels`` gives them). TLS (PEM file paths, see
+            docs/security.md): ``tls_ca`` (talk TLS to the hub, trusting a
+            hub certificate signed by this CA), ``tls_cert`` and
+            ``tls_key`` (this worker's certificate, for a hub that requires
+            client certificates and for data-plane TLS),
             ``tls_server_name`` (the name the hub's certificate must have,
             default the host in ``hub``), ``data_tls`` (False: TLS on
             data-plane connections too; every worker must agree),
@@ -864,41 +866,65 @@ def connect(
         FailedPreconditionError: also a non-loopback ``data_listen`` with
             neither a secret nor ``data_tls``, without ``insecure=True``.
     """
-    unknown = set(options) - set(_OPTION_DEFAULTS)
+    unknown = set(options) - set(_OPTION_DEFAULTS) - set(_SETTINGS)
     if unknown:
         raise TypeError(
-            f"connect() got unknown options {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}"
+            f"connect() got unknown options {sorted(unknown)}; known: "
+            f"{sorted(set(_OPTION_DEFAULTS) | set(_SETTINGS))}"
         )
-    opts = dict(_OPTION_DEFAULTS, **options)
-    hub = hub or os.environ.get("TENSORHUB_HUB") or DEFAULT_HUB
+    opts = dict(_OPTION_DEFAULTS, **{k: v for k, v in options.items() if k in _OPTION_DEFAULTS})
     lab = dict(labels or {})
     bad = set(lab) - set(_LABEL_KEYS)
     if bad:
         raise InvalidArgumentError(f"unknown label keys {sorted(bad)}; use {list(_LABEL_KEYS)}")
-    secret = opts["secret"]
-    if secret is None:
-        secret = os.environ.get("TENSORHUB_SECRET", "")
-    core = _core.Client.connect(
-        hub=hub,
+    from . import config
+
+    for k in ("tls_ca", "tls_cert", "tls_key"):
+        _path(options.get(k), k)  # a bad type is named before anything else
+    for k in ("data_tls", "insecure"):
+        if k in options and options[k] is not None:
+            _flag(options[k], k)
+    _metrics_listen(options.get("metrics_listen"))
+    s = config.worker_settings(
+        {"hub": hub, "labels": lab, **{k: options.get(k) for k in _SETTINGS}},
+        what="connect()", secret=opts["secret"],
+    )
+    try:
+        core = _connect_core(s, worker_id, reliable, opts)
+    except FailedPreconditionError as e:
+        if s.data_listen_source != "route to the hub":
+            raise
+        raise FailedPreconditionError(
+            f"{e.message} (this worker listens on {s.data_listen}, the interface that routes to the hub "
+            f"{s.hub}, because no data_listen was given: set the deployment's secret "
+            f"(secret_file, $TENSORHUB_SECRET_FILE or $TENSORHUB_SECRET) or data_tls, or "
+            f"data_listen='127.0.0.1:0' for a worker no other host reads from)", e.code
+        ) from None
+    opts.update(s.connect_kwargs())
+    return Client(core, {"worker_id": worker_id, **opts})
+
+
+def _connect_core(s: Any, worker_id: Optional[str], reliable: bool, opts: Dict[str, Any]) -> Any:
+    return _core.Client.connect(
+        hub=s.hub,
         name=worker_id or "",
-        datacenter=str(lab.get("datacenter", "")),
-        rack=str(lab.get("rack", "")),
-        host=str(lab.get("host", "")),
+        datacenter=str(s.labels.get("datacenter", "")),
+        rack=str(s.labels.get("rack", "")),
+        host=str(s.labels.get("host", "")),
         reliable=bool(reliable),
-        data_listen=str(opts["data_listen"]),
-        advertise_host=str(opts["advertise_host"]),
+        data_listen=s.data_listen,
+        advertise_host=s.advertise_host,
         rpc_timeout_ms=_ms(opts["rpc_timeout"], 5.0, "rpc_timeout"),
         connect_timeout_ms=_ms(opts["connect_timeout"], 10.0, "connect_timeout"),
         heartbeat_interval_ms=_ms(opts["heartbeat_interval"], 0.0, "heartbeat_interval"),
         max_serving_connections=int(opts["max_serving_connections"]),
-        secret=secret,
+        secret=s.secret,
         leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
-        metrics_listen=_metrics_listen(opts["metrics_listen"]),
-        tls_ca=_path(opts["tls_ca"], "tls_ca"),
-        tls_cert=_path(opts["tls_cert"], "tls_cert"),
-        tls_key=_path(opts["tls_key"], "tls_key"),
-        tls_server_name=str(opts["tls_server_name"] or ""),
-        data_tls=_flag(opts["data_tls"], "data_tls"),
-        insecure=_flag(opts["insecure"], "insecure"),
+        metrics_listen=s.metrics_listen,
+        tls_ca=s.tls_ca,
+        tls_cert=s.tls_cert,
+        tls_key=s.tls_key,
+        tls_server_name=s.tls_server_name,
+        data_tls=s.data_tls,
+        insecure=s.insecure,
     )
-    return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})

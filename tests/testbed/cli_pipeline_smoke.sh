@@ -76,8 +76,11 @@ pids+=("$hub_pid")
 wait_for "the hub" 20 bash -c "ip netns exec $(ns 0) ss -ltn 'sport = :$port' | grep -q LISTEN"
 
 # ---- N readers of one version, started together ----
-ip netns exec "$(ns 0)" "$BIN" publish "$work/model.safetensors" --model m --version 1 --hub "$hub" \
-  --chunk-bytes 1MiB --data-listen "${ips[0]}:0" --host-label h0 \
+# No --data-listen: each worker listens on the address of its interface that
+# routes to the hub (the default when the hub is not on loopback); the
+# publisher's label comes from its environment variable.
+ip netns exec "$(ns 0)" env TENSORHUB_HOST_LABEL=h0 "$BIN" publish "$work/model.safetensors" \
+  --model m --version 1 --hub "$hub" --chunk-bytes 1MiB \
   >"$work/pub.out" 2>"$work/pub.err" &
 pub_pid=$!
 pids+=("$pub_pid")
@@ -89,7 +92,7 @@ publisher="$(sed -n 's/^serving from \([^;]*\);.*/\1/p' "$work/pub.out")"
 readers=()
 for ((i = 1; i <= N; i++)); do
   ip netns exec "$(ns "$i")" "$BIN" fetch m@1 -o "$work/r$i.safetensors" --hold \
-    --stats-json "$work/r$i.json" --hub "$hub" --data-listen "${ips[i]}:0" \
+    --stats-json "$work/r$i.json" --hub "$hub" \
     --host-label "h$i" >"$work/r$i.out" 2>"$work/r$i.err" &
   readers+=($!)
   pids+=($!)
@@ -138,8 +141,9 @@ done
 stop "$pub_pid"
 [[ "$rc" == 0 ]] || fail "publisher exited $rc: $(cat "$work/pub.err")"
 
-# ---- The cross-host mistake: a publisher on loopback, a reader elsewhere ----
+# ---- The cross-host mistake: a publisher told to listen on loopback, a reader elsewhere ----
 ip netns exec "$(ns 0)" "$BIN" publish "$work/model.safetensors" --model m --version 2 --hub "$hub" \
+  --data-listen 127.0.0.1:0 \
   >"$work/lo.out" 2>"$work/lo.err" &
 lo_pid=$!
 pids+=("$lo_pid")
