@@ -35,7 +35,9 @@ else
   echo "$base_site" > "$site/zz-tensorhub-vllm-venv.pth"
   say "pip install verl==$VERL (torch from $BASE)"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q "verl==$VERL" -c "$BASE/constraints.txt" pytest
-  "$VENV/bin/python" -c 'import verl, transformers, torch, tensorhub; from verl.checkpoint_engine.base import CheckpointEngineRegistry; print("setup_verl_env: verl", verl.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
   echo "$RECIPE" > "$STAMP"
 fi
+# Every run, cached or not: test_verl_backend.py importorskips verl.
+"$VENV/bin/python" -c 'import verl, transformers, torch, tensorhub; from verl.checkpoint_engine.base import CheckpointEngineRegistry; print("setup_verl_env: verl", verl.__version__, "transformers", transformers.__version__, "torch", torch.__version__)' ||
+  { say "$VENV does not import verl, transformers, torch and tensorhub (above); rebuild it: bash python/setup_verl_env.sh --force"; exit 1; }
 say "done in $(( $(date +%s) - start ))s"

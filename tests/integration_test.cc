@@ -52,8 +52,9 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
 }
 
 // A publisher that names plain XXH3-64 (for readers of earlier builds) is
-// read and verified like one that names the default tree; a checksum name
-// this build does not know fails the publish and changes nothing.
+// read and verified like one that names the default tree (bytes damaged
+// after the publish fail either check: DATA_LOSS); a checksum name this
+// build does not know fails the publish and changes nothing.
 TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
   SyntheticModel src(TestLayout(6 << 20));
   src.Fill(3);
@@ -80,6 +81,29 @@ TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
     want.Fill(v == 1 ? 3 : 4);
     EXPECT_EQ(dst.Digest(), want.Digest()) << v;
     EXPECT_EQ(st->chunk_retries, 0u) << v;
+  }
+
+  // The trainer's only copy of "damaged" is changed after its publish (as a
+  // caller breaking the unpublish-before-write contract would): a reader
+  // must refuse it under either checksum, not deliver it.
+  for (const char* sum : {"xxh3-64", "xxh3-64-tree-64k"}) {
+    SyntheticModel bytes(TestLayout(6 << 20));
+    bytes.Fill(5);
+    PublishOptions po;
+    po.chunk_checksum = sum;
+    const Version v(sum == std::string("xxh3-64") ? 1 : 2);
+    ASSERT_TRUE(trainer->Publish("damaged", v, bytes.tensors(), po).ok());
+    const TensorRef& last = bytes.tensors().back();
+    static_cast<uint8_t*>(last.data)[last.bytes / 2] ^= 0x5a;
+    SyntheticModel into(TestLayout(6 << 20));
+    FetchOptions fo;
+    fo.timeout_ms = 30000;
+    auto st = NewClient(std::string("reader-") + sum)
+                  ->Fetch("damaged", v, into.tensors(), fo);
+    ASSERT_FALSE(st.ok()) << sum << ": damaged bytes were delivered";
+    EXPECT_EQ(st.status().code(), StatusCode::kDataLoss)
+        << sum << ": " << st.status().ToString();
+    ASSERT_TRUE(trainer->Unpublish("damaged", v).ok());
   }
 }
 
