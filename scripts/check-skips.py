@@ -52,7 +52,7 @@ def read_list(path: Path = LIST) -> List[Allowed]:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        fields = [f.strip() for f in line.split("|")]
+        fields = [f.strip() for f in line.split("|", 3)]  # WHY may hold a "|"
         if len(fields) != 4 or not all(fields):
             sys.exit(f"{path}:{n}: want 'SUITE | TEST | MESSAGE | WHY', four non-empty fields: {raw}")
         out.append(Allowed(*fields, line=n))

@@ -52,9 +52,10 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
 }
 
 // A publisher that names plain XXH3-64 (for readers of earlier builds) is
-// read and verified like one that names the default tree (bytes damaged
-// after the publish fail either check: DATA_LOSS); a checksum name this
-// build does not know fails the publish and changes nothing.
+// read and verified like one that names the default tree (a holder's
+// damaged copy fails either check, and the chunk is read from another
+// holder); a checksum name this build does not know fails the publish and
+// changes nothing.
 TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
   SyntheticModel src(TestLayout(6 << 20));
   src.Fill(3);
@@ -83,27 +84,30 @@ TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
     EXPECT_EQ(st->chunk_retries, 0u) << v;
   }
 
-  // The trainer's only copy of "damaged" is changed after its publish (as a
-  // caller breaking the unpublish-before-write contract would): a reader
-  // must refuse it under either checksum, not deliver it.
+  // Reader "a" holds a copy of each kind, and it is changed after a's
+  // fetch (as a caller breaking the contract would). A reader that reads
+  // from a first (the latest holder to join; max_sources 1) must refuse
+  // the damaged chunk and take it from the trainer, under either kind.
   for (const char* sum : {"xxh3-64", "xxh3-64-tree-64k"}) {
+    const Version v(sum == std::string("xxh3-64") ? 1 : 2);
     SyntheticModel bytes(TestLayout(6 << 20));
-    bytes.Fill(5);
+    bytes.Fill(5 + v.value());
     PublishOptions po;
     po.chunk_checksum = sum;
-    const Version v(sum == std::string("xxh3-64") ? 1 : 2);
     ASSERT_TRUE(trainer->Publish("damaged", v, bytes.tensors(), po).ok());
-    const TensorRef& last = bytes.tensors().back();
-    static_cast<uint8_t*>(last.data)[last.bytes / 2] ^= 0x5a;
-    SyntheticModel into(TestLayout(6 << 20));
-    FetchOptions fo;
-    fo.timeout_ms = 30000;
-    auto st = NewClient(std::string("reader-") + sum)
-                  ->Fetch("damaged", v, into.tensors(), fo);
-    ASSERT_FALSE(st.ok()) << sum << ": damaged bytes were delivered";
-    EXPECT_EQ(st.status().code(), StatusCode::kDataLoss)
-        << sum << ": " << st.status().ToString();
-    ASSERT_TRUE(trainer->Unpublish("damaged", v).ok());
+    auto a = NewClient(std::string("a-") + sum);
+    SyntheticModel a_copy(TestLayout(6 << 20));
+    ASSERT_TRUE(a->Fetch("damaged", v, a_copy.tensors()).ok()) << sum;
+    for (const TensorRef& t : a_copy.tensors())
+      static_cast<uint8_t*>(t.data)[t.bytes / 2] ^= 0x5a;
+    SyntheticModel got(TestLayout(6 << 20));
+    FetchOptions one;
+    one.max_sources = 1;
+    auto st = NewClient(std::string("b-") + sum)
+                  ->Fetch("damaged", v, got.tensors(), one);
+    ASSERT_TRUE(st.ok()) << sum << ": " << st.status().ToString();
+    EXPECT_EQ(got.Digest(), bytes.Digest()) << sum << ": damaged bytes kept";
+    EXPECT_GE(st->chunk_retries, 1u) << sum << ": a's damage went unread";
   }
 }
 
@@ -366,7 +370,9 @@ TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
               static_cast<long long>(fo.timeout_ms));
   // The reader's partial copy was withdrawn: the hub has no holder left.
   auto info = reader->Describe("u", Version(1));
-  EXPECT_TRUE(!info.ok() || info->num_holders == 0) << info.status().ToString();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kUnavailable);
+  EXPECT_EQ(info->num_holders, 0u);
 }
 
 // A version whose only holder left before the fetch began: the hub answers

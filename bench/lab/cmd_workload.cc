@@ -842,8 +842,8 @@ int RunBenchWorkload(const WorkloadFlags& f) {
         "slowdown=%.3f wan_per_round_S=%.3f %s\n",
         c.workload.c_str(), r.system == "MPI_Bcast" ? "mpi" : r.system.c_str(),
         r.ok ? 1 : 0, r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(), bound,
-        bound_host, r.MeanUpdate() / bound, trainer_sent,
-        r.MeanJoin(), slowdown(r), r.wan_per_round_S,
+        bound_host, r.MeanUpdate() / bound, trainer_sent, r.MeanJoin(),
+        slowdown(r), r.wan_per_round_S,
         r.note.empty()
             ? ""
             : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1))

@@ -1,12 +1,12 @@
 #include "metrics/metrics.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <httplib.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>

@@ -167,8 +167,8 @@ void Echo(const Context& server_ctx, const Context& client_ctx, EchoRun* run) {
     Status w = (*s)->Write(back, Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(w.ok()) << w.ToString();
   });
-  auto c = Session::Handshake(client_ctx.client(), Session::Role::kClient,
-                              sp.b, Deadline::AfterMs(kGenerousMs));
+  auto c = Session::Handshake(client_ctx.client(), Session::Role::kClient, sp.b,
+                              Deadline::AfterMs(kGenerousMs));
   if (!c.ok()) server.join();
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_NE((*c)->description().find("TLSv1.3"), std::string::npos)

@@ -150,8 +150,8 @@ TEST_F(TlsTransportTest, KernelTlsSendsFromTheHoldersBuffers) {
   const uint64_t off = 4099, len = (8 << 20) + 5;
   std::vector<uint8_t> got(len);
   iovec v{got.data(), got.size()};
-  Status s = (*conn)->Read(Req(off, len), {&v, 1},
-                           Deadline::AfterMs(kGenerousMs));
+  Status s =
+      (*conn)->Read(Req(off, len), {&v, 1}, Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(std::equal(got.begin(), got.end(),
                          source_.data().begin() + static_cast<long>(off)));
