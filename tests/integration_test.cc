@@ -94,9 +94,10 @@ TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
     bytes.Fill(5 + v.value());
     PublishOptions po;
     po.chunk_checksum = sum;
-    ASSERT_TRUE(trainer->Publish("damaged", v, bytes.tensors(), po).ok());
+    Status pub = trainer->Publish("damaged", v, bytes.tensors(), po);
+    ASSERT_TRUE(pub.ok()) << sum << ": " << pub.ToString();
+    SyntheticModel a_copy(TestLayout(6 << 20));  // outlives its holder, a
     auto a = NewClient(std::string("a-") + sum);
-    SyntheticModel a_copy(TestLayout(6 << 20));
     ASSERT_TRUE(a->Fetch("damaged", v, a_copy.tensors()).ok()) << sum;
     for (const TensorRef& t : a_copy.tensors())
       static_cast<uint8_t*>(t.data)[t.bytes / 2] ^= 0x5a;
@@ -108,6 +109,7 @@ TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
     ASSERT_TRUE(st.ok()) << sum << ": " << st.status().ToString();
     EXPECT_EQ(got.Digest(), bytes.Digest()) << sum << ": damaged bytes kept";
     EXPECT_GE(st->chunk_retries, 1u) << sum << ": a's damage went unread";
+    ASSERT_TRUE(trainer->Unpublish("damaged", v).ok());  // before `bytes` goes
   }
 }
 
