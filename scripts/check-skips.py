@@ -16,8 +16,11 @@ and this script compares the skips in them with the list:
                               one table of every suite's skips under DIR,
                               and the list's lines that no suite hit
 
-Skips are GoogleTest's GTEST_SKIP and DISABLED_ tests, pytest's skips and
-xfails (module-level importorskip included). Standard library only.
+Skips are GoogleTest's GTEST_SKIP and DISABLED_ tests, the tests ctest
+itself skips (its --output-junit report, DIR/SUITE/ctest-junit.xml: by
+SKIP_RETURN_CODE, SKIP_REGULAR_EXPRESSION or DISABLED; named ctest:NAME),
+pytest's skips and xfails (module-level importorskip included). Standard
+library only.
 """
 
 from __future__ import annotations
@@ -85,7 +88,11 @@ def pytest_skips(suite: str, report: Path) -> Tuple[List[Skip], int]:
         ran += 1
         skipped = case.find("skipped")
         if skipped is not None:
-            skips.append(Skip(suite, test, skipped.get("message", "")))
+            # A module skipped whole says "collection skipped"; the text has why.
+            message = skipped.get("message", "")
+            if not cls:
+                message = f"{message}: {skipped.text or ''}"
+            skips.append(Skip(suite, test, message))
     return skips, ran
 
 
