@@ -24,7 +24,9 @@ say() { echo "setup_verl_env: $*"; }
 start=$(date +%s)
 if [ "${1:-}" = "--force" ]; then rm -f "$STAMP"; fi
 
-bash "$ROOT/python/setup_vllm_env.sh"  # torch and the tensorhub package
+# torch and the tensorhub package (TH_VLLM_ENV_READY=1: the caller has just
+# run it, as tests/engines/run.sh does: its import check takes seconds)
+[ "${TH_VLLM_ENV_READY:-0}" = 1 ] || bash "$ROOT/python/setup_vllm_env.sh"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ]; then
   say "verl environment present ($RECIPE)"
 else

@@ -31,7 +31,7 @@ export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
   tests/engines/test_hf_checkpoint.py tests/python/test_reshard_convert.py "$@"
 python3 scripts/check-skips.py "$reports" pytest-vllm
 if [ "${SKIP_VERL:-0}" != "1" ]; then
-  bash python/setup_verl_env.sh
+  TH_VLLM_ENV_READY=1 bash python/setup_verl_env.sh
   .venv-verl/bin/python -m pytest -q -p no:cacheprovider --junitxml="$reports/pytest-verl.xml" \
     tests/engines/test_verl_backend.py "$@"
   python3 scripts/check-skips.py "$reports" pytest-verl
