@@ -157,7 +157,7 @@ def summary(root: Path) -> int:
             print(f"    {s.test}: {ok.why if ok else 'UNEXPECTED: ' + one_line(s.message)}")
     unused = [a for a in allowed if a.line not in hit and any(fnmatch.fnmatchcase(s, a.suite) for s in suites)]
     for a in unused:
-        print(f"  ran here, not skipped: {a.test} [{a.suite}] (line {a.line})")
+        print(f"  allowed, but no test skipped by it in this run: {a.test} [{a.suite}] (line {a.line})")
     return 0
 
 
