@@ -99,10 +99,14 @@ if [ -z "$whl" ] || [ "${TH_REBUILD_WHEEL:-0}" = "1" ]; then
 fi
 say "pip install --no-deps $whl"
 "${PIP[@]}" --no-deps --force-reinstall "$whl"
-"$VENV/bin/python" -c 'import importlib.metadata as m, tensorhub
+# Every run, cached or not: the tests importorskip vllm, so a venv whose
+# imports broke would turn them into skips. Fail here instead, saying how.
+VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import importlib.metadata as m, torch, transformers, vllm, tensorhub
 eps = [e.value for e in m.entry_points(group="vllm.general_plugins") if e.name == "tensorhub"]
 assert eps, "the vllm.general_plugins entry point tensorhub is not installed"
-print("setup_vllm_env: tensorhub", tensorhub.__version__, "plugin", eps[0])'
+print("setup_vllm_env: vllm", vllm.__version__, "torch", torch.__version__, "transformers",
+      transformers.__version__, "tensorhub", tensorhub.__version__, "plugin", eps[0])' ||
+  { say "$VENV does not import vllm, torch, transformers and tensorhub (above); rebuild it: bash python/setup_vllm_env.sh --force"; exit 1; }
 newest=$VENV/vllm-$VLLM_NEWEST
 if [ "${SKIP_VLLM_NEWEST:-0}" = "1" ]; then
   say "SKIP_VLLM_NEWEST=1: not unpacking vllm==$VLLM_NEWEST"
