@@ -1,6 +1,6 @@
 #include "client/client_metrics.h"
 
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 #include "metrics/metrics.h"
 
 namespace tensorhub::client {

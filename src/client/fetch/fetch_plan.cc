@@ -1,4 +1,4 @@
-#include "client/fetch_plan.h"
+#include "client/fetch/fetch_plan.h"
 
 #include <algorithm>
 #include <utility>

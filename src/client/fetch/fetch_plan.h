@@ -18,8 +18,8 @@
 // Bounds: at most `max_sources` sources are kept (see AddSource); one
 // in-flight entry per read handed out (at most one per stream); pending,
 // attempts and done hold one entry per chunk of the version.
-#ifndef TENSORHUB_CLIENT_FETCH_PLAN_H_
-#define TENSORHUB_CLIENT_FETCH_PLAN_H_
+#ifndef TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_
+#define TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_
 
 #include <cstdint>
 #include <deque>
@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 #include "common/manifest.h"
 #include "tensorhub/status.h"
 
@@ -195,4 +195,4 @@ class FetchPlan {
 
 }  // namespace tensorhub::client
 
-#endif  // TENSORHUB_CLIENT_FETCH_PLAN_H_
+#endif  // TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_
