@@ -160,6 +160,11 @@ class FetchPlan {
   std::string WithHints(std::string message) const;
   void OnUnavailable(const std::string& why);
   void ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f);
+  // A read refused on principle over a source's other transport: the
+  // source is read over TCP from now on.
+  void MoveToTcp(SourceState& s, const Status& status);
+  // Says once, plainly, why a failing source may be out of reach.
+  void TellHint(SourceState& s, const Status& status);
 
   const std::string label_;
   const std::vector<uint64_t> item_bytes_;  // per chunk (or item)

@@ -164,9 +164,84 @@ std::map<std::string_view, std::vector<HolderPiece>> HolderPieces(
 
 }  // namespace
 
-// Long on purpose (about 95 lines): the intersection, the cuts along the
-// holders of slices, the growth to segments and the cut into items are one
-// walk over the pieces.
+namespace {
+
+// The alternative reads of `item` (of trainer piece `t`) from the holders
+// of slices `meeting` whose boxes hold its wanted bytes, one per holder.
+void AddAlternatives(const TensorLayout& t,
+                     const std::vector<HolderPiece>& meeting, SlicePlan* plan,
+                     SliceItem* item) {
+  for (const HolderPiece& h : meeting) {
+    const bool have =
+        std::any_of(item->alts.begin(), item->alts.end(),
+                    [&](const SliceItem& a) { return a.part == h.holder; });
+    if (have) continue;
+    std::optional<SliceItem> alt =
+        AltRead(*item, t, h, plan->holders[h.holder].layout->tensors[h.tensor]);
+    if (!alt.has_value()) continue;
+    plan->max_item_bytes = std::max(plan->max_item_bytes, alt->bytes);
+    item->alts.push_back(std::move(*alt));
+  }
+}
+
+// The items that read `cut` (global coordinates, inside piece `ref` of
+// tensor `t`) for destination `di`: the cut's rectangles of the piece's
+// matrix view, grown to whole segments, in blocks of whole segment rows of
+// about item_bytes (at most kMaxStridedRuns rows: one strided request).
+void AddItems(const Manifest& manifest, const PieceRef& ref,
+              const TensorLayout& t, uint32_t di, const Box& cut,
+              const std::vector<HolderPiece>& meeting, uint64_t item_bytes,
+              SlicePlan* plan) {
+  const Box piece = t.PieceBox();
+  Box local = cut;
+  for (size_t k = 0; k < local.rank(); ++k) local.offset[k] -= piece.offset[k];
+  const uint64_t elem = DTypeBytes(t.spec.dtype);
+  const MatrixView m = MatrixOf(t.spec.shape);
+  const std::vector<MatrixRect> want = RectsOfBox(t.spec.shape, local);
+  if (want.empty()) return;
+  std::vector<std::pair<uint64_t, uint64_t>> rows;
+  for (const MatrixRect& r : want) rows.push_back({r.row_begin, r.row_end});
+  const uint64_t max_rows = std::max<uint64_t>(
+      t.seg.rows, wire::kMaxStridedRuns / t.seg.rows * t.seg.rows);
+  for (const MatrixRect& grown : CoveringSegments(want, m, t.seg)) {
+    const uint64_t row_bytes = (grown.col_end - grown.col_begin) * elem;
+    const uint64_t block_rows = std::min<uint64_t>(
+        std::max<uint64_t>(
+            1, item_bytes / std::max<uint64_t>(1, row_bytes * t.seg.rows)) *
+            t.seg.rows,
+        max_rows);
+    for (uint64_t r0 = grown.row_begin; r0 < grown.row_end; r0 += block_rows) {
+      SliceItem item;
+      item.part = ref.part;
+      item.tensor = ref.tensor;
+      item.dest = di;
+      item.read = grown;
+      item.read.row_begin = r0;
+      item.read.row_end = std::min(grown.row_end, r0 + block_rows);
+      item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
+      item.col_begin = want[0].col_begin;
+      item.col_end = want[0].col_end;
+      item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
+      const uint64_t begin =
+          t.offset + (item.read.row_begin * m.cols + grown.col_begin) * elem;
+      const uint64_t end =
+          t.offset + ((item.read.row_end - 1) * m.cols + grown.col_end) * elem;
+      const uint64_t base = manifest.chunk_base(ref.part);
+      item.chunk_first = base + begin / manifest.chunk_bytes();
+      item.chunk_last = base + (end - 1) / manifest.chunk_bytes();
+      plan->read_bytes += item.bytes;
+      plan->max_item_bytes = std::max(plan->max_item_bytes, item.bytes);
+      AddAlternatives(t, meeting, plan, &item);
+      plan->items.push_back(std::move(item));
+    }
+  }
+}
+
+}  // namespace
+
+// One walk over the wanted boxes: each is intersected with every piece of
+// its tensor, cut along the boxes of holders of slices that meet the
+// intersection, and each cut becomes items (AddItems).
 Result<SlicePlan> PlanSlices(const Manifest& manifest,
                              const std::vector<SliceDest>& dests,
                              uint64_t item_bytes,
@@ -194,15 +269,13 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
     const TensorLayout& first =
         manifest.parts()[it->second[0].part].tensors[it->second[0].tensor];
     TH_RETURN_IF_ERROR(CheckDest(d, first));
-    const uint64_t elem = DTypeBytes(first.spec.dtype);
-    plan.wanted_bytes += d.box.Elements() * elem;
+    plan.wanted_bytes += d.box.Elements() * DTypeBytes(first.spec.dtype);
     auto hit = held.find(d.name);
     const std::vector<HolderPiece> none;
     const std::vector<HolderPiece>& hs = hit == held.end() ? none : hit->second;
     for (const PieceRef& ref : it->second) {
       const TensorLayout& t = manifest.parts()[ref.part].tensors[ref.tensor];
-      const Box piece = t.PieceBox();
-      std::optional<Box> inter = Intersect(d.box, piece);
+      std::optional<Box> inter = Intersect(d.box, t.PieceBox());
       if (!inter.has_value()) continue;
       if (t.seg.rows == 0) {
         return FailedPrecondition(
@@ -215,63 +288,7 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
         if (Intersect(*inter, h.box).has_value()) meeting.push_back(h);
       }
       for (const Box& cut : CutAlong(*inter, meeting)) {
-        Box local = cut;
-        for (size_t k = 0; k < local.rank(); ++k)
-          local.offset[k] -= piece.offset[k];
-        const MatrixView m = MatrixOf(t.spec.shape);
-        const std::vector<MatrixRect> want = RectsOfBox(t.spec.shape, local);
-        if (want.empty()) continue;
-        std::vector<std::pair<uint64_t, uint64_t>> rows;
-        for (const MatrixRect& r : want)
-          rows.push_back({r.row_begin, r.row_end});
-        for (const MatrixRect& grown : CoveringSegments(want, m, t.seg)) {
-          const uint64_t row_bytes = (grown.col_end - grown.col_begin) * elem;
-          // Whole row blocks per item, about item_bytes, at most
-          // kMaxStridedRuns rows.
-          uint64_t block_rows = std::max<uint64_t>(
-              1, item_bytes / std::max<uint64_t>(1, row_bytes * t.seg.rows));
-          block_rows = std::min<uint64_t>(
-              block_rows * t.seg.rows,
-              std::max<uint64_t>(
-                  t.seg.rows, wire::kMaxStridedRuns / t.seg.rows * t.seg.rows));
-          for (uint64_t r0 = grown.row_begin; r0 < grown.row_end;
-               r0 += block_rows) {
-            SliceItem item;
-            item.part = ref.part;
-            item.tensor = ref.tensor;
-            item.dest = di;
-            item.read = grown;
-            item.read.row_begin = r0;
-            item.read.row_end = std::min(grown.row_end, r0 + block_rows);
-            item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
-            item.col_begin = want[0].col_begin;
-            item.col_end = want[0].col_end;
-            item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
-            const uint64_t begin =
-                t.offset +
-                (item.read.row_begin * m.cols + grown.col_begin) * elem;
-            const uint64_t end =
-                t.offset +
-                ((item.read.row_end - 1) * m.cols + grown.col_end) * elem;
-            const uint64_t base = manifest.chunk_base(ref.part);
-            item.chunk_first = base + begin / manifest.chunk_bytes();
-            item.chunk_last = base + (end - 1) / manifest.chunk_bytes();
-            plan.read_bytes += item.bytes;
-            plan.max_item_bytes = std::max(plan.max_item_bytes, item.bytes);
-            for (const HolderPiece& h : meeting) {
-              const bool have = std::any_of(
-                  item.alts.begin(), item.alts.end(),
-                  [&](const SliceItem& a) { return a.part == h.holder; });
-              if (have) continue;
-              std::optional<SliceItem> alt = AltRead(
-                  item, t, h, plan.holders[h.holder].layout->tensors[h.tensor]);
-              if (!alt.has_value()) continue;
-              plan.max_item_bytes = std::max(plan.max_item_bytes, alt->bytes);
-              item.alts.push_back(std::move(*alt));
-            }
-            plan.items.push_back(std::move(item));
-          }
-        }
+        AddItems(manifest, ref, t, di, cut, meeting, item_bytes, &plan);
       }
     }
   }

@@ -31,10 +31,6 @@ struct SliceDest {
   std::vector<float> scales;
 };
 
-// Reads of a holder of slices name this part; offsets are in its own
-// layout (the boxes it registered with the hub, packed).
-inline constexpr uint32_t kSliceHolderPart = 0xFFFFFFFFu;
-
 // One read: a segment-aligned rectangle of one piece's matrix view, and
 // which of its rows and columns the caller wants.
 struct SliceItem {

@@ -247,7 +247,8 @@ Scenario MakeScenario(std::mt19937& rng) {
       po.pieces[l.name] = TensorPiece{l.shape, box.offset};
     }
     if (refs.empty()) continue;
-    Result<PartLayout> layout = Layout(kSliceHolderPart, refs, chunk_bytes, po);
+    Result<PartLayout> layout =
+        Layout(wire::kSliceHolderPart, refs, chunk_bytes, po);
     EXPECT_TRUE(layout.ok()) << layout.status().ToString();
     FetchSource src;
     src.worker = "holder" + std::to_string(h);

@@ -115,52 +115,47 @@ class SliceRun final : public PlanRun {
     return d.data + lin * elem;
   }
 
-  Status Read(StreamState& s, const FetchStep& step,
-              transport::ReadInfo* info) override {
-    if (s.scratch.size() < job_.plan->max_item_bytes) {
-      s.scratch.resize(job_.plan->max_item_bytes);
-    }
-    std::vector<uint8_t>& scratch = s.scratch;
-    // From a holder of slices: the item's alternative read in its layout.
-    const SliceItem* chosen = &job_.plan->items[step.chunk];
-    const TensorLayout* layout = nullptr;
-    uint32_t read_part = chosen->part;
+  // What to read for plan item `step.chunk` from the source `step` names:
+  // the item itself from a trainer part, or, from a holder of slices, the
+  // item's alternative read in the holder's own layout.
+  struct Chosen {
+    const SliceItem* item;
+    const TensorLayout* layout;
+    uint32_t part;  // the part the request names
+  };
+  Result<Chosen> Choose(const FetchStep& step) const {
+    const SliceItem& item = job_.plan->items[step.chunk];
     const std::vector<SliceHolderRef>& holders = job_.plan->holders;
-    for (size_t h = 0; h < holders.size() && layout == nullptr; ++h) {
+    for (size_t h = 0; h < holders.size(); ++h) {
       if (holders[h].address != step.address ||
           holders[h].epoch != step.epoch) {
         continue;
       }
-      for (const SliceItem& a : chosen->alts) {
+      for (const SliceItem& a : item.alts) {
         if (a.part != h) continue;
-        layout = &holders[h].layout->tensors[a.tensor];
-        chosen = &a;
-        read_part = kSliceHolderPart;
-        break;
+        return Chosen{&a, &holders[h].layout->tensors[a.tensor],
+                      wire::kSliceHolderPart};
       }
-      if (layout == nullptr) {
-        return Internal("slice read " + std::to_string(step.chunk) +
-                        " has no read from holder of slices " + step.address);
-      }
+      return Internal("slice read " + std::to_string(step.chunk) +
+                      " has no read from holder of slices " + step.address);
     }
-    if (layout == nullptr) {
-      layout = &job_.manifest->parts()[chosen->part].tensors[chosen->tensor];
-    }
-    const SliceItem& item = *chosen;
-    const SliceDest& d = (*job_.dests)[item.dest];
-    const TensorLayout& t = *layout;
+    return Chosen{&item,
+                  &job_.manifest->parts()[item.part].tensors[item.tensor],
+                  item.part};
+  }
+
+  // Lands every row of `item` (Land), into `rows`; the pieces as the read's
+  // destination, neighbours that touch in memory merged.
+  std::vector<iovec> LandRows(const SliceItem& item, const TensorLayout& t,
+                              bool convert, uint8_t* scratch,
+                              std::vector<RowLanding>* rows) const {
     const uint64_t elem = DTypeBytes(t.spec.dtype);
-    const MatrixView m = MatrixOf(t.spec.shape);
     const MatrixRect& rd = item.read;
-    const bool convert = d.dtype != t.spec.dtype;
-    TH_ASSIGN_OR_RETURN(transport::Connection * conn, Connect(s, step));
-    // Land every row; neighbouring pieces that touch in memory merge.
-    std::vector<RowLanding> rows;
     std::vector<iovec> dest;
     uint64_t used = 0;
     for (uint64_t r = rd.row_begin; r < rd.row_end; ++r) {
-      rows.push_back(Land(item, t, r, convert, scratch.data(), &used));
-      const RowLanding& l = rows.back();
+      rows->push_back(Land(item, t, r, convert, scratch, &used));
+      const RowLanding& l = rows->back();
       for (int k = 0; k < l.n; ++k) {
         const uint64_t c1 = k + 1 < l.n ? l.piece[k + 1].first : rd.col_end;
         const size_t len = (c1 - l.piece[k].first) * elem;
@@ -173,11 +168,30 @@ class SliceRun final : public PlanRun {
         }
       }
     }
+    return dest;
+  }
+
+  Status Read(StreamState& s, const FetchStep& step,
+              transport::ReadInfo* info) override {
+    if (s.scratch.size() < job_.plan->max_item_bytes) {
+      s.scratch.resize(job_.plan->max_item_bytes);
+    }
+    TH_ASSIGN_OR_RETURN(const Chosen chosen, Choose(step));
+    const SliceItem& item = *chosen.item;
+    const TensorLayout& t = *chosen.layout;
+    const bool convert = (*job_.dests)[item.dest].dtype != t.spec.dtype;
+    const uint64_t elem = DTypeBytes(t.spec.dtype);
+    const MatrixView m = MatrixOf(t.spec.shape);
+    const MatrixRect& rd = item.read;
+    TH_ASSIGN_OR_RETURN(transport::Connection * conn, Connect(s, step));
+    std::vector<RowLanding> rows;
+    const std::vector<iovec> dest =
+        LandRows(item, t, convert, s.scratch.data(), &rows);
     wire::ReadRequest req;
     req.model = job_.model;
     req.version = job_.version.value();
     req.epoch = step.epoch;
-    req.part = read_part;
+    req.part = chosen.part;
     req.offset = t.offset + (rd.row_begin * m.cols + rd.col_begin) * elem;
     req.length = item.bytes;
     const uint64_t run = (rd.col_end - rd.col_begin) * elem;
