@@ -139,11 +139,12 @@ class Client::Impl {
     addresses_.Set(server_->address(), server_->endpoints());
     if (!options_.metrics_listen.empty()) {
       // Before registering: a port in use fails Connect with nothing to
-      // undo.
-      TH_ASSIGN_OR_RETURN(metrics_server_,
-                          metrics::MetricsServer::Start(
-                              options_.metrics_listen,
-                              {metrics_.registry(), ScrapeTimeCollector()}));
+      // undo. The server holds the collector weakly: it is kept here.
+      collector_ = ScrapeTimeCollector();
+      TH_ASSIGN_OR_RETURN(
+          metrics_server_,
+          metrics::MetricsServer::Start(options_.metrics_listen,
+                                        {metrics_.registry(), collector_}));
     }
     if (options_.name.empty()) {
       char host[256] = {0};
@@ -222,6 +223,7 @@ class Client::Impl {
   client::WorkerContext ctx_;
   client::Serving serving_;
   std::unique_ptr<transport::Server> server_;
+  std::shared_ptr<metrics::FunctionCollector> collector_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
 };
 

@@ -8,8 +8,8 @@
 // It answers as the gRPC hub does where a fetch can tell the difference: a
 // considered "no complete holder" (Scheduled::unavailable), a retained
 // version's departure check (an Unpublish without force is refused, without
-// waiting), the manifest sent whole (never named by its SHA-256). Lease
-// expiry runs only when the test calls ExpireLeases.
+// waiting), the manifest sent whole (never named by its SHA-256). No lease
+// expires: no expiry pass runs.
 //
 // Thread-safety: every method may be called from any thread (one mutex
 // around the state, as the RPC adapter holds).
