@@ -70,7 +70,7 @@ FakeTransport::Serve ServeFrom(const TestVersion& v,
                                bool bad_manifest = false) {
   return [&v, bad_manifest](const wire::ReadRequest& req,
                             std::span<const iovec> dest) -> Status {
-    if (req.part == kManifestPart) {
+    if (req.part == wire::kManifestPart) {
       Manifest m = v.manifest;
       if (bad_manifest) {
         std::vector<PartLayout> parts = m.parts();
