@@ -89,6 +89,10 @@ struct WorkerFlags {
   // ClientOptionsFrom.
   ClientOptions options;
   std::string secret_file;  // --secret-file
+  // --data-listen (AddWorkerFlags): when neither it nor
+  // $TENSORHUB_DATA_LISTEN is given and the hub is not on loopback,
+  // ClientOptionsFrom listens on the address that routes to the hub.
+  CLI::Option* data_listen = nullptr;
 };
 // --hub HOST:PORT (else $TENSORHUB_HUB, else 127.0.0.1:7070),
 // --secret-file PATH (else $TENSORHUB_SECRET_FILE, else the secret itself in
@@ -99,8 +103,16 @@ void AddHubFlags(CLI::App* command, WorkerFlags* flags);
 // and its metrics endpoint: --name, --datacenter, --rack, --host-label,
 // --spot, --data-listen, --advertise-host, --metrics-listen, and --data-tls.
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
-// The options the flags give, with the secret read.
+// The options the flags give, with the secret read. A worker (AddWorkerFlags)
+// told no data-plane address whose hub is not on loopback listens on the
+// address of its interface that routes to the hub, port 0 (RouteToHub), so
+// that readers on other hosts can dial it.
 Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags);
+// The address of this host's interface that routes to `hub_address` (the
+// first address of an HA list that resolves), "" when the hub is on
+// loopback or is this host. Consults the routing table only: a UDP socket
+// is connected, nothing is sent.
+Result<std::string> RouteToHub(const std::string& hub_address);
 // The secret alone (for `serve`, which is no worker).
 Result<std::string> ReadSecret(const std::string& secret_file);
 
