@@ -13,6 +13,7 @@ void AddBenchWorkloadCommand(CommandLine& cl, CLI::App* bench);
 void AddBenchReshardCommand(CommandLine& cl, CLI::App* bench);
 void AddBenchChecksumCommand(CommandLine& cl, CLI::App* bench);
 void AddBenchDeltaCommand(CommandLine& cl, CLI::App* bench);
+void AddBenchDeltaWanCommands(CommandLine& cl, CLI::App* bench);
 }  // namespace tensorhub::cli
 
 int main(int argc, char** argv) {
@@ -26,14 +27,15 @@ int main(int argc, char** argv) {
   CLI::App* bench =
       cl.AddGroup("bench",
                   "bench hub | bench fanout | bench workload | bench reshard | "
-                  "bench checksum | bench delta (bench pair and bench local "
-                  "are in `tensorhub`)");
+                  "bench checksum | bench delta | bench delta-wan (bench pair "
+                  "and bench local are in `tensorhub`)");
   AddBenchHubCommand(cl, bench);
   AddBenchFanoutCommands(cl, bench);
   AddBenchWorkloadCommand(cl, bench);
   AddBenchReshardCommand(cl, bench);
   AddBenchChecksumCommand(cl, bench);
   AddBenchDeltaCommand(cl, bench);
+  AddBenchDeltaWanCommands(cl, bench);
   AddServeCommand(cl);
   cl.app().footer(
       "Environment: TENSORHUB_LOG=debug|info|warn|error, TENSORHUB_ROLE_LOG "

@@ -35,6 +35,41 @@ namespace client {
 class ClientFactory;  // internal: builds a Client on other seams (tests)
 }  // namespace client
 
+// How a worker uses deltas (ClientOptions::deltas). Host memory only: a
+// version in device memory always travels whole.
+struct DeltaOptions {
+  // Serve deltas: when this worker holds a version whole (published alone,
+  // or fetched) and an older version of the model cut into the same chunks,
+  // it asks the hub whether to compute the delta between them; the first
+  // worker to ask per (base, version) does, once, and serves it. Costs the
+  // delta's memory (about 1-5% of the version at RL learning rates; see
+  // max_memory_bytes) and a pass over both versions on one thread
+  // (`tensorhub-lab bench delta`). While it runs, an Unpublish of either
+  // version waits for it (it reads them).
+  bool serve = true;
+  // Read through deltas: a fetch by a worker holding an older version whole
+  // reads each source offering a delta from it through the delta when
+  // that wins (below); the result is checked against the version's own
+  // chunk checksums, and a chunk whose delta does not check is read whole.
+  bool read = true;
+  // The link to a source as the choice assumes it, in bytes per second:
+  // in this worker's datacenter, and to another one (labels.datacenter).
+  // A delta is read when delta_bytes / link + version_bytes / apply is
+  // below version_bytes / link.
+  double datacenter_link_bytes_per_s = 1.25e9;  // 10 Gbit/s
+  double wide_area_link_bytes_per_s = 1.25e8;   // 1 Gbit/s
+  // How fast this worker applies deltas, bytes of the version per second
+  // (all streams).
+  double apply_bytes_per_s = 1e9;
+  // The deltas this worker keeps to serve, in all; one that does not fit
+  // is not made (the version travels whole).
+  uint64_t max_memory_bytes = 1ull << 30;
+  // A reader behind a slow link whose base has a delta being computed
+  // (claimed, not ready) asks the hub again for up to this long before it
+  // reads the version whole.
+  int64_t wait_ms = 5000;
+};
+
 struct ClientOptions {
   // The hub's control address, HOST:PORT; for a highly available hub set,
   // its hubs' addresses, comma-separated ("h1:7070,h2:7070,h3:7070"): calls
@@ -109,6 +144,10 @@ struct ClientOptions {
   // (for tests and benchmarks of UCX on one host). Also set by the
   // environment's TENSORHUB_UCX_SAME_HOST=1.
   bool ucx_same_host = false;
+  // Deltas on slow links (docs/design.md, "Deltas on slow links"): a
+  // version crosses a slow link as what changed since a base the reader
+  // holds, computed once per (base, version) by a worker holding both.
+  DeltaOptions deltas;
 };
 
 struct PublishOptions {
@@ -185,6 +224,11 @@ struct FetchSourceStats {
   bool was_filling = false;
   // The data-plane transport the chunks came over ("tcp", "ucx").
   std::string transport;
+  // Of `bytes`, those rebuilt here from a delta against FetchStats::
+  // delta_base, and the delta bytes (index included) that came for them:
+  // what crossed the link is delta_wire_bytes + bytes - delta_bytes.
+  uint64_t delta_bytes = 0;
+  uint64_t delta_wire_bytes = 0;
 };
 
 // Where one fetch's time went. The stages follow each other and add up to
@@ -235,6 +279,15 @@ struct FetchStats {
   // Empty and 0 when the hub sent it. Not counted in `bytes` or `sources`.
   std::string manifest_source;
   uint64_t manifest_bytes = 0;
+  // Deltas (docs/design.md, "Deltas on slow links"): the base they were
+  // applied to (0: none was read), the bytes of the version rebuilt from
+  // them, the delta bytes read for those (indexes included), and the
+  // chunks whose delta did not check out (or whose base was gone) and were
+  // read whole. Every other byte came whole.
+  Version delta_base;
+  uint64_t bytes_from_delta = 0;
+  uint64_t delta_wire_bytes = 0;
+  uint32_t delta_chunks_read_whole = 0;
 };
 
 struct TensorInfo {

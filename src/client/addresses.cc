@@ -41,6 +41,8 @@ std::vector<FetchSource> Addresses::ToSources(
                             options_.labels.host, data_address_,
                             options_.hub_address, hub_is_loopback_),
          s.slices, dial == s.data_address ? "" : s.data_address});
+    out.back().delta_offers = s.deltas;
+    out.back().labels = s.labels;
   }
   return out;
 }

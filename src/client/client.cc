@@ -21,6 +21,7 @@
 #include "client/client_deps.h"
 #include "client/client_metrics.h"
 #include "client/control_plane.h"
+#include "client/delta_maker.h"
 #include "client/fetch/slice_fetch.h"
 #include "client/fetch/whole_fetch.h"
 #include "client/membership.h"
@@ -116,13 +117,15 @@ class Client::Impl {
         transport_(std::move(deps.transport)),
         addresses_(options_),
         membership_(options_, *hub_, registry_, addresses_),
-        ctx_{options_,  clock_,   *hub_,      *transport_,
-             registry_, metrics_, addresses_, membership_},
+        deltas_(options_, *hub_, registry_, membership_),
+        ctx_{options_, clock_,     *hub_,       *transport_, registry_,
+             metrics_, addresses_, membership_, &deltas_},
         serving_(ctx_) {}
 
   ~Impl() {
     // First: a scrape reads the server and the registry below.
     if (metrics_server_) metrics_server_->Stop();
+    deltas_.Stop();  // its thread calls the hub and reads the registry
     // Leave while still serving: the hub may hold the call (renewing our
     // lease) until keepers copied retained versions only we hold.
     membership_.Leave();
@@ -199,6 +202,7 @@ class Client::Impl {
     return metrics_server_ ? metrics_server_->address() : std::string();
   }
   client::ClientMetrics& metrics() { return metrics_; }
+  client::DeltaMaker& deltas() { return deltas_; }
   // What GET /metrics answers, with or without a metrics endpoint.
   std::string MetricsText() {
     return metrics::Render({metrics_.registry(), ScrapeTimeCollector()});
@@ -220,6 +224,7 @@ class Client::Impl {
   client::ClientMetrics metrics_;
   client::Addresses addresses_;
   client::Membership membership_;
+  client::DeltaMaker deltas_;
   client::WorkerContext ctx_;
   client::Serving serving_;
   std::unique_ptr<transport::Server> server_;
@@ -231,6 +236,10 @@ namespace client {
 
 ClientMetrics& ClientFactory::Metrics(Client& client) {
   return client.impl_->metrics();
+}
+
+DeltaMaker& ClientFactory::Deltas(Client& client) {
+  return client.impl_->deltas();
 }
 
 std::string ClientFactory::MetricsText(Client& client) {

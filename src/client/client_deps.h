@@ -18,6 +18,7 @@
 namespace tensorhub::client {
 
 class ClientMetrics;  // client/client_metrics.h
+class DeltaMaker;     // client/delta_maker.h
 
 struct ClientDeps {
   // Owned by the client. Serves this worker's reads and reads from holders.
@@ -49,6 +50,8 @@ class ClientFactory {
                                                  ClientDeps deps);
   // The client's metrics (the keeper adds its own to the same registry).
   static ClientMetrics& Metrics(Client& client);
+  // The client's delta maker (tests wait for its work: WaitIdle).
+  static DeltaMaker& Deltas(Client& client);
   // The text its metrics endpoint serves (also without one), for tests.
   static std::string MetricsText(Client& client);
 };

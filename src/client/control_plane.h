@@ -28,6 +28,14 @@
 
 namespace tensorhub::client {
 
+// A delta a source serves of the version from a base the reader holds
+// whole (hub_state.h, DeltaOffer): `bytes` of index and body in all.
+struct DeltaOffer {
+  Version base;
+  uint64_t bytes = 0;
+  bool operator==(const DeltaOffer&) const = default;
+};
+
 struct ResolvedSource {
   WorkerId worker;
   std::string data_address;             // its TCP server
@@ -39,6 +47,8 @@ struct ResolvedSource {
   bool filling = false;
   // A holder of slices (ScheduleSlices only): its own layout, no chunks.
   std::shared_ptr<const PartLayout> slices;
+  // The deltas it serves of the version from bases this reader holds.
+  std::vector<DeltaOffer> deltas;
 };
 
 // A slice reader's box of one logical tensor.
@@ -65,6 +75,9 @@ struct Resolved {
 struct Scheduled {
   std::vector<ResolvedSource> sources;
   std::optional<std::string> unavailable;
+  // A delta from a base this reader holds is being computed (claimed, not
+  // ready): a reader behind a slow link may ask again shortly.
+  bool delta_pending = false;
 };
 
 // A manifest the hub named instead of sending it: its SHA-256 and size as
@@ -95,7 +108,12 @@ struct FetchStart {
   // manifest_from_sources): the reader takes it from a source that holds
   // the whole version and checks it against this.
   std::optional<ManifestRef> manifest_ref;
+  // As Scheduled::delta_pending.
+  bool delta_pending = false;
 };
+
+// What a worker tells the hub of a delta (ReportDelta).
+enum class DeltaAction { kClaim, kReady, kDrop };
 
 // A keeper's work from KeeperPoll: (model, version, total bytes).
 struct KeeperItem {
@@ -175,6 +193,18 @@ class ControlPlane {
   }
   virtual Status FetchDone(const WorkerId& reader, const std::string& model,
                            Version version, int64_t timeout_ms = -1) = 0;
+  // Deltas (hub_state.h: ClaimDelta, AddDelta, DropDelta): kClaim returns
+  // whether this worker computes the delta (base -> version); kReady (with
+  // its `bytes`) and kDrop return true. Default: FAILED_PRECONDITION (a
+  // control plane without deltas: versions travel whole).
+  virtual Result<bool> ReportDelta(const WorkerId& id, const std::string& model,
+                                   Version version, Version base,
+                                   DeltaAction action, uint64_t bytes,
+                                   int64_t timeout_ms = -1) {
+    (void)id, (void)model, (void)version, (void)base, (void)action;
+    (void)bytes, (void)timeout_ms;
+    return FailedPrecondition("this control plane has no deltas");
+  }
   // wait_ms: how long the hub may hold the call waiting for a reliable
   // copy of a retained version. force: drop the reference even so. The
   // call waits at most the smaller of timeout_ms and rpc_timeout_ms + wait_ms.

@@ -96,6 +96,9 @@ class GrpcControlPlane final : public ControlPlane {
                         const PartLayout& slices, int64_t timeout_ms) override;
   Status FetchDone(const WorkerId& reader, const std::string& model,
                    Version version, int64_t timeout_ms) override;
+  Result<bool> ReportDelta(const WorkerId& id, const std::string& model,
+                           Version version, Version base, DeltaAction action,
+                           uint64_t bytes, int64_t timeout_ms) override;
   Status Unpublish(const WorkerId& id, const std::string& model,
                    Version version, int64_t wait_ms, bool force,
                    int64_t timeout_ms) override;
@@ -539,6 +542,7 @@ Result<FetchStart> GrpcControlPlane::BeginFetch(
   }
   out.filling = resp.filling() && fill_epoch.has_value();
   out.fill_detail = resp.fill_detail();
+  out.delta_pending = resp.delta_pending();
   if (resp.sources_code() != 0) {
     out.first_status = wire::FromGrpc(
         grpc::Status(static_cast<grpc::StatusCode>(resp.sources_code()),
@@ -594,6 +598,15 @@ Result<ResolvedSource> GrpcControlPlane::FromProto(const v1::Holder& h) {
       return InvalidArgument("hub sent a holder of slices with chunks");
     }
     s.slices = std::make_shared<const PartLayout>(std::move(slices));
+  }
+  if (h.deltas_size() > 16) {
+    return InvalidArgument("hub sent too many deltas for one holder");
+  }
+  for (const v1::DeltaOffer& d : h.deltas()) {
+    if (d.base() == 0 || d.bytes() == 0) {
+      return InvalidArgument("hub sent a delta with no base or no bytes");
+    }
+    s.deltas.push_back({Version(d.base()), d.bytes()});
   }
   return s;
 }
@@ -656,7 +669,29 @@ Result<Scheduled> GrpcControlPlane::ScheduleSlices(
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     out.sources.push_back(std::move(src));
   }
+  out.delta_pending = resp.delta_pending();
   return out;
+}
+
+Result<bool> GrpcControlPlane::ReportDelta(const WorkerId& id,
+                                           const std::string& model,
+                                           Version version, Version base,
+                                           DeltaAction action, uint64_t bytes,
+                                           int64_t timeout_ms) {
+  v1::ReportDeltaRequest req;
+  req.set_worker_id(id.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_base(base.value());
+  req.set_action(action == DeltaAction::kClaim ? v1::ReportDeltaRequest::CLAIM
+                 : action == DeltaAction::kReady
+                     ? v1::ReportDeltaRequest::READY
+                     : v1::ReportDeltaRequest::DROP);
+  req.set_bytes(bytes);
+  v1::ReportDeltaResponse resp;
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::ReportDelta, req, &resp,
+                          "report delta", Within(timeout_ms)));
+  return action != DeltaAction::kClaim || resp.granted();
 }
 
 Status GrpcControlPlane::FetchDone(const WorkerId& reader,

@@ -114,6 +114,8 @@ class InMemoryHub {
       s.chunks.push_back({c.begin, c.end});
     s.filling = h.filling;
     if (h.slice_holder) s.slices = std::make_shared<PartLayout>(h.slices);
+    for (const hub::DeltaOffer& d : h.deltas)
+      s.deltas.push_back({d.base, d.bytes});
     return s;
   }
   static std::vector<ResolvedSource> ToSources(
@@ -135,6 +137,15 @@ class InMemoryHub {
     if (!r.ok()) return r.status();
     Scheduled out;
     out.sources = ToSources(*r);
+    return out;
+  }
+  // ToScheduled, with DeltaPending for a full fetch's reader.
+  Result<Scheduled> ToScheduled(Result<std::vector<hub::HolderView>> r,
+                                const WorkerId& reader,
+                                const std::string& model, Version version) {
+    Result<Scheduled> out = ToScheduled(std::move(r), model, version);
+    if (out.ok())
+      out->delta_pending = state_.DeltaPending(reader, model, version);
     return out;
   }
   Resolved ToResolved(const std::string& model, hub::Resolution r) {
@@ -213,7 +224,8 @@ class InMemoryHub::Plane final : public ControlPlane {
     const std::set<WorkerId> ex(exclude.begin(), exclude.end());
     return hub_.With([&](hub::HubState& s, int64_t) {
       return hub_.ToScheduled(
-          s.Schedule(reader, model, version, ex, max_sources), model, version);
+          s.Schedule(reader, model, version, ex, max_sources), reader, model,
+          version);
     });
   }
   Result<Scheduled> ScheduleSlices(const WorkerId& reader,
@@ -227,11 +239,14 @@ class InMemoryHub::Plane final : public ControlPlane {
     std::vector<hub::SliceWant> w;
     for (const SliceWant& x : wants) w.push_back({x.name, x.box});
     return hub_.With([&](hub::HubState& s, int64_t) {
+      if (w.empty()) {
+        return hub_.ToScheduled(
+            s.Schedule(reader, model, version, ex, max_sources), reader, model,
+            version);
+      }
       return hub_.ToScheduled(
-          w.empty()
-              ? s.Schedule(reader, model, version, ex, max_sources)
-              : s.ScheduleSlices(reader, model, version, ex, max_sources, w),
-          model, version);
+          s.ScheduleSlices(reader, model, version, ex, max_sources, w), model,
+          version);
     });
   }
   Status AddSliceHolder(const WorkerId& id, const std::string& model,
@@ -240,6 +255,24 @@ class InMemoryHub::Plane final : public ControlPlane {
     counts_->Add("AddSliceHolder");
     return hub_.With([&](hub::HubState& s, int64_t now) {
       return s.AddSliceHolder(id, model, version, epoch, slices, now);
+    });
+  }
+  Result<bool> ReportDelta(const WorkerId& id, const std::string& model,
+                           Version version, Version base, DeltaAction action,
+                           uint64_t bytes, int64_t) override {
+    counts_->Add("ReportDelta");
+    return hub_.With([&](hub::HubState& s, int64_t now) -> Result<bool> {
+      switch (action) {
+        case DeltaAction::kClaim:
+          return s.ClaimDelta(id, model, version, base, now);
+        case DeltaAction::kReady:
+          TH_RETURN_IF_ERROR(s.AddDelta(id, model, version, base, bytes, now));
+          return true;
+        case DeltaAction::kDrop:
+          TH_RETURN_IF_ERROR(s.DropDelta(id, model, version, base, now));
+          return true;
+      }
+      return InvalidArgument("report delta: unknown action");
     });
   }
   Status FetchDone(const WorkerId& reader, const std::string& model,
@@ -297,6 +330,7 @@ class InMemoryHub::Plane final : public ControlPlane {
       out.resolved = hub_.ToResolved(model, std::move(r->resolution));
       out.filling = fill_epoch.has_value() && r->filling.ok();
       if (!r->filling.ok()) out.fill_detail = r->filling.ToString();
+      out.delta_pending = r->delta_pending;
       if (r->sources_unavailable) {
         out.first.unavailable = r->sources_status.message();
       } else if (!r->sources_status.ok()) {

@@ -192,6 +192,15 @@ void Membership::RetryPending() {
     }
     if (s.ok()) {
       registry_.MarkReported(h.model, h.version, h.epoch, true);
+      // The deltas it serves are soft state too.
+      for (const auto& [base, bytes] : h.deltas) {
+        Result<bool> d =
+            hub_.ReportDelta(id_, h.model, h.version, base, DeltaAction::kReady,
+                             bytes, options_.rpc_timeout_ms);
+        if (!d.ok()) {
+          TH_LOG(DEBUG) << "re-report delta: " << d.status().ToString();
+        }
+      }
     } else {
       TH_LOG(WARN) << "re-report '" << h.model << "@" << h.version.value()
                    << "': " << s.ToString();

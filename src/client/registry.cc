@@ -245,6 +245,7 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
     }
     return ServeManifest(*e, req, name);
   }
+  if (wire::IsDeltaPart(req.part)) return ServeDelta(*e, req, name);
   auto pit = e->holding.parts.find(req.part);
   if (pit == e->holding.parts.end()) {
     return NotFound("this worker does not hold part " +
@@ -309,10 +310,15 @@ transport::ServeLease Registry::LeaseOf(const std::shared_ptr<Entry>& e,
                    req.offset + i * req.stride, req.run, &lease.pieces);
     }
   }
+  lease.pin = PinOf(e);
+  return lease;
+}
+
+std::shared_ptr<void> Registry::PinOf(const std::shared_ptr<Entry>& e) {
   ++e->inflight;
   // The pin's deleter ends the read: the last one of a revoked registration
   // wakes Drain().
-  lease.pin = std::shared_ptr<void>(nullptr, [this, e](void*) {
+  return std::shared_ptr<void>(nullptr, [this, e](void*) {
     MutexLock l(mu_);
     if (--e->inflight == 0 && e->revoked) {
       // The last read of a revoked registration: unregister before Drain()
@@ -324,7 +330,6 @@ transport::ServeLease Registry::LeaseOf(const std::shared_ptr<Entry>& e,
       drained_.notify_all();
     }
   });
-  return lease;
 }
 
 Result<std::shared_ptr<const std::string>> Registry::EncodeManifestOf(
@@ -359,6 +364,86 @@ Result<transport::ServeLease> Registry::ServeManifest(
       {const_cast<char*>(bytes->data()) + req.offset, req.length});
   lease.pin = std::const_pointer_cast<std::string>(bytes);
   return lease;
+}
+
+Result<transport::ServeLease> Registry::ServeDelta(Entry& e,
+                                                   const wire::ReadRequest& req,
+                                                   const std::string& name) {
+  auto it = e.deltas.find(Version(req.base));
+  if (it == e.deltas.end()) {
+    return NotFound("this worker has no delta of " + name + " from " +
+                    std::to_string(req.base));
+  }
+  const std::shared_ptr<const delta::VersionDelta>& d = it->second;
+  const std::string& bytes =
+      req.part == wire::kDeltaIndexPart ? d->index : d->body;
+  if (req.run != 0 || req.offset > bytes.size() ||
+      req.length > bytes.size() - req.offset) {
+    return InvalidArgument("read past the end of the delta of " + name +
+                           " from " + std::to_string(req.base));
+  }
+  // As the manifest: the registry's own bytes, pinned by the read; no
+  // drain waits for them.
+  transport::ServeLease lease;
+  lease.memory = MemoryLocation::Host();
+  lease.pieces.push_back(
+      {const_cast<char*>(bytes.data()) + req.offset, req.length});
+  lease.pin = std::const_pointer_cast<delta::VersionDelta>(d);
+  return lease;
+}
+
+std::vector<Version> Registry::WholeVersions(const std::string& model) const {
+  MutexLock lock(mu_);
+  std::vector<Version> out;
+  for (auto it = live_.lower_bound({model, Version(0)});
+       it != live_.end() && it->first.first == model; ++it) {
+    const Holding& h = it->second->holding;
+    if (h.filling || h.slices) continue;
+    if (h.manifest.has_value() || (h.group_size == 1 && h.rank.has_value())) {
+      out.push_back(h.version);
+    }
+  }
+  return out;
+}
+
+std::optional<WholeCopy> Registry::PinWhole(const std::string& model,
+                                            Version version) {
+  MutexLock lock(mu_);
+  auto it = live_.find({model, version});
+  if (it == live_.end()) return std::nullopt;
+  const std::shared_ptr<Entry>& e = it->second;
+  const Holding& h = e->holding;
+  if (h.filling || h.slices) return std::nullopt;
+  std::optional<Manifest> manifest = h.manifest;
+  if (!manifest.has_value()) {
+    if (h.group_size != 1 || !h.rank.has_value()) return std::nullopt;
+    manifest = Manifest(1, h.chunk_bytes, {h.parts.at(*h.rank)});
+  }
+  return WholeCopy{h, std::move(*manifest), PinOf(e)};
+}
+
+Status Registry::AttachDelta(const std::string& model, Version version,
+                             uint64_t epoch, Version base,
+                             std::shared_ptr<const delta::VersionDelta> delta) {
+  MutexLock lock(mu_);
+  Entry* e = FindLocked(model, version, epoch);
+  if (e == nullptr || e->revoked) {
+    return NotFound("'" + model + "@" + std::to_string(version.value()) +
+                    "' registration " + std::to_string(epoch) +
+                    " is gone: its delta is not served");
+  }
+  e->holding.deltas[base] = delta->total_bytes();
+  e->deltas[base] = std::move(delta);
+  return Status::Ok();
+}
+
+uint64_t Registry::delta_bytes() const {
+  MutexLock lock(mu_);
+  uint64_t n = 0;
+  for (const auto& [key, e] : live_) {
+    for (const auto& [base, d] : e->deltas) n += d->total_bytes();
+  }
+  return n;
 }
 
 Registry::HeldCounts Registry::held() const {

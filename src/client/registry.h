@@ -22,6 +22,7 @@
 #include "common/deadline.h"
 #include "common/manifest.h"
 #include "common/mutex.h"
+#include "delta/version_delta.h"
 #include "tensorhub/types.h"
 #include "transport/transport.h"
 
@@ -53,6 +54,17 @@ struct Holding {
   // layout}, neither
   // rank nor manifest; reported with AddSliceHolder.
   bool slices = false;
+  // The deltas it serves (AttachDelta): base -> their bytes, index and body
+  // (re-reported with the holding to a hub that restarted).
+  std::map<Version, uint64_t> deltas;
+};
+
+// A live registration of a whole version (Registry::PinWhole), with a pin
+// that holds off its drain until released, as a read in flight does.
+struct WholeCopy {
+  Holding holding;
+  Manifest manifest;  // the holding's, or its one part's (a group of one)
+  std::shared_ptr<void> pin;
 };
 
 class Registry final : public transport::ReadSource {
@@ -103,6 +115,22 @@ class Registry final : public transport::ReadSource {
   Result<transport::ServeLease> BeginRead(
       const wire::ReadRequest& req) override;
 
+  // ---- Deltas (docs/design.md, "Deltas on slow links") ----
+  // The versions of `model` held whole here (live, not filling, every part),
+  // oldest first.
+  std::vector<Version> WholeVersions(const std::string& model) const;
+  // That registration of (model, version), pinned; nullopt if there is
+  // none.
+  std::optional<WholeCopy> PinWhole(const std::string& model, Version version);
+  // Serves `delta` of (model, version) against `base` (reads of the delta
+  // parts with that base, wire.md) while registration `epoch` lives;
+  // replaces one of the same base. NOT_FOUND if the registration is gone.
+  Status AttachDelta(const std::string& model, Version version, uint64_t epoch,
+                     Version base,
+                     std::shared_ptr<const delta::VersionDelta> delta);
+  // Bytes of the deltas the live registrations serve.
+  uint64_t delta_bytes() const;
+
   size_t reads_in_flight() const;
   // Reads BeginRead refused (unknown or revoked registration, a bad range,
   // a chunk that did not arrive in time).
@@ -128,6 +156,8 @@ class Registry final : public transport::ReadSource {
     // The manifest as a source serves it (wire::kManifestPart), encoded on the
     // first read of it (outside the lock).
     std::shared_ptr<const std::string> manifest_bytes;  // Registry::mu_
+    // Deltas of the version it serves, by base (Registry::mu_).
+    std::map<Version, std::shared_ptr<const delta::VersionDelta>> deltas;
   };
   // The whole manifest of what `h` holds, encoded as the hub encodes it,
   // or NOT_FOUND for a trainer rank of a group or a slice holder (which
@@ -139,6 +169,13 @@ class Registry final : public transport::ReadSource {
                                               const wire::ReadRequest& req,
                                               const std::string& name)
       TH_REQUIRES(mu_);
+  // A read of a delta part (wire::kDeltaIndexPart, kDeltaPart).
+  Result<transport::ServeLease> ServeDelta(Entry& e,
+                                           const wire::ReadRequest& req,
+                                           const std::string& name)
+      TH_REQUIRES(mu_);
+  // The pin of a read or of PinWhole: its deleter ends it.
+  std::shared_ptr<void> PinOf(const std::shared_ptr<Entry>& e) TH_REQUIRES(mu_);
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
       TH_REQUIRES(mu_);
   // Admit's steps: a filling registration's wait for the chunks a read

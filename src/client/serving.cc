@@ -9,6 +9,7 @@
 #include <memory>
 #include <utility>
 
+#include "client/delta_maker.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "cuda/device.h"
@@ -107,6 +108,11 @@ Status Serving::Publish(std::string_view model_sv, Version version,
     return s;
   }
   ctx_.registry.MarkReported(model, version, epoch, true);
+  // A whole version published alone: its delta from an older one held
+  // here, once the hub grants it (delta_maker.h).
+  if (opts.group_size == 1 && ctx_.deltas != nullptr) {
+    ctx_.deltas->Offer(model, version);
+  }
   return Status::Ok();
 }
 
@@ -234,6 +240,10 @@ bool FillingCopy::Complete() {
     // hub answers again.
     TH_LOG(WARN) << "fetched " << VersionName(model_, version_)
                  << " but could not tell the hub yet: " << s.ToString();
+  } else if (ctx.deltas != nullptr) {
+    // Held whole now: the first holder of a version that still holds an
+    // older one may be the one to make their delta.
+    ctx.deltas->Offer(model_, version_);
   }
   return true;
 }

@@ -17,6 +17,8 @@
 
 namespace tensorhub::client {
 
+class DeltaMaker;  // client/delta_maker.h
+
 struct WorkerContext {
   const ClientOptions& options;
   // Deadlines and retry pauses (ClientDeps::clock).
@@ -29,6 +31,9 @@ struct WorkerContext {
   const Addresses& addresses;
   // Its id, and the one path for what the hub must hear later.
   Membership& membership;
+  // Makes the deltas of versions it comes to hold whole (delta_maker.h);
+  // null in a context without one.
+  DeltaMaker* deltas = nullptr;
 };
 
 }  // namespace tensorhub::client

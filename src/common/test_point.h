@@ -37,6 +37,13 @@
 //                          wait for it; arg = the epoch. Runs with the
 //                          registry's lock held: the action must not call
 //                          the registry.
+//   delta_reads.delta_read a fetch stream read a chunk's delta (from a
+//                          source it reads through a delta) and is about to
+//                          pin its own copy of the base and apply it; no
+//                          lock held; arg = the chunk
+//   delta_maker.computing  a worker's delta maker was granted a delta by
+//                          the hub and starts computing it (both versions
+//                          pinned); arg = the version
 //   hub.departure_held     the hub holds an Unpublish or Leave of the last
 //                          reliable copy of a retained version until a
 //                          keeper copies it; arg = versions held. Runs with

@@ -55,7 +55,11 @@ std::string EncodeReadRequest(const ReadRequest& req, const HostIdentity* local,
   Put<uint64_t>(p + 8, req.version);
   Put<uint64_t>(p + 16, req.epoch);
   Put<uint32_t>(p + 24, req.part);
-  Put<uint32_t>(p + 28, 0);
+  // The caller asks for a delta part of an older base only (its decoder
+  // refuses anything else).
+  Put<uint32_t>(p + 28, IsDeltaPart(req.part) && req.base < req.version
+                            ? static_cast<uint32_t>(req.version - req.base)
+                            : 0);
   Put<uint64_t>(p + 32, req.offset);
   Put<uint64_t>(p + 40, req.length);
   std::memcpy(p + kRequestHeaderBytes, req.model.data(), req.model.size());
@@ -125,7 +129,7 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
   const uint16_t known = (local != nullptr ? kRequestFlagLocal : 0) |
                          (cuda_ipc != nullptr ? kRequestFlagCudaIpc : 0) |
                          (strided != nullptr ? kRequestFlagStrided : 0);
-  if ((flags & ~known) != 0 || Get<uint32_t>(p + 28) != 0) {
+  if ((flags & ~known) != 0) {
     return InvalidArgument("read request has unknown flags");
   }
   if ((flags & kRequestFlagLocal) != 0 && (flags & kRequestFlagCudaIpc) != 0) {
@@ -137,6 +141,18 @@ Result<size_t> DecodeReadRequestHeader(const uint8_t* p, size_t size,
   out->version = Get<uint64_t>(p + 8);
   out->epoch = Get<uint64_t>(p + 16);
   out->part = Get<uint32_t>(p + 24);
+  const uint32_t base_back = Get<uint32_t>(p + 28);
+  out->base = 0;
+  if (IsDeltaPart(out->part)) {
+    if (base_back == 0 || base_back >= out->version) {
+      return InvalidArgument(
+          "delta read request: base " + std::to_string(base_back) +
+          " versions back from " + std::to_string(out->version));
+    }
+    out->base = out->version - base_back;
+  } else if (base_back != 0) {
+    return InvalidArgument("read request has unknown flags");
+  }
   out->offset = Get<uint64_t>(p + 32);
   out->length = Get<uint64_t>(p + 40);
   if (out->length == 0 || out->length > kMaxReadBytes) {

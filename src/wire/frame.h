@@ -6,7 +6,8 @@
 //                 flags has kRequestFlagStrided, u64 run | u64 stride, then,
 //                 if flags has kRequestFlagLocal, 32 bytes of HostIdentity)
 //     u32 magic 'THQ1' | u16 model_len | u16 flags | u64 version |
-//     u64 epoch | u32 part | u32 reserved(0) | u64 offset | u64 length
+//     u64 epoch | u32 part | u32 base_back | u64 offset | u64 length
+//   base_back: 0, except for the delta parts (below): version - base.
 //   ReadResponse (24 bytes, then `message_len` bytes, then `payload_len`)
 //     u32 magic 'THP1' | u8 status | u8 flags | u16 message_len |
 //     u64 payload_len | u64 reserved(0)
@@ -57,8 +58,20 @@ inline constexpr uint64_t kMaxReadBytes = 1ull << 30;
 //                     named the manifest to by its SHA-256 reads and checks.
 //   kSliceHolderPart  a holder of slices' own layout (the boxes it
 //                     registered with the hub, packed); offsets are in it.
+//   kDeltaIndexPart   the index of the delta of the version against the
+//                     request's base (delta/version_delta.h): where each
+//                     chunk's delta lies in the body; offsets into it.
+//   kDeltaPart        that delta's body: the chunk deltas back to back.
+// A delta part's request names its base (ReadRequest::base, sent as
+// base_back = version - base, 1 .. 2^32 - 1); any other request has
+// base_back 0.
 inline constexpr uint32_t kManifestPart = 0xFFFFFFFEu;
 inline constexpr uint32_t kSliceHolderPart = 0xFFFFFFFFu;
+inline constexpr uint32_t kDeltaIndexPart = 0xFFFFFFFDu;
+inline constexpr uint32_t kDeltaPart = 0xFFFFFFFCu;
+inline constexpr bool IsDeltaPart(uint32_t part) {
+  return part == kDeltaIndexPart || part == kDeltaPart;
+}
 
 // Intra-host reads by cross-memory attach.
 inline constexpr uint16_t kRequestFlagLocal = 0x0001;
@@ -113,6 +126,9 @@ struct ReadRequest {
   // of a row-major matrix is one such request, not one per row.
   uint64_t run = 0;
   uint64_t stride = 0;
+  // A delta part's base version (IsDeltaPart(part)): older than `version`,
+  // by at most 2^32 - 1; 0 for any other part.
+  uint64_t base = 0;
   uint64_t runs() const { return run == 0 ? 1 : length / run; }
   // One past the last byte the request touches.
   uint64_t span_end() const {
@@ -254,7 +270,7 @@ static_assert(kChallengeMagic == layout::Magic("THC1"));
 static_assert(kStartTlsMagic == layout::Magic("THT1"));
 static_assert(kProofMagic == layout::Magic("THA1"));
 static_assert(kVerdictMagic == layout::Magic("THV1"));
-// magic | model_len | flags | version | epoch | part | reserved | offset |
+// magic | model_len | flags | version | epoch | part | base_back | offset |
 // length
 static_assert(kRequestHeaderBytes == layout::kU32 + 2 * layout::kU16 +
                                          2 * layout::kU64 + 2 * layout::kU32 +

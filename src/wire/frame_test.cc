@@ -213,6 +213,35 @@ TEST(ReadRequestTest, Rejections) {
   }
 }
 
+TEST(ReadRequestTest, DeltaPartsNameTheirBaseOthersCannot) {
+  for (uint32_t part : {kDeltaIndexPart, kDeltaPart}) {
+    ReadRequest r = SampleRequest();
+    r.part = part;
+    r.version = 1000;
+    r.base = 997;
+    std::vector<uint8_t> b = EncodedHeader(r);
+    ReadRequest out;
+    ASSERT_TRUE(DecodeReadRequestHeader(b.data(), b.size(), &out).ok());
+    EXPECT_EQ(out.base, 997u);
+    EXPECT_EQ(out.part, part);
+    // base_back 0 (no base), or reaching version 0 or before: refused.
+    for (uint32_t back : {0u, 1000u, 1001u, 0xFFFFFFFFu}) {
+      Put32(b.data() + 28, back);
+      EXPECT_EQ(DecodeStatus(b).code(), StatusCode::kInvalidArgument) << back;
+    }
+    Put32(b.data() + 28, 999);  // base 1, the oldest there is
+    ASSERT_TRUE(DecodeReadRequestHeader(b.data(), b.size(), &out).ok());
+    EXPECT_EQ(out.base, 1u);
+  }
+  // Any other part sends base_back 0 whatever `base` says.
+  ReadRequest r = SampleRequest();
+  r.base = 5;
+  ReadRequest out;
+  std::vector<uint8_t> b = EncodedHeader(r);
+  ASSERT_TRUE(DecodeReadRequestHeader(b.data(), b.size(), &out).ok());
+  EXPECT_EQ(out.base, 0u);
+}
+
 TEST(ReadRequestTest, LocalFlagCarriesTheHostIdentityAfterTheName) {
   ReadRequest r = SampleRequest();
   HostIdentity id;

@@ -68,6 +68,8 @@ void FetchPlan::AddSource(FetchSource s) {
       k.source.chunks = std::move(s.chunks);
       k.source.filling = s.filling;
       k.source.unreachable_hint = std::move(s.unreachable_hint);
+      k.source.delta_offers = std::move(s.delta_offers);
+      k.source.delta = s.delta;
       return;
     }
   }
@@ -143,6 +145,7 @@ FetchStep FetchPlan::StartRead(int64_t now_ms,
   step.source = src;
   step.address = s.source.address;
   step.epoch = s.source.epoch;
+  step.delta = s.source.delta;
   return step;
 }
 

@@ -68,6 +68,8 @@ struct FetchStep {
   std::vector<std::string> failed;
   int64_t until_ms = 0;
   Status status;
+  // kRead from a source read through a delta (FetchSource::delta).
+  std::optional<DeltaOffer> delta;
 
   static FetchStep Done(Status s) {
     FetchStep f;

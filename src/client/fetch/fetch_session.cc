@@ -191,6 +191,27 @@ SourceRefresher FetchSession::Refresher(std::vector<SliceWant> wants) const {
   };
 }
 
+bool FetchSession::AwaitSources(
+    const std::function<bool(std::vector<FetchSource>&)>& good,
+    int64_t wait_ms) {
+  const Deadline until = work_.Cap(wait_ms);
+  while (true) {
+    Result<std::vector<FetchSource>> now = FirstSources();
+    if (now.ok() && good(*now)) return true;
+    if (!start_.delta_pending || until.remaining_ms() < kDeltaPollMs) {
+      return false;
+    }
+    ctx_.clock.SleepMs(kDeltaPollMs);
+    Result<Scheduled> r = ctx_.hub.Schedule(
+        ctx_.membership.id(), model_, version_, {},
+        MaxSources(options_.max_sources), AtLeast1(work_.remaining_ms()));
+    if (!r.ok() || r->unavailable.has_value()) continue;  // keep the last
+    start_.first = std::move(r).value();
+    start_.first_status = Status::Ok();
+    start_.delta_pending = start_.first.delta_pending;
+  }
+}
+
 FetcherOptions FetchSession::StartRun(uint64_t bytes_total,
                                       std::function<void(uint64_t)> on_chunk) {
   t_sources_ = SteadyClock::now();
@@ -251,6 +272,10 @@ FetchStats FetchSession::Finish(const FetchReport& rep,
   st.kernel_tls_connections = rep.kernel_tls_connections;
   st.manifest_source = manifest_source_;
   st.manifest_bytes = manifest_bytes_;
+  st.delta_base = rep.delta_base;
+  st.bytes_from_delta = rep.bytes_from_delta;
+  st.delta_wire_bytes = rep.delta_wire_bytes;
+  st.delta_chunks_read_whole = rep.delta_chunks_read_whole;
   return st;
 }
 

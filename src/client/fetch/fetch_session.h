@@ -91,6 +91,17 @@ class FetchSession {
   // them come too.
   SourceRefresher Refresher(std::vector<SliceWant> wants = {}) const;
 
+  // A delta of the version from a base this reader holds is being computed
+  // (the hub's last answer said so: FetchStart::delta_pending).
+  bool delta_pending() const { return start_.delta_pending; }
+  // Asks the hub for sources again (Schedule) every kDeltaPollMs, for up to
+  // `wait_ms` within work(), until `good` takes the sources (as the run
+  // would get them), or no delta is pending any more. Each answer replaces
+  // the first sources (FirstSources). Whether `good` took them.
+  bool AwaitSources(const std::function<bool(std::vector<FetchSource>&)>& good,
+                    int64_t wait_ms);
+  static constexpr int64_t kDeltaPollMs = 50;
+
   // The data plane starts now (the schedule stage ends): the run's options,
   // with the caller's streams and progress callback, this worker's metrics,
   // and progress reports to the hub (`tensorhub top`) counting towards

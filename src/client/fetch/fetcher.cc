@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "client/fetch/delta_reads.h"
 #include "client/fetch/fetch_plan.h"
 #include "client/fetch/plan_run.h"
 #include "common/test_point.h"
@@ -34,6 +35,21 @@ class FetchRun final : public PlanRun {
     s.pieces.clear();
     AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
                  loc.offset, loc.bytes, &s.pieces);
+    const Deadline read_deadline = deadline().Cap(options().read_timeout_ms);
+    if (step.delta.has_value() && job_.deltas != nullptr &&
+        job_.memory.is_host()) {
+      int64_t verify_ns = 0;
+      TH_ASSIGN_OR_RETURN(
+          DeltaReads::Outcome o,
+          job_.deltas->Read(*conn, step, s.pieces, read_deadline, &s.scratch,
+                            &verify_ns));
+      if (o == DeltaReads::Outcome::kApplied) {
+        *info = transport::ReadInfo{};
+        info->verify_ns = verify_ns;
+        return Status::Ok();
+      }
+      // No delta to use for this chunk: read it whole, from the same source.
+    }
     wire::ReadRequest req;
     req.model = job_.model;
     req.version = job_.version.value();
@@ -42,7 +58,6 @@ class FetchRun final : public PlanRun {
     req.offset = loc.offset;
     req.length = loc.bytes;
     transport::ReadChecksum got{.kind = loc.checksum};
-    const Deadline read_deadline = deadline().Cap(options().read_timeout_ms);
     if (job_.memory.is_host()) {
       TH_RETURN_IF_ERROR(conn->Read(req, s.pieces, read_deadline, &got));
     } else {
@@ -81,7 +96,9 @@ Result<FetchReport> RunFetch(transport::Transport& transport,
   }
   if (job.manifest->num_chunks() == 0) return FetchReport{};
   FetchRun run(transport, job, std::move(sources), refresh, options, deadline);
-  return run.Run();
+  Result<FetchReport> report = run.Run();
+  if (report.ok() && job.deltas != nullptr) job.deltas->AddTo(&*report);
+  return report;
 }
 
 }  // namespace tensorhub::client

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "client/control_plane.h"
 #include "common/deadline.h"
 #include "common/manifest.h"
 #include "tensorhub/client.h"
@@ -58,7 +59,19 @@ struct FetchSource {
   // transport (FAILED_PRECONDITION: e.g. a UCX holder asked for device
   // memory) moves the source to TCP, which every worker serves.
   std::string tcp_address{};
+  // The deltas it serves of the version from bases this reader holds (the
+  // hub's offers), and the one this fetch reads it through, if any (the
+  // fetch's choice: fetch/delta_choice.h, docs/design.md "Deltas on slow
+  // links"). With `delta` set, a chunk is read as its delta from this
+  // source and applied to the reader's base (a chunk with no delta, or
+  // whose delta does not check out, is read whole).
+  std::vector<DeltaOffer> delta_offers{};
+  std::optional<DeltaOffer> delta{};
+  // Where the hub says it is (for the choice of a delta: its link).
+  Labels labels{};
 };
+
+class DeltaReads;  // client/fetch/delta_reads.h
 
 struct FetchJob {
   std::string model;
@@ -69,6 +82,9 @@ struct FetchJob {
   // Where every destination base points (device: reads go through
   // Connection::ReadDevice).
   MemoryLocation memory;
+  // Reads through deltas, for sources with FetchSource::delta (host memory
+  // only); null: every chunk is read whole. Not owned.
+  DeltaReads* deltas = nullptr;
 };
 
 struct FetcherOptions {
@@ -123,6 +139,13 @@ struct FetchReport {
   // Connections opened over TLS; of which the kernel decrypts (kTLS).
   uint32_t tls_connections = 0;
   uint32_t kernel_tls_connections = 0;
+  // Deltas (FetchStats' fields of the same names): bytes of the version
+  // rebuilt from deltas, the delta bytes read for them, chunks read whole
+  // after their delta failed. per_source carries each source's share.
+  Version delta_base;  // 0: no source was read through a delta
+  uint64_t bytes_from_delta = 0;
+  uint64_t delta_wire_bytes = 0;
+  uint32_t delta_chunks_read_whole = 0;
 };
 inline constexpr size_t kMaxStealWaits = 64;
 

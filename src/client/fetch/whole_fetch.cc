@@ -1,10 +1,14 @@
 #include "client/fetch/whole_fetch.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "client/fetch/delta_choice.h"
+#include "client/fetch/delta_reads.h"
 #include "client/fetch/fetch_session.h"
 #include "client/fetch/slice_fetch.h"
 #include "client/tensor_checks.h"
@@ -103,6 +107,46 @@ Result<FetchJob> MapDestination(const FetchSession& session,
   return job;
 }
 
+// Deltas (docs/design.md, "Deltas on slow links"): the base this fetch
+// applies deltas to, if it holds one, and which sources it reads through
+// them (ChooseDeltas, per source). A reader whose sources are all in other
+// datacenters, none offering a delta it can use while one from its base is
+// being computed, asks the hub again for up to DeltaOptions::wait_ms
+// before it reads the version whole across the link.
+std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
+                                       FetchSession& session,
+                                       const FetchJob& job,
+                                       std::vector<FetchSource>* sources) {
+  const DeltaOptions& o = ctx.options.deltas;
+  if (!o.read || !job.memory.is_host()) return std::nullopt;
+  std::vector<Version> offered;
+  for (const FetchSource& s : *sources) {
+    for (const DeltaOffer& d : s.delta_offers) offered.push_back(d.base);
+  }
+  std::optional<DeltaBase> base =
+      PickDeltaBase(ctx.registry, session.model(), session.version(),
+                    session.manifest(), offered);
+  if (!base.has_value()) return std::nullopt;
+  const uint64_t bytes = session.manifest().total_bytes();
+  auto choose = [&](std::vector<FetchSource>& s) {
+    ChooseDeltas(&s, base->version, bytes, ctx.options.labels, o);
+    return std::any_of(s.begin(), s.end(), [](const FetchSource& f) {
+      return f.delta.has_value();
+    });
+  };
+  if (!choose(*sources) && session.delta_pending() &&
+      !AnySourceNearby(*sources, ctx.options.labels) && o.wait_ms > 0) {
+    if (session.AwaitSources(choose, o.wait_ms)) {
+      Result<std::vector<FetchSource>> again = session.FirstSources();
+      if (again.ok()) {
+        *sources = std::move(again).value();
+        choose(*sources);
+      }
+    }
+  }
+  return base;
+}
+
 // Pieces of logical tensors: the destination names the logical tensors,
 // which come whole through the slice body, not served onward. The hub
 // takes no filling registration of such a version; one an older hub took
@@ -149,7 +193,25 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
   }
   TH_ASSIGN_OR_RETURN(std::vector<FetchSource> sources,
                       session->FirstSources());
-  const SourceRefresher refresh = session->Refresher();
+  SourceRefresher refresh = session->Refresher();
+  std::optional<DeltaReads> deltas;
+  if (std::optional<DeltaBase> base =
+          PrepareDeltas(ctx, *session, job, &sources)) {
+    const Version b = base->version;
+    deltas.emplace(ctx.registry, session->model(), session->version(),
+                   session->manifest(), std::move(*base));
+    job.deltas = &*deltas;
+    // Sources the hub names later are chosen the same way.
+    refresh =
+        [inner = std::move(refresh), b,
+         bytes = session->manifest().total_bytes(), labels = ctx.options.labels,
+         o = ctx.options.deltas](
+            const std::vector<std::string>& failed) -> Result<SourceUpdate> {
+      Result<SourceUpdate> u = inner(failed);
+      if (u.ok()) ChooseDeltas(&u->sources, b, bytes, labels, o);
+      return u;
+    };
+  }
   const FetcherOptions fo =
       session->StartRun(session->manifest().total_bytes(), fill.OnChunk());
   Result<FetchReport> rep = RunFetch(ctx.transport, job, std::move(sources),

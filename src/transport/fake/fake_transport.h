@@ -16,6 +16,11 @@
 //   kMidChunk    half the payload was written to the destination: kClose and
 //                kRefuse break the connection there, kStall blocks there,
 //                kCorrupt flips a byte in the second half.
+// A fault may name the part whose reads it hits (Fault::part): e.g.
+// wire::kDeltaPart, a holder's delta of a version (docs/wire.md, "Delta
+// parts"), so that a test breaks, stalls or corrupts the delta a reader
+// applies and not the chunks it reads whole; such a fault never fires at
+// kConnect.
 // A stalled call ends when the test calls ReleaseStalls() (it then fails as
 // a dropped connection), when Connection::Cancel() is called, or at its
 // deadline (DEADLINE_EXCEEDED) as seen on the deadline's own clock, polled
@@ -78,6 +83,8 @@ struct Fault {
   FaultWhat what = FaultWhat::kRefuse;
   int skip = 0;    // let this many calls at `where` through first
   int times = -1;  // then fire this many times; -1: forever
+  // Only reads of this part (e.g. wire::kDeltaPart); unset: every read.
+  std::optional<uint32_t> part{};
 };
 
 class FakeTransport final : public Transport {
@@ -140,11 +147,14 @@ class FakeTransport final : public Transport {
     int fired = 0;
   };
 
-  // The fault that fires for this call at `where`, if any.
-  std::optional<FaultWhat> Take(const std::string& address, FaultWhere where) {
+  // The fault that fires for this call at `where` (a read of `part`, or a
+  // connect: none), if any.
+  std::optional<FaultWhat> Take(const std::string& address, FaultWhere where,
+                                std::optional<uint32_t> part = std::nullopt) {
     std::lock_guard<std::mutex> l(mu_);
     for (FaultState& f : faults_) {
       if (f.fault.address != address || f.fault.where != where) continue;
+      if (f.fault.part.has_value() && f.fault.part != part) continue;
       if (f.seen++ < f.fault.skip) continue;
       if (f.fault.times >= 0 && f.fired >= f.fault.times) continue;
       ++f.fired;
@@ -252,7 +262,7 @@ class FakeTransport::FakeConnection final : public Connection {
               const Deadline& deadline, ReadChecksum* sum) override {
     if (broken_) return Unavailable("fake: connection is broken");
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
-    if (auto f = t_->Take(address_, FaultWhere::kReadHeader)) {
+    if (auto f = t_->Take(address_, FaultWhere::kReadHeader, req.part)) {
       switch (*f) {
         case FaultWhat::kRefuse:
           return Unavailable("fake: holder refused the read");
@@ -266,10 +276,11 @@ class FakeTransport::FakeConnection final : public Connection {
     }
     Status served = t_->ServeRead(address_, req, dest);
     if (!served.ok()) return served;
-    std::optional<FaultWhat> f = t_->Take(address_, FaultWhere::kReadBody);
+    std::optional<FaultWhat> f =
+        t_->Take(address_, FaultWhere::kReadBody, req.part);
     bool mid = false;
     if (!f.has_value()) {
-      f = t_->Take(address_, FaultWhere::kMidChunk);
+      f = t_->Take(address_, FaultWhere::kMidChunk, req.part);
       mid = f.has_value();
     }
     if (f.has_value()) {
