@@ -117,6 +117,8 @@ bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 step "Python package and pytest"
 bash python/setup_env.sh
 TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q tests/python
+step "the binary wheel: pip install into a fresh venv in a minimal root (no build libraries, headers, compilers); publish, fetch, CLI"
+bash tests/install/wheel_test.sh
 
 step "real engines: two vLLM engines following a trainer, the RL example on them, HF checkpoints, verl (CPU)"
 bash tests/engines/run.sh

@@ -19,7 +19,9 @@ from typing import (
     overload,
 )
 
-from . import _core, host_memory
+from . import host_memory
+from . import _log
+from ._native import core as _core
 from . import _tensors
 from .errors import (
     DeadlineExceededError,
@@ -878,6 +880,7 @@ def connect(
     secret = opts["secret"]
     if secret is None:
         secret = os.environ.get("TENSORHUB_SECRET", "")
+    _log.sync_level()
     core = _core.Client.connect(
         hub=hub,
         name=worker_id or "",

@@ -116,6 +116,11 @@ class TensorHubInitInfo(WeightTransferInitInfo):
             slices onward to the same rank of other engines. Default: when
             tensor_parallel_size > 1. True at TP 1 takes the same path with
             whole-tensor boxes (what the tests run on a CPU vLLM).
+        node: the socket of this host's node agent (``tensorhub node``;
+            ``"@tensorhub-node"`` or a path; default ``$TENSORHUB_NODE``,
+            else none): updates load straight from the host's one copy
+            (tensorhub.node), and fetch for themselves, saying so, when the
+            agent does not answer.
     """
 
     hub: str
@@ -128,8 +133,11 @@ class TensorHubInitInfo(WeightTransferInitInfo):
     connections: int = 4
     worker_name: Optional[str] = None
     slices: Optional[bool] = None
+    node: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.node is None:
+            self.node = os.environ.get("TENSORHUB_NODE") or None
         if not isinstance(self.hub, str) or ":" not in self.hub:
             raise ValueError(f"tensorhub init_info: hub must be 'HOST:PORT', not {self.hub!r}")
         if not isinstance(self.labels, dict):
@@ -192,6 +200,7 @@ class _Staged:
         self.done = threading.Event()
         self.thread: Optional[threading.Thread] = None
         self.slices = False  # fetched this rank's slices only
+        self.node_copy: Optional[Any] = None  # tensorhub.node.NodeCopy: tensors are its views
 
 
 class TensorHubWeightTransferEngine(
@@ -238,7 +247,7 @@ class TensorHubWeightTransferEngine(
             raise ValueError(
                 f"tensorhub init_info {sorted(init_dict)}: {e}; fields: hub, secret_file, "
                 f"labels, reader_group, data_listen, advertise_host, timeout_s, connections, "
-                f"worker_name, slices"
+                f"worker_name, slices, node"
             ) from e
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
@@ -422,6 +431,16 @@ class TensorHubWeightTransferEngine(
                 raise DeadlineExceededError(
                     f"tensorhub: no time left to fetch {staged.model}@{info.version}"
                 )
+            if self._info.node:  # type: ignore[union-attr]
+                # The host's one copy (tensorhub.node), if its agent serves it.
+                from . import node
+
+                copy = node.acquire_or_none(staged.model, info.version, socket=self._info.node,
+                                            timeout=remaining)
+                if copy is not None:
+                    staged.version, staged.node_copy = info.version, copy
+                    staged.tensors = copy.tensors("torch")
+                    return
             slices = self._info.slices  # type: ignore[union-attr]
             if self._tp > 1 if slices is None else slices:
                 out = self._fetch_rank_slices(client, staged, info, remaining)
@@ -463,6 +482,10 @@ class TensorHubWeightTransferEngine(
         return full
 
     def _drop(self, staged: _Staged) -> None:
+        if staged.node_copy is not None:
+            staged.tensors, copy, staged.node_copy = None, staged.node_copy, None
+            copy.close()
+            return
         with self._lock:
             if self._held is not None and staged.tensors is self._held[2]:
                 return  # the version in use, not a separate stage
@@ -490,8 +513,13 @@ class TensorHubWeightTransferEngine(
         # The new version is in the model: serve it, and withdraw the old one
         # in the background (unpublish waits for its reads in flight, and the
         # engine need not wait for that: the pause covers the apply only).
+        # Loaded from the node's copy: nothing to serve, the agent does.
+        new = (staged.model, staged.version, staged.tensors)
+        if staged.node_copy is not None:
+            staged.tensors, copy, staged.node_copy, new = None, staged.node_copy, None, None
+            copy.close()
         with self._lock:
-            old, self._held = self._held, (staged.model, staged.version, staged.tensors)  # type: ignore[assignment]
+            old, self._held = self._held, new  # type: ignore[assignment]
         if old is not None and (old[0], old[1]) != (staged.model, staged.version):
             self._join_withdraw()
             # The thread holds `old`, so its buffers live until the drain ends.

@@ -2,6 +2,7 @@
 // worker behind it.
 #include "client/client_tls.h"
 #include "client/control_plane.h"
+#include "client/describe.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub {
@@ -36,6 +37,19 @@ HubWatcher::~HubWatcher() = default;
 
 Result<HubSnapshot> HubWatcher::Snapshot(const SnapshotLimits& limits) {
   return impl_->hub().Snapshot(limits);
+}
+
+Result<std::vector<ModelInfo>> HubWatcher::List() {
+  return impl_->hub().List();
+}
+
+Result<VersionInfo> HubWatcher::Describe(std::string_view model,
+                                         Version version) {
+  // No worker id: the hub orders the holders for no one in particular.
+  TH_ASSIGN_OR_RETURN(
+      client::Resolved r,
+      impl_->hub().Resolve(WorkerId(), std::string(model), version, true));
+  return client::ToVersionInfo(model, r);
 }
 
 }  // namespace tensorhub
