@@ -21,7 +21,7 @@ Per host it prints the peak host memory of the host's TensorHub processes
 (the agent and the engines, in one memory cgroup of their own) above what
 they used before the first update: the engines' weights, allocated at start,
 stand for device memory and are in that baseline, as are the processes
-themselves (printed apart). The peak is the kernel's (memory.max_usage_in_bytes
+themselves ("processes": the baseline less the weights). The peak is the kernel's (memory.max_usage_in_bytes
 of the cgroup), not a sample. Beside it: the model's size and the ratio, and
 the time from "load" to the last engine of the run reporting its weights
 loaded, with every engine's weights checked against the publisher's digest.
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -55,12 +54,15 @@ class Proc:
 
     def __init__(self, host_ns: str, argv, cgroup: Path | None, env: dict, name: str) -> None:
         self.name = name
-        inner = " ".join(shlex.quote(a) for a in argv)
-        if cgroup is not None:
-            inner = f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))} && exec {inner}"
-        self.proc = subprocess.Popen(["ip", "netns", "exec", host_ns, "sh", "-c", inner], stdin=subprocess.PIPE,
+        # `ip netns exec` execs the command in its own process (no fork), so
+        # the pid is the process's from start to end. It mounts a sysfs of
+        # its own, without the cgroup tree: the process is moved into its
+        # cgroup from here, before it has loaded anything.
+        self.proc = subprocess.Popen(["ip", "netns", "exec", host_ns, *argv], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(self.proc.pid))
         self.lines: list[str] = []
         self.cv = threading.Condition()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -126,15 +128,23 @@ def read_int(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def rss_mib(pid: int) -> float:
-    """VmRSS of the real process under `ip netns exec sh -c exec ...`."""
+def status_mib(pid: int, field: str = "VmRSS") -> float:
+    """A /proc/PID/status size (VmRSS, VmHWM, RssAnon, RssShmem) in MiB."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
+
+
+def reset_peak(pid: int) -> None:
+    """VmHWM := VmRSS (proc(5), clear_refs 5)."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        pass
 
 
 def run_mode(mode: str, a, prefix: str, ips: list, hub: str, digests: dict, model_bytes: int, env: dict) -> dict:
@@ -156,7 +166,7 @@ def run_mode(mode: str, a, prefix: str, ips: list, hub: str, digests: dict, mode
                 procs.append(agent)
             for e in range(a.engines):
                 eng = Proc(ns, [a.python, str(REPO / "bench" / "node_engine.py"), "engine", "--hub", hub,
-                                "--model", a.model, "--name", f"h{h}-e{e}", "--host-label", f"h{h}",
+                                "--model", f"{a.model}-{mode}", "--name", f"h{h}-e{e}", "--host-label", f"h{h}",
                                 "--data-listen", f"{ips[h]}:0", "--mode", mode, "--socket", socket,
                                 "--scale", str(a.scale)],
                            groups[h], env, f"h{h}-e{e}")
@@ -168,36 +178,51 @@ def run_mode(mode: str, a, prefix: str, ips: list, hub: str, digests: dict, mode
         for h in hosts:
             (groups[h] / "memory.max_usage_in_bytes").write_text("0")
             base[h] = read_int(groups[h] / "memory.usage_in_bytes")
-        procs_mib = {h: read_int(groups[h] / "memory.usage_in_bytes") / 2**20 for h in hosts}
-        agent_rss = {h: rss_mib(agents[h].proc.pid) for h in agents}
+        # The processes themselves: the cgroup at baseline less the engines'
+        # weights (which stand for device memory).
+        procs_mib = {h: (read_int(groups[h] / "memory.usage_in_bytes") - a.engines * model_bytes) / 2**20
+                     for h in hosts}
+        agent_rss = {h: status_mib(agents[h].proc.pid) for h in agents}
+        engine_base = {eng.name: status_mib(eng.proc.pid) for eng in engines}
+        for p in procs:
+            reset_peak(p.proc.pid)
         rounds = []
         for v in range(1, a.versions + 1):
+            # From the round's first command (later versions: stage, then
+            # load at once, so the load waits for the staged fetch) to the
+            # last engine's weights in (its own clock: the digest after it
+            # is not counted).
+            t0 = time.monotonic()
             if v > 1:
-                t0 = time.monotonic()
                 for eng in engines:
                     eng.send(f"stage {v}")
                 for eng in engines:
                     eng.expect("staged", 300)
-                if mode == "node":
-                    # The agents' fetches run on; the load waits for them.
-                    pass
-            t0 = time.monotonic()
             for eng in engines:
                 eng.send(f"load {v}")
             last = 0.0
             paths = set()
             for eng in engines:
-                line, at = eng.expect("loaded", 600)
-                _, ver, secs, dig, path = line.split()
+                line, _ = eng.expect("loaded", 600)
+                _, ver, secs, dig, path, done = line.split()
                 if dig != digests[v]:
                     raise RuntimeError(f"{eng.name}: version {v} loaded with digest {dig}, published {digests[v]}")
                 paths.add(path)
-                last = max(last, at - t0)
+                last = max(last, float(done) - t0)
             rounds.append((v, last, sorted(paths)))
         peak = {h: read_int(groups[h] / "memory.max_usage_in_bytes") - base[h] for h in hosts}
+        # Where it went, per process: the agent's peak RSS (its copy is
+        # shared memory it faulted in), and each engine's peak RSS above its
+        # start (pages of the host copy it mapped count here too).
+        agent_peak = {h: status_mib(agents[h].proc.pid, "VmHWM") for h in agents}
+        engine_peak = {h: max(status_mib(e.proc.pid, "VmHWM") - engine_base[e.name]
+                              for e in engines if e.name.startswith(f"h{h}-")) for h in hosts}
         for eng in engines:
             eng.send("quit")
-        return {"mode": mode, "peak": peak, "procs_mib": procs_mib, "agent_rss": agent_rss, "rounds": rounds}
+        for eng in engines:  # they leave the hub; the next mode starts clean
+            eng.proc.wait(60)
+        return {"mode": mode, "peak": peak, "procs_mib": procs_mib, "agent_rss": agent_rss, "rounds": rounds,
+                "agent_peak": agent_peak, "engine_peak": engine_peak}
     finally:
         for p in procs:
             p.stop()
@@ -248,7 +273,8 @@ def main() -> int:
                     env, "hub")
         procs.append(hubp)
         pub = Proc(f"{prefix}-h0", [a.python, str(REPO / "bench" / "node_engine.py"), "publisher", "--hub", hub,
-                                    "--model", a.model, "--host-label", "h0", "--data-listen", f"{ips[0]}:0",
+                                    "--model", ",".join(f"{a.model}-{m}" for m in a.modes.split(",")),
+                                    "--host-label", "h0", "--data-listen", f"{ips[0]}:0",
                                     "--scale", str(a.scale), "--versions", str(a.versions)], None, env, "trainer")
         procs.append(pub)
         digests = {}
@@ -269,7 +295,7 @@ def main() -> int:
         subprocess.run([str(REPO / "bench" / "testbed.sh"), "down", "--prefix", prefix], capture_output=True)
     mib = model_bytes / 2**20
     print()
-    print(f"{'mode':<6} {'host':<5} {'peak above baseline':>20} {'x model':>8} {'procs at baseline':>18} "
+    print(f"{'mode':<6} {'host':<5} {'peak above baseline':>20} {'x model':>8} {'processes':>18} "
           f"{'agent RSS':>10}   time to last engine loaded, per version (x bound)")
     for r in results:
         for h, peak in r["peak"].items():
@@ -278,7 +304,11 @@ def main() -> int:
             agent = f"{r['agent_rss'][h]:.0f} MiB" if h in r["agent_rss"] else "-"
             print(f"{r['mode']:<6} h{h:<4} {peak / 2**20:>15.1f} MiB {peak / model_bytes:>8.2f} "
                   f"{r['procs_mib'][h]:>14.0f} MiB {agent:>10}   {times}")
-    print(f"\nmodel {mib:.1f} MiB; every engine's weights matched the publisher's digest for every version")
+    print("\nper process (VmHWM, MiB): " + "; ".join(
+        f"{r['mode']} h{h}: agent {r['agent_peak'][h]:.0f} peak RSS" if h in r["agent_peak"] else
+        f"{r['mode']} h{h}: no agent" for r in results for h in r["peak"]) + "; " + "; ".join(
+        f"{r['mode']} h{h}: engine +{r['engine_peak'][h]:.0f} at most" for r in results for h in r["peak"]))
+    print(f"model {mib:.1f} MiB; every engine's weights matched the publisher's digest for every version")
     worst = {r["mode"]: max(r["peak"].values()) / model_bytes for r in results}
     if "node" in worst:
         print(f"node: at most {worst['node']:.2f} copies per host (limit 1.25)")

@@ -16,8 +16,9 @@ a GPU node, device memory: not the host memory measured), and per update:
 Line protocol on stdin/stdout (one line each):
   publisher: prints "published V DIGEST" per version, then waits for EOF.
   engine:    prints "ready"; then for "stage V": "staged V"; for "load V":
-             "loaded V SECONDS DIGEST PATH" (PATH: node, own, or fallback:
-             node asked, own used); "quit" ends it.
+             "loaded V SECONDS DIGEST PATH DONE" (PATH: node, own, or
+             fallback: node asked, own used; DONE: time.monotonic() when
+             the weights were in, before the digest); "quit" ends it.
 DIGEST: BLAKE2b of every tensor's bytes in name order.
 """
 
@@ -76,8 +77,10 @@ def publisher(a) -> None:
         w = {}
         for name, shape in shapes(a.scale).items():
             w[name] = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16).view(np.float16)
-        client.publish(a.model, v, w)
-        held.append(w)
+        for model in a.model.split(","):  # the same bytes under each name (a copy each)
+            copy = {k: x.copy() for k, x in w.items()}
+            client.publish(model, v, copy)
+            held.append(copy)
         say(f"published {v} {digest(w)} {sum(x.nbytes for x in w.values())}")
     sys.stdin.read()  # hold until the driver closes our stdin
     client.close()
@@ -88,7 +91,9 @@ class Engine:
         self.a = a
         # The model's weights, allocated and touched at start (device memory
         # on a GPU node; here a baseline the measurement subtracts).
-        self.weights = {n: np.zeros(s, np.float16) for n, s in shapes(a.scale).items()}
+        self.weights = {n: np.empty(s, np.float16) for n, s in shapes(a.scale).items()}
+        for w in self.weights.values():
+            w.fill(0)  # resident now, as device memory would be (np.zeros is not)
         self.client = None
         if a.mode == "own":
             self.client = self.connect()
@@ -165,8 +170,10 @@ class Engine:
         self.finish(v, t0, path)
 
     def finish(self, v: int, t0: float, path: str) -> None:
-        seconds = time.monotonic() - t0
-        say(f"loaded {v} {seconds:.3f} {digest(self.weights)} {path}")
+        # CLOCK_MONOTONIC is the machine's, shared by every namespace: the
+        # driver compares it with its own.
+        done = time.monotonic()
+        say(f"loaded {v} {done - t0:.3f} {digest(self.weights)} {path} {done:.6f}")
 
 
 def engine(a) -> None:
@@ -192,7 +199,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("role", choices=["publisher", "engine"])
     p.add_argument("--hub", required=True)
-    p.add_argument("--model", default="policy")
+    p.add_argument("--model", default="policy", help="publisher: a comma list publishes each version under each")
     p.add_argument("--name", default="engine")
     p.add_argument("--host-label", default="")
     p.add_argument("--data-listen", default="127.0.0.1:0")

@@ -492,13 +492,16 @@ class NodeAgent::Impl {
   // Runs the fetch `p` planned and publishes its outcome to every waiter;
   // with `take_session`, the caller holds the copy from the moment it is
   // ready (before any newer version could evict it).
-  Status RunFetch(const Plan& p, const VersionInfo& info, int64_t deadline_ms,
+  Status RunFetch(Plan& p, const VersionInfo& info, int64_t deadline_ms,
                   bool take_session) {
     if (p.evict != nullptr) {
       Withdraw(*p.evict);
       TH_LOG(INFO) << "node agent: dropped "
                    << Name(p.evict->model, p.evict->version) << " for "
                    << Name(p.copy->model, p.copy->version);
+      // The last reference: its memory goes now, before the newer version's
+      // is allocated (what engines still map lives on with their mappings).
+      p.evict.reset();
     }
     Status s = Fetch(*p.copy, info, deadline_ms);
     if (!s.ok() && p.copy->served) Withdraw(*p.copy);

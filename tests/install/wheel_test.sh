@@ -3,8 +3,8 @@
 # venv in a minimal root (chroot, in a private mount namespace) that holds
 # the Python interpreter with its standard library and the shared libraries
 # Python itself loads, the C and C++ runtimes (libc, libm, libstdc++,
-# libgcc_s: what manylinux wheels may assume), /proc and a /tmp; nothing
-# else. No compiler, no headers, none of the libraries TensorHub is built
+# libgcc_s: what manylinux wheels may assume), /proc, /sys and a /tmp;
+# nothing else. No compiler, no headers, none of the libraries TensorHub is built
 # against (gRPC, protobuf, abseil, UCX, prometheus-cpp, xxHash, ...). Run
 # with `env -i`. There, it:
 #   1. creates a venv and pip-installs the wheel (and numpy's wheel) from a
@@ -39,6 +39,7 @@ DEPS=${2:-$REPO/build-python/wheel-deps}
 [ -n "$WHEEL" ] && [ -f "$WHEEL" ] || fail "no wheel (run python/setup_env.sh, which builds build-python/wheelhouse/)"
 ls "$DEPS"/numpy-*.whl >/dev/null 2>&1 || fail "no numpy wheel in $DEPS (python/setup_env.sh downloads one)"
 PY=/usr/bin/python3
+CHROOT=$(command -v chroot) || fail "no chroot (coreutils)"
 PYVER=$($PY -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 PYBIN=$(readlink -f $PY)
 STDLIB=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
@@ -50,7 +51,13 @@ trap cleanup EXIT
 
 # What goes into the root: the interpreter and its stdlib, the libraries it
 # and its own extension modules load (ldd), and the C/C++ runtimes.
-runtime="/usr/lib/x86_64-linux-gnu/libstdc++.so.6 /usr/lib/x86_64-linux-gnu/libgcc_s.so.1"
+# glibc's libraries and libstdc++/libgcc_s: the manylinux policy's
+# "system" libraries, which no wheel carries.
+runtime=""
+for l in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libutil.so.1 libresolv.so.2 \
+         libstdc++.so.6 libgcc_s.so.1; do
+  [ -e "/usr/lib/x86_64-linux-gnu/$l" ] && runtime+=" /usr/lib/x86_64-linux-gnu/$l"
+done
 libs=$( { ldd "$PYBIN"; for so in "$STDLIB"/lib-dynload/*.so $runtime; do ldd "$so"; done
           tr ' ' '\n' <<< "$runtime"
         } | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
@@ -62,7 +69,8 @@ done
 # ends), read-only; the root itself is an empty directory.
 cat > "$root.setup" <<EOF
 set -euo pipefail
-bind() { # SRC DEST: a read-only bind of a file or directory
+bind() { # SRC DEST: a read-only bind of a file or directory (once)
+  [ -e "$root\$2" ] && [ ! -d "\$1" ] && return 0
   if [ -d "\$1" ]; then mkdir -p "$root\$2"; else mkdir -p "\$(dirname "$root\$2")"; touch "$root\$2"; fi
   mount --bind "\$1" "$root\$2"
   mount -o remount,bind,ro "$root\$2"
@@ -78,16 +86,18 @@ while read -r lib; do
 done <<'LIBS'
 $libs
 LIBS
-mkdir -p "$root/lib64" "$root/proc" "$root/tmp" "$root/dev" "$root/wheels"
+mkdir -p "$root/lib64" "$root/proc" "$root/sys" "$root/tmp" "$root/dev" "$root/wheels"
 ln -s /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$root/lib64/ld-linux-x86-64.so.2"
 ln -s usr/lib "$root/lib"
 mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys"   # UCX finds its devices there, as on any machine
 mount -t tmpfs -o size=2g tmpfs "$root/tmp"
 for d in null zero urandom random; do touch "$root/dev/\$d"; mount --bind /dev/\$d "$root/dev/\$d"; done
+mkdir -p "$root/dev/shm" && mount -t tmpfs -o size=256m tmpfs "$root/dev/shm"
 bind "$WHEEL" "/wheels/$(basename "$WHEEL")"
 for w in "$DEPS"/numpy-*.whl; do bind "\$w" "/wheels/\$(basename "\$w")"; done
 bind "$REPO/tests/install/wheel_check.py" /wheel_check.py
-run() { env -i PATH=/tmp/venv/bin:/usr/bin HOME=/tmp LANG=C.UTF-8 TENSORHUB_LOG=warn chroot "$root" "\$@"; }
+run() { env -i PATH=/tmp/venv/bin:/usr/bin HOME=/tmp LANG=C.UTF-8 TENSORHUB_LOG=warn $CHROOT "$root" "\$@"; }
 for tool in cc gcc g++ c++ clang cmake; do
   if run /usr/bin/python3 -c "import shutil, sys; sys.exit(0 if shutil.which('\$tool') else 1)"; then
     echo "wheel_test: FAIL: \$tool is in the root" >&2; exit 1
