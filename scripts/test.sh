@@ -126,6 +126,8 @@ if grep -q '^TH_UCX:BOOL=ON' build/CMakeCache.txt; then
 fi
 step "pipelined fan-out on a 2-datacenter test bed"
 bash tests/testbed/fanout_smoke.sh
+step "deltas on a slow wide-area link (a version crosses as a delta, once per remote datacenter)"
+bash tests/testbed/delta_smoke.sh
 step "the CLI as a full reader on the test bed (CLI fetches pipeline; loopback mistakes named)"
 bash tests/testbed/cli_pipeline_smoke.sh
 step "tensorhub top on a live fan-out (tmux: send-keys, capture-pane; plain output)"

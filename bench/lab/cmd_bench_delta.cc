@@ -1,6 +1,6 @@
 // `tensorhub-lab bench delta`: how small the delta of one RL step is, and
 // how fast it is made and applied, beside zstd of the whole version and
-// memcpy measured in the same run (docs/benchmarks.md section 13).
+// memcpy measured in the same run (docs/benchmarks.md section 17).
 //
 // The versions come from the workload generator (weight_steps.h): fp32
 // master weights after --warmup-steps Adam steps at the learning rate, cast

@@ -1,6 +1,6 @@
 // `tensorhub-lab bench delta-wan`: a new version reaching the readers of a
 // remote datacenter across a slow wide-area link, whole against as a delta
-// (docs/benchmarks.md section 16; docs/design.md "Deltas on slow links"),
+// (docs/benchmarks.md section 17; docs/design.md "Deltas on slow links"),
 // on the multi-host test bed (bench/testbed.sh, 2 datacenters).
 //
 // The trainer (host 0, datacenter 0) makes consecutive versions with the
@@ -20,8 +20,8 @@
 // remote readers at least 5x sooner, the local fan-out no slower.
 //
 // Roles (hidden commands, spawned in the test bed's namespaces):
-//   bench _delta-trainer   "publish V" -> "published V DIGEST CHANGED PUBLISH_S"
-//   bench _delta-reader    "fetch V"   -> "fetched V DIGEST SECONDS
+//   bench _delta-trainer   "publish V" -> "published V DIGEST CHANGED
+//   PUBLISH_S" bench _delta-reader    "fetch V"   -> "fetched V DIGEST SECONDS
 //                                          FROM_DELTA DELTA_WIRE READ_WHOLE"
 #include <algorithm>
 #include <chrono>
@@ -31,6 +31,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_testbed.h"
@@ -104,7 +105,11 @@ int RunTrainer(const RoleFlags& f) {
   wo.seed = f.seed;
   lab::WeightSteps steps(wo);
   for (int i = 0; i < f.warmup_steps; ++i) steps.Step(static_cast<float>(f.lr));
-  Buffer bufs[2] = {*Buffer::Make(f.elements), *Buffer::Make(f.elements)};
+  Result<Buffer> b0 = Buffer::Make(f.elements);
+  Result<Buffer> b1 = Buffer::Make(f.elements);
+  if (!b0.ok()) return Fail(b0.status());
+  if (!b1.ok()) return Fail(b1.status());
+  Buffer bufs[2] = {std::move(b0).value(), std::move(b1).value()};
   auto client = Client::Connect(*o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready " + (*client)->id().value());
@@ -151,7 +156,11 @@ int RunReader(const RoleFlags& f) {
   SetLogPrefix(f.worker.options.name.c_str());
   auto o = RoleOptions(f);
   if (!o.ok()) return Fail(o.status());
-  Buffer bufs[2] = {*Buffer::Make(f.elements), *Buffer::Make(f.elements)};
+  Result<Buffer> b0 = Buffer::Make(f.elements);
+  Result<Buffer> b1 = Buffer::Make(f.elements);
+  if (!b0.ok()) return Fail(b0.status());
+  if (!b1.ok()) return Fail(b1.status());
+  Buffer bufs[2] = {std::move(b0).value(), std::move(b1).value()};
   auto client = Client::Connect(*o);
   if (!client.ok()) return Fail(client.status());
   Reply("ready " + (*client)->id().value());
@@ -197,6 +206,8 @@ struct WanFlags {
 struct ModeResult {
   double remote_s = 0, local_s = 0, changed = 0;
   uint64_t wan_bytes = 0, from_delta = 0, delta_wire = 0;
+  // Remote readers that read some of the version through a delta.
+  int delta_readers = 0;
 };
 
 std::vector<std::string> RoleArgs(const Testbed& t, size_t host,
@@ -235,26 +246,25 @@ Result<std::vector<std::string>> AskAll(std::vector<Subprocess*> roles,
 Result<ModeResult> RunMode(const Testbed& t, const WanFlags& f, bool deltas) {
   std::string hub;
   TH_ASSIGN_OR_RETURN(Subprocess hub_proc, SpawnHub(t, f.port, &hub));
-  TH_ASSIGN_OR_RETURN(
-      Subprocess trainer,
-      Subprocess::Spawn(
-          RoleArgs(t, 0, "_delta-trainer", "trainer", hub, f, deltas),
-          RoleEnv(), t.Exec(0)));
+  TH_ASSIGN_OR_RETURN(Subprocess trainer,
+                      Subprocess::Spawn(RoleArgs(t, 0, "_delta-trainer",
+                                                 "trainer", hub, f, deltas),
+                                        RoleEnv(), t.Exec(0)));
   TH_RETURN_IF_ERROR(WaitReady(trainer, 300000).status());
   const std::string& home = t.dcs[0];
   std::vector<Subprocess> readers;
   std::vector<bool> remote;
   for (size_t h = 1; h < t.names.size(); ++h) {
     TH_ASSIGN_OR_RETURN(
-        Subprocess r,
-        Subprocess::Spawn(RoleArgs(t, h, "_delta-reader",
-                                   "reader-" + std::to_string(h), hub, f,
-                                   deltas),
-                          RoleEnv(), t.Exec(h)));
+        Subprocess r, Subprocess::Spawn(RoleArgs(t, h, "_delta-reader",
+                                                 "reader-" + std::to_string(h),
+                                                 hub, f, deltas),
+                                        RoleEnv(), t.Exec(h)));
     readers.push_back(std::move(r));
     remote.push_back(t.dcs[h] != home);
   }
-  for (Subprocess& r : readers) TH_RETURN_IF_ERROR(WaitReady(r, 60000).status());
+  for (Subprocess& r : readers)
+    TH_RETURN_IF_ERROR(WaitReady(r, 60000).status());
   std::vector<Subprocess*> all;
   for (Subprocess& r : readers) all.push_back(&r);
 
@@ -280,6 +290,7 @@ Result<ModeResult> RunMode(const Testbed& t, const WanFlags& f, bool deltas) {
     const uint64_t wan = WanTxBytes(t, home) - wan0;
     double remote_s = 0, local_s = 0;
     uint64_t from_delta = 0, delta_wire = 0;
+    int delta_readers = 0;
     for (size_t i = 0; i < replies.size(); ++i) {
       std::istringstream rin(replies[i]);
       std::string rword, rdigest;
@@ -298,10 +309,12 @@ Result<ModeResult> RunMode(const Testbed& t, const WanFlags& f, bool deltas) {
       if (remote[i]) {
         from_delta += fd;
         delta_wire += dw;
+        delta_readers += fd > 0 ? 1 : 0;
       }
     }
     if (v == 2) {
-      out = {remote_s, local_s, changed, wan, from_delta, delta_wire};
+      out = {remote_s,   local_s,    changed,      wan,
+             from_delta, delta_wire, delta_readers};
     }
   }
   for (Subprocess& r : readers) r.Stop(5000);
@@ -314,14 +327,16 @@ int RunWan(const WanFlags& f) {
   auto tb = LoadTestbed(f.testbed);
   if (!tb.ok()) return Fail(tb.status());
   if (tb->num_dcs < 2 || tb->names.size() < 3) {
-    return UsageError("bench delta-wan needs a test bed of 2 datacenters "
-                      "(bench/testbed.sh up --dcs 2)");
+    return UsageError(
+        "bench delta-wan needs a test bed of 2 datacenters "
+        "(bench/testbed.sh up --dcs 2)");
   }
   SetLogLevel(LogLevel::kWarn);
   const uint64_t s_bytes = 2 * f.elements;
   const double w_bytes_per_s = tb->wan_mbit * 1e6 / 8;
   size_t remote = 0;
-  for (size_t h = 1; h < tb->names.size(); ++h) remote += tb->dcs[h] != tb->dcs[0];
+  for (size_t h = 1; h < tb->names.size(); ++h)
+    remote += tb->dcs[h] != tb->dcs[0];
   std::printf(
       "bench delta-wan: %zu hosts in %d datacenters (%zu remote readers, %zu "
       "local), host links %.0f Mbit/s, wide-area link W = %.0f Mbit/s; "
@@ -338,13 +353,29 @@ int RunWan(const WanFlags& f) {
     if (f.modes.find(mode) == std::string::npos) continue;
     Result<ModeResult> r = RunMode(*tb, f, mode == "delta");
     if (!r.ok()) return Fail(r.status().WithContext("mode " + mode));
-    std::printf("%-6s %10.2f %10.2f %14llu %8.4f %12s %11s   (%.3f%% of "
-                "elements changed)\n",
-                mode.c_str(), r->remote_s, r->local_s,
-                static_cast<unsigned long long>(r->wan_bytes),
-                static_cast<double>(r->wan_bytes) / s_bytes,
-                FormatBytes(r->from_delta).c_str(),
-                FormatBytes(r->delta_wire).c_str(), 100 * r->changed);
+    std::printf(
+        "%-6s %10.2f %10.2f %14llu %8.4f %12s %11s   (%.3f%% of "
+        "elements changed)\n",
+        mode.c_str(), r->remote_s, r->local_s,
+        static_cast<unsigned long long>(r->wan_bytes),
+        static_cast<double>(r->wan_bytes) / s_bytes,
+        FormatBytes(r->from_delta).c_str(), FormatBytes(r->delta_wire).c_str(),
+        100 * r->changed);
+    // One line per mode for scripts (tests/testbed/delta_smoke.sh): the
+    // figures beside the link's bounds, S/W for the version whole and
+    // delta_wire/W for the delta bytes the remote readers read.
+    std::printf(
+        "delta_wan_result mode=%s ok=1 remote_s=%.3f local_s=%.3f "
+        "wan_bytes=%llu wan_per_S=%.4f bound_full_s=%.3f bound_delta_s=%.3f "
+        "from_delta_bytes=%llu delta_wire_bytes=%llu delta_readers=%d "
+        "remote_readers=%zu changed=%.5f\n",
+        mode.c_str(), r->remote_s, r->local_s,
+        static_cast<unsigned long long>(r->wan_bytes),
+        static_cast<double>(r->wan_bytes) / s_bytes, s_bytes / w_bytes_per_s,
+        static_cast<double>(r->delta_wire) / w_bytes_per_s,
+        static_cast<unsigned long long>(r->from_delta),
+        static_cast<unsigned long long>(r->delta_wire), r->delta_readers,
+        remote, r->changed);
     std::fflush(stdout);
     (mode == "full" ? full : delta) = *r;
   }

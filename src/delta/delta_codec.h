@@ -9,7 +9,7 @@
 // a little-endian integer of the element's width, zigzag-coded (LEB128
 // too), the two streams compressed together by zstd. Chosen by measurement
 // against XOR + zstd, byte planes + zstd and a bitmap of changes
-// (`tensorhub-lab bench delta`, docs/benchmarks.md section 13). The
+// (`tensorhub-lab bench delta`, docs/benchmarks.md section 17). The
 // difference is exact modulo 2^(8 * width), so any bytes round-trip: the
 // element width is a hint that sets only how small the delta is.
 //

@@ -26,7 +26,7 @@ TEST(DeltaChoice, ChoosesPerSourceByItsLinkAndBase) {
   sources[1].delta_offers = {{Version(7), 2000}};
   sources[2].labels.datacenter = "a";  // remote, another base: whole
   sources[2].delta_offers = {{Version(5), 2000}};
-  sources[3].labels.datacenter = "a";  // remote, no offer: whole
+  sources[3].labels.datacenter = "a";            // remote, no offer: whole
   sources[3].delta = DeltaOffer{Version(7), 1};  // stale: cleared
   ChooseDeltas(&sources, Version(7), 1 << 20, reader, o);
   ASSERT_TRUE(sources[0].delta.has_value());

@@ -30,10 +30,10 @@
 namespace tensorhub::client {
 namespace {
 
+using transport::FakeTransport;
 using transport::Fault;
 using transport::FaultWhat;
 using transport::FaultWhere;
-using transport::FakeTransport;
 using Bytes = std::vector<uint8_t>;
 
 constexpr char kModel[] = "m";
@@ -261,8 +261,8 @@ TEST_F(DeltaFetchTest, DeltaHolderThatBreaksMidReadIsReplacedByAFullCopy) {
 // with a byte flipped: no chunk is taken from it, every one comes whole.
 void DeltaFetchTest::ExpectCorruptNeverTaken(FaultWhere where, uint32_t part) {
   TrainerAndReader();
-  transport_.Inject(Fault{trainer_->data_address(), where, FaultWhat::kCorrupt,
-                          0, -1, part});
+  transport_.Inject(
+      Fault{trainer_->data_address(), where, FaultWhat::kCorrupt, 0, -1, part});
   Weights* got = nullptr;
   Result<FetchStats> st = Fetch(*reader_, 2, &got);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
