@@ -97,7 +97,17 @@ class ReadSource {
 };
 
 struct ServerOptions {
+  // Readers' connections served at once (after their handshake).
   size_t max_connections = 256;
+  // Connections whose handshake (the secret's challenge-response, and TLS)
+  // is still running: at most this many at once (a new one beyond closes
+  // the oldest), at most max_authenticating_per_peer of them from one
+  // address (a new one beyond is refused), each for at most
+  // handshake_timeout_ms. They never take a reader's slot (docs/security.md,
+  // "The data plane's limits").
+  size_t max_authenticating = 64;
+  size_t max_authenticating_per_peer = 16;
+  int64_t handshake_timeout_ms = 5000;
   // A request or response that makes no progress for this long drops the
   // connection (a slow but moving transfer is not cut).
   int64_t io_stall_timeout_ms = 30000;
