@@ -15,12 +15,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/control_plane.h"
 #include "common/deadline.h"
 #include "process_util.h"
 #include "tensorhub.grpc.pb.h"
@@ -108,10 +110,42 @@ struct Hub {
   std::string address;
 };
 
+// $TH_HOSTILE_BIN: the `tensorhub` binary of another build (an older
+// release) whose hub the hub tests attack instead of this build's, to see
+// which findings it still has; its hub gets only the secret (the bounds'
+// flags are this build's). Unset: this build's hub (the hub role).
+const char* OtherHub() {
+  const char* bin = std::getenv("TH_HOSTILE_BIN");
+  return bin != nullptr && *bin != '\0' ? bin : nullptr;
+}
+
 Hub StartHub(const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {"--role=hub",
-                                   "--port=" + std::to_string(FreePort()),
-                                   "--secret", kSecret};
+  const int port = FreePort();
+  if (OtherHub() != nullptr) {
+    const std::string secret_file = ::testing::TempDir() + "/hostile-secret";
+    std::ofstream(secret_file) << kSecret;
+    Result<cli::Subprocess> p = cli::Subprocess::Spawn(
+        {"serve", "--listen", "127.0.0.1:" + std::to_string(port),
+         "--secret-file", secret_file},
+        {"TENSORHUB_LOG=warn"},
+        // Spawn puts this binary's path first: the shell drops it.
+        {"/bin/sh", "-c",
+         std::string("shift; exec '") + OtherHub() + "' \"$@\"", "sh"});
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    // Listening: a connection is accepted.
+    Deadline d = Deadline::AfterMs(30000);
+    while (!d.expired()) {
+      int fd = ConnectFrom("127.0.0.1", port);
+      if (fd >= 0) {
+        ::close(fd);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return Hub{std::move(p).value(), "127.0.0.1:" + std::to_string(port)};
+  }
+  std::vector<std::string> args = {
+      "--role=hub", "--port=" + std::to_string(port), "--secret", kSecret};
   args.insert(args.end(), extra.begin(), extra.end());
   cli::Subprocess p = MustSpawn(args);
   std::string ready = Ask(p, "");
@@ -179,9 +213,35 @@ TEST(HostileHub, ARequestWithoutAProofIsRefusedBeforeItsBodyIsRead) {
   }
   EXPECT_LT(grew, 32u << 20);
 
+  // One caller streaming refused requests on one connection: the hub's
+  // flow-control window does not grow with them (no bandwidth probing of
+  // what callers send), so what reaches the hub before each refusal stays
+  // small. With probing on, 32 MiB requests on one channel for 5 s took it
+  // from 21 to 49 MiB.
+  auto stub = RawStub(hub.address);
+  const uint64_t before2 = RssBytes(pid);
+  uint64_t peak2 = before2;
+  for (int i = 0; i < 8; ++i) {
+    v1::PublishRequest req;
+    req.set_model(std::string(32u << 20, 'y'));
+    v1::PublishResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    grpc::Status s = stub->Publish(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    peak2 = std::max(peak2, RssBytes(pid));
+  }
+  const uint64_t grew2 = peak2 - std::min(peak2, before2);
+  std::printf(
+      "hub RSS %.1f MiB before, %.1f MiB at most while one connection sent "
+      "8 Publish requests of 32 MiB without a proof (+%.1f MiB; bound 16 "
+      "MiB)\n",
+      before2 / 1048576.0, peak2 / 1048576.0, grew2 / 1048576.0);
+  EXPECT_LT(grew2, 16u << 20);
+
   // A proof of another secret, and one too old, are refused the same way;
   // a proof of the secret is served.
-  auto stub = RawStub(hub.address);
   auto list = [&](const std::string& proof) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
@@ -220,6 +280,7 @@ TEST(HostileHub, ConnectionFloodsAreCutToTheirBoundsAndCallersAreServed) {
   const pid_t pid = hub.process.pid();
   const int port = Port(hub.address);
   const size_t baseline = Descriptors(pid);
+  const uint64_t rss_before = RssBytes(pid);
   static const char kPreface[] =
       "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
       "\x00\x00\x00\x04\x00\x00\x00\x00\x00";  // and an empty SETTINGS
@@ -252,9 +313,11 @@ TEST(HostileHub, ConnectionFloodsAreCutToTheirBoundsAndCallersAreServed) {
   const size_t bound = baseline + 2 * kPerPeer + 8;
   size_t peak = 0, now_fds = 0;
   Deadline d = Deadline::AfterMs(30000);
+  uint64_t rss_peak = rss_before;
   do {
     now_fds = Descriptors(pid);
     peak = std::max(peak, now_fds);
+    rss_peak = std::max(rss_peak, RssBytes(pid));
     if (now_fds <= bound) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   } while (!d.expired());
@@ -282,6 +345,8 @@ TEST(HostileHub, ConnectionFloodsAreCutToTheirBoundsAndCallersAreServed) {
       baseline, peak, now_fds, static_cast<long long>(cut_ms), bound,
       flood.size(), silent.size(), static_cast<long long>(all_ms), flood_closed,
       flood.size(), silent_closed, silent.size());
+  std::printf("hub RSS %.1f MiB before the flood, %.1f MiB at most\n",
+              rss_before / 1048576.0, rss_peak / 1048576.0);
   EXPECT_LE(now_fds, bound);
   EXPECT_EQ(flood_closed, flood.size());
   EXPECT_EQ(silent_closed, silent.size());
@@ -358,6 +423,57 @@ TEST(HostileDataPlane,
       fds_during, fds_after);
   ASSERT_EQ(Word(got, 0), "fetched") << got;
   EXPECT_EQ(Word(got, 2), Word(pub, 2)) << got;
+}
+
+// A standby that is not one of the hubs a client was given (or one that
+// lies) names a "leader" of its choosing: the client must not follow it
+// there (it would send that address its calls and their proofs; before,
+// it did, and sent the secret itself), but ask the hubs it was given.
+class LyingStandby final : public v1::Hub::Service {
+ public:
+  explicit LyingStandby(std::string leader) : leader_(std::move(leader)) {}
+  grpc::Status ListModels(grpc::ServerContext* ctx,
+                          const v1::ListModelsRequest*,
+                          v1::ListModelsResponse*) override {
+    ++calls;
+    ctx->AddTrailingMetadata("th-leader", leader_);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not the leader");
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  const std::string leader_;
+};
+
+TEST(HostileHub, ALeaderHintOutsideTheGivenHubsIsNotFollowed) {
+  // The address the hint names: a listener that counts who connects.
+  int trap = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(trap, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(trap, 16), 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(trap, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string trap_address =
+      "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  LyingStandby standby(trap_address);
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&standby);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<client::ControlPlane> cp = client::MakeGrpcControlPlane(
+      "127.0.0.1:" + std::to_string(port), "s3cret", 2000);
+  Result<std::vector<ModelInfo>> r = cp->List();
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
+      << r.status().ToString();
+  EXPECT_GE(standby.calls.load(), 2);  // asked again, not elsewhere
+  pollfd p{trap, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "the client connected to " << trap_address;
+  server->Shutdown();
+  ::close(trap);
 }
 
 }  // namespace

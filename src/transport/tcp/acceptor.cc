@@ -104,15 +104,16 @@ void Acceptor::AcceptLoop() {
     int rc = ::poll(&p, 1, 100);
     ReapFinished();
     if (rc <= 0) continue;
+    bool full = false;
     {
       MutexLock lock(mu_);
-      if (conns_.size() >= max_nodes) {
-        // Evicted connections' threads end within a moment: reap them
-        // before accepting more.
-        lock.Unlock();
-        ::poll(nullptr, 0, 10);
-        continue;
-      }
+      full = conns_.size() >= max_nodes;
+    }
+    if (full) {
+      // Evicted connections' threads end within a moment: reap them before
+      // accepting more.
+      ::poll(nullptr, 0, 10);
+      continue;
     }
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
