@@ -47,6 +47,7 @@ struct RoleFlags {
   uint32_t max_connections_per_peer = 0;
   int64_t idle_connection_ms = 0;
   int64_t handshake_timeout_ms = 0;
+  bool accept_request_secret = false;
 };
 
 int RunHub(const RoleFlags& f) {
@@ -64,6 +65,7 @@ int RunHub(const RoleFlags& f) {
   if (f.handshake_timeout_ms > 0) {
     o.handshake_timeout_ms = f.handshake_timeout_ms;
   }
+  o.accept_request_secret = f.accept_request_secret;
   cli::BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -264,6 +266,7 @@ int MaybeRunRole(int argc, char** argv) {
   app.add_option("--max-connections-per-peer", f.max_connections_per_peer);
   app.add_option("--idle-connection-ms", f.idle_connection_ms);
   app.add_option("--handshake-timeout-ms", f.handshake_timeout_ms);
+  app.add_flag("--accept-request-secret", f.accept_request_secret);
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   if (f.role == "hub") return RunHub(f);
   if (f.role == "trainer") return RunTrainer(f);

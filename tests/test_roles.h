@@ -24,7 +24,7 @@
 //                                        versions until killed
 // Every role takes --secret S (the shared secret); the hub also
 // --max-connections-per-peer N --idle-connection-ms N
-// --handshake-timeout-ms N (HubOptions).
+// --handshake-timeout-ms N --accept-request-secret (HubOptions).
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_
 #define TENSORHUB_TESTS_TEST_ROLES_H_
 
