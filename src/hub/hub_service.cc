@@ -1307,10 +1307,12 @@ Status CheckExposure(const HubOptions& options, bool tls, bool client_certs) {
                     "--tls-client-ca CA (docs/security.md).";
   } else if (!tls) {
     TH_LOG(WARN) << where
-                 << " without TLS: the shared secret crosses the network in "
-                    "the clear with every call, so anyone who can watch the "
-                    "network can take it. Fix: --tls-cert/--tls-key "
-                    "(workers: --tls-ca) (docs/security.md).";
+                 << " without TLS: every call crosses the network in the "
+                    "clear, so anyone who can watch the network sees them "
+                    "and can replay a call's proof of the secret for 5 "
+                    "minutes (the secret itself is never sent). Fix: "
+                    "--tls-cert/--tls-key (workers: --tls-ca) "
+                    "(docs/security.md).";
   }
   return Status::Ok();
 }

@@ -133,7 +133,9 @@ class Server {
   virtual uint64_t bytes_served_local() const { return 0; }
   virtual uint64_t bytes_served_staged() const { return 0; }
   // Connections refused because the peer did not prove the shared secret
-  // (or, with TLS, show a trusted certificate).
+  // (or, with TLS, show a trusted certificate) within the handshake
+  // deadline, or closed by the bounds on connections still authenticating
+  // (ServerOptions).
   virtual uint64_t connections_refused() const { return 0; }
   // Connections served over TLS; of which the kernel encrypts the sends
   // (kTLS: the bytes still leave straight from the served memory).

@@ -85,7 +85,7 @@ bool Acceptor::RoomFor(const std::string& peer) {
     ::shutdown(oldest->fd.get(), SHUT_RDWR);
     oldest->phase = Phase::kEvicted;
     --authenticating_;
-    closed_authenticating_.fetch_add(1, std::memory_order_relaxed);
+    evicted_.fetch_add(1, std::memory_order_relaxed);
     refusals_.Refused(oldest->ticket.peer_,
                       "closed the oldest connection still authenticating (" +
                           std::to_string(limits_.max_authenticating) +
@@ -129,7 +129,7 @@ void Acceptor::AcceptLoop() {
     const std::string peer = PeerHost(ss);
     MutexLock lock(mu_);
     if (!RoomFor(peer)) {
-      closed_authenticating_.fetch_add(1, std::memory_order_relaxed);
+      refused_at_accept_.fetch_add(1, std::memory_order_relaxed);
       refusals_.Refused(
           peer, "refused a connection: " +
                     std::to_string(limits_.max_authenticating_per_peer) +

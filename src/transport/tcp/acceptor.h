@@ -77,9 +77,11 @@ class Acceptor {
   // Idempotent, and safe from several threads.
   void Stop();
 
-  // Refusals of connections for the bounds above (not handshakes: the
-  // server logs and counts those, through refusals()).
-  uint64_t closed_authenticating() const { return closed_authenticating_; }
+  // Connections refused at accept for the per-address bound (they never
+  // reach a handshake), and closed as the oldest still authenticating
+  // (their handshake then fails, which the server counts as a refusal).
+  uint64_t refused_at_accept() const { return refused_at_accept_.load(); }
+  uint64_t evicted() const { return evicted_.load(); }
   // The server's log of refused peers (one line per peer per interval).
   RefusalLog& refusals() { return refusals_; }
 
@@ -113,7 +115,8 @@ class Acceptor {
   size_t authenticating_ TH_GUARDED_BY(mu_) = 0;
   size_t admitted_ TH_GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ TH_GUARDED_BY(mu_) = 0;
-  std::atomic<uint64_t> closed_authenticating_{0};
+  std::atomic<uint64_t> refused_at_accept_{0};
+  std::atomic<uint64_t> evicted_{0};
 };
 
 }  // namespace tensorhub::transport

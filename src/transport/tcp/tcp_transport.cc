@@ -165,7 +165,9 @@ class TcpServer final : public Server {
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
-  uint64_t connections_refused() const override { return refused_.load(); }
+  uint64_t connections_refused() const override {
+    return refused_.load() + acceptor_.refused_at_accept();
+  }
   uint64_t connections_tls() const override { return connections_tls_.load(); }
   uint64_t connections_kernel_tls() const override {
     return connections_kernel_tls_.load();

@@ -389,7 +389,9 @@ class UcxServer final : public Server {
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
-  uint64_t connections_refused() const override { return refused_.load(); }
+  uint64_t connections_refused() const override {
+    return refused_.load() + acceptor_.refused_at_accept();
+  }
 
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
