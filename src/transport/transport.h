@@ -86,6 +86,10 @@ struct ServeLease {
   // The registration the pieces lie in, valid while `pin` lives; null from
   // a source that does not keep one (a transport then registers per read).
   Registration* registration = nullptr;
+  // Set once the registration is revoked (an unpublish began; null: the
+  // source does not say). A same-host reader's release is then waited for
+  // at most ServerOptions::revoked_release_ms more.
+  std::shared_ptr<const std::atomic<bool>> revoked;
 };
 
 // Decides what a read may see. Implemented by the worker's registry.
@@ -116,6 +120,12 @@ struct ServerOptions {
   // dropped and the lease ends. Bounds how long such a reader can hold up
   // an unpublish's drain.
   int64_t local_release_timeout_ms = 30000;
+  // Once an unpublish revoked the registration, a same-host reader's
+  // release is waited for at most this much longer (a copy of a chunk takes
+  // milliseconds), so a reader that never releases holds the unpublish for
+  // this, not local_release_timeout_ms. The connection is closed before the
+  // lease ends: a reader still copying then discards what it copied.
+  int64_t revoked_release_ms = 2000;
 };
 
 class Server {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <list>
@@ -230,7 +231,7 @@ class TcpServer final : public Server {
         if (cuda_ipc && same_host) {
           Result<std::string> body = CudaIpcBody(*lease);
           if (body.ok()) {
-            if (!ServeLocal(stream, req, std::move(body).value(), true,
+            if (!ServeLocal(stream, req, *lease, std::move(body).value(), true,
                             deadline)) {
               ::shutdown(fd, SHUT_RDWR);
               return;
@@ -254,8 +255,8 @@ class TcpServer final : public Server {
           wire::LocalReply reply;
           reply.pid = pid_;
           reply.pieces = std::move(pieces);
-          if (!ServeLocal(stream, req, wire::EncodeLocalReply(reply), false,
-                          deadline)) {
+          if (!ServeLocal(stream, req, *lease, wire::EncodeLocalReply(reply),
+                          false, deadline)) {
             // Close before the lease ends, so a reader still copying sees
             // the connection gone when it finishes and discards the bytes.
             ::shutdown(fd, SHUT_RDWR);
@@ -426,7 +427,8 @@ class TcpServer final : public Server {
   // LocalReply, or a CudaIpcReply if `cuda_ipc`) and waits (bounded) for
   // its release. False: drop the connection.
   bool ServeLocal(Stream& stream, const wire::ReadRequest& req,
-                  std::string body, bool cuda_ipc, const Deadline& deadline) {
+                  const ServeLease& lease, std::string body, bool cuda_ipc,
+                  const Deadline& deadline) {
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.local = !cuda_ipc;
@@ -437,18 +439,12 @@ class TcpServer final : public Server {
     if (!stream.Write(iov, deadline, options_.io_stall_timeout_ms).ok()) {
       return false;
     }
+    if (!AwaitRelease(stream, lease)) return false;
     uint8_t release[wire::kReleaseBytes];
-    Status s =
-        stream.ReadExact(release, sizeof(release),
-                         Deadline::AfterMs(options_.local_release_timeout_ms));
-    if (!s.ok()) {
-      if (s.code() == StatusCode::kDeadlineExceeded) {
-        TH_LOG(WARN) << "data server " << address_
-                     << ": a same-host reader did not release its lease within "
-                     << options_.local_release_timeout_ms << " ms; dropping it";
-      }
-      return false;
-    }
+    Status s = stream.ReadExact(release, sizeof(release),
+                                Deadline::AfterMs(options_.io_stall_timeout_ms),
+                                options_.io_stall_timeout_ms);
+    if (!s.ok()) return false;
     Result<wire::ReleaseOutcome> outcome =
         wire::DecodeRelease(release, sizeof(release));
     if (!outcome.ok()) {
@@ -459,6 +455,37 @@ class TcpServer final : public Server {
     if (*outcome == wire::ReleaseOutcome::kCopied) {
       bytes_served_.fetch_add(req.length, std::memory_order_relaxed);
       bytes_served_local_.fetch_add(req.length, std::memory_order_relaxed);
+    }
+    return true;
+  }
+
+  // Waits until the same-host reader's release is there to read, at most
+  // local_release_timeout_ms, or revoked_release_ms once the lease's
+  // registration is revoked. False (logged): give the lease up.
+  bool AwaitRelease(Stream& stream, const ServeLease& lease) {
+    Deadline by = Deadline::AfterMs(options_.local_release_timeout_ms);
+    bool cut = false;
+    while (!stream.HasBufferedInput()) {
+      if (!cut && lease.revoked != nullptr && lease.revoked->load()) {
+        cut = true;
+        if (by.remaining_ms() > options_.revoked_release_ms) {
+          by = Deadline::AfterMs(options_.revoked_release_ms);
+        }
+      }
+      if (by.expired()) {
+        TH_LOG(WARN) << "data server " << address_
+                     << ": a same-host reader did not release its lease within "
+                     << (cut ? options_.revoked_release_ms
+                             : options_.local_release_timeout_ms)
+                     << " ms" << (cut ? " of the unpublish" : "")
+                     << "; dropping it";
+        return false;
+      }
+      pollfd p{stream.fd(), POLLIN, 0};
+      const int rc = ::poll(
+          &p, 1, static_cast<int>(std::min<int64_t>(50, by.remaining_ms())));
+      if (rc > 0) return true;
+      if (rc < 0 && errno != EINTR) return false;
     }
     return true;
   }
