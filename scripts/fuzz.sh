@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets under fuzz/ with clang and runs each for a
 # bounded time: data-plane frames (and the handshake), safetensors headers,
-# and the hub's protobuf requests through the service into the state machine.
+# the hub's protobuf requests through the service into the state machine,
+# the UCX hello and reply, HF checkpoint metadata, the etcd records of an HA
+# hub, and a real hub over real gRPC with hostile clients.
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 30)
 # The targets are CMake targets (TH_FUZZ=ON, fuzz/CMakeLists.txt) linking the
 # real libraries; the build-fuzz/ tree builds only them and what they need.
@@ -11,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-30}
 OUT=build-fuzz
-TARGETS=(frame_fuzz safetensors_fuzz hub_proto_fuzz)
+TARGETS=(frame_fuzz safetensors_fuzz hub_proto_fuzz ucx_frames_fuzz hf_checkpoint_fuzz
+         etcd_records_fuzz hub_grpc_fuzz)
 mkdir -p "$OUT"
 # -O1 -g with assertions on (no NDEBUG), as the fuzz builds always were.
 if ! CC=${FUZZ_CC:-clang-14} CXX=${FUZZ_CXX:-clang++-14} TARGETS="${TARGETS[*]}" \

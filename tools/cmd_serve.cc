@@ -27,6 +27,13 @@ struct ServeFlags {
   std::string tls_key;
   std::string tls_client_ca;
   bool insecure = false;
+  bool accept_request_secret = false;
+  uint32_t max_connections = HubOptions{}.max_connections;
+  uint32_t max_connections_per_peer = HubOptions{}.max_connections_per_peer;
+  uint64_t idle_connection_ms =
+      static_cast<uint64_t>(HubOptions{}.idle_connection_ms);
+  uint64_t handshake_timeout_ms =
+      static_cast<uint64_t>(HubOptions{}.handshake_timeout_ms);
 };
 
 int RunServe(const ServeFlags& f) {
@@ -51,6 +58,11 @@ int RunServe(const ServeFlags& f) {
   o.tls_key_file = f.tls_key;
   o.tls_client_ca_file = f.tls_client_ca;
   o.insecure = f.insecure;
+  o.accept_request_secret = f.accept_request_secret;
+  o.max_connections = f.max_connections;
+  o.max_connections_per_peer = f.max_connections_per_peer;
+  o.idle_connection_ms = static_cast<int64_t>(f.idle_connection_ms);
+  o.handshake_timeout_ms = static_cast<int64_t>(f.handshake_timeout_ms);
   BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -126,6 +138,32 @@ void AddServeCommand(CommandLine& cl) {
               "(a private test network); without it such a hub refuses to "
               "start and says why")
       ->envname("TENSORHUB_INSECURE");
+  c->add_flag("--accept-request-secret", f->accept_request_secret,
+              "also accept calls of clients of earlier releases, which send "
+              "the secret inside the request instead of a proof in the "
+              "call's metadata (deprecated: for a rolling upgrade, hubs "
+              "first; such a call's request is read before the check)");
+  c->add_option("--max-connections", f->max_connections,
+                "connections kept open at most (the newest beyond are "
+                "closed; kept below the descriptor limit)")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->type_name("N")
+      ->capture_default_str();
+  c->add_option("--max-connections-per-peer", f->max_connections_per_peer,
+                "connections kept open at most from one address")
+      ->check(CLI::Range(1u, 1u << 20))
+      ->type_name("N")
+      ->capture_default_str();
+  c->add_option("--idle-connection-ms", f->idle_connection_ms,
+                "close a connection with no call in flight for this long "
+                "(clients reconnect at their next call)")
+      ->check(CLI::Range(uint64_t{100}, uint64_t{86400000}))
+      ->capture_default_str();
+  c->add_option("--handshake-timeout-ms", f->handshake_timeout_ms,
+                "close a connection that has not finished its TLS handshake "
+                "and HTTP/2 preface this long after it was accepted")
+      ->check(CLI::Range(uint64_t{100}, uint64_t{600000}))
+      ->capture_default_str();
   c->add_option("--etcd", f->etcd,
                 "join the HA hub set kept in this etcd: serve while elected "
                 "leader, else answer naming the leader (README, HA hub)")

@@ -89,6 +89,23 @@ struct HubOptions {
   // Accept a non-loopback listen address with neither a secret nor TLS (a
   // private test network): Start then only logs the warning.
   bool insecure = false;
+
+  // ---- What callers may take (docs/security.md, "The hub's limits") ----
+  // Every call proves the secret in its metadata, checked before its
+  // request is read; clients of earlier releases send the secret inside
+  // the request instead. Accept that too (deprecated: for a rolling
+  // upgrade, hubs first; such a call's request is read before the check).
+  bool accept_request_secret = false;
+  // Connections kept open at most, in all and from one address (the
+  // newest beyond either are closed). The total is kept below the process's
+  // descriptor limit, which Start raises to its hard limit.
+  uint32_t max_connections = 16384;
+  uint32_t max_connections_per_peer = 256;
+  // A connection with no call in flight for this long is closed (clients
+  // reconnect at their next call); one that has not finished its TLS
+  // handshake and HTTP/2 preface this long after it was accepted, too.
+  int64_t idle_connection_ms = 120000;
+  int64_t handshake_timeout_ms = 10000;
 };
 
 class Hub {

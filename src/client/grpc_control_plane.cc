@@ -1,6 +1,7 @@
 // The control plane over gRPC: a channel to the hub (to each hub of an HA
-// set, following the leader), a deadline on every call, the shared secret
-// attached, and protobuf converted to our types at this boundary. The
+// set, following the leader), a deadline on every call, a proof of the
+// shared secret attached, and protobuf converted to our types at this
+// boundary. The
 // generated gRPC and protobuf types appear in this file only.
 #include <grpcpp/grpcpp.h>
 
@@ -16,7 +17,9 @@
 #include "client/control_plane.h"
 #include "common/deadline.h"
 #include "common/mutex.h"
+#include "common/refusal_log.h"
 #include "tensorhub.grpc.pb.h"
+#include "wire/call_proof.h"
 #include "wire/proto_convert.h"
 
 namespace tensorhub::client {
@@ -33,8 +36,8 @@ constexpr int64_t kDiagnoseMs = 3000;
 // on another hub.
 constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
-// Hubs a client keeps channels to: those it was given, and leaders it was
-// told of (bounded: a standby cannot make it open channels without end).
+// Hubs a client keeps channels to: those it was given (a leader named by a
+// standby is followed only if it is one of them).
 constexpr size_t kMaxTargets = 16;
 // After trying as many hubs as it knows without reaching a leader (an
 // election is under way), a call pauses this long before the next round,
@@ -171,8 +174,10 @@ class GrpcControlPlane final : public ControlPlane {
   const HubTls tls_;
   std::atomic<int64_t> lease_ms_{0};               // the hub's last answer's
   std::atomic<int64_t> heartbeat_interval_ms_{0};  // likewise
+  const std::string given_;  // the addresses given, as given
+  RefusalLog hints_refused_{"hub client"};
   Mutex mu_;
-  // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
+  // The hubs given (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
   size_t current_ TH_GUARDED_BY(mu_) = 0;
 };
@@ -182,7 +187,8 @@ GrpcControlPlane::GrpcControlPlane(const std::string& addresses,
                                    HubTls tls)
     : secret_(std::move(secret)),
       rpc_timeout_ms_(rpc_timeout_ms),
-      tls_(std::move(tls)) {
+      tls_(std::move(tls)),
+      given_(addresses) {
   MutexLock lock(mu_);
   for (const std::string& a : SplitAddresses(addresses)) {
     if (targets_.size() < kMaxTargets) targets_.push_back(MakeTarget(a, tls_));
@@ -247,11 +253,16 @@ bool GrpcControlPlane::MoveOn(const Target& from, const std::string& leader) {
         return true;
       }
     }
-    if (targets_.size() < kMaxTargets) {
-      targets_.push_back(MakeTarget(leader, tls_));
-      current_ = targets_.size() - 1;
-      return true;
-    }
+    // A hint to a hub this client was not given is not followed: whoever
+    // answers as a standby could otherwise send it, and its proofs of the
+    // secret, anywhere. The next hub of the set is asked instead, which
+    // reaches the leader too if it is one of them.
+    hints_refused_.Refused(
+        leader, "not following hub " + from.address +
+                    "'s leader hint: not one of the hubs this client was "
+                    "given (" +
+                    given_ +
+                    "); give clients the addresses the hubs advertise");
   }
   current_ = (current_ + 1) % targets_.size();
   return true;
@@ -262,13 +273,19 @@ Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
                                   grpc::ClientContext*, const Req&, Resp*),
                               Req& req, Resp* resp, const char* what,
                               int64_t timeout_ms, bool wait_for_ready) {
-  req.set_secret(secret_);
+  // The secret is proven in the call's metadata, never sent: the hub
+  // checks the proof before it reads the request (wire/call_proof.h).
+  req.clear_secret();
   const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(0, timeout_ms));
   Status last;
   for (int attempt = 1;; ++attempt) {
     std::shared_ptr<Target> t = Current();
     if (!wait_for_ready) Connected(*t, deadline);
     grpc::ClientContext ctx;
+    if (!secret_.empty()) {
+      ctx.AddMetadata(wire::kCallProofKey,
+                      wire::MakeCallProof(secret_, wire::UnixNowMs()));
+    }
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(
                          std::max<int64_t>(1, deadline.remaining_ms())));

@@ -83,6 +83,7 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
   std::shared_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
   e->revoked = true;
+  e->revoked_flag->store(true);
   chunk_arrived_.notify_all();  // reads waiting for chunks give up
   uint64_t epoch = e->holding.epoch;
   if (e->inflight > 0) {
@@ -300,6 +301,7 @@ transport::ServeLease Registry::LeaseOf(const std::shared_ptr<Entry>& e,
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
   lease.registration = e->registration.get();
+  lease.revoked = e->revoked_flag;
   if (req.run == 0) {
     AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
                  &lease.pieces);

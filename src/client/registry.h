@@ -118,8 +118,11 @@ class Registry final : public transport::ReadSource {
   Result<transport::ServeLease> Admit(const wire::ReadRequest& req);
   struct Entry {
     Holding holding;
-    uint64_t inflight = 0;      // guarded by Registry::mu_
-    bool revoked = false;       // guarded by Registry::mu_
+    uint64_t inflight = 0;  // guarded by Registry::mu_
+    bool revoked = false;   // guarded by Registry::mu_
+    // The same, for servers waiting on a lease (ServeLease::revoked).
+    std::shared_ptr<std::atomic<bool>> revoked_flag =
+        std::make_shared<std::atomic<bool>>(false);
     std::vector<uint8_t> have;  // per global chunk, while filling
     // The whole registered memory, for transports that register it once
     // per publish (transport.h). Destroyed once the registration is revoked
