@@ -141,6 +141,8 @@ bash python/setup_env.sh
 TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q -rs tests/python \
   --junitxml="$TH_SKIP_REPORTS/pytest-python.xml"
 skips pytest-python
+step "the binary wheel: pip install into a fresh venv in a minimal root (no build libraries, headers, compilers); publish, fetch, CLI"
+bash tests/install/wheel_test.sh
 
 step "real engines: two vLLM engines following a trainer, the RL example on them, HF checkpoints, verl (CPU)"
 bash tests/engines/run.sh

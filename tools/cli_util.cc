@@ -125,6 +125,9 @@ int CommandLine::Run(int argc, char** argv) {
   } catch (const CLI::CallForHelp&) {
     std::fputs(app_.help().c_str(), stdout);
     return 0;
+  } catch (const CLI::CallForVersion& v) {
+    std::printf("%s\n", v.what());
+    return 0;
   } catch (const CLI::ParseError& e) {
     CLI::App* chosen = Chosen(app_);
     const std::string path = CommandPath(*chosen);
@@ -222,6 +225,16 @@ std::string FormatBytes(uint64_t bytes) {
                   static_cast<unsigned long long>(bytes));
   }
   return buf;
+}
+
+std::string FormatRate(double bytes_per_second) {
+  if (!(bytes_per_second > 0)) return "-";
+  const double capped = std::min(bytes_per_second, 1e18);
+  return FormatBytes(static_cast<uint64_t>(capped)) + "/s";
+}
+
+std::string FormatRate(uint64_t bytes, double seconds) {
+  return seconds > 0 ? FormatRate(static_cast<double>(bytes) / seconds) : "-";
 }
 
 void AddHubFlags(CLI::App* command, WorkerFlags* flags) {
@@ -513,12 +526,11 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
   int width = 30;
   int filled = static_cast<int>(frac * width);
   double secs = (NowMs() - start_ms_) / 1000.0;
-  double rate = secs > 0 ? done / secs / 1e9 : 0;
   std::string bar(filled, '#');
   bar.resize(width, '.');
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %.2f GB/s ", label_.c_str(),
+  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %s ", label_.c_str(),
                bar.c_str(), frac * 100, FormatBytes(done).c_str(),
-               FormatBytes(total).c_str(), rate);
+               FormatBytes(total).c_str(), FormatRate(done, secs).c_str());
   drawn_ = true;
 }
 

@@ -127,6 +127,11 @@ CLI::Option* AddBytesOption(CLI::App* command, const std::string& name,
 // Accepts "1000000", "256MiB", "1GB", "4k" ...
 Result<uint64_t> ParseBytes(const std::string& text);
 std::string FormatBytes(uint64_t bytes);
+// A throughput in the unit that fits it: "45.3 MiB/s", "1.52 GiB/s"
+// (FormatBytes per second); "-" for 0.
+std::string FormatRate(double bytes_per_second);
+// `bytes` over `seconds` as FormatRate; "-" when seconds is not positive.
+std::string FormatRate(uint64_t bytes, double seconds);
 
 // "model", "model@7", "model@latest".
 struct ModelRef {

@@ -161,6 +161,11 @@ TEST(TopViewTest, FormatRate) {
   EXPECT_EQ(FormatRate(1e300), cap);
   EXPECT_EQ(FormatRate(std::numeric_limits<double>::infinity()), cap);
   EXPECT_EQ(FormatRate(std::numeric_limits<double>::quiet_NaN()), "-");
+  // A fetch's closing line: 128 MiB over a 400 Mbit/s link (50 MB/s) is
+  // 47.7 MiB/s, not "0.03 GB/s"; a local copy stays in GiB/s.
+  EXPECT_EQ(FormatRate(uint64_t{128} << 20, (128 << 20) / 50e6), "47.7 MiB/s");
+  EXPECT_EQ(FormatRate(uint64_t{3} << 30, 2.0), "1.50 GiB/s");
+  EXPECT_EQ(FormatRate(uint64_t{1} << 20, 0.0), "-");
 }
 
 }  // namespace

@@ -413,8 +413,9 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-// A read-only view of the hub for monitoring (`tensorhub top`): it does not
-// register as a worker, holds nothing and serves nothing. Uses only
+// A read-only view of the hub for monitoring and inspection (`tensorhub
+// top`, `ls`, `show`): it does not register as a worker, holds nothing and
+// serves nothing. Uses only
 // ClientOptions' hub_address (an HA set's list too), secret, TLS files
 // (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name) and
 // rpc_timeout_ms. Safe to call from several threads at once.
@@ -430,6 +431,10 @@ class HubWatcher {
 
   // One bounded view (snapshot.h), within rpc_timeout_ms.
   Result<HubSnapshot> Snapshot(const SnapshotLimits& limits = {});
+  // As Client::List and Client::Describe (holders in the hub's order, not
+  // nearest first: a watcher has no place), within rpc_timeout_ms.
+  Result<std::vector<ModelInfo>> List();
+  Result<VersionInfo> Describe(std::string_view model, Version version);
 
  private:
   class Impl;

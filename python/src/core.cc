@@ -25,12 +25,15 @@
 #include <utility>
 #include <vector>
 
+#include "log_forwarder.h"
 #include "tensorhub/client.h"
 #include "tensorhub/host_buffer.h"
 #include "tensorhub/hub.h"
+#include "tensorhub/log_level.h"
 #include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
+#include "tensorhub/version.h"
 
 namespace py = pybind11;
 
@@ -568,6 +571,42 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("metrics_address", &PyHub::metrics_address)
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);
+
+  m.def("_start_log_forwarding", &StartLogForwarding, py::arg("emit"),
+        "Routes the C++ log lines to emit(level, file, line, message), "
+        "called on one drainer thread with the GIL held "
+        "(tensorhub._log).");
+  m.def("_stop_log_forwarding", &StopLogForwarding,
+        "Drains the queued lines, joins the drainer; lines go to stderr "
+        "again.");
+  m.def("_flush_log_forwarding", &FlushLogForwarding, py::arg("timeout_ms"),
+        "Waits until the C++ lines logged so far reached Python's logging.");
+  m.def("get_log_level", [] {
+    switch (GetLogLevel()) {
+      case LogLevel::kDebug:
+        return "debug";
+      case LogLevel::kInfo:
+        return "info";
+      case LogLevel::kWarn:
+        return "warn";
+      case LogLevel::kError:
+        return "error";
+    }
+    return "info";
+  });
+  m.def("build_info", [] {
+    const BuildInfo& b = GetBuildInfo();
+    py::dict d;
+    d["version"] = b.version;
+    d["cuda"] = b.cuda;
+    d["cuda_version"] = b.cuda_version;
+    d["ucx"] = b.ucx;
+    d["ucx_version"] = b.ucx_version;
+    d["tls"] = b.tls;
+    d["tls_library"] = b.tls_library;
+    d["line"] = BuildInfoLine();
+    return d;
+  });
 
   m.def(
       "set_log_level",

@@ -19,7 +19,9 @@ from typing import (
     overload,
 )
 
-from . import _core, host_memory
+from . import host_memory
+from . import _log
+from ._native import core as _core
 from . import _tensors
 from .errors import (
     DeadlineExceededError,
@@ -963,6 +965,7 @@ def connect(
         {"hub": hub, "labels": lab, **{k: options.get(k) for k in _SETTINGS}},
         what="connect()", secret=opts["secret"],
     )
+    _log.sync_level()
     try:
         core = _connect_core(s, worker_id, reliable, opts)
     except FailedPreconditionError as e:

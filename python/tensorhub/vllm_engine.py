@@ -137,6 +137,11 @@ class TensorHubInitInfo(WeightTransferInitInfo):
             slices onward to the same rank of other engines. Default: when
             tensor_parallel_size > 1. True at TP 1 takes the same path
             (whole boxes; what the tests run on a CPU vLLM).
+        node: the socket of this host's node agent (``tensorhub node``;
+            ``"@tensorhub-node"`` or a path; default ``$TENSORHUB_NODE``,
+            else none): updates load straight from the host's one copy
+            (tensorhub.node), and fetch for themselves, saying so, when the
+            agent does not answer.
     """
 
     hub: Optional[str] = None
@@ -159,9 +164,12 @@ class TensorHubInitInfo(WeightTransferInitInfo):
     connections: int = 4
     worker_name: Optional[str] = None
     slices: Optional[bool] = None
+    node: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.hub = self.hub or os.environ.get(th_config.ENV["hub"]) or None
+        if self.node is None:
+            self.node = os.environ.get("TENSORHUB_NODE") or None
         if not isinstance(self.hub, str) or ":" not in self.hub:
             raise ValueError(
                 f"tensorhub init_info: hub must be 'HOST:PORT' (or ${th_config.ENV['hub']}), "
@@ -239,6 +247,7 @@ class _Staged:
         # name -> the box fetched (slices only; a name absent: nothing fetched)
         self.boxes: Optional[Dict[str, Any]] = None
         self.signature: Tuple[Any, ...] = ()  # (name, shape, dtype) of the version
+        self.node_copy: Optional[Any] = None  # tensorhub.node.NodeCopy: tensors are its views
 
 
 class TensorHubWeightTransferEngine(
@@ -292,7 +301,7 @@ class TensorHubWeightTransferEngine(
             raise ValueError(
                 f"tensorhub init_info {sorted(init_dict)}: {e}; fields: hub, "
                 f"{', '.join(_SETTING_FIELDS)}, reader_group, timeout_s, connections, "
-                f"worker_name, slices"
+                f"worker_name, slices, node"
             ) from e
 
     def init_transfer_engine(self, init_info: TensorHubInitInfo) -> None:
@@ -505,6 +514,16 @@ class TensorHubWeightTransferEngine(
                 raise DeadlineExceededError(
                     f"tensorhub: no time left to fetch {staged.model}@{info.version}"
                 )
+            if self._info.node:  # type: ignore[union-attr]
+                # The host's one copy (tensorhub.node), if its agent serves it.
+                from . import node
+
+                copy = node.acquire_or_none(staged.model, info.version, socket=self._info.node,
+                                            timeout=remaining)
+                if copy is not None:
+                    staged.version, staged.node_copy = info.version, copy
+                    staged.tensors = copy.tensors("torch")
+                    return
             learned = self._learned.get(staged.target)
             if self._slices() and learned is not None and learned[0] == staged.signature:
                 out = self._fetch_boxes(client, staged, info, learned[1], remaining)
@@ -563,6 +582,10 @@ class TensorHubWeightTransferEngine(
         return full
 
     def _drop(self, staged: _Staged) -> None:
+        if staged.node_copy is not None:
+            staged.tensors, copy, staged.node_copy = None, staged.node_copy, None
+            copy.close()
+            return
         with self._lock:
             held = self._held.get(staged.target)
             if held is not None and staged.tensors is held[2]:
@@ -631,9 +654,17 @@ class TensorHubWeightTransferEngine(
         # The new version is in the model: serve it, and withdraw the old one
         # in the background (unpublish waits for its reads in flight, and the
         # engine need not wait for that: the pause covers the apply only).
+        # Loaded from the node's copy: nothing to serve, the agent does.
+        new = (staged.model, staged.version, staged.tensors)
+        if staged.node_copy is not None:
+            staged.tensors, copy, staged.node_copy, new = None, staged.node_copy, None, None
+            copy.close()
         with self._lock:
             old = self._held.get(staged.target)
-            self._held[staged.target] = (staged.model, staged.version, staged.tensors)  # type: ignore[assignment]
+            if new is None:
+                self._held.pop(staged.target, None)
+            else:
+                self._held[staged.target] = new  # type: ignore[assignment]
         if old is not None and (old[0], old[1]) != (staged.model, staged.version):
             self._join_withdraw()
             # The thread holds `old`, so its buffers live until the drain ends.

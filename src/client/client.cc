@@ -21,6 +21,7 @@
 #include "client/client_deps.h"
 #include "client/client_metrics.h"
 #include "client/control_plane.h"
+#include "client/describe.h"
 #include "client/fetch/slice_fetch.h"
 #include "client/fetch/whole_fetch.h"
 #include "client/membership.h"
@@ -57,52 +58,6 @@ Status CheckDataPlaneIsProtected(const ClientOptions& o) {
   }
   TH_LOG(WARN) << what << ". Running anyway: --insecure was given.";
   return Status::Ok();
-}
-
-// Describe's answer: the hub's resolution, with every logical tensor of a
-// version published as pieces listed once, with its global shape.
-VersionInfo ToVersionInfo(std::string_view model, const client::Resolved& r) {
-  VersionInfo vi;
-  vi.model = std::string(model);
-  vi.version = r.version;
-  vi.state = r.state;
-  vi.retained = r.retained;
-  if (r.manifest.has_value()) {
-    const Manifest& m = *r.manifest;
-    vi.group_size = m.group_size();
-    vi.parts_published = m.group_size();
-    vi.total_bytes = m.total_bytes();
-    vi.chunk_bytes = m.chunk_bytes();
-    vi.num_chunks = m.num_chunks();
-    std::set<std::string> seen;
-    for (const PartLayout& p : m.parts()) {
-      for (const TensorLayout& t : p.tensors) {
-        if (!t.sharded()) {
-          vi.tensors.push_back(TensorInfo{t.spec, p.rank, t.bytes});
-          continue;
-        }
-        // Once, at the first part holding a piece of it.
-        if (!seen.insert(t.spec.name).second) continue;
-        const TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
-        vi.tensors.push_back(
-            TensorInfo{global, p.rank, global.ByteSize().value()});
-      }
-      vi.metadata.insert(vi.metadata.end(), p.metadata.begin(),
-                         p.metadata.end());
-    }
-  }
-  for (const client::ResolvedSource& s : r.sources) {
-    HolderInfo h;
-    h.worker = s.worker;
-    h.data_address = s.data_address;
-    h.labels = s.labels;
-    h.worker_class = s.worker_class;
-    for (const auto& [b, e] : s.chunks) h.chunks += e - b;
-    h.filling = s.filling;
-    vi.holders.push_back(std::move(h));
-  }
-  vi.num_holders = r.num_holders;
-  return vi;
 }
 
 }  // namespace
@@ -190,7 +145,7 @@ class Client::Impl {
         client::Resolved r,
         hub_->Resolve(membership_.id(), std::string(model), version, true,
                       std::string(group), group_step));
-    return ToVersionInfo(model, r);
+    return client::ToVersionInfo(model, r);
   }
 
   const WorkerId& id() const { return membership_.id(); }

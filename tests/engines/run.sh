@@ -11,6 +11,8 @@
 #               SGLang 0.5's own Llama and Mixtral classes
 #               (test_sglang_models.py), a
 #               short run of examples/rl_vllm.py (test_rl_vllm_example.py),
+#               two engines loading from the host's node agent and falling
+#               back when it dies (test_vllm_node.py),
 #               HF checkpoints through the CLI (test_hf_checkpoint.py, needs
 #               build/tools/tensorhub or $TENSORHUB_BIN); the dtype
 #               conversions against its torch's float8_e4m3fn
@@ -39,6 +41,7 @@ export TENSORHUB_BIN=${TENSORHUB_BIN:-$PWD/build/tools/tensorhub}
   tests/engines/test_vllm_backend_unit.py tests/engines/test_vllm_interface.py \
   tests/engines/test_read_trace.py tests/engines/test_fsdp2_publish.py \
   tests/engines/test_vllm_e2e.py tests/engines/test_vllm_tp2.py tests/engines/test_sglang_models.py \
+  tests/engines/test_vllm_node.py \
   tests/engines/test_rl_vllm_example.py \
   tests/engines/test_hf_checkpoint.py tests/python/test_reshard_convert.py "$@"
 python3 scripts/check-skips.py "$reports" pytest-vllm
