@@ -659,9 +659,9 @@ TEST_F(SliceHolderTest, ReadersOfSlicesKeepAVersionPublishedWhole) {
   for (uint32_t r = 0; r < 2; ++r) {
     holders.push_back(NewWorker("h" + std::to_string(r)));
     held.push_back(TpSlices(r, 2));
-    ASSERT_TRUE(
-        holders[r].client->FetchSlices("m", Version(1), held[r].slices, serve)
-            .ok());
+    ASSERT_TRUE(holders[r]
+                    .client->FetchSlices("m", Version(1), held[r].slices, serve)
+                    .ok());
   }
   ASSERT_TRUE(t.client->Unpublish("m", Version(1)).ok());
   Worker whole = NewWorker("whole");
@@ -675,7 +675,8 @@ TEST_F(SliceHolderTest, ReadersOfSlicesKeepAVersionPublishedWhole) {
   EXPECT_GT(BytesFrom(*st, holders[1]), 0u);
   // The TP ranks leave; the whole reader keeps the version for a TP rank
   // of another instance.
-  for (Worker& h : holders) ASSERT_TRUE(h.client->Unpublish("m", Version(1)).ok());
+  for (Worker& h : holders)
+    ASSERT_TRUE(h.client->Unpublish("m", Version(1)).ok());
   Worker next = NewWorker("next");
   RankSlices again = TpSlices(0, 2);
   FetchOptions one;

@@ -98,9 +98,8 @@ TEST(HolderBoxTest, SliceHoldersCoverMatchesElementCoverage) {
       for (size_t k = 0; k < rank; ++k) {
         const bool middle = k > 0 && k + 1 < rank;
         const uint64_t o = middle && whole_middle ? 0 : below(shape[k]);
-        const uint64_t e = middle && whole_middle
-                               ? shape[k]
-                               : 1 + below(shape[k] - o);
+        const uint64_t e =
+            middle && whole_middle ? shape[k] : 1 + below(shape[k] - o);
         b.offset.push_back(o);
         b.extent.push_back(e);
       }
@@ -148,19 +147,19 @@ TEST(HolderBoxTest, SliceHoldersCoverMatchesElementCoverage) {
       }
       cuts *= c.size() + 1;
     }
-    const bool one = std::any_of(usable.begin(), usable.end(),
-                                 [&](const Box& b) { return Contains(b, region); });
+    const bool one =
+        std::any_of(usable.begin(), usable.end(),
+                    [&](const Box& b) { return Contains(b, region); });
     const bool want = MatrixOrigin(piece, shape).has_value() &&
                       (cuts <= kMaxSliceCuts ? every : one);
     EXPECT_EQ(SliceHoldersCover(piece, region, boxes, shape), want);
   }
   // An empty region needs nothing; a piece that does not map, everything.
-  EXPECT_TRUE(SliceHoldersCover(B({0, 0}, {0, 4}), B({0, 0}, {0, 4}), {},
-                                Shape{4, 4}));
+  EXPECT_TRUE(
+      SliceHoldersCover(B({0, 0}, {0, 4}), B({0, 0}, {0, 4}), {}, Shape{4, 4}));
   const std::vector<Box> whole = {B({0, 0, 0}, {2, 2, 2})};
-  EXPECT_FALSE(SliceHoldersCover(B({0, 1, 0}, {2, 1, 2}),
-                                 B({0, 1, 0}, {2, 1, 2}), whole,
-                                 Shape{2, 2, 2}));
+  EXPECT_FALSE(SliceHoldersCover(
+      B({0, 1, 0}, {2, 1, 2}), B({0, 1, 0}, {2, 1, 2}), whole, Shape{2, 2, 2}));
 }
 
 // --------------------------------------------------------------- tiling

@@ -120,7 +120,9 @@ class HubReshardTest : public ::testing::Test {
     std::vector<uint8_t>& w = buffers_.emplace_back(rows * 8, 1);
     std::vector<uint8_t>& n = buffers_.emplace_back(8, 2);
     std::vector<TensorRef> refs = {
-        {{"w", DType::kU8, {rows, 8}}, w.data(), w.size(),
+        {{"w", DType::kU8, {rows, 8}},
+         w.data(),
+         w.size(),
          MemoryLocation::Host()},
         {{"n", DType::kU8, {8}}, n.data(), 8, MemoryLocation::Host()}};
     Result<PartLayout> p = BuildPartLayout(
@@ -308,8 +310,8 @@ TEST_F(HubReshardTest, HoldersOfSlicesKeepAVersionOfPiecesAvailable) {
   ASSERT_TRUE(Pub(a, 0, 2, Rows(0, 10, 0, 5)).ok());
   ASSERT_EQ(*Pub(b, 1, 2, Rows(1, 10, 5, 10)), VersionState::kCommitted);
   // A whole fetch of it, served onward: boxes that are the whole tensors.
-  const PartLayout all = Boxes({{"w", {10, 8}, Box{{0, 0}, {10, 8}}},
-                                {"n", {8}, Box{{0}, {8}}}});
+  const PartLayout all =
+      Boxes({{"w", {10, 8}, Box{{0, 0}, {10, 8}}}, {"n", {8}, Box{{0}, {8}}}});
   ASSERT_TRUE(hub_.AddSliceHolder(whole, "m", Version(1), 3, all, 0).ok());
   // While the ranks hold it, BeginFetch offers the holder of slices first,
   // then both ranks.
@@ -451,9 +453,8 @@ TEST_F(HubReshardTest, HoldersOfSlicesCountWhereAReaderCanReadFromThem) {
                     .ok());
     ASSERT_TRUE(hub.Unpublish(a, "m", Version(1), 0).ok());
     ASSERT_TRUE(hub.Unpublish(b, "m", Version(1), 0).ok());
-    EXPECT_EQ(hub.StateOf("m", Version(1)), middle
-                                                ? VersionState::kUnavailable
-                                                : VersionState::kCommitted);
+    EXPECT_EQ(hub.StateOf("m", Version(1)),
+              middle ? VersionState::kUnavailable : VersionState::kCommitted);
   }
 }
 

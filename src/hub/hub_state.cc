@@ -708,8 +708,8 @@ std::vector<HolderView> HubState::SliceSources(
   std::map<std::string_view, std::vector<Box>> have;
   auto take = [&](size_t i) {
     chosen[i] = true;
-    for (const TensorLayout& b : v.slice_refs.at(*std::get<2>(found[i]))
-                                     .slices.tensors) {
+    for (const TensorLayout& b :
+         v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
       have[b.spec.name].push_back(b.PieceBox());
     }
   };
@@ -723,8 +723,8 @@ std::vector<HolderView> HubState::SliceSources(
     if (SliceHoldersCover(piece, region, boxes, shape)) return;
     if (offered.empty()) {
       for (size_t i = 0; i < found.size(); ++i) {
-        for (const TensorLayout& b : v.slice_refs.at(*std::get<2>(found[i]))
-                                         .slices.tensors) {
+        for (const TensorLayout& b :
+             v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
           offered[b.spec.name].emplace_back(i, b.PieceBox());
         }
       }
@@ -1123,8 +1123,7 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   // A whole fetch reads this version as slices: it has pieces, or its
   // holders of chunks left parts to holders of slices.
   VersionEntry* v = FindVersion(a.model, version);
-  const bool as_slices = v != nullptr &&
-                         v->state == VersionState::kCommitted &&
+  const bool as_slices = v != nullptr && v->state == VersionState::kCommitted &&
                          (v->has_pieces || !CoveredByChunkHolders(*v));
   if (a.fill_epoch.has_value()) {
     if (!out.resolution.manifest_digest.has_value()) {
@@ -1145,9 +1144,9 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   Result<std::vector<HolderView>> sources =
       Schedule(a.reader, a.model, version, {}, a.max_sources);
   if (as_slices) {
-    std::vector<HolderView> slices = SliceSources(
-        *v, a.reader, {}, a.max_sources, /*wants=*/nullptr,
-        sources.ok() ? *sources : std::vector<HolderView>{});
+    std::vector<HolderView> slices =
+        SliceSources(*v, a.reader, {}, a.max_sources, /*wants=*/nullptr,
+                     sources.ok() ? *sources : std::vector<HolderView>{});
     if (!slices.empty()) {
       if (sources.ok()) {
         slices.insert(slices.end(), std::make_move_iterator(sources->begin()),

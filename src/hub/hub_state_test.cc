@@ -1621,8 +1621,10 @@ class ReferenceScheduler {
   }
   // Holders of slices: each part's tensors (1-dimensional, by name and
   // length), and the ranges [begin, end) of them each holder holds.
-  using Ranges = std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>>;
-  void SetTensors(std::vector<std::vector<std::pair<std::string, uint64_t>>> t) {
+  using Ranges =
+      std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>>;
+  void SetTensors(
+      std::vector<std::vector<std::pair<std::string, uint64_t>>> t) {
     tensors_ = std::move(t);
   }
   void AddSlices(const WorkerId& w, Ranges ranges) {
@@ -1922,8 +1924,8 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         for (size_t part = 0; part < tensors.size(); ++part) {
           for (const auto& [name, length] : tensors[part]) {
             if (pick(3) == 0) continue;
-            const std::vector<uint64_t> thirds = {0, length / 3,
-                                                  2 * length / 3, length};
+            const std::vector<uint64_t> thirds = {0, length / 3, 2 * length / 3,
+                                                  length};
             const size_t b = pick(3), e = b + 1 + pick(3 - b);
             if (thirds[b] == thirds[e]) continue;
             ranges[name].push_back({thirds[b], thirds[e]});

@@ -150,8 +150,9 @@ void FetchSession::Withdraw() {
 
 bool FetchSession::OffersHoldersOfSlices() const {
   return start_.first_status.ok() &&
-         std::any_of(start_.first.sources.begin(), start_.first.sources.end(),
-                     [](const ResolvedSource& s) { return s.slices != nullptr; });
+         std::any_of(
+             start_.first.sources.begin(), start_.first.sources.end(),
+             [](const ResolvedSource& s) { return s.slices != nullptr; });
 }
 
 Result<std::vector<FetchSource>> FetchSession::FirstSources() const {

@@ -90,7 +90,8 @@ std::optional<SliceItem> AltRead(const SliceItem& item, const TensorLayout& t,
   }
   const MatrixRect want{rows.front().first, rows.back().second,
                         c0 - holder->second, c1 - holder->second};
-  const std::vector<MatrixRect> grown = CoveringSegments({&want, 1}, hm, ht.seg);
+  const std::vector<MatrixRect> grown =
+      CoveringSegments({&want, 1}, hm, ht.seg);
   if (grown.size() != 1 ||
       grown[0].row_end - grown[0].row_begin > wire::kMaxStridedRuns) {
     return std::nullopt;

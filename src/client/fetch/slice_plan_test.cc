@@ -394,9 +394,9 @@ TEST(SlicePlanTest, RandomBoxesLayoutsAndHoldersOfSlices) {
     if (HasFatalFailure()) return;
     for (const SliceItem& it : plan->items) {
       with_alts += !it.alts.empty();
-      cube_alts += !it.alts.empty() &&
-                   s.manifest.parts()[it.part].tensors[it.tensor].spec.name ==
-                       "cube";
+      cube_alts +=
+          !it.alts.empty() &&
+          s.manifest.parts()[it.part].tensors[it.tensor].spec.name == "cube";
     }
   }
   // The scenarios reach the holders of slices, not only the trainer parts,
