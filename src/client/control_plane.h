@@ -46,6 +46,8 @@ struct SliceWant {
   std::string name;
   Box box;
 };
+// The most boxes one schedule names (the hub refuses more).
+inline constexpr size_t kMaxSliceWants = 4096;
 
 struct Resolved {
   Version version;

@@ -1,9 +1,12 @@
 #include "hub/hub_state.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
+#include "common/geometry.h"
 #include "tensorhub/check.h"
 
 namespace tensorhub::hub {
@@ -81,6 +84,10 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
     // A new process took an old id: its old references are not its own.
     std::set<std::pair<std::string, Version>> refs = w.refs;
     for (const auto& [model, version] : refs) DropReference(model, version, id);
+    std::set<std::pair<std::string, Version>> slices = w.slices;
+    for (const auto& [model, version] : slices) {
+      DropSliceReference(model, version, id);
+    }
   }
   const Labels old = w.reg.labels;
   w.reg = reg;
@@ -324,6 +331,7 @@ void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
     for (const TensorLayout& t : p.tensors) v.has_pieces |= t.sharded();
   }
   v.manifest = std::move(manifest);
+  CoverBySlices(v);
 }
 
 Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
@@ -439,10 +447,12 @@ Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
                               VersionEntry& v, uint64_t epoch, bool filling) {
   if (filling && v.has_pieces) {
     // A reader of a version of pieces receives logical tensors, not the
-    // parts' bytes: it can serve no chunk, so it is never a source.
+    // parts' bytes: it can serve no chunk, so it is never a source of
+    // chunks (it serves its tensors as a holder of slices, once fetched).
     return FailedPrecondition(VersionName(model, version) +
                               " is published as pieces: a whole fetch of it "
-                              "reads slices and does not serve them");
+                              "reads slices and serves them once it has them "
+                              "(a holder of slices), not while it fills");
   }
   auto rit = v.refs.find(worker);
   if (rit != v.refs.end() && rit->second.rank.has_value() && filling) {
@@ -487,8 +497,62 @@ void HubState::DropSliceReference(const std::string& model, Version version,
                                   const WorkerId& worker) {
   auto wit = workers_.find(worker);
   if (wit != workers_.end()) wit->second.slices.erase({model, version});
-  VersionEntry* v = FindVersion(model, version);
-  if (v != nullptr) v->slice_refs.erase(worker);
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return;
+  VersionEntry& v = vit->second;
+  auto it = v.slice_refs.find(worker);
+  if (it == v.slice_refs.end()) return;
+  CountSliceBoxes(v, it->second.slices, -1);
+  v.slice_refs.erase(it);
+  UpdateAvailability(v);
+  Prune(model, mit->second);
+}
+
+void HubState::CountSliceBoxes(VersionEntry& v, const PartLayout& slices,
+                               int delta) {
+  bool changed = false;
+  for (const TensorLayout& t : slices.tensors) {
+    const Box box = t.PieceBox();
+    if (delta > 0) {
+      changed |= v.slice_boxes[t.spec.name][box]++ == 0;
+      continue;
+    }
+    auto named = v.slice_boxes.find(t.spec.name);
+    TH_CHECK(named != v.slice_boxes.end());
+    auto it = named->second.find(box);
+    TH_CHECK(it != named->second.end());
+    if (--it->second == 0) {
+      named->second.erase(it);
+      changed = true;
+      if (named->second.empty()) v.slice_boxes.erase(named);
+    }
+  }
+  if (changed) CoverBySlices(v);
+}
+
+void HubState::CoverBySlices(VersionEntry& v) {
+  v.parts_in_slices.clear();
+  if (!v.manifest.has_value()) return;
+  std::vector<Box> boxes;
+  for (const PartLayout& p : v.manifest->parts()) {
+    bool covered = true;
+    for (const TensorLayout& t : p.tensors) {
+      const Box piece = t.PieceBox();
+      if (piece.Elements() == 0) continue;
+      auto it = v.slice_boxes.find(t.spec.name);
+      boxes.clear();
+      if (it != v.slice_boxes.end()) {
+        for (const auto& [box, holders] : it->second) boxes.push_back(box);
+      }
+      if (!SliceHoldersCover(piece, piece, boxes, t.GlobalShape())) {
+        covered = false;
+        break;
+      }
+    }
+    v.parts_in_slices.push_back(covered);
+  }
 }
 
 Status HubState::CheckSlices(const std::string& vname, const Manifest& m,
@@ -549,10 +613,14 @@ Status HubState::AddSliceHolder(const WorkerId& worker,
     }
     it = v->slice_refs.emplace(worker, VersionEntry::SliceRef{}).first;
     it->second.join_seq = v->next_join++;
+  } else {
+    CountSliceBoxes(*v, it->second.slices, -1);
   }
   it->second.epoch = epoch;
   it->second.slices = slices;
+  CountSliceBoxes(*v, slices, +1);
   w->slices.insert({model, version});
+  UpdateAvailability(*v);
   return Status::Ok();
 }
 
@@ -560,20 +628,49 @@ Result<std::vector<HolderView>> HubState::ScheduleSlices(
     const WorkerId& reader, const std::string& model, Version version,
     const std::set<WorkerId>& exclude, size_t max_sources,
     const std::vector<SliceWant>& wants) {
-  TH_ASSIGN_OR_RETURN(std::vector<HolderView> out,
-                      Schedule(reader, model, version, exclude, max_sources));
-  VersionEntry& v = *FindVersion(model, version);  // Schedule found it
-  if (wants.empty() || v.slice_refs.empty()) return out;
+  Result<std::vector<HolderView>> chunks =
+      Schedule(reader, model, version, exclude, max_sources);
+  if (wants.empty()) return chunks;
+  // Schedule's UNAVAILABLE for a committed version: no holder of chunks
+  // left to read from, and holders of slices may still hold it all.
+  VersionEntry* v = FindVersion(model, version);
+  if ((!chunks.ok() && chunks.status().code() != StatusCode::kUnavailable) ||
+      v == nullptr || v->state != VersionState::kCommitted) {
+    return chunks;
+  }
+  std::vector<HolderView> out =
+      SliceSources(*v, reader, exclude, max_sources, &wants,
+                   chunks.ok() ? *chunks : std::vector<HolderView>{});
+  if (!chunks.ok()) {
+    if (out.empty()) return chunks.status();
+    return out;
+  }
+  // Holders of slices first: a reader prefers them (at equal load), which
+  // takes their share off the trainer ranks and full holders.
+  out.insert(out.end(), std::make_move_iterator(chunks->begin()),
+             std::make_move_iterator(chunks->end()));
+  return out;
+}
+
+std::vector<HolderView> HubState::SliceSources(
+    VersionEntry& v, const WorkerId& reader, const std::set<WorkerId>& exclude,
+    size_t max_sources, const std::vector<SliceWant>* wants,
+    const std::vector<HolderView>& chunks) {
+  if (v.slice_refs.empty() || !v.manifest.has_value()) return {};
   Labels near;
   if (auto rit = workers_.find(reader); rit != workers_.end()) {
     near = rit->second.reg.labels;
   }
+  std::multimap<std::string_view, const Box*> wanted;
+  if (wants != nullptr) {
+    for (const SliceWant& w : *wants) wanted.emplace(w.name, &w.box);
+  }
   auto useful = [&](const PartLayout& slices) {
+    if (wants == nullptr) return !slices.tensors.empty();
     for (const TensorLayout& b : slices.tensors) {
-      for (const SliceWant& w : wants) {
-        if (w.name == b.spec.name && Intersect(w.box, b.PieceBox())) {
-          return true;
-        }
+      auto [lo, hi] = wanted.equal_range(b.spec.name);
+      for (auto it = lo; it != hi; ++it) {
+        if (Intersect(*it->second, b.PieceBox())) return true;
       }
     }
     return false;
@@ -591,26 +688,88 @@ Result<std::vector<HolderView>> HubState::ScheduleSlices(
                        (ref.join_seq + turn) % v.next_join, &id);
   }
   std::sort(found.begin(), found.end());
-  if (found.size() > max_sources) found.resize(max_sources);
-  // Holders of slices first: a reader prefers them (at equal load), which
-  // takes their share off the trainer ranks and full holders.
-  std::vector<HolderView> slices;
-  for (const auto& [distance, order, id] : found) {
-    const Worker& w = workers_.at(*id);
-    const VersionEntry::SliceRef& ref = v.slice_refs.at(*id);
+  std::vector<bool> chosen(found.size(), false);
+  for (size_t i = 0; i < found.size() && i < max_sources; ++i) chosen[i] = true;
+  // The parts no complete holder among `chunks` holds (a filling one may
+  // never finish): the holders of slices must hold their wanted bytes.
+  const Manifest& m = *v.manifest;
+  std::vector<bool> held(m.parts().size(), false);
+  for (const HolderView& h : chunks) {
+    auto r = v.refs.find(h.worker);
+    if (r == v.refs.end() || r->second.filling) continue;
+    if (!r->second.rank.has_value()) {
+      held.assign(held.size(), true);
+      break;
+    }
+    held[*r->second.rank] = true;
+  }
+  // The chosen holders' boxes by tensor, and (built when first needed)
+  // every candidate's, in the order of `found`.
+  std::map<std::string_view, std::vector<Box>> have;
+  auto take = [&](size_t i) {
+    chosen[i] = true;
+    for (const TensorLayout& b :
+         v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
+      have[b.spec.name].push_back(b.PieceBox());
+    }
+  };
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (chosen[i]) take(i);
+  }
+  std::map<std::string_view, std::vector<std::pair<size_t, Box>>> offered;
+  auto cover = [&](const Box& piece, const Box& region, const TensorLayout& t) {
+    const std::vector<uint64_t> shape = t.GlobalShape();
+    std::vector<Box>& boxes = have[t.spec.name];
+    if (SliceHoldersCover(piece, region, boxes, shape)) return;
+    if (offered.empty()) {
+      for (size_t i = 0; i < found.size(); ++i) {
+        for (const TensorLayout& b :
+             v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
+          offered[b.spec.name].emplace_back(i, b.PieceBox());
+        }
+      }
+    }
+    for (const auto& [i, box] : offered[t.spec.name]) {
+      if (chosen[i] || !Intersect(region, box)) continue;
+      take(i);
+      if (SliceHoldersCover(piece, region, boxes, shape)) return;
+    }
+  };
+  for (const PartLayout& p : m.parts()) {
+    if (held[p.rank] || m.chunk_base(p.rank) == m.chunk_base(p.rank + 1)) {
+      continue;
+    }
+    for (const TensorLayout& t : p.tensors) {
+      const Box piece = t.PieceBox();
+      if (wants == nullptr) {
+        cover(piece, piece, t);
+        continue;
+      }
+      auto [lo, hi] = wanted.equal_range(t.spec.name);
+      for (auto it = lo; it != hi; ++it) {
+        if (std::optional<Box> r = Intersect(*it->second, piece)) {
+          cover(piece, *r, t);
+        }
+      }
+    }
+  }
+  std::vector<HolderView> out;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (!chosen[i]) continue;
+    const WorkerId& id = *std::get<2>(found[i]);
+    const Worker& w = workers_.at(id);
+    const VersionEntry::SliceRef& ref = v.slice_refs.at(id);
     HolderView hv;
-    hv.worker = *id;
+    hv.worker = id;
     hv.data_address = w.reg.data_address;
     hv.labels = w.reg.labels;
     hv.worker_class = w.reg.worker_class;
     hv.epoch = ref.epoch;
     hv.slice_holder = true;
     hv.slices = ref.slices;
-    slices.push_back(std::move(hv));
+    out.push_back(std::move(hv));
   }
-  slices.insert(slices.end(), std::make_move_iterator(out.begin()),
-                std::make_move_iterator(out.end()));
-  return slices;
+  return out;
 }
 
 void HubState::DropReference(const std::string& model, Version version,
@@ -652,30 +811,47 @@ void HubState::UpdateAvailability(VersionEntry& v) {
       v.state != VersionState::kUnavailable) {
     return;
   }
-  // Committed and readable only while every chunk has a live holder that
-  // is not filling (a filling holder is no copy yet). Any complete full
-  // holder covers everything; else the trainer ranks' parts must, and
-  // those come in rank order, which is chunk order.
-  const uint64_t n = v.manifest->num_chunks();
-  uint64_t covered = v.index.full_complete > 0 ? n : 0;
-  for (auto it = v.index.rank_holders.begin();
-       covered < n && it != v.index.rank_holders.end(); ++it) {
-    if (v.manifest->chunk_base(it->first) > covered) break;
-    covered = std::max(covered, v.manifest->chunk_base(it->first + 1));
+  // Committed and readable only while every part (with bytes) is held
+  // by a live holder that is not filling (a filling holder is no copy
+  // yet): a complete full holder holds them all, a trainer rank its own,
+  // and holders of slices together those whose every piece lies in their
+  // boxes where a reader can read it (parts_in_slices).
+  bool covered = true;
+  if (v.index.full_complete == 0) {
+    const Manifest& m = *v.manifest;
+    for (uint32_t r = 0; covered && r < v.group_size; ++r) {
+      covered = m.chunk_base(r) == m.chunk_base(r + 1) ||
+                v.index.rank_holders.count(r) > 0 ||
+                (r < v.parts_in_slices.size() && v.parts_in_slices[r]);
+    }
   }
-  v.state = covered >= v.manifest->num_chunks() ? VersionState::kCommitted
-                                                : VersionState::kUnavailable;
+  v.state = covered ? VersionState::kCommitted : VersionState::kUnavailable;
+}
+
+bool HubState::CoveredByChunkHolders(const VersionEntry& v) {
+  if (!v.manifest.has_value()) return false;
+  if (v.index.full_complete > 0) return true;
+  for (uint32_t r = 0; r < v.group_size; ++r) {
+    if (v.manifest->chunk_base(r) != v.manifest->chunk_base(r + 1) &&
+        v.index.rank_holders.count(r) == 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void HubState::Prune(const std::string& model, Model& m) {
+  auto unheld = [](const VersionEntry& v) {
+    return v.refs.empty() && v.slice_refs.empty();
+  };
   size_t dead = 0;
   for (const auto& [version, v] : m.versions) {
-    if (v.refs.empty()) ++dead;
+    if (unheld(v)) ++dead;
   }
   // Oldest first: forget versions nobody holds beyond the bound.
   for (auto it = m.versions.begin();
        it != m.versions.end() && dead > config_.max_dead_versions_per_model;) {
-    if (it->second.refs.empty()) {
+    if (unheld(it->second)) {
       // A forgotten version's pin goes with it (the durable store stays
       // bounded by what the hub knows).
       if (it->second.retained) {
@@ -944,10 +1120,20 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   FetchStart out;
   out.resolution = std::move(res).value();
   const Version version = out.resolution.version;
+  // A whole fetch reads this version as slices: it has pieces, or its
+  // holders of chunks left parts to holders of slices.
+  VersionEntry* v = FindVersion(a.model, version);
+  const bool as_slices = v != nullptr && v->state == VersionState::kCommitted &&
+                         (v->has_pieces || !CoveredByChunkHolders(*v));
   if (a.fill_epoch.has_value()) {
     if (!out.resolution.manifest_digest.has_value()) {
       out.filling = FailedPrecondition(VersionName(a.model, version) +
                                        " has no committed manifest here");
+    } else if (as_slices && !v->has_pieces) {
+      out.filling = FailedPrecondition(
+          VersionName(a.model, version) +
+          " is held in part only by holders of slices: a whole fetch of it "
+          "reads slices and serves them once it has them");
     } else {
       Result<bool> filled = AddHolderByDigest(
           a.reader, a.model, version, *a.fill_epoch,
@@ -957,6 +1143,19 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   }
   Result<std::vector<HolderView>> sources =
       Schedule(a.reader, a.model, version, {}, a.max_sources);
+  if (as_slices) {
+    std::vector<HolderView> slices =
+        SliceSources(*v, a.reader, {}, a.max_sources, /*wants=*/nullptr,
+                     sources.ok() ? *sources : std::vector<HolderView>{});
+    if (!slices.empty()) {
+      if (sources.ok()) {
+        slices.insert(slices.end(), std::make_move_iterator(sources->begin()),
+                      std::make_move_iterator(sources->end()));
+      }
+      out.sources = std::move(slices);
+      return out;
+    }
+  }
   if (sources.ok()) {
     out.sources = std::move(sources).value();
     return out;
@@ -1639,7 +1838,9 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
         if (v.retained && !own->second.filling) work.pinned.push_back(task);
         continue;
       }
-      if (!retained || v.state != VersionState::kCommitted) continue;
+      if (!retained || v.state != VersionState::kCommitted || v.has_pieces) {
+        continue;
+      }
       const VersionEntry& entry =
           v;  // a lambda may not capture a binding (C++20)
       auto reliable = [&](const WorkerId& h) {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -323,7 +324,8 @@ class HubState {
   // receiving it now and serves the chunks it has verified. A full report
   // ends the worker's fetch: its assigned sources are released. A filling
   // report of a version published as pieces is FAILED_PRECONDITION: its
-  // readers receive logical tensors, not the parts' chunks.
+  // readers receive logical tensors, not the parts' chunks (they serve them
+  // onward as holders of slices, AddSliceHolder).
   // O(manifest): the manifest is validated and compared (skipped when it
   // equals the committed one). A report to a hub that does not know the
   // version (it restarted) re-creates it from this manifest.
@@ -367,25 +369,38 @@ class HubState {
   // version's dtype), packed into part_bytes, with segment checksums the
   // holder computed over its verified bytes (readers verify against these).
   // Soft state like AddHolder: a restarted hub hears it again. Replaces the
-  // worker's previous boxes of the version. FAILED_PRECONDITION if the hub
-  // has no committed manifest of the version (yet: report again later);
-  // INVALID_ARGUMENT for boxes that do not fit the manifest. O(manifest).
+  // worker's previous boxes of the version. Holders of slices count towards
+  // availability (UpdateAvailability), not towards retention or keepers.
+  // FAILED_PRECONDITION if the hub has no committed manifest of the version
+  // (yet: report again later); INVALID_ARGUMENT for boxes that do not fit
+  // the manifest. O(manifest).
   Status AddSliceHolder(const WorkerId& worker, const std::string& model,
                         Version version, uint64_t epoch,
                         const PartLayout& slices, int64_t now_ms);
   // Schedule for a reader of slices: up to `max_sources` holders of slices
   // whose boxes intersect one of `wants` (nearest first, rotated among
   // equally near ones), first, so that the reader prefers them; then
-  // Schedule's sources. Slice holders are not counted busy. A full fetch
-  // (Schedule, Resolve) never gets a slice holder. Cost: Schedule's plus
-  // O(slice holders x boxes x wants).
+  // Schedule's sources. Where those sources leave parts of the version
+  // unheld (trainer ranks gone), more holders of slices, in the same order,
+  // until the wanted bytes of those parts are covered (SliceSources); with
+  // no holder left but holders of slices, only those. Slice holders are not
+  // counted busy. A full fetch (Schedule, Resolve) never gets a slice
+  // holder. Cost: Schedule's plus O(slice holders x boxes x log wants),
+  // plus O(slice holders x boxes + parts' tensors x slice holders) when
+  // parts are left unheld.
   Result<std::vector<HolderView>> ScheduleSlices(
       const WorkerId& reader, const std::string& model, Version version,
       const std::set<WorkerId>& exclude, size_t max_sources,
       const std::vector<SliceWant>& wants);
   // The start of a fetch in one call (the BeginFetch RPC): Resolve (or
   // ResolveForGroup), the reader's registration as a filling holder, and
-  // Schedule, as the three calls would answer them one after another.
+  // Schedule, as the three calls would answer them one after another. A
+  // committed version that a whole fetch must read as slices (it has
+  // pieces, or its complete holders of chunks no longer cover it and
+  // holders of slices do) also gets holders of slices among its sources,
+  // first, as ScheduleSlices of every tensor whole would give them; the
+  // reader is then not registered as a filling holder (it serves slices
+  // once it has them).
   // Fails only as the resolution fails; the other two steps report their
   // own outcome in FetchStart. Resolution::holders is listed only when
   // Schedule found no source (the reader then falls back to that list), so
@@ -465,6 +480,9 @@ class HubState {
   // What `keeper` should fetch (retained committed versions with neither a
   // reliable complete copy nor a reliable copy in progress, that it does
   // not hold) and release (its complete copies of versions not retained).
+  // Never a version of pieces: a reader's copy of one is a holder of
+  // slices, which retention does not count (retention of such a version
+  // rests on its trainer ranks).
   KeeperWork KeeperTasks(const WorkerId& keeper) const;
 
   // ---- Reader groups ----
@@ -577,6 +595,13 @@ class HubState {
     int64_t at_ms = 0;
   };
 
+  // Boxes in an order, to count them (VersionEntry::slice_boxes).
+  struct BoxLess {
+    bool operator()(const Box& a, const Box& b) const {
+      return std::tie(a.offset, a.extent) < std::tie(b.offset, b.extent);
+    }
+  };
+
   struct VersionEntry {
     VersionState state = VersionState::kPending;
     uint32_t group_size = 0;
@@ -598,8 +623,9 @@ class HubState {
     std::set<WorkerId> departing;  // holders waiting to leave it
     // Readers in `assignments` that reported progress (ReportProgress).
     std::map<WorkerId, ReaderProgress> progress;
-    // Holders of slices (AddSliceHolder), kept apart from `refs`: they never
-    // count towards availability, retention or full fetches.
+    // Holders of slices (AddSliceHolder), kept apart from `refs`: they
+    // count towards availability (parts_in_slices), never towards retention
+    // or full fetches of chunks.
     struct SliceRef {
       uint64_t epoch = 0;
       uint64_t join_seq = 0;
@@ -607,6 +633,15 @@ class HubState {
     };
     std::map<WorkerId, SliceRef> slice_refs;
     uint64_t slice_schedules = 0;  // rotates equally near slice holders
+    // The boxes of slice_refs by tensor: each distinct box with the number
+    // of holders of slices that hold it. Availability depends only on which
+    // boxes are held, so it is worked out again (CoverBySlices) only when a
+    // box gains its first holder or loses its last.
+    std::map<std::string, std::map<Box, uint32_t, BoxLess>, std::less<>>
+        slice_boxes;
+    // Per part (once committed): holders of slices hold every piece of it
+    // where a reader can read it from them (SliceHoldersCover).
+    std::vector<bool> parts_in_slices;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -652,6 +687,26 @@ class HubState {
                      const WorkerId& worker);
   void DropSliceReference(const std::string& model, Version version,
                           const WorkerId& worker);
+  // Counts (+1) or uncounts (-1) a holder's boxes in v.slice_boxes, and
+  // works out v.parts_in_slices again if a box gained its first holder or
+  // lost its last. O(boxes log) plus, then, O(manifest x boxes per tensor).
+  static void CountSliceBoxes(VersionEntry& v, const PartLayout& slices,
+                              int delta);
+  static void CoverBySlices(VersionEntry& v);
+  // Complete holders of chunks (full copies, trainer ranks) hold every part
+  // (with bytes) of a committed version. O(G).
+  static bool CoveredByChunkHolders(const VersionEntry& v);
+  // A reader's holders of slices (ScheduleSlices, BeginFetch): up to
+  // `max_sources` of those with a box that meets `wants` (nullptr: any
+  // tensor, whole), nearest first, rotated among equally near ones; then,
+  // for the wanted bytes of parts that no complete holder among
+  // `chunk_sources` holds, more of them in the same order until those
+  // bytes are covered (SliceHoldersCover), as far as they are.
+  std::vector<HolderView> SliceSources(VersionEntry& v, const WorkerId& reader,
+                                       const std::set<WorkerId>& exclude,
+                                       size_t max_sources,
+                                       const std::vector<SliceWant>* wants,
+                                       const std::vector<HolderView>& chunks);
   // AddSliceHolder's checks of a holder's boxes against the manifest.
   static Status CheckSlices(const std::string& vname, const Manifest& m,
                             const PartLayout& slices);

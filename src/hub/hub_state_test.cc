@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/manifest.h"
 
 namespace tensorhub::hub {
@@ -98,6 +99,34 @@ class HubStateTest : public ::testing::Test {
           static_cast<uint8_t>(seed + r)));
     }
     return parts;
+  }
+
+  // A holder of slices' layout: ranges [begin, end) of 1-dimensional U8
+  // tensors of `length` bytes.
+  struct Held {
+    std::string name;
+    uint64_t length = 0;
+    uint64_t begin = 0, end = 0;
+  };
+  static PartLayout SliceLayout(const std::vector<Held>& held) {
+    std::vector<TensorRef> refs;
+    PieceOptions opts;
+    opts.segment_bytes = 256;
+    std::deque<std::vector<uint8_t>> bytes;  // only checksummed here
+    for (const Held& h : held) {
+      std::vector<uint8_t>& buf = bytes.emplace_back(h.end - h.begin, 5);
+      refs.push_back({TensorSpec{h.name, DType::kU8, {h.end - h.begin}},
+                      buf.data(), buf.size(), MemoryLocation::Host()});
+      opts.pieces[h.name] = {{h.length}, {h.begin}};
+    }
+    Result<PartLayout> p = BuildPartLayout(
+        0xFFFFFFFFu, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
+        [](std::span<const iovec> v) -> Result<uint64_t> {
+          return Xxh3Pieces(v);
+        },
+        opts);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : PartLayout{};
   }
 
   static Manifest ManifestOf(const std::vector<PartLayout>& parts) {
@@ -1586,8 +1615,45 @@ class ReferenceScheduler {
   }
   void Drop(const WorkerId& w) {
     refs_.erase(w);
+    slices_.erase(w);
     Release(w);
     serving_.erase(w);
+  }
+  // Holders of slices: each part's tensors (1-dimensional, by name and
+  // length), and the ranges [begin, end) of them each holder holds.
+  using Ranges =
+      std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>>;
+  void SetTensors(
+      std::vector<std::vector<std::pair<std::string, uint64_t>>> t) {
+    tensors_ = std::move(t);
+  }
+  void AddSlices(const WorkerId& w, Ranges ranges) {
+    slices_[w] = std::move(ranges);
+  }
+  bool HoldsSlices(const WorkerId& w) const { return slices_.count(w) > 0; }
+  void DropSlices(const WorkerId& w) { slices_.erase(w); }
+  // Whether the ranges of `holders` (all of them: nullptr) cover every
+  // tensor of `part` (ranges of thirds: nothing for the cut bound to cut).
+  bool PartInSlices(size_t part,
+                    const std::set<WorkerId>* holders = nullptr) const {
+    for (const auto& [name, length] : tensors_[part]) {
+      std::vector<std::pair<uint64_t, uint64_t>> all;
+      for (const auto& [w, ranges] : slices_) {
+        if (holders != nullptr && holders->count(w) == 0) continue;
+        auto it = ranges.find(name);
+        if (it != ranges.end()) {
+          all.insert(all.end(), it->second.begin(), it->second.end());
+        }
+      }
+      std::sort(all.begin(), all.end());
+      uint64_t covered = 0;
+      for (const auto& [b, e] : all) {
+        if (b > covered) break;
+        covered = std::max(covered, e);
+      }
+      if (covered < length) return false;
+    }
+    return true;
   }
   void Release(const WorkerId& reader) {
     auto it = assignments_.find(reader);
@@ -1599,7 +1665,8 @@ class ReferenceScheduler {
     assignments_.erase(it);
   }
   // Every chunk held by a complete holder: a full one, or the trainer ranks'
-  // parts (rank r holds chunks [base[r], base[r + 1])).
+  // parts (rank r holds chunks [base[r], base[r + 1])); or, for a part
+  // no rank holds, every byte of it by holders of slices.
   bool Readable(const std::vector<uint64_t>& base) const {
     std::vector<uint64_t> covered_by_rank(base.size() - 1, 0);
     std::vector<bool> have(base.size() - 1, false);
@@ -1608,13 +1675,11 @@ class ReferenceScheduler {
       if (!r.rank.has_value()) return true;
       have[*r.rank] = true;
     }
-    uint64_t covered = 0;
     for (size_t r = 0; r + 1 < base.size(); ++r) {
-      if (!have[r]) continue;
-      if (base[r] > covered) break;
-      covered = std::max(covered, base[r + 1]);
+      if (base[r] == base[r + 1] || have[r]) continue;
+      if (tensors_.empty() || !PartInSlices(r)) return false;
     }
-    return covered >= base.back();
+    return true;
   }
 
   static int Distance(const Labels& a, const Labels& b) {
@@ -1716,6 +1781,8 @@ class ReferenceScheduler {
   std::map<WorkerId, std::vector<WorkerId>> assignments_;
   std::map<WorkerId, int> serving_;
   uint64_t next_join_ = 1;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> tensors_;
+  std::map<WorkerId, Ranges> slices_;
 };
 
 // Random joins, fills, schedules (with exclusions), completions, fetch ends,
@@ -1746,6 +1813,14 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
     std::vector<uint64_t> base;
     for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
     ReferenceScheduler ref(base, config.racks_oversubscribed);
+    std::vector<std::vector<std::pair<std::string, uint64_t>>> tensors;
+    for (const PartLayout& p : g) {
+      tensors.emplace_back();
+      for (const TensorLayout& t : p.tensors) {
+        tensors.back().emplace_back(t.spec.name, t.spec.shape[0]);
+      }
+    }
+    ref.SetTensors(tensors);
     std::vector<WorkerId> ws;
     std::set<WorkerId> gone;                // left the hub; may re-join
     std::map<WorkerId, std::string> names;  // the name gives the address
@@ -1822,8 +1897,11 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         ref.Release(w);
       } else if (op < 90) {  // stops serving
         Status s = hub.Unpublish(w, "m", Version(1), 0);
-        EXPECT_EQ(s.ok(), ref.refs().count(w) > 0) << s.ToString();
-        if (s.ok()) ref.Drop(w);
+        EXPECT_EQ(s.ok(), ref.refs().count(w) > 0 || ref.HoldsSlices(w))
+            << s.ToString();
+        // A holder of slices only: its fetch (if any) goes on.
+        if (s.ok() && ref.refs().count(w) == 0) ref.DropSlices(w);
+        if (s.ok() && ref.refs().count(w) > 0) ref.Drop(w);
       } else if (op < 95) {  // leaves (or its lease ends)
         ASSERT_TRUE(hub.Leave(w).ok());
         ref.Drop(w);
@@ -1836,6 +1914,79 @@ TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
         reg.labels = random_labels();
         ASSERT_TRUE(hub.RegisterWorker(reg, 0).ok());
         ref.SetLabels(w, reg.labels);
+      }
+      // Holders of slices come and go beside: ranges of thirds of random
+      // tensors. They keep the version readable where ranks are gone, and a
+      // reader of every tensor whole then gets holders that cover them.
+      if (pick(4) == 0 && gone.count(w) == 0) {
+        ReferenceScheduler::Ranges ranges;
+        std::vector<Held> held;
+        for (size_t part = 0; part < tensors.size(); ++part) {
+          for (const auto& [name, length] : tensors[part]) {
+            if (pick(3) == 0) continue;
+            const std::vector<uint64_t> thirds = {0, length / 3, 2 * length / 3,
+                                                  length};
+            const size_t b = pick(3), e = b + 1 + pick(3 - b);
+            if (thirds[b] == thirds[e]) continue;
+            ranges[name].push_back({thirds[b], thirds[e]});
+            held.push_back({name, length, thirds[b], thirds[e]});
+          }
+        }
+        if (!held.empty()) {
+          ASSERT_TRUE(
+              hub.AddSliceHolder(w, "m", Version(1), 9, SliceLayout(held), 0)
+                  .ok());
+          ref.AddSlices(w, std::move(ranges));
+        }
+      }
+      EXPECT_EQ(hub.StateOf("m", Version(1)) == VersionState::kCommitted,
+                ref.Readable(base));
+      if (ref.Readable(base)) {
+        const WorkerId reader = ws[pick(ws.size())];
+        std::vector<SliceWant> everything;
+        for (const auto& part : tensors) {
+          for (const auto& [name, length] : part) {
+            everything.push_back({name, Box{{0}, {length}}});
+          }
+        }
+        Result<std::vector<HolderView>> got = hub.ScheduleSlices(
+            reader, "m", Version(1), {}, 1 + pick(4), everything);
+        hub.FetchDone(reader, "m", Version(1));
+        ref.Release(reader);
+        if (!got.ok()) {
+          // Only the reader itself holds what no other holder does.
+          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+          EXPECT_TRUE(ref.HoldsSlices(reader) || ref.refs().count(reader) > 0)
+              << got.status().ToString();
+          continue;
+        }
+        // Parts the chunk sources hold (complete ones; filling ones, which
+        // may never finish), and the holders of slices offered.
+        std::vector<bool> held(kRanks, false), filling(kRanks, false);
+        std::set<WorkerId> slices;
+        for (const HolderView& h : *got) {
+          if (h.slice_holder) {
+            slices.insert(h.worker);
+            continue;
+          }
+          const ReferenceScheduler::Ref& r = ref.refs().at(h.worker);
+          std::vector<bool>& into = r.filling ? filling : held;
+          if (!r.rank.has_value()) into.assign(kRanks, true);
+          if (r.rank.has_value()) into[*r.rank] = true;
+        }
+        if (ref.refs().count(reader) > 0 || ref.HoldsSlices(reader)) {
+          continue;  // the reader is never offered to itself
+        }
+        for (uint32_t part = 0; part < kRanks; ++part) {
+          if (held[part]) continue;
+          // Where holders of slices can cover what no complete chunk source
+          // holds, the ones offered do; and every part has a source.
+          if (ref.PartInSlices(part)) {
+            EXPECT_TRUE(ref.PartInSlices(part, &slices)) << "part " << part;
+          } else {
+            EXPECT_TRUE(filling[part]) << "part " << part;
+          }
+        }
       }
       // Resolve lists every holder but the reader (fewer than the bound
       // here), nearest first.

@@ -82,6 +82,10 @@ class FetchSession {
   // if it took one, is withdrawn now.
   void DropFilling();
 
+  // The hub's first schedule offers holders of slices: it does so for a
+  // whole fetch only of a version that fetch must read as slices (pieces,
+  // or parts held only by holders of slices).
+  bool OffersHoldersOfSlices() const;
   // The sources the run starts from: the hub's first schedule, or, when
   // the hub could not schedule (rebuilding, or no complete holder left),
   // the nearest holders it listed instead.
