@@ -95,7 +95,7 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
       c.cluster.rack_oversub <= 1 ? ""
       : c.hub_idle_first          ? " (hub not told: idle first)"
-                                  : " (hub told: nearest first)",
+                                  : " (hub told: rack-aware pipelines)",
       c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s,
       c.arrival_spread_s, c.max_sources, c.trainer_copies, c.spot_fraction,
       c.seed);
@@ -109,7 +109,8 @@ void CsvHeader() {
       "vs_tensorhub,"
       "regular_wait_mean_s,joiners,joiner_wait_mean_s,joiner_wait_max_s,"
       "schedule_calls,"
-      "source_losses,failed_fetches,wan_fetches,events,wall_s\n");
+      "source_losses,failed_fetches,wan_fetches,events,wall_s,recheck_calls,"
+      "last_arrival_s,update_over_arrival_bound\n");
 }
 
 void CsvRow(const std::string& scenario, const WorkloadConfig& c,
@@ -117,7 +118,8 @@ void CsvRow(const std::string& scenario, const WorkloadConfig& c,
   double lb = c.LowerBoundS();
   std::printf(
       "%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.3f,%.3f,%.3f,%.4f,%.6f,%d,%.6f,%.6f,"
-      "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f\n",
+      "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+      ",%.3f,%" PRIu64 ",%.6f,%.4f\n",
       scenario.c_str(), sim::SystemName(r.system),
       c.trainer_gpus + c.rollout_gpus, r.update_s, r.update_max_s, lb,
       r.update_s / lb, r.trainer_blocked_s, r.trainer_stall_gpu_s,
@@ -125,7 +127,8 @@ void CsvRow(const std::string& scenario, const WorkloadConfig& c,
       th_stall > 0 ? r.total_stall_gpu_s() / th_stall : 0.0,
       r.regular_wait_mean_s, r.joiners, r.joiner_wait_mean_s,
       r.joiner_wait_max_s, r.schedule_calls, r.source_losses, r.failed_fetches,
-      r.wan_fetches, r.events, r.wall_s);
+      r.wan_fetches, r.events, r.wall_s, r.recheck_calls, r.last_arrival_s,
+      r.update_s / c.ArrivalBoundS(r.last_arrival_s));
 }
 
 Result<std::vector<System>> ParseSystems(const std::string& text,
@@ -202,22 +205,38 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   }
   PrintConfig(scenario, c);
   const double lb = c.LowerBoundS();
-  std::printf(
-      "# lower bound per update: %s = %.3f s\n",
-      c.remote_gpus() > 0 ? "max(shard / NIC, model / WAN)" : "shard / NIC",
-      lb);
-  std::printf("%-11s %10s %8s %10s %14s %14s %14s %10s %9s %9s %8s\n", "system",
-              "update_s", "x_bound", "trainer_s", "trainer_gpu_s",
-              "rollout_gpu_s", "stall_gpu_s", "stall/TH", "schedule", "events",
-              "wall_s");
+  std::string terms = "shard / NIC";
+  if (c.remote_gpus() > 0) terms += ", model / WAN";
+  const double rack_lb = c.RackBoundS();
+  if (c.cluster.rack_oversub > 1) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), ", rack uplinks (%.3f s)", rack_lb);
+    terms += buf;
+  }
+  std::printf("# lower bound per update: %s%s%s = %.3f s\n",
+              terms.find(',') != std::string::npos ? "max(" : "", terms.c_str(),
+              terms.find(',') != std::string::npos ? ")" : "", lb);
+  if (c.arrival_spread_s > 0) {
+    std::printf(
+        "# with arrival spread: x_arrival = update / the arrival-adjusted "
+        "bound, max(the bound, the last instance's arrival + shard / NIC) = "
+        "max(%.3f, %.3f + %.3f) = %.3f s\n",
+        lb, results[0].last_arrival_s, c.NicBoundS(),
+        c.ArrivalBoundS(results[0].last_arrival_s));
+  }
+  std::printf("%-11s %10s %8s %9s %10s %14s %14s %14s %10s %9s %8s %9s %8s\n",
+              "system", "update_s", "x_bound", "x_arrival", "trainer_s",
+              "trainer_gpu_s", "rollout_gpu_s", "stall_gpu_s", "stall/TH",
+              "schedule", "recheck", "events", "wall_s");
   for (const RunResult& r : results) {
     std::printf(
-        "%-11s %10.3f %8.2f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64
-        " %9" PRIu64 " %8.1f\n",
+        "%-11s %10.3f %8.2f %9.3f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64
+        " %8" PRIu64 " %9" PRIu64 " %8.1f\n",
         sim::SystemName(r.system), r.update_s, r.update_s / lb,
-        r.trainer_blocked_s, r.trainer_stall_gpu_s, r.rollout_stall_gpu_s,
-        r.total_stall_gpu_s(), r.total_stall_gpu_s() / th_stall,
-        r.schedule_calls, r.events, r.wall_s);
+        r.update_s / c.ArrivalBoundS(r.last_arrival_s), r.trainer_blocked_s,
+        r.trainer_stall_gpu_s, r.rollout_stall_gpu_s, r.total_stall_gpu_s(),
+        r.total_stall_gpu_s() / th_stall, r.schedule_calls, r.recheck_calls,
+        r.events, r.wall_s);
   }
   for (const RunResult& r : results) {
     if (r.failed_fetches > 0 || r.source_losses > 0) {
