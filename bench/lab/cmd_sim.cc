@@ -34,7 +34,8 @@ struct SimFlags {
   bool csv = false;
   std::optional<int> trainer_gpus, rollout_gpus, tp, gpus_per_node,
       nodes_per_rack, rounds, max_sources, trainer_copies;
-  std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes, seed;
+  std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes,
+      cut_through_bytes, seed;
   std::optional<double> nic_gbit, nvlink_gbyte, rack_oversub, wan_gbit,
       efficiency, step_s, spot_fraction, arrival_spread_s;
   bool no_rack_labels = false;
@@ -55,6 +56,7 @@ Status Apply(const SimFlags& f, WorkloadConfig* c) {
   set(f.tp, &c->tp);
   set(f.chunk_bytes, &c->chunk_bytes);
   set(f.segment_bytes, &c->segment_bytes);
+  set(f.cut_through_bytes, &c->cut_through_bytes);
   set(f.nic_gbit, &c->cluster.nic_gbit);
   set(f.nvlink_gbyte, &c->cluster.nvlink_gbyte);
   set(f.gpus_per_node, &c->cluster.gpus_per_node);
@@ -78,7 +80,8 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
   std::printf(
       "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB "
       "tp=%d shard=%.2f GB "
-      "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink "
+      "chunk=%s cut-through=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d "
+      "GPUs/node, nvlink "
       "%.0f GB/s, "
       "%d nodes/rack%s, rack oversubscription %.2g%s%s, wan=%.0f Gbit/s, "
       "efficiency %.3f\n"
@@ -87,9 +90,11 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus,
       c.rollout_gpus, c.rollouts_remote ? ", rollouts in dc1" : "",
       c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
-      FormatBytes(c.chunk_bytes).c_str(), FormatBytes(c.segment_bytes).c_str(),
-      c.cluster.nic_gbit, c.cluster.gpus_per_node, c.cluster.nvlink_gbyte,
-      c.cluster.nodes_per_rack,
+      FormatBytes(c.chunk_bytes).c_str(),
+      c.cut_through_bytes > 0 ? FormatBytes(c.cut_through_bytes).c_str()
+                              : "off",
+      FormatBytes(c.segment_bytes).c_str(), c.cluster.nic_gbit,
+      c.cluster.gpus_per_node, c.cluster.nvlink_gbyte, c.cluster.nodes_per_rack,
       c.cluster.rack_labels ? "" : " (racks not told to the hub)",
       c.cluster.rack_oversub,
       c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
@@ -504,6 +509,9 @@ void AddSimCommand(CommandLine& cl) {
   size("--chunk-bytes", &f->chunk_bytes, "TensorHub's chunk");
   size("--segment-bytes", &f->segment_bytes,
        "the broadcast baselines' pipelining segment");
+  size("--cut-through-bytes", &f->cut_through_bytes,
+       "TensorHub's cut-through piece: a hop lags this, not a chunk (0: "
+       "whole chunks, the data plane before cut-through)");
   real("--nic-gbit", &f->nic_gbit, "NIC rate per GPU, each direction");
   real("--nvlink-gbyte", &f->nvlink_gbyte,
        "NVLink rate per GPU inside a node, each direction");

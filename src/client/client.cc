@@ -371,6 +371,10 @@ class Client::Impl {
       fo.on_chunk = [this, model, v, e = *fill_epoch](uint64_t chunk) {
         registry_.MarkChunk(model, v, e, chunk);
       };
+      fo.on_landed = [this, model, v, e = *fill_epoch](uint64_t chunk,
+                                                       uint64_t bytes) {
+        registry_.MarkLanded(model, v, e, chunk, bytes);
+      };
     }
     Result<client::FetchReport> rep = client::RunFetch(
         *transport_, job, std::move(sources), schedule, fo, work);

@@ -143,6 +143,7 @@ FetchStep FetchPlan::StartRead(int64_t now_ms,
   step.source = src;
   step.address = s.source.address;
   step.epoch = s.source.epoch;
+  step.filling = s.source.filling;
   return step;
 }
 

@@ -65,6 +65,7 @@ struct FetchStep {
   int source = -1;
   std::string address;
   uint64_t epoch = 0;
+  bool filling = false;  // kRead: the source is still receiving
   std::vector<std::string> failed;
   int64_t until_ms = 0;
   Status status;

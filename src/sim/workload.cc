@@ -51,7 +51,8 @@ Status WorkloadConfig::Validate() const {
     return InvalidArgument("model bytes must be in [4 KiB x tp, 1 PB]");
   }
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes ||
-      segment_bytes < 1 || segment_bytes > kMaxChunkBytes) {
+      segment_bytes < 1 || segment_bytes > kMaxChunkBytes ||
+      cut_through_bytes > kMaxChunkBytes) {
     return InvalidArgument(
         "chunk size must be in [4 KiB, 1 GiB], segment in [1, 1 GiB]");
   }
@@ -167,6 +168,10 @@ class Driver {
     lag_ = (system_ == System::kRing || system_ == System::kTree)
                ? static_cast<double>(c_.segment_bytes)
                : static_cast<double>(c_.chunk_bytes);
+    if (IsTh() && c_.cut_through_bytes > 0 &&
+        c_.cut_through_bytes < c_.chunk_bytes) {
+      lag_ = static_cast<double>(c_.cut_through_bytes);
+    }
     engine_.on_done = [this](int f) { OnFetchDone(f); };
     engine_.on_source_lost = [this](int f, int gpu) { OnSourceLost(f, gpu); };
     gpus_.resize(static_cast<size_t>(cluster_.num_gpus()));

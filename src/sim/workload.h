@@ -33,8 +33,13 @@ struct WorkloadConfig {
   int tp = 8;                           // GPUs per rollout instance
   uint64_t chunk_bytes = 4ull << 20;    // TensorHub's chunk (the default)
   uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
-  int rounds = 2;                       // versions published
-  double step_s = 30;                   // trainer compute between publishes
+  // TensorHub's cut-through piece (FetcherOptions::cut_through_bytes, 256
+  // KiB by default): a filling holder serves a chunk's bytes as they land,
+  // so a hop of the pipeline lags one piece, not one chunk. 0: whole
+  // chunks (the data plane before cut-through).
+  uint64_t cut_through_bytes = 256ull << 10;
+  int rounds = 2;      // versions published
+  double step_s = 30;  // trainer compute between publishes
   // Each instance needs a new version when its batch ends: uniformly
   // spread over [0, this] after the publish (seeded). 0: all at once.
   double arrival_spread_s = 0;
