@@ -361,6 +361,10 @@ class Client::Impl {
     client::FetcherOptions fo;
     fo.streams = opts.connections;
     fo.on_progress = opts.on_progress;
+    if (start.first_status.ok() && !start.first.sources.empty()) {
+      fo.recheck_after_ms = start.first.recheck_after_ms;
+      fo.recheck = MakeRechecker(model, v, opts.max_sources, work);
+    }
     fo.sources_interval_ms = ProgressIntervalMs(*hub_);
     fo.on_sources = [&](const client::FetchReport& so_far) {
       ReportProgress(Progress(model, v, manifest.total_bytes(), t_sources,
@@ -720,8 +724,28 @@ class Client::Impl {
       if (!srcs.ok()) return srcs.status();
       client::SourceUpdate update(ToSources(srcs->sources));
       update.unavailable = std::move(srcs->unavailable);
+      update.recheck_after_ms = srcs->recheck_after_ms;
       return update;
     };
+  }
+
+  // The fetcher's way to recheck its sources when the hub asked it to
+  // (docs/design.md, "Rack-aware pipelines").
+  std::function<Result<client::SourceUpdate>()> MakeRechecker(
+      const std::string& model, Version v, int max_sources_wanted,
+      const Deadline& work) {
+    const uint32_t max_sources =
+        static_cast<uint32_t>(std::clamp(max_sources_wanted, 1, 16));
+    return
+        [this, model, v, max_sources, work]() -> Result<client::SourceUpdate> {
+          Result<client::Scheduled> srcs =
+              hub_->Recheck(id(), model, v, max_sources, work.remaining_ms());
+          if (!srcs.ok()) return srcs.status();
+          client::SourceUpdate update(ToSources(srcs->sources));
+          update.unavailable = std::move(srcs->unavailable);
+          update.recheck_after_ms = srcs->recheck_after_ms;
+          return update;
+        };
   }
 
   // The sources a fetch starts from: the hub's first schedule, or, when

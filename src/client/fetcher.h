@@ -39,6 +39,7 @@ namespace tensorhub::client {
 
 class ClientMetrics;  // client/client_metrics.h
 struct FetchReport;   // below
+struct SourceUpdate;  // below
 
 struct FetchSource {
   std::string worker;  // the hub's id for it (for excluding it later)
@@ -81,6 +82,12 @@ struct FetcherOptions {
   int64_t read_timeout_ms = 30000;  // one chunk, one source
   int64_t connect_timeout_ms = 5000;
   int64_t refresh_interval_ms = 200;  // between asks to the hub
+  // Rechecks (docs/design.md, "Rack-aware pipelines"): the hub told the
+  // first sources to be rechecked after recheck_after_ms (0: no), and
+  // `recheck` asks it for this fetch's sources as its books have them now;
+  // the fetch then reads from exactly those (FetchPlan::Rechecked).
+  int64_t recheck_after_ms = 0;
+  std::function<Result<SourceUpdate>()> recheck;
   int max_attempts_per_chunk = 32;
   // Work stealing: when a stream has nothing left to start, it takes back a
   // chunk that has been in flight from one source for longer than
@@ -156,6 +163,9 @@ struct SourceUpdate {
   // missing chunk, end the fetch with UNAVAILABLE at once instead of at its
   // deadline.
   std::optional<std::string> unavailable;
+  // The hub asks the reader to recheck these sources after this long
+  // (docs/design.md, "Rack-aware pipelines"); 0: no need.
+  int64_t recheck_after_ms = 0;
 };
 
 // Asks the hub again for sources of the same version; `failed` names the
