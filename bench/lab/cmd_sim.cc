@@ -32,7 +32,7 @@ using sim::WorkloadConfig;
 struct SimFlags {
   std::string scenario = "standalone";
   bool csv = false;
-  std::optional<int> trainer_gpus, rollout_gpus, tp, gpus_per_node,
+  std::optional<int> trainer_gpus, rollout_gpus, tp, tensors, gpus_per_node,
       nodes_per_rack, rounds, max_sources, trainer_copies;
   std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes,
       cut_through_bytes, seed;
@@ -54,6 +54,7 @@ Status Apply(const SimFlags& f, WorkloadConfig* c) {
     c->model_bytes = static_cast<double>(*f.model_bytes);
   }
   set(f.tp, &c->tp);
+  set(f.tensors, &c->tensors);
   set(f.chunk_bytes, &c->chunk_bytes);
   set(f.segment_bytes, &c->segment_bytes);
   set(f.cut_through_bytes, &c->cut_through_bytes);
@@ -79,7 +80,7 @@ Status Apply(const SimFlags& f, WorkloadConfig* c) {
 void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
   std::printf(
       "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB "
-      "tp=%d shard=%.2f GB "
+      "tp=%d shard=%.2f GB in %d tensors "
       "chunk=%s cut-through=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d "
       "GPUs/node, nvlink "
       "%.0f GB/s, "
@@ -89,7 +90,7 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       "trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64 "\n",
       scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus,
       c.rollout_gpus, c.rollouts_remote ? ", rollouts in dc1" : "",
-      c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
+      c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9, c.tensors,
       FormatBytes(c.chunk_bytes).c_str(),
       c.cut_through_bytes > 0 ? FormatBytes(c.cut_through_bytes).c_str()
                               : "off",
@@ -291,6 +292,13 @@ struct Measured {
   double bytes = 0;
   double seconds = 0;
   uint64_t chunk = 0;
+  // Lines of bench fanout since cut-through say its piece (older ones
+  // were measured without: 0).
+  uint64_t cut_through = 0;
+  // bench fanout --racks: the test bed's DCs were racks of one datacenter.
+  int racks = 0;
+  double rack_mbit = 0;
+  double hub_oversub = 0;  // what the hub was told (0: nothing)
 };
 
 std::map<std::string, std::string> KeyValues(const std::string& line) {
@@ -334,6 +342,13 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
       m.bytes = std::atof(kv["bytes"].c_str());
       m.seconds = std::atof(kv["seconds"].c_str());
       m.chunk = chunk;
+      m.cut_through = std::strtoull(kv["cut_through"].c_str(), nullptr, 10);
+      m.racks = std::atoi(kv["racks"].c_str());
+      m.rack_mbit = std::atof(kv["rack_mbit"].c_str());
+      m.hub_oversub = std::atof(kv["hub_oversub"].c_str());
+      if (m.racks < 0 || m.racks > 64 || (m.racks > 0 && !(m.rack_mbit > 0))) {
+        return InvalidArgument("malformed racks in " + file + ": " + line);
+      }
       if (m.readers < 1 || m.readers > 4096 || !(m.bytes > 0) ||
           !(m.seconds > 0)) {
         return InvalidArgument("malformed result line in " + file + ": " +
@@ -354,7 +369,8 @@ int Testbed(const SimFlags& a, bool csv) {
   // (docs/benchmarks.md), which the model applies as link efficiency.
   std::string spec = a.measured.value_or(
       "bench/results/fanout.txt:2MiB,bench/results/fanout-16-1mib.txt:1MiB,"
-      "bench/results/crossdc-1mib.txt:1MiB");
+      "bench/results/crossdc-1mib.txt:1MiB,bench/results/"
+      "fanout-racks.txt:4MiB");
   Result<std::vector<Measured>> ms = ReadMeasured(spec);
   if (!ms.ok()) {
     std::fprintf(stderr, "sim testbed: %s\n", ms.status().ToString().c_str());
@@ -367,8 +383,8 @@ int Testbed(const SimFlags& a, bool csv) {
   } else {
     std::printf(
         "# sim scenario=testbed: host links 400 Mbit/s (x efficiency), WAN 100 "
-        "Mbit/s, "
-        "one trainer; bound S/B\n");
+        "Mbit/s (racks rows: the test bed's DCs as racks, uplinks as "
+        "measured), one trainer; bound S/B (racks: max(S/B, S/uplink))\n");
     std::printf("%-34s %-8s %-9s %7s %7s %10s %8s %8s %8s\n", "measured file",
                 "run", "system", "readers", "chunk", "measured", "sim_s",
                 "bound_s", "error");
@@ -385,9 +401,25 @@ int Testbed(const SimFlags& a, bool csv) {
     c.tp = 1;
     c.model_bytes = m.bytes;
     c.chunk_bytes = m.chunk;
+    c.cut_through_bytes = m.cut_through;
     c.rounds = 1;
     c.step_s = 0;
-    if (m.crossdc) {
+    if (m.racks > 0) {
+      // testbed.sh --dcs R as racks: host i in rack i * R / hosts, blocks
+      // of hosts / R (the trainer, h0, in the first); each rack's uplink
+      // shaped to rack_mbit both ways.
+      const int hosts = m.readers + 1;
+      c.trainer_gpus = 1;
+      c.rollout_gpus = m.readers;
+      c.cluster.nodes_per_rack = hosts / m.racks;
+      c.cluster.rack_oversub =
+          c.cluster.nodes_per_rack * c.cluster.nic_gbit * 1000 / m.rack_mbit;
+      if (m.hub_oversub > 0) {
+        c.hub_idle_first = false;
+      } else {
+        c.hub_idle_first = true;
+      }
+    } else if (m.crossdc) {
       // readers + 1 hosts in 2 DCs; testbed.sh puts host i in DC
       // i * 2 / hosts, so dc0 has ceil(hosts / 2) of them, the trainer
       // (h0) among them (7 readers: 3 local, 4 remote).
@@ -413,6 +445,7 @@ int Testbed(const SimFlags& a, bool csv) {
     double sim_s = r->update_s;
     double bound = m.bytes / (0.4e9 / 8);
     if (m.crossdc) bound = m.bytes / (0.1e9 / 8);
+    if (m.racks > 0) bound = std::max(bound, m.bytes / (m.rack_mbit * 1e6 / 8));
     double err = (sim_s - m.seconds) / m.seconds;
     worst = std::max(worst, std::fabs(err));
     if (csv) {
@@ -421,7 +454,10 @@ int Testbed(const SimFlags& a, bool csv) {
                   m.seconds, sim_s, bound, err);
     } else {
       std::printf("%-34s %-8s %-9s %7d %7s %9.2fs %7.2fs %7.2fs %+7.1f%%\n",
-                  m.file.c_str(), m.crossdc ? "crossdc" : "fanout",
+                  m.file.c_str(),
+                  m.racks > 0 ? "racks"
+                  : m.crossdc ? "crossdc"
+                              : "fanout",
                   m.mode.c_str(), m.readers, FormatBytes(m.chunk).c_str(),
                   m.seconds, sim_s, bound, err * 100);
     }
@@ -506,6 +542,8 @@ void AddSimCommand(CommandLine& cl) {
   count("--rollout-gpus", &f->rollout_gpus, "GPUs of the rollouts");
   size("--model-bytes", &f->model_bytes, "the model's size");
   count("--tp", &f->tp, "GPUs per rollout instance (tensor parallel)");
+  count("--tensors", &f->tensors,
+        "tensors per shard (MoE-like: thousands of small ones; default 1)");
   size("--chunk-bytes", &f->chunk_bytes, "TensorHub's chunk");
   size("--segment-bytes", &f->segment_bytes,
        "the broadcast baselines' pipelining segment");

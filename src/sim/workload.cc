@@ -44,6 +44,9 @@ Status WorkloadConfig::Validate() const {
     return InvalidArgument(
         "remote rollout GPUs must be a multiple of tp, at most all of them");
   }
+  if (tensors < 1 || tensors > 1 << 20) {
+    return InvalidArgument("tensors per shard must be in [1, 2^20]");
+  }
   if (trainer_gpus + rollout_gpus > 1 << 20) {
     return InvalidArgument("at most 2^20 GPUs");
   }
@@ -257,11 +260,22 @@ class Driver {
     PartLayout p;
     p.rank = 0;
     uint64_t bytes = static_cast<uint64_t>(shard_);
-    TensorLayout t;
-    t.spec = TensorSpec{"w", DType::kBF16, {bytes / 2}};
-    t.offset = 0;
-    t.bytes = bytes;
-    p.tensors.push_back(t);
+    // `tensors` tensors of whole bf16 elements (MoE-like models: many
+    // small ones, packed back to back into the chunks as the client packs
+    // them); the last takes the rest.
+    const uint64_t elems = bytes / 2;
+    const uint64_t n = static_cast<uint64_t>(c_.tensors);
+    uint64_t offset = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t e = i + 1 < n ? elems / n : elems - (n - 1) * (elems / n);
+      TensorLayout t;
+      t.spec =
+          TensorSpec{n == 1 ? "w" : "w" + std::to_string(i), DType::kBF16, {e}};
+      t.offset = offset;
+      t.bytes = e * 2;
+      offset += t.bytes;
+      p.tensors.push_back(t);
+    }
     p.part_bytes = bytes;
     p.chunk_xxh3.assign(ChunksFor(bytes, c_.chunk_bytes), 0);
     return Manifest(1, c_.chunk_bytes, {p});

@@ -29,8 +29,13 @@ struct WorkloadConfig {
   bool rollouts_remote = false;  // rollouts in datacenter 1, behind the WAN
   // Or only the last this many rollout GPUs there (the test bed's layout).
   int remote_rollout_gpus = 0;
-  double model_bytes = 140e9;           // 70B parameters in bf16
-  int tp = 8;                           // GPUs per rollout instance
+  double model_bytes = 140e9;  // 70B parameters in bf16
+  int tp = 8;                  // GPUs per rollout instance
+  // Tensors per shard (equal sizes): 1 for a dense model's one flat
+  // buffer; thousands for an MoE-like model of many small tensors, which
+  // TensorHub packs into chunks and the broadcasts flatten into segments,
+  // so the links see the same bytes (the hub sees a large manifest).
+  int tensors = 1;
   uint64_t chunk_bytes = 4ull << 20;    // TensorHub's chunk (the default)
   uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
   // TensorHub's cut-through piece (FetcherOptions::cut_through_bytes, 256
