@@ -9,7 +9,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # th_client and th_hub are what a user names; the rest are what they link.
-set(TH_INSTALLED_LIBS th_client th_hub th_hub_state th_ha_etcd th_transport_tcp th_transport_ucx
+set(TH_INSTALLED_LIBS th_client th_hub th_hub_service th_hub_state th_ha_etcd th_transport_tcp th_transport_ucx
     th_tls th_wire th_cuda th_proto th_etcd_proto th_metrics th_common)
 foreach(lib ${TH_INSTALLED_LIBS})
   string(REGEX REPLACE "^th_" "" name ${lib})

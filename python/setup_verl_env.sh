@@ -24,7 +24,9 @@ say() { echo "setup_verl_env: $*"; }
 start=$(date +%s)
 if [ "${1:-}" = "--force" ]; then rm -f "$STAMP"; fi
 
-bash "$ROOT/python/setup_vllm_env.sh"  # torch and the tensorhub package
+# torch and the tensorhub package (TH_VLLM_ENV_READY=1: the caller has just
+# run it, as tests/engines/run.sh does: its import check takes seconds)
+[ "${TH_VLLM_ENV_READY:-0}" = 1 ] || bash "$ROOT/python/setup_vllm_env.sh"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$RECIPE" ]; then
   say "verl environment present ($RECIPE)"
 else
@@ -35,7 +37,9 @@ else
   echo "$base_site" > "$site/zz-tensorhub-vllm-venv.pth"
   say "pip install verl==$VERL (torch from $BASE)"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q "verl==$VERL" -c "$BASE/constraints.txt" pytest
-  "$VENV/bin/python" -c 'import verl, transformers, torch, tensorhub; from verl.checkpoint_engine.base import CheckpointEngineRegistry; print("setup_verl_env: verl", verl.__version__, "transformers", transformers.__version__, "torch", torch.__version__)'
   echo "$RECIPE" > "$STAMP"
 fi
+# Every run, cached or not: test_verl_backend.py importorskips verl.
+"$VENV/bin/python" -c 'import verl, transformers, torch, tensorhub; from verl.checkpoint_engine.base import CheckpointEngineRegistry; print("setup_verl_env: verl", verl.__version__, "transformers", transformers.__version__, "torch", torch.__version__)' ||
+  { say "$VENV does not import verl, transformers, torch and tensorhub (above); rebuild it: bash python/setup_verl_env.sh --force"; exit 1; }
 say "done in $(( $(date +%s) - start ))s"

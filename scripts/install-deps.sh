@@ -19,6 +19,7 @@ PKGS=(
   prometheus                         # promtool, which checks the /metrics output (tests/python/test_metrics.py)
   etcd-server etcd-client            # the HA hub set's election and durable state (tests/ha_test.cc)
   libcli11-dev                       # the command lines (tools/, bench/lab/)
+  nlohmann-json3-dev                 # JSON: `ls`/`show --json`, the node agent's protocol
   tmux                               # drives `tensorhub top` in tests/testbed/top_smoke.sh
 )
 

@@ -18,6 +18,8 @@
 #                rounds since 2026-11-27), which the run reports as a
 #                violation
 #   TEST_NEED_GIB=N  free disk space asked for before starting (16)
+# A test that skips fails the run unless tests/expected-skips.txt allows it
+# (README.md, Tests); the run ends with a summary of every skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -34,12 +36,30 @@ if [ "$free_gib" -lt "$need_gib" ]; then
   exit 1
 fi
 
+# ---- Pinned skips (tests/expected-skips.txt, scripts/check-skips.py) ----
+# Every suite writes its report under $TH_SKIP_REPORTS/SUITE (GoogleTest XML
+# and ctest's junit; pytest's --junitxml to SUITE.xml); `skips SUITE` fails
+# on a skip the list does not allow. Kernel TLS: loaded where the kernel has
+# the module, so that the kTLS tests run; elsewhere they are expected skips.
+export TH_SKIP_REPORTS
+TH_SKIP_REPORTS=$(mktemp -d /tmp/th-test-reports.XXXXXX)
+repo=$PWD
+skips() { python3 "$repo/scripts/check-skips.py" "$TH_SKIP_REPORTS" "$1"; }
+ctest_pinned() {  # SUITE [ctest args]: ctest here, its reports kept, skips checked
+  local suite=$1
+  shift
+  GTEST_OUTPUT="xml:$TH_SKIP_REPORTS/$suite/" ctest --output-junit "$TH_SKIP_REPORTS/$suite/ctest-junit.xml" "$@"
+  skips "$suite"
+}
+modprobe tls 2>/dev/null || echo "scripts/test.sh: this kernel has no tls module (modprobe tls): the kernel TLS tests skip"
+# ---- end of pinned skips ----
+
 step "format (clang-format 14, .clang-format)"
 bash scripts/check-format.sh
 step "release build"
 bash scripts/build.sh build -DTH_BUILD_TESTS=ON
 step "GoogleTest suite (release)"
-(cd build && ctest --output-on-failure --timeout 600)
+(cd build && ctest_pinned gtest-release --output-on-failure --timeout 600)
 
 if grep -q '^TH_CUDA:BOOL=ON' build/CMakeCache.txt; then
   step "GPU bundle for a lent GPU machine (scripts/gpu-bundle.sh): its gpu_test runs on the bundle's libraries alone"
@@ -48,7 +68,9 @@ if grep -q '^TH_CUDA:BOOL=ON' build/CMakeCache.txt; then
   # No GPU here: the memory-kind tests run, the device tests skip, each
   # saying why. What matters is that nothing outside the bundle but glibc
   # was needed to get that far.
-  (cd "$gpu_bundle" && env -i LD_LIBRARY_PATH="$gpu_bundle/b/lib" "$gpu_bundle/b/gpu_test" --gtest_brief=1)
+  (cd "$gpu_bundle" && env -i LD_LIBRARY_PATH="$gpu_bundle/b/lib" GTEST_OUTPUT="xml:$TH_SKIP_REPORTS/gtest-gpu-bundle/" \
+     "$gpu_bundle/b/gpu_test" --gtest_brief=1)
+  skips gtest-gpu-bundle
   rm -rf "$gpu_bundle"
 fi
 
@@ -58,7 +80,7 @@ if [ "${SKIP_ASAN:-0}" != "1" ]; then
   step "GoogleTest suite (ASan + UBSan)"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     ctest --output-on-failure --timeout 900)
+     ctest_pinned gtest-asan --output-on-failure --timeout 900)
 fi
 
 if [ "${SKIP_TSAN:-0}" != "1" ]; then
@@ -77,7 +99,7 @@ if [ "${SKIP_TSAN:-0}" != "1" ]; then
   tsan_skip="-E multiprocess_test"
   [ "${TSAN_ALL:-0}" = "1" ] && tsan_skip=""
   (cd build-tsan && TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/../scripts/tsan.supp" \
-     ctest --output-on-failure --timeout 900 $tsan_skip)
+     ctest_pinned gtest-tsan --output-on-failure --timeout 900 $tsan_skip)
 fi
 
 step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
@@ -116,9 +138,15 @@ bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
 
 step "Python package and pytest"
 bash python/setup_env.sh
-TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q tests/python
+TENSORHUB_BIN="$PWD/build/tools/tensorhub" .venv/bin/python -m pytest -q -rs tests/python \
+  --junitxml="$TH_SKIP_REPORTS/pytest-python.xml"
+skips pytest-python
+step "the binary wheel: pip install into a fresh venv in a minimal root (no build libraries, headers, compilers); publish, fetch, CLI"
+bash tests/install/wheel_test.sh
 
 step "real engines: two vLLM engines following a trainer, the RL example on them, HF checkpoints, verl (CPU)"
 bash tests/engines/run.sh
 
+step "skips: every one expected (tests/expected-skips.txt)"
+python3 scripts/check-skips.py --summary "$TH_SKIP_REPORTS" && rm -rf "$TH_SKIP_REPORTS"
 step "all tests passed"

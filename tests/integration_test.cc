@@ -52,8 +52,10 @@ TEST_F(HubTest, PublishFetchRoundTripAndReaderBecomesHolder) {
 }
 
 // A publisher that names plain XXH3-64 (for readers of earlier builds) is
-// read and verified like one that names the default tree; a checksum name
-// this build does not know fails the publish and changes nothing.
+// read and verified like one that names the default tree (a holder's
+// damaged copy fails either check, and the chunk is read from another
+// holder); a checksum name this build does not know fails the publish and
+// changes nothing.
 TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
   SyntheticModel src(TestLayout(6 << 20));
   src.Fill(3);
@@ -80,6 +82,34 @@ TEST_F(HubTest, PublishNamesItsChunkChecksumAndReadersVerifyEither) {
     want.Fill(v == 1 ? 3 : 4);
     EXPECT_EQ(dst.Digest(), want.Digest()) << v;
     EXPECT_EQ(st->chunk_retries, 0u) << v;
+  }
+
+  // Reader "a" holds a copy of each kind, and it is changed after a's
+  // fetch (as a caller breaking the contract would). A reader that reads
+  // from a first (the latest holder to join; max_sources 1) must refuse
+  // the damaged chunk and take it from the trainer, under either kind.
+  for (const char* sum : {"xxh3-64", "xxh3-64-tree-64k"}) {
+    const Version v(sum == std::string("xxh3-64") ? 1 : 2);
+    SyntheticModel bytes(TestLayout(6 << 20));
+    bytes.Fill(5 + v.value());
+    PublishOptions po;
+    po.chunk_checksum = sum;
+    Status pub = trainer->Publish("damaged", v, bytes.tensors(), po);
+    ASSERT_TRUE(pub.ok()) << sum << ": " << pub.ToString();
+    SyntheticModel a_copy(TestLayout(6 << 20));  // outlives its holder, a
+    auto a = NewClient(std::string("a-") + sum);
+    ASSERT_TRUE(a->Fetch("damaged", v, a_copy.tensors()).ok()) << sum;
+    for (const TensorRef& t : a_copy.tensors())
+      static_cast<uint8_t*>(t.data)[t.bytes / 2] ^= 0x5a;
+    SyntheticModel got(TestLayout(6 << 20));
+    FetchOptions one;
+    one.max_sources = 1;
+    auto st = NewClient(std::string("b-") + sum)
+                  ->Fetch("damaged", v, got.tensors(), one);
+    ASSERT_TRUE(st.ok()) << sum << ": " << st.status().ToString();
+    EXPECT_EQ(got.Digest(), bytes.Digest()) << sum << ": damaged bytes kept";
+    EXPECT_GE(st->chunk_retries, 1u) << sum << ": a's damage went unread";
+    ASSERT_TRUE(trainer->Unpublish("damaged", v).ok());  // before `bytes` goes
   }
 }
 
@@ -342,7 +372,9 @@ TEST_F(HubTest, FetchFailsPromptlyWhenItsOnlyCompleteHolderUnpublishes) {
               static_cast<long long>(fo.timeout_ms));
   // The reader's partial copy was withdrawn: the hub has no holder left.
   auto info = reader->Describe("u", Version(1));
-  EXPECT_TRUE(!info.ok() || info->num_holders == 0) << info.status().ToString();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, VersionState::kUnavailable);
+  EXPECT_EQ(info->num_holders, 0u);
 }
 
 // A version whose only holder left before the fetch began: the hub answers

@@ -2,10 +2,10 @@
 // plane in one process, on certificates made by the openssl command
 // (tls/throwaway_pki.h): mutual TLS to the hub, its refusals, plaintext/TLS
 // mismatches on either plane, and a publish/fetch that is byte-exact over
-// TLS on both planes (kernel TLS where the kernel has it).
+// TLS on both planes (the kernel's or OpenSSL's: kernel TLS itself is
+// checked by tls_unit_test and tls_transport_test).
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -103,13 +103,9 @@ TEST_F(TlsIntegrationTest, PublishAndFetchOverTlsOnBothPlanesIsByteExact) {
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(dst2.Digest(), src.Digest());
   EXPECT_GT(st->tls_connections, 0u);
-  tls::KernelTlsSupport k = tls::KernelTls();
-  if (!k.available) {
-    std::printf(
-        "[ SKIPPED  ] kernel TLS part: %s (this test ran user-space TLS; "
-        "src/tls/tls_test.cc checks kTLS where the kernel has it)\n",
-        k.why.c_str());
-  }
+  // The holders' sends ran in the kernel where it has kTLS, else in
+  // OpenSSL; which one is checked by the kernel TLS tests of tls_unit_test
+  // and tls_transport_test (they skip, saying so, without kTLS).
 }
 
 // A shared secret and TLS together (the secret's challenge runs inside data

@@ -1,12 +1,17 @@
 #include "cli_util.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -120,6 +125,9 @@ int CommandLine::Run(int argc, char** argv) {
   } catch (const CLI::CallForHelp&) {
     std::fputs(app_.help().c_str(), stdout);
     return 0;
+  } catch (const CLI::CallForVersion& v) {
+    std::printf("%s\n", v.what());
+    return 0;
   } catch (const CLI::ParseError& e) {
     CLI::App* chosen = Chosen(app_);
     const std::string path = CommandPath(*chosen);
@@ -219,6 +227,16 @@ std::string FormatBytes(uint64_t bytes) {
   return buf;
 }
 
+std::string FormatRate(double bytes_per_second) {
+  if (!(bytes_per_second > 0)) return "-";
+  const double capped = std::min(bytes_per_second, 1e18);
+  return FormatBytes(static_cast<uint64_t>(capped)) + "/s";
+}
+
+std::string FormatRate(uint64_t bytes, double seconds) {
+  return seconds > 0 ? FormatRate(static_cast<double>(bytes) / seconds) : "-";
+}
+
 void AddHubFlags(CLI::App* command, WorkerFlags* flags) {
   command->add_option("--hub", flags->options.hub_address, "the hub's address")
       ->envname("TENSORHUB_HUB")
@@ -235,20 +253,24 @@ void AddHubFlags(CLI::App* command, WorkerFlags* flags) {
       ->add_option("--tls-ca", o.tls_ca_file,
                    "talk TLS to the hub, trusting a hub certificate signed "
                    "by this CA (PEM; docs/security.md)")
+      ->envname("TENSORHUB_TLS_CA")
       ->type_name("PATH");
   command
       ->add_option("--tls-cert", o.tls_cert_file,
                    "this worker's certificate (PEM), for a hub that requires "
                    "client certificates and for --data-tls")
+      ->envname("TENSORHUB_TLS_CERT")
       ->type_name("PATH");
   command
       ->add_option("--tls-key", o.tls_key_file,
                    "the private key of --tls-cert (PEM, unencrypted)")
+      ->envname("TENSORHUB_TLS_KEY")
       ->type_name("PATH");
   command
       ->add_option("--tls-server-name", o.tls_server_name,
                    "the name the hub's certificate must have (default: the "
                    "host in --hub)")
+      ->envname("TENSORHUB_TLS_SERVER_NAME")
       ->type_name("NAME");
 }
 
@@ -258,36 +280,50 @@ void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
   command->add_option("--name", o.name,
                       "this worker's name in logs and `tensorhub show` "
                       "(default HOSTNAME:PID)");
-  command->add_option("--datacenter", o.labels.datacenter,
-                      "this worker's datacenter: sources in the same one are "
-                      "preferred");
-  command->add_option("--rack", o.labels.rack,
-                      "this worker's rack (same rack preferred next)");
-  command->add_option("--host-label", o.labels.host,
-                      "this worker's host (same host preferred first)");
+  command
+      ->add_option("--datacenter", o.labels.datacenter,
+                   "this worker's datacenter: sources in the same one are "
+                   "preferred")
+      ->envname("TENSORHUB_DATACENTER");
+  command
+      ->add_option("--rack", o.labels.rack,
+                   "this worker's rack (same rack preferred next)")
+      ->envname("TENSORHUB_RACK");
+  command
+      ->add_option("--host-label", o.labels.host,
+                   "this worker's host (same host preferred first)")
+      ->envname("TENSORHUB_HOST_LABEL");
   command->add_flag_callback(
       "--spot", [&o] { o.worker_class = WorkerClass::kSpot; },
       "a spot worker: may vanish; retention does not count on its copies");
-  command
-      ->add_option("--data-listen", o.data_listen_address,
-                   "where the data plane listens (port 0: a free one); "
-                   "0.0.0.0:PORT for readers on other hosts")
-      ->type_name("HOST:PORT")
-      ->capture_default_str();
+  flags->data_listen =
+      command
+          ->add_option("--data-listen", o.data_listen_address,
+                       "where the data plane listens (port 0: a free one); "
+                       "default: 127.0.0.1:0 when the hub is on loopback, "
+                       "else the address of the interface that routes to "
+                       "the hub, port 0 (then a secret or --data-tls is "
+                       "needed)")
+          ->envname("TENSORHUB_DATA_LISTEN")
+          ->type_name("HOST:PORT");
   command
       ->add_option("--advertise-host", o.data_advertise_host,
                    "the address other hosts dial for this worker's data "
                    "(default: the listen host)")
+      ->envname("TENSORHUB_ADVERTISE_HOST")
       ->type_name("HOST");
   command
       ->add_option("--metrics-listen", o.metrics_listen,
                    "serve Prometheus metrics at http://HOST:PORT/metrics "
                    "(docs/metrics.md)")
+      ->envname("TENSORHUB_METRICS_LISTEN")
       ->type_name("HOST:PORT");
-  command->add_flag("--data-tls", o.data_tls,
-                    "mutual TLS on every data connection too (needs --tls-ca, "
-                    "--tls-cert, --tls-key; every worker must agree; kernel "
-                    "TLS where the kernel has it)");
+  command
+      ->add_flag("--data-tls", o.data_tls,
+                 "mutual TLS on every data connection too (needs --tls-ca, "
+                 "--tls-cert, --tls-key; every worker must agree; kernel "
+                 "TLS where the kernel has it)")
+      ->envname("TENSORHUB_DATA_TLS");
   command
       ->add_flag("--insecure", o.insecure,
                  "accept --data-listen on a non-loopback address with neither "
@@ -316,9 +352,107 @@ Result<std::string> ReadSecret(const std::string& secret_file) {
   return std::string(env == nullptr ? "" : env);
 }
 
+namespace {
+
+// The host of "HOST:PORT" or "[V6]:PORT".
+std::string HostOfAddress(const std::string& address) {
+  if (!address.empty() && address.front() == '[') {
+    size_t close = address.find(']');
+    return close == std::string::npos ? address : address.substr(1, close - 1);
+  }
+  size_t colon = address.rfind(':');
+  return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+// The port of "HOST:PORT" or "[V6]:PORT" ("1" when there is none: a UDP
+// connect needs one, and any routes the same).
+std::string PortOfAddress(const std::string& address) {
+  size_t colon = address.rfind(':');
+  size_t close = address.rfind(']');
+  if (colon == std::string::npos || colon + 1 >= address.size() ||
+      (close != std::string::npos && close > colon)) {
+    return "1";
+  }
+  return address.substr(colon + 1);
+}
+
+// 127.0.0.0/8, ::1, ::ffff:127.x.y.z or "localhost".
+bool IsLoopbackAddress(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, host.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, host.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+}  // namespace
+
+Result<std::string> RouteToHub(const std::string& hub_address) {
+  std::string last_error = "no address";
+  size_t begin = 0;
+  while (begin <= hub_address.size()) {
+    size_t end = hub_address.find(',', begin);
+    if (end == std::string::npos) end = hub_address.size();
+    std::string address = hub_address.substr(begin, end - begin);
+    begin = end + 1;
+    if (address.empty()) continue;
+    std::string host = HostOfAddress(address);
+    if (IsLoopbackAddress(host)) return std::string();
+    std::string port = PortOfAddress(address);
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_DGRAM;
+    addrinfo* found = nullptr;
+    int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) {
+      last_error = host + ": " + gai_strerror(rc);
+      continue;
+    }
+    std::string source;
+    for (addrinfo* a = found; a != nullptr && source.empty(); a = a->ai_next) {
+      int fd =
+          socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      char text[NI_MAXHOST];
+      if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+          getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+          getnameinfo(reinterpret_cast<sockaddr*>(&local), len, text,
+                      sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0) {
+        source = text;
+      } else {
+        last_error = host + ": " + std::strerror(errno);
+      }
+      close(fd);
+    }
+    freeaddrinfo(found);
+    if (source.empty()) continue;
+    if (IsLoopbackAddress(source)) return std::string();
+    return source;
+  }
+  return Unavailable("no route from this host to the hub " + hub_address +
+                     " (" + last_error +
+                     "); set --data-listen HOST:0 (or "
+                     "$TENSORHUB_DATA_LISTEN) with an address other hosts "
+                     "can reach");
+}
+
 Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags) {
   ClientOptions o = flags.options;
   TH_ASSIGN_OR_RETURN(o.secret, ReadSecret(flags.secret_file));
+  if (flags.data_listen != nullptr && flags.data_listen->count() == 0) {
+    TH_ASSIGN_OR_RETURN(std::string routed, RouteToHub(o.hub_address));
+    if (!routed.empty()) {
+      bool v6 = routed.find(':') != std::string::npos;
+      o.data_listen_address = (v6 ? "[" + routed + "]" : routed) + ":0";
+    }
+  }
   return o;
 }
 
@@ -392,12 +526,11 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
   int width = 30;
   int filled = static_cast<int>(frac * width);
   double secs = (NowMs() - start_ms_) / 1000.0;
-  double rate = secs > 0 ? done / secs / 1e9 : 0;
   std::string bar(filled, '#');
   bar.resize(width, '.');
-  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %.2f GB/s ", label_.c_str(),
+  std::fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s  %s ", label_.c_str(),
                bar.c_str(), frac * 100, FormatBytes(done).c_str(),
-               FormatBytes(total).c_str(), rate);
+               FormatBytes(total).c_str(), FormatRate(done, secs).c_str());
   drawn_ = true;
 }
 

@@ -89,6 +89,10 @@ struct WorkerFlags {
   // ClientOptionsFrom.
   ClientOptions options;
   std::string secret_file;  // --secret-file
+  // --data-listen (AddWorkerFlags): when neither it nor
+  // $TENSORHUB_DATA_LISTEN is given and the hub is not on loopback,
+  // ClientOptionsFrom listens on the address that routes to the hub.
+  CLI::Option* data_listen = nullptr;
 };
 // --hub HOST:PORT (else $TENSORHUB_HUB, else 127.0.0.1:7070),
 // --secret-file PATH (else $TENSORHUB_SECRET_FILE, else the secret itself in
@@ -99,8 +103,16 @@ void AddHubFlags(CLI::App* command, WorkerFlags* flags);
 // and its metrics endpoint: --name, --datacenter, --rack, --host-label,
 // --spot, --data-listen, --advertise-host, --metrics-listen, and --data-tls.
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
-// The options the flags give, with the secret read.
+// The options the flags give, with the secret read. A worker (AddWorkerFlags)
+// told no data-plane address whose hub is not on loopback listens on the
+// address of its interface that routes to the hub, port 0 (RouteToHub), so
+// that readers on other hosts can dial it.
 Result<ClientOptions> ClientOptionsFrom(const WorkerFlags& flags);
+// The address of this host's interface that routes to `hub_address` (the
+// first address of an HA list that resolves), "" when the hub is on
+// loopback or is this host. Consults the routing table only: a UDP socket
+// is connected, nothing is sent.
+Result<std::string> RouteToHub(const std::string& hub_address);
 // The secret alone (for `serve`, which is no worker).
 Result<std::string> ReadSecret(const std::string& secret_file);
 
@@ -115,6 +127,11 @@ CLI::Option* AddBytesOption(CLI::App* command, const std::string& name,
 // Accepts "1000000", "256MiB", "1GB", "4k" ...
 Result<uint64_t> ParseBytes(const std::string& text);
 std::string FormatBytes(uint64_t bytes);
+// A throughput in the unit that fits it: "45.3 MiB/s", "1.52 GiB/s"
+// (FormatBytes per second); "-" for 0.
+std::string FormatRate(double bytes_per_second);
+// `bytes` over `seconds` as FormatRate; "-" when seconds is not positive.
+std::string FormatRate(uint64_t bytes, double seconds);
 
 // "model", "model@7", "model@latest".
 struct ModelRef {

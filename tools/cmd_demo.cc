@@ -170,8 +170,8 @@ int RunDemo(const DemoFlags& f) {
       if (Status ws = w.Send("fetch " + std::to_string(v)); !ws.ok())
         return Fail(ws);
     }
-    std::printf("  %-10s %8s %9s %8s %8s %8s  %s\n", "rollout", "version",
-                "wait(s)", "GB/s", "sources", "retries", "bytes");
+    std::printf("  %-10s %8s %9s %12s %8s %8s  %s\n", "rollout", "version",
+                "wait(s)", "rate", "sources", "retries", "bytes");
     for (size_t i = 0; i < workers.size(); ++i) {
       auto reply = workers[i].ReadLine(Deadline::AfterMs(180000));
       if (!reply.ok())
@@ -192,10 +192,11 @@ int RunDemo(const DemoFlags& f) {
       all_ok = all_ok && match;
       total_wait += secs;
       max_wait = std::max(max_wait, secs);
-      std::printf("  %-10s %8llu %9.3f %8.2f %8u %8u  %s\n",
+      std::printf("  %-10s %8llu %9.3f %12s %8u %8u  %s\n",
                   ("rollout-" + std::to_string(i)).c_str(),
-                  static_cast<unsigned long long>(rv), secs, gbps, sources,
-                  retries, match ? "match" : "MISMATCH");
+                  static_cast<unsigned long long>(rv), secs,
+                  FormatRate(gbps * 1e9).c_str(), sources, retries,
+                  match ? "match" : "MISMATCH");
     }
     std::fflush(stdout);
   }

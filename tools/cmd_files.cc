@@ -446,12 +446,12 @@ int RunFetch(const FetchFlags& f) {
     if (!c.ok()) return Fail(c);
   }
   std::printf(
-      "fetched %s -> %s %s in %.2f s (%.2f GB/s) from %u holder(s), %u chunk "
+      "fetched %s -> %s %s in %.2f s (%s) from %u holder(s), %u chunk "
       "retries; %s\n",
       vname.c_str(), dest->description.c_str(),
       FormatBytes(stats->bytes).c_str(), stats->seconds,
-      stats->seconds > 0 ? stats->bytes / stats->seconds / 1e9 : 0.0,
-      stats->sources_used, stats->chunk_retries, FormatStages(*stats).c_str());
+      FormatRate(stats->bytes, stats->seconds).c_str(), stats->sources_used,
+      stats->chunk_retries, FormatStages(*stats).c_str());
   if (!f.stats_json.empty()) {
     Status w = WriteStatsJson(f.stats_json, ref->model, *stats, **client);
     if (!w.ok()) return Fail(w);

@@ -127,12 +127,6 @@ void Slowest(const HubSnapshot& s, std::vector<std::string>& out) {
 
 }  // namespace
 
-std::string FormatRate(double bytes_per_second) {
-  if (!(bytes_per_second > 0)) return "-";
-  const double capped = std::min(bytes_per_second, 1e18);
-  return FormatBytes(static_cast<uint64_t>(capped)) + "/s";
-}
-
 std::vector<std::string> RenderTop(const HubSnapshot& s,
                                    const std::string& title, size_t width,
                                    size_t max_lines) {

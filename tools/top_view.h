@@ -23,9 +23,6 @@ std::vector<std::string> RenderTop(const HubSnapshot& snapshot,
                                    const std::string& title, size_t width,
                                    size_t max_lines = 0);
 
-// "12.5 MiB/s" (FormatBytes per second); "-" for 0.
-std::string FormatRate(double bytes_per_second);
-
 }  // namespace tensorhub::cli
 
 #endif  // TENSORHUB_TOOLS_TOP_VIEW_H_

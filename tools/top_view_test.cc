@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
+
+#include "cli_util.h"
 
 namespace tensorhub::cli {
 namespace {
@@ -151,7 +154,18 @@ TEST(TopViewTest, FormatRate) {
   EXPECT_EQ(FormatRate(-1), "-");
   EXPECT_EQ(FormatRate(512), "512 B/s");
   EXPECT_EQ(FormatRate(3.5 * (1 << 20)), "3.5 MiB/s");
-  EXPECT_EQ(FormatRate(1e300).substr(0, 0), "");  // no overflow
+  // No overflow: a rate past any real link is capped at 1e18 B/s, not cast
+  // to an integer it does not fit (undefined), and not-a-number shows "-".
+  const std::string cap = FormatBytes(uint64_t{1000000000000000000}) + "/s";
+  EXPECT_EQ(FormatRate(1e18), cap);
+  EXPECT_EQ(FormatRate(1e300), cap);
+  EXPECT_EQ(FormatRate(std::numeric_limits<double>::infinity()), cap);
+  EXPECT_EQ(FormatRate(std::numeric_limits<double>::quiet_NaN()), "-");
+  // A fetch's closing line: 128 MiB over a 400 Mbit/s link (50 MB/s) is
+  // 47.7 MiB/s, not "0.03 GB/s"; a local copy stays in GiB/s.
+  EXPECT_EQ(FormatRate(uint64_t{128} << 20, (128 << 20) / 50e6), "47.7 MiB/s");
+  EXPECT_EQ(FormatRate(uint64_t{3} << 30, 2.0), "1.50 GiB/s");
+  EXPECT_EQ(FormatRate(uint64_t{1} << 20, 0.0), "-");
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 
 #include "bench_testbed.h"
 #include "cli_util.h"
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 #include "common/log.h"
 #include "demo_model.h"
 #include "subprocess.h"

@@ -615,6 +615,8 @@ void PrintResult(const SystemRun& r, const Config& c, double bound_s,
     if (r.system != "MPI_Bcast") {
       std::printf(", trainer sent %.2f S",
                   static_cast<double>(x.from_trainer) / c.bytes);
+    } else {
+      std::printf(", trainer sent: not measured");
     }
     if (c.workload == "elastic")
       std::printf("%s", x.with_joiner ? ", joiner active" : "");
@@ -825,19 +827,23 @@ int RunBenchWorkload(const WorkloadFlags& f) {
   for (const SystemRun& r : results) {
     uint64_t from_trainer = 0;
     for (const Round& x : r.rounds) from_trainer += x.from_trainer;
+    // MPI_Bcast does not say which rank sent what: not measured, and said so
+    // (a 0 would read as "the trainer sent nothing").
+    char trainer_sent[32] = "not_measured";
+    if (r.system != "MPI_Bcast") {
+      std::snprintf(trainer_sent, sizeof(trainer_sent), "%.2f",
+                    static_cast<double>(from_trainer) / c.bytes / c.rounds);
+    }
     std::printf(
         "workload_result workload=%s system=%s ok=%d stall_gpu_s=%.3f "
         "trainer_blocked_s=%.3f "
         "rollout_wait_s=%.3f update_s_mean=%.3f bound_s=%.3f bound_host_s=%.3f "
-        "update_per_bound=%.3f trainer_sent_per_round_S=%.2f join_s_mean=%.3f "
+        "update_per_bound=%.3f trainer_sent_per_round_S=%s join_s_mean=%.3f "
         "slowdown=%.3f wan_per_round_S=%.3f %s\n",
         c.workload.c_str(), r.system == "MPI_Bcast" ? "mpi" : r.system.c_str(),
         r.ok ? 1 : 0, r.Stall(), r.Blocked(), r.Waits(), r.MeanUpdate(), bound,
-        bound_host, r.MeanUpdate() / bound,
-        r.system == "MPI_Bcast"
-            ? 0.0
-            : static_cast<double>(from_trainer) / c.bytes / c.rounds,
-        r.MeanJoin(), slowdown(r), r.wan_per_round_S,
+        bound_host, r.MeanUpdate() / bound, trainer_sent, r.MeanJoin(),
+        slowdown(r), r.wan_per_round_S,
         r.note.empty()
             ? ""
             : ("mpi_algorithm=" + r.note.substr(r.note.rfind(' ') + 1))

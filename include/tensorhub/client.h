@@ -298,6 +298,21 @@ class Client {
   // Registers references to caller-owned tensors as rank `rank` of a group
   // of `group_size`. No copy. The version becomes readable when all ranks
   // of the group have published. Version numbers must increase per model.
+  // Fails with, and then nothing stays published:
+  //   INVALID_ARGUMENT     bad version number, rank, chunk size or checksum
+  //                        name; tensors of mixed memories; a part the hub
+  //                        finds inconsistent with the version's other
+  //                        ranks (group size, chunk size; pieces that
+  //                        overlap, or with the last rank do not tile).
+  //   FAILED_PRECONDITION  the version number is not greater than the
+  //                        model's last; the memory is still published as
+  //                        another version (Unpublish it first).
+  //   ALREADY_EXISTS       this rank of the version is published already,
+  //                        by another worker or with other bytes.
+  //   ABORTED              the version was aborted.
+  //   RESOURCE_EXHAUSTED   the hub's bounds (models) are reached.
+  //   PERMISSION_DENIED    the hub refused the secret or certificate.
+  //   UNAVAILABLE, DEADLINE_EXCEEDED  the hub did not answer in timeout_ms.
   Status Publish(std::string_view model, Version version,
                  const std::vector<TensorRef>& tensors,
                  const PublishOptions& options = {});
@@ -333,7 +348,23 @@ class Client {
   // tensors with matching dtypes and shapes. For a version published as
   // pieces (PublishOptions::pieces) that is every logical tensor with its
   // global shape; it is then fetched as whole slices (FetchSlices) and not
-  // served onward.
+  // served onward. Fails with (the destination's contents then unspecified,
+  // none of it served):
+  //   INVALID_ARGUMENT     the destination does not match the version
+  //                        (names, dtypes, shapes, sizes), or a reader group
+  //                        id over 256 characters.
+  //   NOT_FOUND            unknown model or version.
+  //   FAILED_PRECONDITION  the version is not committed; a reader group's
+  //                        step older than the steps it keeps; every holder
+  //                        refused this reader's configuration (TLS).
+  //   DATA_LOSS            every holder known served bytes that failed
+  //                        their checksum: asking again will not help.
+  //   UNAVAILABLE          no live holder (or the hub is unreachable).
+  //   DEADLINE_EXCEEDED    timeout_ms passed while bytes still arrived.
+  //   ABORTED              the version was aborted during the fetch.
+  //   PERMISSION_DENIED    the hub or the holders refused the secret or
+  //                        certificate.
+  // The hub is told the fetch ended either way.
   Result<FetchStats> Fetch(std::string_view model, Version version,
                            const std::vector<TensorRef>& destination,
                            const FetchOptions& options = {});
@@ -344,11 +375,14 @@ class Client {
   // an optional dtype conversion on the way in. Reads only the segments
   // the boxes touch (the publisher's segment checksums verify them: at
   // most one segment more at each end of each range read), striped over
-  // the holders, failing over like Fetch. The slices are not served
-  // onward. INVALID_ARGUMENT (nothing fetched) for an unknown tensor, a box
-  // outside the tensor, a dtype that cannot be converted, a shape that is
-  // not the box's; FAILED_PRECONDITION for a version published without
-  // segment checksums. FetchStats::bytes counts the bytes read.
+  // the holders, failing over like Fetch. The slices are served onward
+  // only with FetchOptions::serve_slices. FetchStats::bytes counts the bytes
+  // read; its stages and the metrics count a fetch of slices as any fetch.
+  // Fails as Fetch does, and with INVALID_ARGUMENT (nothing fetched) for an
+  // unknown tensor, a box outside the tensor, a dtype that cannot be
+  // converted, F8 without scales, a shape that is not the box's;
+  // FAILED_PRECONDITION for a version published without segment checksums
+  // (or from device memory: fetch it whole), or slices in device memory.
   Result<FetchStats> FetchSlices(std::string_view model, Version version,
                                  const std::vector<TensorSlice>& slices,
                                  const FetchOptions& options = {});
@@ -376,8 +410,9 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-// A read-only view of the hub for monitoring (`tensorhub top`): it does not
-// register as a worker, holds nothing and serves nothing. Uses only
+// A read-only view of the hub for monitoring and inspection (`tensorhub
+// top`, `ls`, `show`): it does not register as a worker, holds nothing and
+// serves nothing. Uses only
 // ClientOptions' hub_address (an HA set's list too), secret, TLS files
 // (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name) and
 // rpc_timeout_ms. Safe to call from several threads at once.
@@ -393,6 +428,10 @@ class HubWatcher {
 
   // One bounded view (snapshot.h), within rpc_timeout_ms.
   Result<HubSnapshot> Snapshot(const SnapshotLimits& limits = {});
+  // As Client::List and Client::Describe (holders in the hub's order, not
+  // nearest first: a watcher has no place), within rpc_timeout_ms.
+  Result<std::vector<ModelInfo>> List();
+  Result<VersionInfo> Describe(std::string_view model, Version version);
 
  private:
   class Impl;

@@ -25,12 +25,15 @@
 #include <utility>
 #include <vector>
 
+#include "log_forwarder.h"
 #include "tensorhub/client.h"
 #include "tensorhub/host_buffer.h"
 #include "tensorhub/hub.h"
+#include "tensorhub/log_level.h"
 #include "tensorhub/reshard.h"
 #include "tensorhub/status.h"
 #include "tensorhub/types.h"
+#include "tensorhub/version.h"
 
 namespace py = pybind11;
 
@@ -58,6 +61,9 @@ T Take(Result<T> r) {
 // N >= 0 the CUDA device of that ordinal.
 using TensorTuple = std::tuple<std::string, std::string, std::vector<uint64_t>,
                                uintptr_t, uint64_t, int>;
+// (tensor, (box offset, box extent), fp8 scales): a slice to fetch.
+using PyBox = std::pair<std::vector<uint64_t>, std::vector<uint64_t>>;
+using SliceTuple = std::tuple<TensorTuple, PyBox, std::vector<float>>;
 
 std::vector<TensorRef> ToRefs(const std::vector<TensorTuple>& tuples) {
   std::vector<TensorRef> refs;
@@ -148,70 +154,25 @@ class PyClient {
   // not release the GIL: the C++ destructor joins threads that never take it.
   ~PyClient() = default;
 
-  static std::unique_ptr<PyClient> Connect(
-      std::string hub, std::string name, std::string datacenter,
-      std::string rack, std::string host, bool reliable,
-      std::string data_listen, std::string advertise_host,
-      int64_t rpc_timeout_ms, int64_t connect_timeout_ms,
-      int64_t heartbeat_interval_ms, size_t max_serving_connections,
-      std::string secret, int64_t leave_timeout_ms, std::string metrics_listen,
-      std::string tls_ca, std::string tls_cert, std::string tls_key,
-      std::string tls_server_name, bool data_tls, bool insecure) {
-    ClientOptions o;
-    o.insecure = insecure;
-    o.hub_address = std::move(hub);
-    o.name = std::move(name);
-    o.labels = Labels{std::move(datacenter), std::move(rack), std::move(host)};
-    o.worker_class = reliable ? WorkerClass::kReliable : WorkerClass::kSpot;
-    o.data_listen_address = std::move(data_listen);
-    o.data_advertise_host = std::move(advertise_host);
-    o.rpc_timeout_ms = rpc_timeout_ms;
-    o.connect_timeout_ms = connect_timeout_ms;
-    o.heartbeat_interval_ms = heartbeat_interval_ms;
-    o.max_serving_connections = max_serving_connections;
-    o.secret = std::move(secret);
-    o.leave_timeout_ms = leave_timeout_ms;
-    o.metrics_listen = std::move(metrics_listen);
-    o.tls_ca_file = std::move(tls_ca);
-    o.tls_cert_file = std::move(tls_cert);
-    o.tls_key_file = std::move(tls_key);
-    o.tls_server_name = std::move(tls_server_name);
-    o.data_tls = data_tls;
+  static std::unique_ptr<PyClient> Connect(const ClientOptions& options) {
     Result<std::unique_ptr<Client>> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = Client::Connect(o);
+      r = Client::Connect(options);
     }
     return std::make_unique<PyClient>(
         std::shared_ptr<Client>(Take(std::move(r))));
   }
 
-  void Publish(
-      const std::string& model, uint64_t version,
-      const std::vector<TensorTuple>& tensors, uint32_t rank,
-      uint32_t group_size, uint64_t chunk_bytes, int64_t timeout_ms,
-      const std::vector<std::pair<std::string, std::string>>& metadata,
-      const std::map<std::string,
-                     std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>&
-          pieces,
-      uint64_t segment_bytes, const std::string& chunk_checksum) {
+  void Publish(const std::string& model, uint64_t version,
+               const std::vector<TensorTuple>& tensors,
+               const PublishOptions& options) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
-    PublishOptions po;
-    for (const auto& [name, piece] : pieces) {
-      po.pieces[name] = {piece.first, piece.second};
-    }
-    po.segment_bytes = segment_bytes;
-    po.chunk_checksum = chunk_checksum;
-    po.rank = rank;
-    po.group_size = group_size;
-    po.chunk_bytes = chunk_bytes;
-    po.timeout_ms = timeout_ms;
-    po.metadata = metadata;
     Status s;
     {
       py::gil_scoped_release nogil;
-      s = c->Publish(model, Version(version), refs, po);
+      s = c->Publish(model, Version(version), refs, options);
       c.reset();
     }
     Check(s);
@@ -230,55 +191,34 @@ class PyClient {
   }
 
   py::dict Fetch(const std::string& model, uint64_t version,
-                 const std::vector<TensorTuple>& tensors, int64_t timeout_ms,
-                 int connections, bool serve, std::string group,
-                 uint64_t group_step) {
+                 const std::vector<TensorTuple>& tensors,
+                 const FetchOptions& options) {
     std::shared_ptr<Client> c = Get();
     std::vector<TensorRef> refs = ToRefs(tensors);
-    FetchOptions fo;
-    fo.timeout_ms = timeout_ms;
-    fo.connections = connections;
-    fo.serve = serve;
-    fo.group = std::move(group);
-    fo.group_step = group_step;
     Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = c->Fetch(model, Version(version), refs, fo);
+      r = c->Fetch(model, Version(version), refs, options);
       c.reset();
     }
     return StatsDict(Take(std::move(r)));
   }
 
-  // A partial fetch: tensors[i] receives box boxes[i] of its tensor.
-  py::dict FetchSlices(
-      const std::string& model, uint64_t version,
-      const std::vector<TensorTuple>& tensors,
-      const std::vector<
-          std::pair<std::vector<uint64_t>, std::vector<uint64_t>>>& boxes,
-      const std::vector<std::vector<float>>& scales, int64_t timeout_ms,
-      int connections, std::string group, uint64_t group_step,
-      bool serve_slices) {
+  // A partial fetch: each slice is (tensor, (offset, extent), fp8 scales);
+  // the tensor receives that box of its logical tensor.
+  py::dict FetchSlices(const std::string& model, uint64_t version,
+                       const std::vector<SliceTuple>& slices,
+                       const FetchOptions& options) {
     std::shared_ptr<Client> c = Get();
-    std::vector<TensorRef> refs = ToRefs(tensors);
-    if (boxes.size() != refs.size() || scales.size() != refs.size()) {
-      Throw(InvalidArgument("fetch_slices: one box and scale list per tensor"));
+    std::vector<TensorSlice> refs;
+    for (const auto& [tensor, box, scales] : slices) {
+      refs.push_back(
+          {ToRefs({tensor}).front(), Box{box.first, box.second}, scales});
     }
-    std::vector<TensorSlice> slices;
-    for (size_t i = 0; i < refs.size(); ++i) {
-      slices.push_back(
-          {refs[i], Box{boxes[i].first, boxes[i].second}, scales[i]});
-    }
-    FetchOptions fo;
-    fo.timeout_ms = timeout_ms;
-    fo.connections = connections;
-    fo.group = std::move(group);
-    fo.group_step = group_step;
-    fo.serve_slices = serve_slices;
     Result<FetchStats> r = Status(StatusCode::kInternal, "unset");
     {
       py::gil_scoped_release nogil;
-      r = c->FetchSlices(model, Version(version), slices, fo);
+      r = c->FetchSlices(model, Version(version), refs, options);
       c.reset();
     }
     return StatsDict(Take(std::move(r)));
@@ -517,32 +457,97 @@ PYBIND11_MODULE(_core, m) {
                              "THP mode allows them");
   m.def("transparent_huge_page_mode", &TransparentHugePageMode);
 
+  // The options of a call, by name (tensorhub/client.h documents each
+  // field): the Python package fills them in, never by position.
+  py::class_<ClientOptions>(m, "ClientOptions")
+      .def(py::init<>())
+      .def_readwrite("hub_address", &ClientOptions::hub_address)
+      .def_readwrite("name", &ClientOptions::name)
+      .def_property(
+          "datacenter",
+          [](const ClientOptions& o) { return o.labels.datacenter; },
+          [](ClientOptions& o, std::string v) {
+            o.labels.datacenter = std::move(v);
+          })
+      .def_property(
+          "rack", [](const ClientOptions& o) { return o.labels.rack; },
+          [](ClientOptions& o, std::string v) { o.labels.rack = std::move(v); })
+      .def_property(
+          "host", [](const ClientOptions& o) { return o.labels.host; },
+          [](ClientOptions& o, std::string v) { o.labels.host = std::move(v); })
+      .def_property(
+          "reliable",
+          [](const ClientOptions& o) {
+            return o.worker_class == WorkerClass::kReliable;
+          },
+          [](ClientOptions& o, bool reliable) {
+            o.worker_class =
+                reliable ? WorkerClass::kReliable : WorkerClass::kSpot;
+          })
+      .def_readwrite("data_listen_address", &ClientOptions::data_listen_address)
+      .def_readwrite("data_advertise_host", &ClientOptions::data_advertise_host)
+      .def_readwrite("rpc_timeout_ms", &ClientOptions::rpc_timeout_ms)
+      .def_readwrite("connect_timeout_ms", &ClientOptions::connect_timeout_ms)
+      .def_readwrite("heartbeat_interval_ms",
+                     &ClientOptions::heartbeat_interval_ms)
+      .def_readwrite("max_serving_connections",
+                     &ClientOptions::max_serving_connections)
+      .def_readwrite("secret", &ClientOptions::secret)
+      .def_readwrite("tls_ca_file", &ClientOptions::tls_ca_file)
+      .def_readwrite("tls_cert_file", &ClientOptions::tls_cert_file)
+      .def_readwrite("tls_key_file", &ClientOptions::tls_key_file)
+      .def_readwrite("tls_server_name", &ClientOptions::tls_server_name)
+      .def_readwrite("data_tls", &ClientOptions::data_tls)
+      .def_readwrite("insecure", &ClientOptions::insecure)
+      .def_readwrite("leave_timeout_ms", &ClientOptions::leave_timeout_ms)
+      .def_readwrite("metrics_listen", &ClientOptions::metrics_listen);
+
+  py::class_<PublishOptions>(m, "PublishOptions")
+      .def(py::init<>())
+      .def_readwrite("rank", &PublishOptions::rank)
+      .def_readwrite("group_size", &PublishOptions::group_size)
+      .def_readwrite("chunk_bytes", &PublishOptions::chunk_bytes)
+      .def_readwrite("timeout_ms", &PublishOptions::timeout_ms)
+      .def_readwrite("metadata", &PublishOptions::metadata)
+      // {name: (global_shape, offset)}
+      .def_property(
+          "pieces",
+          [](const PublishOptions& o) {
+            std::map<std::string, PyBox> out;
+            for (const auto& [name, p] : o.pieces) {
+              out[name] = {p.global_shape, p.offset};
+            }
+            return out;
+          },
+          [](PublishOptions& o, const std::map<std::string, PyBox>& pieces) {
+            o.pieces.clear();
+            for (const auto& [name, p] : pieces) {
+              o.pieces[name] = TensorPiece{p.first, p.second};
+            }
+          })
+      .def_readwrite("segment_bytes", &PublishOptions::segment_bytes)
+      .def_readwrite("chunk_checksum", &PublishOptions::chunk_checksum);
+
+  py::class_<FetchOptions>(m, "FetchOptions")
+      .def(py::init<>())
+      .def_readwrite("timeout_ms", &FetchOptions::timeout_ms)
+      .def_readwrite("connections", &FetchOptions::connections)
+      .def_readwrite("max_sources", &FetchOptions::max_sources)
+      .def_readwrite("serve", &FetchOptions::serve)
+      .def_readwrite("serve_slices", &FetchOptions::serve_slices)
+      .def_readwrite("group", &FetchOptions::group)
+      .def_readwrite("group_step", &FetchOptions::group_step);
+
   py::class_<PyClient>(m, "Client")
-      .def_static(
-          "connect", &PyClient::Connect, py::arg("hub"), py::arg("name"),
-          py::arg("datacenter"), py::arg("rack"), py::arg("host"),
-          py::arg("reliable"), py::arg("data_listen"),
-          py::arg("advertise_host"), py::arg("rpc_timeout_ms"),
-          py::arg("connect_timeout_ms"), py::arg("heartbeat_interval_ms"),
-          py::arg("max_serving_connections"), py::arg("secret"),
-          py::arg("leave_timeout_ms"), py::arg("metrics_listen"),
-          py::arg("tls_ca"), py::arg("tls_cert"), py::arg("tls_key"),
-          py::arg("tls_server_name"), py::arg("data_tls"), py::arg("insecure"))
+      .def_static("connect", &PyClient::Connect, py::arg("options"))
       .def("publish", &PyClient::Publish, py::arg("model"), py::arg("version"),
-           py::arg("tensors"), py::arg("rank"), py::arg("group_size"),
-           py::arg("chunk_bytes"), py::arg("timeout_ms"), py::arg("metadata"),
-           py::arg("pieces"), py::arg("segment_bytes"),
-           py::arg("chunk_checksum") = "")
+           py::arg("tensors"), py::arg("options"))
       .def("unpublish", &PyClient::Unpublish, py::arg("model"),
            py::arg("version"), py::arg("timeout_ms"), py::arg("force"))
       .def("fetch", &PyClient::Fetch, py::arg("model"), py::arg("version"),
-           py::arg("tensors"), py::arg("timeout_ms"), py::arg("connections"),
-           py::arg("serve"), py::arg("group"), py::arg("group_step"))
+           py::arg("tensors"), py::arg("options"))
       .def("fetch_slices", &PyClient::FetchSlices, py::arg("model"),
-           py::arg("version"), py::arg("tensors"), py::arg("boxes"),
-           py::arg("scales"), py::arg("timeout_ms"), py::arg("connections"),
-           py::arg("group"), py::arg("group_step"),
-           py::arg("serve_slices") = false)
+           py::arg("version"), py::arg("slices"), py::arg("options"))
       .def("list", &PyClient::List)
       .def("describe", &PyClient::Describe, py::arg("model"),
            py::arg("version"), py::arg("group"), py::arg("group_step"))
@@ -567,6 +572,42 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &PyHub::closed)
       .def("close", &PyHub::Close);
 
+  m.def("_start_log_forwarding", &StartLogForwarding, py::arg("emit"),
+        "Routes the C++ log lines to emit(level, file, line, message), "
+        "called on one drainer thread with the GIL held "
+        "(tensorhub._log).");
+  m.def("_stop_log_forwarding", &StopLogForwarding,
+        "Drains the queued lines, joins the drainer; lines go to stderr "
+        "again.");
+  m.def("_flush_log_forwarding", &FlushLogForwarding, py::arg("timeout_ms"),
+        "Waits until the C++ lines logged so far reached Python's logging.");
+  m.def("get_log_level", [] {
+    switch (GetLogLevel()) {
+      case LogLevel::kDebug:
+        return "debug";
+      case LogLevel::kInfo:
+        return "info";
+      case LogLevel::kWarn:
+        return "warn";
+      case LogLevel::kError:
+        return "error";
+    }
+    return "info";
+  });
+  m.def("build_info", [] {
+    const BuildInfo& b = GetBuildInfo();
+    py::dict d;
+    d["version"] = b.version;
+    d["cuda"] = b.cuda;
+    d["cuda_version"] = b.cuda_version;
+    d["ucx"] = b.ucx;
+    d["ucx_version"] = b.ucx_version;
+    d["tls"] = b.tls;
+    d["tls_library"] = b.tls_library;
+    d["line"] = BuildInfoLine();
+    return d;
+  });
+
   m.def(
       "set_log_level",
       [](const std::string& level) {
@@ -587,8 +628,7 @@ PYBIND11_MODULE(_core, m) {
       py::arg("level"));
 
   // Resharding helpers (include/tensorhub/reshard.h). A box is a pair of
-  // lists (offset, extent).
-  using PyBox = std::pair<std::vector<uint64_t>, std::vector<uint64_t>>;
+  // lists (offset, extent) (PyBox).
   auto to_py = [](const Box& b) { return PyBox{b.offset, b.extent}; };
   auto dims_of = [](uint64_t heads, uint64_t kv_heads, uint64_t head_dim,
                     uint64_t experts) {

@@ -19,7 +19,9 @@ from typing import (
     overload,
 )
 
-from . import _core, host_memory
+from . import host_memory
+from . import _log
+from ._native import core as _core
 from . import _tensors
 from .errors import (
     DeadlineExceededError,
@@ -425,10 +427,21 @@ class Client:
 
         Raises:
             InvalidArgumentError: non-contiguous, non-CPU or unsupported
-                tensors, bad version or rank, an unknown chunk_checksum.
+                tensors, bad version or rank, an unknown chunk_checksum,
+                pieces that do not fit their global shape; also a part the
+                hub finds inconsistent with the other ranks' (sizes, dtypes,
+                pieces that overlap or, with the last rank, do not tile).
             FailedPreconditionError: version not greater than the last, or
                 the memory is still published under another version.
+            AlreadyExistsError: this rank of the version is published
+                already (by another worker).
+            AbortedError: the version was aborted (a rank left before the
+                group completed it).
+            ResourceExhaustedError: the hub's bounds (models, versions,
+                metadata) are reached.
+            PermissionDeniedError: the hub refused the shared secret.
             UnavailableError, DeadlineExceededError: hub unreachable.
+            Nothing stays published after an error.
         """
         self._check_process()
         model = _model(model)
@@ -448,15 +461,18 @@ class Client:
         held = _Held("published", objs, _tensors.spans(tuples))
         with self._lock:
             self._held.setdefault((model, v), []).append(held)
+        po = _core.PublishOptions()
+        po.rank = int(rank)
+        po.group_size = int(group_size)
+        po.chunk_bytes = cb
+        po.timeout_ms = _ms(timeout, _DEFAULT_PUBLISH_TIMEOUT_S, "timeout")
+        po.metadata = md
+        po.pieces = {str(k): ([int(x) for x in g], [int(x) for x in o])
+                     for k, (g, o) in (pieces or {}).items()}
+        po.segment_bytes = int(segment_bytes)
+        po.chunk_checksum = "" if chunk_checksum is None else str(chunk_checksum)
         try:
-            self._core.publish(
-                model, v, tuples, int(rank), int(group_size), cb,
-                _ms(timeout, _DEFAULT_PUBLISH_TIMEOUT_S, "timeout"), md,
-                {str(k): ([int(x) for x in g], [int(x) for x in o])
-                 for k, (g, o) in (pieces or {}).items()},
-                int(segment_bytes),
-                "" if chunk_checksum is None else str(chunk_checksum),
-            )
+            self._core.publish(model, v, tuples, po)
         except BaseException:
             # Publish withdraws its local registration on failure.
             self._drop(model, v, held)
@@ -498,33 +514,83 @@ class Client:
             raise
         self._drop(model, v)
 
-    def _fetch_slices(self, model, v, into, timeout, connections, return_stats, group, step,
-                      serve_slices=False):
-        """fetch(into={name: (tensor, box)}) or (tensor, box, fp8_scales):
-        each tensor receives that box of the logical tensor (see
+    def _fetch_options(self, timeout: Optional[float], connections: Any,
+                       group: Optional[str], step: Any) -> Any:
+        if not isinstance(connections, int) or connections < 1:
+            raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
+        fo = _core.FetchOptions()
+        fo.timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")
+        fo.connections = connections
+        fo.group, fo.group_step = _group(group, step)
+        return fo
+
+    def fetch_slices(
+        self,
+        model: str,
+        version: VersionArg = "latest",
+        slices: Optional[Mapping[str, Tuple[Any, ...]]] = None,
+        timeout: Optional[float] = None,
+        connections: int = 4,
+        *,
+        return_stats: bool = False,
+        group: Optional[str] = None,
+        step: int = 0,
+        serve_slices: bool = False,
+    ) -> Union[int, FetchStats]:
+        """Pulls boxes of ``model@version``'s logical tensors, whatever the
+        trainer ranks' layout, and returns the version.
+
+        ``slices`` maps a logical tensor's name to ``(tensor, box)`` or
+        ``(tensor, box, fp8_scales)``: ``tensor`` (a writable, C-contiguous
+        CPU numpy array or torch tensor of the box's shape) receives the box
+        ``(offset, extent)`` of that tensor (see
         :func:`tensorhub.reshard.tp_slices`), converted to the tensor's own
         dtype (BF16/F16/F32 to each other; F8_E4M3 needs the scales: one,
         or one per row of the box, see :func:`tensorhub.reshard.fp8_scale`).
+        Only the segments the boxes touch are read, and each is verified.
+        ``fetch(into={name: (tensor, box)})`` is the same call.
+
         With ``serve_slices=True`` the slices kept in the version's dtype are
         then served onward (a holder of slices; docs/design.md): the client
         holds the tensors until :meth:`unpublish` of the version, as
-        ``serve=True`` does for a full fetch. Do not modify them meanwhile."""
+        ``serve=True`` does for a full fetch. Do not modify them meanwhile.
+
+        Raises:
+            InvalidArgumentError: an unknown tensor, a box outside it, a
+                tensor whose shape is not its box's, a dtype that cannot be
+                converted, F8 without scales (nothing is fetched).
+            FailedPreconditionError: the version was published without
+                segment checksums (or from device memory): fetch it whole;
+                or it is not committed.
+            NotFoundError: unknown model or version.
+            DataLossError: every holder served bytes that failed their
+                checksum.
+            UnavailableError: no live holder (or the hub is unreachable).
+            DeadlineExceededError: ``timeout`` passed with bytes still
+                arriving.
+        """
+        self._check_process()
+        model = _model(model)
+        v = _version_number(version, allow_latest=True)
+        if not slices:
+            raise InvalidArgumentError(
+                "fetch_slices needs slices= ({name: (tensor, box)} or "
+                "{name: (tensor, box, fp8_scales)})")
+        fo = self._fetch_options(timeout, connections, group, step)
+        fo.serve_slices = bool(serve_slices)
         tensors, boxes, scales = {}, [], []
-        for name, entry in into.items():
-            if len(entry) not in (2, 3):
+        for name, entry in slices.items():
+            if not isinstance(entry, tuple) or len(entry) not in (2, 3):
                 raise InvalidArgumentError(
-                    f"into[{name!r}] must be (tensor, box) or (tensor, box, fp8_scales)")
+                    f"slices[{name!r}] must be (tensor, box) or (tensor, box, fp8_scales)")
             tensors[name] = entry[0]
             off, ext = entry[1]
             boxes.append(([int(x) for x in off], [int(x) for x in ext]))
             scales.append([float(x) for x in entry[2]] if len(entry) == 3 else [])
         tuples = _tensors.to_tuples(tensors, writable=True, dtypes=None)
-        group_id, step = _group(group, step)
         spans = _tensors.spans(tuples)
         stats = self._core.fetch_slices(
-            model, v, tuples, boxes, scales,
-            _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout"), int(connections),
-            group_id, step, bool(serve_slices))
+            model, v, list(zip(tuples, boxes, scales)), fo)
         return self._fetched(model, stats, spans, list(tensors.values()),
                              bool(serve_slices), return_stats)
 
@@ -661,13 +727,23 @@ class Client:
                 first call resolved, even if a newer one has committed since.
                 All ranks pass the same id and step for the same update.
 
+        ``into={name: (tensor, box)}`` (every value a tuple) fetches boxes
+        of the logical tensors instead: :meth:`fetch_slices`.
+
         Raises:
             InvalidArgumentError: names, dtypes or shapes do not match, or
                 arrays are non-contiguous, read-only, or overlap.
             NotFoundError: unknown model or version.
             FailedPreconditionError: the version is not committed.
+            DataLossError: every holder served bytes that failed their
+                checksum (asking again will not help).
             UnavailableError: no live holder (or the hub is unreachable).
-            DeadlineExceededError: ``timeout`` passed.
+            DeadlineExceededError: ``timeout`` passed with bytes still
+                arriving.
+            AbortedError: the version was aborted while it was fetched.
+            PermissionDeniedError: the hub or a holder refused the shared
+                secret or this worker's certificate.
+            After an error nothing of ``into`` is served.
         """
         self._check_process()
         model = _model(model)
@@ -678,12 +754,12 @@ class Client:
                 "client.describe(model, version).empty()"
             )
         if into and all(isinstance(x, tuple) for x in into.values()):
-            return self._fetch_slices(model, v, into, timeout, connections,
-                                      return_stats, group, step, serve_slices)
-        if not isinstance(connections, int) or connections < 1:
-            raise InvalidArgumentError(f"connections must be an integer >= 1, not {connections!r}")
-        timeout_ms = _ms(timeout, _DEFAULT_FETCH_TIMEOUT_S, "timeout")
-        group_id, step = _group(group, step)
+            # The slice form: fetch_slices, named explicitly there.
+            return self.fetch_slices(model, version, into, timeout, connections,
+                                     return_stats=return_stats, group=group,
+                                     step=step, serve_slices=serve_slices)
+        fo = self._fetch_options(timeout, connections, group, step)
+        fo.serve = bool(serve)
         dtypes = None
         if allow_bitcast:
             info = self.describe(model, "latest" if v == 0 else v, group=group, step=step)
@@ -694,9 +770,7 @@ class Client:
         # CUDA tensors: work queued on the caller's stream that still reads
         # or writes them must finish before the fetch overwrites them.
         _tensors.sync_cuda_streams(into)
-        stats = self._core.fetch(
-            model, v, tuples, timeout_ms, connections, bool(serve), group_id, step
-        )
+        stats = self._core.fetch(model, v, tuples, fo)
         return self._fetched(model, stats, spans, list(into.values()), bool(serve),
                              return_stats)
 
@@ -784,23 +858,19 @@ class Client:
 
 
 _LABEL_KEYS = ("datacenter", "rack", "host")
+# Options of connect() beyond the worker settings of tensorhub.config (which
+# connect() also takes, each defaulting to its environment variable).
 _OPTION_DEFAULTS: Dict[str, Any] = {
-    "data_listen": "127.0.0.1:0",
-    "advertise_host": "",
     "rpc_timeout": 5.0,
     "connect_timeout": 10.0,
     "heartbeat_interval": None,
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
-    "metrics_listen": None,
-    "tls_ca": None,
-    "tls_cert": None,
-    "tls_key": None,
-    "tls_server_name": None,
-    "data_tls": False,
-    "insecure": False,
 }
+_SETTINGS = ("data_listen", "advertise_host", "metrics_listen", "tls_ca", "tls_cert", "tls_key",
+             "tls_server_name", "data_tls", "insecure", "secret_file", "datacenter", "rack",
+             "host_label")
 
 
 def _metrics_listen(value: Any) -> str:
@@ -831,20 +901,26 @@ def connect(
             "host": ..}``; readers prefer near holders.
         reliable: False marks a spot worker (may vanish; retention does not
             rely on it).
-        **options: ``data_listen`` ("127.0.0.1:0"), ``advertise_host``,
-            ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
+        **options: ``rpc_timeout`` (5 s), ``connect_timeout`` (10 s),
             ``heartbeat_interval`` (None: a third of the hub's lease, at
             most 5 s), ``max_serving_connections`` (256),
-            ``secret`` (shared secret; default ``$TENSORHUB_SECRET``),
+            ``secret`` (the shared secret itself; default: the file of
+            ``secret_file``, else ``$TENSORHUB_SECRET``),
             ``leave_timeout`` (10 s: on close, how long to wait, still
             serving, for a keeper to copy retained versions only this worker
-            holds), ``metrics_listen`` (HOST:PORT: serve this worker's
-            Prometheus metrics at ``/metrics``, port 0 for a free one, see
-            :attr:`Client.metrics_address`; default None: no endpoint). TLS
-            (PEM file paths, see docs/security.md): ``tls_ca`` (talk TLS to
-            the hub, trusting a hub certificate signed by this CA),
-            ``tls_cert`` and ``tls_key`` (this worker's certificate, for a
-            hub that requires client certificates and for data-plane TLS),
+            holds), and the worker settings of :mod:`tensorhub.config`, each
+            defaulting to its environment variable: ``secret_file``,
+            ``data_listen`` (default: 127.0.0.1:0 when the hub is on
+            loopback, else the address of the interface that routes to the
+            hub, port 0), ``advertise_host``, ``metrics_listen`` (HOST:PORT:
+            serve this worker's Prometheus metrics at ``/metrics``, port 0
+            for a free one, see :attr:`Client.metrics_address`; default
+            None: no endpoint), ``datacenter``, ``rack``, ``host_label``
+            (the labels, as ``labels`` gives them). TLS (PEM file paths, see
+            docs/security.md): ``tls_ca`` (talk TLS to the hub, trusting a
+            hub certificate signed by this CA), ``tls_cert`` and
+            ``tls_key`` (this worker's certificate, for a hub that requires
+            client certificates and for data-plane TLS),
             ``tls_server_name`` (the name the hub's certificate must have,
             default the host in ``hub``), ``data_tls`` (False: TLS on
             data-plane connections too; every worker must agree),
@@ -864,41 +940,66 @@ def connect(
         FailedPreconditionError: also a non-loopback ``data_listen`` with
             neither a secret nor ``data_tls``, without ``insecure=True``.
     """
-    unknown = set(options) - set(_OPTION_DEFAULTS)
+    unknown = set(options) - set(_OPTION_DEFAULTS) - set(_SETTINGS)
     if unknown:
         raise TypeError(
-            f"connect() got unknown options {sorted(unknown)}; known: {sorted(_OPTION_DEFAULTS)}"
+            f"connect() got unknown options {sorted(unknown)}; known: "
+            f"{sorted(set(_OPTION_DEFAULTS) | set(_SETTINGS))}"
         )
-    opts = dict(_OPTION_DEFAULTS, **options)
-    hub = hub or os.environ.get("TENSORHUB_HUB") or DEFAULT_HUB
+    opts = dict(_OPTION_DEFAULTS, **{k: v for k, v in options.items() if k in _OPTION_DEFAULTS})
     lab = dict(labels or {})
     bad = set(lab) - set(_LABEL_KEYS)
     if bad:
         raise InvalidArgumentError(f"unknown label keys {sorted(bad)}; use {list(_LABEL_KEYS)}")
-    secret = opts["secret"]
-    if secret is None:
-        secret = os.environ.get("TENSORHUB_SECRET", "")
-    core = _core.Client.connect(
-        hub=hub,
-        name=worker_id or "",
-        datacenter=str(lab.get("datacenter", "")),
-        rack=str(lab.get("rack", "")),
-        host=str(lab.get("host", "")),
-        reliable=bool(reliable),
-        data_listen=str(opts["data_listen"]),
-        advertise_host=str(opts["advertise_host"]),
-        rpc_timeout_ms=_ms(opts["rpc_timeout"], 5.0, "rpc_timeout"),
-        connect_timeout_ms=_ms(opts["connect_timeout"], 10.0, "connect_timeout"),
-        heartbeat_interval_ms=_ms(opts["heartbeat_interval"], 0.0, "heartbeat_interval"),
-        max_serving_connections=int(opts["max_serving_connections"]),
-        secret=secret,
-        leave_timeout_ms=_ms(opts["leave_timeout"], 10.0, "leave_timeout"),
-        metrics_listen=_metrics_listen(opts["metrics_listen"]),
-        tls_ca=_path(opts["tls_ca"], "tls_ca"),
-        tls_cert=_path(opts["tls_cert"], "tls_cert"),
-        tls_key=_path(opts["tls_key"], "tls_key"),
-        tls_server_name=str(opts["tls_server_name"] or ""),
-        data_tls=_flag(opts["data_tls"], "data_tls"),
-        insecure=_flag(opts["insecure"], "insecure"),
+    from . import config
+
+    for k in ("tls_ca", "tls_cert", "tls_key"):
+        _path(options.get(k), k)  # a bad type is named before anything else
+    for k in ("data_tls", "insecure"):
+        if k in options and options[k] is not None:
+            _flag(options[k], k)
+    _metrics_listen(options.get("metrics_listen"))
+    s = config.worker_settings(
+        {"hub": hub, "labels": lab, **{k: options.get(k) for k in _SETTINGS}},
+        what="connect()", secret=opts["secret"],
     )
-    return Client(core, {"hub": hub, "worker_id": worker_id, "labels": lab, **opts})
+    _log.sync_level()
+    try:
+        core = _connect_core(s, worker_id, reliable, opts)
+    except FailedPreconditionError as e:
+        if s.data_listen_source != "route to the hub":
+            raise
+        raise FailedPreconditionError(
+            f"{e.message} (this worker listens on {s.data_listen}, the interface that routes to the hub "
+            f"{s.hub}, because no data_listen was given: set the deployment's secret "
+            f"(secret_file, $TENSORHUB_SECRET_FILE or $TENSORHUB_SECRET) or data_tls, or "
+            f"data_listen='127.0.0.1:0' for a worker no other host reads from)", e.code
+        ) from None
+    opts.update(s.connect_kwargs())
+    return Client(core, {"worker_id": worker_id, **opts})
+
+
+def _connect_core(s: Any, worker_id: Optional[str], reliable: bool, opts: Dict[str, Any]) -> Any:
+    o = _core.ClientOptions()
+    o.hub_address = s.hub
+    o.name = worker_id or ""
+    o.datacenter = str(s.labels.get("datacenter", ""))
+    o.rack = str(s.labels.get("rack", ""))
+    o.host = str(s.labels.get("host", ""))
+    o.reliable = bool(reliable)
+    o.data_listen_address = s.data_listen
+    o.data_advertise_host = s.advertise_host
+    o.rpc_timeout_ms = _ms(opts["rpc_timeout"], 5.0, "rpc_timeout")
+    o.connect_timeout_ms = _ms(opts["connect_timeout"], 10.0, "connect_timeout")
+    o.heartbeat_interval_ms = _ms(opts["heartbeat_interval"], 0.0, "heartbeat_interval")
+    o.max_serving_connections = int(opts["max_serving_connections"])
+    o.secret = s.secret
+    o.leave_timeout_ms = _ms(opts["leave_timeout"], 10.0, "leave_timeout")
+    o.metrics_listen = s.metrics_listen
+    o.tls_ca_file = s.tls_ca
+    o.tls_cert_file = s.tls_cert
+    o.tls_key_file = s.tls_key
+    o.tls_server_name = s.tls_server_name
+    o.data_tls = s.data_tls
+    o.insecure = s.insecure
+    return _core.Client.connect(o)

@@ -18,7 +18,7 @@ Views keep the buffer alive; it is freed when the last one is gone.
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-from . import _core
+from ._native import core as _core
 from .errors import InvalidArgumentError
 
 HostBuffer = _core.HostBuffer

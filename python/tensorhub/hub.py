@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from . import _core
+from . import _log
+from ._native import core as _core
 from .client import _path
 from .errors import InvalidArgumentError
 
@@ -139,6 +140,7 @@ def serve_hub(
         raise InvalidArgumentError(
             f"metrics_listen must be 'HOST:PORT' or None, not {metrics_listen!r}"
         )
+    _log.sync_level()
     return Hub(
         _core.Hub.start(
             listen=listen,

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import _core
+from ._native import core as _core
 from ._tensors import DTYPE_BYTES, is_torch_tensor, torch_dtype_map
 from .errors import InvalidArgumentError
 

@@ -10,12 +10,23 @@ TensorHub, peer to peer::
     # server
     python -m sglang.launch_server ... --custom-weight-loader tensorhub.sglang.load_weights
 
-    # trainer
-    from tensorhub.sglang import LOADER, request
-    engine.update_weights_from_tensor(
-        named_tensors=request(hub="10.0.0.1:7070", model="policy", version=7),
-        load_format=LOADER,
-    )
+    # trainer, an in-process sglang.Engine
+    import tensorhub.sglang
+    tensorhub.sglang.update(engine, "policy", 7, hub="10.0.0.1:7070")
+
+    # trainer, a server over HTTP (the update_weights_from_* routes)
+    tensorhub.sglang.http_update("http://10.0.0.2:30000", "policy", 7, hub="10.0.0.1:7070",
+                                 tp_size=2)
+
+Both open SGLang's weight-update session around the load
+(``begin_weight_update`` / ``end_weight_update``: SGLang 0.5.23 refuses
+``update_weights_from_tensor`` outside one, and restores in-place
+quantized or repacked weights at its start and re-processes them at its
+end, so a quantized model loads the new bytes correctly), and call
+``update_weights_from_tensor`` with ``load_format=LOADER`` and the small
+request of :func:`request` as the named tensors. Over HTTP the request
+travels pickled by value (base64), which SGLang's restricted unpickler
+accepts, so the server may be on any host.
 
 Each rank fetches the version (with "latest", the ranks agree through a
 reader group named in the request), calls ``model.load_weights`` with the
@@ -40,10 +51,15 @@ from .errors import FailedPreconditionError, InvalidArgumentError
 LOADER = "tensorhub.sglang.load_weights"
 #: The name of the request tensor in named_tensors.
 REQUEST_NAME = "__tensorhub_request__"
-_FIELDS = {"hub", "model", "version", "secret_file", "timeout_s", "group", "step", "connections"}
+# The worker settings of tensorhub.config, by the names every integration uses
+# (each also read from its TENSORHUB_* variable in the SGLang rank's environment).
+_SETTINGS = ("secret_file", "data_listen", "advertise_host", "metrics_listen", "tls_ca",
+             "tls_cert", "tls_key", "tls_server_name", "data_tls", "insecure", "datacenter",
+             "rack", "host_label", "labels")
+_FIELDS = {"hub", "model", "version", "timeout_s", "group", "step", "connections", *_SETTINGS}
 
 _lock = threading.Lock()
-_clients: Dict[Tuple[str, str], Client] = {}
+_clients: Dict[str, Client] = {}  # by the settings they were made with
 # (hub, model) -> (version, tensors) this process holds and serves.
 _held: Dict[Tuple[str, str], Tuple[int, Dict[str, Any]]] = {}
 last_stats: Dict[str, Any] = {}
@@ -57,12 +73,16 @@ def request(
     secret_file: Optional[str] = None,
     timeout_s: float = 120.0,
     connections: int = 4,
+    **settings: Any,
 ) -> List[Tuple[str, Any]]:
     """The ``named_tensors`` to pass to SGLang's ``update_weights_from_tensor``.
 
     ``hub`` defaults to ``$TENSORHUB_HUB`` as seen by the SGLang ranks. With
     ``version="latest"`` the request names a fresh reader group, so all TP
-    ranks load the same version.
+    ranks load the same version. ``settings`` are worker settings of
+    :mod:`tensorhub.config` (``data_listen``, ``advertise_host``,
+    ``tls_ca``, ``datacenter``, ...) for the ranks' clients; each defaults
+    to its ``TENSORHUB_*`` variable in the SGLang ranks' environment.
     """
     import torch
 
@@ -76,6 +96,10 @@ def request(
         req["hub"] = hub
     if secret_file:
         req["secret_file"] = secret_file
+    unknown = set(settings) - set(_SETTINGS)
+    if unknown:
+        raise InvalidArgumentError(f"unknown settings {sorted(unknown)}; known: {list(_SETTINGS)}")
+    req.update({k: v for k, v in settings.items() if v is not None})
     if version == "latest":
         req["group"] = f"sglang-{uuid.uuid4().hex[:12]}"
         req["step"] = 1
@@ -104,16 +128,16 @@ def _parse(named_tensors: Iterable[Tuple[str, Any]]) -> Dict[str, Any]:
     return req
 
 
-def _client(hub: str, secret_file: Optional[str]) -> Client:
-    key = (hub, secret_file or "")
+def _client(req: Dict[str, Any]) -> Client:
+    from . import config
+
+    cfg = {"hub": req["hub"], **{k: req[k] for k in _SETTINGS if k in req}}
+    key = json.dumps(cfg, sort_keys=True)
     with _lock:
         c = _clients.get(key)
         if c is None or c.closed:
-            secret = None
-            if secret_file:
-                with open(secret_file, encoding="utf-8") as f:
-                    secret = f.read().strip()
-            c = connect(hub, worker_id=f"sglang-{os.getpid()}", secret=secret)
+            s = config.worker_settings(cfg, what=LOADER)
+            c = connect(worker_id=f"sglang-{os.getpid()}", **s.connect_kwargs())
             _clients[key] = c
         return c
 
@@ -125,7 +149,7 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     req = _parse(named_tensors)
     if not callable(getattr(model, "load_weights", None)):
         raise InvalidArgumentError(f"{LOADER}: {type(model).__name__} has no load_weights(weights)")
-    c = _client(req["hub"], req.get("secret_file"))
+    c = _client(req)
     name, timeout_s = req["model"], float(req.get("timeout_s", 120.0))
     t0 = time.monotonic()
     info = c.describe(name, req["version"], group=req.get("group"), step=int(req.get("step", 0)))
@@ -137,9 +161,10 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     if held is not None and held[0] == info.version:
         out, stats = held[1], None  # this process holds (and serves) it already
     else:
-        out = info.empty("torch")
-        stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
-                        connections=int(req.get("connections", 4)), return_stats=True)
+        from .pieces import fetch_serving
+
+        out, stats = fetch_serving(c, name, info, timeout=timeout_s,
+                                   connections=int(req.get("connections", 4)))
     t1 = time.monotonic()
     raw = info.metadata.get(ALIASES_KEY, "{}")
     aliases = json.loads(raw) if isinstance(raw, str) else {}
@@ -155,6 +180,93 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
                       load_seconds=time.monotonic() - t1, fetch=stats)
 
 
+def update(engine: Any, model: str, version: Any = "latest", hub: Optional[str] = None, *,
+           weight_version: Optional[str] = None, flush_cache: bool = True,
+           **request_kwargs: Any) -> Any:
+    """Loads ``model@version`` into an in-process ``sglang.Engine`` through
+    this loader, inside SGLang's weight-update session (see the module
+    doc). Returns what ``update_weights_from_tensor`` returned."""
+    named = request(model, version, hub, **request_kwargs)
+    begin = getattr(engine, "begin_weight_update", None)
+    end = getattr(engine, "end_weight_update", None)
+    if callable(begin):
+        begin()
+    try:
+        kwargs: Dict[str, Any] = {"named_tensors": named, "load_format": LOADER,
+                                  "flush_cache": flush_cache}
+        if weight_version is not None:
+            kwargs["weight_version"] = weight_version
+        return engine.update_weights_from_tensor(**kwargs)
+    finally:
+        if callable(end):
+            end()
+
+
+def http_payload(named_tensors: List[Tuple[str, Any]]) -> str:
+    """``named_tensors`` for SGLang's HTTP ``update_weights_from_tensor``:
+    pickled by value (the tensor's bytes inside, not a shared-memory handle
+    as SGLang's own MultiprocessingSerializer makes for a CPU tensor, which
+    only a process on the same host can open), base64. SGLang's
+    SafeUnpickler rebuilds it (``torch._utils._rebuild_tensor_v2``,
+    ``torch.storage._load_from_bytes``)."""
+    import base64
+    import pickle
+
+    return base64.b64encode(pickle.dumps(list(named_tensors), protocol=4)).decode("ascii")
+
+
+def http_update(url: str, model: str, version: Any = "latest", hub: Optional[str] = None, *,
+                tp_size: int = 1, api_key: Optional[str] = None,
+                weight_version: Optional[str] = None, flush_cache: bool = True,
+                http_timeout_s: float = 600.0, **request_kwargs: Any) -> Dict[str, Any]:
+    """Loads ``model@version`` into the SGLang server at ``url`` over its
+    HTTP routes: ``/begin_weight_update``, ``/update_weights_from_tensor``
+    (one copy of the request per TP rank: ``tp_size``), then
+    ``/end_weight_update`` (also after a failed load, so the session does
+    not stay open). Returns the update's JSON answer.
+
+    Raises:
+        InvalidArgumentError: bad arguments (nothing was sent).
+        FailedPreconditionError: the server refused a step; the message has
+            its answer.
+    """
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise InvalidArgumentError(f"tp_size must be an integer >= 1, not {tp_size!r}")
+    payload = http_payload(request(model, version, hub, **request_kwargs))
+    base = url.rstrip("/")
+
+    def post(route: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        req = urllib.request.Request(f"{base}/{route}", data=_json.dumps(body).encode(),
+                                     headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=http_timeout_s) as r:
+                answer = r.read()
+        except urllib.error.HTTPError as e:
+            raise FailedPreconditionError(
+                f"SGLang {base}/{route} answered {e.code}: {e.read()[:2000]!r}") from None
+        try:
+            return _json.loads(answer) if answer else {}
+        except ValueError:
+            return {"raw": answer[:2000].decode(errors="replace")}
+
+    post("begin_weight_update", {})
+    try:
+        body: Dict[str, Any] = {"serialized_named_tensors": [payload] * tp_size,
+                                "load_format": LOADER, "flush_cache": flush_cache}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        return post("update_weights_from_tensor", body)
+    finally:
+        post("end_weight_update", {})
+
+
 def close() -> None:
     """Closes this process's TensorHub clients (stops serving held versions)."""
     with _lock:
@@ -165,4 +277,5 @@ def close() -> None:
         c.close()
 
 
-__all__ = ["LOADER", "REQUEST_NAME", "request", "load_weights", "close", "last_stats"]
+__all__ = ["LOADER", "REQUEST_NAME", "request", "load_weights", "update", "http_update",
+           "http_payload", "close", "last_stats"]

@@ -7,24 +7,50 @@ with verl's ``CheckpointEngineRegistry``::
     actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=tensorhub.verl
     +actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs.tensorhub.hub=10.0.0.1:7070
 
-How a sync maps onto TensorHub: the actor's rank 0 publishes the weights as
-version ``global_steps`` of ``model`` (no copy of CPU tensors; GPU tensors are
-staged to host memory); every rollout worker fetches that version from
-whichever holders the hub names (the actor, and rollout workers that already
-have it) and yields it to its server adapter. A rollout worker keeps holding
-and serving the version until the next sync replaces it, so later readers
-pull from it too. verl's process-group steps are no-ops: TensorHub needs no
-group, so replicas can join or leave between syncs without a rebuild.
+How a sync maps onto TensorHub. verl's ``CheckpointEngineManager`` runs, for
+every ``update_weights(global_steps)``: ``prepare`` on every actor and
+rollout worker, ``build_topology``, ``init_process_group``, the actor
+ranks' ``send_weights`` concurrently with the rollouts' ``receive_weights``,
+then ``finalize`` everywhere.
+
+* Every actor rank publishes its own share of the weights as one TensorHub
+  version (``group_size`` = the actor world size): local shards of DTensors
+  as pieces, in place, and each plain (replicated) tensor from one rank
+  (:mod:`tensorhub.pieces`). The version commits when every rank has
+  published; rollouts fetch it from all actor ranks at once.
+* TensorHub version numbers only grow, while verl's ``global_steps`` do not:
+  ``fit()`` syncs step 0 before training and again after validation, a run
+  resumed from a checkpoint starts at its saved step, and a restarted
+  trainer may find its hub still holding the last run's versions. So the
+  version is not the step: ``prepare`` on the actor picks the next version
+  above everything the hub knows of the model, ``build_topology`` hands it
+  (and the last version and step sent) to every rank, and each version
+  carries its ``global_steps`` in its metadata
+  (``tensorhub.verl.global_steps``), which rollouts check.
+* A repeated step (the same ``global_steps`` as the last sync) moves no
+  bytes: the actor publishes nothing, and a rollout that holds that step's
+  version yields it again (one that does not, e.g. a replica added since,
+  fetches it from the rollouts that hold it).
+* A rollout worker keeps holding and serving its version until the next
+  sync replaces it, so later readers pull from it too. verl's
+  process-group steps are otherwise no-ops: replicas can join or leave
+  between syncs without a rebuild.
 
 Engine kwargs (``engine_kwargs.tensorhub``): ``hub`` (HOST:PORT, default
-``$TENSORHUB_HUB``), ``model`` ("policy"), ``secret_file``, ``labels``,
-``timeout_s`` (120: deadline of a receive, waiting for the version included),
-``connections`` (4).
+``$TENSORHUB_HUB``), ``model`` ("policy"), ``timeout_s`` (120: deadline of a
+receive, waiting for the version included), ``connections`` (4),
+``worker_name``, and the worker settings of :mod:`tensorhub.config` by the
+same names as everywhere (``secret_file``, ``data_listen``,
+``advertise_host``, ``metrics_listen``, ``tls_ca``, ``tls_cert``,
+``tls_key``, ``tls_server_name``, ``data_tls``, ``insecure``,
+``datacenter``, ``rack``, ``host_label`` or ``labels``), each defaulting to
+its ``TENSORHUB_*`` environment variable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from typing import Any, AsyncGenerator, Dict, Generator, List, Mapping, Optional, Tuple
@@ -32,21 +58,18 @@ from typing import Any, AsyncGenerator, Dict, Generator, List, Mapping, Optional
 import torch
 from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegistry
 
+from . import config as th_config
 from .client import Client, connect
-from .errors import NotFoundError, UnavailableError
-from .torch import ALIASES_KEY, _group_ties
+from .errors import InvalidArgumentError, NotFoundError, UnavailableError
+from .pieces import fetch_serving, local_share
+from .torch import ALIASES_KEY
 
 BACKEND = "tensorhub"
-
-
-def _secret(path: Optional[str]) -> Optional[str]:
-    if not path:
-        return None
-    with open(path, encoding="utf-8") as f:
-        s = f.read().strip()
-    if not s:
-        raise ValueError(f"tensorhub: secret_file {path!r} is empty")
-    return s
+#: Metadata key of a version: the verl global_steps it was sent for.
+STEP_KEY = "tensorhub.verl.global_steps"
+_SETTINGS = ("secret_file", "data_listen", "advertise_host", "metrics_listen", "tls_ca",
+             "tls_cert", "tls_key", "tls_server_name", "data_tls", "insecure", "datacenter",
+             "rack", "host_label", "labels")
 
 
 class TensorHubCheckpointEngine(CheckpointEngine):
@@ -59,63 +82,97 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         *,
         hub: Optional[str] = None,
         model: str = "policy",
-        secret_file: Optional[str] = None,
-        labels: Optional[Mapping[str, str]] = None,
         timeout_s: float = 120.0,
         connections: int = 4,
         worker_name: Optional[str] = None,
+        **settings: Any,
     ) -> None:
-        hub = hub or os.environ.get("TENSORHUB_HUB")
-        if not hub or ":" not in hub:
+        unknown = set(settings) - set(_SETTINGS)
+        if unknown:
+            raise ValueError(
+                f"tensorhub checkpoint engine: unknown engine_kwargs {sorted(unknown)}; known: "
+                f"hub, model, timeout_s, connections, worker_name, {', '.join(_SETTINGS)}")
+        if not hub and not os.environ.get(th_config.ENV["hub"]):
             raise ValueError(
                 "tensorhub checkpoint engine: set engine_kwargs.tensorhub.hub=HOST:PORT "
-                f"(or $TENSORHUB_HUB); got {hub!r}"
+                f"(or ${th_config.ENV['hub']}); got {hub!r}"
             )
+        try:
+            self.settings = th_config.worker_settings(
+                {"hub": hub, **settings}, what="tensorhub checkpoint engine")
+        except InvalidArgumentError as e:
+            raise ValueError(str(e)) from None
         if not isinstance(model, str) or not model:
             raise ValueError(f"tensorhub checkpoint engine: model must be a non-empty string, not {model!r}")
         if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
             raise ValueError(f"tensorhub checkpoint engine: timeout_s must be > 0, not {timeout_s!r}")
         self.bucket_size = bucket_size  # unused: TensorHub chunks on its own
         self.is_master = is_master
-        self.hub, self.model, self.secret_file = hub, model, secret_file
-        self.labels = dict(labels or {})
+        self.hub, self.model = self.settings.hub, model
         self.timeout_s, self.connections = float(timeout_s), int(connections)
         self.worker_name = worker_name
         self.rank = 0
         self.role = "rollout"
+        self.world_size = 1  # actor ranks publishing one version together
         self._client: Optional[Client] = None
-        self._published: Optional[int] = None  # actor: the version it serves
-        self._last_sent = 0
-        self._held: Optional[Tuple[int, Dict[str, torch.Tensor]]] = None  # rollout
+        self._published: Optional[int] = None  # actor: the version this rank serves
+        self._last: Optional[Tuple[int, int]] = None  # actor: (version, step) sent last
+        # What build_topology agreed for this sync: the version a new step
+        # gets, and the (version, step) sent last.
+        self._plan: Dict[str, Any] = {}
+        self._held: Optional[Tuple[int, int, Dict[str, torch.Tensor], Dict[str, str]]] = None
         self.last_stats: Dict[str, Any] = {}
 
-    # -- topology (TensorHub needs none) ---------------------------------------
+    # -- topology ----------------------------------------------------------------
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = connect(
-                self.hub, worker_id=self.worker_name, labels=self.labels,
-                secret=_secret(self.secret_file),
-            )
+            self._client = connect(worker_id=self.worker_name, **self.settings.connect_kwargs())
         return self._client
+
+    def _next_free_version(self) -> int:
+        known = [v.version for v in self.client.versions(self.model)]
+        floor = self._last[0] + 1 if self._last else 1
+        return max([floor] + [v + 1 for v in known])
 
     def prepare(self) -> Dict[str, Any]:
         c = self.client
-        return {"worker_id": c.worker_id, "data_address": c.data_address}
+        out: Dict[str, Any] = {"worker_id": c.worker_id, "data_address": c.data_address,
+                               "tensorhub": {"model": self.model}}
+        if self.is_master or self.role == "actor":
+            out["tensorhub"].update(
+                actor=True, next_version=self._next_free_version(),
+                last=list(self._last) if self._last else None)
+        return out
 
     @classmethod
     def build_topology(
         cls, actor_wg_world_size: int, rollout_world_size: int, metadata: List[dict]
     ) -> Tuple[Dict[str, List[Any]], Dict[str, List[Any]]]:
-        actor = {"rank": list(range(actor_wg_world_size)), "role": ["actor"] * actor_wg_world_size}
-        rollout = {"rank": list(range(rollout_world_size)), "role": ["rollout"] * rollout_world_size}
+        """verl passes the actor ranks' metadata first: every rank gets the
+        version this sync publishes (the highest any actor rank proposed)
+        and the (version, step) sent last, so all agree without talking."""
+        actors = [m.get("tensorhub", {}) for m in metadata[:actor_wg_world_size]]
+        proposals = [a["next_version"] for a in actors if a.get("next_version")]
+        lasts = [tuple(a["last"]) for a in actors if a.get("last")]
+        plan = {"next_version": max(proposals) if proposals else None,
+                "last": list(max(lasts)) if lasts else None}
+        actor = {"rank": list(range(actor_wg_world_size)), "role": ["actor"] * actor_wg_world_size,
+                 "world_size": [actor_wg_world_size] * actor_wg_world_size,
+                 "plan": [plan] * actor_wg_world_size}
+        rollout = {"rank": list(range(rollout_world_size)), "role": ["rollout"] * rollout_world_size,
+                   "world_size": [actor_wg_world_size] * rollout_world_size,
+                   "plan": [plan] * rollout_world_size}
         return actor, rollout
 
-    def init_process_group(self, rank: int = 0, role: str = "rollout", **kwargs: Any) -> None:
+    def init_process_group(self, rank: int = 0, role: str = "rollout", world_size: int = 1,
+                           plan: Optional[Mapping[str, Any]] = None, **kwargs: Any) -> None:
         if role not in ("actor", "rollout"):
             raise ValueError(f"tensorhub checkpoint engine: role must be actor or rollout, not {role!r}")
         self.rank, self.role = int(rank), role
+        self.world_size = int(world_size)
+        self._plan = dict(plan or {})
 
     def finalize(self) -> None:
         """After a sync: the actor withdraws its version (waiting for reads in
@@ -124,6 +181,7 @@ class TensorHubCheckpointEngine(CheckpointEngine):
         if self._published is not None and self._client is not None:
             v, self._published = self._published, None
             self._client.unpublish(self.model, v, timeout=self.timeout_s)
+        self._plan = {}
 
     def close(self) -> None:
         if self._client is not None:
@@ -133,41 +191,52 @@ class TensorHubCheckpointEngine(CheckpointEngine):
 
     # -- actor -------------------------------------------------------------------
 
-    def _version(self, global_steps: Optional[int]) -> int:
+    @staticmethod
+    def _step(global_steps: Any) -> Optional[int]:
         if global_steps is None:
-            return self._last_sent + 1
-        if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 1:
-            raise ValueError(f"tensorhub: global_steps must be an integer >= 1, not {global_steps!r}")
+            return None
+        if isinstance(global_steps, bool) or not isinstance(global_steps, int) or global_steps < 0:
+            raise ValueError(f"tensorhub: global_steps must be an integer >= 0, not {global_steps!r}")
         return global_steps
 
     async def send_weights(
         self, weights: Generator[Tuple[str, torch.Tensor], None, None], global_steps: Optional[int] = None
     ) -> Dict[str, float]:
-        """Publishes ``weights`` as version ``global_steps`` (rank 0 only)."""
-        t0 = time.monotonic()
-        v = self._version(global_steps)
-        sd: Dict[str, torch.Tensor] = {}
-        async for name, t in _aiter(weights):  # every rank drives the collectives
-            if self.rank != 0:
-                continue
-            t = t.detach()
-            if t.device.type != "cpu" or not t.is_contiguous():
-                t = t.to("cpu").contiguous()
-            sd[name] = t
-        if self.rank != 0:
-            return {}
-        if v <= self._last_sent:
-            raise ValueError(f"tensorhub: global_steps {v} is not above the last sent ({self._last_sent})")
-        canonical, aliases = _group_ties(sd, f"tensorhub send_weights({self.model}@{v})")
-        import json
+        """Publishes this rank's share of ``weights`` for ``global_steps``.
 
-        md = {ALIASES_KEY: json.dumps(aliases, sort_keys=True)} if aliases else None
+        Every actor rank iterates ``weights`` (verl's generator runs the
+        FSDP collectives). A repeated step publishes nothing: the rollouts
+        hold that step's version already.
+        """
+        t0 = time.monotonic()
+        step = self._step(global_steps)
+        last = self._last or (tuple(self._plan["last"]) if self._plan.get("last") else None)
+        repeat = step is not None and last is not None and last[1] == step
+        items = []
+        async for name, t in _aiter(weights):  # every rank drives the collectives
+            if not repeat:
+                items.append((name, t))
+        if repeat:
+            self._last = last  # type: ignore[assignment]
+            self.last_stats = {"version": last[0], "repeated_step": step, "publish_seconds": 0.0}
+            return {"tensorhub/publish_seconds": 0.0, "tensorhub/repeated_step": 1.0}
+        v = self._plan.get("next_version") or self._next_free_version()
+        what = f"tensorhub send_weights({self.model}@{v}, rank {self.rank})"
+        share = local_share(items, self.rank, max(self.world_size, 1), what=what)
+        del items
+        md = {STEP_KEY: "" if step is None else str(step)}
+        if share.aliases:
+            md[ALIASES_KEY] = json.dumps(share.aliases, sort_keys=True)
         if self._published is not None:
             self.finalize()
-        await asyncio.to_thread(self.client.publish, self.model, v, canonical, metadata=md)
+        await asyncio.to_thread(
+            self.client.publish, self.model, v, share.tensors, rank=self.rank,
+            group_size=max(self.world_size, 1), metadata=md, pieces=share.pieces or None)
         self._published = v
-        self._last_sent = v
-        self.last_stats = {"publish_seconds": time.monotonic() - t0, "version": v}
+        self._last = (v, -1 if step is None else step)
+        self.last_stats = {"publish_seconds": time.monotonic() - t0, "version": v,
+                           "global_steps": step, "bytes": share.bytes,
+                           "pieces": len(share.pieces), "gathered": len(share.gathered)}
         return {"tensorhub/publish_seconds": self.last_stats["publish_seconds"]}
 
     # -- rollout -----------------------------------------------------------------
@@ -175,56 +244,76 @@ class TensorHubCheckpointEngine(CheckpointEngine):
     async def receive_weights(
         self, global_steps: Optional[int] = None
     ) -> AsyncGenerator[Tuple[str, torch.Tensor], None]:
-        """Fetches version ``global_steps`` ("latest" if None) and yields it.
-
-        The actor publishes concurrently with this call, so an unknown
-        version is awaited (polling the hub with backoff) until the deadline.
-        """
+        """Fetches the version sent for ``global_steps`` (the newest if None)
+        and yields it. A step this worker holds already is yielded again
+        without moving a byte. The actor publishes concurrently with this
+        call, so the version is awaited (polling the hub with backoff) until
+        the deadline."""
         deadline = time.monotonic() + self.timeout_s
-        want: Any = "latest" if global_steps is None else self._version(global_steps)
+        step = self._step(global_steps)
         t0 = time.monotonic()
-        info = await self._describe_when_ready(want, deadline)
-        out = info.empty("torch")
-        t1 = time.monotonic()
-        stats = await asyncio.to_thread(
-            self.client.fetch, self.model, info.version, into=out,
-            timeout=max(0.001, deadline - time.monotonic()),
-            connections=self.connections, return_stats=True,
-        )
-        old, self._held = self._held, (info.version, out)
-        if old is not None and old[0] != info.version:
-            await asyncio.to_thread(self.client.unpublish, self.model, old[0], self.timeout_s)
-        self.last_stats = {
-            "version": info.version, "wait_seconds": t1 - t0,
-            "fetch_seconds": time.monotonic() - t1, "fetch": stats,
-        }
-        import json
-
-        aliases = json.loads(info.metadata.get(ALIASES_KEY, "{}") or "{}")
+        last = tuple(self._plan["last"]) if self._plan.get("last") else None
+        if step is not None and self._held is not None and self._held[1] == step and (
+                last is None or last == (self._held[0], step)):
+            version, _, out, aliases = self._held
+            self.last_stats = {"version": version, "global_steps": step, "repeated_step": True,
+                               "wait_seconds": 0.0, "fetch_seconds": 0.0, "fetch": None}
+        else:
+            if step is not None and last is not None and last[1] == step:
+                want: Any = last[0]  # a repeated step this worker does not hold
+            else:
+                want = self._plan.get("next_version") or "latest"
+            info = await self._describe_when_ready(want, step, deadline)
+            t1 = time.monotonic()
+            out, stats = await asyncio.to_thread(
+                fetch_serving, self.client, self.model, info,
+                timeout=max(0.001, deadline - time.monotonic()), connections=self.connections)
+            aliases = json.loads(info.metadata.get(ALIASES_KEY, "{}") or "{}")
+            old, self._held = self._held, (info.version, _step_of(info), out, aliases)
+            if old is not None and old[0] != info.version:
+                await asyncio.to_thread(self.client.unpublish, self.model, old[0], self.timeout_s)
+            self.last_stats = {
+                "version": info.version, "global_steps": _step_of(info), "repeated_step": False,
+                "wait_seconds": t1 - t0, "fetch_seconds": time.monotonic() - t1, "fetch": stats,
+            }
         for name, t in out.items():
             yield name, t
         for alias, name in aliases.items():
             yield alias, out[name]
 
-    async def _describe_when_ready(self, want: Any, deadline: float) -> Any:
+    async def _describe_when_ready(self, want: Any, step: Optional[int], deadline: float) -> Any:
         delay_s = 0.005
-        last: Optional[BaseException] = None
+        last: Optional[Any] = None
         while True:
             try:
                 info = await asyncio.to_thread(self.client.describe, self.model, want)
-                if info.committed:
+                if info.committed and (step is None or _step_of(info) == step):
                     return info
-                last = None
+                if info.committed and want != "latest":
+                    raise ValueError(
+                        f"tensorhub: {self.model}@{info.version} was sent for global_steps "
+                        f"{_step_of(info)}, not {step}")
+                last = (f"{self.model}@{info.version} is {info.state}"
+                        + ("" if info.committed else
+                           f", {info.parts_published} of {info.group_size} actor ranks published"))
             except (NotFoundError, UnavailableError) as e:
                 last = e
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(
-                    f"tensorhub: {self.model}@{want} was not published within {self.timeout_s}s"
-                    + (f" (last answer: {last})" if last else " (not committed)")
+                    f"tensorhub: {self.model}@{want} (global_steps {step}) was not published within "
+                    f"{self.timeout_s}s" + (f" (last answer: {last})" if last else "")
                 )
             await asyncio.sleep(min(delay_s, left))
             delay_s = min(delay_s * 2, 0.2)
+
+
+def _step_of(info: Any) -> int:
+    raw = info.metadata.get(STEP_KEY, "")
+    try:
+        return int(raw) if raw != "" else -1
+    except (TypeError, ValueError):
+        return -1
 
 
 async def _aiter(weights: Any) -> Any:
@@ -246,4 +335,4 @@ elif getattr(CheckpointEngineRegistry._registry[BACKEND], "__qualname__", None) 
         f"{CheckpointEngineRegistry._registry[BACKEND]}"
     )
 
-__all__ = ["TensorHubCheckpointEngine", "BACKEND"]
+__all__ = ["TensorHubCheckpointEngine", "BACKEND", "STEP_KEY"]

@@ -30,6 +30,8 @@ from typing import Any, Dict, List
 
 #: The backend name, in vLLM's ``weight_transfer_config={"backend": ...}``.
 BACKEND = "tensorhub"
+#: The vLLM releases the backend is tested with (pyproject's ``vllm`` extra).
+SUPPORTED_VLLM = ((0, 32), (0, 34))  # [from, to)
 
 _ENGINE_MODULE = "tensorhub.vllm_engine"
 _lock = threading.Lock()
@@ -50,8 +52,10 @@ def register() -> None:
         ValueError: another package registered a different engine under
             ``"tensorhub"``.
     """
+    import vllm
     from vllm.distributed.weight_transfer import factory
 
+    _check_version(getattr(vllm, "__version__", ""))
     with _lock:
         for registry, cls_name in (
             (factory.WeightTransferEngineFactory, "TensorHubWeightTransferEngine"),
@@ -73,6 +77,26 @@ def register() -> None:
                 continue
             registry.register_engine(BACKEND, _ENGINE_MODULE, cls_name)
             registry._registry[BACKEND]._tensorhub_class = cls_name
+
+
+_warned = False
+
+
+def _check_version(version: str) -> None:
+    """Warns (once) when vLLM is outside the tested releases."""
+    global _warned
+    try:
+        got = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return
+    lo, hi = SUPPORTED_VLLM
+    if not lo <= got < hi and not _warned:
+        _warned = True
+        import logging
+
+        logging.getLogger("tensorhub.vllm").warning(
+            "tensorhub's vLLM backend is tested with vLLM %d.%d to %d.%d (exclusive); this is "
+            "vLLM %s: its weight-transfer interface may differ", *lo, *hi, version)
 
 
 def worker_stats(worker: Any = None) -> List[Dict[str, Any]]:

@@ -1,7 +1,12 @@
 #include "client/client_metrics.h"
 
-#include "client/fetcher.h"
+#include <algorithm>
+#include <utility>
+
+#include "client/fetch/fetcher.h"
+#include "client/registry.h"
 #include "metrics/metrics.h"
+#include "transport/transport.h"
 
 namespace tensorhub::client {
 namespace {
@@ -47,7 +52,7 @@ const char* DataPathLabel(DataPath path) {
 }
 
 ClientMetrics::ClientMetrics()
-    : registry_(std::make_shared<Registry>()),
+    : registry_(std::make_shared<prometheus::Registry>()),
       fetches_ok_(NewCounter(*registry_, "tensorhub_fetches_total",
                              "Fetch calls, by outcome", {{"outcome", "ok"}})),
       fetches_failed_(NewCounter(*registry_, "tensorhub_fetches_total",
@@ -164,6 +169,54 @@ void ClientMetrics::ManifestTaken(bool from_source, uint64_t bytes) {
 void ClientMetrics::Drained(double seconds, bool ok) {
   drain_seconds_.Observe(seconds);
   if (!ok) drain_timeouts_.Increment();
+}
+
+std::vector<prometheus::MetricFamily> ServingFamilies(
+    const transport::Server& server, const client::Registry& registry) {
+  using metrics::AddSample;
+  std::vector<prometheus::MetricFamily> out;
+  const uint64_t served = server.bytes_served();
+  const uint64_t local = server.bytes_served_local();
+  uint64_t tcp = served - std::min(served, local);
+  auto bytes = metrics::CounterFamily(
+      "tensorhub_served_bytes_total",
+      "Bytes this worker served to readers, by path (same_host: copied by "
+      "a reader on this host from this process's memory)");
+  for (const auto& [name, sent] : server.bytes_sent_by_others()) {
+    tcp -= std::min(tcp, sent);
+    AddSample(bytes, {{"path", name}}, static_cast<double>(sent));
+  }
+  AddSample(bytes, {{"path", DataPathLabel(DataPath::kTcp)}},
+            static_cast<double>(tcp));
+  AddSample(bytes, {{"path", DataPathLabel(DataPath::kSameHost)}},
+            static_cast<double>(local));
+  out.push_back(std::move(bytes));
+  auto refused_reads = metrics::CounterFamily(
+      "tensorhub_serve_refusals_total",
+      "Reads and data connections this worker refused, by reason "
+      "(read: unknown, revoked or unready data; auth: the peer did not "
+      "prove the shared secret)");
+  AddSample(refused_reads, {{"reason", "read"}},
+            static_cast<double>(registry.reads_refused()));
+  AddSample(refused_reads, {{"reason", "auth"}},
+            static_cast<double>(server.connections_refused()));
+  out.push_back(std::move(refused_reads));
+  auto in_flight =
+      metrics::GaugeFamily("tensorhub_serve_reads_in_flight",
+                           "Reads of this worker's memory in flight now");
+  AddSample(in_flight, {}, static_cast<double>(registry.reads_in_flight()));
+  out.push_back(std::move(in_flight));
+  const client::Registry::HeldCounts held = registry.held();
+  auto versions = metrics::GaugeFamily(
+      "tensorhub_held_versions",
+      "Versions this worker holds and serves, by state (filling: a fetch "
+      "still receiving it)");
+  AddSample(versions, {{"state", "complete"}},
+            static_cast<double>(held.complete));
+  AddSample(versions, {{"state", "filling"}},
+            static_cast<double>(held.filling));
+  out.push_back(std::move(versions));
+  return out;
 }
 
 }  // namespace tensorhub::client

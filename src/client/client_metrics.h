@@ -12,16 +12,23 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "tensorhub/client.h"
+
+namespace tensorhub::transport {
+class Server;  // transport/transport.h
+}  // namespace tensorhub::transport
 
 namespace tensorhub::client {
 
 struct FetchReport;
+class Registry;  // client/registry.h
 
 // The path bytes took, the `path` label of the byte counters: "tcp" (sent
 // over the data connection), "same_host" (copied by the reader from the
@@ -84,6 +91,12 @@ class ClientMetrics {
   prometheus::Histogram& drain_seconds_;
   prometheus::Counter& drain_timeouts_;
 };
+
+// The figures a worker keeps anyway, read when scraped (on the scrape
+// thread): bytes served by path, refused reads and connections, reads in
+// flight, versions held. `server` and `registry` must outlive the scrape.
+std::vector<prometheus::MetricFamily> ServingFamilies(
+    const transport::Server& server, const Registry& registry);
 
 }  // namespace tensorhub::client
 

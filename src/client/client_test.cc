@@ -70,7 +70,7 @@ FakeTransport::Serve ServeFrom(const TestVersion& v,
                                bool bad_manifest = false) {
   return [&v, bad_manifest](const wire::ReadRequest& req,
                             std::span<const iovec> dest) -> Status {
-    if (req.part == kManifestPart) {
+    if (req.part == wire::kManifestPart) {
       Manifest m = v.manifest;
       if (bad_manifest) {
         std::vector<PartLayout> parts = m.parts();
@@ -430,6 +430,10 @@ TEST_F(ClientOnFakes, StatsAndMetricsCarryTheFetchStages) {
   ASSERT_NE(c, nullptr);
   Result<FetchStats> r = Fetch(*c);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // "a" refused, so at least one chunk was retried on "b": the retry
+  // counter below is checked against a fetch that had retries.
+  EXPECT_GE(transport_->fired(FaultWhere::kReadHeader), 1);
+  EXPECT_GE(r->chunk_retries, 1u);
   const double stages[] = {r->resolve_seconds,    r->schedule_seconds,
                            r->first_byte_seconds, r->transfer_seconds,
                            r->verify_seconds,     r->register_seconds};

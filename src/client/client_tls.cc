@@ -41,6 +41,8 @@ Result<ClientTls> LoadClientTls(const ClientOptions& options) {
   return out;
 }
 
+// Long on purpose (about 70 lines): one probe, then one answer per way TLS
+// to the hub fails, each naming its fix, in the order they are told apart.
 Status DiagnoseHubTls(const std::string& address, const HubTls& hub_tls,
                       const Deadline& deadline) {
   Result<transport::Fd> fd = transport::ConnectTcp(address, deadline);

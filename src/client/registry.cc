@@ -236,7 +236,7 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
     return Aborted("registration " + std::to_string(req.epoch) + " of " + name +
                    " was revoked");
   }
-  if (req.part == kManifestPart) {
+  if (req.part == wire::kManifestPart) {
     if (e->manifest_bytes == nullptr) {
       // Encoded once per registration, outside the lock: a large model's
       // manifest takes milliseconds, which every other read and publish
@@ -268,37 +268,52 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
                            std::to_string(req.part) + " of " + name);
   }
   if (e->holding.filling) {
-    // Partial-prefix serving: wait (bounded) until every chunk the range
-    // touches has been received and verified here, or, for a range inside
-    // one chunk, until the chunk's bytes up to the range's end have landed
-    // (cut-through: the reader of this range verifies the whole chunk
-    // itself, against the manifest, whoever served its pieces).
-    const Manifest& m = *e->holding.manifest;
-    uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
-    uint64_t last =
-        m.chunk_base(req.part) + (req.span_end() - 1) / m.chunk_bytes();
-    const uint64_t need_landed =
-        req.span_end() - (req.offset / m.chunk_bytes()) * m.chunk_bytes();
-    auto ready = [&] {
-      if (e->revoked || !e->holding.filling) return true;
-      if (first == last && e->landed[first] >= need_landed) return true;
-      for (uint64_t c = first; c <= last; ++c) {
-        if (!e->have[c]) return false;
-      }
-      return true;
-    };
-    if (!chunk_arrived_.wait_for(
-            lock.native(), std::chrono::milliseconds(fill_wait_ms_), ready)) {
-      return Unavailable("chunks " + std::to_string(first) + ".." +
-                         std::to_string(last) + " of " + name +
-                         " did not arrive here within " +
-                         std::to_string(fill_wait_ms_) + " ms");
-    }
-    if (e->revoked) {
-      return Aborted("registration " + std::to_string(req.epoch) + " of " +
-                     name + " was revoked");
-    }
+    TH_RETURN_IF_ERROR(WaitForChunks(lock, *e, req, name));
   }
+  return LeaseOf(e, layout, req);
+}
+
+// Partial-prefix serving: waits (bounded) until every chunk the range
+// touches has been received and verified here, or, for a range inside one
+// chunk, until the chunk's bytes up to the range's end have landed
+// (cut-through: the reader of this range verifies the whole chunk itself,
+// against the manifest, whoever served its pieces).
+Status Registry::WaitForChunks(MutexLock& lock, Entry& e,
+                               const wire::ReadRequest& req,
+                               const std::string& name) {
+  const Manifest& m = *e.holding.manifest;
+  const uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
+  const uint64_t last =
+      m.chunk_base(req.part) + (req.span_end() - 1) / m.chunk_bytes();
+  const uint64_t need_landed =
+      req.span_end() - (req.offset / m.chunk_bytes()) * m.chunk_bytes();
+  auto ready = [&]() TH_REQUIRES(mu_) {
+    if (e.revoked || !e.holding.filling) return true;
+    if (first == last && e.landed[first] >= need_landed) return true;
+    for (uint64_t c = first; c <= last; ++c) {
+      if (!e.have[c]) return false;
+    }
+    return true;
+  };
+  if (!chunk_arrived_.wait_for(
+          lock.native(), std::chrono::milliseconds(fill_wait_ms_), ready)) {
+    return Unavailable("chunks " + std::to_string(first) + ".." +
+                       std::to_string(last) + " of " + name +
+                       " did not arrive here within " +
+                       std::to_string(fill_wait_ms_) + " ms");
+  }
+  if (e.revoked) {
+    return Aborted("registration " + std::to_string(req.epoch) + " of " + name +
+                   " was revoked");
+  }
+  return Status::Ok();
+}
+
+// The lease of an admitted read: where its bytes are, and the pin whose
+// deleter ends the read.
+transport::ServeLease Registry::LeaseOf(const std::shared_ptr<Entry>& e,
+                                        const PartLayout& layout,
+                                        const wire::ReadRequest& req) {
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
   lease.registration = e->registration.get();

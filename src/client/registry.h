@@ -27,12 +27,6 @@
 
 namespace tensorhub::client {
 
-// The part number a read names to get a version's whole manifest from a
-// holder (as the hub encodes it, wire::EncodeManifest), instead of bytes
-// of a part: a reader the hub sent only the manifest's SHA-256 takes it
-// from a source (docs/design.md, "The manifest from a source").
-inline constexpr uint32_t kManifestPart = 0xFFFFFFFEu;
-
 struct Holding {
   std::string model;
   Version version;
@@ -56,7 +50,8 @@ struct Holding {
   // chunk not there yet waits for it (bounded by fill_wait_ms). Requires
   // `manifest`.
   bool filling = false;
-  // A holder of slices: parts = {kSliceHolderPart: its own layout}, neither
+  // A holder of slices: parts = {wire::kSliceHolderPart: its own
+  // layout}, neither
   // rank nor manifest; reported with AddSliceHolder.
   bool slices = false;
 };
@@ -140,7 +135,7 @@ class Registry final : public transport::ReadSource {
     // per publish (transport.h). Destroyed once the registration is revoked
     // and drained (guarded by Registry::mu_), before Drain() returns.
     std::unique_ptr<transport::Registration> registration;
-    // The manifest as a source serves it (kManifestPart), encoded on the
+    // The manifest as a source serves it (wire::kManifestPart), encoded on the
     // first read of it (outside the lock).
     std::shared_ptr<const std::string> manifest_bytes;  // Registry::mu_
   };
@@ -149,13 +144,20 @@ class Registry final : public transport::ReadSource {
   // hold a part only). Reads only what Register() fixed: no lock needed.
   static Result<std::shared_ptr<const std::string>> EncodeManifestOf(
       const Holding& h, const std::string& name);
-  // A read of kManifestPart once `e.manifest_bytes` is set.
+  // A read of wire::kManifestPart once `e.manifest_bytes` is set.
   Result<transport::ServeLease> ServeManifest(Entry& e,
                                               const wire::ReadRequest& req,
                                               const std::string& name)
       TH_REQUIRES(mu_);
   Entry* FindLocked(const std::string& model, Version version, uint64_t epoch)
       TH_REQUIRES(mu_);
+  // Admit's steps: a filling registration's wait for the chunks a read
+  // touches, and the lease of an admitted read.
+  Status WaitForChunks(MutexLock& lock, Entry& e, const wire::ReadRequest& req,
+                       const std::string& name) TH_REQUIRES(mu_);
+  transport::ServeLease LeaseOf(const std::shared_ptr<Entry>& e,
+                                const PartLayout& layout,
+                                const wire::ReadRequest& req) TH_REQUIRES(mu_);
   using Key = std::pair<std::string, Version>;
 
   const int64_t fill_wait_ms_;

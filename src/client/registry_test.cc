@@ -625,7 +625,7 @@ TEST(RegistryTest, AReadOfACancelledReservationIsRefused) {
   reader.join();
 }
 
-// kManifestPart: a trainer that published the whole version alone, and a
+// wire::kManifestPart: a trainer that published the whole version alone, and a
 // reader that fetched one, serve the manifest as the hub encodes it; a
 // trainer rank of a group (its part only) refuses; a read past its end is
 // refused. The bytes outlive an unpublish of the memory (they are the
@@ -637,16 +637,16 @@ TEST(RegistryTest, ServesTheWholeManifestAsTheHubEncodesIt) {
   const std::string expect = wire::EncodeManifest(whole);
   Result<uint64_t> trainer = reg.Add(MakeHolding("m", 1, p));
   ASSERT_TRUE(trainer.ok());
-  Result<transport::ServeLease> lease =
-      reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 0, expect.size()));
+  Result<transport::ServeLease> lease = reg.BeginRead(
+      Req("m", 1, *trainer, wire::kManifestPart, 0, expect.size()));
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   const std::vector<uint8_t> got = Gather(*lease);
   EXPECT_EQ(std::string(got.begin(), got.end()), expect);
-  EXPECT_EQ(
-      reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 1, expect.size()))
-          .status()
-          .code(),
-      StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.BeginRead(
+                   Req("m", 1, *trainer, wire::kManifestPart, 1, expect.size()))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
   // Served bytes are not the published memory: an unpublish drains at once.
   ASSERT_TRUE(reg.Revoke("m", Version(1)).ok());
   EXPECT_TRUE(reg.Drain("m", Version(1), *trainer, Deadline::AfterMs(0)).ok());
@@ -658,7 +658,8 @@ TEST(RegistryTest, ServesTheWholeManifestAsTheHubEncodesIt) {
   reader.manifest = whole;
   Result<uint64_t> e2 = reg.Add(std::move(reader));
   ASSERT_TRUE(e2.ok());
-  lease = reg.BeginRead(Req("m", 2, *e2, kManifestPart, 0, expect.size()));
+  lease =
+      reg.BeginRead(Req("m", 2, *e2, wire::kManifestPart, 0, expect.size()));
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
   const std::vector<uint8_t> got2 = Gather(*lease);
   EXPECT_EQ(std::string(got2.begin(), got2.end()), expect);
@@ -668,9 +669,10 @@ TEST(RegistryTest, ServesTheWholeManifestAsTheHubEncodesIt) {
   rank0.group_size = 2;
   Result<uint64_t> e3 = reg.Add(std::move(rank0));
   ASSERT_TRUE(e3.ok());
-  EXPECT_EQ(
-      reg.BeginRead(Req("m", 3, *e3, kManifestPart, 0, 1)).status().code(),
-      StatusCode::kNotFound);
+  EXPECT_EQ(reg.BeginRead(Req("m", 3, *e3, wire::kManifestPart, 0, 1))
+                .status()
+                .code(),
+            StatusCode::kNotFound);
 }
 
 // The manifest is encoded outside the registry's lock: while a manifest
@@ -692,7 +694,7 @@ TEST(RegistryTest, EncodesTheManifestOutsideTheLock) {
     released.wait_for(std::chrono::seconds(60));
   });
   auto manifest_read = std::async(std::launch::async, [&] {
-    return reg.BeginRead(Req("m", 1, *trainer, kManifestPart, 0, 1))
+    return reg.BeginRead(Req("m", 1, *trainer, wire::kManifestPart, 0, 1))
         .status()
         .code();
   });

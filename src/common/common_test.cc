@@ -619,6 +619,36 @@ TEST(ManifestTest, DigestFollowsEquality) {
   EXPECT_NE(a.Digest(), Manifest(2, 2 * kMinChunkBytes, a.parts()).Digest());
 }
 
+// A known answer: hubs and workers of different builds name manifests by
+// this digest (AddHolder by digest, the HA set's etcd facts), so its
+// encoding must not change. The value was computed outside this code base:
+// the fields below written as the encoding says (u64 little-endian,
+// strings and lists length-prefixed; a non-default checksum kind as
+// kind | 1 << 63 after the chunk checksums) and hashed with libxxhash's
+// XXH3_64bits from Python (ctypes), 475 bytes.
+TEST(ManifestTest, DigestKnownAnswer) {
+  TensorLayout a(TensorSpec{"a", DType::kBF16, {2, 4}}, 0, 16);
+  a.global_shape = {4, 4};
+  a.box_offset = {2, 0};
+  a.seg = SegmentShape{1, 4};
+  a.seg_xxh3 = {0x1111, 0x2222};
+  PartLayout p0;
+  p0.rank = 0;
+  p0.tensors = {a, TensorLayout(TensorSpec{"b", DType::kF32, {3}}, 16, 12)};
+  p0.part_bytes = 28;
+  p0.chunk_xxh3 = {0x0123456789abcdef};
+  p0.chunk_checksum = ChunkChecksum::kXxh3Tree;
+  p0.metadata = {{"format", "pt"}};
+  PartLayout p1;
+  p1.rank = 1;
+  p1.tensors = {TensorLayout(TensorSpec{"c", DType::kU8, {5}}, 0, 5)};
+  p1.part_bytes = 5;
+  p1.chunk_xxh3 = {42};
+  p1.chunk_checksum = ChunkChecksum::kXxh3;
+  EXPECT_EQ(Manifest(2, 4096, {p0, p1}).Digest().value,
+            uint64_t{0xf84d34aec9ff0ea0});
+}
+
 // Rebuilds `m` after `edit` changes its parts (and maybe its header).
 struct Edit {
   uint32_t group_size;

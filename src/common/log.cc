@@ -25,6 +25,7 @@ LogLevel LevelFromEnv() {
 }
 
 std::atomic<int> g_level{static_cast<int>(LevelFromEnv())};
+std::atomic<LogSink> g_sink{nullptr};
 Mutex g_prefix_mu;
 std::string g_prefix TH_GUARDED_BY(g_prefix_mu);
 
@@ -36,14 +37,22 @@ bool LogEnabled(LogLevel level) {
 
 void SetLogLevel(LogLevel level) { g_level = static_cast<int>(level); }
 
+LogLevel GetLogLevel() {
+  return static_cast<LogLevel>(g_level.load(std::memory_order_relaxed));
+}
+
+void SetLogSink(LogSink sink) { g_sink.store(sink); }
+
 void SetLogPrefix(const char* prefix) {
   MutexLock lock(g_prefix_mu);
   g_prefix = prefix;
 }
 
-LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
+LogLine::LogLine(LogLevel level, const char* file, int line)
+    : level_(level), file_(file), line_(line) {
   static const char kLetters[] = "DIWE";
   const char* base = std::strrchr(file, '/');
+  if (base != nullptr) file_ = base + 1;
   auto now = std::chrono::system_clock::now().time_since_epoch();
   long long ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
@@ -57,11 +66,17 @@ LogLine::LogLine(LogLevel level, const char* file, int line) : level_(level) {
                 (ms / 3600000) % 24, (ms / 60000) % 60, (ms / 1000) % 60,
                 ms % 1000);
   out_ << kLetters[static_cast<int>(level_)] << stamp << ' ' << getpid()
-       << (prefix.empty() ? "" : " ") << prefix << ' '
-       << (base ? base + 1 : file) << ':' << line << "] ";
+       << (prefix.empty() ? "" : " ") << prefix << ' ' << file_ << ':' << line
+       << "] ";
+  prefix_bytes_ = static_cast<size_t>(out_.tellp());
 }
 
 LogLine::~LogLine() {
+  if (LogSink sink = g_sink.load(); sink != nullptr) {
+    std::string s = out_.str();
+    sink(level_, file_, line_, std::string_view(s).substr(prefix_bytes_));
+    return;
+  }
   out_ << '\n';
   std::string s = out_.str();
   // One write per line keeps lines from different threads apart.

@@ -1,6 +1,8 @@
 // Minimal leveled logging to stderr, safe from any thread.
 //   TH_LOG(INFO) << "hub listening on " << addr;
 // The level comes from TENSORHUB_LOG (debug|info|warn|error), default info.
+// A sink (SetLogSink, tensorhub/log_level.h) takes the lines instead of
+// stderr: the Python package routes them into its `logging`.
 #ifndef TENSORHUB_COMMON_LOG_H_
 #define TENSORHUB_COMMON_LOG_H_
 
@@ -21,6 +23,9 @@ class LogLine {
 
  private:
   LogLevel level_;
+  const char* file_;  // base name
+  int line_;
+  size_t prefix_bytes_ = 0;  // of out_: the stderr prefix, not for a sink
   std::ostringstream out_;
 };
 

@@ -11,6 +11,8 @@
 //   fetcher.chunk_done     a fetch stream, right after a chunk was verified
 //                          and counted, no lock held; arg = chunks done so
 //                          far in this fetch (1, 2, ...)
+//   fetcher.slice_done     the same in a fetch of slices, after a read of
+//                          the slice plan (an item); arg = reads done so far
 //   fetch.hub_unavailable  a fetch got a retryable UNAVAILABLE from the hub
 //                          (e.g. "rebuilding" after a hub restart) and will
 //                          ask again; arg = attempts so far

@@ -104,6 +104,32 @@ TEST_F(HubReshardTest, ShardsThatTileCommit) {
             (Box{{4, 0}, {3, 8}}));
 }
 
+// A reader of a version of pieces receives logical tensors, not the parts'
+// chunks: BeginFetch does not register it as a filling holder (nothing to
+// withdraw when the fetch ends), and no other reader is sent to it.
+TEST_F(HubReshardTest, AReaderOfPiecesIsNeverAFillingHolder) {
+  const WorkerId a = Register("a"), b = Register("b"), r = Register("r");
+  ASSERT_TRUE(Pub(a, 0, 2, Rows(0, 10, 0, 5)).ok());
+  ASSERT_EQ(*Pub(b, 1, 2, Rows(1, 10, 5, 10)), VersionState::kCommitted);
+  BeginFetchArgs args;
+  args.reader = r;
+  args.model = "m";
+  args.version = Version(1);
+  args.fill_epoch = 7;
+  Result<FetchStart> start = hub_.BeginFetch(args, 0);
+  ASSERT_TRUE(start.ok()) << start.status().ToString();
+  EXPECT_EQ(start->filling.code(), StatusCode::kFailedPrecondition)
+      << start->filling.ToString();
+  EXPECT_EQ(start->sources.size(), 2u);  // both ranks, to read from
+  const HubSnapshot snap = hub_.Snapshot({}, 0);
+  ASSERT_EQ(snap.models.size(), 1u);
+  EXPECT_EQ(snap.models[0].versions[0].holders_filling, 0u);
+  Result<std::vector<HolderView>> other =
+      hub_.Schedule(Register("q"), "m", Version(1), {}, 4);
+  ASSERT_TRUE(other.ok());
+  for (const HolderView& h : *other) EXPECT_NE(h.worker, r);
+}
+
 TEST_F(HubReshardTest, AGapIsRefusedAtCommitAndChangesNothing) {
   const WorkerId a = Register("a"), b = Register("b");
   EXPECT_EQ(*Pub(a, 0, 2, Rows(0, 10, 0, 4)), VersionState::kPending);

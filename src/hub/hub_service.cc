@@ -20,11 +20,11 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/test_point.h"
-#include "ha/etcd_coordinator.h"
 #include "hub/coordinator.h"
 #include "hub/hub_metrics.h"
 #include "hub/hub_service_internal.h"
 #include "hub/hub_state.h"
+#include "hub/start_hub.h"
 #include "metrics/metrics.h"
 #include "tensorhub.grpc.pb.h"
 #include "tls/tls.h"
@@ -1244,7 +1244,10 @@ std::string FormatRatio(double ratio) {
 
 }  // namespace
 
-Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
+namespace hub {
+
+Result<std::unique_ptr<Hub>> StartHub(
+    const HubOptions& options, const CoordinatorFactory& make_coordinator) {
   HubConfig config;
   config.lease_ms = options.lease_ms;
   config.heartbeat_budget_per_s = options.heartbeat_budget_per_s;
@@ -1275,33 +1278,13 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
   const bool tls = !options.tls_cert_file.empty();
   const bool client_certs = !options.tls_client_ca_file.empty();
   TH_RETURN_IF_ERROR(CheckExposure(options, tls, client_certs));
-  const bool ha = !options.etcd_endpoints.empty();
+  // A hub of an HA set: its coordinator is made once the options are
+  // checked and before anything listens.
   std::unique_ptr<Coordinator> coord;
-  if (ha) {
-    // The advertised address is checked before anything binds; the bound
-    // port is filled in below when the listen address asks for port 0.
-    ha::EtcdCoordinatorOptions eo;
-    eo.endpoints = options.etcd_endpoints;
-    eo.prefix = options.etcd_prefix;
-    eo.advertise = options.advertise_address.empty()
-                       ? options.listen_address
-                       : options.advertise_address;
-    eo.lease_ms = options.etcd_lease_ms;
-    eo.secret = options.secret;
-    const std::string host = eo.advertise.substr(0, eo.advertise.rfind(':'));
-    if (options.advertise_address.empty() &&
-        (host == "0.0.0.0" || host == "[::]" || host.empty())) {
-      return InvalidArgument(
-          "a hub of an HA set listening on " + options.listen_address +
-          " needs the address clients reach it at (--advertise HOST:PORT)");
-    }
-    if (eo.advertise.substr(eo.advertise.rfind(':') + 1) == "0") {
-      return InvalidArgument(
-          "a hub of an HA set needs a fixed port to advertise (got " +
-          eo.advertise + ")");
-    }
-    TH_ASSIGN_OR_RETURN(coord, ha::MakeEtcdCoordinator(eo));
+  if (make_coordinator) {
+    TH_ASSIGN_OR_RETURN(coord, make_coordinator());
   }
+  const bool ha = coord != nullptr;
   auto service = std::make_unique<HubServiceImpl>(
       config, options.secret, rebuild_ms, NowMs(), coord.get());
   std::shared_ptr<metrics::FunctionCollector> collector;
@@ -1394,5 +1377,7 @@ Result<std::unique_ptr<Hub>> Hub::Start(const HubOptions& options) {
       std::move(coord), std::move(service), std::move(server), address,
       std::move(collector), std::move(metrics_server)));
 }
+
+}  // namespace hub
 
 }  // namespace tensorhub

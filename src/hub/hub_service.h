@@ -1,7 +1,9 @@
 // The hub process: the state machine (hub_state.h) behind a thin gRPC
 // adapter, plus a thread that expires leases. The adapter converts messages,
 // checks the shared secret, takes the one lock, and calls the state machine.
-// The public face is tensorhub::Hub (include/tensorhub/hub.h).
+// The public face is tensorhub::Hub (include/tensorhub/hub.h); its Start
+// (src/ha/hub_start.cc) picks the coordinator and calls StartHub
+// (start_hub.h).
 #ifndef TENSORHUB_HUB_HUB_SERVICE_H_
 #define TENSORHUB_HUB_HUB_SERVICE_H_
 

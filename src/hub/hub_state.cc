@@ -379,6 +379,10 @@ void HubState::TryCommit(VersionEntry& v) {
 
 void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
   v.manifest_digest = manifest.Digest();
+  v.has_pieces = false;
+  for (const PartLayout& p : manifest.parts()) {
+    for (const TensorLayout& t : p.tensors) v.has_pieces |= t.sharded();
+  }
   v.manifest = std::move(manifest);
 }
 
@@ -493,6 +497,13 @@ Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
 Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
                               const std::string& model, Version version,
                               VersionEntry& v, uint64_t epoch, bool filling) {
+  if (filling && v.has_pieces) {
+    // A reader of a version of pieces receives logical tensors, not the
+    // parts' bytes: it can serve no chunk, so it is never a source.
+    return FailedPrecondition(VersionName(model, version) +
+                              " is published as pieces: a whole fetch of it "
+                              "reads slices and does not serve them");
+  }
   auto rit = v.refs.find(worker);
   if (rit != v.refs.end() && rit->second.rank.has_value() && filling) {
     return FailedPrecondition("worker " + worker.value() + " holds rank " +

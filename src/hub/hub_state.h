@@ -345,7 +345,9 @@ class HubState {
   Result<VersionState> Publish(const PublishArgs& args, int64_t now_ms);
   // A worker holds a committed version: all of it, or (filling) it is
   // receiving it now and serves the chunks it has verified. A full report
-  // ends the worker's fetch: its assigned sources are released.
+  // ends the worker's fetch: its assigned sources are released. A filling
+  // report of a version published as pieces is FAILED_PRECONDITION: its
+  // readers receive logical tensors, not the parts' chunks.
   // O(manifest): the manifest is validated and compared (skipped when it
   // equals the committed one). A report to a hub that does not know the
   // version (it restarted) re-creates it from this manifest.
@@ -672,7 +674,10 @@ class HubState {
     std::vector<std::optional<PartLayout>> parts;  // while pending
     std::optional<Manifest> manifest;              // once committed
     ManifestDigest manifest_digest;                // of *manifest
-    std::map<WorkerId, Reference> refs;            // each one filed in index
+    // Some tensor of *manifest is a piece of a logical tensor: a reader
+    // fetching it is never a filling holder (AttachHolder).
+    bool has_pieces = false;
+    std::map<WorkerId, Reference> refs;  // each one filed in index
     HolderIndex index;
     uint64_t resolve_count = 0;  // rotates equally near holders
     uint64_t next_join = 1;

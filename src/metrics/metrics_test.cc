@@ -6,7 +6,12 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -197,15 +202,38 @@ TEST(MetricsServer, StopRightAfterStartReturns) {
   }
 }
 
+// Threads of this process now (/proc/self/task).
+size_t ProcessThreads() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
 // More clients at once than threads plus queue: every one is answered (the
 // listener serves what does not fit), and no more threads exist than the
-// options allow (the pool's, the listener's).
+// options allow (the pool's, the listener's): every scrape runs on one of
+// those two threads, and while the clients wait no other thread appears.
 TEST(MetricsServer, ManyClientsAtOnceAreAllServed) {
   auto registry = OneCounter(7);
+  // Runs inside every scrape, on the thread that serves it.
+  std::mutex mu;
+  std::set<pid_t> serving_threads;
+  size_t most_threads = 0;
+  auto probe = std::make_shared<FunctionCollector>([&] {
+    const size_t now = ProcessThreads();
+    std::lock_guard<std::mutex> lock(mu);
+    serving_threads.insert(::gettid());
+    most_threads = std::max(most_threads, now);
+    return std::vector<prometheus::MetricFamily>{};
+  });
   MetricsServer::Options o;
   o.threads = 1;
   o.max_queued = 1;
-  auto server = MetricsServer::Start("127.0.0.1:0", {registry}, o);
+  const size_t before = ProcessThreads();
+  auto server = MetricsServer::Start("127.0.0.1:0", {registry, probe}, o);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   constexpr int kClients = 8;
   constexpr int kScrapes = 5;
@@ -226,6 +254,11 @@ TEST(MetricsServer, ManyClientsAtOnceAreAllServed) {
   for (std::thread& t : clients) t.join();
   for (int i = 0; i < kClients; ++i) EXPECT_EQ(ok[i], kScrapes) << i;
   EXPECT_EQ((*server)->scrapes(), uint64_t{kClients * kScrapes});
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_LE(serving_threads.size(), size_t(o.threads) + 1)
+      << "scrapes ran on more threads than the pool's and the listener's";
+  EXPECT_LE(most_threads, before + kClients + o.threads + 1)
+      << "threads beyond the clients, the pool and the listener";
 }
 
 }  // namespace

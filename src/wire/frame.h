@@ -48,6 +48,18 @@ inline constexpr size_t kMaxModelNameBytes = 256;
 inline constexpr size_t kMaxMessageBytes = 1024;
 inline constexpr uint64_t kMaxReadBytes = 1ull << 30;
 
+// Reserved part numbers (docs/wire.md, "Reserved part numbers"). A
+// ReadRequest's `part` is a trainer rank's part (below 4096, the largest
+// group a manifest may have) or one of these:
+//   kManifestPart     the version's whole manifest, encoded as the hub
+//                     encodes it (EncodeManifest, offsets into it), from a
+//                     holder of the whole version: what a reader the hub
+//                     named the manifest to by its SHA-256 reads and checks.
+//   kSliceHolderPart  a holder of slices' own layout (the boxes it
+//                     registered with the hub, packed); offsets are in it.
+inline constexpr uint32_t kManifestPart = 0xFFFFFFFEu;
+inline constexpr uint32_t kSliceHolderPart = 0xFFFFFFFFu;
+
 // Intra-host reads by cross-memory attach.
 inline constexpr uint16_t kRequestFlagLocal = 0x0001;
 inline constexpr uint8_t kResponseFlagLocal = 0x01;

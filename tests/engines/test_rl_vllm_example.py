@@ -4,9 +4,13 @@ Runs the example as a user would (its own process, its own hub and engines)
 for 8 steps and checks what it promises: exit code 0; every rollout generated
 by the version expected and every engine's greedy probes equal to
 transformers' on the trainer's weights (the example checks these and lists
-failures); every update after the first staged while generating, then applied
-without a fetch in the pause; stage, pause and apply reported for every
-update, with the limits they are compared with. The reward must rise: the run
+failures); every update after the first staged (its fetch started in the
+background), then applied without a fetch in the pause; stage, pause and
+apply reported for every update, with the limits they are compared with.
+How much of each stage overlapped generation (engine steps and tokens while
+it ran) is reported, not required: whether the next batch is still being
+generated when the trainer's step ends depends on the machine's speed (a CI
+run saw 3 of 7 stages overlap no step). The reward must rise: the run
 is seeded (model, prompts, vLLM's per-request sampling seeds), and the
 default learning rate takes the reward from about 0.01 to above 0.8 by step 8
 here; the check asks for +0.2. No assertion on speed.
@@ -47,6 +51,7 @@ def test_rl_vllm_example_short_run(tmp_path):
     # One step off policy: batch s comes from version s-1 (batch 1 from v1).
     assert [s["gen_version"] for s in steps] == [1] + list(range(1, STEPS))
     assert "sync" not in steps[0]
+    overlapped = 0
     for s in steps[1:]:
         sync = s["sync"]
         assert sync["version"] == s["step"]
@@ -55,7 +60,11 @@ def test_rl_vllm_example_short_run(tmp_path):
         for e in sync["per_engine"]:
             assert e["staged"] and e["fetch_seconds"] == 0.0, e  # no fetch in the pause
             assert e["stage_started_at"] <= e["stage_finished_at"]
-            assert e["inflight_at_stage"] is not None and e["steps_during_stage"] >= 0
+            # Measured and reported (the table's "(steps,tok)"), not required.
+            assert isinstance(e["inflight_at_stage"], int) and isinstance(e["steps_during_stage"], int), e
+        assert f"({sync['steps_during_stage']},{sync['tokens_during_stage']})" in p.stdout
+        overlapped += sync["steps_during_stage"] > 0
+    print(f"stages that overlapped generation: {overlapped} of {len(steps) - 1}")
     for s in steps[:-1]:
         assert s["logprob_diff"] <= 1e-3
 

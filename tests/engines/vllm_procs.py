@@ -21,7 +21,7 @@ MODEL_CONFIG = dict(
     num_attention_heads=2,
     num_key_value_heads=1,
     max_position_embeddings=256,
-    tie_word_embeddings=False,
+    tie_word_embeddings=True,  # published once, the alias in the metadata
     initializer_range=0.2,
     torch_dtype="float32",
 )
@@ -86,9 +86,34 @@ class PipeClient:
             e.call("finish_weight_update", weight_version)
 
 
-def engine_main(conn: Any, model_dir: str) -> None:
-    """Hosts one vLLM engine (in-process mode) and serves calls until "stop"."""
+def hub_main(conn: Any, netns: str, listen_ip: str, secret_file: str) -> None:
+    """A hub on test-bed host ``netns`` (its address ``listen_ip``), with the
+    secret in ``secret_file``; serves until "stop"."""
     try:
+        from testbed_util import enter_host
+
+        enter_host(netns)
+        import tensorhub
+
+        with open(secret_file) as f:
+            secret = f.read().strip()
+        hub = tensorhub.serve_hub(listen=f"{listen_ip}:0", secret=secret)
+    except BaseException:
+        conn.send(("err", traceback.format_exc()))
+        return
+    conn.send(("ok", hub.address))
+    conn.poll(1200)
+    hub.close()
+    conn.send(("ok", None))
+
+
+def engine_main(conn: Any, model_dir: str, netns: str = "") -> None:
+    """Hosts one vLLM engine (in-process mode) on test-bed host ``netns``
+    (none: this one) and serves calls until "stop"."""
+    try:
+        from testbed_util import enter_host
+
+        enter_host(netns)
         from vllm import LLM, SamplingParams
 
         import tensorhub.vllm
@@ -163,15 +188,21 @@ def _reference(model: Any) -> List[List[int]]:
     return out
 
 
-def trainer_main(conns: List[Any], hub: str, model_dir: str, updates: int, result: Any) -> None:
-    """The trainer: K updates, each checked against transformers, then failures."""
+def trainer_main(conns: List[Any], hub: str, model_dir: str, updates: int, result: Any,
+                 netns: str = "", secret_file: Optional[str] = None) -> None:
+    """The trainer (on test-bed host ``netns``): K updates, each checked
+    against transformers, then failures."""
     try:
-        result.send(("ok", _trainer(conns, hub, model_dir, updates)))
+        from testbed_util import enter_host
+
+        enter_host(netns)
+        result.send(("ok", _trainer(conns, hub, model_dir, updates, secret_file)))
     except BaseException:
         result.send(("err", traceback.format_exc()))
 
 
-def _trainer(conns: List[Any], hub: str, model_dir: str, updates: int) -> Dict[str, Any]:
+def _trainer(conns: List[Any], hub: str, model_dir: str, updates: int,
+             secret_file: Optional[str]) -> Dict[str, Any]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
@@ -190,9 +221,11 @@ def _trainer(conns: List[Any], hub: str, model_dir: str, updates: int) -> Dict[s
     ]
     client = PipeClient(engines)
     trainer = WeightTransferTrainerFactory.trainer_init(
-        TensorHubTrainerInitInfo(hub=hub, model="policy", timeout_s=60.0, rank=0), client=client
+        TensorHubTrainerInitInfo(hub=hub, model="policy", timeout_s=60.0, rank=0,
+                                 secret_file=secret_file), client=client
     )
-    out: Dict[str, Any] = {"versions": [], "trainer_worker": trainer.hub_client.worker_id}
+    out: Dict[str, Any] = {"versions": [], "trainer_worker": trainer.hub_client.worker_id,
+                           "trainer_address": trainer.hub_client.data_address}
     before = [e.call("generate") for e in engines]  # dummy weights
     for step in range(1, updates + 1):
         trainer.release()  # drains reads before the weights change in place

@@ -36,8 +36,8 @@ WORKER = HUB + ["--name", "--datacenter", "--rack", "--host-label", "--spot", "-
 CLI_COMMANDS = {
     ("serve",): ["--listen", "--lease-ms", "--oversubscribed-racks", "--keep-latest", "--rebuild-ms",
                  "--secret-file", "--metrics-listen"],
-    ("ls",): HUB + ["--timeout-ms"],
-    ("show",): HUB + ["--timeout-ms"],
+    ("ls",): HUB + ["--timeout-ms", "--json"],
+    ("show",): HUB + ["--timeout-ms", "--json"],
     ("top",): HUB + ["--interval", "--once", "--timeout-ms", "--width", "--transfers", "--versions"],
     ("publish",): WORKER + ["--model", "--version", "--rank", "--group-size", "--chunk-bytes", "--timeout-ms"],
     ("fetch",): WORKER + ["--output", "--hold", "--stats-json", "--connections", "--group", "--step",
@@ -45,6 +45,8 @@ CLI_COMMANDS = {
     ("retain",): HUB + ["--timeout-ms"],
     ("unretain",): HUB + ["--timeout-ms"],
     ("keeper",): WORKER + ["--memory-limit", "--leave-timeout-ms"],
+    ("node",): WORKER + ["--socket", "--max-sessions", "--replace-wait-ms", "--memory-limit", "--connections",
+                         "--leave-timeout-ms"],
     ("demo",): ["--rollouts", "--rounds", "--scale"],
     ("bench", "pair"): ["--bytes", "--chunk-bytes", "--repeat", "--connections"],
     ("bench", "local"): ["--bytes", "--chunk-bytes", "--repeat", "--connections"],
@@ -122,7 +124,7 @@ def test_top_level_help_lists_every_command():
     for args in (["--help"], ["-h"], ["help"]):
         r = run(BIN, *args)
         assert r.returncode == 0, r.stderr
-        for c in ["serve", "ls", "show", "top", "publish", "fetch", "retain", "unretain", "keeper", "demo", "bench"]:
+        for c in ["serve", "ls", "show", "top", "publish", "fetch", "retain", "unretain", "keeper", "node", "demo", "bench"]:
             assert re.search(rf"^  {c}\s", r.stdout, re.M), (c, r.stdout)
         assert "bench pair" in r.stdout and "bench local" in r.stdout, r.stdout
     r = run(BIN, "bench", "--help")

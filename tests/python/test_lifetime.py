@@ -37,12 +37,20 @@ def test_torch_tensor_survives_del(connect, model_name):
     pub, sub = connect(), connect()
     t = torch.arange(1 << 16, dtype=torch.int64)
     expected = t.clone()
+    ref = weakref.ref(t)
     pub.publish(model_name, 1, {"t": t})
     del t
     gc.collect()
+    assert ref() is not None, "the client must keep the published tensor alive"
+    # Churn the allocator so freed memory would be reused and overwritten.
+    junk = [torch.full((1 << 16,), 9, dtype=torch.int64) for _ in range(8)]
     out = torch.zeros(1 << 16, dtype=torch.int64)
     sub.fetch(model_name, into={"t": out})
     assert torch.equal(out, expected)
+    del junk
+    pub.unpublish(model_name, 1)
+    gc.collect()
+    assert ref() is None, "unpublish must drop the reference"
 
 
 def test_failed_publish_holds_nothing(connect, model_name):

@@ -9,37 +9,47 @@ import numpy as np
 import pytest
 
 import tensorhub
+import tensorhub._log
 
 
-def test_oversubscribed_racks_reaches_the_hub(capfd):
+def hub_lines(caplog):
+    """The C++ hub's "listening" lines, as records of Python's logging."""
+    tensorhub._log.flush()
+    return [r.getMessage() for r in caplog.records
+            if r.name == "tensorhub.native" and "hub listening on" in r.getMessage()]
+
+
+def test_oversubscribed_racks_reaches_the_hub(caplog):
     # The hub logs its scheduling policy when it starts (at info level).
     tensorhub.set_log_level("info")
     try:
-        with tensorhub.serve_hub(oversubscribed_racks=True, rebuild_ms=0) as hub:
-            pass
-        with tensorhub.serve_hub(rebuild_ms=0) as hub2:
-            pass
+        with caplog.at_level("INFO", logger="tensorhub"):
+            with tensorhub.serve_hub(oversubscribed_racks=True, rebuild_ms=0) as hub:
+                pass
+            with tensorhub.serve_hub(rebuild_ms=0) as hub2:
+                pass
+            lines = hub_lines(caplog)
     finally:
         tensorhub.set_log_level("warn")
-    err = capfd.readouterr().err
+    err = "\n".join(lines)
     assert f"hub listening on {hub.address}" in err
-    lines = [line for line in err.splitlines() if "hub listening on" in line]
     assert len(lines) == 2, err
     assert "racks oversubscribed: sources nearest first" in lines[0], lines[0]
     assert "sources idle first within a datacenter" in lines[1], lines[1]
     assert hub2.address in lines[1]
 
 
-def test_heartbeat_budget_reaches_the_hub(capfd):
+def test_heartbeat_budget_reaches_the_hub(caplog):
     tensorhub.set_log_level("info")
     try:
-        with tensorhub.serve_hub(heartbeat_budget=7, max_lease_ms=9000, rebuild_ms=0) as hub:
-            pass
-        with tensorhub.serve_hub(heartbeat_budget=0, rebuild_ms=0) as hub2:
-            pass
+        with caplog.at_level("INFO", logger="tensorhub"):
+            with tensorhub.serve_hub(heartbeat_budget=7, max_lease_ms=9000, rebuild_ms=0) as hub:
+                pass
+            with tensorhub.serve_hub(heartbeat_budget=0, rebuild_ms=0) as hub2:
+                pass
+            lines = hub_lines(caplog)
     finally:
         tensorhub.set_log_level("warn")
-    lines = [line for line in capfd.readouterr().err.splitlines() if "hub listening on" in line]
     assert len(lines) == 2, lines
     assert hub.address in lines[0]
     assert "longer up to 9000 ms to keep heartbeats under 7/s" in lines[0], lines[0]

@@ -124,3 +124,76 @@ def test_importing_tensorhub_needs_no_engine_package():
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
+
+
+class _Engine:
+    """What tensorhub.sglang.update needs of an in-process sglang.Engine;
+    update_weights_from_tensor dispatches to the loader as SGLang's model
+    runner does, and refuses to run outside a weight-update session, as
+    SGLang 0.5.23's scheduler does."""
+
+    def __init__(self, model):
+        self.model, self.calls, self.session = model, [], False
+
+    def begin_weight_update(self):
+        self.calls.append("begin")
+        self.session = True
+
+    def end_weight_update(self):
+        self.calls.append("end")
+        self.session = False
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        self.calls.append("update")
+        if not self.session:
+            return False, "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+        _sglang_call(self.model, named_tensors, load_format)
+        return True, "Success"
+
+
+def test_update_opens_sglangs_weight_update_session(hub, model_name):
+    import tensorhub.sglang as ths
+
+    trainer = tensorhub.connect(hub.address, worker_id="trainer")
+    engine = _Engine(StandInModel())
+    try:
+        src = HFModel(seed=5)
+        publish_module(trainer, model_name, 1, src)
+        assert ths.update(engine, model_name, 1, hub=hub.address) == (True, "Success")
+        assert engine.calls == ["begin", "update", "end"]
+        assert torch.equal(engine.model.embed, src.embed)
+        # A failed load still closes the session.
+        engine.calls.clear()
+        with pytest.raises(tensorhub.NotFoundError):
+            ths.update(engine, model_name, 9, hub=hub.address, timeout_s=5)
+        assert engine.calls == ["begin", "update", "end"] and not engine.session
+    finally:
+        ths.close()
+        trainer.close()
+
+
+def test_http_payload_carries_the_request_by_value():
+    import base64
+    import io
+    import pickle
+
+    import tensorhub.sglang as ths
+
+    named = ths.request("m", 3, hub="10.0.0.1:7070", data_listen="10.0.0.2:0")
+
+    class Restricted(pickle.Unpickler):
+        # What SGLang's SafeUnpickler lets through for a tensor pickled by value.
+        ALLOWED = {("torch._utils", "_rebuild_tensor_v2"), ("torch", "ByteStorage"),
+                   ("collections", "OrderedDict"), ("torch", "UntypedStorage")}
+
+        def find_class(self, module, name):
+            if (module, name) == ("torch.storage", "_load_from_bytes"):
+                return lambda b: torch.load(io.BytesIO(b), weights_only=False)
+            if (module, name) in self.ALLOWED:
+                return super().find_class(module, name)
+            raise RuntimeError(f"blocked {module}.{name}")
+
+    got = Restricted(io.BytesIO(base64.b64decode(ths.http_payload(named)))).load()
+    req = ths._parse(got)
+    assert (req["model"], req["version"], req["hub"], req["data_listen"]) == (
+        "m", 3, "10.0.0.1:7070", "10.0.0.2:0")

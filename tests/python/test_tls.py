@@ -232,6 +232,13 @@ def test_cli_publish_and_fetch_over_tls_on_both_planes(pki, tmp_path):
                             "--timeout-ms", "10000"], capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 1
         assert "uses TLS on the data plane" in r.stderr, r.stderr
+        # ls (a read-only view, no worker) over TLS; without TLS it says what to set.
+        r = subprocess.run([str(BIN), "ls", "--json", *tls[:-1]], capture_output=True, text=True, timeout=60,
+                           env=env)
+        assert r.returncode == 0 and '"model": "m"' in r.stdout, r.stderr
+        r = subprocess.run([str(BIN), "ls", "--hub", f"127.0.0.1:{port}", "--timeout-ms", "3000"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        assert r.returncode == 1 and "FAILED_PRECONDITION" in r.stderr and "--tls-ca" in r.stderr, r.stderr
     finally:
         if pub is not None:
             assert _stop(pub) == 0

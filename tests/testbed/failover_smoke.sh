@@ -95,6 +95,8 @@ round() {
 }
 round 1 "ip -n $prefix-h0 link set eth0 down"
 ip -n "$prefix-h0" link set eth0 up
-echo "unpublish 1 10000" >&3; expect_line 4 "trainer unpublish" 20 >/dev/null
+echo "unpublish 1 10000" >&3
+got=$(expect_line 4 "trainer unpublish" 20)
+[[ $got == ok* ]] || fail "the trainer's unpublish of version 1: $got"
 round 2 "tc -n $prefix-h0 qdisc replace dev eth0 root tbf rate 4mbit burst 65536 latency 20ms"
 echo "failover_smoke: OK"

@@ -109,6 +109,13 @@ publish() {
   done
   echo "${pub##* }"
 }
+# The trainer unpublishes version $1 and must say "ok" (the drain ended).
+unpublish() {
+  local got
+  send trainer "unpublish $1 10000"
+  got=$(expect trainer "unpublish $1" 20)
+  [[ $got == ok* ]] || fail "the trainer's unpublish of version $1: $got"
+}
 # Checks a "fetched MS V DIGEST RETRIES STOLEN SOURCES TRANSPORTS" reply.
 check_fetched() {  # reply, version, digest, what
   local ms v digest retries stolen sources transports
@@ -138,7 +145,7 @@ wire() {  # UCX_TLS, must: "exact" or "exact-or-unavailable", extra env
   else
     fail "UCX_TLS=$tls${3:+ $3}: h2 could not fetch from h0: $got"
   fi
-  send trainer "unpublish $version 10000"; expect trainer "unpublish" 20 >/dev/null
+  unpublish $version
   stop_worker trainer
   stop_worker reader
 }
@@ -184,11 +191,11 @@ round() {  # fault command (run between the pause and "go")
 }
 round "ip -n $prefix-h0 link set eth0 down"
 ip -n "$prefix-h0" link set eth0 up
-send trainer "unpublish $version 10000"; expect trainer "unpublish" 20 >/dev/null
+unpublish $version
 round "tc -n $prefix-h0 qdisc replace dev eth0 root tbf rate 4mbit burst 65536 latency 20ms"
 # Back to 400 Mbit/s (bench/testbed.sh's shaping: burst = 2 ms of it).
 tc -n "$prefix-h0" qdisc replace dev eth0 root tbf rate 400mbit burst 100000 latency 20ms
-send trainer "unpublish $version 10000"; expect trainer "unpublish" 20 >/dev/null
+unpublish $version
 round "kill -STOP ${pid_of[trainer]}"
 # UCX_SMOKE_RESUME=1: the stopped holder is resumed and must serve on. Over
 # tcp UCX 1.13 emulates a get with messages, and a holder that answers a

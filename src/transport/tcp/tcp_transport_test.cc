@@ -179,5 +179,22 @@ TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
   }
 }
 
+// A known answer for the data plane's challenge-response: readers and
+// holders of different builds must compute the same proof. Computed
+// independently with Python's hmac module:
+//   hmac.new(b"k3y", b"tensorhub-data-v1" + bytes(range(32)), "sha256")
+TEST(TcpAuthTest, HandshakeMacKnownAnswer) {
+  wire::Nonce nonce;
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(i);
+  const wire::Mac mac = HandshakeMac("k3y", nonce);
+  std::string hex;
+  for (uint8_t b : mac) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  EXPECT_EQ(hex,
+            "a1807a19c76b092a781c50574c5cdf541f8e6ef8bd7ed6735aae4176990f9831");
+}
+
 }  // namespace
 }  // namespace tensorhub::transport

@@ -5,8 +5,8 @@
 // refresh, a cancel, a wait) with mu_ released, then report back. The
 // calling thread delivers on_progress and on_sources, so a slow callback
 // holds up no stream. A subclass says how one read is done.
-#ifndef TENSORHUB_CLIENT_PLAN_RUN_H_
-#define TENSORHUB_CLIENT_PLAN_RUN_H_
+#ifndef TENSORHUB_CLIENT_FETCH_PLAN_RUN_H_
+#define TENSORHUB_CLIENT_FETCH_PLAN_RUN_H_
 
 #include <sys/uio.h>
 
@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "client/fetch_plan.h"
-#include "client/fetcher.h"
+#include "client/fetch/fetch_plan.h"
+#include "client/fetch/fetcher.h"
 #include "common/mutex.h"
 #include "transport/transport.h"
 
@@ -97,4 +97,4 @@ class PlanRun {
 
 }  // namespace tensorhub::client
 
-#endif  // TENSORHUB_CLIENT_PLAN_RUN_H_
+#endif  // TENSORHUB_CLIENT_FETCH_PLAN_RUN_H_

@@ -1,12 +1,12 @@
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 
 #include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "client/fetch_plan.h"
-#include "client/plan_run.h"
+#include "client/fetch/fetch_plan.h"
+#include "client/fetch/plan_run.h"
 #include "common/test_point.h"
 
 namespace tensorhub::client {

@@ -3,7 +3,7 @@
 // and the hub, so failover, stealing, refresh, the attempt bound and the
 // ways a fetch ends are checked at exact simulated times, in milliseconds of
 // real time, with no sockets and no threads. Random scenarios are seeded.
-#include "client/fetch_plan.h"
+#include "client/fetch/fetch_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "client/fetch_plan.h"
+#include "client/fetch/fetch_plan.h"
 
 #include <algorithm>
 #include <utility>
@@ -276,13 +276,7 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
       !s.source.tcp_address.empty()) {
     // Refused over its other transport on principle (a UCX holder serving
     // device memory): read it over TCP instead, without counting a retry.
-    TH_LOG(INFO) << "fetch " << label_ << ": reading " << s.source.address
-                 << " over tcp at " << s.source.tcp_address << " ("
-                 << status.ToString() << ")";
-    s.moved_from = s.source.address;
-    s.chunks_before_move = s.chunks_served;
-    s.bytes_before_move = s.bytes_served;
-    s.source.address = std::exchange(s.source.tcp_address, std::string());
+    MoveToTcp(s, status);
     pending_.push_front(chunk);
     return;
   }
@@ -296,17 +290,7 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
   s.dead = true;
   s.corrupt = s.corrupt || status.code() == StatusCode::kDataLoss;
   ++retries_;
-  if (!s.source.unreachable_hint.empty() && !s.hint_told) {
-    // Said once, plainly, rather than as one failed read after another.
-    s.hint_told = true;
-    if (hints_.size() < kFetchMaxHints &&
-        std::find(hints_.begin(), hints_.end(), s.source.unreachable_hint) ==
-            hints_.end()) {
-      hints_.push_back(s.source.unreachable_hint);
-    }
-    TH_LOG(WARN) << "fetch " << label_ << ": " << s.source.unreachable_hint
-                 << " (the read failed: " << status.ToString() << ")";
-  }
+  TellHint(s, status);
   if (status.code() == StatusCode::kFailedPrecondition) {
     // Configured differently from this reader: when every holder known is,
     // the fetch ends now with the reason, not at its deadline.
@@ -332,6 +316,29 @@ void FetchPlan::ReadFinished(int64_t now_ms, uint64_t chunk,
     return;
   }
   pending_.push_front(chunk);
+}
+
+void FetchPlan::MoveToTcp(SourceState& s, const Status& status) {
+  TH_LOG(INFO) << "fetch " << label_ << ": reading " << s.source.address
+               << " over tcp at " << s.source.tcp_address << " ("
+               << status.ToString() << ")";
+  s.moved_from = s.source.address;
+  s.chunks_before_move = s.chunks_served;
+  s.bytes_before_move = s.bytes_served;
+  s.source.address = std::exchange(s.source.tcp_address, std::string());
+}
+
+void FetchPlan::TellHint(SourceState& s, const Status& status) {
+  // Said once, rather than as one failed read after another.
+  if (s.source.unreachable_hint.empty() || s.hint_told) return;
+  s.hint_told = true;
+  if (hints_.size() < kFetchMaxHints &&
+      std::find(hints_.begin(), hints_.end(), s.source.unreachable_hint) ==
+          hints_.end()) {
+    hints_.push_back(s.source.unreachable_hint);
+  }
+  TH_LOG(WARN) << "fetch " << label_ << ": " << s.source.unreachable_hint
+               << " (the read failed: " << status.ToString() << ")";
 }
 
 void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {

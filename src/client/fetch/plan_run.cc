@@ -1,4 +1,4 @@
-#include "client/plan_run.h"
+#include "client/fetch/plan_run.h"
 
 #include <algorithm>
 #include <thread>

@@ -2,7 +2,7 @@
 // by a Registry holding the same version, with holders that fail on purpose;
 // and against the fake transport's table of faults. The policy itself (who
 // is read, when the fetch ends and with which code) is fetch_plan_test.cc's.
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 
 #include <gtest/gtest.h>
 

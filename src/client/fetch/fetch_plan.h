@@ -19,8 +19,8 @@
 // Bounds: at most `max_sources` sources are kept (see AddSource); one
 // in-flight entry per read handed out (at most one per stream); pending,
 // attempts and done hold one entry per chunk of the version.
-#ifndef TENSORHUB_CLIENT_FETCH_PLAN_H_
-#define TENSORHUB_CLIENT_FETCH_PLAN_H_
+#ifndef TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_
+#define TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_
 
 #include <cstdint>
 #include <deque>
@@ -30,7 +30,7 @@
 #include <utility>
 #include <vector>
 
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 #include "common/manifest.h"
 #include "tensorhub/status.h"
 
@@ -177,6 +177,11 @@ class FetchPlan {
   std::string WithHints(std::string message) const;
   void OnUnavailable(const std::string& why);
   void ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f);
+  // A read refused on principle over a source's other transport: the
+  // source is read over TCP from now on.
+  void MoveToTcp(SourceState& s, const Status& status);
+  // Says once, plainly, why a failing source may be out of reach.
+  void TellHint(SourceState& s, const Status& status);
 
   const std::string label_;
   const std::vector<uint64_t> item_bytes_;  // per chunk (or item)
@@ -216,4 +221,4 @@ class FetchPlan {
 
 }  // namespace tensorhub::client
 
-#endif  // TENSORHUB_CLIENT_FETCH_PLAN_H_
+#endif  // TENSORHUB_CLIENT_FETCH_FETCH_PLAN_H_

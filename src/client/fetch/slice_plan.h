@@ -1,26 +1,22 @@
-// Partial fetch: a reader names boxes of logical tensors and gets exactly
-// those, read from the parts that hold them whatever their layout.
+// The plan of a partial fetch: a reader names boxes of logical tensors and
+// gets exactly those, read from the parts that hold them whatever their
+// layout.
 //
-// PlanSlices (pure) intersects each wanted box with every piece of its
-// tensor, grows each intersection to whole segments (the manifest's
-// segment checksums, geometry.h) and cuts the result into reads ("items")
-// of about one chunk: one strided read per item (a column slice is one
-// request of `rows` runs, not one per row). RunSliceFetch runs the items
-// over the holders like RunFetch runs chunks (the same FetchPlan: striping,
-// failover, work stealing, deadlines): bytes the caller wants land straight
-// in its memory, the segment overhang in a per-stream scratch buffer; every
-// segment read is verified (XXH3-64) before the item counts. With a dtype
-// conversion the item lands in the scratch buffer, is verified there, and
-// is converted into the caller's memory.
-#ifndef TENSORHUB_CLIENT_SLICE_FETCH_H_
-#define TENSORHUB_CLIENT_SLICE_FETCH_H_
+// PlanSlices (pure: no I/O, no clock) intersects each wanted box with every
+// piece of its tensor, grows each intersection to whole segments (the
+// manifest's segment checksums, geometry.h) and cuts the result into reads
+// ("items") of about one chunk: one strided read per item (a column slice
+// is one request of `rows` runs, not one per row). RunSliceFetch
+// (slice_run.h) runs the items.
+#ifndef TENSORHUB_CLIENT_FETCH_SLICE_PLAN_H_
+#define TENSORHUB_CLIENT_FETCH_SLICE_PLAN_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "client/fetcher.h"
+#include "client/fetch/fetcher.h"
 #include "common/geometry.h"
 #include "common/manifest.h"
 
@@ -34,10 +30,6 @@ struct SliceDest {
   // F8_E4M3 only: one scale (per tensor) or box.extent[0] (per row).
   std::vector<float> scales;
 };
-
-// Reads of a holder of slices name this part; offsets are in its own
-// layout (the boxes it registered with the hub, packed).
-inline constexpr uint32_t kSliceHolderPart = 0xFFFFFFFFu;
 
 // One read: a segment-aligned rectangle of one piece's matrix view, and
 // which of its rows and columns the caller wants.
@@ -96,23 +88,6 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
 std::vector<FetchSource> SourcesForItems(const SlicePlan& plan,
                                          std::vector<FetchSource> sources);
 
-struct SliceJob {
-  std::string model;
-  Version version;
-  const Manifest* manifest = nullptr;
-  const SlicePlan* plan = nullptr;
-  const std::vector<SliceDest>* dests = nullptr;
-};
-
-// `sources` and the refresher's answers name chunk ranges (as the hub
-// gives them); they are mapped onto items here.
-Result<FetchReport> RunSliceFetch(transport::Transport& transport,
-                                  const SliceJob& job,
-                                  std::vector<FetchSource> sources,
-                                  const SourceRefresher& refresh,
-                                  const FetcherOptions& options,
-                                  const Deadline& deadline);
-
 }  // namespace tensorhub::client
 
-#endif  // TENSORHUB_CLIENT_SLICE_FETCH_H_
+#endif  // TENSORHUB_CLIENT_FETCH_SLICE_PLAN_H_

@@ -19,8 +19,8 @@
 //
 // The policy is FetchPlan (fetch_plan.h); this is the I/O around it. Time is
 // read from the deadline's clock.
-#ifndef TENSORHUB_CLIENT_FETCHER_H_
-#define TENSORHUB_CLIENT_FETCHER_H_
+#ifndef TENSORHUB_CLIENT_FETCH_FETCHER_H_
+#define TENSORHUB_CLIENT_FETCH_FETCHER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -185,4 +185,4 @@ Result<FetchReport> RunFetch(transport::Transport& transport,
 
 }  // namespace tensorhub::client
 
-#endif  // TENSORHUB_CLIENT_FETCHER_H_
+#endif  // TENSORHUB_CLIENT_FETCH_FETCHER_H_

@@ -1,0 +1,131 @@
+// The product's seams for a Client (client_deps.h: DefaultClientDeps): the
+// data-plane transports this build and machine can run, the hub over gRPC,
+// the real clock.
+#include <sys/resource.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/client_deps.h"
+#include "client/client_tls.h"
+#include "client/transport_set.h"
+#include "common/log.h"
+#include "tls/tls.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace tensorhub::client {
+namespace {
+
+// The transports asked for, in order: the options', else the
+// environment's TENSORHUB_TRANSPORTS, else tcp.
+std::vector<std::string> WantedTransports(const ClientOptions& options) {
+  if (!options.transports.empty()) return options.transports;
+  std::vector<std::string> out;
+  const char* env = std::getenv("TENSORHUB_TRANSPORTS");
+  std::string list = env != nullptr ? env : "";
+  for (size_t at = 0; at <= list.size();) {
+    size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  if (out.empty()) out.push_back("tcp");
+  return out;
+}
+
+// A holder gives each UCX reader connection a worker of its own, which
+// costs descriptors: about 13 with every UCX wire allowed, 9 with tcp alone
+// (`tensorhub bench ucx` prints it; docs/design.md, UCX data plane). Says
+// so at start-up where this process may not open enough for its
+// connection cap: readers past it would be sent to tcp.
+void WarnIfTooFewDescriptorsForUcx(size_t max_serving_connections) {
+  constexpr uint64_t kPerUcxConnection = 14;
+  constexpr uint64_t kForTheRest = 256;  // hub channel, fetches, files
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) {
+    return;
+  }
+  const uint64_t want =
+      max_serving_connections * kPerUcxConnection + kForTheRest;
+  if (lim.rlim_cur >= want) return;
+  const bool hard = lim.rlim_max != RLIM_INFINITY && lim.rlim_max < want;
+  TH_LOG(WARN) << "data plane: ucx: this process may open " << lim.rlim_cur
+               << " descriptors (ulimit -n), and serving "
+               << max_serving_connections
+               << " UCX readers (max_serving_connections) takes about " << want
+               << "; readers past the limit are sent to tcp. Raise it ('ulimit "
+                  "-n "
+               << want << "'"
+               << (hard ? ", above the hard limit of " +
+                              std::to_string(lim.rlim_max) + ": as root"
+                        : std::string())
+               << ", or LimitNOFILE= in a systemd unit), or lower "
+                  "max_serving_connections";
+}
+
+// TCP, which every worker serves and reads (the fallback), and besides it
+// each other transport of the list this build and machine can run, in the
+// list's order (transport_set.h). With data-plane TLS (`tls`), TCP alone:
+// UCX would move the bytes in the clear.
+std::unique_ptr<transport::Transport> PickTransports(
+    const ClientOptions& options, std::shared_ptr<const tls::Context> tls) {
+  std::vector<std::unique_ptr<transport::Transport>> others;
+  for (const std::string& name : WantedTransports(options)) {
+    if (name == "tcp") continue;
+    if (name == "ucx" && tls != nullptr) {
+      TH_LOG(WARN) << "data plane: ucx skipped: data-plane TLS (data_tls) "
+                      "runs over tcp, and UCX would move the bytes in the "
+                      "clear";
+      continue;
+    }
+    if (name == "ucx") {
+      if (!others.empty()) continue;  // listed twice
+      transport::UcxTransportOptions u;
+      u.secret = options.secret;
+      // A holder on this host is read over TCP (its cross-memory attach)
+      // unless UCX on one host is what is wanted (tests, benchmarks).
+      const char* same_host_env = std::getenv("TENSORHUB_UCX_SAME_HOST");
+      u.refuse_same_host =
+          !options.ucx_same_host &&
+          (same_host_env == nullptr || std::string(same_host_env) != "1");
+      Result<std::unique_ptr<transport::Transport>> t =
+          transport::MakeUcxTransport(u);
+      if (t.ok()) {
+        WarnIfTooFewDescriptorsForUcx(options.max_serving_connections);
+        others.push_back(std::move(t).value());
+        continue;
+      }
+      TH_LOG(WARN) << "data plane: ucx asked for but unavailable ("
+                   << t.status().ToString() << "); serving and reading tcp";
+      continue;
+    }
+    TH_LOG(WARN) << "data plane: unknown transport '" << name
+                 << "' skipped (known: ucx, tcp)";
+  }
+  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+  t.secret = options.secret;  // the data plane requires the hub's secret too
+  t.tls = std::move(tls);
+  std::unique_ptr<transport::Transport> set =
+      MakeTransportSet(transport::MakeTcpTransport(t), std::move(others));
+  TH_LOG(INFO) << "data plane: " << set->name() << (t.tls ? " with TLS" : "")
+               << " (reads use the first of these a holder serves)";
+  return set;
+}
+
+}  // namespace
+
+Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
+  TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
+  ClientDeps deps;
+  deps.transport = PickTransports(options, tls.data);
+  deps.control =
+      MakeGrpcControlPlane(options.hub_address, options.secret,
+                           options.rpc_timeout_ms, std::move(tls.hub));
+  deps.clock = &Clock::Real();
+  return deps;
+}
+
+}  // namespace tensorhub::client

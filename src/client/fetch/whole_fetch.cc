@@ -1,0 +1,175 @@
+#include "client/fetch/whole_fetch.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "client/fetch/fetch_session.h"
+#include "client/fetch/slice_fetch.h"
+#include "client/tensor_checks.h"
+
+namespace tensorhub::client {
+namespace {
+
+bool HasPieces(const Manifest& m) {
+  for (const PartLayout& p : m.parts()) {
+    for (const TensorLayout& t : p.tensors) {
+      if (t.sharded()) return true;
+    }
+  }
+  return false;
+}
+
+// A whole fetch of a version published as pieces: every logical tensor
+// once, with its global shape and dtype, as a slice of all of it.
+Result<std::vector<TensorSlice>> WholeSlices(const Manifest& manifest,
+                                             const std::vector<TensorRef>& dest,
+                                             const std::string& vname) {
+  std::map<std::string, const TensorLayout*> logical;
+  for (const PartLayout& p : manifest.parts()) {
+    for (const TensorLayout& t : p.tensors) logical.emplace(t.spec.name, &t);
+  }
+  std::vector<TensorSlice> out;
+  for (const TensorRef& d : dest) {
+    auto it = logical.find(d.spec.name);
+    if (it == logical.end()) {
+      return InvalidArgument("destination tensor '" + d.spec.name +
+                             "' is not part of " + vname +
+                             " (or is named twice)");
+    }
+    const TensorLayout& t = *it->second;
+    if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.GlobalShape()) {
+      const TensorSpec global{t.spec.name, t.spec.dtype, t.GlobalShape()};
+      return InvalidArgument("destination tensor '" + d.spec.name + "' is " +
+                             DescribeSpec(d.spec) + " but " + vname + " has " +
+                             DescribeSpec(global));
+    }
+    out.push_back({d, Box::Whole(d.spec.shape), {}});
+    logical.erase(it);
+  }
+  if (!logical.empty()) {
+    return InvalidArgument("destination lacks tensor '" +
+                           logical.begin()->first + "' of " + vname);
+  }
+  return out;
+}
+
+// Checks `dest` against the manifest, by tensor name (every tensor of the
+// version, once, with its dtype, shape and size): the run's job.
+Result<FetchJob> MapDestination(const FetchSession& session,
+                                const std::vector<TensorRef>& dest) {
+  const std::string& vname = session.name();
+  std::map<std::string, const TensorRef*> by_name;
+  for (const TensorRef& t : dest) {
+    if (!by_name.emplace(t.spec.name, &t).second) {
+      return InvalidArgument("destination names tensor '" + t.spec.name +
+                             "' twice");
+    }
+  }
+  FetchJob job;
+  TH_ASSIGN_OR_RETURN(job.memory, CheckMemory(dest, "fetch"));
+  job.model = session.model();
+  job.version = session.version();
+  job.manifest = &session.manifest();
+  for (const PartLayout& p : session.manifest().parts()) {
+    std::vector<uint8_t*> bases;
+    for (const TensorLayout& t : p.tensors) {
+      auto it = by_name.find(t.spec.name);
+      if (it == by_name.end()) {
+        return InvalidArgument("destination lacks tensor '" + t.spec.name +
+                               "' of " + vname);
+      }
+      const TensorRef& d = *it->second;
+      if (d.spec.dtype != t.spec.dtype || d.spec.shape != t.spec.shape) {
+        return InvalidArgument("destination tensor '" + t.spec.name + "' is " +
+                               DescribeSpec(d.spec) + " but " + vname +
+                               " has " + DescribeSpec(t.spec));
+      }
+      if (d.bytes != t.bytes || (d.data == nullptr && t.bytes > 0)) {
+        return InvalidArgument("destination tensor '" + t.spec.name + "' has " +
+                               std::to_string(d.bytes) + " bytes, needs " +
+                               std::to_string(t.bytes));
+      }
+      bases.push_back(static_cast<uint8_t*>(d.data));
+      by_name.erase(it);
+    }
+    job.dest_bases.push_back(std::move(bases));
+  }
+  if (!by_name.empty()) {
+    return InvalidArgument("destination tensor '" + by_name.begin()->first +
+                           "' is not part of " + vname);
+  }
+  return job;
+}
+
+// Pieces of logical tensors: the destination names the logical tensors,
+// which come whole through the slice body, not served onward. The hub
+// takes no filling registration of such a version; one an older hub took
+// is withdrawn.
+Result<FetchStats> FetchWholeOfPieces(WorkerContext& ctx, Serving& serving,
+                                      FetchSession& session,
+                                      const std::vector<TensorRef>& dest) {
+  session.DropFilling();
+  TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
+                      WholeSlices(session.manifest(), dest, session.name()));
+  TH_ASSIGN_OR_RETURN(SliceDestinations d, CheckSlices(std::move(whole)));
+  return RunSlices(ctx, serving, session, d, /*ask_with_boxes=*/false);
+}
+
+// Map the destination onto the manifest, release memory that still serves
+// an older version, register the destination as a filling holder, run the
+// chunks, report the complete copy. The steps are timed as FetchStats'
+// stages (tensorhub/client.h).
+Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
+                                  std::string_view model, Version version,
+                                  const std::vector<TensorRef>& dest,
+                                  const FetchOptions& opts) {
+  // BeginFetch registers the destination at the hub as a filling holder
+  // under an epoch reserved here, before the destination is mapped: reads
+  // of the epoch that arrive before it is registered below wait for it.
+  EpochReservation reserved(ctx.registry, opts.serve);
+  if (opts.serve) ctx.addresses.WarnIfUnreachable();
+  TH_ASSIGN_OR_RETURN(
+      std::unique_ptr<FetchSession> session,
+      FetchSession::Begin(ctx, model, version, opts, reserved.epoch()));
+  if (HasPieces(session->manifest())) {
+    return FetchWholeOfPieces(ctx, serving, *session, dest);
+  }
+  TH_ASSIGN_OR_RETURN(FetchJob job, MapDestination(*session, dest));
+  TH_RETURN_IF_ERROR(
+      serving.ReleaseOverlapping(RangesOf(dest), session->work()));
+  FillingCopy fill(serving, session->model(), session->version(),
+                   session->deadline());
+  if (opts.serve && fill.Register(session->manifest(), job, reserved,
+                                  session->filling_at_hub())) {
+    session->HandOverFilling();
+  } else {
+    session->DropFilling();
+  }
+  TH_ASSIGN_OR_RETURN(std::vector<FetchSource> sources,
+                      session->FirstSources());
+  const SourceRefresher refresh = session->Refresher();
+  FetcherOptions fo =
+      session->StartRun(session->manifest().total_bytes(), fill.OnChunk());
+  fo.on_landed = fill.OnLanded();
+  session->FollowRechecks(fo);
+  Result<FetchReport> rep = RunFetch(ctx.transport, job, std::move(sources),
+                                     refresh, fo, session->work());
+  // A failed run: `fill` aborts (fence, drain, withdraw), then the session
+  // ends the fetch at the hub.
+  if (!rep.ok()) return rep.status();
+  return session->Finish(*rep, [&] { return fill.Complete(); });
+}
+
+}  // namespace
+
+Result<FetchStats> FetchWhole(WorkerContext& ctx, Serving& serving,
+                              std::string_view model, Version version,
+                              const std::vector<TensorRef>& dest,
+                              const FetchOptions& opts) {
+  return CountOutcome(ctx.metrics,
+                      FetchWholeBody(ctx, serving, model, version, dest, opts));
+}
+
+}  // namespace tensorhub::client
