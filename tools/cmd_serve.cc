@@ -1,6 +1,10 @@
 // `tensorhub serve`: the hub. Also a command of tensorhub-lab, whose drivers
 // run the hub as a child process of their own binary.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "cli_util.h"
 #include "common/log.h"
@@ -15,6 +19,9 @@ struct ServeFlags {
   uint32_t heartbeat_budget = HubOptions{}.heartbeat_budget_per_s;
   uint64_t max_lease_ms = static_cast<uint64_t>(HubOptions{}.max_lease_ms);
   bool oversubscribed_racks = false;
+  double rack_oversubscription = 1.0;
+  std::vector<std::string> rack_oversubscription_at;
+  uint64_t recheck_ms = static_cast<uint64_t>(HubOptions{}.recheck_ms);
   uint32_t keep_latest = 0;
   std::optional<int64_t> rebuild_ms;
   std::string secret_file;
@@ -43,6 +50,24 @@ int RunServe(const ServeFlags& f) {
   o.heartbeat_budget_per_s = f.heartbeat_budget;
   o.max_lease_ms = static_cast<int64_t>(f.max_lease_ms);
   o.racks_oversubscribed = f.oversubscribed_racks;
+  o.rack_oversubscription = f.rack_oversubscription;
+  for (const std::string& item : f.rack_oversubscription_at) {
+    // DC/RACK=RATIO
+    const size_t eq = item.rfind('=');
+    char* end = nullptr;
+    const double ratio =
+        eq == std::string::npos ? -1 : std::strtod(item.c_str() + eq + 1, &end);
+    if (eq == std::string::npos || item.find('/') > eq || end == nullptr ||
+        *end != '\0' || !(ratio >= 0)) {
+      return Fail(InvalidArgument(
+          "--rack-oversubscription-at wants DATACENTER/RACK=RATIO (the "
+          "workers' labels, e.g. dc0/r3=8), got '" +
+          item + "'"));
+    }
+    o.rack_oversubscription_by_rack[item.substr(0, eq)] = ratio;
+  }
+  o.recheck_ms = static_cast<int64_t>(f.recheck_ms);
+  o.max_recheck_ms = std::max(o.max_recheck_ms, o.recheck_ms);
   if (f.rebuild_ms.has_value()) o.rebuild_ms = *f.rebuild_ms;
   o.keep_latest = f.keep_latest;
   o.metrics_listen = f.metrics_listen;
@@ -101,8 +126,26 @@ void AddServeCommand(CommandLine& cl) {
                 "worker is forgotten within this (plus a tenth)")
       ->check(CLI::Range(uint64_t{100}, uint64_t{3600000}))
       ->capture_default_str();
+  c->add_option("--rack-oversubscription", f->rack_oversubscription,
+                "how oversubscribed the rack uplinks are: the NIC capacity "
+                "of a rack's hosts over its uplink's (4 for 4:1); above 1, "
+                "each version enters a rack about once and its readers there "
+                "feed each other (at most 1: full bisection)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->type_name("RATIO")
+      ->capture_default_str();
+  c->add_option("--rack-oversubscription-at", f->rack_oversubscription_at,
+                "one rack's own ratio, by the workers' labels "
+                "(repeatable): DATACENTER/RACK=RATIO")
+      ->type_name("DC/RACK=RATIO");
+  c->add_option("--recheck-ms", f->recheck_ms,
+                "a reader behind another rack's oversubscribed uplink asks "
+                "again after this (doubling while nothing changed), so a "
+                "reader arriving there may take its source's place")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{60000}))
+      ->capture_default_str();
   c->add_flag("--oversubscribed-racks", f->oversubscribed_racks,
-              "rack uplinks are the bottleneck: keep copies inside racks");
+              "older form of --rack-oversubscription 4");
   c->add_option("--keep-latest", f->keep_latest,
                 "retain the latest K committed versions of each model")
       ->check(CLI::Range(0u, 1024u))

@@ -94,6 +94,9 @@ class GrpcControlPlane final : public ControlPlane {
                                    uint32_t max_sources,
                                    const std::vector<SliceWant>& wants,
                                    int64_t timeout_ms) override;
+  Result<Scheduled> Recheck(const WorkerId& reader, const std::string& model,
+                            Version version, uint32_t max_sources,
+                            int64_t timeout_ms) override;
   Status AddSliceHolder(const WorkerId& id, const std::string& model,
                         Version version, uint64_t epoch,
                         const PartLayout& slices, int64_t timeout_ms) override;
@@ -165,6 +168,8 @@ class GrpcControlPlane final : public ControlPlane {
   Status Check(const grpc::Status& s, const char* what,
                const std::string& address) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
+  // Schedule and Recheck: one request, the same answer.
+  Result<Scheduled> SendSchedule(v1::ScheduleRequest& req, int64_t timeout_ms);
   // A manifest the hub sent encoded (empty: none yet).
   static Result<std::optional<Manifest>> ParseManifest(const std::string& bytes,
                                                        const char* what);
@@ -576,6 +581,7 @@ Result<FetchStart> GrpcControlPlane::BeginFetch(
       TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
       out.first.sources.push_back(std::move(src));
     }
+    out.first.recheck_after_ms = resp.recheck_after_ms();
   }
   return out;
 }
@@ -639,6 +645,20 @@ Result<Scheduled> GrpcControlPlane::Schedule(
                         timeout_ms);
 }
 
+Result<Scheduled> GrpcControlPlane::Recheck(const WorkerId& reader,
+                                            const std::string& model,
+                                            Version version,
+                                            uint32_t max_sources,
+                                            int64_t timeout_ms) {
+  v1::ScheduleRequest req;
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_max_sources(max_sources);
+  req.set_recheck(true);
+  return SendSchedule(req, timeout_ms);
+}
+
 Result<Scheduled> GrpcControlPlane::ScheduleSlices(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources,
@@ -655,8 +675,14 @@ Result<Scheduled> GrpcControlPlane::ScheduleSlices(
   req.set_version(version.value());
   for (const WorkerId& e : exclude) req.add_exclude(e.value());
   req.set_max_sources(max_sources);
+  return SendSchedule(req, timeout_ms);
+}
+
+Result<Scheduled> GrpcControlPlane::SendSchedule(v1::ScheduleRequest& req,
+                                                 int64_t timeout_ms) {
   v1::ScheduleResponse resp;
-  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule",
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Schedule, req, &resp,
+                          req.recheck() ? "recheck" : "schedule",
                           Within(timeout_ms)));
   Scheduled out;
   if (resp.state() == v1::UNAVAILABLE) {
@@ -673,6 +699,7 @@ Result<Scheduled> GrpcControlPlane::ScheduleSlices(
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     out.sources.push_back(std::move(src));
   }
+  out.recheck_after_ms = resp.recheck_after_ms();
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <map>
@@ -464,16 +465,22 @@ class HubServiceImpl final : public HotCallsService {
                          {w.box_extent().begin(), w.box_extent().end()}}});
     }
     bool version_unavailable = false;
+    int64_t recheck_after_ms = 0;
     Result<std::vector<HolderView>> r = [&] {
       MutexLock lock(mu_);
+      const WorkerId reader(req->worker_id());
+      const Version version(req->version());
       Result<std::vector<HolderView>> res =
-          wants.empty()
-              ? state_.Schedule(WorkerId(req->worker_id()), req->model(),
-                                Version(req->version()), exclude,
+          req->recheck() ? state_.Recheck(reader, req->model(), version,
+                                          req->max_sources())
+          : wants.empty()
+              ? state_.Schedule(reader, req->model(), version, exclude,
                                 req->max_sources())
-              : state_.ScheduleSlices(WorkerId(req->worker_id()), req->model(),
-                                      Version(req->version()), exclude,
+              : state_.ScheduleSlices(reader, req->model(), version, exclude,
                                       req->max_sources(), wants);
+      if (res.ok()) {
+        recheck_after_ms = state_.RecheckAfterMs(reader, req->model(), version);
+      }
       version_unavailable =
           !res.ok() && res.status().code() == StatusCode::kUnavailable &&
           state_.StateOf(req->model(), Version(req->version())) ==
@@ -489,6 +496,7 @@ class HubServiceImpl final : public HotCallsService {
     if (!r.ok()) return Answer(ctx, DuringRebuild(r.status()));
     for (const HolderView& h : *r) ToProto(h, resp->add_holders());
     resp->set_state(v1::COMMITTED);
+    resp->set_recheck_after_ms(static_cast<uint32_t>(recheck_after_ms));
     return grpc::Status::OK;
   }
 
@@ -569,6 +577,7 @@ class HubServiceImpl final : public HotCallsService {
       resp->set_sources_detail(s.message());
     } else {
       resp->set_sources_state(v1::COMMITTED);
+      resp->set_recheck_after_ms(static_cast<uint32_t>(r->recheck_after_ms));
     }
     return grpc::Status::OK;
   }
@@ -1317,6 +1326,13 @@ Status CheckExposure(const HubOptions& options, bool tls, bool client_certs) {
   return Status::Ok();
 }
 
+// "4:1".
+std::string FormatRatio(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g:1", ratio);
+  return buf;
+}
+
 }  // namespace
 
 namespace hub {
@@ -1327,7 +1343,22 @@ Result<std::unique_ptr<Hub>> StartHub(
   config.lease_ms = options.lease_ms;
   config.heartbeat_budget_per_s = options.heartbeat_budget_per_s;
   config.max_lease_ms = options.max_lease_ms;
-  config.racks_oversubscribed = options.racks_oversubscribed;
+  config.rack_oversubscription =
+      options.racks_oversubscribed && options.rack_oversubscription <= 1
+          ? 4.0
+          : options.rack_oversubscription;
+  for (const auto& [name, ratio] : options.rack_oversubscription_by_rack) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) {
+      return InvalidArgument("per-rack oversubscription '" + name +
+                             "': name the rack DATACENTER/RACK");
+    }
+    config.rack_oversubscription_by_rack[{name.substr(0, slash),
+                                          name.substr(slash + 1)}] = ratio;
+  }
+  config.recheck_ms = options.recheck_ms;
+  config.max_recheck_ms = options.max_recheck_ms;
+  TH_RETURN_IF_ERROR(ValidateRackConfig(config));
   config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
   // -1: the lease the hub plans for the fleet it sees (RebuildWindowMs).
@@ -1478,8 +1509,18 @@ Result<std::unique_ptr<Hub>> StartHub(
                << (!tls           ? ", plaintext"
                    : client_certs ? ", TLS with client certificates required"
                                   : ", TLS")
-               << (options.racks_oversubscribed
-                       ? ", racks oversubscribed: sources nearest first"
+               << (config.rack_oversubscription > 1 ||
+                           !config.rack_oversubscription_by_rack.empty()
+                       ? ", rack uplinks oversubscribed " +
+                             FormatRatio(config.rack_oversubscription) +
+                             (config.rack_oversubscription_by_rack.empty()
+                                  ? std::string()
+                                  : " (" +
+                                        std::to_string(
+                                            config.rack_oversubscription_by_rack
+                                                .size()) +
+                                        " racks their own)") +
+                             ": rack-aware pipelines"
                        : ", sources idle first within a datacenter")
                << (options.keep_latest > 0
                        ? ", keeping the latest " +

@@ -1,6 +1,7 @@
 #include "hub/hub_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string_view>
@@ -32,7 +33,64 @@ Status ValidateModelName(const std::string& model) {
   return Status::Ok();
 }
 
-HubState::HubState(HubConfig config) : config_(config) {}
+Status ValidateRackConfig(const HubConfig& config) {
+  auto ratio_ok = [](double r) { return std::isfinite(r) && r >= 0; };
+  if (!ratio_ok(config.rack_oversubscription)) {
+    return InvalidArgument(
+        "rack oversubscription must be a finite ratio >= 0 (4 for 4:1; at "
+        "most 1 for full bisection)");
+  }
+  for (const auto& [rack, ratio] : config.rack_oversubscription_by_rack) {
+    if (rack.first.empty() || rack.first.size() > 256 || rack.second.empty() ||
+        rack.second.size() > 256) {
+      return InvalidArgument(
+          "a per-rack oversubscription names a datacenter and a rack of 1-256 "
+          "characters each (DC/RACK=RATIO)");
+    }
+    if (!ratio_ok(ratio)) {
+      return InvalidArgument("rack oversubscription of " + rack.first + "/" +
+                             rack.second + " must be a finite ratio >= 0");
+    }
+  }
+  if (config.recheck_ms < 1 || config.max_recheck_ms < config.recheck_ms ||
+      config.max_recheck_ms > 60000) {
+    return InvalidArgument(
+        "recheck intervals need 1 ms <= recheck <= max recheck <= 60 s");
+  }
+  return Status::Ok();
+}
+
+bool RackOversubscribed(const HubConfig& config, const std::string& datacenter,
+                        const std::string& rack) {
+  if (rack.empty()) return false;
+  auto it = config.rack_oversubscription_by_rack.find({datacenter, rack});
+  return (it != config.rack_oversubscription_by_rack.end()
+              ? it->second
+              : config.rack_oversubscription) > 1;
+}
+
+HubState::HubState(HubConfig config) : config_(std::move(config)) {
+  rack_aware_ = config_.rack_oversubscription > 1;
+  for (const auto& [rack, ratio] : config_.rack_oversubscription_by_rack) {
+    rack_aware_ = rack_aware_ || ratio > 1;
+  }
+}
+
+void HubState::Uncount(const RackKey& rack, size_t RackUse::*field) {
+  auto it = rack_use_.find(rack);
+  TH_CHECK(it != rack_use_.end() && it->second.*field > 0);
+  --(it->second.*field);
+  const RackUse& u = it->second;
+  if (u.workers == 0 && u.in == 0 && u.out == 0) rack_use_.erase(it);
+}
+
+void HubState::CountWorker(const Labels& labels, int delta) {
+  if (!rack_aware_ || labels.rack.empty()) return;
+  const RackKey key{labels.datacenter, labels.rack};
+  RackUse& u = rack_use_[key];
+  u.workers = static_cast<size_t>(static_cast<int64_t>(u.workers) + delta);
+  if (u.workers == 0 && u.in == 0 && u.out == 0) rack_use_.erase(key);
+}
 
 Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
                                           int64_t now_ms) {
@@ -90,6 +148,8 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
     }
   }
   const Labels old = w.reg.labels;
+  if (!w.reg.data_address.empty()) CountWorker(old, -1);
+  CountWorker(reg.labels, +1);
   w.reg = reg;
   w.reg.requested_id = id;
   Renew(w, now_ms);
@@ -460,15 +520,22 @@ Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
                               std::to_string(*rit->second.rank) + " of " +
                               VersionName(model, version) + " already");
   }
+  const bool was_complete = rit != v.refs.end() && !rit->second.filling;
   Reference& ref = v.refs[worker];
   Unfile(v, ref);
   // A trainer rank that fetched the rest now holds everything.
   ref.rank.reset();
   if (ref.join_seq == 0) ref.join_seq = v.next_join++;
   ref.epoch = epoch;
+  // A complete holder receiving again (readers placed anywhere may read
+  // from it): it is placed before every line, so that it reads only from
+  // complete holders and the pipeline stays a DAG; sources it was given
+  // before are released (it asks again).
+  const bool refill = rack_aware_ && was_complete && filling;
+  if (refill) ref.placement = 1;
   ref.filling = filling;
   File(v, worker, ref, w.reg.labels);
-  if (!filling) EndFetch(v, worker);
+  if (!filling || refill) EndFetch(v, worker);
   UpdateAvailability(v);
   w.refs.insert({model, version});
   return Status::Ok();
@@ -873,10 +940,15 @@ std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
       {v.manifest->chunk_base(*r.rank), v.manifest->chunk_base(*r.rank + 1)}};
 }
 
+uint64_t HubState::FiledOrder(const Reference& r) const {
+  if (!rack_aware_ || !r.filling) return r.join_seq;
+  return r.placement > 0 ? r.placement : kUnplaced;
+}
+
 void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
-                    const Labels& labels) {
+                    const Labels& labels) const {
   TH_CHECK(!r.filed.has_value());
-  Filed f{HolderKey{r.serving, r.join_seq, id}, r.filling, r.rank, labels};
+  Filed f{HolderKey{r.serving, FiledOrder(r), id}, r.filling, r.rank, labels};
   HolderIndex& x = v.index;
   auto add = [&](HolderSet& set) {
     bool fresh = (f.filling ? set.filling : set.complete).insert(f.key).second;
@@ -927,7 +999,7 @@ void HubState::Unfile(VersionEntry& v, Reference& r) {
   r.filed.reset();
 }
 
-void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) {
+void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) const {
   TH_CHECK(r.filed.has_value());
   Labels labels = r.filed->labels;
   Unfile(v, r);
@@ -1158,6 +1230,7 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   }
   if (sources.ok()) {
     out.sources = std::move(sources).value();
+    out.recheck_after_ms = RecheckAfterMs(a.reader, a.model, version);
     return out;
   }
   out.sources_status = sources.status();
@@ -1175,11 +1248,23 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
 void HubState::Release(VersionEntry& v, const WorkerId& reader) {
   auto it = v.assignments.find(reader);
   if (it == v.assignments.end()) return;
-  for (const WorkerId& src : it->second) {
-    auto r = v.refs.find(src);  // it may have left since
+  for (const Edge& e : it->second.edges) {
+    auto r = v.refs.find(e.source);  // it may have left since
     if (r != v.refs.end() && r->second.serving > 0) {
       --r->second.serving;
-      Refile(v, src, r->second);
+      Refile(v, e.source, r->second);
+    }
+    if (e.uplinks.has_value()) {
+      const auto& [out_of, into] = *e.uplinks;
+      if (!out_of.second.empty()) {
+        Uncount(out_of, &RackUse::out);
+        auto x = v.exits.find(out_of);
+        if (x != v.exits.end()) {
+          x->second.erase({e.source, reader});
+          if (x->second.empty()) v.exits.erase(x);
+        }
+      }
+      if (!into.second.empty()) Uncount(into, &RackUse::in);
     }
   }
   v.assignments.erase(it);
@@ -1206,9 +1291,12 @@ HubState::VersionEntry* HubState::FindVersion(const std::string& model,
 // reader that lands in a rack whose only holder already feeds another rack
 // extends the pipeline instead of halving that holder's upload. Across
 // datacenters distance still comes first, so each chunk crosses the WAN
-// once per datacenter. With racks_oversubscribed every holder ranks as
-// "later": nearest first, since crossing a rack uplink costs more than
-// sharing a holder's NIC there.
+// once per datacenter. `nearest_first` ranks every holder as "later":
+// nearest first (RackPlanner's last resort, sharing a holder in the rack).
+//
+// `reader_order`: a filling holder is usable only if it is filed under a
+// smaller order (joined, or was placed, before the reader), so that the
+// pipeline is a DAG, never a cycle of readers waiting on each other.
 class HubState::Picker {
  public:
   struct Pick {
@@ -1218,20 +1306,29 @@ class HubState::Picker {
   };
 
   Picker(const HubState& hub, const VersionEntry& v, const WorkerId& reader,
-         const std::set<WorkerId>& exclude)
-      : hub_(hub), v_(v), reader_(reader), exclude_(exclude) {
+         const std::set<WorkerId>& exclude, uint64_t reader_order,
+         bool nearest_first)
+      : hub_(hub),
+        v_(v),
+        reader_(reader),
+        exclude_(exclude),
+        reader_order_(reader_order),
+        nearest_first_(nearest_first) {
     if (auto rit = hub.workers_.find(reader); rit != hub.workers_.end()) {
       reader_labels_ = rit->second.reg.labels;
     }
-    // A reader that serves while it fills may only read from filling
-    // holders that joined before it: the pipeline is then a DAG, never a
-    // cycle of readers waiting on each other.
-    if (auto own = v.refs.find(reader);
-        own != v.refs.end() && own->second.filling) {
-      reader_join_ = own->second.join_seq;
-    }
     levels_ = LevelsFor(v, reader_labels_);
   }
+
+  // The order a reader that joined as a filling holder may read below:
+  // its join order (UINT64_MAX for one that does not serve).
+  static uint64_t JoinOrder(const VersionEntry& v, const WorkerId& reader) {
+    auto own = v.refs.find(reader);
+    return own != v.refs.end() && own->second.filling ? own->second.join_seq
+                                                      : UINT64_MAX;
+  }
+
+  const std::vector<Level>& levels() const { return levels_; }
 
   // The best usable holder by Rank; `full_only` skips trainer ranks that
   // hold one part. Each level contributes its first usable holder (its sets
@@ -1253,6 +1350,22 @@ class HubState::Picker {
       }
     }
     return best;
+  }
+
+  // The first idle usable holder of one level, a complete one before a
+  // filling one; none if every usable holder there is busy.
+  Pick Idle(const Level& level) const {
+    const HolderKey* c = FirstComplete(level.set->complete, false);
+    if (c != nullptr && c->serving == 0) return {c, level.distance, level.set};
+    const HolderKey* f = FirstFilling(level.set->filling);
+    if (f != nullptr && f->serving == 0) return {f, level.distance, level.set};
+    return {};
+  }
+
+  // Whether the level has a usable holder at all (busy or not).
+  bool AnyUsable(const Level& level) const {
+    return FirstComplete(level.set->complete, false) != nullptr ||
+           FirstFilling(level.set->filling) != nullptr;
   }
 
   // The first choice and the extra stripes: idle complete holders of the
@@ -1305,12 +1418,16 @@ class HubState::Picker {
     }
   }
 
+  bool Usable(const HolderKey& k) const {
+    return k.worker != reader_ && exclude_.count(k.worker) == 0;
+  }
+
  private:
   // The one ranking: lower is better.
   std::tuple<bool, int, const HolderKey&> Rank(const HolderKey& k,
                                                int distance) const {
-    bool later = hub_.config_.racks_oversubscribed || k.serving > 0 ||
-                 distance > kDatacenterDistance;
+    bool later =
+        nearest_first_ || k.serving > 0 || distance > kDatacenterDistance;
     return {later, distance, k};
   }
 
@@ -1321,12 +1438,7 @@ class HubState::Picker {
   bool CanImprove(const Pick& best, int distance) const {
     if (best.key == nullptr) return true;
     if (!std::get<0>(Rank(*best.key, best.distance))) return false;
-    return !hub_.config_.racks_oversubscribed &&
-           distance <= kDatacenterDistance;
-  }
-
-  bool Usable(const HolderKey& k) const {
-    return k.worker != reader_ && exclude_.count(k.worker) == 0;
+    return !nearest_first_ && distance <= kDatacenterDistance;
   }
 
   const HolderKey* FirstComplete(const std::set<HolderKey>& set,
@@ -1338,16 +1450,16 @@ class HubState::Picker {
     return nullptr;
   }
 
-  // Jumps over filling holders that joined after the reader with one
-  // search per serving count.
+  // Jumps over filling holders filed at or after the reader's order with
+  // one search per serving count.
   const HolderKey* FirstFilling(const std::set<HolderKey>& set) const {
-    if (reader_join_ == 0) return nullptr;
+    if (reader_order_ == 0) return nullptr;
     for (auto it = set.begin(); it != set.end();) {
-      if (it->join_seq >= reader_join_) {
-        // Keys run by serving, then join_seq downwards: the first holder
-        // with this serving count that joined before the reader.
+      if (it->order >= reader_order_) {
+        // Keys run by serving, then order downwards: the first holder
+        // with this serving count filed before the reader.
         it = set.lower_bound(
-            HolderKey{it->serving, reader_join_ - 1, WorkerId()});
+            HolderKey{it->serving, reader_order_ - 1, WorkerId()});
       } else if (Usable(*it)) {
         return &*it;
       } else {
@@ -1371,9 +1483,192 @@ class HubState::Picker {
   const VersionEntry& v_;
   const WorkerId& reader_;
   const std::set<WorkerId>& exclude_;
+  const uint64_t reader_order_;
+  const bool nearest_first_;
   Labels reader_labels_;
-  uint64_t reader_join_ = UINT64_MAX;
   std::vector<Level> levels_;
+};
+
+// A rack-aware hub's choice of sources for one reader (Schedule's comment
+// in hub_state.h). Filling holders are ordered by where they were placed:
+// each rack's readers in a line, each line after the ones before it. A
+// reader placed in its rack's line comes after every holder placed there,
+// so it may read from any of them; a reader that enters a rack (or one
+// whose rack is not oversubscribed) starts a new line, after everything.
+// The exit of a rack (a holder there feeding a reader outside) is in the
+// rack's line, and the reader outside in a later line, so a reader placed
+// in the rack's line fits between the two: the move keeps the DAG.
+class HubState::RackPlanner {
+ public:
+  RackPlanner(HubState& hub, VersionEntry& v, const WorkerId& reader,
+              const std::set<WorkerId>& exclude, size_t max_sources)
+      : hub_(hub),
+        v_(v),
+        reader_(reader),
+        exclude_(exclude),
+        max_sources_(max_sources),
+        rack_(hub.RackOf(reader)) {
+    auto own = v.refs.find(reader);
+    if (own != v.refs.end() && own->second.filling) own_ = &own->second;
+  }
+
+  // The sources, with the reader placed (if it serves and was not yet);
+  // empty if there is no usable holder.
+  std::vector<WorkerId> Choose() {
+    const bool oversubscribed =
+        rack_.has_value() &&
+        RackOversubscribed(hub_.config_, rack_->first, rack_->second);
+    if (!oversubscribed) return IdleFirst();
+    // In the rack: its line's next place (a new line if it has none).
+    const uint64_t follower = PlacementFor(/*in_rack=*/true);
+    Picker in(hub_, v_, reader_, exclude_, OrderFor(follower), false);
+    bool rack_has_usable = false;
+    for (const Level& level : in.levels()) {
+      if (level.distance > 1) break;
+      const Picker::Pick p = in.Idle(level);
+      if (p.key != nullptr) return Finish(in, p, follower);
+      rack_has_usable = rack_has_usable || in.AnyUsable(level);
+    }
+    if (rack_has_usable && own_ != nullptr) {
+      if (std::optional<WorkerId> h = TakeExit(in, follower)) {
+        std::vector<WorkerId> chosen = {*h};
+        in.CoverMissingParts(&chosen);
+        Place(follower);
+        return chosen;
+      }
+    }
+    // Across the uplink: an idle holder in the datacenter, else, if the
+    // datacenter has none at all, in another one.
+    const uint64_t entry = PlacementFor(/*in_rack=*/false);
+    Picker out(hub_, v_, reader_, exclude_, OrderFor(entry), false);
+    Picker::Pick cross;
+    bool dc_has_usable = false;
+    for (const Level& level : out.levels()) {
+      if (level.distance == kDatacenterDistance) {
+        cross = out.Idle(level);
+        dc_has_usable = out.AnyUsable(level);
+      } else if (level.distance > kDatacenterDistance && !dc_has_usable) {
+        cross = out.Idle(level);
+      }
+      if (cross.key != nullptr) break;
+    }
+    if (cross.key != nullptr &&
+        (!rack_has_usable || UplinksAllow(cross.key->worker))) {
+      return Finish(out, cross, entry);
+    }
+    // Last: share the nearest holder, least busy first.
+    Picker near(hub_, v_, reader_, exclude_, OrderFor(follower), true);
+    const Picker::Pick p = near.Best(/*full_only=*/false);
+    if (p.key == nullptr) return {};
+    return Finish(near, p, p.distance <= 1 ? follower : entry);
+  }
+
+ private:
+  // A rack that is not oversubscribed (or a reader without a rack): the
+  // idle-first ranking, the reader placed on a new line.
+  std::vector<WorkerId> IdleFirst() {
+    const uint64_t entry = PlacementFor(/*in_rack=*/false);
+    Picker p(hub_, v_, reader_, exclude_, OrderFor(entry), false);
+    const Picker::Pick first = p.Best(/*full_only=*/false);
+    if (first.key == nullptr) return {};
+    return Finish(p, first, entry);
+  }
+
+  std::vector<WorkerId> Finish(const Picker& p, const Picker::Pick& first,
+                               uint64_t placement) {
+    std::vector<WorkerId> chosen = p.WithStripes(first, max_sources_);
+    p.CoverMissingParts(&chosen);
+    Place(placement);
+    return chosen;
+  }
+
+  // Where the reader would be placed: its placement if it has one; else in
+  // its rack's line or on a new line. 0 for a reader that does not serve.
+  uint64_t PlacementFor(bool in_rack) const {
+    if (own_ == nullptr) return 0;
+    if (own_->placement > 0) return own_->placement;
+    return in_rack && rack_.has_value() ? FollowerPlacement(v_, *rack_)
+                                        : NewLinePlacement(v_);
+  }
+  // The order the reader may read below: its placement, or for a reader
+  // that does not serve every placed holder.
+  static uint64_t OrderFor(uint64_t placement) {
+    return placement > 0 ? placement : kUnplaced;
+  }
+  void Place(uint64_t placement) {
+    if (own_ == nullptr || own_->placement > 0) return;
+    hub_.Place(v_, reader_, placement);
+  }
+
+  // A usable holder in the reader's rack whose reader outside the rack is
+  // movable and placed after `placement`: that reader is moved onto this
+  // one (in the books), and the holder returned. Stale exits are dropped.
+  std::optional<WorkerId> TakeExit(const Picker& in, uint64_t placement) {
+    auto xs = v_.exits.find(*rack_);
+    if (xs == v_.exits.end()) return std::nullopt;
+    std::set<std::pair<WorkerId, WorkerId>> exits = xs->second;
+    for (const auto& [h, x] : exits) {
+      if (!ExitValid(h, x)) {
+        auto it = v_.exits.find(*rack_);
+        if (it != v_.exits.end()) {
+          it->second.erase({h, x});
+          if (it->second.empty()) v_.exits.erase(it);
+        }
+        continue;
+      }
+      const Reference& hr = v_.refs.at(h);
+      if (x == reader_ || !in.Usable(hr.filed->key) ||
+          (hr.filling && hr.filed->key.order >= placement)) {
+        continue;
+      }
+      const Reference* xr = nullptr;
+      if (auto it = v_.refs.find(x); it != v_.refs.end()) xr = &it->second;
+      if (xr != nullptr && xr->filling && xr->placement > 0 &&
+          xr->placement <= placement) {
+        continue;  // it would read from a reader placed after it
+      }
+      hub_.Move(v_, x, h, reader_);
+      return h;
+    }
+    return std::nullopt;
+  }
+
+  // The exit is as filed: `h` still holds the version in this rack, and
+  // `x` still reads from it and will recheck.
+  bool ExitValid(const WorkerId& h, const WorkerId& x) const {
+    auto hr = v_.refs.find(h);
+    if (hr == v_.refs.end() || !hr->second.filed.has_value() ||
+        hub_.RackOf(h) != rack_) {
+      return false;
+    }
+    auto a = v_.assignments.find(x);
+    if (a == v_.assignments.end() || a->second.recheck_ms == 0) return false;
+    return std::any_of(
+        a->second.edges.begin(), a->second.edges.end(), [&](const Edge& e) {
+          return e.source == h && e.source_join == hr->second.join_seq;
+        });
+  }
+
+  // Whether one more stream may cross the reader's rack uplink (in) and
+  // the source's (out) within their budgets (UplinkStreams).
+  bool UplinksAllow(const WorkerId& source) const {
+    auto used = [&](const RackKey& r, size_t RackUse::*field) {
+      auto it = hub_.rack_use_.find(r);
+      return it == hub_.rack_use_.end() ? size_t{0} : it->second.*field;
+    };
+    if (used(*rack_, &RackUse::in) >= hub_.UplinkStreams(*rack_)) return false;
+    const std::optional<RackKey> src = hub_.RackOf(source);
+    return !src.has_value() ||
+           used(*src, &RackUse::out) < hub_.UplinkStreams(*src);
+  }
+
+  HubState& hub_;
+  VersionEntry& v_;
+  const WorkerId& reader_;
+  const std::set<WorkerId>& exclude_;
+  const size_t max_sources_;
+  const std::optional<RackKey> rack_;
+  Reference* own_ = nullptr;  // the reader's filling reference, if any
 };
 
 Result<std::vector<HolderView>> HubState::Schedule(
@@ -1392,30 +1687,190 @@ Result<std::vector<HolderView>> HubState::Schedule(
   // Same errors as a resolve of that exact version.
   TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
   Release(v, reader);
-  const Picker picker(*this, v, reader, exclude);
-  const Picker::Pick first = picker.Best(/*full_only=*/false);
-  if (first.key == nullptr) {
+  std::vector<WorkerId> chosen;
+  if (rack_aware_) {
+    chosen = RackPlanner(*this, v, reader, exclude, max_sources).Choose();
+  } else {
+    const Picker picker(*this, v, reader, exclude, Picker::JoinOrder(v, reader),
+                        false);
+    const Picker::Pick first = picker.Best(/*full_only=*/false);
+    if (first.key != nullptr) {
+      chosen = picker.WithStripes(first, max_sources);
+      picker.CoverMissingParts(&chosen);
+    }
+  }
+  if (chosen.empty()) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
-  std::vector<WorkerId> chosen = picker.WithStripes(first, max_sources);
-  picker.CoverMissingParts(&chosen);
   return Assign(v, reader, chosen);
+}
+
+Result<std::vector<HolderView>> HubState::Recheck(const WorkerId& reader,
+                                                  const std::string& model,
+                                                  Version version,
+                                                  size_t max_sources) {
+  if (version.is_latest()) {
+    return InvalidArgument("recheck needs a resolved version number");
+  }
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) {
+    return NotFound("model '" + model + "' has no version " +
+                    std::to_string(version.value()));
+  }
+  TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), *v));
+  auto it = v->assignments.find(reader);
+  const bool intact =
+      it != v->assignments.end() &&
+      std::all_of(
+          it->second.edges.begin(), it->second.edges.end(), [&](const Edge& e) {
+            auto r = v->refs.find(e.source);
+            return r != v->refs.end() && r->second.join_seq == e.source_join;
+          });
+  if (!intact) return Schedule(reader, model, version, {}, max_sources);
+  Assignment& a = it->second;
+  if (a.recheck_ms > 0) {
+    // Moved: soon again, another reader may follow. Else less often.
+    a.recheck_ms = a.moved ? config_.recheck_ms
+                           : std::min(2 * a.recheck_ms, config_.max_recheck_ms);
+    a.moved = false;
+  }
+  std::vector<HolderView> out;
+  for (const Edge& e : a.edges) out.push_back(ViewOf(*v, e.source));
+  return out;
+}
+
+int64_t HubState::RecheckAfterMs(const WorkerId& reader,
+                                 const std::string& model,
+                                 Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return 0;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return 0;
+  auto a = vit->second.assignments.find(reader);
+  return a == vit->second.assignments.end() ? 0 : a->second.recheck_ms;
 }
 
 std::vector<HolderView> HubState::Assign(VersionEntry& v,
                                          const WorkerId& reader,
                                          const std::vector<WorkerId>& chosen) {
   std::vector<HolderView> out;
-  std::vector<WorkerId>& assigned = v.assignments[reader];
+  Assignment& assigned = v.assignments[reader];
+  const std::optional<RackKey> into = RackOf(reader);
   for (const WorkerId& id : chosen) {
     out.push_back(ViewOf(v, id));
-    assigned.push_back(id);
+    Edge e{id, v.refs.at(id).join_seq, std::nullopt};
+    if (rack_aware_) {
+      const std::optional<RackKey> out_of = RackOf(id);
+      if (out_of != into && (out_of.has_value() || into.has_value())) {
+        // Crosses the source's rack uplink, the reader's, or both.
+        e.uplinks = std::make_pair(out_of.value_or(RackKey()),
+                                   into.value_or(RackKey()));
+        if (out_of.has_value()) ++rack_use_[*out_of].out;
+        if (into.has_value()) ++rack_use_[*into].in;
+        if (out_of.has_value() &&
+            RackOversubscribed(config_, out_of->first, out_of->second)) {
+          // Behind an oversubscribed uplink: a reader arriving in that
+          // rack may take this source's place; this reader rechecks.
+          v.exits[*out_of].insert({id, reader});
+          assigned.recheck_ms = config_.recheck_ms;
+        }
+      }
+    }
+    assigned.edges.push_back(std::move(e));
     Reference& ref = v.refs.at(id);
     ++ref.serving;
     Refile(v, id, ref);
   }
   return out;
+}
+
+std::optional<HubState::RackKey> HubState::RackOf(const WorkerId& id) const {
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.reg.labels.rack.empty()) {
+    return std::nullopt;
+  }
+  return RackKey{it->second.reg.labels.datacenter, it->second.reg.labels.rack};
+}
+
+double HubState::RatioOf(const RackKey& rack) const {
+  auto it = config_.rack_oversubscription_by_rack.find(rack);
+  return it != config_.rack_oversubscription_by_rack.end()
+             ? it->second
+             : config_.rack_oversubscription;
+}
+
+size_t HubState::UplinkStreams(const RackKey& rack) const {
+  const double ratio = RatioOf(rack);
+  if (ratio <= 1) return SIZE_MAX;
+  auto it = rack_use_.find(rack);
+  const size_t workers = it == rack_use_.end() ? 0 : it->second.workers;
+  return std::max<size_t>(1, static_cast<size_t>(workers / ratio));
+}
+
+uint64_t HubState::FollowerPlacement(const VersionEntry& v,
+                                     const RackKey& rack) {
+  auto it = v.lines.find(rack);
+  if (it == v.lines.end() || it->second.next_position >= (1ull << 32)) {
+    return NewLinePlacement(v);
+  }
+  return (it->second.line << 32) | it->second.next_position;
+}
+
+uint64_t HubState::NewLinePlacement(const VersionEntry& v) {
+  return (v.next_line << 32) | 1;
+}
+
+void HubState::TakePlacement(VersionEntry& v, const RackKey& rack,
+                             uint64_t placement) {
+  const uint64_t line = placement >> 32;
+  if (line == v.next_line) {
+    ++v.next_line;
+    if (!rack.second.empty()) v.lines[rack] = Line{line, 2};
+    return;
+  }
+  Line& l = v.lines.at(rack);
+  TH_CHECK_EQ(l.line, line);
+  ++l.next_position;
+}
+
+void HubState::Place(VersionEntry& v, const WorkerId& id, uint64_t placement) {
+  Reference& r = v.refs.at(id);
+  TH_CHECK(r.filling && r.placement == 0);
+  const std::optional<RackKey> rack = RackOf(id);
+  TakePlacement(v, rack.value_or(RackKey()), placement);
+  r.placement = placement;
+  Refile(v, id, r);
+}
+
+void HubState::Move(VersionEntry& v, const WorkerId& x, const WorkerId& from,
+                    const WorkerId& to) {
+  Assignment& a = v.assignments.at(x);
+  auto e = std::find_if(a.edges.begin(), a.edges.end(),
+                        [&](const Edge& e) { return e.source == from; });
+  TH_CHECK(e != a.edges.end());
+  if (auto r = v.refs.find(from); r != v.refs.end() && r->second.serving > 0) {
+    --r->second.serving;
+    Refile(v, from, r->second);
+  }
+  Reference& ref = v.refs.at(to);
+  ++ref.serving;
+  Refile(v, to, ref);
+  TH_CHECK(e->uplinks.has_value());
+  RackKey& out_of = e->uplinks->first;
+  auto x_exits = v.exits.find(out_of);
+  if (x_exits != v.exits.end()) {
+    x_exits->second.erase({from, x});
+    if (x_exits->second.empty()) v.exits.erase(x_exits);
+  }
+  Uncount(out_of, &RackUse::out);
+  out_of = RackOf(to).value();  // `to` sits in the rack of `from`
+  ++rack_use_[out_of].out;
+  v.exits[out_of].insert({to, x});
+  e->source = to;
+  e->source_join = ref.join_seq;
+  a.moved = true;
 }
 
 void HubState::FetchDone(const WorkerId& reader, const std::string& model,
@@ -1579,7 +2034,7 @@ HubSnapshot HubState::Snapshot(const SnapshotLimits& want,
           const uint64_t n = b == bytes.end() ? 0 : b->second;
           t.sources.push_back({src, NameOf(src), n, rate(n, t.elapsed_ms)});
         };
-        for (const WorkerId& src : sources) add(src);
+        for (const Edge& e : sources.edges) add(e.source);
         for (const auto& [src, b] : bytes) add(src);
         out.transfers.push_back(std::move(t));
       }
@@ -1663,6 +2118,7 @@ void HubState::RemoveWorker(const WorkerId& id) {
     for (auto& [version, v] : m.versions) EndFetch(v, id);
   }
   rates_.erase(id);
+  CountWorker(it->second.reg.labels, -1);
   workers_.erase(id);
 }
 

@@ -177,7 +177,17 @@ struct ReadInfo {
 struct ReadChecksum {
   ChunkChecksum kind = ChunkChecksum::kXxh3;
   uint64_t value = 0;
+  // Not null (kXxh3Tree only): receives ChunkHash::Leaves() of the bytes
+  // read, so that a chunk read in pieces that begin at leaf boundaries is
+  // verified as a whole (TreeSumOfLeaves over the pieces' leaves).
+  std::vector<uint64_t>* leaves = nullptr;
 };
+// Sets sum->value (and sum->leaves) from a hash of the bytes read.
+inline void SetChecksum(const ChunkHash& hash, ReadChecksum* sum) {
+  if (sum == nullptr) return;
+  sum->value = hash.Digest();
+  if (sum->leaves != nullptr) *sum->leaves = hash.Leaves();
+}
 inline ChunkChecksum ChecksumKind(const ReadChecksum* sum) {
   return sum != nullptr ? sum->kind : ChunkChecksum::kXxh3;
 }

@@ -204,6 +204,25 @@ SourceRefresher FetchSession::Refresher(std::vector<SliceWant> wants) const {
     if (!srcs.ok()) return srcs.status();
     SourceUpdate update(addresses->ToSources(srcs->sources));
     update.unavailable = std::move(srcs->unavailable);
+    update.recheck_after_ms = srcs->recheck_after_ms;
+    return update;
+  };
+}
+
+void FetchSession::FollowRechecks(FetcherOptions& fo) const {
+  if (!start_.first_status.ok() || start_.first.sources.empty()) return;
+  fo.recheck_after_ms = start_.first.recheck_after_ms;
+  ControlPlane* hub = &ctx_.hub;
+  const Addresses* addresses = &ctx_.addresses;
+  fo.recheck = [hub, addresses, id = ctx_.membership.id(), model = model_,
+                v = version_, max_sources = MaxSources(options_.max_sources),
+                work = work_]() -> Result<SourceUpdate> {
+    Result<Scheduled> srcs =
+        hub->Recheck(id, model, v, max_sources, work.remaining_ms());
+    if (!srcs.ok()) return srcs.status();
+    SourceUpdate update(addresses->ToSources(srcs->sources));
+    update.unavailable = std::move(srcs->unavailable);
+    update.recheck_after_ms = srcs->recheck_after_ms;
     return update;
   };
 }

@@ -94,6 +94,11 @@ class FetchSession {
   // failed it; `wants` (a reader of slices): holders of slices that meet
   // them come too.
   SourceRefresher Refresher(std::vector<SliceWant> wants = {}) const;
+  // When the hub's first schedule asked for a recheck (the reader reads
+  // from behind another rack's oversubscribed uplink: docs/design.md,
+  // "Rack-aware pipelines"), sets the run to recheck then and how: it asks
+  // the hub for the sources its books name now (ControlPlane::Recheck).
+  void FollowRechecks(FetcherOptions& fo) const;
 
   // The data plane starts now (the schedule stage ends): the run's options,
   // with the caller's streams and progress callback, this worker's metrics,

@@ -154,8 +154,10 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
   TH_ASSIGN_OR_RETURN(std::vector<FetchSource> sources,
                       session->FirstSources());
   const SourceRefresher refresh = session->Refresher();
-  const FetcherOptions fo =
+  FetcherOptions fo =
       session->StartRun(session->manifest().total_bytes(), fill.OnChunk());
+  fo.on_landed = fill.OnLanded();
+  session->FollowRechecks(fo);
   Result<FetchReport> rep = RunFetch(ctx.transport, job, std::move(sources),
                                      refresh, fo, session->work());
   // A failed run: `fill` aborts (fence, drain, withdraw), then the session

@@ -688,7 +688,7 @@ class TcpConnection final : public Connection {
     }
     for (size_t i = 0; i < 2; ++i)
       TH_RETURN_IF_ERROR(staging_[i].Synchronize());
-    if (sum != nullptr) sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -830,7 +830,7 @@ class TcpConnection final : public Connection {
         hash.Update(p + off, n);
       }
     }
-    sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -857,7 +857,7 @@ class TcpConnection final : public Connection {
         sum != nullptr ? &hash : nullptr, local_->copy());
     if (copied.ok()) {
       TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
-      if (sum != nullptr) sum->value = hash.Digest();
+      SetChecksum(hash, sum);
       last_read_ = ReadInfo{true, hash.update_ns()};
       return Status::Ok();
     }

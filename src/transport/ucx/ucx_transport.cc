@@ -751,7 +751,7 @@ class UcxConnection final : public Connection {
     iovec rv{rel.data(), rel.size()};
     TH_RETURN_IF_ERROR(
         WriteAll(fd_.get(), {&rv, 1}, deadline).WithContext("holder " + peer_));
-    if (sum != nullptr) sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
