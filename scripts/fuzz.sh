@@ -2,6 +2,8 @@
 # Builds the libFuzzer targets under fuzz/ with clang and runs each for a
 # bounded time: data-plane frames (and the handshake), safetensors headers,
 # the hub's protobuf requests through the service into the state machine,
+# the UCX hello and reply, HF checkpoint metadata, the etcd records of an HA
+# hub, and a real hub over real gRPC with hostile clients,
 # and chunk deltas (src/delta/).
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 30)
 # The targets are CMake targets (TH_FUZZ=ON, fuzz/CMakeLists.txt) linking the
@@ -12,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-30}
 OUT=build-fuzz
-TARGETS=(frame_fuzz safetensors_fuzz hub_proto_fuzz delta_fuzz)
+TARGETS=(frame_fuzz safetensors_fuzz hub_proto_fuzz ucx_frames_fuzz hf_checkpoint_fuzz
+         etcd_records_fuzz hub_grpc_fuzz delta_fuzz)
 mkdir -p "$OUT"
 # -O1 -g with assertions on (no NDEBUG), as the fuzz builds always were.
 if ! CC=${FUZZ_CC:-clang-14} CXX=${FUZZ_CXX:-clang++-14} TARGETS="${TARGETS[*]}" \

@@ -3,11 +3,12 @@
 # multi-process tests) in a release build, again under AddressSanitizer +
 # UndefinedBehaviorSanitizer and under ThreadSanitizer, the libFuzzer targets for a bounded time, and
 # the Python package's pytest suite.
-#   SKIP_ASAN=1  skip the ASan+UBSan build     FUZZ_SECONDS=N  per target (30)
+#   SKIP_ASAN=1  skip the ASan+UBSan build     FUZZ_SECONDS=N  per target (15)
 #   SKIP_TSAN=1  skip the ThreadSanitizer build  TSAN_ALL=1  TSan on every binary
-#   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run (default: seed 20261122, 20
-#                rounds, so that CI replays the same fault schedule; set a
-#                new seed to explore, and replay a failure with its seed)
+#   CHAOS_SEED=S CHAOS_ROUNDS=R  the chaos run on a 6-host test bed, with
+#                hostile peers and network faults (default: seed 20261122,
+#                20 rounds, so that CI replays the same fault schedule; set
+#                a new seed to explore, and replay a failure with its seed)
 #   CHAOS_HA_ROUNDS=R  rounds of the HA chaos run (--ha 3; default 10)
 #   CHAOS_UCX_ROUNDS=R rounds of the chaos run over UCX (UCX_TLS=sm,self;
 #                default 10; 0 skips it). CHAOS_UCX_TLS=tcp (or a list
@@ -104,8 +105,13 @@ fi
 
 step "hub scale benchmark, small (state machine and a real hub process over gRPC)"
 build/bench/lab/tensorhub-lab bench hub --workers 500
-step "chaos: seeded faults (kill, stop, slow, hub restart) on loopback processes"
-build/bench/lab/tensorhub-lab chaos --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_ROUNDS:-20}"
+step "chaos: seeded faults (kill, stop, slow, hub restart, hostile peers without the secret, link cut and crawl) on a 6-host test bed"
+# Every process on a test-bed host (network namespaces); the attacker on a
+# host of its own. The test bed goes down however the run ends.
+(trap 'bench/testbed.sh down --prefix thchaos >/dev/null 2>&1 || true' EXIT
+ bench/testbed.sh up --prefix thchaos --net 10.87 --hosts 6 --host-mbit 400 --force >/dev/null
+ build/bench/lab/tensorhub-lab chaos --testbed thchaos --seed "${CHAOS_SEED:-20261122}" \
+   --rounds "${CHAOS_ROUNDS:-20}")
 step "chaos with an HA hub set: 3 hubs on a loopback etcd, leader killed, stopped, restarted"
 build/bench/lab/tensorhub-lab chaos --ha 3 --seed "${CHAOS_SEED:-20261122}" --rounds "${CHAOS_HA_ROUNDS:-10}"
 if [ "${CHAOS_UCX_ROUNDS:-10}" != "0" ] && grep -q '^TH_UCX:BOOL=ON' build/CMakeCache.txt; then
@@ -136,7 +142,7 @@ step "rollout workloads (standalone, elastic, cross-DC) on small test beds"
 bash tests/testbed/workload_smoke.sh
 
 step "fuzz targets"
-bash scripts/fuzz.sh "${FUZZ_SECONDS:-30}"
+bash scripts/fuzz.sh "${FUZZ_SECONDS:-15}"
 
 step "Python package and pytest"
 bash python/setup_env.sh

@@ -259,7 +259,8 @@ TEST(HubSet, LeaderKilledMidFetchTheFetchCompletesAndTheNewLeaderServes) {
 // SIGSTOP of the leader (a partition) until its lease expires and another
 // hub leads; after SIGCONT the old leader refuses writes, naming the new
 // one, and writes nothing to etcd. A client given only the old leader's
-// address follows the new leader.
+// address is told who leads but does not follow a hint outside the hubs it
+// was given (issue 27); a client given the set follows the new leader.
 TEST(HubSet, StoppedOldLeaderIsFencedAndClientsFollowTheNewLeader) {
   REQUIRE_ETCD();
   HubSet set(2);
@@ -287,8 +288,23 @@ TEST(HubSet, StoppedOldLeaderIsFencedAndClientsFollowTheNewLeader) {
       << s.error_message();
   EXPECT_TRUE(set.Keys("pin/").empty());
 
-  // A client that knows only the old leader is sent to the new one.
-  std::unique_ptr<Client> observer = Observer(old_leader);
+  // A client that knows only the old leader is told who leads, but does
+  // not go there: it follows leader hints only to hubs it was given
+  // (docs/security.md), and says so.
+  ClientOptions lone;
+  lone.hub_address = old_leader;
+  lone.name = "lone";
+  lone.rpc_timeout_ms = 2000;
+  lone.connect_timeout_ms = 3000;
+  Result<std::unique_ptr<Client>> alone = Client::Connect(lone);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_EQ(alone.status().code(), StatusCode::kUnavailable)
+      << alone.status().ToString();
+  EXPECT_NE(alone.status().message().find("leader is " + set.address(next)),
+            std::string::npos)
+      << alone.status().ToString();
+  // One given the set goes to the new leader.
+  std::unique_ptr<Client> observer = Observer(hubs);
   ASSERT_NE(observer, nullptr);
   Result<VersionInfo> info = WaitCommitted(*observer, Version(1), 1);
   ASSERT_TRUE(info.ok()) << info.status().ToString();

@@ -581,5 +581,65 @@ TEST(SharedSecret, BothPlanesRequireIt) {
   EXPECT_EQ(anonymous.status().code(), StatusCode::kPermissionDenied);
 }
 
+// Rack-aware pipelines end to end (docs/design.md, "Rack-aware
+// pipelines"): a hub told 4:1 racks; readers in three racks fetch at once,
+// one stream each, from the real data plane with cut-through. Whatever
+// order they reach the hub in, readers entering a rack are told to recheck
+// and follow the moves the hub makes when their rack-mates arrive; every
+// reader ends with the trainer's bytes, and no pipeline waits on itself.
+class RackHubTest : public HubTest {
+ protected:
+  void SetUp() override {
+    HubOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.lease_ms = 5000;
+    o.rebuild_ms = 0;
+    o.rack_oversubscription = 4;
+    o.recheck_ms = 1;
+    auto hub = hub::HubServer::Start(o);
+    ASSERT_TRUE(hub.ok()) << hub.status().ToString();
+    hub_ = std::move(hub).value();
+  }
+  ClientOptions WorkerOptions(const std::string& name) const override {
+    ClientOptions o = HubTest::WorkerOptions(name);
+    o.labels.datacenter = "dc";
+    o.labels.rack = name == "trainer" ? "r0" : "r" + name.substr(0, 1);
+    o.labels.host = name;
+    return o;
+  }
+};
+
+TEST_F(RackHubTest, ReadersInOversubscribedRacksFetchAtOnceAndAllGetTheBytes) {
+  SyntheticModel src(TestLayout(6 << 20));
+  src.Fill(8);
+  auto trainer = NewClient("trainer");
+  PublishOptions po;
+  po.chunk_bytes = 512 << 10;
+  ASSERT_TRUE(trainer->Publish("m", Version(1), src.tensors(), po).ok());
+  const std::vector<std::string> names = {"1a", "2a", "1b", "3a", "2b", "1c"};
+  std::vector<std::unique_ptr<Client>> readers;
+  std::vector<std::unique_ptr<SyntheticModel>> dst;
+  for (const std::string& n : names) {
+    readers.push_back(NewClient(n));
+    dst.push_back(std::make_unique<SyntheticModel>(TestLayout(6 << 20)));
+  }
+  std::vector<Status> got(names.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < names.size(); ++i) {
+    threads.emplace_back([&, i] {
+      FetchOptions fo;
+      fo.connections = 1;
+      fo.timeout_ms = 60000;
+      got[i] =
+          readers[i]->Fetch("m", Version(1), dst[i]->tensors(), fo).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_TRUE(got[i].ok()) << names[i] << ": " << got[i].ToString();
+    EXPECT_EQ(dst[i]->Digest(), src.Digest()) << names[i];
+  }
+}
+
 }  // namespace
 }  // namespace tensorhub::testing

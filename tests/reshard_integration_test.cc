@@ -573,5 +573,120 @@ TEST_F(SliceHolderTest, ARestartedHubHearsOfHoldersOfSlicesAgain) {
   EXPECT_GT(from_holder, 0u);
 }
 
+// Every tensor of the model, whole, into fresh buffers (what Describe lists
+// of a version of pieces: the logical tensors).
+struct WholeModel {
+  std::vector<TensorRef> dest;
+  std::map<std::string, std::vector<uint16_t>> got;
+};
+WholeModel WholeBuffers() {
+  WholeModel w;
+  for (const auto& [name, shape] : TinyLlama()) {
+    std::vector<uint16_t>& g = w.got[name];
+    g.assign(Box::Whole(shape).Elements(), 0xAAAA);
+  }
+  for (const auto& [name, shape] : TinyLlama()) {
+    std::vector<uint16_t>& g = w.got[name];
+    w.dest.push_back({{name, DType::kBF16, shape},
+                      g.data(),
+                      g.size() * 2,
+                      MemoryLocation::Host()});
+  }
+  return w;
+}
+
+// A version two trainer ranks published as pieces, fetched whole by A (as
+// any whole fetch, served onward: as a holder of slices whose boxes are the
+// whole tensors). Once both ranks withdrew it, A keeps it available: B
+// fetches it whole and as slices, every byte from A. A's Unpublish then
+// withdraws it (it serves the version), and with nobody left the version is
+// UNAVAILABLE.
+TEST_F(SliceHolderTest, AWholeFetchOfPiecesServesOnwardAndKeepsTheVersion) {
+  Worker t0 = NewWorker("t0"), t1 = NewWorker("t1");
+  ASSERT_TRUE(PublishRank(t0, "m", true, 0, 2).ok());
+  ASSERT_TRUE(PublishRank(t1, "m", true, 1, 2).ok());
+  Worker a = NewWorker("a");
+  WholeModel held = WholeBuffers();  // registered memory: never moves
+  Result<FetchStats> st = a.client->Fetch("m", Version(1), held.dest);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (const auto& [name, shape] : TinyLlama()) {
+    ASSERT_EQ(held.got[name], full_[name]) << name;
+  }
+  ASSERT_TRUE(t0.client->Unpublish("m", Version(1)).ok());
+  ASSERT_TRUE(t1.client->Unpublish("m", Version(1)).ok());
+  Worker b = NewWorker("b");
+  FetchOptions fo;
+  fo.serve = false;
+  WholeModel mine = WholeBuffers();
+  st = b.client->Fetch("m", Version::Latest(), mine.dest, fo);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(st->version, Version(1));
+  for (const auto& [name, shape] : TinyLlama()) {
+    EXPECT_EQ(mine.got[name], full_[name]) << name;
+  }
+  EXPECT_EQ(BytesFrom(*st, a), st->bytes);
+  RankSlices slices = TpSlices(1, 2);
+  st = b.client->FetchSlices("m", Version(1), slices.slices, fo);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(slices);
+  EXPECT_EQ(BytesFrom(*st, a), st->bytes);
+  ASSERT_TRUE(a.client->Unpublish("m", Version(1)).ok());
+  st = b.client->Fetch("m", Version(1), mine.dest, fo);
+  EXPECT_EQ(st.status().code(), StatusCode::kUnavailable)
+      << st.status().ToString();
+}
+
+// A version one trainer published whole (no pieces), read by two TP ranks
+// that serve their slices: once the trainer withdrew it, the two together
+// keep it, and a whole fetch of it reads it as slices from them (then serves
+// it as a holder of slices), as does a TP rank of another instance.
+TEST_F(SliceHolderTest, ReadersOfSlicesKeepAVersionPublishedWhole) {
+  Worker t = NewWorker("t");
+  std::vector<TensorRef> refs;
+  for (const auto& [name, shape] : TinyLlama()) {
+    refs.push_back({{name, DType::kBF16, shape},
+                    full_[name].data(),
+                    full_[name].size() * 2,
+                    MemoryLocation::Host()});
+  }
+  PublishOptions po;
+  po.segment_bytes = kSegmentBytes;
+  ASSERT_TRUE(t.client->Publish("m", Version(1), refs, po).ok());
+  FetchOptions serve;
+  serve.serve_slices = true;
+  std::vector<Worker> holders;
+  std::deque<RankSlices> held;  // registered memory: never moves
+  for (uint32_t r = 0; r < 2; ++r) {
+    holders.push_back(NewWorker("h" + std::to_string(r)));
+    held.push_back(TpSlices(r, 2));
+    ASSERT_TRUE(holders[r]
+                    .client->FetchSlices("m", Version(1), held[r].slices, serve)
+                    .ok());
+  }
+  ASSERT_TRUE(t.client->Unpublish("m", Version(1)).ok());
+  Worker whole = NewWorker("whole");
+  WholeModel mine = WholeBuffers();
+  Result<FetchStats> st = whole.client->Fetch("m", Version(1), mine.dest);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  for (const auto& [name, shape] : TinyLlama()) {
+    EXPECT_EQ(mine.got[name], full_[name]) << name;
+  }
+  EXPECT_GT(BytesFrom(*st, holders[0]), 0u);
+  EXPECT_GT(BytesFrom(*st, holders[1]), 0u);
+  // The TP ranks leave; the whole reader keeps the version for a TP rank
+  // of another instance.
+  for (Worker& h : holders)
+    ASSERT_TRUE(h.client->Unpublish("m", Version(1)).ok());
+  Worker next = NewWorker("next");
+  RankSlices again = TpSlices(0, 2);
+  FetchOptions one;
+  one.connections = 1;
+  st = next.client->FetchSlices("m", Version(1), again.slices, one);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  ExpectEqual(again);
+  EXPECT_EQ(BytesFrom(*st, whole), st->bytes);
+  ASSERT_TRUE(whole.client->Unpublish("m", Version(1)).ok());
+}
+
 }  // namespace
 }  // namespace tensorhub

@@ -42,6 +42,12 @@ struct RoleFlags {
   std::string etcd;  // an HA hub set's etcd endpoints (ha_test.cc)
   int64_t etcd_lease_ms = 2000;
   int64_t rebuild_ms = -1;  // -1: the hub's default
+  std::string secret;       // the shared secret, of every role
+  // The hub's bounds (hostile_test.cc); 0: the hub's default.
+  uint32_t max_connections_per_peer = 0;
+  int64_t idle_connection_ms = 0;
+  int64_t handshake_timeout_ms = 0;
+  bool accept_request_secret = false;
 };
 
 int RunHub(const RoleFlags& f) {
@@ -51,6 +57,15 @@ int RunHub(const RoleFlags& f) {
   o.etcd_endpoints = f.etcd;
   o.etcd_lease_ms = f.etcd_lease_ms;
   if (f.rebuild_ms >= 0) o.rebuild_ms = f.rebuild_ms;
+  o.secret = f.secret;
+  if (f.max_connections_per_peer > 0) {
+    o.max_connections_per_peer = f.max_connections_per_peer;
+  }
+  if (f.idle_connection_ms > 0) o.idle_connection_ms = f.idle_connection_ms;
+  if (f.handshake_timeout_ms > 0) {
+    o.handshake_timeout_ms = f.handshake_timeout_ms;
+  }
+  o.accept_request_secret = f.accept_request_secret;
   cli::BlockStopSignals();
   SetLogPrefix("hub");
   auto server = hub::HubServer::Start(o);
@@ -67,6 +82,7 @@ Result<std::unique_ptr<Client>> Connect(const RoleFlags& f, const char* name) {
   o.name = name;
   o.heartbeat_interval_ms = 200;
   o.rpc_timeout_ms = 2000;
+  o.secret = f.secret;
   return Client::Connect(o);
 }
 
@@ -93,6 +109,8 @@ int RunTrainer(const RoleFlags& f) {
       Status s = (*client)->Unpublish(kModel, Version(v), 30000);
       Reply(s.ok() ? "unpublished " + std::to_string(v)
                    : "error " + s.ToString());
+    } else if (cmd == "address") {
+      Reply("address " + (*client)->data_address());
     } else {
       break;
     }
@@ -244,6 +262,11 @@ int MaybeRunRole(int argc, char** argv) {
   app.add_option("--etcd", f.etcd);
   app.add_option("--etcd-lease-ms", f.etcd_lease_ms);
   app.add_option("--rebuild-ms", f.rebuild_ms);
+  app.add_option("--secret", f.secret);
+  app.add_option("--max-connections-per-peer", f.max_connections_per_peer);
+  app.add_option("--idle-connection-ms", f.idle_connection_ms);
+  app.add_option("--handshake-timeout-ms", f.handshake_timeout_ms);
+  app.add_flag("--accept-request-secret", f.accept_request_secret);
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   if (f.role == "hub") return RunHub(f);
   if (f.role == "trainer") return RunTrainer(f);

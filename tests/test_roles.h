@@ -6,6 +6,8 @@
 //   trainer  --hub A --bytes N           "publish V [RANK GROUP]" -> "published
 //   V DIGEST"
 //                                        "unpublish V" -> "unpublished V"
+//                                        "address" -> "address HOST:PORT" (its
+//                                        data server)
 //   reader   --hub A --bytes N           "fetch V|latest" -> "fetched V DIGEST"
 //                                        or "error CODE: message"
 //            "fetchx V|latest TIMEOUT_MS PAUSE_AFTER": with PAUSE_AFTER > 0,
@@ -20,6 +22,9 @@
 //            "fetched V DIGEST waited|at-once" or "failed MS CODE: message"
 //   keeper   --hub A                     prints "ready ID", keeps retained
 //                                        versions until killed
+// Every role takes --secret S (the shared secret); the hub also
+// --max-connections-per-peer N --idle-connection-ms N
+// --handshake-timeout-ms N --accept-request-secret (HubOptions).
 #ifndef TENSORHUB_TESTS_TEST_ROLES_H_
 #define TENSORHUB_TESTS_TEST_ROLES_H_
 

@@ -515,6 +515,17 @@ int WaitForStopSignal() {
   return sig;
 }
 
+int WaitForStopSignalFor(int64_t ms) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  timespec ts{static_cast<time_t>(ms / 1000),
+              static_cast<long>((ms % 1000) * 1000000)};
+  const int sig = sigtimedwait(&set, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
 ProgressBar::ProgressBar(std::string label)
     : label_(std::move(label)),
       tty_(isatty(STDERR_FILENO)),

@@ -144,6 +144,8 @@ Result<ModelRef> ParseModelRef(const std::string& text);
 // every thread inherits the mask) and later waits for one of them.
 void BlockStopSignals();
 int WaitForStopSignal();
+// The same, for at most `ms`: 0 if no signal came by then.
+int WaitForStopSignalFor(int64_t ms);
 
 // A single-line progress bar on stderr, drawn only when stderr is a terminal.
 class ProgressBar {

@@ -45,6 +45,73 @@ Result<std::string> HeaderJson(const std::string& path,
   return json;
 }
 
+// What a published file was when it was mapped, to see it change under its
+// holder: truncated or rewritten in place, its mapped bytes are no longer
+// the published version's (a truncated tail cannot even be read: every read
+// of it fails), so the holder withdraws the version (docs/security.md, "A
+// file that changes under its holder").
+struct FileStamp {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  timespec mtime{};
+};
+
+Result<FileStamp> StampOf(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return Unavailable(path + ": " + std::strerror(errno));
+  }
+  return FileStamp{st.st_dev, st.st_ino, st.st_size, st.st_mtim};
+}
+
+class FileWatch {
+ public:
+  Status Add(const std::string& path) {
+    TH_ASSIGN_OR_RETURN(FileStamp s, StampOf(path));
+    files_.emplace_back(path, s);
+    return Status::Ok();
+  }
+  // How a file changed under the mapping ("" if none did). A file
+  // replaced at its path (renamed over, deleted) is not a change of what
+  // is served: the mapping keeps the old file's bytes.
+  std::string Changed() {
+    for (auto& [path, was] : files_) {
+      Result<FileStamp> now = StampOf(path);
+      if (!now.ok() || now->dev != was.dev || now->ino != was.ino) {
+        if (!replaced_said_) {
+          replaced_said_ = true;
+          TH_LOG(INFO) << path
+                       << " was replaced or removed; this holder keeps "
+                          "serving the bytes it mapped (the published file)";
+        }
+        continue;
+      }
+      if (now->size < was.size) {
+        return path + " was truncated under this holder (from " +
+               std::to_string(was.size) + " to " + std::to_string(now->size) +
+               " bytes)";
+      }
+      if (now->size != was.size || now->mtime.tv_sec != was.mtime.tv_sec ||
+          now->mtime.tv_nsec != was.mtime.tv_nsec) {
+        return path +
+               " was rewritten under this holder (its size or modification "
+               "time changed)";
+      }
+    }
+    return "";
+  }
+
+ private:
+  std::vector<std::pair<std::string, FileStamp>> files_;
+  bool replaced_said_ = false;
+};
+
+// How often a publisher looks at its files.
+constexpr int64_t kFileWatchMs = 500;
+// Its exit status when it withdrew a version whose file changed.
+constexpr int kExitFileChanged = 3;
+
 // Maps every shard of checkpoint directory `dir` and fills in their headers.
 struct MappedCheckpoint {
   HfCheckpoint ckpt;
@@ -132,10 +199,41 @@ int RunPublish(const PublishFlags& f) {
         file->header().tensors.size(),
         FormatBytes(file->file_bytes() - file->header().data_start).c_str());
   }
+  FileWatch watch;
+  if (is_dir) {
+    for (const HfShard& shard : ckpt->ckpt.shards) {
+      if (Status w = watch.Add(f.path + "/" + shard.name); !w.ok()) {
+        return Fail(w);
+      }
+    }
+  } else if (Status w = watch.Add(f.path); !w.ok()) {
+    return Fail(w);
+  }
   std::printf("serving from %s; press Ctrl-C to unpublish and exit\n",
               (*client)->data_address().c_str());
   std::fflush(stdout);
-  WaitForStopSignal();
+  std::string changed;
+  while (WaitForStopSignalFor(kFileWatchMs) == 0) {
+    changed = watch.Changed();
+    if (!changed.empty()) break;
+  }
+  if (!changed.empty()) {
+    TH_LOG(ERROR) << changed << ": withdrawing " << f.model << "@" << f.version
+                  << " at the hub, since what this holder serves is no "
+                     "longer the published version (readers go to other "
+                     "holders; republish the file as a new version)";
+    // Forced: these bytes must not stay the last copy of anything.
+    Status u = (*client)->Unpublish(f.model, Version(f.version), 10000,
+                                    /*force=*/true);
+    if (!u.ok()) {
+      TH_LOG(ERROR) << "withdrawing " << f.model << "@" << f.version
+                    << " failed: " << u.ToString()
+                    << " (the hub drops it when this holder's lease ends)";
+    }
+    std::fprintf(stderr, "tensorhub: %s; %s@%llu withdrawn\n", changed.c_str(),
+                 f.model.c_str(), static_cast<unsigned long long>(f.version));
+    return kExitFileChanged;
+  }
   Status u = (*client)->Unpublish(f.model, Version(f.version), 30000);
   if (!u.ok()) return Fail(u);
   std::printf("unpublished; reads drained\n");
@@ -479,7 +577,8 @@ void AddFileCommands(CommandLine& cl) {
   CLI::App* c = cl.Add(
       "publish",
       "publish a .safetensors file or an HF checkpoint directory, serve it "
-      "until interrupted",
+      "until interrupted (a file truncated or rewritten meanwhile: the "
+      "version is withdrawn and the command exits with status 3)",
       [p] { return RunPublish(*p); });
   c->add_option("path", p->path,
                 "FILE.safetensors, or a directory with *.safetensors shards "

@@ -91,6 +91,15 @@ std::vector<std::string> RoleEnv() {
 }
 
 namespace {
+// Host i's datacenter (and rack) labels.
+void AddPlace(const Testbed& t, size_t host, std::vector<std::string>* args) {
+  if (t.dcs_are_racks) {
+    args->insert(args->end(), {"--datacenter", "dc", "--rack", t.dcs[host]});
+  } else {
+    args->insert(args->end(), {"--datacenter", t.dcs[host]});
+  }
+}
+
 void AddMetricsListen(const Testbed& t, size_t host, int port,
                       std::vector<std::string>* args) {
   if (port <= 0) return;
@@ -103,6 +112,11 @@ Result<Subprocess> SpawnHub(const Testbed& t, const std::string& port,
                             std::string* address, int metrics_port) {
   *address = t.ips[0] + ":" + port;
   std::vector<std::string> a = {"serve", "--listen", *address};
+  if (t.rack_oversubscription > 0) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof(ratio), "%g", t.rack_oversubscription);
+    a.insert(a.end(), {"--rack-oversubscription", ratio});
+  }
   AddMetricsListen(t, 0, metrics_port > 0 ? metrics_port + 1 : 0, &a);
   return Subprocess::Spawn(a, RoleEnv(), t.Exec(0));
 }
@@ -124,9 +138,9 @@ Result<Subprocess> SpawnTrainer(const Testbed& t, const std::string& hub,
                                 "--bytes",       std::to_string(bytes),
                                 "--chunk-bytes", std::to_string(chunk_bytes),
                                 "--name",        "trainer",
-                                "--datacenter",  t.dcs[0],
                                 "--host-label",  t.names[0],
                                 "--data-listen", t.ips[0] + ":0"};
+  AddPlace(t, 0, &a);
   AddMetricsListen(t, 0, metrics_port, &a);
   auto trainer = Subprocess::Spawn(a, RoleEnv(), t.Exec(0));
   if (!trainer.ok()) return trainer.status();
@@ -144,10 +158,10 @@ Result<Subprocess> SpawnReader(const Testbed& t, size_t host,
                                 "--hub",         hub,
                                 "--bytes",       std::to_string(bytes),
                                 "--name",        name,
-                                "--datacenter",  t.dcs[host],
                                 "--host-label",  t.names[host],
                                 "--data-listen", t.ips[host] + ":0",
                                 "--connections", std::to_string(connections)};
+  AddPlace(t, host, &a);
   if (!serve) a.push_back("--no-serve");
   AddMetricsListen(t, host, metrics_port, &a);
   return Subprocess::Spawn(a, RoleEnv(), t.Exec(host));

@@ -22,6 +22,11 @@ struct Testbed {
   std::vector<std::string> names, ips, dcs;
   double host_mbit = 0, wan_mbit = 0;
   int num_dcs = 1;
+  // The test bed's "datacenters" stand for racks of one datacenter (their
+  // shaped uplinks for rack uplinks): workers are labelled --datacenter dc
+  // --rack <its DC>, and the hub is told rack_oversubscription (> 0).
+  bool dcs_are_racks = false;
+  double rack_oversubscription = 0;
 
   // {"ip", "netns", "exec", host i's namespace}
   std::vector<std::string> Exec(size_t i) const;

@@ -19,6 +19,27 @@
 //   hub-stop        SIGSTOP of the hub for 0.5-2.5 s: it accepts
 //                   connections but answers nothing; every call must still
 //                   keep its deadline
+//   flood-hub       a hostile peer without the secret (`_chaos-attacker`,
+//                   chaos_hostile.h) attacks the hub for 0.5-2.5 s: idle
+//                   connections, garbage, calls without a valid proof (a
+//                   32 MiB Publish among them)
+//   flood-holder    the same against a holder's data port: idle
+//                   connections, handshakes with a wrong proof, garbage
+//
+// Every process of a run shares one random secret ($TENSORHUB_SECRET), so
+// that the hostile peers face what a deployment has. After a flood the run
+// checks that nothing was served to the attacker, that the target's memory
+// grew by at most 64 MiB and that its descriptors come back.
+//
+// With --testbed PREFIX every process runs on a host of that test bed
+// (bench/testbed.sh up --prefix PREFIX --hosts 6: h0 the trainer, h1-h3 the
+// readers and the auditor, h4 the attacker, h5 the hub) and two network
+// faults join in:
+//   partition       a host's link set down for 0.5-2.5 s, then up
+//   crawl           a host's link shaped to 1 Mbit/s each way (tc tbf) for
+//                   0.5-2.5 s, then back to the test bed's rate
+// (this kernel has neither netem nor iptables: loss and delay come from
+// these two).
 //
 // With --ha N the hub is a highly available set of N hubs on a loopback
 // etcd (each `serve --etcd`), the workers are given all N addresses, and:
@@ -46,7 +67,11 @@
 // The schedule (which fault, when, on whom, how long) is drawn from the seed
 // before each round, so a failing seed replays the same schedule (thread
 // timing on a loaded machine still varies).
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -69,6 +94,7 @@
 #include <string>
 #include <thread>
 
+#include "chaos_hostile.h"
 #include "cli_util.h"
 #include "common/log.h"
 #include "demo_model.h"
@@ -174,6 +200,8 @@ std::vector<std::string> Words(const std::string& line) {
 //       goes on at the line "go".
 //   describe V
 //       -> state MS NAME | error MS ...
+//   address
+//       -> address MS HOST:PORT (its data server)
 //
 // The worker serves and reads the transports of $TENSORHUB_TRANSPORTS
 // (ClientOptions::transports; tcp when unset), over UCX's wires of $UCX_TLS.
@@ -265,6 +293,8 @@ int RunChaosWorker(const ChaosWorkerFlags& f) {
                 std::to_string(st->chunks_stolen) + " " +
                 std::to_string(st->sources_used) + " " + SourceTransports(*st))
           : error(st.status());
+    } else if (w[0] == "address" && w.size() == 1) {
+      Reply("address " + ms() + " " + (*client)->data_address());
     } else if (w[0] == "describe" && w.size() == 2) {
       auto info = (*client)->Describe(kModel, Version(std::stoull(w[1])));
       info.ok() ? Reply("state " + ms() + " " +
@@ -288,16 +318,104 @@ enum Fault {
   kSlow,
   kHubRestart,
   kHubStop,
-  kHubFailover,  // drawn only with --ha: the others keep their schedules
+  kHubFailover,  // drawn only with --ha
+  kFloodHub,     // hostile peers without the secret (chaos_hostile.h)
+  kFloodHolder,
+  kPartition,  // network faults: drawn only with --testbed
+  kCrawl,
   kNumFaults
 };
-const char* const kFaultNames[] = {"kill-holder", "kill-reader", "kill-trainer",
-                                   "stop",        "slow",        "hub-restart",
-                                   "hub-stop",    "hub-failover"};
+const char* const kFaultNames[] = {
+    "kill-holder", "kill-reader",  "kill-trainer", "stop",
+    "slow",        "hub-restart",  "hub-stop",     "hub-failover",
+    "flood-hub",   "flood-holder", "partition",    "crawl"};
+static_assert(std::size(kFaultNames) == kNumFaults);
+
+// What a flood may cost its target: memory (the hub reads no request of a
+// caller without the secret, however large) and, once the attacker is gone,
+// descriptors left over.
+constexpr uint64_t kMaxFloodRssBytes = 64ull << 20;
+constexpr size_t kFloodFdSlack = 64;
+// The rate of a crawling link.
+constexpr int kCrawlMbit = 1;
+
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+size_t Descriptors(pid_t pid) {
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str());
+  if (d == nullptr) return 0;
+  size_t n = 0;
+  while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n;
+}
+
+// The test bed of --testbed (bench/testbed.sh's state file).
+struct TestBed {
+  std::string prefix;
+  std::vector<std::string> names, ips;
+  int host_mbit = 0;
+  std::string switch_ns;
+};
+
+Result<TestBed> LoadTestBed(const std::string& prefix) {
+  const std::string path = "/run/tensorhub-testbed-" + prefix + ".env";
+  std::ifstream in(path);
+  if (!in) {
+    return NotFound("no test bed '" + prefix + "' (" + path +
+                    "): bench/testbed.sh up --prefix " + prefix +
+                    " --hosts 6 first");
+  }
+  TestBed tb;
+  tb.prefix = prefix;
+  std::string line;
+  auto value = [](const std::string& l) {
+    std::string v = l.substr(l.find('=') + 1);
+    if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
+    return v;
+  };
+  while (std::getline(in, line)) {
+    if (line.rfind("TB_HOST_NAMES=", 0) == 0) tb.names = Words(value(line));
+    if (line.rfind("TB_HOST_IPS=", 0) == 0) tb.ips = Words(value(line));
+    if (line.rfind("TB_HOST_MBIT=", 0) == 0)
+      tb.host_mbit = std::stoi(value(line));
+    if (line.rfind("TB_SWITCH_NS=", 0) == 0) tb.switch_ns = value(line);
+  }
+  if (tb.names.size() < 6 || tb.names.size() != tb.ips.size() ||
+      tb.host_mbit <= 0 || tb.switch_ns.empty()) {
+    return InvalidArgument("test bed '" + prefix +
+                           "' needs 6 hosts or more (bench/testbed.sh up "
+                           "--prefix " +
+                           prefix + " --hosts 6)");
+  }
+  return tb;
+}
+
+// Runs `cmd` (ip, tc) and says whether it succeeded.
+bool Sh(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
+
+// tbf on a device's egress, as bench/testbed.sh shapes it.
+std::string ShapeCommand(const std::string& ns, const std::string& dev,
+                         int mbit) {
+  const int64_t burst =
+      std::max<int64_t>(65536, int64_t{mbit} * 1000 * 1000 / 8 * 2 / 1000);
+  return "tc -n " + ns + " qdisc replace dev " + dev + " root tbf rate " +
+         std::to_string(mbit) + "mbit burst " + std::to_string(burst) +
+         " latency 20ms";
+}
 
 struct Proc {
   std::string name;
   bool reader = true;
+  int host = -1;             // its test-bed host (-1: loopback)
+  std::string data_address;  // its data server (HOST:PORT)
   std::unique_ptr<Subprocess> sub;
   std::atomic<bool> killed{false};
   std::atomic<int64_t> stopped_ms{0};  // total time it was kept stopped
@@ -319,16 +437,30 @@ class Chaos {
   // ha: the number of hubs of an HA set on etcd, or 0 for one hub.
   // transport: the data plane every worker serves and reads, "tcp" or "ucx"
   // (then over UCX's wires of $UCX_TLS, which the workers inherit).
+  // testbed: the prefix of a test bed to run on ("": loopback).
   Chaos(uint64_t seed, int rounds, int readers, uint64_t bytes, bool verbose,
-        int ha, std::string transport)
+        int ha, std::string transport, std::string testbed)
       : seed_(seed),
         rounds_(rounds),
         num_readers_(readers),
         bytes_(bytes),
         ha_(ha),
         transport_(std::move(transport)),
+        testbed_prefix_(std::move(testbed)),
         rng_(seed) {
     env_ = {verbose ? "TENSORHUB_LOG=warn" : "TENSORHUB_LOG=error"};
+    // One secret for every process of the run, as a deployment has: the
+    // hostile peers do not know it.
+    std::random_device rd;
+    char secret[33];
+    std::snprintf(secret, sizeof(secret), "%08x%08x%08x%08x", rd(), rd(), rd(),
+                  rd());
+    env_.push_back(std::string("TENSORHUB_SECRET=") + secret);
+    for (int f = 0; f < kNumFaults; ++f) {
+      if (f == kHubFailover && ha_ == 0) continue;
+      if ((f == kPartition || f == kCrawl) && testbed_prefix_.empty()) continue;
+      enabled_.push_back(static_cast<Fault>(f));
+    }
     // UCX first, TCP as every worker's fallback: a worker whose UCX could
     // not start serves TCP only, which CheckFetched reports. Set either way:
     // the caller's own TENSORHUB_TRANSPORTS does not leak into a tcp run.
@@ -342,6 +474,12 @@ class Chaos {
 
   int Run() {
     int64_t t0 = NowMs();
+    if (!testbed_prefix_.empty()) {
+      if (ha_ > 0) return Fatal("--testbed runs one hub: leave --ha out");
+      Result<TestBed> tb = LoadTestBed(testbed_prefix_);
+      if (!tb.ok()) return Fatal(tb.status().ToString());
+      testbed_ = std::move(tb).value();
+    }
     if (ha_ > 0) {
       auto etcd = lab::EtcdProcess::Start();
       if (!etcd.ok()) return Fail(etcd.status());
@@ -351,9 +489,13 @@ class Chaos {
       etcd_client_ = std::move(client).value();
     }
     for (int i = 0; i < std::max(1, ha_); ++i) {
-      Result<int> port = FreeLoopbackPort();
-      if (!port.ok()) return Fail(port.status());
-      ports_.push_back(*port);
+      if (testbed_.has_value()) {
+        ports_.push_back(7300 + i);  // its own host: any port is free
+      } else {
+        Result<int> port = FreeLoopbackPort();
+        if (!port.ok()) return Fail(port.status());
+        ports_.push_back(*port);
+      }
       hub_address_ += (i > 0 ? "," : "") + HubAddress(i);
     }
     hubs_.resize(ports_.size());
@@ -362,7 +504,9 @@ class Chaos {
     }
     trainer_ = Spawn(false);
     auditor_ = Spawn(true, "auditor");
-    for (int i = 0; i < num_readers_; ++i) readers_.push_back(Spawn(true));
+    for (int i = 0; i < num_readers_; ++i) {
+      readers_.push_back(Spawn(true, "", ReaderHost(i)));
+    }
     if (!trainer_->sub || !auditor_->sub)
       return Fatal("could not start the workers");
     for (int r = 1; r <= rounds_; ++r) {
@@ -396,19 +540,51 @@ class Chaos {
     std::fflush(stdout);
   }
 
-  static bool Listening(int port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(fd);
+  // Whether hub `i` accepts connections: on loopback, or from inside its
+  // test-bed host's network namespace (a thread of this process enters it).
+  bool Listening(int i) const {
+    const std::string ip = HubIp();
+    const int port = ports_[i];
+    auto probe = [ip, port] {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      ::close(fd);
+      return ok;
+    };
+    if (!testbed_.has_value()) return probe();
+    bool ok = false;
+    std::thread t([&] {
+      const std::string ns = "/run/netns/" + testbed_->names[HubHost()];
+      int nsfd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (nsfd < 0) return;
+      if (::setns(nsfd, CLONE_NEWNET) == 0) ok = probe();
+      ::close(nsfd);
+    });
+    t.join();
     return ok;
   }
 
+  // Test-bed hosts (--testbed): the hub on the last, the attacker before
+  // it, the trainer on the first, readers and the auditor in between.
+  int HubHost() const { return static_cast<int>(testbed_->names.size()) - 1; }
+  int AttackerHost() const { return HubHost() - 1; }
+  int ReaderHost(int i) const {
+    return testbed_.has_value() ? 1 + i % (AttackerHost() - 1) : -1;
+  }
+  std::string HubIp() const {
+    return testbed_.has_value() ? testbed_->ips[HubHost()] : "127.0.0.1";
+  }
+  std::vector<std::string> Wrapper(int host) const {
+    if (!testbed_.has_value() || host < 0) return {};
+    return {"ip", "netns", "exec", testbed_->names[host]};
+  }
+
   std::string HubAddress(int i) const {
-    return "127.0.0.1:" + std::to_string(ports_[i]);
+    return HubIp() + ":" + std::to_string(ports_[i]);
   }
 
   // Starts hub `i` (again) on its port; with --ha, one of the set.
@@ -419,7 +595,8 @@ class Chaos {
       args.insert(args.end(),
                   {"--etcd", etcd_->endpoint(), "--etcd-lease-ms", "2000"});
     }
-    auto hub = Subprocess::Spawn(args, env_);
+    auto hub = Subprocess::Spawn(
+        args, env_, Wrapper(testbed_.has_value() ? HubHost() : -1));
     if (!hub.ok()) {
       Violation("hub did not start: " + hub.status().ToString());
       return false;
@@ -429,7 +606,7 @@ class Chaos {
     Track(hubs_[i]->pid());
     Deadline d = Deadline::AfterMs(15000);
     while (!d.expired()) {
-      if (Listening(ports_[i])) return true;
+      if (Listening(i)) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     Violation("hub did not listen within 15 s");
@@ -461,16 +638,30 @@ class Chaos {
     StartHub(i);
   }
 
-  std::unique_ptr<Proc> Spawn(bool reader, std::string name = "") {
+  // A worker; on a test bed, on `host` (-1: the trainer's or the
+  // auditor's, by its role).
+  std::unique_ptr<Proc> Spawn(bool reader, std::string name = "",
+                              int host = -1) {
     auto p = std::make_unique<Proc>();
     p->reader = reader;
     p->name = name.empty() ? (reader ? "reader-" : "trainer-") +
                                  std::to_string(++spawned_)
                            : name;
-    auto sub = Subprocess::Spawn({"_chaos-worker", "--hub", hub_address_,
-                                  "--bytes", std::to_string(bytes_), "--seed",
-                                  std::to_string(seed_), "--name", p->name},
-                                 env_);
+    std::vector<std::string> args = {"_chaos-worker",
+                                     "--hub",
+                                     hub_address_,
+                                     "--bytes",
+                                     std::to_string(bytes_),
+                                     "--seed",
+                                     std::to_string(seed_),
+                                     "--name",
+                                     p->name};
+    if (testbed_.has_value()) {
+      if (host < 0) host = reader ? AttackerHost() - 1 : 0;
+      p->host = host;
+      args.insert(args.end(), {"--data-listen", testbed_->ips[host] + ":0"});
+    }
+    auto sub = Subprocess::Spawn(args, env_, Wrapper(p->host));
     if (!sub.ok()) {
       Violation("could not start " + p->name + ": " + sub.status().ToString());
       return p;
@@ -482,6 +673,13 @@ class Chaos {
       Violation(p->name + " did not come up: " +
                 (ready.ok() ? *ready : ready.status().ToString()));
       p->sub.reset();
+      return p;
+    }
+    // Where it serves, for the floods (asked before any traffic uses its
+    // pipe).
+    Reply_ a = Call(*p, "address", 5000);
+    if (a.answered && a.words.size() == 3 && a.words[0] == "address") {
+      p->data_address = a.words[2];
     }
     return p;
   }
@@ -607,8 +805,7 @@ class Chaos {
     Plan p;
     int n = 1 + static_cast<int>(rng_() % 3 == 0);
     for (int i = 0; i < n; ++i) {
-      Fault f =
-          static_cast<Fault>(rng_() % (ha_ > 0 ? kNumFaults : kHubFailover));
+      Fault f = enabled_[rng_() % enabled_.size()];
       if (f == kKillTrainer) p.trainer_group = true;
       p.faults.push_back({f, static_cast<int64_t>(rng_() % 400)});
       p.targets.push_back(rng_());
@@ -807,9 +1004,149 @@ class Chaos {
                           200 + duration_ms % 800);
         return;
       }
+      case kFloodHub: {
+        const int i = LeaderOr(static_cast<int>(draw % hubs_.size()));
+        ++faults_[f];
+        Flood(hubs_[i]->pid(), HubAddress(i), "hub", duration_ms, draw);
+        return;
+      }
+      case kFloodHolder: {
+        Proc* p = PickTarget(draw, /*holders_only=*/true);
+        if (p == nullptr) p = PickTarget(draw, false);
+        if (p == nullptr || p->data_address.empty()) return;
+        ++faults_[f];
+        Flood(p->sub->pid(), p->data_address, "data", duration_ms, draw);
+        return;
+      }
+      case kPartition:
+      case kCrawl: {
+        // Any host with a worker or the hub on it (not the attacker's).
+        std::vector<int> hosts = {0, HubHost()};
+        for (int h = 1; h < AttackerHost(); ++h) hosts.push_back(h);
+        const int h = hosts[draw % hosts.size()];
+        ++faults_[f];
+        const std::string& ns = testbed_->names[h];
+        const std::string peer = "h" + std::to_string(h);  // bench/testbed.sh
+        bool ok = true;
+        if (f == kPartition) {
+          ok = Sh("ip -n " + ns + " link set eth0 down");
+          std::this_thread::sleep_for(std::chrono::milliseconds(duration_ms));
+          ok = Sh("ip -n " + ns + " link set eth0 up") && ok;
+        } else {
+          ok = Sh(ShapeCommand(ns, "eth0", kCrawlMbit)) &&
+               Sh(ShapeCommand(testbed_->switch_ns, peer, kCrawlMbit));
+          std::this_thread::sleep_for(std::chrono::milliseconds(duration_ms));
+          ok = Sh(ShapeCommand(ns, "eth0", testbed_->host_mbit)) &&
+               Sh(ShapeCommand(testbed_->switch_ns, peer,
+                               testbed_->host_mbit)) &&
+               ok;
+        }
+        if (!ok)
+          Violation(std::string(kFaultNames[f]) + " of " + ns + " failed");
+        return;
+      }
       case kNumFaults:
         return;
     }
+  }
+
+  // A hostile peer without the secret attacks `address` (a hub, or a
+  // holder's data port) of process `pid` for `ms`. Nothing may be served
+  // to it; the target's memory may grow by kMaxFloodRssBytes at most; its
+  // descriptors come back (within kFloodFdSlack) once the attacker is
+  // gone. Every other check of the round (deadlines, bytes, availability)
+  // runs as usual meanwhile.
+  void Flood(pid_t pid, const std::string& address, const std::string& kind,
+             int64_t ms, uint64_t draw) {
+    const uint64_t rss0 = RssBytes(pid);
+    const size_t fds0 = Descriptors(pid);
+    std::vector<std::string> args = {
+        "_chaos-attacker",  "--target", address,
+        "--kind",           kind,       "--ms",
+        std::to_string(ms), "--seed",   std::to_string(draw)};
+    // Another address than the workers': on loopback 127.0.0.2, on a test
+    // bed a host of its own.
+    if (!testbed_.has_value()) args.insert(args.end(), {"--from", "127.0.0.2"});
+    auto sub =
+        Subprocess::Spawn(args, env_without_secret(),
+                          Wrapper(testbed_.has_value() ? AttackerHost() : -1));
+    if (!sub.ok()) {
+      Violation("the attacker did not start: " + sub.status().ToString());
+      return;
+    }
+    Track(sub->pid());
+    uint64_t rss_peak = rss0;
+    size_t fds_peak = fds0;
+    Result<std::string> line = Unavailable("not yet");
+    const Deadline d = Deadline::AfterMs(ms + 20000);
+    while (!d.expired()) {
+      line = sub->ReadLine(Deadline::AfterMs(50));
+      rss_peak = std::max(rss_peak, RssBytes(pid));
+      fds_peak = std::max(fds_peak, Descriptors(pid));
+      if (line.ok() || line.status().code() != StatusCode::kDeadlineExceeded) {
+        break;
+      }
+    }
+    sub->Stop(1000);
+    Untrack(sub->pid());
+    if (!line.ok()) {
+      Violation("the " + kind +
+                " attacker did not finish: " + line.status().ToString());
+      return;
+    }
+    std::vector<std::string> w = Words(*line);
+    std::map<std::string, uint64_t> n;
+    for (size_t i = 2; i < w.size(); ++i) {
+      const size_t eq = w[i].find('=');
+      if (eq != std::string::npos && IsNumber(w[i].substr(eq + 1))) {
+        n[w[i].substr(0, eq)] = std::stoull(w[i].substr(eq + 1));
+      }
+    }
+    if (w.empty() || w[0] != "attacked" || n.count("served") == 0) {
+      Violation("the " + kind + " attacker said '" + *line + "'");
+      return;
+    }
+    if (n["served"] > 0) {
+      Violation("a peer without the secret was served by " + address + ": " +
+                *line);
+    }
+    // Gone with the attacker: the target's descriptors come back. The
+    // target may have been killed or restarted meanwhile (then no check).
+    size_t fds_after = Descriptors(pid);
+    const Deadline settle = Deadline::AfterMs(15000);
+    while (fds_after > fds0 + kFloodFdSlack && !settle.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      fds_after = Descriptors(pid);
+    }
+    const uint64_t grew = rss_peak > rss0 ? rss_peak - rss0 : 0;
+    if (rss0 > 0 && grew > kMaxFloodRssBytes) {
+      Violation(kind + " flood: " + address + "'s memory grew by " +
+                std::to_string(grew >> 20) + " MiB (bound " +
+                std::to_string(kMaxFloodRssBytes >> 20) + " MiB)");
+    }
+    if (fds_after > 0 && fds_after > fds0 + kFloodFdSlack) {
+      Violation(kind + " flood: " + address + " holds " +
+                std::to_string(fds_after) + " descriptors 15 s after it, " +
+                std::to_string(fds0) + " before");
+    }
+    std::lock_guard<std::mutex> l(stats_mu_);
+    FloodStats& fs = kind == "hub" ? hub_floods_ : holder_floods_;
+    fs.max_rss_growth = std::max(fs.max_rss_growth, grew);
+    fs.max_fd_growth = std::max<size_t>(fs.max_fd_growth,
+                                        fds_peak > fds0 ? fds_peak - fds0 : 0);
+    fs.refused += n["refused"];
+    fs.tries += n["tries"];
+    fs.idle += n["idle"] + n["reopened"];
+    fs.garbage += n["garbage"];
+  }
+
+  std::vector<std::string> env_without_secret() const {
+    std::vector<std::string> env;
+    for (const std::string& e : env_) {
+      if (e.rfind("TENSORHUB_SECRET=", 0) != 0) env.push_back(e);
+    }
+    env.push_back("TENSORHUB_SECRET=");
+    return env;
   }
 
   void RunRound() {
@@ -877,7 +1214,7 @@ class Chaos {
       if (r->killed.load()) {
         r->sub->Stop(1000);
         Untrack(r->sub->pid());
-        r = Spawn(true);
+        r = Spawn(true, "", r->host);
       }
     }
     for (Proc* p : std::vector<Proc*>{trainer_.get(), auditor_.get()}) {
@@ -990,12 +1327,34 @@ class Chaos {
         seed_, rounds_, num_readers_, FormatBytes(bytes_).c_str(),
         ha_ > 0
             ? ("an HA set of " + std::to_string(ha_) + " hubs on etcd").c_str()
+        : testbed_.has_value()
+            ? ("one hub, on test bed " + testbed_prefix_ + " (" +
+               std::to_string(testbed_->names.size()) + " hosts, " +
+               std::to_string(testbed_->host_mbit) + " Mbit/s links)")
+                  .c_str()
             : "one hub",
         DataPlaneName().c_str(), seconds);
     std::printf("chaos: faults %d:", TotalFaults());
-    for (int f = 0; f < (ha_ > 0 ? kNumFaults : kHubFailover); ++f)
+    for (Fault f : enabled_) {
       std::printf(" %s %d", kFaultNames[f], faults_[f].load());
+    }
     std::printf("\n");
+    for (const auto* fs : {&hub_floods_, &holder_floods_}) {
+      std::printf(
+          "chaos: %s floods: %llu connections held, %llu of garbage, %llu "
+          "%s without the secret (%llu refused, 0 served); the target's "
+          "memory +%.1f MiB at most (bound %llu MiB), descriptors +%zu at "
+          "most\n",
+          fs == &hub_floods_ ? "hub" : "holder",
+          static_cast<unsigned long long>(fs->idle),
+          static_cast<unsigned long long>(fs->garbage),
+          static_cast<unsigned long long>(fs->tries),
+          fs == &hub_floods_ ? "calls" : "handshakes",
+          static_cast<unsigned long long>(fs->refused),
+          fs->max_rss_growth / 1048576.0,
+          static_cast<unsigned long long>(kMaxFloodRssBytes >> 20),
+          fs->max_fd_growth);
+    }
     std::printf(
         "chaos: fetches ok %d, failed cleanly %d; publishes ok %d, failed "
         "cleanly %d; "
@@ -1023,6 +1382,9 @@ class Chaos {
   const uint64_t bytes_;
   const int ha_;
   const std::string transport_;
+  const std::string testbed_prefix_;
+  std::optional<TestBed> testbed_;  // set by Run with --testbed
+  std::vector<Fault> enabled_;      // the kinds this run draws
   std::mt19937_64 rng_;
   std::vector<std::string> env_;
   // --ha: etcd, and a client to ask it who leads (declared before the hubs:
@@ -1053,6 +1415,12 @@ class Chaos {
   std::set<uint64_t> aborted_;                 // guarded by stats_mu_
   std::map<std::string, int> errors_by_code_;  // guarded by stats_mu_
   int64_t max_over_ms_ = 0;                    // guarded by stats_mu_
+  struct FloodStats {
+    uint64_t idle = 0, garbage = 0, tries = 0, refused = 0;
+    uint64_t max_rss_growth = 0;
+    size_t max_fd_growth = 0;
+  };
+  FloodStats hub_floods_, holder_floods_;  // guarded by stats_mu_
   std::mutex digest_mu_;
   std::map<uint64_t, uint64_t> digests_;  // guarded by digest_mu_
   std::mutex print_mu_;
@@ -1066,6 +1434,7 @@ struct ChaosFlags {
   bool verbose = false;
   uint64_t ha = 0;  // hubs of an HA set on a loopback etcd (0: one hub)
   std::string transport = "tcp";
+  std::string testbed;
 };
 
 int RunChaos(const ChaosFlags& f) {
@@ -1074,7 +1443,8 @@ int RunChaos(const ChaosFlags& f) {
   ::signal(SIGTERM, KillChildrenAndExit);
   SetLogPrefix("chaos");
   Chaos chaos(f.seed, static_cast<int>(f.rounds), static_cast<int>(f.readers),
-              f.bytes, f.verbose, static_cast<int>(f.ha), f.transport);
+              f.bytes, f.verbose, static_cast<int>(f.ha), f.transport,
+              f.testbed);
   return chaos.Run();
 }
 
@@ -1084,9 +1454,10 @@ void AddChaosCommands(CommandLine& cl) {
   auto f = std::make_shared<ChaosFlags>();
   CLI::App* c = cl.Add(
       "chaos",
-      "seeded fault injection (kill, stop, slow, hub stop/restart) on "
-      "loopback processes; checks bytes, deadlines, availability; exit 1 on "
-      "any violation",
+      "seeded fault injection (kill, stop, slow, hub stop/restart, hostile "
+      "peers without the secret; on a test bed, link cuts and crawls) on "
+      "real processes; checks bytes, deadlines, availability, what the "
+      "attackers got; exit 1 on any violation",
       [f] { return RunChaos(*f); });
   c->add_option("--seed", f->seed, "the fault schedule's seed (replays it)")
       ->capture_default_str();
@@ -1111,6 +1482,11 @@ void AddChaosCommands(CommandLine& cl) {
                 "fallback, and a fetch that used it is a violation)")
       ->check(CLI::IsMember({"tcp", "ucx"}))
       ->capture_default_str();
+  c->add_option("--testbed", f->testbed,
+                "run every process on the hosts of this test bed "
+                "(bench/testbed.sh up --prefix P --hosts 6), with network "
+                "faults: a host's link cut and healed, slowed to a crawl")
+      ->type_name("PREFIX");
 
   auto w = std::make_shared<ChaosWorkerFlags>();
   c = cl.Add("_chaos-worker", "a worker process of chaos",
@@ -1121,6 +1497,7 @@ void AddChaosCommands(CommandLine& cl) {
   c->add_option("--chunk-bytes", w->chunk_bytes);
   c->add_option("--seed", w->seed);
   c->add_option("--data-listen", w->data_listen);
+  AddAttackerCommand(cl);
 }
 
 }  // namespace tensorhub::cli

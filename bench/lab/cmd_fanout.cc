@@ -17,6 +17,7 @@
 
 #include "bench_testbed.h"
 #include "cli_util.h"
+#include "client/fetch/fetcher.h"
 #include "common/log.h"
 #include "demo_model.h"
 #include "subprocess.h"
@@ -208,11 +209,17 @@ struct FanoutFlags {
   int connections = 4;
   std::string port = "7070";
   int metrics_port = 0;
+  // The test bed's DCs stand for racks of one datacenter, their uplinks
+  // for rack uplinks; the hub is told this oversubscription (0: not told).
+  bool racks = false;
+  double rack_oversubscription = 0;
 };
 
 int RunBenchFanout(const FanoutFlags& f) {
   auto tb = LoadTestbed(f.testbed);
   if (!tb.ok()) return Fail(tb.status());
+  tb->dcs_are_racks = f.racks;
+  tb->rack_oversubscription = f.racks ? f.rack_oversubscription : 0;
   const uint64_t readers = f.readers.value_or(tb->names.size() - 1);
   const std::string& mode = f.mode;
   if (readers < 1 || readers + 1 > tb->names.size()) {
@@ -244,19 +251,28 @@ int RunBenchFanout(const FanoutFlags& f) {
   }
   // The lower bound: every reader must download S through its own link.
   const double link_bytes_per_s = tb->host_mbit * 1e6 / 8;
-  const double bound = f.bytes / link_bytes_per_s;
   std::set<std::string> remote_dcs;
   for (uint64_t i = 1; i <= readers; ++i) {
     if (tb->dcs[i] != tb->dcs[0]) remote_dcs.insert(tb->dcs[i]);
   }
+  // Racks: every other rack takes the version in through its uplink once.
+  const double bound = f.racks && !remote_dcs.empty()
+                           ? std::max(f.bytes / link_bytes_per_s,
+                                      f.bytes / (tb->wan_mbit * 1e6 / 8))
+                           : f.bytes / link_bytes_per_s;
   std::printf(
       "fanout: mode %s over %s, %llu readers, %s, links %.0f Mbit/s%s, chunks "
       "of %s, bound S/B %.2f s\n",
       mode.c_str(), f.transport.c_str(),
       static_cast<unsigned long long>(readers), FormatBytes(f.bytes).c_str(),
       tb->host_mbit,
-      remote_dcs.empty()
-          ? ""
+      remote_dcs.empty() ? ""
+      : f.racks
+          ? (", " + std::to_string(tb->num_dcs) + " racks, uplinks " +
+             std::to_string(static_cast<int>(tb->wan_mbit)) +
+             " Mbit/s, hub told " + std::to_string(f.rack_oversubscription) +
+             ":1")
+                .c_str()
           : (", WAN " + std::to_string(static_cast<int>(tb->wan_mbit)) +
              " Mbit/s, " + std::to_string(remote_dcs.size()) + " remote DC(s)")
                 .c_str(),
@@ -331,11 +347,17 @@ int RunBenchFanout(const FanoutFlags& f) {
       "fanout mode=%s readers=%llu bytes=%llu seconds=%.3f bound_seconds=%.3f "
       "ratio=%.3f "
       "trainer_copies=%.2f from_filling_per_S=%.2f wan_per_S=%.3f ok=%d "
-      "transport=%s\n",
+      "transport=%s chunk=%llu cut_through=%llu%s\n",
       mode.c_str(), static_cast<unsigned long long>(readers),
       static_cast<unsigned long long>(f.bytes), best, bound, best / bound,
       best_trainer_copies, best_filling, best_wan, all_ok ? 1 : 0,
-      f.transport.c_str());
+      f.transport.c_str(), static_cast<unsigned long long>(f.chunk),
+      static_cast<unsigned long long>(client::kDefaultCutThroughBytes),
+      f.racks ? (" racks=" + std::to_string(tb->num_dcs) + " rack_mbit=" +
+                 std::to_string(static_cast<int>(tb->wan_mbit)) +
+                 " hub_oversub=" + std::to_string(f.rack_oversubscription))
+                    .c_str()
+              : "");
   return all_ok ? 0 : 1;
 }
 
@@ -372,6 +394,13 @@ void AddBenchFanoutCommands(CommandLine& cl, CLI::App* bench) {
       ->capture_default_str();
   c->add_option("--port", f->port, "the hub's port on h0")
       ->capture_default_str();
+  c->add_flag("--racks", f->racks,
+              "the test bed's DCs are racks of one datacenter (their shaped "
+              "uplinks rack uplinks): workers get --rack labels");
+  c->add_option("--rack-oversubscription", f->rack_oversubscription,
+                "with --racks: tell the hub this rack uplink ratio (serve "
+                "--rack-oversubscription; 0: not told)")
+      ->check(CLI::Range(0.0, 1e6));
   c->add_option("--metrics-port", f->metrics_port,
                 "every role serves Prometheus metrics on its host's address: "
                 "workers at this port, the hub at the next (for "

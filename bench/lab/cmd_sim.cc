@@ -32,9 +32,10 @@ using sim::WorkloadConfig;
 struct SimFlags {
   std::string scenario = "standalone";
   bool csv = false;
-  std::optional<int> trainer_gpus, rollout_gpus, tp, gpus_per_node,
+  std::optional<int> trainer_gpus, rollout_gpus, tp, tensors, gpus_per_node,
       nodes_per_rack, rounds, max_sources, trainer_copies;
-  std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes, seed;
+  std::optional<uint64_t> model_bytes, chunk_bytes, segment_bytes,
+      cut_through_bytes, seed;
   std::optional<double> nic_gbit, nvlink_gbyte, rack_oversub, wan_gbit,
       efficiency, step_s, spot_fraction, arrival_spread_s;
   bool no_rack_labels = false;
@@ -53,8 +54,10 @@ Status Apply(const SimFlags& f, WorkloadConfig* c) {
     c->model_bytes = static_cast<double>(*f.model_bytes);
   }
   set(f.tp, &c->tp);
+  set(f.tensors, &c->tensors);
   set(f.chunk_bytes, &c->chunk_bytes);
   set(f.segment_bytes, &c->segment_bytes);
+  set(f.cut_through_bytes, &c->cut_through_bytes);
   set(f.nic_gbit, &c->cluster.nic_gbit);
   set(f.nvlink_gbyte, &c->cluster.nvlink_gbyte);
   set(f.gpus_per_node, &c->cluster.gpus_per_node);
@@ -77,8 +80,9 @@ Status Apply(const SimFlags& f, WorkloadConfig* c) {
 void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
   std::printf(
       "# sim scenario=%s gpus=%d (trainer %d + rollout %d%s) model=%.1f GB "
-      "tp=%d shard=%.2f GB "
-      "chunk=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d GPUs/node, nvlink "
+      "tp=%d shard=%.2f GB in %d tensors "
+      "chunk=%s cut-through=%s segment=%s\n#   nic=%.0f Gbit/s per GPU, %d "
+      "GPUs/node, nvlink "
       "%.0f GB/s, "
       "%d nodes/rack%s, rack oversubscription %.2g%s%s, wan=%.0f Gbit/s, "
       "efficiency %.3f\n"
@@ -86,16 +90,18 @@ void PrintConfig(const std::string& scenario, const WorkloadConfig& c) {
       "trainer_copies=%d spot_fraction=%.2f seed=%" PRIu64 "\n",
       scenario.c_str(), c.trainer_gpus + c.rollout_gpus, c.trainer_gpus,
       c.rollout_gpus, c.rollouts_remote ? ", rollouts in dc1" : "",
-      c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9,
-      FormatBytes(c.chunk_bytes).c_str(), FormatBytes(c.segment_bytes).c_str(),
-      c.cluster.nic_gbit, c.cluster.gpus_per_node, c.cluster.nvlink_gbyte,
-      c.cluster.nodes_per_rack,
+      c.model_bytes / 1e9, c.tp, c.shard_bytes() / 1e9, c.tensors,
+      FormatBytes(c.chunk_bytes).c_str(),
+      c.cut_through_bytes > 0 ? FormatBytes(c.cut_through_bytes).c_str()
+                              : "off",
+      FormatBytes(c.segment_bytes).c_str(), c.cluster.nic_gbit,
+      c.cluster.gpus_per_node, c.cluster.nvlink_gbyte, c.cluster.nodes_per_rack,
       c.cluster.rack_labels ? "" : " (racks not told to the hub)",
       c.cluster.rack_oversub,
       c.cluster.rack_oversub > 0 ? "" : " (no rack limit)",
       c.cluster.rack_oversub <= 1 ? ""
       : c.hub_idle_first          ? " (hub not told: idle first)"
-                                  : " (hub told: nearest first)",
+                                  : " (hub told: rack-aware pipelines)",
       c.cluster.wan_gbit, c.cluster.efficiency, c.rounds, c.step_s,
       c.arrival_spread_s, c.max_sources, c.trainer_copies, c.spot_fraction,
       c.seed);
@@ -109,7 +115,8 @@ void CsvHeader() {
       "vs_tensorhub,"
       "regular_wait_mean_s,joiners,joiner_wait_mean_s,joiner_wait_max_s,"
       "schedule_calls,"
-      "source_losses,failed_fetches,wan_fetches,events,wall_s\n");
+      "source_losses,failed_fetches,wan_fetches,events,wall_s,recheck_calls,"
+      "last_arrival_s,update_over_arrival_bound\n");
 }
 
 void CsvRow(const std::string& scenario, const WorkloadConfig& c,
@@ -117,7 +124,8 @@ void CsvRow(const std::string& scenario, const WorkloadConfig& c,
   double lb = c.LowerBoundS();
   std::printf(
       "%s,%s,%d,%.6f,%.6f,%.6f,%.4f,%.6f,%.3f,%.3f,%.3f,%.4f,%.6f,%d,%.6f,%.6f,"
-      "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%.3f\n",
+      "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+      ",%.3f,%" PRIu64 ",%.6f,%.4f\n",
       scenario.c_str(), sim::SystemName(r.system),
       c.trainer_gpus + c.rollout_gpus, r.update_s, r.update_max_s, lb,
       r.update_s / lb, r.trainer_blocked_s, r.trainer_stall_gpu_s,
@@ -125,7 +133,8 @@ void CsvRow(const std::string& scenario, const WorkloadConfig& c,
       th_stall > 0 ? r.total_stall_gpu_s() / th_stall : 0.0,
       r.regular_wait_mean_s, r.joiners, r.joiner_wait_mean_s,
       r.joiner_wait_max_s, r.schedule_calls, r.source_losses, r.failed_fetches,
-      r.wan_fetches, r.events, r.wall_s);
+      r.wan_fetches, r.events, r.wall_s, r.recheck_calls, r.last_arrival_s,
+      r.update_s / c.ArrivalBoundS(r.last_arrival_s));
 }
 
 Result<std::vector<System>> ParseSystems(const std::string& text,
@@ -202,22 +211,38 @@ int RunScenario(const std::string& scenario, const WorkloadConfig& c,
   }
   PrintConfig(scenario, c);
   const double lb = c.LowerBoundS();
-  std::printf(
-      "# lower bound per update: %s = %.3f s\n",
-      c.remote_gpus() > 0 ? "max(shard / NIC, model / WAN)" : "shard / NIC",
-      lb);
-  std::printf("%-11s %10s %8s %10s %14s %14s %14s %10s %9s %9s %8s\n", "system",
-              "update_s", "x_bound", "trainer_s", "trainer_gpu_s",
-              "rollout_gpu_s", "stall_gpu_s", "stall/TH", "schedule", "events",
-              "wall_s");
+  std::string terms = "shard / NIC";
+  if (c.remote_gpus() > 0) terms += ", model / WAN";
+  const double rack_lb = c.RackBoundS();
+  if (c.cluster.rack_oversub > 1) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), ", rack uplinks (%.3f s)", rack_lb);
+    terms += buf;
+  }
+  std::printf("# lower bound per update: %s%s%s = %.3f s\n",
+              terms.find(',') != std::string::npos ? "max(" : "", terms.c_str(),
+              terms.find(',') != std::string::npos ? ")" : "", lb);
+  if (c.arrival_spread_s > 0) {
+    std::printf(
+        "# with arrival spread: x_arrival = update / the arrival-adjusted "
+        "bound, max(the bound, the last instance's arrival + shard / NIC) = "
+        "max(%.3f, %.3f + %.3f) = %.3f s\n",
+        lb, results[0].last_arrival_s, c.NicBoundS(),
+        c.ArrivalBoundS(results[0].last_arrival_s));
+  }
+  std::printf("%-11s %10s %8s %9s %10s %14s %14s %14s %10s %9s %8s %9s %8s\n",
+              "system", "update_s", "x_bound", "x_arrival", "trainer_s",
+              "trainer_gpu_s", "rollout_gpu_s", "stall_gpu_s", "stall/TH",
+              "schedule", "recheck", "events", "wall_s");
   for (const RunResult& r : results) {
     std::printf(
-        "%-11s %10.3f %8.2f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64
-        " %9" PRIu64 " %8.1f\n",
+        "%-11s %10.3f %8.2f %9.3f %10.3f %14.1f %14.1f %14.1f %9.2fx %9" PRIu64
+        " %8" PRIu64 " %9" PRIu64 " %8.1f\n",
         sim::SystemName(r.system), r.update_s, r.update_s / lb,
-        r.trainer_blocked_s, r.trainer_stall_gpu_s, r.rollout_stall_gpu_s,
-        r.total_stall_gpu_s(), r.total_stall_gpu_s() / th_stall,
-        r.schedule_calls, r.events, r.wall_s);
+        r.update_s / c.ArrivalBoundS(r.last_arrival_s), r.trainer_blocked_s,
+        r.trainer_stall_gpu_s, r.rollout_stall_gpu_s, r.total_stall_gpu_s(),
+        r.total_stall_gpu_s() / th_stall, r.schedule_calls, r.recheck_calls,
+        r.events, r.wall_s);
   }
   for (const RunResult& r : results) {
     if (r.failed_fetches > 0 || r.source_losses > 0) {
@@ -267,6 +292,13 @@ struct Measured {
   double bytes = 0;
   double seconds = 0;
   uint64_t chunk = 0;
+  // Lines of bench fanout since cut-through say its piece (older ones
+  // were measured without: 0).
+  uint64_t cut_through = 0;
+  // bench fanout --racks: the test bed's DCs were racks of one datacenter.
+  int racks = 0;
+  double rack_mbit = 0;
+  double hub_oversub = 0;  // what the hub was told (0: nothing)
 };
 
 std::map<std::string, std::string> KeyValues(const std::string& line) {
@@ -310,6 +342,13 @@ Result<std::vector<Measured>> ReadMeasured(const std::string& spec) {
       m.bytes = std::atof(kv["bytes"].c_str());
       m.seconds = std::atof(kv["seconds"].c_str());
       m.chunk = chunk;
+      m.cut_through = std::strtoull(kv["cut_through"].c_str(), nullptr, 10);
+      m.racks = std::atoi(kv["racks"].c_str());
+      m.rack_mbit = std::atof(kv["rack_mbit"].c_str());
+      m.hub_oversub = std::atof(kv["hub_oversub"].c_str());
+      if (m.racks < 0 || m.racks > 64 || (m.racks > 0 && !(m.rack_mbit > 0))) {
+        return InvalidArgument("malformed racks in " + file + ": " + line);
+      }
       if (m.readers < 1 || m.readers > 4096 || !(m.bytes > 0) ||
           !(m.seconds > 0)) {
         return InvalidArgument("malformed result line in " + file + ": " +
@@ -330,7 +369,8 @@ int Testbed(const SimFlags& a, bool csv) {
   // (docs/benchmarks.md), which the model applies as link efficiency.
   std::string spec = a.measured.value_or(
       "bench/results/fanout.txt:2MiB,bench/results/fanout-16-1mib.txt:1MiB,"
-      "bench/results/crossdc-1mib.txt:1MiB");
+      "bench/results/crossdc-1mib.txt:1MiB,bench/results/"
+      "fanout-racks.txt:4MiB");
   Result<std::vector<Measured>> ms = ReadMeasured(spec);
   if (!ms.ok()) {
     std::fprintf(stderr, "sim testbed: %s\n", ms.status().ToString().c_str());
@@ -343,8 +383,8 @@ int Testbed(const SimFlags& a, bool csv) {
   } else {
     std::printf(
         "# sim scenario=testbed: host links 400 Mbit/s (x efficiency), WAN 100 "
-        "Mbit/s, "
-        "one trainer; bound S/B\n");
+        "Mbit/s (racks rows: the test bed's DCs as racks, uplinks as "
+        "measured), one trainer; bound S/B (racks: max(S/B, S/uplink))\n");
     std::printf("%-34s %-8s %-9s %7s %7s %10s %8s %8s %8s\n", "measured file",
                 "run", "system", "readers", "chunk", "measured", "sim_s",
                 "bound_s", "error");
@@ -361,9 +401,25 @@ int Testbed(const SimFlags& a, bool csv) {
     c.tp = 1;
     c.model_bytes = m.bytes;
     c.chunk_bytes = m.chunk;
+    c.cut_through_bytes = m.cut_through;
     c.rounds = 1;
     c.step_s = 0;
-    if (m.crossdc) {
+    if (m.racks > 0) {
+      // testbed.sh --dcs R as racks: host i in rack i * R / hosts, blocks
+      // of hosts / R (the trainer, h0, in the first); each rack's uplink
+      // shaped to rack_mbit both ways.
+      const int hosts = m.readers + 1;
+      c.trainer_gpus = 1;
+      c.rollout_gpus = m.readers;
+      c.cluster.nodes_per_rack = hosts / m.racks;
+      c.cluster.rack_oversub =
+          c.cluster.nodes_per_rack * c.cluster.nic_gbit * 1000 / m.rack_mbit;
+      if (m.hub_oversub > 0) {
+        c.hub_idle_first = false;
+      } else {
+        c.hub_idle_first = true;
+      }
+    } else if (m.crossdc) {
       // readers + 1 hosts in 2 DCs; testbed.sh puts host i in DC
       // i * 2 / hosts, so dc0 has ceil(hosts / 2) of them, the trainer
       // (h0) among them (7 readers: 3 local, 4 remote).
@@ -389,6 +445,7 @@ int Testbed(const SimFlags& a, bool csv) {
     double sim_s = r->update_s;
     double bound = m.bytes / (0.4e9 / 8);
     if (m.crossdc) bound = m.bytes / (0.1e9 / 8);
+    if (m.racks > 0) bound = std::max(bound, m.bytes / (m.rack_mbit * 1e6 / 8));
     double err = (sim_s - m.seconds) / m.seconds;
     worst = std::max(worst, std::fabs(err));
     if (csv) {
@@ -397,7 +454,10 @@ int Testbed(const SimFlags& a, bool csv) {
                   m.seconds, sim_s, bound, err);
     } else {
       std::printf("%-34s %-8s %-9s %7d %7s %9.2fs %7.2fs %7.2fs %+7.1f%%\n",
-                  m.file.c_str(), m.crossdc ? "crossdc" : "fanout",
+                  m.file.c_str(),
+                  m.racks > 0 ? "racks"
+                  : m.crossdc ? "crossdc"
+                              : "fanout",
                   m.mode.c_str(), m.readers, FormatBytes(m.chunk).c_str(),
                   m.seconds, sim_s, bound, err * 100);
     }
@@ -482,9 +542,14 @@ void AddSimCommand(CommandLine& cl) {
   count("--rollout-gpus", &f->rollout_gpus, "GPUs of the rollouts");
   size("--model-bytes", &f->model_bytes, "the model's size");
   count("--tp", &f->tp, "GPUs per rollout instance (tensor parallel)");
+  count("--tensors", &f->tensors,
+        "tensors per shard (MoE-like: thousands of small ones; default 1)");
   size("--chunk-bytes", &f->chunk_bytes, "TensorHub's chunk");
   size("--segment-bytes", &f->segment_bytes,
        "the broadcast baselines' pipelining segment");
+  size("--cut-through-bytes", &f->cut_through_bytes,
+       "TensorHub's cut-through piece: a hop lags this, not a chunk (0: "
+       "whole chunks, the data plane before cut-through)");
   real("--nic-gbit", &f->nic_gbit, "NIC rate per GPU, each direction");
   real("--nvlink-gbyte", &f->nvlink_gbyte,
        "NVLink rate per GPU inside a node, each direction");

@@ -400,9 +400,12 @@ class Client {
   // the version fetched. `destination` must name exactly the version's
   // tensors with matching dtypes and shapes. For a version published as
   // pieces (PublishOptions::pieces) that is every logical tensor with its
-  // global shape; it is then fetched as whole slices (FetchSlices) and not
-  // served onward. Fails with (the destination's contents then unspecified,
-  // none of it served):
+  // global shape; it is then fetched as whole slices (FetchSlices), and
+  // with `serve` served onward once verified as a holder of slices whose
+  // boxes are the whole tensors (Unpublish withdraws it). So is a version
+  // published whole that the hub says is held in part only by holders of
+  // slices. Fails with (the destination's contents then unspecified, none
+  // of it served):
   //   INVALID_ARGUMENT     the destination does not match the version
   //                        (names, dtypes, shapes, sizes), or a reader group
   //                        id over 256 characters.

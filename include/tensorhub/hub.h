@@ -6,6 +6,7 @@
 #define TENSORHUB_HUB_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -37,9 +38,22 @@ struct HubOptions {
   // Retain the latest K committed versions of every model (0: only what
   // Retain() pins). See Client::Retain.
   uint32_t keep_latest = 0;
-  // Rack uplinks are oversubscribed: readers then prefer a busy holder in
-  // their rack to an idle one in another rack (see docs/design.md,
-  // "Scheduling"). Leave false on a full-bisection fabric.
+  // Rack uplinks (docs/design.md, "Rack-aware pipelines"): how
+  // oversubscribed each rack's uplink is, its hosts' NIC capacity over the
+  // uplink's (4 for 4:1; at most 1: full bisection, the default), and
+  // per-rack figures, "DATACENTER/RACK" (the workers' labels) -> ratio,
+  // that override it. Where a rack is oversubscribed, each version enters
+  // it about once and its readers there feed each other.
+  double rack_oversubscription = 1.0;
+  std::map<std::string, double> rack_oversubscription_by_rack{};
+  // Readers behind another rack's oversubscribed uplink ask the hub again
+  // after this long (doubling while nothing changed, up to
+  // max_recheck_ms), so that a reader arriving in that rack may take their
+  // source's place.
+  int64_t recheck_ms = 2;
+  int64_t max_recheck_ms = 1000;
+  // Older form: true is rack_oversubscription 4 (a common fabric) when
+  // rack_oversubscription is left at 1.
   bool racks_oversubscribed = false;
   // The hub keeps no state on disk: after a (re)start it learns versions
   // from the workers' re-registrations and reports, within about a lease.
@@ -89,6 +103,23 @@ struct HubOptions {
   // Accept a non-loopback listen address with neither a secret nor TLS (a
   // private test network): Start then only logs the warning.
   bool insecure = false;
+
+  // ---- What callers may take (docs/security.md, "The hub's limits") ----
+  // Every call proves the secret in its metadata, checked before its
+  // request is read; clients of earlier releases send the secret inside
+  // the request instead. Accept that too (deprecated: for a rolling
+  // upgrade, hubs first; such a call's request is read before the check).
+  bool accept_request_secret = false;
+  // Connections kept open at most, in all and from one address (the
+  // newest beyond either are closed). The total is kept below the process's
+  // descriptor limit, which Start raises to its hard limit.
+  uint32_t max_connections = 16384;
+  uint32_t max_connections_per_peer = 256;
+  // A connection with no call in flight for this long is closed (clients
+  // reconnect at their next call); one that has not finished its TLS
+  // handshake and HTTP/2 preface this long after it was accepted, too.
+  int64_t idle_connection_ms = 120000;
+  int64_t handshake_timeout_ms = 10000;
 };
 
 class Hub {

@@ -711,7 +711,9 @@ class Client:
         those arrays until :meth:`unpublish` of that version, until a later
         fetch into the same memory (which first withdraws the old version,
         waiting for its reads), or until :meth:`close`. Do not modify them
-        meanwhile.
+        meanwhile. A version several trainer ranks published as pieces is
+        served so too, once fetched, as a holder of slices of the whole
+        tensors (docs/design.md, "Resharding").
 
         Args:
             version: an integer, or "latest" for the highest committed one.

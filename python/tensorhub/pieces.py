@@ -267,27 +267,4 @@ def _nonempty(share: LocalShare, rank: int, world: int, what: str) -> LocalShare
     return share
 
 
-def fetch_serving(client: Any, model: str, info: Any, *, timeout: float, connections: int,
-                  group: Optional[str] = None, step: int = 0) -> Tuple[Dict[str, torch.Tensor], Any]:
-    """Fetches all of version ``info`` into fresh buffers (one HostBuffer)
-    and serves it onward; returns ``(tensors, FetchStats)``.
-
-    A version several trainer ranks published (``group_size`` > 1, possibly
-    in pieces) is fetched as whole-tensor slices with ``serve_slices``: the
-    client reads such a version through its slice path, and a plain
-    ``fetch(serve=True)`` of it is not served onward (nor can it be
-    unpublished), so later readers could not read from this one."""
-    out = info.empty("torch")
-    if info.group_size > 1:
-        into = {t.name: (out[t.name], ([0] * len(t.shape), [int(x) for x in t.shape]))
-                for t in info.tensors}
-        stats = client.fetch(model, info.version, into=into, timeout=timeout,
-                             connections=connections, return_stats=True, serve_slices=True,
-                             group=group, step=step)
-    else:
-        stats = client.fetch(model, info.version, into=out, timeout=timeout,
-                             connections=connections, return_stats=True, group=group, step=step)
-    return out, stats
-
-
-__all__ = ["fetch_serving", "LocalShare", "local_share", "meta_share", "shard_box", "replicated_owner", "is_dtensor"]
+__all__ = ["LocalShare", "local_share", "meta_share", "shard_box", "replicated_owner", "is_dtensor"]

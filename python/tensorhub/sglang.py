@@ -161,10 +161,11 @@ def load_weights(model: Any, named_tensors: Iterable[Tuple[str, Any]]) -> None:
     if held is not None and held[0] == info.version:
         out, stats = held[1], None  # this process holds (and serves) it already
     else:
-        from .pieces import fetch_serving
-
-        out, stats = fetch_serving(c, name, info, timeout=timeout_s,
-                                   connections=int(req.get("connections", 4)))
+        # Served onward (serve=True), also a version several trainer ranks
+        # published in pieces (then as a holder of slices).
+        out = info.empty("torch")
+        stats = c.fetch(name, info.version, into=out, timeout=timeout_s,
+                        connections=int(req.get("connections", 4)), return_stats=True)
     t1 = time.monotonic()
     raw = info.metadata.get(ALIASES_KEY, "{}")
     aliases = json.loads(raw) if isinstance(raw, str) else {}

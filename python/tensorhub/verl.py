@@ -61,7 +61,7 @@ from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineRegist
 from . import config as th_config
 from .client import Client, connect
 from .errors import InvalidArgumentError, NotFoundError, UnavailableError
-from .pieces import fetch_serving, local_share
+from .pieces import local_share
 from .torch import ALIASES_KEY
 
 BACKEND = "tensorhub"
@@ -265,9 +265,11 @@ class TensorHubCheckpointEngine(CheckpointEngine):
                 want = self._plan.get("next_version") or "latest"
             info = await self._describe_when_ready(want, step, deadline)
             t1 = time.monotonic()
-            out, stats = await asyncio.to_thread(
-                fetch_serving, self.client, self.model, info,
-                timeout=max(0.001, deadline - time.monotonic()), connections=self.connections)
+            out = info.empty("torch")
+            stats = await asyncio.to_thread(
+                self.client.fetch, self.model, info.version, into=out,
+                timeout=max(0.001, deadline - time.monotonic()), connections=self.connections,
+                return_stats=True)
             aliases = json.loads(info.metadata.get(ALIASES_KEY, "{}") or "{}")
             old, self._held = self._held, (info.version, _step_of(info), out, aliases)
             if old is not None and old[0] != info.version:

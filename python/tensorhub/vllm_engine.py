@@ -80,7 +80,7 @@ from .errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from .pieces import LocalShare, fetch_serving, local_share, meta_share
+from .pieces import LocalShare, local_share, meta_share
 from .torch import ALIASES_KEY
 
 logger = init_logger(__name__)
@@ -528,9 +528,11 @@ class TensorHubWeightTransferEngine(
             if self._slices() and learned is not None and learned[0] == staged.signature:
                 out = self._fetch_boxes(client, staged, info, learned[1], remaining)
             else:
-                out, staged.stats = fetch_serving(
-                    client, staged.model, info, timeout=remaining,
-                    connections=self._info.connections)  # type: ignore[union-attr]
+                out = info.empty("torch")
+                staged.stats = client.fetch(
+                    staged.model, info.version, into=out, timeout=remaining,
+                    connections=self._info.connections,  # type: ignore[union-attr]
+                    return_stats=True)
             staged.version = info.version
             staged.tensors = out
         except BaseException as e:  # handed to the caller of update_weights
@@ -637,10 +639,12 @@ class TensorHubWeightTransferEngine(
                     staged.model, staged.version, escaped[:5])
                 self._client.unpublish(staged.model, staged.version)  # type: ignore[union-attr]
                 info = self._client.describe(staged.model, staged.version)  # type: ignore[union-attr]
-                out, staged.stats = fetch_serving(
-                    self._client, staged.model, info,
+                out = info.empty("torch")
+                staged.stats = self._client.fetch(  # type: ignore[union-attr]
+                    staged.model, info.version, into=out,
                     timeout=max(0.001, deadline - time.monotonic()),
-                    connections=self._info.connections)  # type: ignore[union-attr]
+                    connections=self._info.connections,  # type: ignore[union-attr]
+                    return_stats=True)
                 staged.tensors, staged.boxes, staged.slices = out, None, False
                 read = self._load(staged)
                 refetched = True

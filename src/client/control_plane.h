@@ -56,6 +56,8 @@ struct SliceWant {
   std::string name;
   Box box;
 };
+// The most boxes one schedule names (the hub refuses more).
+inline constexpr size_t kMaxSliceWants = 4096;
 
 struct Resolved {
   Version version;
@@ -75,6 +77,9 @@ struct Resolved {
 struct Scheduled {
   std::vector<ResolvedSource> sources;
   std::optional<std::string> unavailable;
+  // The hub asks the reader to Recheck its sources after this long (it
+  // reads from behind another rack's oversubscribed uplink); 0: no need.
+  int64_t recheck_after_ms = 0;
   // A delta from a base this reader holds is being computed (claimed, not
   // ready): a reader behind a slow link may ask again shortly.
   bool delta_pending = false;
@@ -180,6 +185,17 @@ class ControlPlane {
       const std::vector<SliceWant>& wants, int64_t timeout_ms = -1) {
     (void)wants;
     return Schedule(reader, model, version, exclude, max_sources, timeout_ms);
+  }
+  // The reader's sources as the hub's books have them now (hub_state.h:
+  // Recheck), when a Scheduled answer asked for it. Default:
+  // FAILED_PRECONDITION (a control plane without rechecks).
+  virtual Result<Scheduled> Recheck(const WorkerId& reader,
+                                    const std::string& model, Version version,
+                                    uint32_t max_sources,
+                                    int64_t timeout_ms = -1) {
+    (void)reader, (void)model, (void)version, (void)max_sources,
+        (void)timeout_ms;
+    return FailedPrecondition("this control plane does not recheck sources");
   }
   // Registers the boxes this worker holds of a committed version, in its
   // own layout (hub_state.h: AddSliceHolder). Default: FAILED_PRECONDITION.

@@ -14,6 +14,7 @@
 #include "client/transport_set.h"
 #include "common/log.h"
 #include "tls/tls.h"
+#include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -85,6 +86,10 @@ std::unique_ptr<transport::Transport> PickTransports(
       if (!others.empty()) continue;  // listed twice
       transport::UcxTransportOptions u;
       u.secret = options.secret;
+      // UCX's workers listen only where the data plane does
+      // (docs/security.md, "What a UCX peer can reach").
+      auto hp = transport::SplitHostPort(options.data_listen_address);
+      if (hp.ok()) u.listen_host = hp->first;
       // A holder on this host is read over TCP (its cross-memory attach)
       // unless UCX on one host is what is wanted (tests, benchmarks).
       const char* same_host_env = std::getenv("TENSORHUB_UCX_SAME_HOST");

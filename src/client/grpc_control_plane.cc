@@ -1,6 +1,7 @@
 // The control plane over gRPC: a channel to the hub (to each hub of an HA
-// set, following the leader), a deadline on every call, the shared secret
-// attached, and protobuf converted to our types at this boundary. The
+// set, following the leader), a deadline on every call, a proof of the
+// shared secret attached, and protobuf converted to our types at this
+// boundary. The
 // generated gRPC and protobuf types appear in this file only.
 #include <grpcpp/grpcpp.h>
 
@@ -16,7 +17,9 @@
 #include "client/control_plane.h"
 #include "common/deadline.h"
 #include "common/mutex.h"
+#include "common/refusal_log.h"
 #include "tensorhub.grpc.pb.h"
+#include "wire/call_proof.h"
 #include "wire/proto_convert.h"
 
 namespace tensorhub::client {
@@ -33,8 +36,8 @@ constexpr int64_t kDiagnoseMs = 3000;
 // on another hub.
 constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
-// Hubs a client keeps channels to: those it was given, and leaders it was
-// told of (bounded: a standby cannot make it open channels without end).
+// Hubs a client keeps channels to: those it was given (a leader named by a
+// standby is followed only if it is one of them).
 constexpr size_t kMaxTargets = 16;
 // After trying as many hubs as it knows without reaching a leader (an
 // election is under way), a call pauses this long before the next round,
@@ -91,6 +94,9 @@ class GrpcControlPlane final : public ControlPlane {
                                    uint32_t max_sources,
                                    const std::vector<SliceWant>& wants,
                                    int64_t timeout_ms) override;
+  Result<Scheduled> Recheck(const WorkerId& reader, const std::string& model,
+                            Version version, uint32_t max_sources,
+                            int64_t timeout_ms) override;
   Status AddSliceHolder(const WorkerId& id, const std::string& model,
                         Version version, uint64_t epoch,
                         const PartLayout& slices, int64_t timeout_ms) override;
@@ -165,6 +171,8 @@ class GrpcControlPlane final : public ControlPlane {
   Status Check(const grpc::Status& s, const char* what,
                const std::string& address) const;
   static Result<ResolvedSource> FromProto(const v1::Holder& h);
+  // Schedule and Recheck: one request, the same answer.
+  Result<Scheduled> SendSchedule(v1::ScheduleRequest& req, int64_t timeout_ms);
   // A manifest the hub sent encoded (empty: none yet).
   static Result<std::optional<Manifest>> ParseManifest(const std::string& bytes,
                                                        const char* what);
@@ -174,8 +182,10 @@ class GrpcControlPlane final : public ControlPlane {
   const HubTls tls_;
   std::atomic<int64_t> lease_ms_{0};               // the hub's last answer's
   std::atomic<int64_t> heartbeat_interval_ms_{0};  // likewise
+  const std::string given_;  // the addresses given, as given
+  RefusalLog hints_refused_{"hub client"};
   Mutex mu_;
-  // The hubs given, then leaders learnt from standbys (at most kMaxTargets).
+  // The hubs given (at most kMaxTargets).
   std::vector<std::shared_ptr<Target>> targets_ TH_GUARDED_BY(mu_);
   size_t current_ TH_GUARDED_BY(mu_) = 0;
 };
@@ -185,7 +195,8 @@ GrpcControlPlane::GrpcControlPlane(const std::string& addresses,
                                    HubTls tls)
     : secret_(std::move(secret)),
       rpc_timeout_ms_(rpc_timeout_ms),
-      tls_(std::move(tls)) {
+      tls_(std::move(tls)),
+      given_(addresses) {
   MutexLock lock(mu_);
   for (const std::string& a : SplitAddresses(addresses)) {
     if (targets_.size() < kMaxTargets) targets_.push_back(MakeTarget(a, tls_));
@@ -250,11 +261,16 @@ bool GrpcControlPlane::MoveOn(const Target& from, const std::string& leader) {
         return true;
       }
     }
-    if (targets_.size() < kMaxTargets) {
-      targets_.push_back(MakeTarget(leader, tls_));
-      current_ = targets_.size() - 1;
-      return true;
-    }
+    // A hint to a hub this client was not given is not followed: whoever
+    // answers as a standby could otherwise send it, and its proofs of the
+    // secret, anywhere. The next hub of the set is asked instead, which
+    // reaches the leader too if it is one of them.
+    hints_refused_.Refused(
+        leader, "not following hub " + from.address +
+                    "'s leader hint: not one of the hubs this client was "
+                    "given (" +
+                    given_ +
+                    "); give clients the addresses the hubs advertise");
   }
   current_ = (current_ + 1) % targets_.size();
   return true;
@@ -265,13 +281,19 @@ Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
                                   grpc::ClientContext*, const Req&, Resp*),
                               Req& req, Resp* resp, const char* what,
                               int64_t timeout_ms, bool wait_for_ready) {
-  req.set_secret(secret_);
+  // The secret is proven in the call's metadata, never sent: the hub
+  // checks the proof before it reads the request (wire/call_proof.h).
+  req.clear_secret();
   const Deadline deadline = Deadline::AfterMs(std::max<int64_t>(0, timeout_ms));
   Status last;
   for (int attempt = 1;; ++attempt) {
     std::shared_ptr<Target> t = Current();
     if (!wait_for_ready) Connected(*t, deadline);
     grpc::ClientContext ctx;
+    if (!secret_.empty()) {
+      ctx.AddMetadata(wire::kCallProofKey,
+                      wire::MakeCallProof(secret_, wire::UnixNowMs()));
+    }
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::milliseconds(
                          std::max<int64_t>(1, deadline.remaining_ms())));
@@ -563,6 +585,7 @@ Result<FetchStart> GrpcControlPlane::BeginFetch(
       TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
       out.first.sources.push_back(std::move(src));
     }
+    out.first.recheck_after_ms = resp.recheck_after_ms();
   }
   return out;
 }
@@ -635,6 +658,20 @@ Result<Scheduled> GrpcControlPlane::Schedule(
                         timeout_ms);
 }
 
+Result<Scheduled> GrpcControlPlane::Recheck(const WorkerId& reader,
+                                            const std::string& model,
+                                            Version version,
+                                            uint32_t max_sources,
+                                            int64_t timeout_ms) {
+  v1::ScheduleRequest req;
+  req.set_worker_id(reader.value());
+  req.set_model(model);
+  req.set_version(version.value());
+  req.set_max_sources(max_sources);
+  req.set_recheck(true);
+  return SendSchedule(req, timeout_ms);
+}
+
 Result<Scheduled> GrpcControlPlane::ScheduleSlices(
     const WorkerId& reader, const std::string& model, Version version,
     const std::vector<WorkerId>& exclude, uint32_t max_sources,
@@ -651,8 +688,14 @@ Result<Scheduled> GrpcControlPlane::ScheduleSlices(
   req.set_version(version.value());
   for (const WorkerId& e : exclude) req.add_exclude(e.value());
   req.set_max_sources(max_sources);
+  return SendSchedule(req, timeout_ms);
+}
+
+Result<Scheduled> GrpcControlPlane::SendSchedule(v1::ScheduleRequest& req,
+                                                 int64_t timeout_ms) {
   v1::ScheduleResponse resp;
-  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Schedule, req, &resp, "schedule",
+  TH_RETURN_IF_ERROR(Call(&v1::Hub::Stub::Schedule, req, &resp,
+                          req.recheck() ? "recheck" : "schedule",
                           Within(timeout_ms)));
   Scheduled out;
   if (resp.state() == v1::UNAVAILABLE) {
@@ -669,6 +712,7 @@ Result<Scheduled> GrpcControlPlane::ScheduleSlices(
     TH_ASSIGN_OR_RETURN(ResolvedSource src, FromProto(h));
     out.sources.push_back(std::move(src));
   }
+  out.recheck_after_ms = resp.recheck_after_ms();
   out.delta_pending = resp.delta_pending();
   return out;
 }

@@ -49,6 +49,7 @@ Result<uint64_t> Registry::Add(Holding holding) {
       return Internal("a filling registration needs its manifest");
     }
     e->have.assign(holding.manifest->num_chunks(), 0);
+    e->landed.assign(holding.manifest->num_chunks(), 0);
   }
   std::vector<iovec> regions;
   for (const auto& [part, layout] : holding.parts) {
@@ -83,6 +84,7 @@ Result<uint64_t> Registry::Revoke(const std::string& model, Version version) {
   std::shared_ptr<Entry> e = std::move(it->second);
   live_.erase(it);
   e->revoked = true;
+  e->revoked_flag->store(true);
   chunk_arrived_.notify_all();  // reads waiting for chunks give up
   uint64_t epoch = e->holding.epoch;
   if (e->inflight > 0) {
@@ -185,6 +187,15 @@ void Registry::MarkChunk(const std::string& model, Version version,
   chunk_arrived_.notify_all();
 }
 
+void Registry::MarkLanded(const std::string& model, Version version,
+                          uint64_t epoch, uint64_t chunk, uint64_t bytes) {
+  MutexLock lock(mu_);
+  Entry* e = FindLocked(model, version, epoch);
+  if (e == nullptr || chunk >= e->landed.size()) return;
+  e->landed[chunk] = bytes;
+  if (bytes > 0) chunk_arrived_.notify_all();
+}
+
 void Registry::FinishFill(const std::string& model, Version version,
                           uint64_t epoch) {
   MutexLock lock(mu_);
@@ -192,6 +203,7 @@ void Registry::FinishFill(const std::string& model, Version version,
   if (e == nullptr) return;
   e->holding.filling = false;
   e->have.clear();
+  e->landed.clear();
   chunk_arrived_.notify_all();
 }
 
@@ -264,7 +276,10 @@ Result<transport::ServeLease> Registry::Admit(const wire::ReadRequest& req) {
 }
 
 // Partial-prefix serving: waits (bounded) until every chunk the range
-// touches has been received and verified here.
+// touches has been received and verified here, or, for a range inside one
+// chunk, until the chunk's bytes up to the range's end have landed
+// (cut-through: the reader of this range verifies the whole chunk itself,
+// against the manifest, whoever served its pieces).
 Status Registry::WaitForChunks(MutexLock& lock, Entry& e,
                                const wire::ReadRequest& req,
                                const std::string& name) {
@@ -272,8 +287,11 @@ Status Registry::WaitForChunks(MutexLock& lock, Entry& e,
   const uint64_t first = m.chunk_base(req.part) + req.offset / m.chunk_bytes();
   const uint64_t last =
       m.chunk_base(req.part) + (req.span_end() - 1) / m.chunk_bytes();
+  const uint64_t need_landed =
+      req.span_end() - (req.offset / m.chunk_bytes()) * m.chunk_bytes();
   auto ready = [&]() TH_REQUIRES(mu_) {
     if (e.revoked || !e.holding.filling) return true;
+    if (first == last && e.landed[first] >= need_landed) return true;
     for (uint64_t c = first; c <= last; ++c) {
       if (!e.have[c]) return false;
     }
@@ -301,6 +319,7 @@ transport::ServeLease Registry::LeaseOf(const std::shared_ptr<Entry>& e,
   transport::ServeLease lease;
   lease.memory = e->holding.memory;
   lease.registration = e->registration.get();
+  lease.revoked = e->revoked_flag;
   if (req.run == 0) {
     AppendPieces(layout, e->holding.bases.at(req.part), req.offset, req.length,
                  &lease.pieces);

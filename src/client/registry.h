@@ -46,9 +46,10 @@ struct Holding {
   // re-reported with rebuild=true to a hub that forgot it (a publish not
   // yet acknowledged must pass the version-number check as a new one).
   bool accepted = false;
-  // Still being fetched: only chunks marked with MarkChunk() are served; a
-  // read of a chunk not there yet waits for it (bounded by fill_wait_ms).
-  // Requires `manifest`.
+  // Still being fetched: only chunks marked with MarkChunk() are served,
+  // and ranges inside one chunk once they landed (MarkLanded); a read of a
+  // chunk not there yet waits for it (bounded by fill_wait_ms). Requires
+  // `manifest`.
   bool filling = false;
   // A holder of slices: parts = {wire::kSliceHolderPart: its own
   // layout}, neither
@@ -109,6 +110,13 @@ class Registry final : public transport::ReadSource {
   // serve it from now on, and wake reads waiting for it.
   void MarkChunk(const std::string& model, Version version, uint64_t epoch,
                  uint64_t chunk);
+  // Cut-through: the first `bytes` of global chunk `chunk` of a filling
+  // registration have landed (not yet verified): a read of a range inside
+  // that chunk that ends within them is served from now on. 0: the chunk's
+  // read failed and starts over (nothing of it is served until it lands
+  // again or is marked).
+  void MarkLanded(const std::string& model, Version version, uint64_t epoch,
+                  uint64_t chunk, uint64_t bytes);
   // Every chunk is there: the registration serves like a full copy.
   void FinishFill(const std::string& model, Version version, uint64_t epoch);
 
@@ -146,9 +154,14 @@ class Registry final : public transport::ReadSource {
   Result<transport::ServeLease> Admit(const wire::ReadRequest& req);
   struct Entry {
     Holding holding;
-    uint64_t inflight = 0;      // guarded by Registry::mu_
-    bool revoked = false;       // guarded by Registry::mu_
+    uint64_t inflight = 0;  // guarded by Registry::mu_
+    bool revoked = false;   // guarded by Registry::mu_
+    // The same, for servers waiting on a lease (ServeLease::revoked).
+    std::shared_ptr<std::atomic<bool>> revoked_flag =
+        std::make_shared<std::atomic<bool>>(false);
     std::vector<uint8_t> have;  // per global chunk, while filling
+    // Per global chunk, while filling: its bytes landed so far (MarkLanded).
+    std::vector<uint64_t> landed;
     // The whole registered memory, for transports that register it once
     // per publish (transport.h). Destroyed once the registration is revoked
     // and drained (guarded by Registry::mu_), before Drain() returns.

@@ -140,6 +140,59 @@ TEST(RegistryTest, ServesExactBytesAcrossTensorBoundaries) {
   EXPECT_EQ(reg.reads_in_flight(), 0u);
 }
 
+// Cut-through: a filling registration serves a range inside one chunk once
+// the chunk's bytes up to the range's end have landed, before the chunk is
+// verified; a failed chunk (landed 0) serves nothing of it again; a range
+// across chunks still needs them verified.
+TEST(RegistryTest, AFillingHoldingServesWhatLandedOfAChunk) {
+  Part p = MakePart(0, kSizes, 9);
+  auto filling = [&] {
+    Holding h = MakeHolding("m", 1, p);
+    h.rank.reset();
+    h.manifest = Manifest(1, kChunkBytes, {p.layout});
+    h.filling = true;
+    return h;
+  };
+  Registry reg(/*fill_wait_ms=*/1);  // what has not landed never will here
+  Result<uint64_t> e = reg.Add(filling());
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto code = [&](uint64_t off, uint64_t len) {
+    return reg.BeginRead(Req("m", 1, *e, 0, off, len)).status().code();
+  };
+  EXPECT_EQ(code(0, 1024), StatusCode::kUnavailable);
+  reg.MarkLanded("m", Version(1), *e, 0, 2048);
+  EXPECT_EQ(code(0, 1024), StatusCode::kOk);
+  {
+    Result<transport::ServeLease> lease =
+        reg.BeginRead(Req("m", 1, *e, 0, 1024, 1024));
+    ASSERT_TRUE(lease.ok());
+    EXPECT_EQ(Gather(*lease), std::vector<uint8_t>(p.flat.begin() + 1024,
+                                                   p.flat.begin() + 2048));
+  }
+  EXPECT_EQ(code(1024, 1025), StatusCode::kUnavailable);  // past what landed
+  EXPECT_EQ(code(4000, 200), StatusCode::kUnavailable);   // two chunks
+  reg.MarkLanded("m", Version(1), *e, 1, kChunkBytes);
+  EXPECT_EQ(code(kChunkBytes, kChunkBytes), StatusCode::kOk);
+  reg.MarkLanded("m", Version(1), *e, 0, 0);  // its read failed
+  EXPECT_EQ(code(0, 1024), StatusCode::kUnavailable);
+  reg.MarkChunk("m", Version(1), *e, 0);
+  EXPECT_EQ(code(0, kChunkBytes), StatusCode::kOk);
+  // Across chunks: chunk 1 landed whole but is not verified yet.
+  EXPECT_EQ(code(4000, 200), StatusCode::kUnavailable);
+  reg.MarkChunk("m", Version(1), *e, 1);
+  EXPECT_EQ(code(4000, 200), StatusCode::kOk);
+
+  // A read waiting for its bytes is woken when they land.
+  Registry waiting(kGenerousMs);
+  Result<uint64_t> e2 = waiting.Add(filling());
+  ASSERT_TRUE(e2.ok());
+  std::thread reader([&] {
+    EXPECT_TRUE(waiting.BeginRead(Req("m", 1, *e2, 0, 0, 512)).ok());
+  });
+  waiting.MarkLanded("m", Version(1), *e2, 0, 512);
+  reader.join();
+}
+
 TEST(RegistryTest, WrongEpochIsAborted) {
   Part p = MakePart(0, kSizes, 2);
   Registry reg;

@@ -226,6 +226,15 @@ std::function<void(uint64_t)> FillingCopy::OnChunk() const {
   };
 }
 
+std::function<void(uint64_t, uint64_t)> FillingCopy::OnLanded() const {
+  if (!epoch_.has_value()) return nullptr;
+  Registry* registry = &serving_.context().registry;
+  return [registry, model = model_, v = version_, e = *epoch_](uint64_t c,
+                                                               uint64_t bytes) {
+    registry->MarkLanded(model, v, e, c, bytes);
+  };
+}
+
 bool FillingCopy::Complete() {
   if (!epoch_.has_value()) return false;
   const uint64_t epoch = *epoch_;

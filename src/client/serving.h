@@ -120,6 +120,10 @@ class FillingCopy {
   // The fetch's on_chunk: serves each chunk once verified (none before
   // Register).
   std::function<void(uint64_t global_chunk)> OnChunk() const;
+  // The fetch's on_landed: serves a range inside a chunk once its bytes
+  // have landed, before the chunk is verified (cut-through; none before
+  // Register).
+  std::function<void(uint64_t global_chunk, uint64_t bytes)> OnLanded() const;
   // The fetch succeeded: serves the whole copy and reports it to the hub
   // (AddHolder), which also ends the fetch there. False if nothing was
   // registered (nothing reported).

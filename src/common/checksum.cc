@@ -178,6 +178,17 @@ void ChunkHash::UpdateUntimed(const uint8_t* p, size_t bytes) {
   }
 }
 
+std::vector<uint64_t> ChunkHash::Leaves() const {
+  if (kind_ == ChunkChecksum::kXxh3) return {};
+  std::vector<uint64_t> out = leaves_;
+  if (leaf_fill_ > 0 || out.empty()) out.push_back(bytes_.Digest());
+  return out;
+}
+
+uint64_t TreeSumOfLeaves(std::span<const uint64_t> leaves) {
+  return Xxh3(leaves.data(), leaves.size() * sizeof(uint64_t));
+}
+
 uint64_t ChunkHash::Digest() const {
   if (kind_ == ChunkChecksum::kXxh3) return bytes_.Digest();
   // The last leaf: the partial one, or the only (empty) one.

@@ -73,6 +73,9 @@ bool IsKnownChunkChecksum(uint32_t value);
 // naming the known ones otherwise.
 Result<ChunkChecksum> ParseChunkChecksum(std::string_view name);
 
+// The kXxh3Tree checksum of a chunk from its leaves' hashes, in order.
+uint64_t TreeSumOfLeaves(std::span<const uint64_t> leaves);
+
 // The checksum `kind` of the concatenation of `pieces`, or of one run.
 uint64_t ChunkSum(ChunkChecksum kind, std::span<const iovec> pieces);
 uint64_t ChunkSum(ChunkChecksum kind, const void* data, size_t bytes);
@@ -87,6 +90,12 @@ class ChunkHash {
   ChunkHash& operator=(const ChunkHash&) = delete;
   void Update(const void* data, size_t bytes);
   uint64_t Digest() const;
+  // kXxh3Tree: the hashes of the leaves of everything passed, the last one
+  // partial (or the one empty leaf): TreeSumOfLeaves of them is Digest().
+  // Passed bytes that begin at a leaf boundary of a chunk give that
+  // chunk's leaves, so a chunk read in pieces of whole leaves is verified
+  // from its pieces' leaves. Empty for kXxh3.
+  std::vector<uint64_t> Leaves() const;
   // Nanoseconds spent in Update() (0 unless constructed `timed`).
   int64_t update_ns() const { return update_ns_; }
 

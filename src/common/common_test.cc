@@ -313,6 +313,35 @@ TEST(ChunkChecksumTest, TreeMatchesItsDefinitionForAnySplit) {
   }
 }
 
+// A chunk hashed in pieces that begin at leaf boundaries: the pieces'
+// leaves, in order, give the chunk's checksum (how a chunk read in pieces
+// for cut-through is verified).
+TEST(ChunkChecksumTest, LeavesOfWholeLeafPiecesGiveTheChunksSum) {
+  std::mt19937_64 rng(20261128);
+  std::vector<uint8_t> buf((1 << 20) + 4321);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t n : {size_t{0}, size_t{100}, size_t{kChecksumLeafBytes},
+                   size_t{5 * kChecksumLeafBytes}, buf.size()}) {
+    const uint64_t want = TreeByDefinition(buf.data(), n);
+    for (size_t piece : {size_t{kChecksumLeafBytes},
+                         size_t{4 * kChecksumLeafBytes}, size_t{1} << 30}) {
+      std::vector<uint64_t> leaves;
+      size_t at = 0;
+      do {
+        const size_t len = std::min(piece, n - at);
+        ChunkHash h(ChunkChecksum::kXxh3Tree);
+        h.Update(buf.data() + at, len);
+        const std::vector<uint64_t> l = h.Leaves();
+        EXPECT_EQ(TreeSumOfLeaves(l), h.Digest());
+        leaves.insert(leaves.end(), l.begin(), l.end());
+        at += len;
+      } while (at < n);
+      EXPECT_EQ(TreeSumOfLeaves(leaves), want) << n << " in " << piece;
+    }
+  }
+  EXPECT_TRUE(ChunkHash(ChunkChecksum::kXxh3).Leaves().empty());
+}
+
 TEST(ChunkChecksumTest, KindsDifferAndNamesAreStable) {
   std::vector<uint8_t> buf(100000, 3);
   iovec v{buf.data(), buf.size()};

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include "common/checksum.h"
 #include "tensorhub/check.h"
@@ -130,6 +131,76 @@ bool Contains(const Box& outer, const Box& inner) {
         inner.offset[d] + inner.extent[d] > outer.offset[d] + outer.extent[d]) {
       return false;
     }
+  }
+  return true;
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> MatrixOrigin(
+    const Box& box, std::span<const uint64_t> shape) {
+  const size_t n = shape.size();
+  if (box.rank() != n || box.offset.size() != n) return std::nullopt;
+  if (n == 0) return std::make_pair(uint64_t{0}, uint64_t{0});
+  if (n == 1) return std::make_pair(uint64_t{0}, box.offset[0]);
+  // Rows of the box's view are consecutive rows of the tensor's only if
+  // every middle dimension is whole; then row r of the box is row
+  // offset[0] * (product of the middle dimensions) + r of the tensor.
+  uint64_t middle = 1;
+  for (size_t k = 1; k + 1 < n; ++k) {
+    if (box.offset[k] != 0 || box.extent[k] != shape[k]) return std::nullopt;
+    middle *= shape[k];
+  }
+  return std::make_pair(box.offset[0] * middle, box.offset[n - 1]);
+}
+
+std::vector<Box> CutAlong(const Box& box, std::span<const Box> boxes) {
+  const size_t n = box.rank();
+  if (n == 0 || boxes.empty()) return {box};
+  std::vector<std::vector<uint64_t>> cuts(n);
+  uint64_t pieces = 1;
+  for (size_t k = 0; k < n; ++k) {
+    const uint64_t lo = box.offset[k], hi = lo + box.extent[k];
+    std::set<uint64_t> c{lo, hi};
+    for (const Box& b : boxes) {
+      if (b.rank() != n) continue;
+      for (uint64_t x : {b.offset[k], b.offset[k] + b.extent[k]}) {
+        if (x > lo && x < hi) c.insert(x);
+      }
+    }
+    cuts[k].assign(c.begin(), c.end());
+    pieces *= cuts[k].size() - 1;
+    if (pieces > kMaxSliceCuts) return {box};
+  }
+  std::vector<Box> out;
+  std::vector<size_t> idx(n, 0);
+  for (;;) {
+    Box b;
+    for (size_t k = 0; k < n; ++k) {
+      b.offset.push_back(cuts[k][idx[k]]);
+      b.extent.push_back(cuts[k][idx[k] + 1] - cuts[k][idx[k]]);
+    }
+    out.push_back(std::move(b));
+    size_t k = n;
+    while (k > 0 && ++idx[k - 1] + 1 == cuts[k - 1].size()) idx[--k] = 0;
+    if (k == 0) return out;
+  }
+}
+
+bool SliceHoldersCover(const Box& piece, const Box& region,
+                       std::span<const Box> boxes,
+                       std::span<const uint64_t> shape) {
+  if (region.Elements() == 0) return true;
+  if (!MatrixOrigin(piece, shape).has_value()) return false;
+  std::vector<Box> meeting;
+  for (const Box& b : boxes) {
+    if (Intersect(region, b).has_value() && MatrixOrigin(b, shape)) {
+      meeting.push_back(b);
+    }
+  }
+  for (const Box& cut : CutAlong(region, meeting)) {
+    const bool inside =
+        std::any_of(meeting.begin(), meeting.end(),
+                    [&](const Box& b) { return Contains(b, cut); });
+    if (!inside) return false;
   }
   return true;
 }

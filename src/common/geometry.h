@@ -49,6 +49,43 @@ Status CheckNoOverlap(std::string_view name, std::span<const TilePiece> pieces);
 std::optional<Box> Intersect(const Box& a, const Box& b);
 bool Contains(const Box& outer, const Box& inner);
 
+// ------------------------------------------------------ Holders of slices
+//
+// A reader reads bytes of a trainer's piece from a holder of slices (a
+// reader that registered boxes of its own, in its own layout) where the
+// bytes lie inside one of the holder's boxes and the piece and that box
+// both map onto the tensor's matrix view by a shift (MatrixOrigin). The
+// reader's plan (client/fetch/slice_plan.h) and the hub's availability rule
+// (hub/hub_state.h) both go by these functions, so that the hub counts a
+// holder's boxes exactly where a reader can read from them.
+
+// Where the matrix view (MatrixOf) of `box`, a box of a tensor of `shape`,
+// starts in the tensor's matrix view, as (row, column), when each row of the
+// box's view lies in one row of the tensor's and consecutive rows stay
+// consecutive (the view is the tensor's, shifted): always for at most 2
+// dimensions; for more, when the box spans the middle dimensions (all but
+// the first and the last). nullopt otherwise. Expects a checked box.
+std::optional<std::pair<uint64_t, uint64_t>> MatrixOrigin(
+    const Box& box, std::span<const uint64_t> shape);
+
+// The most pieces CutAlong cuts one box into.
+inline constexpr uint64_t kMaxSliceCuts = 64;
+
+// `box` cut along every boundary of `boxes` inside it, so that each piece
+// lies wholly inside or wholly outside each of them; `box` alone if that
+// makes more than kMaxSliceCuts pieces. Boxes of another rank are ignored.
+std::vector<Box> CutAlong(const Box& box, std::span<const Box> boxes);
+
+// Whether a reader can read every element of `region` (inside the trainer's
+// piece `piece` of a tensor of `shape`) from holders of slices with `boxes`:
+// the piece maps by a shift, and each piece of `region` cut along the boxes
+// that meet it (CutAlong) lies inside one of them that maps by a shift. An
+// empty region needs nothing. O(boxes x rank x log) plus kMaxSliceCuts
+// containment tests per box.
+bool SliceHoldersCover(const Box& piece, const Box& region,
+                       std::span<const Box> boxes,
+                       std::span<const uint64_t> shape);
+
 // `count` runs of `run_bytes`, run i at src_offset + i * src_stride in the
 // source layout and dst_offset + i * dst_stride in the destination layout.
 struct StridedRun {

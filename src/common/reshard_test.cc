@@ -52,6 +52,116 @@ TEST(BoxTest, IntersectAndContains) {
   EXPECT_FALSE(Contains(B({0, 0}, {4, 4}), B({1, 1}, {4, 3})));
 }
 
+// -------------------------------------------------- holders of slices
+
+TEST(HolderBoxTest, MatrixOriginIsAShiftOnlyWithWholeMiddleDimensions) {
+  using Origin = std::pair<uint64_t, uint64_t>;
+  EXPECT_EQ(MatrixOrigin(Box{}, Shape{}), Origin(0, 0));
+  EXPECT_EQ(MatrixOrigin(B({5}, {3}), Shape{10}), Origin(0, 5));
+  EXPECT_EQ(MatrixOrigin(B({2, 3}, {4, 5}), Shape{8, 9}), Origin(2, 3));
+  // [E=4, I=6, H=8]: experts 1..2 whole, columns 2..5: rows from 1 * 6.
+  EXPECT_EQ(MatrixOrigin(B({1, 0, 2}, {2, 6, 4}), Shape{4, 6, 8}),
+            Origin(6, 2));
+  // Half of the middle dimension: rows of the box are not consecutive ones.
+  EXPECT_FALSE(MatrixOrigin(B({0, 3, 0}, {4, 3, 8}), Shape{4, 6, 8}));
+  EXPECT_FALSE(MatrixOrigin(B({0, 0}, {2, 2}), Shape{4, 4, 4}));  // rank
+}
+
+TEST(HolderBoxTest, CutAlongCutsAtEveryInnerBoundaryUpToTheBound) {
+  const std::vector<Box> rows = {B({0, 0}, {5, 8}), B({5, 0}, {5, 8})};
+  EXPECT_EQ(CutAlong(B({2, 0}, {6, 8}), rows),
+            (std::vector<Box>{B({2, 0}, {3, 8}), B({5, 0}, {3, 8})}));
+  EXPECT_EQ(CutAlong(B({0, 0}, {5, 8}), rows),
+            std::vector<Box>{B({0, 0}, {5, 8})});
+  // 9 x 9 pieces is more than kMaxSliceCuts: the box alone.
+  std::vector<Box> grid;
+  for (uint64_t i = 1; i < 9; ++i) grid.push_back(B({i, i}, {1, 1}));
+  EXPECT_EQ(CutAlong(B({0, 0}, {10, 10}), grid),
+            std::vector<Box>{B({0, 0}, {10, 10})});
+}
+
+// SliceHoldersCover against element-by-element coverage, on random boxes of
+// 2- and 3-dimensional tensors: a region is served when every element lies
+// in a box that maps by a shift and (the reader's plan cuts along at most
+// kMaxSliceCuts pieces) those boxes cut it into at most that many pieces,
+// or one of them holds all of it. Seeded: a failure names its seed.
+TEST(HolderBoxTest, SliceHoldersCoverMatchesElementCoverage) {
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto below = [&](uint64_t n) { return n == 0 ? 0 : rng() % n; };
+    const size_t rank = 2 + seed % 2;
+    Shape shape;
+    for (size_t k = 0; k < rank; ++k) shape.push_back(1 + below(7));
+    auto random_box = [&](bool whole_middle) {
+      Box b;
+      for (size_t k = 0; k < rank; ++k) {
+        const bool middle = k > 0 && k + 1 < rank;
+        const uint64_t o = middle && whole_middle ? 0 : below(shape[k]);
+        const uint64_t e =
+            middle && whole_middle ? shape[k] : 1 + below(shape[k] - o);
+        b.offset.push_back(o);
+        b.extent.push_back(e);
+      }
+      return b;
+    };
+    const Box piece = random_box(seed % 5 != 0);
+    Box region = piece;
+    if (seed % 3 == 0) {
+      if (std::optional<Box> r = Intersect(piece, random_box(false))) {
+        region = *r;
+      }
+    }
+    std::vector<Box> boxes;
+    for (uint64_t n = below(6); n > 0; --n) {
+      boxes.push_back(random_box(below(4) != 0));
+    }
+    // The reference, element by element.
+    std::vector<Box> usable;
+    for (const Box& b : boxes) {
+      if (MatrixOrigin(b, shape) && Intersect(region, b)) usable.push_back(b);
+    }
+    bool every = true;
+    std::vector<uint64_t> idx(rank, 0);
+    for (uint64_t i = 0; i < region.Elements(); ++i) {
+      Box cell;
+      for (size_t k = 0; k < rank; ++k) {
+        cell.offset.push_back(region.offset[k] + idx[k]);
+        cell.extent.push_back(1);
+      }
+      every &= std::any_of(usable.begin(), usable.end(),
+                           [&](const Box& b) { return Contains(b, cell); });
+      for (size_t k = rank; k-- > 0;) {
+        if (++idx[k] < region.extent[k]) break;
+        idx[k] = 0;
+      }
+    }
+    uint64_t cuts = 1;
+    for (size_t k = 0; k < rank; ++k) {
+      std::set<uint64_t> c;
+      for (const Box& b : usable) {
+        for (uint64_t x : {b.offset[k], b.offset[k] + b.extent[k]}) {
+          if (x > region.offset[k] && x < region.offset[k] + region.extent[k])
+            c.insert(x);
+        }
+      }
+      cuts *= c.size() + 1;
+    }
+    const bool one =
+        std::any_of(usable.begin(), usable.end(),
+                    [&](const Box& b) { return Contains(b, region); });
+    const bool want = MatrixOrigin(piece, shape).has_value() &&
+                      (cuts <= kMaxSliceCuts ? every : one);
+    EXPECT_EQ(SliceHoldersCover(piece, region, boxes, shape), want);
+  }
+  // An empty region needs nothing; a piece that does not map, everything.
+  EXPECT_TRUE(
+      SliceHoldersCover(B({0, 0}, {0, 4}), B({0, 0}, {0, 4}), {}, Shape{4, 4}));
+  const std::vector<Box> whole = {B({0, 0, 0}, {2, 2, 2})};
+  EXPECT_FALSE(SliceHoldersCover(
+      B({0, 1, 0}, {2, 1, 2}), B({0, 1, 0}, {2, 1, 2}), whole, Shape{2, 2, 2}));
+}
+
 // --------------------------------------------------------------- tiling
 
 TEST(TilingTest, FsdpAndTpTilingsPass) {

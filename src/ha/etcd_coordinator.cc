@@ -13,6 +13,7 @@
 #include "common/mutex.h"
 #include "ha/etcd_client.h"
 #include "ha/etcd_keys.h"
+#include "wire/call_proof.h"
 
 namespace tensorhub::ha {
 namespace {
@@ -251,7 +252,9 @@ class EtcdCoordinator final : public hub::Coordinator {
     if (r.gets.empty() || !r.gets[0].has_value()) {
       return FailedPrecondition("lost the leader key while taking over");
     }
-    if (r.gets[0]->value != secret_id_) {
+    // A hash of the secret, stored in etcd anyway; compared in constant
+    // time all the same, as every comparison of secret material is.
+    if (!wire::SecretsEqual(r.gets[0]->value, secret_id_)) {
       refused_ = true;
       return SecretMismatch();
     }

@@ -222,4 +222,60 @@ std::vector<prometheus::MetricFamily> HubMetrics::StateFamilies(
   return out;
 }
 
+std::vector<prometheus::MetricFamily> HubMetrics::LimitFamilies(
+    const LimitStats& st) {
+  using metrics::AddSample;
+  std::vector<prometheus::MetricFamily> out;
+  auto gauge = [&out](const char* name, const char* help, double value) {
+    out.push_back(metrics::GaugeFamily(name, help));
+    AddSample(out.back(), {}, value);
+  };
+  gauge("tensorhub_hub_connections",
+        "Connections open to the hub's port (at the connection guard's last "
+        "pass, once a second)",
+        static_cast<double>(st.connections));
+  gauge("tensorhub_hub_connection_peers",
+        "Distinct addresses among the open connections",
+        static_cast<double>(st.connection_peers));
+  gauge("tensorhub_hub_max_connections",
+        "The bound on open connections (--max-connections, kept below the "
+        "descriptor limit)",
+        static_cast<double>(st.max_connections));
+  gauge("tensorhub_hub_max_connections_per_peer",
+        "The bound on open connections from one address "
+        "(--max-connections-per-peer)",
+        static_cast<double>(st.max_connections_per_peer));
+  gauge("tensorhub_hub_open_descriptors",
+        "File descriptors the hub's process holds",
+        static_cast<double>(st.descriptors));
+  gauge("tensorhub_hub_descriptor_limit",
+        "The process's descriptor limit (RLIMIT_NOFILE)",
+        static_cast<double>(st.descriptor_limit));
+  out.push_back(metrics::CounterFamily(
+      "tensorhub_hub_connections_closed_total",
+      "Connections the hub closed for exceeding a bound (the newest first)"));
+  AddSample(out.back(), {{"reason", "per_peer"}},
+            static_cast<double>(st.closed_over_peer));
+  AddSample(out.back(), {{"reason", "total"}},
+            static_cast<double>(st.closed_over_total));
+  out.push_back(metrics::CounterFamily(
+      "tensorhub_hub_calls_refused_total",
+      "Calls refused before their request was read: no valid proof of the "
+      "shared secret in their metadata, by why"));
+  AddSample(out.back(), {{"reason", "missing"}},
+            static_cast<double>(st.refused_missing));
+  AddSample(out.back(), {{"reason", "malformed"}},
+            static_cast<double>(st.refused_malformed));
+  AddSample(out.back(), {{"reason", "stale"}},
+            static_cast<double>(st.refused_stale));
+  AddSample(out.back(), {{"reason", "wrong_secret"}},
+            static_cast<double>(st.refused_wrong_secret));
+  out.push_back(metrics::CounterFamily(
+      "tensorhub_hub_request_secret_calls_total",
+      "Calls without a proof let through to the secret inside their request "
+      "(clients of earlier releases; --accept-request-secret)"));
+  AddSample(out.back(), {}, static_cast<double>(st.request_secret_calls));
+  return out;
+}
+
 }  // namespace tensorhub::hub

@@ -58,6 +58,29 @@ class HubMetrics {
   // An answer turned into UNAVAILABLE "rebuilding" (rebuild window).
   void RebuildAnswer() { rebuild_answers_.Increment(); }
 
+  // What the hub's bounds on callers saw (call_gate.h,
+  // connection_guard.h), read when scraped.
+  struct LimitStats {
+    size_t connections = 0;       // open at the guard's last pass
+    size_t connection_peers = 0;  // distinct addresses among them
+    size_t descriptors = 0;       // the process's, at that pass
+    size_t descriptor_limit = 0;  // RLIMIT_NOFILE
+    size_t max_connections = 0;
+    size_t max_connections_per_peer = 0;
+    uint64_t closed_over_peer = 0;
+    uint64_t closed_over_total = 0;
+    // Calls refused before their body was read, by why (no proof, a
+    // malformed one, one too far from the hub's clock, the wrong secret),
+    // and calls of older clients let through to the request's secret.
+    uint64_t refused_missing = 0;
+    uint64_t refused_malformed = 0;
+    uint64_t refused_stale = 0;
+    uint64_t refused_wrong_secret = 0;
+    uint64_t request_secret_calls = 0;
+  };
+  static std::vector<prometheus::MetricFamily> LimitFamilies(
+      const LimitStats& stats);
+
   // The families computed at scrape time from the table's counts and the
   // rebuild window.
   static std::vector<prometheus::MetricFamily> StateFamilies(

@@ -2,10 +2,13 @@
 
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <map>
@@ -18,7 +21,10 @@
 #include "common/deadline.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/refusal_log.h"
 #include "common/test_point.h"
+#include "hub/call_gate.h"
+#include "hub/connection_guard.h"
 #include "hub/coordinator.h"
 #include "hub/hub_metrics.h"
 #include "hub/hub_service_internal.h"
@@ -27,6 +33,7 @@
 #include "metrics/metrics.h"
 #include "tensorhub.grpc.pb.h"
 #include "tls/tls.h"
+#include "wire/call_proof.h"
 #include "wire/proto_convert.h"
 
 namespace tensorhub::hub {
@@ -113,11 +120,16 @@ class HubServiceImpl final : public HotCallsService {
   // `coord` (not owned; null: a single hub) must outlive the service's
   // calls; an HA hub starts with no state and answers as a standby until
   // the coordinator elects it (OnElected).
+  // `accept_request_secret`: a call without a proof in its metadata is
+  // checked by the secret inside its request (older clients, and calls
+  // made on the service directly).
   HubServiceImpl(HubConfig config, std::string secret, int64_t rebuild_ms,
-                 int64_t started_ms, Coordinator* coord = nullptr)
+                 int64_t started_ms, Coordinator* coord = nullptr,
+                 bool accept_request_secret = true)
       : config_(config),
         state_(config),
         secret_(std::move(secret)),
+        accept_request_secret_(accept_request_secret),
         rebuild_ms_(rebuild_ms),
         coord_(coord),
         started_ms_(started_ms),
@@ -453,17 +465,23 @@ class HubServiceImpl final : public HotCallsService {
                          {w.box_extent().begin(), w.box_extent().end()}}});
     }
     bool version_unavailable = false;
+    int64_t recheck_after_ms = 0;
     bool delta_pending = false;
     Result<std::vector<HolderView>> r = [&] {
       MutexLock lock(mu_);
+      const WorkerId reader(req->worker_id());
+      const Version version(req->version());
       Result<std::vector<HolderView>> res =
-          wants.empty()
-              ? state_.Schedule(WorkerId(req->worker_id()), req->model(),
-                                Version(req->version()), exclude,
+          req->recheck() ? state_.Recheck(reader, req->model(), version,
+                                          req->max_sources())
+          : wants.empty()
+              ? state_.Schedule(reader, req->model(), version, exclude,
                                 req->max_sources())
-              : state_.ScheduleSlices(WorkerId(req->worker_id()), req->model(),
-                                      Version(req->version()), exclude,
+              : state_.ScheduleSlices(reader, req->model(), version, exclude,
                                       req->max_sources(), wants);
+      if (res.ok()) {
+        recheck_after_ms = state_.RecheckAfterMs(reader, req->model(), version);
+      }
       version_unavailable =
           !res.ok() && res.status().code() == StatusCode::kUnavailable &&
           state_.StateOf(req->model(), Version(req->version())) ==
@@ -483,6 +501,7 @@ class HubServiceImpl final : public HotCallsService {
     if (!r.ok()) return Answer(ctx, DuringRebuild(r.status()));
     for (const HolderView& h : *r) ToProto(h, resp->add_holders());
     resp->set_state(v1::COMMITTED);
+    resp->set_recheck_after_ms(static_cast<uint32_t>(recheck_after_ms));
     resp->set_delta_pending(delta_pending);
     return grpc::Status::OK;
   }
@@ -564,6 +583,7 @@ class HubServiceImpl final : public HotCallsService {
       resp->set_sources_detail(s.message());
     } else {
       resp->set_sources_state(v1::COMMITTED);
+      resp->set_recheck_after_ms(static_cast<uint32_t>(r->recheck_after_ms));
     }
     resp->set_delta_pending(r->delta_pending);
     return grpc::Status::OK;
@@ -778,12 +798,38 @@ class HubServiceImpl final : public HotCallsService {
     return r;
   }
 
+  // A served call passed the gate (call_gate.h) already, which refuses a
+  // call with a bad proof before its request is read; the proof is
+  // checked again here so that the service does not depend on how it is
+  // served. Without one, the request's own secret (older clients), where
+  // accepted; compared in constant time either way.
   grpc::Status Auth(grpc::ServerContextBase* ctx, const std::string& secret) {
-    if (secret_.empty() || secret == secret_) return grpc::Status::OK;
-    TH_LOG(WARN) << "refused a call from " << ctx->peer()
-                 << ": wrong or missing secret";
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "wrong or missing shared secret");
+    if (secret_.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto proof = md.find(wire::kCallProofKey);
+    Status s = Status::Ok();
+    if (proof != md.end()) {
+      s = wire::CheckCallProof(
+          std::string_view(proof->second.data(), proof->second.size()), secret_,
+          wire::UnixNowMs());
+    } else if (!accept_request_secret_) {
+      s = wire::CheckCallProof("", secret_, wire::UnixNowMs());
+    } else if (!wire::SecretsEqual(secret, secret_)) {
+      s = PermissionDenied("wrong or missing shared secret");
+    }
+    if (s.ok()) return grpc::Status::OK;
+    refusals_.Refused(PeerHost(ctx->peer()), s.message());
+    return wire::ToGrpc(s);
+  }
+
+  // "ipv4:10.0.0.5:4242" -> "10.0.0.5": one line per address, not per
+  // connection, in the refusal log.
+  static std::string PeerHost(const std::string& peer) {
+    const size_t colon = peer.rfind(':');
+    std::string host =
+        colon == std::string::npos ? peer : peer.substr(0, colon);
+    const size_t kind = host.find(':');
+    return kind == std::string::npos ? host : host.substr(kind + 1);
   }
 
   bool Leading() const { return coord_ == nullptr || coord_->Leading(); }
@@ -1071,6 +1117,8 @@ class HubServiceImpl final : public HotCallsService {
   std::deque<ManifestKey> manifest_order_ TH_GUARDED_BY(mu_);  // oldest first
   size_t manifest_cache_bytes_ TH_GUARDED_BY(mu_) = 0;
   const std::string secret_;
+  const bool accept_request_secret_;
+  RefusalLog refusals_{"hub"};
   const int64_t rebuild_ms_;  // < 0: the planned lease (RebuildWindowMs)
   HubMetrics metrics_;
   Coordinator* const coord_;  // not owned; null: a single hub
@@ -1090,13 +1138,15 @@ class HubServerImpl final : public HubServer {
                 std::unique_ptr<HubServiceImpl> service,
                 std::unique_ptr<grpc::Server> server, std::string address,
                 std::shared_ptr<metrics::FunctionCollector> collector,
-                std::unique_ptr<metrics::MetricsServer> metrics_server)
+                std::unique_ptr<metrics::MetricsServer> metrics_server,
+                std::unique_ptr<ConnectionGuard> guard)
       : coord_(std::move(coord)),
         service_(std::move(service)),
         server_(std::move(server)),
         address_(std::move(address)),
         collector_(std::move(collector)),
-        metrics_server_(std::move(metrics_server)) {
+        metrics_server_(std::move(metrics_server)),
+        guard_(std::move(guard)) {
     expiry_ = std::thread([this] {
       MutexLock lock(mu_);
       while (!stopping_) {
@@ -1133,7 +1183,8 @@ class HubServerImpl final : public HubServer {
       stopping_ = true;
     }
     cv_.notify_all();
-    if (metrics_server_) metrics_server_->Stop();
+    if (metrics_server_) metrics_server_->Stop();  // scrapes read guard_
+    guard_->Stop();
     if (expiry_.joinable()) expiry_.join();
     // Resign first: a standby takes over at once, and clients that call
     // this hub meanwhile are told to go there.
@@ -1151,6 +1202,7 @@ class HubServerImpl final : public HubServer {
   // Scrapes read service_: stopped in Shutdown, before anything goes.
   std::shared_ptr<metrics::FunctionCollector> collector_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<ConnectionGuard> guard_;
   Mutex mu_;
   std::condition_variable cv_;
   bool stopping_ TH_GUARDED_BY(mu_) = false;
@@ -1192,20 +1244,24 @@ using hub::HubConfig;
 using hub::HubServerImpl;
 using hub::HubServiceImpl;
 
+// How often the connection guard looks at the hub's connections.
+constexpr int64_t kGuardPeriodMs = 1000;
+
 namespace {
 
 // gRPC's credentials for `options`: plaintext, TLS, or mutual TLS, from
 // files read and checked here (a bad one is named, not left to gRPC's
-// opaque start failure).
+// opaque start failure); with a secret, every call passes `gate` before
+// its request is read.
 Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
-    const HubOptions& options) {
+    const HubOptions& options, std::shared_ptr<hub::CallGate> gate) {
   if (options.tls_cert_file.empty() && options.tls_key_file.empty()) {
     if (!options.tls_client_ca_file.empty()) {
       return InvalidArgument(
           "tls_client_ca (--tls-client-ca) needs the hub's own certificate "
           "and key: tls_cert (--tls-cert) and tls_key (--tls-key)");
     }
-    return grpc::InsecureServerCredentials();
+    return hub::MakeServerCredentials(nullptr, std::move(gate));
   }
   tls::PemFiles files;
   files.cert = options.tls_cert_file;
@@ -1215,14 +1271,56 @@ Result<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(
   files.key_option = "tls_key (--tls-key)";
   files.ca_option = "tls_client_ca (--tls-client-ca)";
   TH_ASSIGN_OR_RETURN(tls::Credentials c, tls::LoadCredentials(files));
-  grpc::SslServerCredentialsOptions so(
-      c.ca.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  so.pem_root_certs = c.ca;
-  so.pem_key_cert_pairs.push_back({c.key, c.cert_chain});
-  return grpc::SslServerCredentials(so);
+  return hub::MakeServerCredentials(&c, std::move(gate));
 }
+
+// The descriptor limit, raised to its hard limit (a hub holds one per
+// connection): the connection bound is kept below it, so that accept()
+// never fails for want of descriptors.
+size_t RaiseDescriptorLimit() {
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return 1024;
+  if (r.rlim_cur < r.rlim_max) {
+    rlimit raised = r;
+    raised.rlim_cur = std::min<rlim_t>(r.rlim_max, rlim_t{1} << 20);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) r = raised;
+  }
+  return r.rlim_cur == RLIM_INFINITY ? size_t{1} << 20
+                                     : static_cast<size_t>(r.rlim_cur);
+}
+
+// What the metrics scrape reads about the hub's bounds (the guard is set
+// once the server listens).
+struct LimitsView {
+  std::shared_ptr<hub::CallGate> gate;  // null: no secret
+  std::atomic<hub::ConnectionGuard*> guard{nullptr};
+  size_t descriptor_limit = 0;
+  hub::ConnectionLimits limits;
+
+  hub::HubMetrics::LimitStats Stats() const {
+    hub::HubMetrics::LimitStats st;
+    st.descriptor_limit = descriptor_limit;
+    st.max_connections = limits.max_connections;
+    st.max_connections_per_peer = limits.max_per_peer;
+    if (const hub::ConnectionGuard* g = guard.load()) {
+      const hub::ConnectionGuard::Stats gs = g->stats();
+      st.connections = gs.open;
+      st.connection_peers = gs.peers;
+      st.descriptors = gs.descriptors;
+      st.closed_over_peer = gs.closed_over_peer;
+      st.closed_over_total = gs.closed_over_total;
+    }
+    if (gate != nullptr) {
+      using wire::ProofRefusal;
+      st.refused_missing = gate->refused(ProofRefusal::kMissing);
+      st.refused_malformed = gate->refused(ProofRefusal::kMalformed);
+      st.refused_stale = gate->refused(ProofRefusal::kStale);
+      st.refused_wrong_secret = gate->refused(ProofRefusal::kWrongSecret);
+      st.request_secret_calls = gate->passed_without_proof();
+    }
+    return st;
+  }
+};
 
 // A hub reachable from other machines with neither a secret nor TLS refuses
 // to start unless told --insecure, saying what it would give away and how
@@ -1257,12 +1355,21 @@ Status CheckExposure(const HubOptions& options, bool tls, bool client_certs) {
                     "--tls-client-ca CA (docs/security.md).";
   } else if (!tls) {
     TH_LOG(WARN) << where
-                 << " without TLS: the shared secret crosses the network in "
-                    "the clear with every call, so anyone who can watch the "
-                    "network can take it. Fix: --tls-cert/--tls-key "
-                    "(workers: --tls-ca) (docs/security.md).";
+                 << " without TLS: every call crosses the network in the "
+                    "clear, so anyone who can watch the network sees them "
+                    "and can replay a call's proof of the secret for 5 "
+                    "minutes (the secret itself is never sent). Fix: "
+                    "--tls-cert/--tls-key (workers: --tls-ca) "
+                    "(docs/security.md).";
   }
   return Status::Ok();
+}
+
+// "4:1".
+std::string FormatRatio(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g:1", ratio);
+  return buf;
 }
 
 }  // namespace
@@ -1275,14 +1382,51 @@ Result<std::unique_ptr<Hub>> StartHub(
   config.lease_ms = options.lease_ms;
   config.heartbeat_budget_per_s = options.heartbeat_budget_per_s;
   config.max_lease_ms = options.max_lease_ms;
-  config.racks_oversubscribed = options.racks_oversubscribed;
+  config.rack_oversubscription =
+      options.racks_oversubscribed && options.rack_oversubscription <= 1
+          ? 4.0
+          : options.rack_oversubscription;
+  for (const auto& [name, ratio] : options.rack_oversubscription_by_rack) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) {
+      return InvalidArgument("per-rack oversubscription '" + name +
+                             "': name the rack DATACENTER/RACK");
+    }
+    config.rack_oversubscription_by_rack[{name.substr(0, slash),
+                                          name.substr(slash + 1)}] = ratio;
+  }
+  config.recheck_ms = options.recheck_ms;
+  config.max_recheck_ms = options.max_recheck_ms;
+  TH_RETURN_IF_ERROR(ValidateRackConfig(config));
   config.keep_latest = options.keep_latest;
   config.incarnation = std::random_device{}() ^ static_cast<uint64_t>(NowMs());
   // -1: the lease the hub plans for the fleet it sees (RebuildWindowMs).
   const int64_t rebuild_ms = options.rebuild_ms < 0 ? -1 : options.rebuild_ms;
   // TLS files are checked before anything starts (etcd, a listener).
+  auto limits = std::make_shared<LimitsView>();
+  if (!options.secret.empty()) {
+    limits->gate = std::make_shared<hub::CallGate>(
+        options.secret, options.accept_request_secret);
+  }
   TH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                      ServerCredentials(options));
+                      ServerCredentials(options, limits->gate));
+  if (options.max_connections == 0 || options.max_connections_per_peer == 0 ||
+      options.idle_connection_ms <= 0 || options.handshake_timeout_ms <= 0) {
+    return InvalidArgument(
+        "max_connections, max_connections_per_peer, idle_connection_ms and "
+        "handshake_timeout_ms must be positive");
+  }
+  // A reserve of descriptors for everything else the hub opens (etcd, the
+  // metrics endpoint, files).
+  constexpr size_t kDescriptorReserve = 256;
+  limits->descriptor_limit = RaiseDescriptorLimit();
+  limits->limits.max_connections =
+      std::min<size_t>(options.max_connections,
+                       limits->descriptor_limit > 2 * kDescriptorReserve
+                           ? limits->descriptor_limit - kDescriptorReserve
+                           : limits->descriptor_limit / 2);
+  limits->limits.max_per_peer = std::min<size_t>(
+      options.max_connections_per_peer, limits->limits.max_connections);
   const bool tls = !options.tls_cert_file.empty();
   const bool client_certs = !options.tls_client_ca_file.empty();
   TH_RETURN_IF_ERROR(CheckExposure(options, tls, client_certs));
@@ -1294,14 +1438,20 @@ Result<std::unique_ptr<Hub>> StartHub(
   }
   const bool ha = coord != nullptr;
   auto service = std::make_unique<HubServiceImpl>(
-      config, options.secret, rebuild_ms, NowMs(), coord.get());
+      config, options.secret, rebuild_ms, NowMs(), coord.get(),
+      options.accept_request_secret);
   std::shared_ptr<metrics::FunctionCollector> collector;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   grpc::ServerBuilder builder;
   if (!options.metrics_listen.empty()) {
     HubServiceImpl* svc = service.get();
-    collector = std::make_shared<metrics::FunctionCollector>(
-        [svc] { return svc->StateFamilies(); });
+    collector = std::make_shared<metrics::FunctionCollector>([svc, limits] {
+      std::vector<prometheus::MetricFamily> out = svc->StateFamilies();
+      for (auto& f : hub::HubMetrics::LimitFamilies(limits->Stats())) {
+        out.push_back(std::move(f));
+      }
+      return out;
+    });
     TH_ASSIGN_OR_RETURN(metrics_server,
                         metrics::MetricsServer::Start(
                             options.metrics_listen,
@@ -1321,8 +1471,43 @@ Result<std::unique_ptr<Hub>> StartHub(
   // Our own locks are checked at compile time (common/mutex.h); gRPC's are
   // not ours to debug in production.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // A caller's request may be large (the manifest of a big model), but only
+  // a caller that proved the secret gets its request read (call_gate.h).
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
+  // What a connection may take before and between calls: its TLS handshake
+  // and HTTP/2 preface within handshake_timeout_ms, then at most
+  // idle_connection_ms without a call in flight; the pings of a client
+  // that keeps it alive at most one a minute (a faster pinger is sent
+  // GOAWAY after two strikes); a dead peer's connection found by the
+  // hub's own pings within two minutes; headers at most 16 KiB; at most
+  // 512 calls at once on one connection.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(options.handshake_timeout_ms));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(options.idle_connection_ms));
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 60000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 90000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 512);
+  // No bandwidth-delay probing on what callers send: it grows a
+  // connection's flow-control window, and so what a caller may push before
+  // the hub's refusal reaches it. A caller streaming 32 MiB requests the
+  // hub refused (chaos's hostile peer) took its RSS from 21 to 49 MiB with
+  // it, to 23 MiB without. Requests then flow at 64 KiB per round trip (a
+  // 10 MiB manifest: 0.16 s at 1 ms); answers are not affected.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // gRPC's own memory (read buffers, calls in flight) and the threads of
+  // the sync calls (a held Unpublish, a keeper's long poll): bounded, so
+  // that a flood ends in RESOURCE_EXHAUSTED answers instead of the hub's
+  // memory. Room for four of the largest requests at once.
+  grpc::ResourceQuota quota("tensorhub-hub");
+  quota.Resize(size_t{1} << 30);
+  quota.SetMaxThreads(1024);
+  builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     return Unavailable("hub cannot listen on " + options.listen_address +
@@ -1331,6 +1516,9 @@ Result<std::unique_ptr<Hub>> StartHub(
   std::string host =
       options.listen_address.substr(0, options.listen_address.rfind(':'));
   std::string address = host + ":" + std::to_string(port);
+  auto guard = std::make_unique<hub::ConnectionGuard>(port, limits->limits);
+  guard->Start(kGuardPeriodMs);
+  limits->guard.store(guard.get());
   if (coord != nullptr) {
     // Until elected, this hub answers every call "not the leader".
     HubServiceImpl* svc = service.get();
@@ -1360,8 +1548,18 @@ Result<std::unique_ptr<Hub>> StartHub(
                << (!tls           ? ", plaintext"
                    : client_certs ? ", TLS with client certificates required"
                                   : ", TLS")
-               << (options.racks_oversubscribed
-                       ? ", racks oversubscribed: sources nearest first"
+               << (config.rack_oversubscription > 1 ||
+                           !config.rack_oversubscription_by_rack.empty()
+                       ? ", rack uplinks oversubscribed " +
+                             FormatRatio(config.rack_oversubscription) +
+                             (config.rack_oversubscription_by_rack.empty()
+                                  ? std::string()
+                                  : " (" +
+                                        std::to_string(
+                                            config.rack_oversubscription_by_rack
+                                                .size()) +
+                                        " racks their own)") +
+                             ": rack-aware pipelines"
                        : ", sources idle first within a datacenter")
                << (options.keep_latest > 0
                        ? ", keeping the latest " +
@@ -1370,10 +1568,19 @@ Result<std::unique_ptr<Hub>> StartHub(
                << (ha ? ", one of an HA hub set in etcd at " +
                             options.etcd_endpoints + ": serving once elected"
                       : std::string())
+               << ", at most " << limits->limits.max_connections
+               << " connections (" << limits->limits.max_per_peer
+               << " per address; descriptor limit " << limits->descriptor_limit
+               << "), idle ones closed after " << options.idle_connection_ms
+               << " ms"
+               << (options.accept_request_secret
+                       ? ", accepting the secret inside requests of older "
+                         "clients (--accept-request-secret, deprecated)"
+                       : std::string())
                << ")";
   return std::unique_ptr<Hub>(new HubServerImpl(
       std::move(coord), std::move(service), std::move(server), address,
-      std::move(collector), std::move(metrics_server)));
+      std::move(collector), std::move(metrics_server), std::move(guard)));
 }
 
 }  // namespace hub

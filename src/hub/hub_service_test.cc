@@ -410,5 +410,75 @@ TEST_F(BeginFetchTest, UnknownModelFailsLikeResolve) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
 }
 
+// A rack-aware hub tells a reader behind another rack's oversubscribed
+// uplink when to ask again, and a recheck answers the books: here the
+// reader in rack 2 was moved onto the one that arrived in rack 1 after it.
+class RackAwareServiceTest : public HaHubServiceTest {
+ protected:
+  RackAwareServiceTest() {
+    HubConfig c;
+    c.lease_ms = 60000;
+    c.rack_oversubscription = 4;
+    c.recheck_ms = 3;
+    service_ = NewHubService(c, "", /*rebuild_ms=*/0, -1, &coord_);
+    Elect();
+  }
+  std::string RegisterIn(const std::string& rack) {
+    grpc::ServerContext ctx;
+    v1::RegisterWorkerRequest rq;
+    rq.set_name("w");
+    rq.set_data_address("127.0.0.1:9");
+    rq.mutable_labels()->set_datacenter("dc");
+    rq.mutable_labels()->set_rack(rack);
+    v1::RegisterWorkerResponse rs;
+    grpc::Status s = service_->RegisterWorker(&ctx, &rq, &rs);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return rs.worker_id();
+  }
+  v1::BeginFetchResponse Fetch(const std::string& reader) {
+    grpc::ServerContext ctx;
+    v1::BeginFetchRequest rq;
+    rq.set_worker_id(reader);
+    rq.set_model("m");
+    rq.set_max_sources(1);
+    rq.set_fill_epoch(2);
+    v1::BeginFetchResponse rs;
+    grpc::Status s = service_->BeginFetch(&ctx, &rq, &rs);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return rs;
+  }
+};
+
+TEST_F(RackAwareServiceTest, AnswersCarryTheRecheckAndARecheckGivesTheBooks) {
+  const std::string trainer = RegisterIn("r0");
+  ASSERT_TRUE(Publish(trainer, 1).ok());
+  const std::string a1 = RegisterIn("r1");
+  v1::BeginFetchResponse f1 = Fetch(a1);
+  ASSERT_EQ(f1.sources_size(), 1);
+  EXPECT_EQ(f1.sources(0).worker_id(), trainer);
+  EXPECT_EQ(f1.recheck_after_ms(), 3u);
+  const std::string b1 = RegisterIn("r2");
+  v1::BeginFetchResponse f2 = Fetch(b1);
+  ASSERT_EQ(f2.sources_size(), 1);
+  EXPECT_EQ(f2.sources(0).worker_id(), a1);
+  const std::string a2 = RegisterIn("r1");
+  v1::BeginFetchResponse f3 = Fetch(a2);
+  ASSERT_EQ(f3.sources_size(), 1);
+  EXPECT_EQ(f3.sources(0).worker_id(), a1);
+  EXPECT_EQ(f3.recheck_after_ms(), 0u);  // reads inside its rack
+  grpc::ServerContext ctx;
+  v1::ScheduleRequest rq;
+  rq.set_worker_id(b1);
+  rq.set_model("m");
+  rq.set_version(1);
+  rq.set_max_sources(1);
+  rq.set_recheck(true);
+  v1::ScheduleResponse rs;
+  ASSERT_TRUE(service_->Schedule(&ctx, &rq, &rs).ok());
+  ASSERT_EQ(rs.holders_size(), 1);
+  EXPECT_EQ(rs.holders(0).worker_id(), a2);
+  EXPECT_EQ(rs.recheck_after_ms(), 3u);  // moved: soon again
+}
+
 }  // namespace
 }  // namespace tensorhub::hub

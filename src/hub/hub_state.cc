@@ -1,9 +1,13 @@
 #include "hub/hub_state.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <set>
+#include <string_view>
 #include <tuple>
 
+#include "common/geometry.h"
 #include "tensorhub/check.h"
 
 namespace tensorhub::hub {
@@ -29,7 +33,64 @@ Status ValidateModelName(const std::string& model) {
   return Status::Ok();
 }
 
-HubState::HubState(HubConfig config) : config_(config) {}
+Status ValidateRackConfig(const HubConfig& config) {
+  auto ratio_ok = [](double r) { return std::isfinite(r) && r >= 0; };
+  if (!ratio_ok(config.rack_oversubscription)) {
+    return InvalidArgument(
+        "rack oversubscription must be a finite ratio >= 0 (4 for 4:1; at "
+        "most 1 for full bisection)");
+  }
+  for (const auto& [rack, ratio] : config.rack_oversubscription_by_rack) {
+    if (rack.first.empty() || rack.first.size() > 256 || rack.second.empty() ||
+        rack.second.size() > 256) {
+      return InvalidArgument(
+          "a per-rack oversubscription names a datacenter and a rack of 1-256 "
+          "characters each (DC/RACK=RATIO)");
+    }
+    if (!ratio_ok(ratio)) {
+      return InvalidArgument("rack oversubscription of " + rack.first + "/" +
+                             rack.second + " must be a finite ratio >= 0");
+    }
+  }
+  if (config.recheck_ms < 1 || config.max_recheck_ms < config.recheck_ms ||
+      config.max_recheck_ms > 60000) {
+    return InvalidArgument(
+        "recheck intervals need 1 ms <= recheck <= max recheck <= 60 s");
+  }
+  return Status::Ok();
+}
+
+bool RackOversubscribed(const HubConfig& config, const std::string& datacenter,
+                        const std::string& rack) {
+  if (rack.empty()) return false;
+  auto it = config.rack_oversubscription_by_rack.find({datacenter, rack});
+  return (it != config.rack_oversubscription_by_rack.end()
+              ? it->second
+              : config.rack_oversubscription) > 1;
+}
+
+HubState::HubState(HubConfig config) : config_(std::move(config)) {
+  rack_aware_ = config_.rack_oversubscription > 1;
+  for (const auto& [rack, ratio] : config_.rack_oversubscription_by_rack) {
+    rack_aware_ = rack_aware_ || ratio > 1;
+  }
+}
+
+void HubState::Uncount(const RackKey& rack, size_t RackUse::*field) {
+  auto it = rack_use_.find(rack);
+  TH_CHECK(it != rack_use_.end() && it->second.*field > 0);
+  --(it->second.*field);
+  const RackUse& u = it->second;
+  if (u.workers == 0 && u.in == 0 && u.out == 0) rack_use_.erase(it);
+}
+
+void HubState::CountWorker(const Labels& labels, int delta) {
+  if (!rack_aware_ || labels.rack.empty()) return;
+  const RackKey key{labels.datacenter, labels.rack};
+  RackUse& u = rack_use_[key];
+  u.workers = static_cast<size_t>(static_cast<int64_t>(u.workers) + delta);
+  if (u.workers == 0 && u.in == 0 && u.out == 0) rack_use_.erase(key);
+}
 
 Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
                                           int64_t now_ms) {
@@ -81,8 +142,14 @@ Result<WorkerId> HubState::RegisterWorker(const WorkerRegistration& reg,
     // A new process took an old id: its old references are not its own.
     std::set<std::pair<std::string, Version>> refs = w.refs;
     for (const auto& [model, version] : refs) DropReference(model, version, id);
+    std::set<std::pair<std::string, Version>> slices = w.slices;
+    for (const auto& [model, version] : slices) {
+      DropSliceReference(model, version, id);
+    }
   }
   const Labels old = w.reg.labels;
+  if (!w.reg.data_address.empty()) CountWorker(old, -1);
+  CountWorker(reg.labels, +1);
   w.reg = reg;
   w.reg.requested_id = id;
   Renew(w, now_ms);
@@ -324,6 +391,7 @@ void HubState::SetManifest(VersionEntry& v, Manifest manifest) {
     for (const TensorLayout& t : p.tensors) v.has_pieces |= t.sharded();
   }
   v.manifest = std::move(manifest);
+  CoverBySlices(v);
 }
 
 Result<HubState::Worker*> HubState::ReportingWorker(const WorkerId& worker,
@@ -439,10 +507,12 @@ Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
                               VersionEntry& v, uint64_t epoch, bool filling) {
   if (filling && v.has_pieces) {
     // A reader of a version of pieces receives logical tensors, not the
-    // parts' bytes: it can serve no chunk, so it is never a source.
+    // parts' bytes: it can serve no chunk, so it is never a source of
+    // chunks (it serves its tensors as a holder of slices, once fetched).
     return FailedPrecondition(VersionName(model, version) +
                               " is published as pieces: a whole fetch of it "
-                              "reads slices and does not serve them");
+                              "reads slices and serves them once it has them "
+                              "(a holder of slices), not while it fills");
   }
   auto rit = v.refs.find(worker);
   if (rit != v.refs.end() && rit->second.rank.has_value() && filling) {
@@ -450,15 +520,22 @@ Status HubState::AttachHolder(Worker& w, const WorkerId& worker,
                               std::to_string(*rit->second.rank) + " of " +
                               VersionName(model, version) + " already");
   }
+  const bool was_complete = rit != v.refs.end() && !rit->second.filling;
   Reference& ref = v.refs[worker];
   Unfile(v, ref);
   // A trainer rank that fetched the rest now holds everything.
   ref.rank.reset();
   if (ref.join_seq == 0) ref.join_seq = v.next_join++;
   ref.epoch = epoch;
+  // A complete holder receiving again (readers placed anywhere may read
+  // from it): it is placed before every line, so that it reads only from
+  // complete holders and the pipeline stays a DAG; sources it was given
+  // before are released (it asks again).
+  const bool refill = rack_aware_ && was_complete && filling;
+  if (refill) ref.placement = 1;
   ref.filling = filling;
   File(v, worker, ref, w.reg.labels);
-  if (!filling) EndFetch(v, worker);
+  if (!filling || refill) EndFetch(v, worker);
   UpdateAvailability(v);
   w.refs.insert({model, version});
   return Status::Ok();
@@ -487,8 +564,62 @@ void HubState::DropSliceReference(const std::string& model, Version version,
                                   const WorkerId& worker) {
   auto wit = workers_.find(worker);
   if (wit != workers_.end()) wit->second.slices.erase({model, version});
-  VersionEntry* v = FindVersion(model, version);
-  if (v != nullptr) v->slice_refs.erase(worker);
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return;
+  VersionEntry& v = vit->second;
+  auto it = v.slice_refs.find(worker);
+  if (it == v.slice_refs.end()) return;
+  CountSliceBoxes(v, it->second.slices, -1);
+  v.slice_refs.erase(it);
+  UpdateAvailability(v);
+  Prune(model, mit->second);
+}
+
+void HubState::CountSliceBoxes(VersionEntry& v, const PartLayout& slices,
+                               int delta) {
+  bool changed = false;
+  for (const TensorLayout& t : slices.tensors) {
+    const Box box = t.PieceBox();
+    if (delta > 0) {
+      changed |= v.slice_boxes[t.spec.name][box]++ == 0;
+      continue;
+    }
+    auto named = v.slice_boxes.find(t.spec.name);
+    TH_CHECK(named != v.slice_boxes.end());
+    auto it = named->second.find(box);
+    TH_CHECK(it != named->second.end());
+    if (--it->second == 0) {
+      named->second.erase(it);
+      changed = true;
+      if (named->second.empty()) v.slice_boxes.erase(named);
+    }
+  }
+  if (changed) CoverBySlices(v);
+}
+
+void HubState::CoverBySlices(VersionEntry& v) {
+  v.parts_in_slices.clear();
+  if (!v.manifest.has_value()) return;
+  std::vector<Box> boxes;
+  for (const PartLayout& p : v.manifest->parts()) {
+    bool covered = true;
+    for (const TensorLayout& t : p.tensors) {
+      const Box piece = t.PieceBox();
+      if (piece.Elements() == 0) continue;
+      auto it = v.slice_boxes.find(t.spec.name);
+      boxes.clear();
+      if (it != v.slice_boxes.end()) {
+        for (const auto& [box, holders] : it->second) boxes.push_back(box);
+      }
+      if (!SliceHoldersCover(piece, piece, boxes, t.GlobalShape())) {
+        covered = false;
+        break;
+      }
+    }
+    v.parts_in_slices.push_back(covered);
+  }
 }
 
 Status HubState::CheckSlices(const std::string& vname, const Manifest& m,
@@ -549,10 +680,14 @@ Status HubState::AddSliceHolder(const WorkerId& worker,
     }
     it = v->slice_refs.emplace(worker, VersionEntry::SliceRef{}).first;
     it->second.join_seq = v->next_join++;
+  } else {
+    CountSliceBoxes(*v, it->second.slices, -1);
   }
   it->second.epoch = epoch;
   it->second.slices = slices;
+  CountSliceBoxes(*v, slices, +1);
   w->slices.insert({model, version});
+  UpdateAvailability(*v);
   return Status::Ok();
 }
 
@@ -560,20 +695,49 @@ Result<std::vector<HolderView>> HubState::ScheduleSlices(
     const WorkerId& reader, const std::string& model, Version version,
     const std::set<WorkerId>& exclude, size_t max_sources,
     const std::vector<SliceWant>& wants) {
-  TH_ASSIGN_OR_RETURN(std::vector<HolderView> out,
-                      Schedule(reader, model, version, exclude, max_sources));
-  VersionEntry& v = *FindVersion(model, version);  // Schedule found it
-  if (wants.empty() || v.slice_refs.empty()) return out;
+  Result<std::vector<HolderView>> chunks =
+      Schedule(reader, model, version, exclude, max_sources);
+  if (wants.empty()) return chunks;
+  // Schedule's UNAVAILABLE for a committed version: no holder of chunks
+  // left to read from, and holders of slices may still hold it all.
+  VersionEntry* v = FindVersion(model, version);
+  if ((!chunks.ok() && chunks.status().code() != StatusCode::kUnavailable) ||
+      v == nullptr || v->state != VersionState::kCommitted) {
+    return chunks;
+  }
+  std::vector<HolderView> out =
+      SliceSources(*v, reader, exclude, max_sources, &wants,
+                   chunks.ok() ? *chunks : std::vector<HolderView>{});
+  if (!chunks.ok()) {
+    if (out.empty()) return chunks.status();
+    return out;
+  }
+  // Holders of slices first: a reader prefers them (at equal load), which
+  // takes their share off the trainer ranks and full holders.
+  out.insert(out.end(), std::make_move_iterator(chunks->begin()),
+             std::make_move_iterator(chunks->end()));
+  return out;
+}
+
+std::vector<HolderView> HubState::SliceSources(
+    VersionEntry& v, const WorkerId& reader, const std::set<WorkerId>& exclude,
+    size_t max_sources, const std::vector<SliceWant>* wants,
+    const std::vector<HolderView>& chunks) {
+  if (v.slice_refs.empty() || !v.manifest.has_value()) return {};
   Labels near;
   if (auto rit = workers_.find(reader); rit != workers_.end()) {
     near = rit->second.reg.labels;
   }
+  std::multimap<std::string_view, const Box*> wanted;
+  if (wants != nullptr) {
+    for (const SliceWant& w : *wants) wanted.emplace(w.name, &w.box);
+  }
   auto useful = [&](const PartLayout& slices) {
+    if (wants == nullptr) return !slices.tensors.empty();
     for (const TensorLayout& b : slices.tensors) {
-      for (const SliceWant& w : wants) {
-        if (w.name == b.spec.name && Intersect(w.box, b.PieceBox())) {
-          return true;
-        }
+      auto [lo, hi] = wanted.equal_range(b.spec.name);
+      for (auto it = lo; it != hi; ++it) {
+        if (Intersect(*it->second, b.PieceBox())) return true;
       }
     }
     return false;
@@ -591,26 +755,88 @@ Result<std::vector<HolderView>> HubState::ScheduleSlices(
                        (ref.join_seq + turn) % v.next_join, &id);
   }
   std::sort(found.begin(), found.end());
-  if (found.size() > max_sources) found.resize(max_sources);
-  // Holders of slices first: a reader prefers them (at equal load), which
-  // takes their share off the trainer ranks and full holders.
-  std::vector<HolderView> slices;
-  for (const auto& [distance, order, id] : found) {
-    const Worker& w = workers_.at(*id);
-    const VersionEntry::SliceRef& ref = v.slice_refs.at(*id);
+  std::vector<bool> chosen(found.size(), false);
+  for (size_t i = 0; i < found.size() && i < max_sources; ++i) chosen[i] = true;
+  // The parts no complete holder among `chunks` holds (a filling one may
+  // never finish): the holders of slices must hold their wanted bytes.
+  const Manifest& m = *v.manifest;
+  std::vector<bool> held(m.parts().size(), false);
+  for (const HolderView& h : chunks) {
+    auto r = v.refs.find(h.worker);
+    if (r == v.refs.end() || r->second.filling) continue;
+    if (!r->second.rank.has_value()) {
+      held.assign(held.size(), true);
+      break;
+    }
+    held[*r->second.rank] = true;
+  }
+  // The chosen holders' boxes by tensor, and (built when first needed)
+  // every candidate's, in the order of `found`.
+  std::map<std::string_view, std::vector<Box>> have;
+  auto take = [&](size_t i) {
+    chosen[i] = true;
+    for (const TensorLayout& b :
+         v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
+      have[b.spec.name].push_back(b.PieceBox());
+    }
+  };
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (chosen[i]) take(i);
+  }
+  std::map<std::string_view, std::vector<std::pair<size_t, Box>>> offered;
+  auto cover = [&](const Box& piece, const Box& region, const TensorLayout& t) {
+    const std::vector<uint64_t> shape = t.GlobalShape();
+    std::vector<Box>& boxes = have[t.spec.name];
+    if (SliceHoldersCover(piece, region, boxes, shape)) return;
+    if (offered.empty()) {
+      for (size_t i = 0; i < found.size(); ++i) {
+        for (const TensorLayout& b :
+             v.slice_refs.at(*std::get<2>(found[i])).slices.tensors) {
+          offered[b.spec.name].emplace_back(i, b.PieceBox());
+        }
+      }
+    }
+    for (const auto& [i, box] : offered[t.spec.name]) {
+      if (chosen[i] || !Intersect(region, box)) continue;
+      take(i);
+      if (SliceHoldersCover(piece, region, boxes, shape)) return;
+    }
+  };
+  for (const PartLayout& p : m.parts()) {
+    if (held[p.rank] || m.chunk_base(p.rank) == m.chunk_base(p.rank + 1)) {
+      continue;
+    }
+    for (const TensorLayout& t : p.tensors) {
+      const Box piece = t.PieceBox();
+      if (wants == nullptr) {
+        cover(piece, piece, t);
+        continue;
+      }
+      auto [lo, hi] = wanted.equal_range(t.spec.name);
+      for (auto it = lo; it != hi; ++it) {
+        if (std::optional<Box> r = Intersect(*it->second, piece)) {
+          cover(piece, *r, t);
+        }
+      }
+    }
+  }
+  std::vector<HolderView> out;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (!chosen[i]) continue;
+    const WorkerId& id = *std::get<2>(found[i]);
+    const Worker& w = workers_.at(id);
+    const VersionEntry::SliceRef& ref = v.slice_refs.at(id);
     HolderView hv;
-    hv.worker = *id;
+    hv.worker = id;
     hv.data_address = w.reg.data_address;
     hv.labels = w.reg.labels;
     hv.worker_class = w.reg.worker_class;
     hv.epoch = ref.epoch;
     hv.slice_holder = true;
     hv.slices = ref.slices;
-    slices.push_back(std::move(hv));
+    out.push_back(std::move(hv));
   }
-  slices.insert(slices.end(), std::make_move_iterator(out.begin()),
-                std::make_move_iterator(out.end()));
-  return slices;
+  return out;
 }
 
 void HubState::DropReference(const std::string& model, Version version,
@@ -654,30 +880,47 @@ void HubState::UpdateAvailability(VersionEntry& v) {
       v.state != VersionState::kUnavailable) {
     return;
   }
-  // Committed and readable only while every chunk has a live holder that
-  // is not filling (a filling holder is no copy yet). Any complete full
-  // holder covers everything; else the trainer ranks' parts must, and
-  // those come in rank order, which is chunk order.
-  const uint64_t n = v.manifest->num_chunks();
-  uint64_t covered = v.index.full_complete > 0 ? n : 0;
-  for (auto it = v.index.rank_holders.begin();
-       covered < n && it != v.index.rank_holders.end(); ++it) {
-    if (v.manifest->chunk_base(it->first) > covered) break;
-    covered = std::max(covered, v.manifest->chunk_base(it->first + 1));
+  // Committed and readable only while every part (with bytes) is held
+  // by a live holder that is not filling (a filling holder is no copy
+  // yet): a complete full holder holds them all, a trainer rank its own,
+  // and holders of slices together those whose every piece lies in their
+  // boxes where a reader can read it (parts_in_slices).
+  bool covered = true;
+  if (v.index.full_complete == 0) {
+    const Manifest& m = *v.manifest;
+    for (uint32_t r = 0; covered && r < v.group_size; ++r) {
+      covered = m.chunk_base(r) == m.chunk_base(r + 1) ||
+                v.index.rank_holders.count(r) > 0 ||
+                (r < v.parts_in_slices.size() && v.parts_in_slices[r]);
+    }
   }
-  v.state = covered >= v.manifest->num_chunks() ? VersionState::kCommitted
-                                                : VersionState::kUnavailable;
+  v.state = covered ? VersionState::kCommitted : VersionState::kUnavailable;
+}
+
+bool HubState::CoveredByChunkHolders(const VersionEntry& v) {
+  if (!v.manifest.has_value()) return false;
+  if (v.index.full_complete > 0) return true;
+  for (uint32_t r = 0; r < v.group_size; ++r) {
+    if (v.manifest->chunk_base(r) != v.manifest->chunk_base(r + 1) &&
+        v.index.rank_holders.count(r) == 0) {
+      return false;
+    }
+  }
+  return true;
 }
 
 void HubState::Prune(const std::string& model, Model& m) {
+  auto unheld = [](const VersionEntry& v) {
+    return v.refs.empty() && v.slice_refs.empty();
+  };
   size_t dead = 0;
   for (const auto& [version, v] : m.versions) {
-    if (v.refs.empty()) ++dead;
+    if (unheld(v)) ++dead;
   }
   // Oldest first: forget versions nobody holds beyond the bound.
   for (auto it = m.versions.begin();
        it != m.versions.end() && dead > config_.max_dead_versions_per_model;) {
-    if (it->second.refs.empty()) {
+    if (unheld(it->second)) {
       // A forgotten version's pin goes with it (the durable store stays
       // bounded by what the hub knows).
       if (it->second.retained) {
@@ -699,10 +942,15 @@ std::vector<ChunkRange> HubState::RangesOf(const VersionEntry& v,
       {v.manifest->chunk_base(*r.rank), v.manifest->chunk_base(*r.rank + 1)}};
 }
 
+uint64_t HubState::FiledOrder(const Reference& r) const {
+  if (!rack_aware_ || !r.filling) return r.join_seq;
+  return r.placement > 0 ? r.placement : kUnplaced;
+}
+
 void HubState::File(VersionEntry& v, const WorkerId& id, Reference& r,
-                    const Labels& labels) {
+                    const Labels& labels) const {
   TH_CHECK(!r.filed.has_value());
-  Filed f{HolderKey{r.serving, r.join_seq, id}, r.filling, r.rank, labels};
+  Filed f{HolderKey{r.serving, FiledOrder(r), id}, r.filling, r.rank, labels};
   HolderIndex& x = v.index;
   auto add = [&](HolderSet& set) {
     bool fresh = (f.filling ? set.filling : set.complete).insert(f.key).second;
@@ -753,7 +1001,7 @@ void HubState::Unfile(VersionEntry& v, Reference& r) {
   r.filed.reset();
 }
 
-void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) {
+void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) const {
   TH_CHECK(r.filed.has_value());
   Labels labels = r.filed->labels;
   Unfile(v, r);
@@ -951,10 +1199,20 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   FetchStart out;
   out.resolution = std::move(res).value();
   const Version version = out.resolution.version;
+  // A whole fetch reads this version as slices: it has pieces, or its
+  // holders of chunks left parts to holders of slices.
+  VersionEntry* v = FindVersion(a.model, version);
+  const bool as_slices = v != nullptr && v->state == VersionState::kCommitted &&
+                         (v->has_pieces || !CoveredByChunkHolders(*v));
   if (a.fill_epoch.has_value()) {
     if (!out.resolution.manifest_digest.has_value()) {
       out.filling = FailedPrecondition(VersionName(a.model, version) +
                                        " has no committed manifest here");
+    } else if (as_slices && !v->has_pieces) {
+      out.filling = FailedPrecondition(
+          VersionName(a.model, version) +
+          " is held in part only by holders of slices: a whole fetch of it "
+          "reads slices and serves them once it has them");
     } else {
       Result<bool> filled = AddHolderByDigest(
           a.reader, a.model, version, *a.fill_epoch,
@@ -965,8 +1223,22 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
   Result<std::vector<HolderView>> sources =
       Schedule(a.reader, a.model, version, {}, a.max_sources);
   out.delta_pending = DeltaPending(a.reader, a.model, version);
+  if (as_slices) {
+    std::vector<HolderView> slices =
+        SliceSources(*v, a.reader, {}, a.max_sources, /*wants=*/nullptr,
+                     sources.ok() ? *sources : std::vector<HolderView>{});
+    if (!slices.empty()) {
+      if (sources.ok()) {
+        slices.insert(slices.end(), std::make_move_iterator(sources->begin()),
+                      std::make_move_iterator(sources->end()));
+      }
+      out.sources = std::move(slices);
+      return out;
+    }
+  }
   if (sources.ok()) {
     out.sources = std::move(sources).value();
+    out.recheck_after_ms = RecheckAfterMs(a.reader, a.model, version);
     return out;
   }
   out.sources_status = sources.status();
@@ -984,11 +1256,23 @@ Result<FetchStart> HubState::BeginFetch(const BeginFetchArgs& a,
 void HubState::Release(VersionEntry& v, const WorkerId& reader) {
   auto it = v.assignments.find(reader);
   if (it == v.assignments.end()) return;
-  for (const WorkerId& src : it->second) {
-    auto r = v.refs.find(src);  // it may have left since
+  for (const Edge& e : it->second.edges) {
+    auto r = v.refs.find(e.source);  // it may have left since
     if (r != v.refs.end() && r->second.serving > 0) {
       --r->second.serving;
-      Refile(v, src, r->second);
+      Refile(v, e.source, r->second);
+    }
+    if (e.uplinks.has_value()) {
+      const auto& [out_of, into] = *e.uplinks;
+      if (!out_of.second.empty()) {
+        Uncount(out_of, &RackUse::out);
+        auto x = v.exits.find(out_of);
+        if (x != v.exits.end()) {
+          x->second.erase({e.source, reader});
+          if (x->second.empty()) v.exits.erase(x);
+        }
+      }
+      if (!into.second.empty()) Uncount(into, &RackUse::in);
     }
   }
   v.assignments.erase(it);
@@ -1196,9 +1480,12 @@ void HubState::PreferDeltaHolder(const std::string& model,
 // reader that lands in a rack whose only holder already feeds another rack
 // extends the pipeline instead of halving that holder's upload. Across
 // datacenters distance still comes first, so each chunk crosses the WAN
-// once per datacenter. With racks_oversubscribed every holder ranks as
-// "later": nearest first, since crossing a rack uplink costs more than
-// sharing a holder's NIC there.
+// once per datacenter. `nearest_first` ranks every holder as "later":
+// nearest first (RackPlanner's last resort, sharing a holder in the rack).
+//
+// `reader_order`: a filling holder is usable only if it is filed under a
+// smaller order (joined, or was placed, before the reader), so that the
+// pipeline is a DAG, never a cycle of readers waiting on each other.
 class HubState::Picker {
  public:
   struct Pick {
@@ -1208,20 +1495,29 @@ class HubState::Picker {
   };
 
   Picker(const HubState& hub, const VersionEntry& v, const WorkerId& reader,
-         const std::set<WorkerId>& exclude)
-      : hub_(hub), v_(v), reader_(reader), exclude_(exclude) {
+         const std::set<WorkerId>& exclude, uint64_t reader_order,
+         bool nearest_first)
+      : hub_(hub),
+        v_(v),
+        reader_(reader),
+        exclude_(exclude),
+        reader_order_(reader_order),
+        nearest_first_(nearest_first) {
     if (auto rit = hub.workers_.find(reader); rit != hub.workers_.end()) {
       reader_labels_ = rit->second.reg.labels;
     }
-    // A reader that serves while it fills may only read from filling
-    // holders that joined before it: the pipeline is then a DAG, never a
-    // cycle of readers waiting on each other.
-    if (auto own = v.refs.find(reader);
-        own != v.refs.end() && own->second.filling) {
-      reader_join_ = own->second.join_seq;
-    }
     levels_ = LevelsFor(v, reader_labels_);
   }
+
+  // The order a reader that joined as a filling holder may read below:
+  // its join order (UINT64_MAX for one that does not serve).
+  static uint64_t JoinOrder(const VersionEntry& v, const WorkerId& reader) {
+    auto own = v.refs.find(reader);
+    return own != v.refs.end() && own->second.filling ? own->second.join_seq
+                                                      : UINT64_MAX;
+  }
+
+  const std::vector<Level>& levels() const { return levels_; }
 
   // The best usable holder by Rank; `full_only` skips trainer ranks that
   // hold one part. Each level contributes its first usable holder (its sets
@@ -1243,6 +1539,22 @@ class HubState::Picker {
       }
     }
     return best;
+  }
+
+  // The first idle usable holder of one level, a complete one before a
+  // filling one; none if every usable holder there is busy.
+  Pick Idle(const Level& level) const {
+    const HolderKey* c = FirstComplete(level.set->complete, false);
+    if (c != nullptr && c->serving == 0) return {c, level.distance, level.set};
+    const HolderKey* f = FirstFilling(level.set->filling);
+    if (f != nullptr && f->serving == 0) return {f, level.distance, level.set};
+    return {};
+  }
+
+  // Whether the level has a usable holder at all (busy or not).
+  bool AnyUsable(const Level& level) const {
+    return FirstComplete(level.set->complete, false) != nullptr ||
+           FirstFilling(level.set->filling) != nullptr;
   }
 
   // The first choice and the extra stripes: idle complete holders of the
@@ -1295,12 +1607,16 @@ class HubState::Picker {
     }
   }
 
+  bool Usable(const HolderKey& k) const {
+    return k.worker != reader_ && exclude_.count(k.worker) == 0;
+  }
+
  private:
   // The one ranking: lower is better.
   std::tuple<bool, int, const HolderKey&> Rank(const HolderKey& k,
                                                int distance) const {
-    bool later = hub_.config_.racks_oversubscribed || k.serving > 0 ||
-                 distance > kDatacenterDistance;
+    bool later =
+        nearest_first_ || k.serving > 0 || distance > kDatacenterDistance;
     return {later, distance, k};
   }
 
@@ -1311,12 +1627,7 @@ class HubState::Picker {
   bool CanImprove(const Pick& best, int distance) const {
     if (best.key == nullptr) return true;
     if (!std::get<0>(Rank(*best.key, best.distance))) return false;
-    return !hub_.config_.racks_oversubscribed &&
-           distance <= kDatacenterDistance;
-  }
-
-  bool Usable(const HolderKey& k) const {
-    return k.worker != reader_ && exclude_.count(k.worker) == 0;
+    return !nearest_first_ && distance <= kDatacenterDistance;
   }
 
   const HolderKey* FirstComplete(const std::set<HolderKey>& set,
@@ -1328,16 +1639,16 @@ class HubState::Picker {
     return nullptr;
   }
 
-  // Jumps over filling holders that joined after the reader with one
-  // search per serving count.
+  // Jumps over filling holders filed at or after the reader's order with
+  // one search per serving count.
   const HolderKey* FirstFilling(const std::set<HolderKey>& set) const {
-    if (reader_join_ == 0) return nullptr;
+    if (reader_order_ == 0) return nullptr;
     for (auto it = set.begin(); it != set.end();) {
-      if (it->join_seq >= reader_join_) {
-        // Keys run by serving, then join_seq downwards: the first holder
-        // with this serving count that joined before the reader.
+      if (it->order >= reader_order_) {
+        // Keys run by serving, then order downwards: the first holder
+        // with this serving count filed before the reader.
         it = set.lower_bound(
-            HolderKey{it->serving, reader_join_ - 1, WorkerId()});
+            HolderKey{it->serving, reader_order_ - 1, WorkerId()});
       } else if (Usable(*it)) {
         return &*it;
       } else {
@@ -1361,9 +1672,192 @@ class HubState::Picker {
   const VersionEntry& v_;
   const WorkerId& reader_;
   const std::set<WorkerId>& exclude_;
+  const uint64_t reader_order_;
+  const bool nearest_first_;
   Labels reader_labels_;
-  uint64_t reader_join_ = UINT64_MAX;
   std::vector<Level> levels_;
+};
+
+// A rack-aware hub's choice of sources for one reader (Schedule's comment
+// in hub_state.h). Filling holders are ordered by where they were placed:
+// each rack's readers in a line, each line after the ones before it. A
+// reader placed in its rack's line comes after every holder placed there,
+// so it may read from any of them; a reader that enters a rack (or one
+// whose rack is not oversubscribed) starts a new line, after everything.
+// The exit of a rack (a holder there feeding a reader outside) is in the
+// rack's line, and the reader outside in a later line, so a reader placed
+// in the rack's line fits between the two: the move keeps the DAG.
+class HubState::RackPlanner {
+ public:
+  RackPlanner(HubState& hub, VersionEntry& v, const WorkerId& reader,
+              const std::set<WorkerId>& exclude, size_t max_sources)
+      : hub_(hub),
+        v_(v),
+        reader_(reader),
+        exclude_(exclude),
+        max_sources_(max_sources),
+        rack_(hub.RackOf(reader)) {
+    auto own = v.refs.find(reader);
+    if (own != v.refs.end() && own->second.filling) own_ = &own->second;
+  }
+
+  // The sources, with the reader placed (if it serves and was not yet);
+  // empty if there is no usable holder.
+  std::vector<WorkerId> Choose() {
+    const bool oversubscribed =
+        rack_.has_value() &&
+        RackOversubscribed(hub_.config_, rack_->first, rack_->second);
+    if (!oversubscribed) return IdleFirst();
+    // In the rack: its line's next place (a new line if it has none).
+    const uint64_t follower = PlacementFor(/*in_rack=*/true);
+    Picker in(hub_, v_, reader_, exclude_, OrderFor(follower), false);
+    bool rack_has_usable = false;
+    for (const Level& level : in.levels()) {
+      if (level.distance > 1) break;
+      const Picker::Pick p = in.Idle(level);
+      if (p.key != nullptr) return Finish(in, p, follower);
+      rack_has_usable = rack_has_usable || in.AnyUsable(level);
+    }
+    if (rack_has_usable && own_ != nullptr) {
+      if (std::optional<WorkerId> h = TakeExit(in, follower)) {
+        std::vector<WorkerId> chosen = {*h};
+        in.CoverMissingParts(&chosen);
+        Place(follower);
+        return chosen;
+      }
+    }
+    // Across the uplink: an idle holder in the datacenter, else, if the
+    // datacenter has none at all, in another one.
+    const uint64_t entry = PlacementFor(/*in_rack=*/false);
+    Picker out(hub_, v_, reader_, exclude_, OrderFor(entry), false);
+    Picker::Pick cross;
+    bool dc_has_usable = false;
+    for (const Level& level : out.levels()) {
+      if (level.distance == kDatacenterDistance) {
+        cross = out.Idle(level);
+        dc_has_usable = out.AnyUsable(level);
+      } else if (level.distance > kDatacenterDistance && !dc_has_usable) {
+        cross = out.Idle(level);
+      }
+      if (cross.key != nullptr) break;
+    }
+    if (cross.key != nullptr &&
+        (!rack_has_usable || UplinksAllow(cross.key->worker))) {
+      return Finish(out, cross, entry);
+    }
+    // Last: share the nearest holder, least busy first.
+    Picker near(hub_, v_, reader_, exclude_, OrderFor(follower), true);
+    const Picker::Pick p = near.Best(/*full_only=*/false);
+    if (p.key == nullptr) return {};
+    return Finish(near, p, p.distance <= 1 ? follower : entry);
+  }
+
+ private:
+  // A rack that is not oversubscribed (or a reader without a rack): the
+  // idle-first ranking, the reader placed on a new line.
+  std::vector<WorkerId> IdleFirst() {
+    const uint64_t entry = PlacementFor(/*in_rack=*/false);
+    Picker p(hub_, v_, reader_, exclude_, OrderFor(entry), false);
+    const Picker::Pick first = p.Best(/*full_only=*/false);
+    if (first.key == nullptr) return {};
+    return Finish(p, first, entry);
+  }
+
+  std::vector<WorkerId> Finish(const Picker& p, const Picker::Pick& first,
+                               uint64_t placement) {
+    std::vector<WorkerId> chosen = p.WithStripes(first, max_sources_);
+    p.CoverMissingParts(&chosen);
+    Place(placement);
+    return chosen;
+  }
+
+  // Where the reader would be placed: its placement if it has one; else in
+  // its rack's line or on a new line. 0 for a reader that does not serve.
+  uint64_t PlacementFor(bool in_rack) const {
+    if (own_ == nullptr) return 0;
+    if (own_->placement > 0) return own_->placement;
+    return in_rack && rack_.has_value() ? FollowerPlacement(v_, *rack_)
+                                        : NewLinePlacement(v_);
+  }
+  // The order the reader may read below: its placement, or for a reader
+  // that does not serve every placed holder.
+  static uint64_t OrderFor(uint64_t placement) {
+    return placement > 0 ? placement : kUnplaced;
+  }
+  void Place(uint64_t placement) {
+    if (own_ == nullptr || own_->placement > 0) return;
+    hub_.Place(v_, reader_, placement);
+  }
+
+  // A usable holder in the reader's rack whose reader outside the rack is
+  // movable and placed after `placement`: that reader is moved onto this
+  // one (in the books), and the holder returned. Stale exits are dropped.
+  std::optional<WorkerId> TakeExit(const Picker& in, uint64_t placement) {
+    auto xs = v_.exits.find(*rack_);
+    if (xs == v_.exits.end()) return std::nullopt;
+    std::set<std::pair<WorkerId, WorkerId>> exits = xs->second;
+    for (const auto& [h, x] : exits) {
+      if (!ExitValid(h, x)) {
+        auto it = v_.exits.find(*rack_);
+        if (it != v_.exits.end()) {
+          it->second.erase({h, x});
+          if (it->second.empty()) v_.exits.erase(it);
+        }
+        continue;
+      }
+      const Reference& hr = v_.refs.at(h);
+      if (x == reader_ || !in.Usable(hr.filed->key) ||
+          (hr.filling && hr.filed->key.order >= placement)) {
+        continue;
+      }
+      const Reference* xr = nullptr;
+      if (auto it = v_.refs.find(x); it != v_.refs.end()) xr = &it->second;
+      if (xr != nullptr && xr->filling && xr->placement > 0 &&
+          xr->placement <= placement) {
+        continue;  // it would read from a reader placed after it
+      }
+      hub_.Move(v_, x, h, reader_);
+      return h;
+    }
+    return std::nullopt;
+  }
+
+  // The exit is as filed: `h` still holds the version in this rack, and
+  // `x` still reads from it and will recheck.
+  bool ExitValid(const WorkerId& h, const WorkerId& x) const {
+    auto hr = v_.refs.find(h);
+    if (hr == v_.refs.end() || !hr->second.filed.has_value() ||
+        hub_.RackOf(h) != rack_) {
+      return false;
+    }
+    auto a = v_.assignments.find(x);
+    if (a == v_.assignments.end() || a->second.recheck_ms == 0) return false;
+    return std::any_of(
+        a->second.edges.begin(), a->second.edges.end(), [&](const Edge& e) {
+          return e.source == h && e.source_join == hr->second.join_seq;
+        });
+  }
+
+  // Whether one more stream may cross the reader's rack uplink (in) and
+  // the source's (out) within their budgets (UplinkStreams).
+  bool UplinksAllow(const WorkerId& source) const {
+    auto used = [&](const RackKey& r, size_t RackUse::*field) {
+      auto it = hub_.rack_use_.find(r);
+      return it == hub_.rack_use_.end() ? size_t{0} : it->second.*field;
+    };
+    if (used(*rack_, &RackUse::in) >= hub_.UplinkStreams(*rack_)) return false;
+    const std::optional<RackKey> src = hub_.RackOf(source);
+    return !src.has_value() ||
+           used(*src, &RackUse::out) < hub_.UplinkStreams(*src);
+  }
+
+  HubState& hub_;
+  VersionEntry& v_;
+  const WorkerId& reader_;
+  const std::set<WorkerId>& exclude_;
+  const size_t max_sources_;
+  const std::optional<RackKey> rack_;
+  Reference* own_ = nullptr;  // the reader's filling reference, if any
 };
 
 Result<std::vector<HolderView>> HubState::Schedule(
@@ -1382,15 +1876,23 @@ Result<std::vector<HolderView>> HubState::Schedule(
   // Same errors as a resolve of that exact version.
   TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
   Release(v, reader);
-  const Picker picker(*this, v, reader, exclude);
-  const Picker::Pick first = picker.Best(/*full_only=*/false);
-  if (first.key == nullptr) {
+  std::vector<WorkerId> chosen;
+  if (rack_aware_) {
+    chosen = RackPlanner(*this, v, reader, exclude, max_sources).Choose();
+  } else {
+    const Picker picker(*this, v, reader, exclude, Picker::JoinOrder(v, reader),
+                        false);
+    const Picker::Pick first = picker.Best(/*full_only=*/false);
+    if (first.key != nullptr) {
+      chosen = picker.WithStripes(first, max_sources);
+      picker.CoverMissingParts(&chosen);
+      PreferDeltaHolder(model, v, reader, exclude, first.distance, &chosen);
+    }
+  }
+  if (chosen.empty()) {
     return Unavailable("'" + model + "@" + std::to_string(version.value()) +
                        "' has no holder left to read from");
   }
-  std::vector<WorkerId> chosen = picker.WithStripes(first, max_sources);
-  picker.CoverMissingParts(&chosen);
-  PreferDeltaHolder(model, v, reader, exclude, first.distance, &chosen);
   std::vector<HolderView> views = Assign(v, reader, chosen);
   if (!v.deltas.empty()) {
     for (HolderView& h : views)
@@ -1399,19 +1901,171 @@ Result<std::vector<HolderView>> HubState::Schedule(
   return views;
 }
 
+Result<std::vector<HolderView>> HubState::Recheck(const WorkerId& reader,
+                                                  const std::string& model,
+                                                  Version version,
+                                                  size_t max_sources) {
+  if (version.is_latest()) {
+    return InvalidArgument("recheck needs a resolved version number");
+  }
+  TH_RETURN_IF_ERROR(ValidateModelName(model));
+  VersionEntry* v = FindVersion(model, version);
+  if (v == nullptr) {
+    return NotFound("model '" + model + "' has no version " +
+                    std::to_string(version.value()));
+  }
+  TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), *v));
+  auto it = v->assignments.find(reader);
+  const bool intact =
+      it != v->assignments.end() &&
+      std::all_of(
+          it->second.edges.begin(), it->second.edges.end(), [&](const Edge& e) {
+            auto r = v->refs.find(e.source);
+            return r != v->refs.end() && r->second.join_seq == e.source_join;
+          });
+  if (!intact) return Schedule(reader, model, version, {}, max_sources);
+  Assignment& a = it->second;
+  if (a.recheck_ms > 0) {
+    // Moved: soon again, another reader may follow. Else less often.
+    a.recheck_ms = a.moved ? config_.recheck_ms
+                           : std::min(2 * a.recheck_ms, config_.max_recheck_ms);
+    a.moved = false;
+  }
+  std::vector<HolderView> out;
+  for (const Edge& e : a.edges) out.push_back(ViewOf(*v, e.source));
+  return out;
+}
+
+int64_t HubState::RecheckAfterMs(const WorkerId& reader,
+                                 const std::string& model,
+                                 Version version) const {
+  auto mit = models_.find(model);
+  if (mit == models_.end()) return 0;
+  auto vit = mit->second.versions.find(version);
+  if (vit == mit->second.versions.end()) return 0;
+  auto a = vit->second.assignments.find(reader);
+  return a == vit->second.assignments.end() ? 0 : a->second.recheck_ms;
+}
+
 std::vector<HolderView> HubState::Assign(VersionEntry& v,
                                          const WorkerId& reader,
                                          const std::vector<WorkerId>& chosen) {
   std::vector<HolderView> out;
-  std::vector<WorkerId>& assigned = v.assignments[reader];
+  Assignment& assigned = v.assignments[reader];
+  const std::optional<RackKey> into = RackOf(reader);
   for (const WorkerId& id : chosen) {
     out.push_back(ViewOf(v, id));
-    assigned.push_back(id);
+    Edge e{id, v.refs.at(id).join_seq, std::nullopt};
+    if (rack_aware_) {
+      const std::optional<RackKey> out_of = RackOf(id);
+      if (out_of != into && (out_of.has_value() || into.has_value())) {
+        // Crosses the source's rack uplink, the reader's, or both.
+        e.uplinks = std::make_pair(out_of.value_or(RackKey()),
+                                   into.value_or(RackKey()));
+        if (out_of.has_value()) ++rack_use_[*out_of].out;
+        if (into.has_value()) ++rack_use_[*into].in;
+        if (out_of.has_value() &&
+            RackOversubscribed(config_, out_of->first, out_of->second)) {
+          // Behind an oversubscribed uplink: a reader arriving in that
+          // rack may take this source's place; this reader rechecks.
+          v.exits[*out_of].insert({id, reader});
+          assigned.recheck_ms = config_.recheck_ms;
+        }
+      }
+    }
+    assigned.edges.push_back(std::move(e));
     Reference& ref = v.refs.at(id);
     ++ref.serving;
     Refile(v, id, ref);
   }
   return out;
+}
+
+std::optional<HubState::RackKey> HubState::RackOf(const WorkerId& id) const {
+  auto it = workers_.find(id);
+  if (it == workers_.end() || it->second.reg.labels.rack.empty()) {
+    return std::nullopt;
+  }
+  return RackKey{it->second.reg.labels.datacenter, it->second.reg.labels.rack};
+}
+
+double HubState::RatioOf(const RackKey& rack) const {
+  auto it = config_.rack_oversubscription_by_rack.find(rack);
+  return it != config_.rack_oversubscription_by_rack.end()
+             ? it->second
+             : config_.rack_oversubscription;
+}
+
+size_t HubState::UplinkStreams(const RackKey& rack) const {
+  const double ratio = RatioOf(rack);
+  if (ratio <= 1) return SIZE_MAX;
+  auto it = rack_use_.find(rack);
+  const size_t workers = it == rack_use_.end() ? 0 : it->second.workers;
+  return std::max<size_t>(1, static_cast<size_t>(workers / ratio));
+}
+
+uint64_t HubState::FollowerPlacement(const VersionEntry& v,
+                                     const RackKey& rack) {
+  auto it = v.lines.find(rack);
+  if (it == v.lines.end() || it->second.next_position >= (1ull << 32)) {
+    return NewLinePlacement(v);
+  }
+  return (it->second.line << 32) | it->second.next_position;
+}
+
+uint64_t HubState::NewLinePlacement(const VersionEntry& v) {
+  return (v.next_line << 32) | 1;
+}
+
+void HubState::TakePlacement(VersionEntry& v, const RackKey& rack,
+                             uint64_t placement) {
+  const uint64_t line = placement >> 32;
+  if (line == v.next_line) {
+    ++v.next_line;
+    if (!rack.second.empty()) v.lines[rack] = Line{line, 2};
+    return;
+  }
+  Line& l = v.lines.at(rack);
+  TH_CHECK_EQ(l.line, line);
+  ++l.next_position;
+}
+
+void HubState::Place(VersionEntry& v, const WorkerId& id, uint64_t placement) {
+  Reference& r = v.refs.at(id);
+  TH_CHECK(r.filling && r.placement == 0);
+  const std::optional<RackKey> rack = RackOf(id);
+  TakePlacement(v, rack.value_or(RackKey()), placement);
+  r.placement = placement;
+  Refile(v, id, r);
+}
+
+void HubState::Move(VersionEntry& v, const WorkerId& x, const WorkerId& from,
+                    const WorkerId& to) {
+  Assignment& a = v.assignments.at(x);
+  auto e = std::find_if(a.edges.begin(), a.edges.end(),
+                        [&](const Edge& e) { return e.source == from; });
+  TH_CHECK(e != a.edges.end());
+  if (auto r = v.refs.find(from); r != v.refs.end() && r->second.serving > 0) {
+    --r->second.serving;
+    Refile(v, from, r->second);
+  }
+  Reference& ref = v.refs.at(to);
+  ++ref.serving;
+  Refile(v, to, ref);
+  TH_CHECK(e->uplinks.has_value());
+  RackKey& out_of = e->uplinks->first;
+  auto x_exits = v.exits.find(out_of);
+  if (x_exits != v.exits.end()) {
+    x_exits->second.erase({from, x});
+    if (x_exits->second.empty()) v.exits.erase(x_exits);
+  }
+  Uncount(out_of, &RackUse::out);
+  out_of = RackOf(to).value();  // `to` sits in the rack of `from`
+  ++rack_use_[out_of].out;
+  v.exits[out_of].insert({to, x});
+  e->source = to;
+  e->source_join = ref.join_seq;
+  a.moved = true;
 }
 
 void HubState::FetchDone(const WorkerId& reader, const std::string& model,
@@ -1575,7 +2229,7 @@ HubSnapshot HubState::Snapshot(const SnapshotLimits& want,
           const uint64_t n = b == bytes.end() ? 0 : b->second;
           t.sources.push_back({src, NameOf(src), n, rate(n, t.elapsed_ms)});
         };
-        for (const WorkerId& src : sources) add(src);
+        for (const Edge& e : sources.edges) add(e.source);
         for (const auto& [src, b] : bytes) add(src);
         out.transfers.push_back(std::move(t));
       }
@@ -1659,6 +2313,7 @@ void HubState::RemoveWorker(const WorkerId& id) {
     for (auto& [version, v] : m.versions) EndFetch(v, id);
   }
   rates_.erase(id);
+  CountWorker(it->second.reg.labels, -1);
   workers_.erase(id);
 }
 
@@ -1834,7 +2489,9 @@ KeeperWork HubState::KeeperTasks(const WorkerId& keeper) const {
         if (v.retained && !own->second.filling) work.pinned.push_back(task);
         continue;
       }
-      if (!retained || v.state != VersionState::kCommitted) continue;
+      if (!retained || v.state != VersionState::kCommitted || v.has_pieces) {
+        continue;
+      }
       const VersionEntry& entry =
           v;  // a lambda may not capture a binding (C++20)
       auto reliable = [&](const WorkerId& h) {

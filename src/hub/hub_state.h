@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -38,12 +39,25 @@ struct HubConfig {
   size_t max_workers = 100000;
   size_t max_models = 10000;
   size_t max_dead_versions_per_model = 64;  // aborted/unavailable kept for ls
-  // How Schedule weighs a busy holder in the reader's rack against an idle
-  // one elsewhere in its datacenter. false (rack uplinks at full bisection):
-  // the idle one, so that every holder uploads to one reader at a time.
-  // true (rack uplinks oversubscribed, crossing them is the bottleneck):
-  // the busy one in the rack, nearest first.
-  bool racks_oversubscribed = false;
+  // Rack uplinks (docs/design.md, "Scheduling"): the oversubscription
+  // ratio of a rack's uplink, the NIC capacity of the rack's hosts over the
+  // uplink's (4 for 4:1), and per-rack figures ((datacenter, rack) ->
+  // ratio) that override it. At most 1 everywhere: full bisection, and
+  // Schedule ranks an idle holder anywhere in the reader's datacenter
+  // before a busy one in its rack, so that every holder uploads to one
+  // reader at a time. Above 1 in some rack: Schedule builds rack-aware
+  // pipelines there (RackPlanner in hub_state.cc): each version enters an
+  // oversubscribed rack once and its readers there feed each other.
+  double rack_oversubscription = 1.0;
+  std::map<std::pair<std::string, std::string>, double>
+      rack_oversubscription_by_rack;
+  // A reader whose source sits behind another oversubscribed rack's uplink
+  // is told to ask again (Recheck) after recheck_ms, then after twice as
+  // long each time its sources stayed the same, up to max_recheck_ms: until
+  // its fetch ends, a reader arriving in its source's rack may take its
+  // place in the pipeline (docs/design.md, "Rack-aware pipelines").
+  int64_t recheck_ms = 2;
+  int64_t max_recheck_ms = 1000;
   // Retention: the latest `keep_latest` committed versions of every model
   // are retained without a Retain call (0: none).
   uint32_t keep_latest = 0;
@@ -223,6 +237,8 @@ struct FetchStart {
   std::vector<HolderView> sources;
   bool sources_unavailable = false;
   Status sources_status;
+  // With sources: when to Recheck them (RecheckAfterMs), 0 for never.
+  int64_t recheck_after_ms = 0;
   // A delta of the version from a base the reader holds whole is being
   // computed by a live holder (claimed, not ready): a reader behind a slow
   // link may wait for it (DeltaPending).
@@ -303,6 +319,15 @@ inline constexpr size_t kMaxRateSamples = 8;
 // Names of models: 1-256 printable ASCII characters without '@' or spaces.
 Status ValidateModelName(const std::string& model);
 
+// The rack uplink settings of a hub configuration: ratios finite and >= 0
+// (at most 1: full bisection), labels of a per-rack figure 1-256
+// characters, recheck intervals 1 ms <= recheck_ms <= max_recheck_ms <= 60 s.
+Status ValidateRackConfig(const HubConfig& config);
+// Whether a rack (datacenter, rack label) has an oversubscribed uplink:
+// a rack label, and its ratio above 1.
+bool RackOversubscribed(const HubConfig& config, const std::string& datacenter,
+                        const std::string& rack);
+
 // How often a fleet's workers heartbeat and the lease the hub grants them
 // (docs/design.md, "Heartbeats"). The hub sends both with every Register
 // and Heartbeat answer; workers heartbeat every interval_ms, so two
@@ -342,7 +367,8 @@ class HubState {
   // receiving it now and serves the chunks it has verified. A full report
   // ends the worker's fetch: its assigned sources are released. A filling
   // report of a version published as pieces is FAILED_PRECONDITION: its
-  // readers receive logical tensors, not the parts' chunks.
+  // readers receive logical tensors, not the parts' chunks (they serve them
+  // onward as holders of slices, AddSliceHolder).
   // O(manifest): the manifest is validated and compared (skipped when it
   // equals the committed one). A report to a hub that does not know the
   // version (it restarted) re-creates it from this manifest.
@@ -374,11 +400,35 @@ class HubState {
   // reader's previous assignment. Cost: O((|exclude| + s + G) log N) for N
   // holders, s distinct serving counts among filling holders and G parts
   // (an index, not a scan; see HolderIndex).
+  //
+  // With oversubscribed racks (HubConfig::rack_oversubscription) a reader
+  // in such a rack reads inside its rack when it can: from an idle holder
+  // there; else it takes the place of the rack's exit (the holder there
+  // that feeds a reader in another rack: that reader is moved onto this
+  // one, and learns it at its next Recheck); else, with no usable holder
+  // in the rack, from an idle holder outside (it then enters the rack, and
+  // is told to Recheck); else by the rack's uplink budget (the rack's
+  // workers over its ratio, in streams) across it or sharing the least busy
+  // holder in it. Filling holders are then ordered by where they were
+  // placed, not by when they joined, so the pipeline stays a DAG. Adds
+  // O(w log N) for the w workers of the reader's rack holding the version.
   Result<std::vector<HolderView>> Schedule(const WorkerId& reader,
                                            const std::string& model,
                                            Version version,
                                            const std::set<WorkerId>& exclude,
                                            size_t max_sources);
+  // The reader's sources again, as the hub's books have them now (another
+  // reader may have taken a source's place: see Schedule), without
+  // choosing anew; the reader replaces its sources with these. If it has
+  // none, or one of them no longer holds the version, this is Schedule
+  // (with nothing excluded). O(s log N).
+  Result<std::vector<HolderView>> Recheck(const WorkerId& reader,
+                                          const std::string& model,
+                                          Version version, size_t max_sources);
+  // How long the reader should wait before its Recheck, 0 for never (its
+  // sources will not be moved): what the hub tells it with its sources.
+  int64_t RecheckAfterMs(const WorkerId& reader, const std::string& model,
+                         Version version) const;
   // ---- Holders of slices (docs/design.md, "Holders of slices") ----
   // A reader that fetched slices of a committed version serves them onward.
   // `slices` is its own layout: one TensorLayout per box it holds (spec.shape
@@ -386,18 +436,25 @@ class HubState {
   // version's dtype), packed into part_bytes, with segment checksums the
   // holder computed over its verified bytes (readers verify against these).
   // Soft state like AddHolder: a restarted hub hears it again. Replaces the
-  // worker's previous boxes of the version. FAILED_PRECONDITION if the hub
-  // has no committed manifest of the version (yet: report again later);
-  // INVALID_ARGUMENT for boxes that do not fit the manifest. O(manifest).
+  // worker's previous boxes of the version. Holders of slices count towards
+  // availability (UpdateAvailability), not towards retention or keepers.
+  // FAILED_PRECONDITION if the hub has no committed manifest of the version
+  // (yet: report again later); INVALID_ARGUMENT for boxes that do not fit
+  // the manifest. O(manifest).
   Status AddSliceHolder(const WorkerId& worker, const std::string& model,
                         Version version, uint64_t epoch,
                         const PartLayout& slices, int64_t now_ms);
   // Schedule for a reader of slices: up to `max_sources` holders of slices
   // whose boxes intersect one of `wants` (nearest first, rotated among
   // equally near ones), first, so that the reader prefers them; then
-  // Schedule's sources. Slice holders are not counted busy. A full fetch
-  // (Schedule, Resolve) never gets a slice holder. Cost: Schedule's plus
-  // O(slice holders x boxes x wants).
+  // Schedule's sources. Where those sources leave parts of the version
+  // unheld (trainer ranks gone), more holders of slices, in the same order,
+  // until the wanted bytes of those parts are covered (SliceSources); with
+  // no holder left but holders of slices, only those. Slice holders are not
+  // counted busy. A full fetch (Schedule, Resolve) never gets a slice
+  // holder. Cost: Schedule's plus O(slice holders x boxes x log wants),
+  // plus O(slice holders x boxes + parts' tensors x slice holders) when
+  // parts are left unheld.
   Result<std::vector<HolderView>> ScheduleSlices(
       const WorkerId& reader, const std::string& model, Version version,
       const std::set<WorkerId>& exclude, size_t max_sources,
@@ -434,7 +491,13 @@ class HubState {
 
   // The start of a fetch in one call (the BeginFetch RPC): Resolve (or
   // ResolveForGroup), the reader's registration as a filling holder, and
-  // Schedule, as the three calls would answer them one after another.
+  // Schedule, as the three calls would answer them one after another. A
+  // committed version that a whole fetch must read as slices (it has
+  // pieces, or its complete holders of chunks no longer cover it and
+  // holders of slices do) also gets holders of slices among its sources,
+  // first, as ScheduleSlices of every tensor whole would give them; the
+  // reader is then not registered as a filling holder (it serves slices
+  // once it has them).
   // Fails only as the resolution fails; the other two steps report their
   // own outcome in FetchStart. Resolution::holders is listed only when
   // Schedule found no source (the reader then falls back to that list), so
@@ -514,6 +577,9 @@ class HubState {
   // What `keeper` should fetch (retained committed versions with neither a
   // reliable complete copy nor a reliable copy in progress, that it does
   // not hold) and release (its complete copies of versions not retained).
+  // Never a version of pieces: a reader's copy of one is a holder of
+  // slices, which retention does not count (retention of such a version
+  // rests on its trainer ranks).
   KeeperWork KeeperTasks(const WorkerId& keeper) const;
 
   // ---- Reader groups ----
@@ -566,17 +632,25 @@ class HubState {
   // Extends w's lease to plan().lease_ms from now, never shortening it.
   void Renew(Worker& w, int64_t now_ms) const;
   // Schedule's preference among equally near holders: the least busy, then
-  // the latest to join, then the id (trainer ranks all joined at 0).
+  // the latest in the pipeline's order, then the id (trainer ranks all
+  // joined at 0). `order` is when the holder joined (Reference::join_seq),
+  // or, for a filling holder of a rack-aware hub, where it was placed
+  // (Reference::placement; kUnplaced before).
   struct HolderKey {
     int serving = 0;
-    uint64_t join_seq = 0;
+    uint64_t order = 0;
     WorkerId worker;
     bool operator<(const HolderKey& o) const {
       if (serving != o.serving) return serving < o.serving;
-      if (join_seq != o.join_seq) return join_seq > o.join_seq;
+      if (order != o.order) return order > o.order;
       return worker < o.worker;
     }
   };
+  // (datacenter, rack).
+  using RackKey = std::pair<std::string, std::string>;
+  // A filling holder a rack-aware Schedule has not placed yet: after every
+  // placed one, so nobody reads from it.
+  static constexpr uint64_t kUnplaced = UINT64_MAX - 1;
   // The holders of one version in one topology group, in preference order.
   // Filling holders are kept apart: they feed only readers that joined
   // after them, and only complete holders become extra stripes.
@@ -598,7 +672,11 @@ class HubState {
     std::optional<uint32_t> rank;  // set for a trainer rank's part
     bool filling = false;
     uint64_t join_seq = 0;  // order in which holders joined (trainers: 0)
-    int serving = 0;        // readers Schedule() assigned it, still fetching
+    // Rack-aware hubs: where Schedule placed this holder in the version's
+    // pipeline, (line << 32) | position in the line; 0 until placed. A
+    // filling holder reads only from filling holders placed before it.
+    uint64_t placement = 0;
+    int serving = 0;  // readers Schedule() assigned it, still fetching
     std::optional<Filed> filed;  // set while it is in the version's index
   };
   // Every reference of a version, filed by where its worker is: Schedule and
@@ -625,6 +703,43 @@ class HubState {
     double bytes_per_second = 0;
     int64_t at_ms = 0;
   };
+  // One source Schedule gave a reader: counted in the source's serving
+  // count, and, when it crosses rack uplinks, in rack_use_ of both racks
+  // (as they were when it was counted).
+  struct Edge {
+    WorkerId source;
+    // The source's reference when counted (its join_seq): a worker that
+    // left and came back is a new reference, and this edge a stale one.
+    uint64_t source_join = 0;
+    std::optional<std::pair<RackKey, RackKey>> uplinks;  // (source's, reader's)
+  };
+  struct Assignment {
+    std::vector<Edge> edges;
+    // > 0: the reader reads from behind an oversubscribed rack's uplink and
+    // was told to Recheck after this long; until its fetch ends another
+    // reader may take its source's place (the reader is "movable").
+    int64_t recheck_ms = 0;
+    bool moved = false;  // a source was replaced since it was last told
+  };
+  // A rack's line in one version's pipeline (rack-aware hubs): readers
+  // placed in the rack get positions after every holder placed there.
+  struct Line {
+    uint64_t line = 0;
+    uint64_t next_position = 1;
+  };
+  // Streams across a rack's uplink (rack-aware hubs), over all versions.
+  struct RackUse {
+    size_t workers = 0;
+    size_t in = 0;
+    size_t out = 0;
+  };
+
+  // Boxes in an order, to count them (VersionEntry::slice_boxes).
+  struct BoxLess {
+    bool operator()(const Box& a, const Box& b) const {
+      return std::tie(a.offset, a.extent) < std::tie(b.offset, b.extent);
+    }
+  };
 
   struct VersionEntry {
     VersionState state = VersionState::kPending;
@@ -642,13 +757,21 @@ class HubState {
     uint64_t next_join = 1;
     // Reader -> the sources Schedule() gave it (each counted in the source's
     // Reference::serving until released).
-    std::map<WorkerId, std::vector<WorkerId>> assignments;
+    std::map<WorkerId, Assignment> assignments;
+    // Rack-aware hubs: each rack's line, and the rack's exits: (source in
+    // the rack, movable reader outside it) of each such assignment. Entries
+    // go stale when a source leaves or a worker moves, and are checked
+    // when used.
+    std::map<RackKey, Line> lines;
+    uint64_t next_line = 1;
+    std::map<RackKey, std::set<std::pair<WorkerId, WorkerId>>> exits;
     bool retained = false;         // an explicit Retain pin
     std::set<WorkerId> departing;  // holders waiting to leave it
     // Readers in `assignments` that reported progress (ReportProgress).
     std::map<WorkerId, ReaderProgress> progress;
-    // Holders of slices (AddSliceHolder), kept apart from `refs`: they never
-    // count towards availability, retention or full fetches.
+    // Holders of slices (AddSliceHolder), kept apart from `refs`: they
+    // count towards availability (parts_in_slices), never towards retention
+    // or full fetches of chunks.
     struct SliceRef {
       uint64_t epoch = 0;
       uint64_t join_seq = 0;
@@ -656,6 +779,15 @@ class HubState {
     };
     std::map<WorkerId, SliceRef> slice_refs;
     uint64_t slice_schedules = 0;  // rotates equally near slice holders
+    // The boxes of slice_refs by tensor: each distinct box with the number
+    // of holders of slices that hold it. Availability depends only on which
+    // boxes are held, so it is worked out again (CoverBySlices) only when a
+    // box gains its first holder or loses its last.
+    std::map<std::string, std::map<Box, uint32_t, BoxLess>, std::less<>>
+        slice_boxes;
+    // Per part (once committed): holders of slices hold every piece of it
+    // where a reader can read it from them (SliceHoldersCover).
+    std::vector<bool> parts_in_slices;
     // Deltas of this version: (base, holder) -> ready (its size known) or
     // claimed. Each holder has a complete reference in `refs`; the entry
     // goes with that reference. At most kMaxDeltasPerVersion.
@@ -683,9 +815,34 @@ class HubState {
   // Schedule's search for one reader: the ranking of candidate holders,
   // written once, and the steps that use it (hub_state.cc).
   class Picker;
+  // A rack-aware hub's choice for a reader in an oversubscribed rack.
+  class RackPlanner;
   // Counts the reader's new sources as serving it and returns them.
   std::vector<HolderView> Assign(VersionEntry& v, const WorkerId& reader,
                                  const std::vector<WorkerId>& chosen);
+  // Rack-aware hubs: the key a filling holder is filed under, and placing
+  // one in its version's pipeline (refiled under its new key).
+  uint64_t FiledOrder(const Reference& r) const;
+  void Place(VersionEntry& v, const WorkerId& id, uint64_t placement);
+  // The placement a reader in `rack` would get after every holder there
+  // (its rack's line), and the placement of a new line (after everything).
+  static uint64_t FollowerPlacement(const VersionEntry& v, const RackKey& rack);
+  static uint64_t NewLinePlacement(const VersionEntry& v);
+  // Makes `placement` real: advances (or starts) the rack's line.
+  static void TakePlacement(VersionEntry& v, const RackKey& rack,
+                            uint64_t placement);
+  // The rack a worker is in (empty rack label: none).
+  std::optional<RackKey> RackOf(const WorkerId& id) const;
+  // Streams a rack's uplink carries at full rate: its workers over its
+  // ratio, at least 1.
+  size_t UplinkStreams(const RackKey& rack) const;
+  double RatioOf(const RackKey& rack) const;
+  // The movable reader `x` reads from `to` instead of `from` (in the books;
+  // it learns at its Recheck).
+  void Move(VersionEntry& v, const WorkerId& x, const WorkerId& from,
+            const WorkerId& to);
+  void CountWorker(const Labels& labels, int delta);
+  void Uncount(const RackKey& rack, size_t RackUse::*field);
 
   struct GroupPins {
     std::map<uint64_t, Version> steps;  // step -> pinned version
@@ -709,6 +866,26 @@ class HubState {
                      const WorkerId& worker);
   void DropSliceReference(const std::string& model, Version version,
                           const WorkerId& worker);
+  // Counts (+1) or uncounts (-1) a holder's boxes in v.slice_boxes, and
+  // works out v.parts_in_slices again if a box gained its first holder or
+  // lost its last. O(boxes log) plus, then, O(manifest x boxes per tensor).
+  static void CountSliceBoxes(VersionEntry& v, const PartLayout& slices,
+                              int delta);
+  static void CoverBySlices(VersionEntry& v);
+  // Complete holders of chunks (full copies, trainer ranks) hold every part
+  // (with bytes) of a committed version. O(G).
+  static bool CoveredByChunkHolders(const VersionEntry& v);
+  // A reader's holders of slices (ScheduleSlices, BeginFetch): up to
+  // `max_sources` of those with a box that meets `wants` (nullptr: any
+  // tensor, whole), nearest first, rotated among equally near ones; then,
+  // for the wanted bytes of parts that no complete holder among
+  // `chunk_sources` holds, more of them in the same order until those
+  // bytes are covered (SliceHoldersCover), as far as they are.
+  std::vector<HolderView> SliceSources(VersionEntry& v, const WorkerId& reader,
+                                       const std::set<WorkerId>& exclude,
+                                       size_t max_sources,
+                                       const std::vector<SliceWant>* wants,
+                                       const std::vector<HolderView>& chunks);
   // AddSliceHolder's checks of a holder's boxes against the manifest.
   static Status CheckSlices(const std::string& vname, const Manifest& m,
                             const PartLayout& slices);
@@ -729,15 +906,15 @@ class HubState {
   Status AttachHolder(Worker& w, const WorkerId& worker,
                       const std::string& model, Version version,
                       VersionEntry& v, uint64_t epoch, bool filling);
-  static void Release(VersionEntry& v, const WorkerId& reader);
+  void Release(VersionEntry& v, const WorkerId& reader);
   // The reader's fetch of `v` ended: Release, and drop its progress.
-  static void EndFetch(VersionEntry& v, const WorkerId& reader);
+  void EndFetch(VersionEntry& v, const WorkerId& reader);
   std::string NameOf(const WorkerId& id) const;
-  static void File(VersionEntry& v, const WorkerId& id, Reference& r,
-                   const Labels& labels);
+  void File(VersionEntry& v, const WorkerId& id, Reference& r,
+            const Labels& labels) const;
   static void Unfile(VersionEntry& v, Reference& r);
-  // Files `r` again after its serving count changed.
-  static void Refile(VersionEntry& v, const WorkerId& id, Reference& r);
+  // Files `r` again after its serving count or placement changed.
+  void Refile(VersionEntry& v, const WorkerId& id, Reference& r) const;
   // The reader's groups, nearest first; the last one is every holder.
   static std::vector<Level> LevelsFor(const VersionEntry& v,
                                       const Labels& reader);
@@ -768,6 +945,10 @@ class HubState {
                          std::vector<WorkerId>* chosen) const;
 
   HubConfig config_;
+  // Some rack's uplink is oversubscribed: filling holders are ordered by
+  // placement, and readers in such racks are planned by RackPlanner.
+  bool rack_aware_ = false;
+  std::map<RackKey, RackUse> rack_use_;  // rack-aware hubs only
   uint64_t next_worker_ = 1;
   std::map<WorkerId, Worker> workers_;
   std::map<std::string, Model> models_;

@@ -4,16 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "common/checksum.h"
 #include "common/manifest.h"
 
 namespace tensorhub::hub {
@@ -138,6 +142,40 @@ class HubStateTest : public ::testing::Test {
     for (const HolderView& h : r.holders) ids.push_back(h.worker.value());
     return ids;
   }
+
+  // A holder of slices' layout: ranges [begin, end) of 1-dimensional U8
+  // tensors of `length` bytes.
+  struct Held {
+    std::string name;
+    uint64_t length = 0;
+    uint64_t begin = 0, end = 0;
+  };
+  static PartLayout SliceLayout(const std::vector<Held>& held) {
+    std::vector<TensorRef> refs;
+    PieceOptions opts;
+    opts.segment_bytes = 256;
+    std::deque<std::vector<uint8_t>> bytes;  // only checksummed here
+    for (const Held& h : held) {
+      std::vector<uint8_t>& buf = bytes.emplace_back(h.end - h.begin, 5);
+      refs.push_back({TensorSpec{h.name, DType::kU8, {h.end - h.begin}},
+                      buf.data(), buf.size(), MemoryLocation::Host()});
+      opts.pieces[h.name] = {{h.length}, {h.begin}};
+    }
+    Result<PartLayout> p = BuildPartLayout(
+        0xFFFFFFFFu, refs, kMinChunkBytes, ChunkChecksum::kXxh3,
+        [](std::span<const iovec> v) -> Result<uint64_t> {
+          return Xxh3Pieces(v);
+        },
+        opts);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return p.ok() ? *p : PartLayout{};
+  }
+
+  // The seeded differential run of IndexedScheduleMatchesAReferenceScan.
+  template <typename Reference>
+  void RunDifferential(uint32_t seed, const HubConfig& config,
+                       const std::vector<PartLayout>& g, const Manifest& m,
+                       const std::vector<uint64_t>& base, Reference& ref);
 
   HubState hub_;
   std::deque<std::vector<uint8_t>> buffers_;
@@ -1395,43 +1433,211 @@ TEST_F(HubStateTest, ScheduleCoversEveryPartOfAGroupLargerThanMaxSources) {
 // Readers of one version arrive in random racks. r1 (rack 1) reads from the
 // trainer, r2 (rack 2) from r1; r3 lands in rack 1, whose only holder r1
 // already uploads to r2. On a full-bisection fabric r3 reads from r2 (idle,
-// another rack) so that r1 uploads once; with oversubscribed racks it shares
-// r1 rather than cross a rack uplink. Another datacenter's idle holder never
-// beats a busy one in the reader's datacenter.
+// another rack) so that r1 uploads once. Another datacenter's idle holder
+// never beats a busy one in the reader's datacenter. (Oversubscribed racks:
+// RackAware* below.)
 TEST_F(HubStateTest,
        ScheduleWeighsABusyHolderInTheRackAgainstAnIdleOneOutside) {
-  for (bool oversubscribed : {false, true}) {
-    SCOPED_TRACE(oversubscribed ? "oversubscribed" : "full bisection");
-    HubConfig config = DefaultConfig();
-    config.racks_oversubscribed = oversubscribed;
-    HubState hub(config);
-    WorkerId t = Register(hub, "t", L("a", "r0", "h0"));
-    auto g = Group("m", 1, 11);
-    Manifest m = ManifestOf(g);
-    ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g, 0), 0).ok());
-    auto join_and_schedule = [&](const std::string& name, Labels l) {
-      WorkerId w = Register(hub, name, std::move(l));
-      EXPECT_TRUE(hub.AddHolder(w, "m", Version(1), 1, m, 0, true).ok());
-      auto s = hub.Schedule(w, "m", Version(1), {}, 4);
-      EXPECT_TRUE(s.ok()) << s.status().ToString();
-      EXPECT_EQ(s.ok() ? s->size() : 0u, 1u);
-      return std::make_pair(
-          w, s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
-    };
-    auto [r1, src1] = join_and_schedule("r1", L("a", "r1", "h1"));
-    EXPECT_EQ(src1, t);
-    auto [r2, src2] = join_and_schedule("r2", L("a", "r2", "h2"));
-    EXPECT_EQ(src2, r1);
-    auto [r3, src3] = join_and_schedule("r3", L("a", "r1", "h3"));
-    EXPECT_EQ(src3, oversubscribed ? r1 : r2);
-    // An idle complete holder in datacenter b: a reader in a, in a rack
-    // with no holder, still reads inside a.
-    auto b = join_and_schedule("b1", L("b", "r9", "h9"));
-    EXPECT_TRUE(hub.AddHolder(b.first, "m", Version(1), 1, m, 0, false).ok());
-    auto r4 = join_and_schedule("r4", L("a", "r4", "h4"));
-    EXPECT_NE(r4.second, b.first);
-    EXPECT_EQ(r4.second, r3);  // idle in a, and the latest to join
+  WorkerId t = Register("t", L("a", "r0", "h0"));
+  auto g = Group("m", 1, 11);
+  Manifest m = ManifestOf(g);
+  ASSERT_TRUE(Pub(t, "m", 1, g, 0).ok());
+  auto join_and_schedule = [&](const std::string& name, Labels l) {
+    WorkerId w = Register(name, std::move(l));
+    EXPECT_TRUE(hub_.AddHolder(w, "m", Version(1), 1, m, 0, true).ok());
+    auto s = hub_.Schedule(w, "m", Version(1), {}, 4);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_EQ(s.ok() ? s->size() : 0u, 1u);
+    EXPECT_EQ(hub_.RecheckAfterMs(w, "m", Version(1)), 0);
+    return std::make_pair(w,
+                          s.ok() && !s->empty() ? (*s)[0].worker : WorkerId());
+  };
+  auto [r1, src1] = join_and_schedule("r1", L("a", "r1", "h1"));
+  EXPECT_EQ(src1, t);
+  auto [r2, src2] = join_and_schedule("r2", L("a", "r2", "h2"));
+  EXPECT_EQ(src2, r1);
+  auto [r3, src3] = join_and_schedule("r3", L("a", "r1", "h3"));
+  EXPECT_EQ(src3, r2);
+  // An idle complete holder in datacenter b: a reader in a, in a rack
+  // with no holder, still reads inside a.
+  auto b = join_and_schedule("b1", L("b", "r9", "h9"));
+  EXPECT_TRUE(hub_.AddHolder(b.first, "m", Version(1), 1, m, 0, false).ok());
+  auto r4 = join_and_schedule("r4", L("a", "r4", "h4"));
+  EXPECT_NE(r4.second, b.first);
+  EXPECT_EQ(r4.second, r3);  // idle in a, and the latest to join
+}
+
+// ---------------------------------------------- rack-aware pipelines
+
+class RackAwareTest : public HubStateTest {
+ protected:
+  static HubConfig RackConfig(double ratio = 4) {
+    HubConfig c = DefaultConfig();
+    c.rack_oversubscription = ratio;
+    return c;
   }
+  void SetUp() override {
+    g_ = Group("m", 1, 21);
+    m_ = ManifestOf(g_);
+  }
+  // Registers, joins as a filling holder and schedules; the first source.
+  WorkerId Join(HubState& hub, const std::string& name, Labels l,
+                const std::set<WorkerId>& exclude = {}) {
+    WorkerId w = Register(hub, name, std::move(l));
+    workers_[name] = w;
+    EXPECT_TRUE(hub.AddHolder(w, "m", Version(1), 1, m_, 0, true).ok());
+    auto s = hub.Schedule(w, "m", Version(1), exclude, 1);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() && !s->empty() ? (*s)[0].worker : WorkerId();
+  }
+  WorkerId Source(HubState& hub, const std::string& name) {
+    auto s = hub.Recheck(workers_.at(name), "m", Version(1), 1);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() && s->size() == 1 ? (*s)[0].worker : WorkerId();
+  }
+  WorkerId W(const std::string& name) const { return workers_.at(name); }
+  int64_t Recheck(HubState& hub, const std::string& name) const {
+    return hub.RecheckAfterMs(workers_.at(name), "m", Version(1));
+  }
+
+  std::vector<PartLayout> g_;
+  Manifest m_;
+  std::map<std::string, WorkerId> workers_;
+};
+
+// Readers arrive in random racks all at once, as after a publish. Each rack
+// is entered once; a reader arriving in a rack whose holders all feed
+// others takes the place of the rack's exit, and the reader outside that
+// the exit fed is moved onto it, learning so at its Recheck: the pipeline
+// becomes trainer -> rack 1 -> rack 2 -> rack 3, the order a ring would
+// have, without knowing in advance who asks.
+TEST_F(RackAwareTest, ReadersInARackFeedEachOtherAndTheRackIsEnteredOnce) {
+  HubState hub(RackConfig());
+  WorkerId t = Register(hub, "t", L("a", "r0", "h0"));
+  ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g_, 0), 0).ok());
+  EXPECT_EQ(Join(hub, "a1", L("a", "r1", "h1")), t);        // enters rack 1
+  EXPECT_EQ(Recheck(hub, "a1"), 2);                         // t's rack: movable
+  EXPECT_EQ(Join(hub, "b1", L("a", "r2", "h2")), W("a1"));  // enters rack 2
+  EXPECT_EQ(Recheck(hub, "b1"), 2);
+  // a2 lands in rack 1, whose only holder feeds b1 in rack 2: a2 takes
+  // a1's place as rack 1's exit, b1 now reads from a2.
+  EXPECT_EQ(Join(hub, "a2", L("a", "r1", "h3")), W("a1"));
+  EXPECT_EQ(Recheck(hub, "a2"), 0);  // reads inside its rack
+  EXPECT_EQ(Join(hub, "c1", L("a", "r3", "h4")), W("b1"));  // enters rack 3
+  EXPECT_EQ(Join(hub, "b2", L("a", "r2", "h5")), W("b1"));
+  EXPECT_EQ(Join(hub, "a3", L("a", "r1", "h6")), W("a2"));
+  // The books: t -> a1 -> a2 -> a3 -> b1 -> b2 -> c1.
+  EXPECT_EQ(Source(hub, "b1"), W("a3"));
+  EXPECT_EQ(Source(hub, "c1"), W("b2"));
+  EXPECT_EQ(Source(hub, "a2"), W("a1"));
+  // A recheck after a move comes soon again; one that found nothing new,
+  // twice as late, up to the bound.
+  EXPECT_EQ(Recheck(hub, "b1"), 2);
+  EXPECT_EQ(Source(hub, "b1"), W("a3"));
+  EXPECT_EQ(Recheck(hub, "b1"), 4);
+  for (int i = 0; i < 12; ++i) Source(hub, "b1");
+  EXPECT_EQ(Recheck(hub, "b1"), 1000);
+  // A reader whose recheck finds a source gone is scheduled anew.
+  ASSERT_TRUE(hub.Leave(W("a3")).ok());
+  EXPECT_EQ(Source(hub, "b1"), W("a2"));  // a2 is idle again, in rack 1
+  EXPECT_EQ(hub.Stats().readers_scheduled, 5u);
+}
+
+// The DAG holds when moves happen: a reader placed in its rack's line sits
+// before every reader of a later line, so nobody ever reads (transitively)
+// from itself, however readers arrive, leave and come back.
+TEST_F(RackAwareTest, TheMovedPipelineHasNoCycles) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    HubState hub(RackConfig());
+    std::mt19937 rng(seed);
+    WorkerId t = Register(hub, "t", L("a", "r0", "h0"));
+    ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g_, 0), 0).ok());
+    std::vector<WorkerId> readers;
+    for (int i = 0; i < 40; ++i) {
+      const std::string name = "w" + std::to_string(i);
+      Join(hub, name, L("a", "r" + std::to_string(1 + rng() % 5), name));
+      readers.push_back(W(name));
+      if (rng() % 5 == 0) {  // someone leaves mid-way
+        const WorkerId gone = readers[rng() % readers.size()];
+        (void)hub.Leave(gone);
+        readers.erase(std::find(readers.begin(), readers.end(), gone));
+      }
+    }
+    // Follow each reader's books upstream: the trainer within n steps.
+    std::map<WorkerId, WorkerId> up;
+    for (const WorkerId& r : readers) {
+      auto s = hub.Recheck(r, "m", Version(1), 1);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      ASSERT_EQ(s->size(), 1u);
+      up[r] = (*s)[0].worker;
+    }
+    for (const WorkerId& r : readers) {
+      WorkerId at = r;
+      size_t steps = 0;
+      while (at != t && steps <= readers.size()) {
+        ASSERT_TRUE(up.count(at) > 0) << at.value() << " reads from a leaver";
+        at = up.at(at);
+        ++steps;
+      }
+      EXPECT_EQ(at, t) << r.value() << " is on a cycle";
+    }
+  }
+}
+
+// When a rack's holders are all busy and no exit can be moved, the rack's
+// uplink budget (its workers over its ratio, per-rack figures first)
+// decides: cross to an idle holder outside while the uplink has room,
+// share the least busy holder in the rack once it has none.
+TEST_F(RackAwareTest, TheUplinkBudgetDecidesBetweenCrossingAndSharing) {
+  for (double ratio_a : {4.0, 1.2}) {
+    SCOPED_TRACE("rack A at " + std::to_string(ratio_a));
+    HubConfig config = RackConfig(4);
+    config.rack_oversubscription_by_rack[{"dc", "A"}] = ratio_a;
+    HubState hub(config);
+    workers_.clear();
+    WorkerId t = Register(hub, "t", L("dc", "T", "ht"));
+    ASSERT_TRUE(hub.Publish(Args(t, "m", 1, g_, 0), 0).ok());
+    // An idle complete copy in rack C.
+    WorkerId c = Register(hub, "c", L("dc", "C", "hc"));
+    EXPECT_EQ(Join(hub, "a1", L("dc", "A", "h1")), t);
+    EXPECT_EQ(Join(hub, "b1", L("dc", "B", "h2")), W("a1"));
+    ASSERT_TRUE(hub.AddHolder(c, "m", Version(1), 1, m_, 0, false).ok());
+    // a2 may not read from a1: it enters rack A again, from C's copy.
+    EXPECT_EQ(Join(hub, "a2", L("dc", "A", "h3"), {W("a1")}), c);
+    EXPECT_EQ(Join(hub, "a3", L("dc", "A", "h4")), W("a2"));
+    // a4 may not read from a3; a1 and a2 are busy, a1's reader b1 sits in
+    // a line before a4's, so it cannot be moved onto a4. Rack A's uplink
+    // carries 2 streams in; its budget is 4 workers / ratio.
+    const WorkerId got = Join(hub, "a4", L("dc", "A", "h5"), {W("a3")});
+    if (ratio_a == 4.0) {
+      EXPECT_EQ(got, W("a2"));  // budget 1: shares, the latest placed first
+    } else {
+      EXPECT_EQ(got, W("b1"));  // budget 3: crosses to b1, idle in rack B
+    }
+  }
+}
+
+TEST_F(RackAwareTest, ConfigIsChecked) {
+  HubConfig c = RackConfig();
+  EXPECT_TRUE(ValidateRackConfig(c).ok());
+  c.rack_oversubscription = -1;
+  EXPECT_EQ(ValidateRackConfig(c).code(), StatusCode::kInvalidArgument);
+  c = RackConfig();
+  c.rack_oversubscription = std::nan("");
+  EXPECT_EQ(ValidateRackConfig(c).code(), StatusCode::kInvalidArgument);
+  c = RackConfig();
+  c.rack_oversubscription_by_rack[{"", "r1"}] = 2;
+  EXPECT_EQ(ValidateRackConfig(c).code(), StatusCode::kInvalidArgument);
+  c = RackConfig();
+  c.recheck_ms = 0;
+  EXPECT_EQ(ValidateRackConfig(c).code(), StatusCode::kInvalidArgument);
+  c = RackConfig();
+  c.max_recheck_ms = 1;
+  EXPECT_EQ(ValidateRackConfig(c).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(RackOversubscribed(RackConfig(), "a", "r1"));
+  EXPECT_FALSE(RackOversubscribed(RackConfig(), "a", ""));
+  EXPECT_FALSE(RackOversubscribed(RackConfig(1), "a", "r1"));
 }
 
 TEST_F(HubStateTest, ScheduleCrossesTheWideAreaOncePerDatacenter) {
@@ -1566,8 +1772,8 @@ class ReferenceScheduler {
   };
 
   // Rank r holds chunks [base[r], base[r + 1]).
-  ReferenceScheduler(std::vector<uint64_t> base, bool racks_oversubscribed)
-      : base_(std::move(base)), racks_oversubscribed_(racks_oversubscribed) {}
+  explicit ReferenceScheduler(std::vector<uint64_t> base)
+      : base_(std::move(base)) {}
   void SetLabels(const WorkerId& w, Labels l) { labels_[w] = std::move(l); }
   void Publish(const WorkerId& w, uint32_t rank) {
     refs_[w] = Ref{rank, false, 0};
@@ -1586,6 +1792,7 @@ class ReferenceScheduler {
   }
   void Drop(const WorkerId& w) {
     refs_.erase(w);
+    slices_.erase(w);
     Release(w);
     serving_.erase(w);
   }
@@ -1597,9 +1804,56 @@ class ReferenceScheduler {
       if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
     }
     assignments_.erase(it);
+    joins_.erase(reader);
+  }
+  // Holders of slices: each part's tensors (1-dimensional, by name and
+  // length), and the ranges [begin, end) of them each holder holds.
+  using Ranges =
+      std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>>;
+  void SetTensors(
+      std::vector<std::vector<std::pair<std::string, uint64_t>>> t) {
+    tensors_ = std::move(t);
+  }
+  void AddSlices(const WorkerId& w, Ranges ranges) {
+    slices_[w] = std::move(ranges);
+  }
+  bool HoldsSlices(const WorkerId& w) const { return slices_.count(w) > 0; }
+  void DropSlices(const WorkerId& w) { slices_.erase(w); }
+  // Whether the ranges of `holders` (all of them: nullptr) cover every
+  // tensor of `part` (ranges of thirds: nothing for the cut bound to cut).
+  bool PartInSlices(size_t part,
+                    const std::set<WorkerId>* holders = nullptr) const {
+    for (const auto& [name, length] : tensors_[part]) {
+      std::vector<std::pair<uint64_t, uint64_t>> all;
+      for (const auto& [w, ranges] : slices_) {
+        if (holders != nullptr && holders->count(w) == 0) continue;
+        auto it = ranges.find(name);
+        if (it != ranges.end()) {
+          all.insert(all.end(), it->second.begin(), it->second.end());
+        }
+      }
+      std::sort(all.begin(), all.end());
+      uint64_t covered = 0;
+      for (const auto& [b, e] : all) {
+        if (b > covered) break;
+        covered = std::max(covered, e);
+      }
+      if (covered < length) return false;
+    }
+    return true;
+  }
+  void Release(const WorkerId& reader) {
+    auto it = assignments_.find(reader);
+    if (it == assignments_.end()) return;
+    for (const WorkerId& src : it->second) {
+      auto s = serving_.find(src);
+      if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
+    }
+    assignments_.erase(it);
   }
   // Every chunk held by a complete holder: a full one, or the trainer ranks'
-  // parts (rank r holds chunks [base[r], base[r + 1])).
+  // parts (rank r holds chunks [base[r], base[r + 1])); or, for a part
+  // no rank holds, every byte of it by holders of slices.
   bool Readable(const std::vector<uint64_t>& base) const {
     std::vector<uint64_t> covered_by_rank(base.size() - 1, 0);
     std::vector<bool> have(base.size() - 1, false);
@@ -1608,13 +1862,11 @@ class ReferenceScheduler {
       if (!r.rank.has_value()) return true;
       have[*r.rank] = true;
     }
-    uint64_t covered = 0;
     for (size_t r = 0; r + 1 < base.size(); ++r) {
-      if (!have[r]) continue;
-      if (base[r] > covered) break;
-      covered = std::max(covered, base[r + 1]);
+      if (base[r] == base[r + 1] || have[r]) continue;
+      if (tensors_.empty() || !PartInSlices(r)) return false;
     }
-    return covered >= base.back();
+    return true;
   }
 
   static int Distance(const Labels& a, const Labels& b) {
@@ -1637,19 +1889,14 @@ class ReferenceScheduler {
       reader_join = own->second.join_seq;
     }
     // Idle holders in the reader's datacenter first (nearest first), then
-    // the rest nearest first; only nearest first if racks are
-    // oversubscribed.
-    const bool oversubscribed = racks_oversubscribed_;
+    // the rest nearest first.
     struct Candidate {
       int distance;
       int serving;
       uint64_t join_seq;
       WorkerId worker;
       bool filling;
-      bool oversubscribed;
-      bool idle_near() const {
-        return !oversubscribed && distance <= 2 && serving == 0;
-      }
+      bool idle_near() const { return distance <= 2 && serving == 0; }
       bool operator<(const Candidate& o) const {
         if (idle_near() != o.idle_near()) return idle_near();
         if (distance != o.distance) return distance < o.distance;
@@ -1665,7 +1912,7 @@ class ReferenceScheduler {
       auto s = serving_.find(w);
       cands.push_back({Distance(rl, labels_.at(w)),
                        s == serving_.end() ? 0 : s->second, r.join_seq, w,
-                       r.filling, oversubscribed});
+                       r.filling});
     }
     if (cands.empty()) return std::nullopt;
     std::sort(cands.begin(), cands.end());
@@ -1700,169 +1947,829 @@ class ReferenceScheduler {
     }
     for (const WorkerId& w : out) {
       assignments_[reader].push_back(w);
+      joins_[reader].push_back(refs_.at(w).join_seq);
       ++serving_[w];
     }
     return out;
   }
+
+  void Leave(const WorkerId& w) { Drop(w); }
+  // A recheck on a full-bisection hub: the sources as they are, or anew
+  // when one left; never a time to recheck.
+  std::optional<std::vector<WorkerId>> Recheck(const WorkerId& reader,
+                                               size_t max_sources) {
+    auto it = assignments_.find(reader);
+    bool intact = it != assignments_.end();
+    for (size_t i = 0; intact && i < it->second.size(); ++i) {
+      auto r = refs_.find(it->second[i]);
+      intact = r != refs_.end() && r->second.join_seq == joins_[reader][i];
+    }
+    if (!intact) return Schedule(reader, {}, max_sources);
+    return it->second;
+  }
+  int64_t RecheckAfterMs(const WorkerId&) const { return 0; }
 
   const std::map<WorkerId, Ref>& refs() const { return refs_; }
   const Labels& LabelsOf(const WorkerId& w) const { return labels_.at(w); }
 
  private:
   std::vector<uint64_t> base_;
-  bool racks_oversubscribed_;
   std::map<WorkerId, Labels> labels_;
   std::map<WorkerId, Ref> refs_;
   std::map<WorkerId, std::vector<WorkerId>> assignments_;
+  // The sources' references when assigned (their join_seq), per reader.
+  std::map<WorkerId, std::vector<uint64_t>> joins_;
   std::map<WorkerId, int> serving_;
+  uint64_t next_join_ = 1;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> tensors_;
+  std::map<WorkerId, Ranges> slices_;
+};
+
+// The rack-aware scheduler (RackPlanner) as brute force: every call scans
+// every holder and keeps its bookkeeping in plain maps, replayed from the
+// same calls the test makes on the hub. Written from the rule in
+// hub_state.h (Schedule, Recheck), not from the index: which holder is idle
+// at which distance, the rack's exits, the placements, the uplink budget.
+class RackReference {
+ public:
+  using RackKey = std::pair<std::string, std::string>;
+  struct Ref {
+    std::optional<uint32_t> rank;
+    bool filling = false;
+    uint64_t join_seq = 0;
+    uint64_t placement = 0;
+  };
+  static constexpr uint64_t kUnplaced = UINT64_MAX - 1;
+
+  RackReference(std::vector<uint64_t> base, HubConfig config)
+      : base_(std::move(base)), config_(std::move(config)) {}
+
+  void SetLabels(const WorkerId& w, Labels l) {
+    if (auto it = labels_.find(w); it != labels_.end()) Count(it->second, -1);
+    Count(l, +1);
+    labels_[w] = std::move(l);
+  }
+  void Leave(const WorkerId& w) {
+    Drop(w);
+    Count(labels_.at(w), -1);
+    labels_.erase(w);
+  }
+  void Publish(const WorkerId& w, uint32_t rank) {
+    refs_[w] = Ref{rank, false, 0, 0};
+  }
+  void AddHolder(const WorkerId& w, bool filling) {
+    auto it = refs_.find(w);
+    const bool was_complete = it != refs_.end() && !it->second.filling;
+    Ref& r = refs_[w];
+    r.rank.reset();
+    if (r.join_seq == 0) r.join_seq = next_join_++;
+    const bool refill = was_complete && filling;
+    if (refill) r.placement = 1;
+    r.filling = filling;
+    if (!filling || refill) Release(w);
+  }
+  bool HoldsRank(const WorkerId& w) const {
+    auto it = refs_.find(w);
+    return it != refs_.end() && it->second.rank.has_value();
+  }
+  void Drop(const WorkerId& w) {
+    refs_.erase(w);
+    Release(w);
+    serving_.erase(w);
+  }
+  void Release(const WorkerId& reader) {
+    auto it = assignments_.find(reader);
+    if (it == assignments_.end()) return;
+    for (const Edge& e : it->second.edges) {
+      auto s = serving_.find(e.source);
+      if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
+      if (e.out_of.has_value()) {
+        --use_[*e.out_of].out;
+        exits_[*e.out_of].erase({e.source, reader});
+      }
+      if (e.into.has_value()) --use_[*e.into].in;
+    }
+    assignments_.erase(it);
+  }
+  bool Readable(const std::vector<uint64_t>& base) const {
+    std::vector<bool> have(base.size() - 1, false);
+    for (const auto& [w, r] : refs_) {
+      if (r.filling) continue;
+      if (!r.rank.has_value()) return true;
+      have[*r.rank] = true;
+    }
+    uint64_t covered = 0;
+    for (size_t r = 0; r + 1 < base.size(); ++r) {
+      if (!have[r]) continue;
+      if (base[r] > covered) break;
+      covered = std::max(covered, base[r + 1]);
+    }
+    return covered >= base.back();
+  }
+
+  std::optional<std::vector<WorkerId>> Schedule(
+      const WorkerId& reader, const std::set<WorkerId>& exclude,
+      size_t max_sources) {
+    Release(reader);
+    std::vector<WorkerId> chosen = Choose(reader, exclude, max_sources);
+    if (chosen.empty()) return std::nullopt;
+    Assignment& a = assignments_[reader];
+    const std::optional<RackKey> into = RackOf(reader);
+    for (const WorkerId& w : chosen) {
+      Edge e{w, refs_.at(w).join_seq, std::nullopt, std::nullopt};
+      const std::optional<RackKey> out_of = RackOf(w);
+      if (out_of != into && (out_of.has_value() || into.has_value())) {
+        e.out_of = out_of;
+        e.into = into;
+        if (out_of.has_value()) ++use_[*out_of].out;
+        if (into.has_value()) ++use_[*into].in;
+        if (out_of.has_value() && Oversubscribed(*out_of)) {
+          exits_[*out_of].insert({w, reader});
+          a.recheck_ms = config_.recheck_ms;
+        }
+      }
+      a.edges.push_back(e);
+      ++serving_[w];
+    }
+    return chosen;
+  }
+
+  std::optional<std::vector<WorkerId>> Recheck(const WorkerId& reader,
+                                               size_t max_sources) {
+    auto it = assignments_.find(reader);
+    bool intact = it != assignments_.end();
+    if (intact) {
+      for (const Edge& e : it->second.edges) intact = intact && Current(e);
+    }
+    if (!intact) return Schedule(reader, {}, max_sources);
+    Assignment& a = it->second;
+    if (a.recheck_ms > 0) {
+      a.recheck_ms = a.moved
+                         ? config_.recheck_ms
+                         : std::min(2 * a.recheck_ms, config_.max_recheck_ms);
+      a.moved = false;
+    }
+    std::vector<WorkerId> out;
+    for (const Edge& e : a.edges) out.push_back(e.source);
+    return out;
+  }
+  int64_t RecheckAfterMs(const WorkerId& reader) const {
+    auto it = assignments_.find(reader);
+    return it == assignments_.end() ? 0 : it->second.recheck_ms;
+  }
+  // No filling holder waits, through filling holders it reads from, on
+  // itself (a complete source has every chunk and ends the wait). A depth
+  // first search over the books.
+  bool Acyclic() const {
+    std::map<WorkerId, int> state;  // 1 on the path, 2 done
+    std::function<bool(const WorkerId&)> visit = [&](const WorkerId& w) {
+      int& st = state[w];
+      if (st == 1) return false;
+      if (st == 2) return true;
+      st = 1;
+      auto a = assignments_.find(w);
+      if (a != assignments_.end()) {
+        for (const Edge& e : a->second.edges) {
+          if (!Current(e) || !refs_.at(e.source).filling) continue;
+          if (!visit(e.source)) return false;
+        }
+      }
+      state[w] = 2;
+      return true;
+    };
+    for (const auto& [w, r] : refs_) {
+      if (r.filling && !visit(w)) return false;
+    }
+    return true;
+  }
+
+  const std::map<WorkerId, Ref>& refs() const { return refs_; }
+  const Labels& LabelsOf(const WorkerId& w) const { return labels_.at(w); }
+
+ private:
+  struct Edge {
+    WorkerId source;
+    uint64_t source_join;  // the source's reference then
+    std::optional<RackKey> out_of, into;
+  };
+  bool Current(const Edge& e) const {
+    auto r = refs_.find(e.source);
+    return r != refs_.end() && r->second.join_seq == e.source_join;
+  }
+  struct Assignment {
+    std::vector<Edge> edges;
+    int64_t recheck_ms = 0;
+    bool moved = false;
+  };
+  struct Use {
+    int64_t workers = 0, in = 0, out = 0;
+  };
+  // A candidate as a Picker sees it.
+  struct Cand {
+    WorkerId w;
+    int distance;
+    bool filling;
+    int serving;
+    uint64_t key;
+    // HolderKey's order.
+    bool Before(const Cand& o) const {
+      if (serving != o.serving) return serving < o.serving;
+      if (key != o.key) return key > o.key;
+      return w < o.w;
+    }
+  };
+
+  void Count(const Labels& l, int d) {
+    if (!l.rack.empty()) use_[{l.datacenter, l.rack}].workers += d;
+  }
+  std::optional<RackKey> RackOf(const WorkerId& w) const {
+    auto it = labels_.find(w);
+    if (it == labels_.end() || it->second.rack.empty()) return std::nullopt;
+    return RackKey{it->second.datacenter, it->second.rack};
+  }
+  Labels LabelsOrNone(const WorkerId& w) const {
+    auto it = labels_.find(w);
+    return it == labels_.end() ? Labels{} : it->second;
+  }
+  double Ratio(const RackKey& r) const {
+    auto it = config_.rack_oversubscription_by_rack.find(r);
+    return it != config_.rack_oversubscription_by_rack.end()
+               ? it->second
+               : config_.rack_oversubscription;
+  }
+  bool Oversubscribed(const RackKey& r) const { return Ratio(r) > 1; }
+  int64_t Cap(const RackKey& r) const {
+    if (Ratio(r) <= 1) return INT64_MAX;
+    auto it = use_.find(r);
+    const int64_t workers = it == use_.end() ? 0 : it->second.workers;
+    return std::max<int64_t>(
+        1, static_cast<int64_t>(static_cast<double>(workers) / Ratio(r)));
+  }
+  static int Distance(const Labels& a, const Labels& b) {
+    if (a.datacenter != b.datacenter) return 3;
+    if (!a.host.empty() && a.host == b.host) return 0;
+    if (!a.rack.empty() && a.rack == b.rack) return 1;
+    return 2;
+  }
+  // Whether `h` is in the index group a Picker searches at distance d.
+  static bool InGroup(const Labels& reader, const Labels& h, int d) {
+    switch (d) {
+      case 0:
+        return !reader.host.empty() && reader.datacenter == h.datacenter &&
+               reader.host == h.host;
+      case 1:
+        return !reader.rack.empty() && reader.datacenter == h.datacenter &&
+               reader.rack == h.rack;
+      case 2:
+        return reader.datacenter == h.datacenter;
+      default:
+        return true;
+    }
+  }
+  uint64_t KeyOf(const Ref& r) const {
+    if (!r.filling) return r.join_seq;
+    return r.placement > 0 ? r.placement : kUnplaced;
+  }
+  int Serving(const WorkerId& w) const {
+    auto it = serving_.find(w);
+    return it == serving_.end() ? 0 : it->second;
+  }
+  // Every usable holder: not the reader, not excluded, and a filling one
+  // only if filed before `order`.
+  std::vector<Cand> Usable(const WorkerId& reader,
+                           const std::set<WorkerId>& exclude,
+                           uint64_t order) const {
+    const Labels rl = LabelsOrNone(reader);
+    std::vector<Cand> out;
+    for (const auto& [w, r] : refs_) {
+      if (w == reader || exclude.count(w) > 0) continue;
+      if (r.filling && KeyOf(r) >= order) continue;
+      out.push_back(
+          {w, Distance(rl, LabelsOrNone(w)), r.filling, Serving(w), KeyOf(r)});
+    }
+    return out;
+  }
+  // The first idle holder of group `d` (complete before filling), as
+  // Picker::Idle.
+  std::optional<Cand> Idle(const std::vector<Cand>& cands, const Labels& rl,
+                           int d) const {
+    std::optional<Cand> best_c, best_f, first_c, first_f;
+    for (const Cand& c : cands) {
+      if (!InGroup(rl, LabelsOrNone(c.w), d)) continue;
+      std::optional<Cand>& first = c.filling ? first_f : first_c;
+      if (!first.has_value() || c.Before(*first)) first = c;
+    }
+    if (first_c.has_value() && first_c->serving == 0) return first_c;
+    if (first_f.has_value() && first_f->serving == 0) return first_f;
+    return std::nullopt;
+  }
+  bool AnyIn(const std::vector<Cand>& cands, const Labels& rl, int d) const {
+    for (const Cand& c : cands) {
+      if (InGroup(rl, LabelsOrNone(c.w), d)) return true;
+    }
+    return false;
+  }
+  // All usable candidates in a Picker's Rank order.
+  static std::vector<Cand> Ranked(std::vector<Cand> cands, bool nearest_first) {
+    auto later = [&](const Cand& c) {
+      return nearest_first || c.serving > 0 || c.distance > 2;
+    };
+    std::sort(cands.begin(), cands.end(), [&](const Cand& a, const Cand& b) {
+      if (later(a) != later(b)) return !later(a);
+      if (a.distance != b.distance) return a.distance < b.distance;
+      return a.Before(b);
+    });
+    return cands;
+  }
+  // Picker::WithStripes + CoverMissingParts for a first pick found in
+  // group `d`.
+  std::vector<WorkerId> Finish(const WorkerId& reader,
+                               const std::vector<Cand>& cands,
+                               const Cand& first, int d, size_t max_sources,
+                               bool nearest_first) const {
+    const Labels rl = LabelsOrNone(reader);
+    std::vector<WorkerId> out = {first.w};
+    // Complete holders of the group (usable or not) in HolderKey order,
+    // while idle.
+    std::vector<Cand> group;
+    for (const auto& [w, r] : refs_) {
+      if (r.filling || !InGroup(rl, LabelsOrNone(w), d)) continue;
+      group.push_back({w, 0, false, Serving(w), KeyOf(r)});
+    }
+    std::sort(group.begin(), group.end(),
+              [](const Cand& a, const Cand& b) { return a.Before(b); });
+    std::set<WorkerId> usable;
+    for (const Cand& c : cands) usable.insert(c.w);
+    for (const Cand& c : group) {
+      if (c.serving != 0 || out.size() >= std::max<size_t>(max_sources, 1))
+        break;
+      if (c.w != first.w && usable.count(c.w) > 0) out.push_back(c.w);
+    }
+    Cover(cands, nearest_first, &out);
+    return out;
+  }
+  void Cover(const std::vector<Cand>& cands, bool nearest_first,
+             std::vector<WorkerId>* out) const {
+    auto full = [&](const WorkerId& w) {
+      return !refs_.at(w).rank.has_value();
+    };
+    if (std::any_of(out->begin(), out->end(), full)) return;
+    std::set<uint32_t> have;
+    for (const WorkerId& w : *out) have.insert(*refs_.at(w).rank);
+    const std::vector<Cand> ranked = Ranked(cands, nearest_first);
+    for (uint32_t part = 0; part + 1 < base_.size(); ++part) {
+      if (have.count(part) > 0 || base_[part] == base_[part + 1]) continue;
+      auto c = std::find_if(ranked.begin(), ranked.end(), [&](const Cand& k) {
+        return full(k.w) || refs_.at(k.w).rank == part;
+      });
+      if (c == ranked.end()) continue;
+      out->push_back(c->w);
+      if (full(c->w)) break;
+    }
+  }
+
+  uint64_t NewLine() const { return (next_line_ << 32) | 1; }
+  uint64_t Follower(const RackKey& r) const {
+    auto it = lines_.find(r);
+    if (it == lines_.end() || it->second.second >= (1ull << 32))
+      return NewLine();
+    return (it->second.first << 32) | it->second.second;
+  }
+  void Place(const WorkerId& w, uint64_t placement) {
+    auto it = refs_.find(w);
+    if (it == refs_.end() || placement == 0) return;
+    Ref& r = it->second;
+    if (!r.filling || r.placement > 0) return;
+    const uint64_t line = placement >> 32;
+    const std::optional<RackKey> rack = RackOf(w);
+    if (line == next_line_) {
+      ++next_line_;
+      if (rack.has_value()) lines_[*rack] = {line, 2};
+    } else {
+      ++lines_.at(*rack).second;
+    }
+    r.placement = placement;
+  }
+  void Move(const WorkerId& x, const WorkerId& from, const WorkerId& to) {
+    Assignment& a = assignments_.at(x);
+    for (Edge& e : a.edges) {
+      if (e.source != from) continue;
+      auto s = serving_.find(from);
+      if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
+      ++serving_[to];
+      exits_[*e.out_of].erase({from, x});
+      --use_[*e.out_of].out;
+      e.out_of = RackOf(to);
+      ++use_[*e.out_of].out;
+      exits_[*e.out_of].insert({to, x});
+      e.source = to;
+      e.source_join = refs_.at(to).join_seq;
+      a.moved = true;
+      return;
+    }
+  }
+
+  std::vector<WorkerId> Choose(const WorkerId& reader,
+                               const std::set<WorkerId>& exclude,
+                               size_t max_sources) {
+    const Labels rl = LabelsOrNone(reader);
+    const std::optional<RackKey> rack = RackOf(reader);
+    const Ref* own = nullptr;
+    if (auto it = refs_.find(reader); it != refs_.end() && it->second.filling)
+      own = &it->second;
+    auto placement_for = [&](bool in_rack) -> uint64_t {
+      if (own == nullptr) return 0;
+      if (own->placement > 0) return own->placement;
+      return in_rack && rack.has_value() ? Follower(*rack) : NewLine();
+    };
+    auto order_for = [](uint64_t p) { return p > 0 ? p : kUnplaced; };
+    const uint64_t entry = placement_for(false);
+    if (!rack.has_value() || !Oversubscribed(*rack)) {
+      // The idle-first rule, as ReferenceScheduler.
+      std::vector<Cand> cands = Usable(reader, exclude, order_for(entry));
+      if (cands.empty()) return {};
+      std::vector<Cand> ranked = Ranked(cands, false);
+      const Cand best = ranked[0];
+      std::vector<WorkerId> out = {best.w};
+      for (size_t i = 1;
+           i < ranked.size() && out.size() < std::max<size_t>(max_sources, 1);
+           ++i) {
+        const Cand& c = ranked[i];
+        if (c.distance == best.distance && c.serving == 0 && !c.filling)
+          out.push_back(c.w);
+      }
+      Cover(cands, false, &out);
+      Place(reader, entry);
+      return out;
+    }
+    const uint64_t follower = placement_for(true);
+    const std::vector<Cand> in = Usable(reader, exclude, order_for(follower));
+    bool rack_has_usable = false;
+    for (int d : {0, 1}) {
+      if (std::optional<Cand> p = Idle(in, rl, d)) {
+        std::vector<WorkerId> out =
+            Finish(reader, in, *p, d, max_sources, false);
+        Place(reader, follower);
+        return out;
+      }
+      rack_has_usable = rack_has_usable || AnyIn(in, rl, d);
+    }
+    if (rack_has_usable && own != nullptr) {
+      std::set<std::pair<WorkerId, WorkerId>> exits = exits_[*rack];
+      for (const auto& [h, x] : exits) {
+        auto hr = refs_.find(h);
+        auto a = assignments_.find(x);
+        bool valid = hr != refs_.end() && RackOf(h) == rack &&
+                     a != assignments_.end() && a->second.recheck_ms > 0;
+        if (valid) {
+          valid = false;
+          for (const Edge& e : a->second.edges)
+            valid = valid || (e.source == h && Current(e));
+        }
+        if (!valid) {
+          exits_[*rack].erase({h, x});
+          continue;
+        }
+        if (x == reader || h == reader || exclude.count(h) > 0 ||
+            (hr->second.filling && KeyOf(hr->second) >= follower)) {
+          continue;
+        }
+        auto xr = refs_.find(x);
+        if (xr != refs_.end() && xr->second.filling &&
+            xr->second.placement > 0 && xr->second.placement <= follower) {
+          continue;
+        }
+        Move(x, h, reader);
+        std::vector<WorkerId> out = {h};
+        Cover(in, false, &out);
+        Place(reader, follower);
+        return out;
+      }
+    }
+    const std::vector<Cand> out_cands =
+        Usable(reader, exclude, order_for(entry));
+    std::optional<Cand> cross = Idle(out_cands, rl, 2);
+    int cross_d = 2;
+    if (!cross.has_value() && !AnyIn(out_cands, rl, 2)) {
+      cross = Idle(out_cands, rl, 3);
+      cross_d = 3;
+    }
+    auto used = [&](const RackKey& r, bool in_dir) {
+      auto it = use_.find(r);
+      return it == use_.end() ? 0 : (in_dir ? it->second.in : it->second.out);
+    };
+    if (cross.has_value()) {
+      const std::optional<RackKey> src = RackOf(cross->w);
+      const bool allow = used(*rack, true) < Cap(*rack) &&
+                         (!src.has_value() || used(*src, false) < Cap(*src));
+      if (!rack_has_usable || allow) {
+        std::vector<WorkerId> out =
+            Finish(reader, out_cands, *cross, cross_d, max_sources, false);
+        Place(reader, entry);
+        return out;
+      }
+    }
+    // Share: the nearest, least busy.
+    if (in.empty()) return {};
+    const Cand p = Ranked(in, true)[0];
+    std::vector<WorkerId> out =
+        Finish(reader, in, p, p.distance, max_sources, true);
+    Place(reader, p.distance <= 1 ? follower : entry);
+    return out;
+  }
+
+  std::vector<uint64_t> base_;
+  HubConfig config_;
+  std::map<WorkerId, Labels> labels_;
+  std::map<WorkerId, Ref> refs_;
+  std::map<WorkerId, Assignment> assignments_;
+  std::map<WorkerId, int> serving_;
+  std::map<RackKey, Use> use_;
+  std::map<RackKey, std::set<std::pair<WorkerId, WorkerId>>> exits_;
+  std::map<RackKey, std::pair<uint64_t, uint64_t>> lines_;
+  uint64_t next_line_ = 1;
   uint64_t next_join_ = 1;
 };
 
-// Random joins, fills, schedules (with exclusions), completions, fetch ends,
-// unpublishes, departures, re-joins and moves between racks: after every
-// step the hub's indexed Schedule must answer exactly what the scan does,
-// and Resolve must list every holder nearest first. Seeded: a failure names
-// its seed and step, and replays.
-TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
+template <typename Reference>
+void HubStateTest::RunDifferential(uint32_t seed, const HubConfig& config,
+                                   const std::vector<PartLayout>& g,
+                                   const Manifest& m,
+                                   const std::vector<uint64_t>& base,
+                                   Reference& ref) {
   const std::vector<std::string> dcs = {"a", "b"};
   const std::vector<std::string> racks = {"", "r1", "r2"};
   const std::vector<std::string> hosts = {"", "h1", "h2", "h3"};
+  constexpr uint32_t kRanks = 4;
+  HubState hub(config);
+  std::mt19937 rng(seed);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
+  auto random_labels = [&] {
+    return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
+             hosts[pick(hosts.size())]);
+  };
+  std::vector<WorkerId> ws;
+  std::set<WorkerId> gone;                // left the hub; may re-join
+  std::map<WorkerId, std::string> names;  // the name gives the address
+  auto join = [&](const std::string& name, Labels l,
+                  const WorkerId& id = WorkerId()) {
+    WorkerId w = Register(hub, name, l, id);
+    ref.SetLabels(w, std::move(l));
+    names[w] = name;
+    return w;
+  };
+  for (int i = 0; i < 40; ++i)
+    ws.push_back(join("w" + std::to_string(i), random_labels()));
+  for (uint32_t r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
+    ref.Publish(ws[r], r);
+  }
+  // Holders of slices are drawn on full-bisection hubs (the reference scan
+  // knows them); the rack reference plans chunk holders only.
+  constexpr bool kSlices = std::is_same_v<Reference, ReferenceScheduler>;
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> tensors;
+  for (const PartLayout& p : g) {
+    tensors.emplace_back();
+    for (const TensorLayout& t : p.tensors) {
+      tensors.back().emplace_back(t.spec.name, t.spec.shape[0]);
+    }
+  }
+  if constexpr (kSlices) ref.SetTensors(tensors);
+  for (int step = 0; step < 2500; ++step) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " step " +
+                 std::to_string(step));
+    const WorkerId w = ws[pick(ws.size())];
+    const int op = static_cast<int>(pick(100));
+    if (gone.count(w) > 0) {
+      // Back under its old id and address, possibly somewhere else.
+      join(names.at(w), random_labels(), w);
+      gone.erase(w);
+      continue;
+    }
+    if (op < 30) {  // joins or finishes a fetch
+      bool filling = pick(3) != 0;
+      Status s;
+      if (pick(2) == 0) {
+        s = hub.AddHolder(w, "m", Version(1), 1, m, 0, filling);
+      } else {
+        Result<bool> r = hub.AddHolderByDigest(w, "m", Version(1), 1,
+                                               m.Digest(), 0, filling);
+        s = r.status();
+        if (r.ok()) {
+          EXPECT_TRUE(*r);  // the hub has the committed manifest
+        }
+      }
+      if (filling && ref.HoldsRank(w)) {
+        EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+      } else {
+        ASSERT_TRUE(s.ok()) << s.ToString();
+        ref.AddHolder(w, filling);
+      }
+    } else if (op < 60) {  // schedules, sometimes excluding holders
+      std::set<WorkerId> exclude;
+      for (size_t k = pick(4); k > 0; --k) exclude.insert(ws[pick(ws.size())]);
+      size_t max_sources = 1 + pick(4);
+      auto got = hub.Schedule(w, "m", Version(1), exclude, max_sources);
+      if (!ref.Readable(base)) {
+        EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+        continue;
+      }
+      auto want = ref.Schedule(w, exclude, max_sources);
+      if (!want.has_value()) {
+        EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      std::vector<WorkerId> got_ids;
+      for (const HolderView& h : *got) got_ids.push_back(h.worker);
+      ASSERT_EQ(got_ids, *want);
+      ASSERT_EQ(hub.RecheckAfterMs(w, "m", Version(1)), ref.RecheckAfterMs(w));
+      // With nothing excluded, a reader that holds no part and serves
+      // nothing yet may read every chunk from what it got.
+      if (exclude.empty() && ref.refs().count(w) == 0) {
+        EXPECT_EQ(Covered(*got),
+                  (std::vector<ChunkRange>{{0, m.num_chunks()}}));
+      }
+    } else if (op < 70) {  // rechecks, as told or not
+      size_t max_sources = 1 + pick(4);
+      auto got = hub.Recheck(w, "m", Version(1), max_sources);
+      if (!ref.Readable(base)) {
+        EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+        continue;
+      }
+      auto want = ref.Recheck(w, max_sources);
+      if (!want.has_value()) {
+        EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+        continue;
+      }
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      std::vector<WorkerId> got_ids;
+      for (const HolderView& h : *got) got_ids.push_back(h.worker);
+      ASSERT_EQ(got_ids, *want);
+      ASSERT_EQ(hub.RecheckAfterMs(w, "m", Version(1)), ref.RecheckAfterMs(w));
+    } else if (op < 82) {  // a fetch ends without a copy
+      hub.FetchDone(w, "m", Version(1));
+      ref.Release(w);
+    } else if (op < 90) {  // stops serving
+      Status s = hub.Unpublish(w, "m", Version(1), 0);
+      bool holds_slices = false;
+      if constexpr (kSlices) holds_slices = ref.HoldsSlices(w);
+      EXPECT_EQ(s.ok(), ref.refs().count(w) > 0 || holds_slices)
+          << s.ToString();
+      // A holder of slices only: its fetch (if any) goes on.
+      if constexpr (kSlices) {
+        if (s.ok() && ref.refs().count(w) == 0) ref.DropSlices(w);
+      }
+      if (s.ok() && ref.refs().count(w) > 0) ref.Drop(w);
+    } else if (op < 95) {  // leaves (or its lease ends)
+      ASSERT_TRUE(hub.Leave(w).ok());
+      ref.Leave(w);
+      gone.insert(w);
+    } else {  // moves: same process, new labels, keeps what it holds
+      WorkerRegistration reg;
+      reg.requested_id = w;
+      reg.name = names.at(w);
+      reg.data_address = "tcp://" + names.at(w) + ":9000";
+      reg.labels = random_labels();
+      ASSERT_TRUE(hub.RegisterWorker(reg, 0).ok());
+      ref.SetLabels(w, reg.labels);
+    }
+    if constexpr (kSlices) {
+      // Holders of slices come and go beside: ranges of thirds of random
+      // tensors. They keep the version readable where ranks are gone, and a
+      // reader of every tensor whole then gets holders that cover them.
+      if (pick(4) == 0 && gone.count(w) == 0) {
+        ReferenceScheduler::Ranges ranges;
+        std::vector<Held> held;
+        for (size_t part = 0; part < tensors.size(); ++part) {
+          for (const auto& [name, length] : tensors[part]) {
+            if (pick(3) == 0) continue;
+            const std::vector<uint64_t> thirds = {0, length / 3, 2 * length / 3,
+                                                  length};
+            const size_t b = pick(3), e = b + 1 + pick(3 - b);
+            if (thirds[b] == thirds[e]) continue;
+            ranges[name].push_back({thirds[b], thirds[e]});
+            held.push_back({name, length, thirds[b], thirds[e]});
+          }
+        }
+        if (!held.empty()) {
+          ASSERT_TRUE(
+              hub.AddSliceHolder(w, "m", Version(1), 9, SliceLayout(held), 0)
+                  .ok());
+          ref.AddSlices(w, std::move(ranges));
+        }
+      }
+      EXPECT_EQ(hub.StateOf("m", Version(1)) == VersionState::kCommitted,
+                ref.Readable(base));
+      if (ref.Readable(base)) {
+        const WorkerId reader = ws[pick(ws.size())];
+        std::vector<SliceWant> everything;
+        for (const auto& part : tensors) {
+          for (const auto& [name, length] : part) {
+            everything.push_back({name, Box{{0}, {length}}});
+          }
+        }
+        Result<std::vector<HolderView>> got = hub.ScheduleSlices(
+            reader, "m", Version(1), {}, 1 + pick(4), everything);
+        hub.FetchDone(reader, "m", Version(1));
+        ref.Release(reader);
+        if (!got.ok()) {
+          // Only the reader itself holds what no other holder does.
+          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+          EXPECT_TRUE(ref.HoldsSlices(reader) || ref.refs().count(reader) > 0)
+              << got.status().ToString();
+          continue;
+        }
+        // Parts the chunk sources hold (complete ones; filling ones, which
+        // may never finish), and the holders of slices offered.
+        std::vector<bool> held(kRanks, false), filling(kRanks, false);
+        std::set<WorkerId> slices;
+        for (const HolderView& h : *got) {
+          if (h.slice_holder) {
+            slices.insert(h.worker);
+            continue;
+          }
+          const ReferenceScheduler::Ref& r = ref.refs().at(h.worker);
+          std::vector<bool>& into = r.filling ? filling : held;
+          if (!r.rank.has_value()) into.assign(kRanks, true);
+          if (r.rank.has_value()) into[*r.rank] = true;
+        }
+        if (ref.refs().count(reader) > 0 || ref.HoldsSlices(reader)) {
+          continue;  // the reader is never offered to itself
+        }
+        for (uint32_t part = 0; part < kRanks; ++part) {
+          if (held[part]) continue;
+          // Where holders of slices can cover what no complete chunk source
+          // holds, the ones offered do; and every part has a source.
+          if (ref.PartInSlices(part)) {
+            EXPECT_TRUE(ref.PartInSlices(part, &slices)) << "part " << part;
+          } else {
+            EXPECT_TRUE(filling[part]) << "part " << part;
+          }
+        }
+      }
+    }
+    if constexpr (std::is_same_v<Reference, RackReference>) {
+      ASSERT_TRUE(ref.Acyclic());
+    }
+    // Resolve lists every holder but the reader (fewer than the bound
+    // here), nearest first.
+    if (ref.Readable(base)) {
+      const WorkerId reader = ws[pick(ws.size())];
+      Result<Resolution> r = hub.Resolve(reader, "m", Version(1), false);
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      std::set<WorkerId> want;
+      for (const auto& [h, unused] : ref.refs()) {
+        if (h != reader) want.insert(h);
+      }
+      std::set<WorkerId> listed;
+      int last = 0;
+      for (const HolderView& h : r->holders) {
+        listed.insert(h.worker);
+        int d = ReferenceScheduler::Distance(
+            gone.count(reader) > 0 ? Labels{} : ref.LabelsOf(reader), h.labels);
+        EXPECT_GE(d, last);
+        last = d;
+      }
+      EXPECT_EQ(listed, want);
+      EXPECT_EQ(r->num_holders, want.size());
+    } else {
+      EXPECT_EQ(hub.Resolve(w, "m", Version(1), false).status().code(),
+                StatusCode::kUnavailable);
+    }
+  }
+}
+
+// Random joins, fills, schedules (with exclusions), completions, fetch ends,
+// unpublishes, departures, re-joins, moves between racks and (rack-aware
+// hubs) rechecks: after every step the hub's indexed Schedule must answer
+// exactly what the reference scan does, and Resolve must list every holder
+// nearest first. Seeded: a failure names its seed and step, and replays.
+// Odd seeds: full bisection (ReferenceScheduler); even seeds: oversubscribed
+// racks, some with their own figures (RackReference).
+TEST_F(HubStateTest, IndexedScheduleMatchesAReferenceScan) {
   for (uint32_t seed = 1; seed <= 12; ++seed) {
     HubConfig config = DefaultConfig();
-    config.racks_oversubscribed = seed % 2 == 0;  // both rankings
-    HubState hub(config);
-    std::mt19937 rng(seed);
-    auto pick = [&](size_t n) { return static_cast<size_t>(rng() % n); };
-    auto random_labels = [&] {
-      return L(dcs[pick(dcs.size())], racks[pick(racks.size())],
-               hosts[pick(hosts.size())]);
-    };
-    // Four ranks: more parts than max_sources at times, so the chosen
-    // sources must be completed to cover every part.
+    if (seed % 2 == 0) {
+      config.rack_oversubscription = 4;
+      if (seed % 4 == 0) {
+        // r2 of datacenter a at full bisection, r1 of b at 2:1.
+        config.rack_oversubscription_by_rack[{"a", "r2"}] = 1;
+        config.rack_oversubscription_by_rack[{"b", "r1"}] = 2;
+      }
+    }
     constexpr uint32_t kRanks = 4;
     auto g =
         Group("m" + std::to_string(seed), kRanks, static_cast<uint8_t>(seed));
     const Manifest m = ManifestOf(g);
     std::vector<uint64_t> base;
     for (uint32_t r = 0; r <= kRanks; ++r) base.push_back(m.chunk_base(r));
-    ReferenceScheduler ref(base, config.racks_oversubscribed);
-    std::vector<WorkerId> ws;
-    std::set<WorkerId> gone;                // left the hub; may re-join
-    std::map<WorkerId, std::string> names;  // the name gives the address
-    auto join = [&](const std::string& name, Labels l,
-                    const WorkerId& id = WorkerId()) {
-      WorkerId w = Register(hub, name, l, id);
-      ref.SetLabels(w, std::move(l));
-      names[w] = name;
-      return w;
-    };
-    for (int i = 0; i < 40; ++i)
-      ws.push_back(join("w" + std::to_string(i), random_labels()));
-    for (uint32_t r = 0; r < kRanks; ++r) {
-      ASSERT_TRUE(hub.Publish(Args(ws[r], "m", 1, g, r), 0).ok());
-      ref.Publish(ws[r], r);
-    }
-    for (int step = 0; step < 2500; ++step) {
-      SCOPED_TRACE("seed " + std::to_string(seed) + " step " +
-                   std::to_string(step));
-      const WorkerId w = ws[pick(ws.size())];
-      const int op = static_cast<int>(pick(100));
-      if (gone.count(w) > 0) {
-        // Back under its old id and address, possibly somewhere else.
-        join(names.at(w), random_labels(), w);
-        gone.erase(w);
-        continue;
-      }
-      if (op < 30) {  // joins or finishes a fetch
-        bool filling = pick(3) != 0;
-        Status s;
-        if (pick(2) == 0) {
-          s = hub.AddHolder(w, "m", Version(1), 1, m, 0, filling);
-        } else {
-          Result<bool> r = hub.AddHolderByDigest(w, "m", Version(1), 1,
-                                                 m.Digest(), 0, filling);
-          s = r.status();
-          if (r.ok()) {
-            EXPECT_TRUE(*r);  // the hub has the committed manifest
-          }
-        }
-        if (filling && ref.HoldsRank(w)) {
-          EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-        } else {
-          ASSERT_TRUE(s.ok()) << s.ToString();
-          ref.AddHolder(w, filling);
-        }
-      } else if (op < 70) {  // schedules, sometimes excluding holders
-        std::set<WorkerId> exclude;
-        for (size_t k = pick(4); k > 0; --k)
-          exclude.insert(ws[pick(ws.size())]);
-        size_t max_sources = 1 + pick(4);
-        auto got = hub.Schedule(w, "m", Version(1), exclude, max_sources);
-        if (!ref.Readable(base)) {
-          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
-          continue;
-        }
-        auto want = ref.Schedule(w, exclude, max_sources);
-        if (!want.has_value()) {
-          EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
-          continue;
-        }
-        ASSERT_TRUE(got.ok()) << got.status().ToString();
-        std::vector<WorkerId> got_ids;
-        for (const HolderView& h : *got) got_ids.push_back(h.worker);
-        ASSERT_EQ(got_ids, *want);
-        // With nothing excluded, a reader that holds no part and serves
-        // nothing yet may read every chunk from what it got.
-        if (exclude.empty() && ref.refs().count(w) == 0) {
-          EXPECT_EQ(Covered(*got),
-                    (std::vector<ChunkRange>{{0, m.num_chunks()}}));
-        }
-      } else if (op < 82) {  // a fetch ends without a copy
-        hub.FetchDone(w, "m", Version(1));
-        ref.Release(w);
-      } else if (op < 90) {  // stops serving
-        Status s = hub.Unpublish(w, "m", Version(1), 0);
-        EXPECT_EQ(s.ok(), ref.refs().count(w) > 0) << s.ToString();
-        if (s.ok()) ref.Drop(w);
-      } else if (op < 95) {  // leaves (or its lease ends)
-        ASSERT_TRUE(hub.Leave(w).ok());
-        ref.Drop(w);
-        gone.insert(w);
-      } else {  // moves: same process, new labels, keeps what it holds
-        WorkerRegistration reg;
-        reg.requested_id = w;
-        reg.name = names.at(w);
-        reg.data_address = "tcp://" + names.at(w) + ":9000";
-        reg.labels = random_labels();
-        ASSERT_TRUE(hub.RegisterWorker(reg, 0).ok());
-        ref.SetLabels(w, reg.labels);
-      }
-      // Resolve lists every holder but the reader (fewer than the bound
-      // here), nearest first.
-      if (ref.Readable(base)) {
-        const WorkerId reader = ws[pick(ws.size())];
-        Result<Resolution> r = hub.Resolve(reader, "m", Version(1), false);
-        ASSERT_TRUE(r.ok()) << r.status().ToString();
-        std::set<WorkerId> want;
-        for (const auto& [h, unused] : ref.refs()) {
-          if (h != reader) want.insert(h);
-        }
-        std::set<WorkerId> listed;
-        int last = 0;
-        for (const HolderView& h : r->holders) {
-          listed.insert(h.worker);
-          int d = ReferenceScheduler::Distance(
-              gone.count(reader) > 0 ? Labels{} : ref.LabelsOf(reader),
-              h.labels);
-          EXPECT_GE(d, last);
-          last = d;
-        }
-        EXPECT_EQ(listed, want);
-        EXPECT_EQ(r->num_holders, want.size());
-      } else {
-        EXPECT_EQ(hub.Resolve(w, "m", Version(1), false).status().code(),
-                  StatusCode::kUnavailable);
-      }
+    if (seed % 2 == 0) {
+      RackReference ref(base, config);
+      RunDifferential(seed, config, g, m, base, ref);
+    } else {
+      ReferenceScheduler ref(base);
+      RunDifferential(seed, config, g, m, base, ref);
     }
   }
 }

@@ -80,6 +80,19 @@ Status Engine::AddSources(int id, const std::vector<int>& sources) {
   return Status::Ok();
 }
 
+Status Engine::ReplaceSources(int id, const std::vector<int>& sources) {
+  SimFetch& f = fetches_[static_cast<size_t>(id)];
+  if (!f.active) return Status::Ok();
+  std::vector<int> flows = f.flows;
+  for (int fl : flows) {
+    const int src = flows_[static_cast<size_t>(fl)].src_gpu;
+    if (std::find(sources.begin(), sources.end(), src) == sources.end()) {
+      KillFlow(fl);
+    }
+  }
+  return AddSources(id, sources);
+}
+
 void Engine::AddFlow(int fetch, int src_gpu, Holding& src) {
   Flow fl;
   fl.reader = fetch;

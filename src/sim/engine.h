@@ -66,6 +66,9 @@ class Engine {
   Result<int> StartFetch(int gpu, int obj, const std::vector<int>& sources);
   // More sources for a running fetch; ones it already uses are skipped.
   Status AddSources(int fetch, const std::vector<int>& sources);
+  // The running fetch reads from exactly `sources` from now on: flows from
+  // others stop (what it got from them stays), new ones start.
+  Status ReplaceSources(int fetch, const std::vector<int>& sources);
   int live_sources(int fetch) const {
     return static_cast<int>(fetches_[static_cast<size_t>(fetch)].flows.size());
   }

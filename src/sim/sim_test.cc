@@ -177,6 +177,38 @@ TEST(Workload, TensorHubConsultsTheHubAndStaysNearTheBound) {
   EXPECT_GT(tree->update_s, 2.9 * lb);  // the root sends log2(9) ~ 3 copies
 }
 
+// 4:1 rack uplinks: each rack's uplink carries 4 NICs' worth, 8 shards
+// must enter every rollout rack, so the bound is twice shard / NIC. Told the
+// ratio, the hub builds rack-aware pipelines (each shard enters a rack
+// once, its readers there feed each other) and stays near the bound, as a
+// rank-ordered ring does; a hub not told ranks idle holders first and
+// crosses rack uplinks at random.
+TEST(Workload, OversubscribedRacksGetRackAwarePipelines) {
+  WorkloadConfig c = Small();
+  c.cluster.rack_oversub = 4;
+  const double lb = c.LowerBoundS();
+  EXPECT_NEAR(lb, 2 * c.NicBoundS(), 1e-9);
+  auto th = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(th.ok()) << th.status().ToString();
+  EXPECT_EQ(th->failed_fetches, 0u);
+  EXPECT_GT(th->recheck_calls, 0u);  // readers behind another rack's uplink
+  EXPECT_LT(th->update_s, lb * 1.05);
+  auto ring = RunWorkload(c, System::kRing);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  EXPECT_LE(th->total_stall_gpu_s(), ring->total_stall_gpu_s() * 1.01);
+  WorkloadConfig blind = c;
+  blind.hub_idle_first = true;
+  auto idle_first = RunWorkload(blind, System::kTensorHub);
+  ASSERT_TRUE(idle_first.ok()) << idle_first.status().ToString();
+  EXPECT_EQ(idle_first->recheck_calls, 0u);
+  EXPECT_GT(idle_first->update_s, th->update_s * 1.3);
+  // With arrivals spread, near the arrival-adjusted bound.
+  c.arrival_spread_s = 0.5;
+  auto spread = RunWorkload(c, System::kTensorHub);
+  ASSERT_TRUE(spread.ok()) << spread.status().ToString();
+  EXPECT_LT(spread->update_s, c.ArrivalBoundS(spread->last_arrival_s) * 1.1);
+}
+
 TEST(Workload, CrossDcSendsOneCopyPerShardOverTheWan) {
   WorkloadConfig c = Small();
   c.rollouts_remote = true;

@@ -44,6 +44,9 @@ Status WorkloadConfig::Validate() const {
     return InvalidArgument(
         "remote rollout GPUs must be a multiple of tp, at most all of them");
   }
+  if (tensors < 1 || tensors > 1 << 20) {
+    return InvalidArgument("tensors per shard must be in [1, 2^20]");
+  }
   if (trainer_gpus + rollout_gpus > 1 << 20) {
     return InvalidArgument("at most 2^20 GPUs");
   }
@@ -51,7 +54,8 @@ Status WorkloadConfig::Validate() const {
     return InvalidArgument("model bytes must be in [4 KiB x tp, 1 PB]");
   }
   if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes ||
-      segment_bytes < 1 || segment_bytes > kMaxChunkBytes) {
+      segment_bytes < 1 || segment_bytes > kMaxChunkBytes ||
+      cut_through_bytes > kMaxChunkBytes) {
     return InvalidArgument(
         "chunk size must be in [4 KiB, 1 GiB], segment in [1, 1 GiB]");
   }
@@ -92,18 +96,59 @@ double WorkloadConfig::LowerBoundS() const {
   double lb = shard_bytes() / c.nic_bytes_per_s();
   if (remote_gpus() > 0)
     lb = std::max(lb, shard_bytes() * tp / c.wan_bytes_per_s());
-  return lb;
+  return std::max(lb, RackBoundS());
+}
+
+double WorkloadConfig::NicBoundS() const {
+  return shard_bytes() / Cluster(cluster, 1, 0).nic_bytes_per_s();
+}
+
+double WorkloadConfig::RackBoundS() const {
+  if (!(cluster.rack_oversub > 0)) return 0;
+  // The layout RunWorkload builds: trainer GPU r publishes shard r;
+  // rollout GPU g needs shard (g - trainer_gpus) % tp.
+  const Cluster c(cluster, trainer_gpus + rollout_gpus - remote_gpus(),
+                  remote_gpus());
+  std::map<int, std::set<int>> need, have;
+  for (int r = 0; r < tp; ++r) have[c.rack(r)].insert(r);
+  for (int g = trainer_gpus; g < c.num_gpus(); ++g) {
+    need[c.rack(g)].insert((g - trainer_gpus) % tp);
+  }
+  // Every shard a rack needs and does not hold enters through its uplink
+  // at least once; every shard it holds that another rack needs leaves
+  // through it at least once.
+  size_t most = 0;
+  for (const auto& [rack, shards] : need) {
+    size_t in = 0;
+    for (int s : shards) in += have[rack].count(s) == 0 ? 1 : 0;
+    most = std::max(most, in);
+  }
+  for (const auto& [rack, shards] : have) {
+    size_t out = 0;
+    for (int s : shards) {
+      for (const auto& [other, wanted] : need) {
+        if (other != rack && wanted.count(s) > 0) {
+          ++out;
+          break;
+        }
+      }
+    }
+    most = std::max(most, out);
+  }
+  const double uplink = c.nic_bytes_per_s() * cluster.gpus_per_node *
+                        cluster.nodes_per_rack / cluster.rack_oversub;
+  return static_cast<double>(most) * shard_bytes() / uplink;
 }
 
 namespace {
 
 constexpr uint64_t kMaxFailedFetches = 10000;
 
-// The hub is told what its operator would tell it: whether the racks'
-// uplinks are oversubscribed.
+// The hub is told what its operator would tell it: how oversubscribed the
+// racks' uplinks are.
 hub::HubConfig HubConfigFor(const WorkloadConfig& c) {
   hub::HubConfig config;
-  config.racks_oversubscribed = c.cluster.rack_oversub > 1 && !c.hub_idle_first;
+  if (!c.hub_idle_first) config.rack_oversubscription = c.cluster.rack_oversub;
   return config;
 }
 
@@ -126,6 +171,10 @@ class Driver {
     lag_ = (system_ == System::kRing || system_ == System::kTree)
                ? static_cast<double>(c_.segment_bytes)
                : static_cast<double>(c_.chunk_bytes);
+    if (IsTh() && c_.cut_through_bytes > 0 &&
+        c_.cut_through_bytes < c_.chunk_bytes) {
+      lag_ = static_cast<double>(c_.cut_through_bytes);
+    }
     engine_.on_done = [this](int f) { OnFetchDone(f); };
     engine_.on_source_lost = [this](int f, int gpu) { OnSourceLost(f, gpu); };
     gpus_.resize(static_cast<size_t>(cluster_.num_gpus()));
@@ -204,17 +253,29 @@ class Driver {
     std::vector<int> root_kids;  // per shard: trainer's children not done
     int regular_total = 0;
     double last_regular_done_s = 0;
+    double last_arrival_s = 0;  // after publish_s
   };
 
   Manifest ShardManifest() const {
     PartLayout p;
     p.rank = 0;
     uint64_t bytes = static_cast<uint64_t>(shard_);
-    TensorLayout t;
-    t.spec = TensorSpec{"w", DType::kBF16, {bytes / 2}};
-    t.offset = 0;
-    t.bytes = bytes;
-    p.tensors.push_back(t);
+    // `tensors` tensors of whole bf16 elements (MoE-like models: many
+    // small ones, packed back to back into the chunks as the client packs
+    // them); the last takes the rest.
+    const uint64_t elems = bytes / 2;
+    const uint64_t n = static_cast<uint64_t>(c_.tensors);
+    uint64_t offset = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t e = i + 1 < n ? elems / n : elems - (n - 1) * (elems / n);
+      TensorLayout t;
+      t.spec =
+          TensorSpec{n == 1 ? "w" : "w" + std::to_string(i), DType::kBF16, {e}};
+      t.offset = offset;
+      t.bytes = e * 2;
+      offset += t.bytes;
+      p.tensors.push_back(t);
+    }
     p.part_bytes = bytes;
     p.chunk_xxh3.assign(ChunksFor(bytes, c_.chunk_bytes), 0);
     return Manifest(1, c_.chunk_bytes, {p});
@@ -322,6 +383,8 @@ class Driver {
     }
     Round& cur = rounds_.back();
     cur.regular_total = static_cast<int>(order.size());
+    for (double a : arrive)
+      cur.last_arrival_s = std::max(cur.last_arrival_s, a);
     if (system_ == System::kRing || system_ == System::kTree) {
       // A static group: chains/trees per shard over the instances in rank
       // order, started when the last member arrives (each waits from its
@@ -439,6 +502,7 @@ class Driver {
     g.fetch = *f;
     g.fetching = v;
     if (IsTh() && sources.empty()) ScheduleRefresh(gpu);
+    if (IsTh()) MaybeRecheck(gpu);
     for (int s : sources) {
       if (cluster_.dc(s) != cluster_.dc(gpu)) {
         ++result_.wan_fetches;
@@ -482,6 +546,39 @@ class Driver {
     return out;
   }
 
+  // What the client does when the hub names a time to recheck its sources
+  // (HubState::RecheckAfterMs): asks again then (Recheck), and reads from
+  // exactly what the hub answers.
+  void MaybeRecheck(int gpu) {
+    const Gpu& g = gpus_[static_cast<size_t>(gpu)];
+    if (g.fetch < 0) return;
+    const int64_t ms =
+        hub_.RecheckAfterMs(Id(gpu), Model(ShardOf(gpu)),
+                            Version(static_cast<uint64_t>(g.fetching)));
+    if (ms <= 0) return;
+    const int fetch = g.fetch;
+    engine_.At(engine_.now() + static_cast<double>(ms) / 1000,
+               [this, gpu, fetch] { Recheck(gpu, fetch); });
+  }
+
+  void Recheck(int gpu, int fetch) {
+    Gpu& g = gpus_[static_cast<size_t>(gpu)];
+    if (g.fetch != fetch || !engine_.fetch(fetch).active) return;
+    ++result_.recheck_calls;
+    auto s = hub_.Recheck(Id(gpu), Model(ShardOf(gpu)),
+                          Version(static_cast<uint64_t>(g.fetching)),
+                          static_cast<size_t>(c_.max_sources));
+    if (!s.ok()) {
+      if (s.status().code() == StatusCode::kUnavailable) return;
+      return Fail(s.status().WithContext("sim: recheck"));
+    }
+    std::vector<int> src;
+    for (const hub::HolderView& h : *s) src.push_back(GpuOf(h.worker));
+    Status st = engine_.ReplaceSources(fetch, src);
+    if (!st.ok()) return Fail(st);
+    MaybeRecheck(gpu);
+  }
+
   void OnSourceLost(int f, int lost) {
     ++result_.source_losses;
     // Copies: callbacks below may start fetches (and move engine storage).
@@ -522,6 +619,7 @@ class Driver {
     if (src.ok()) {
       Status s = engine_.AddSources(g.fetch, *src);
       if (!s.ok()) Fail(s);
+      MaybeRecheck(gpu);
       return;
     }
     if (engine_.now() - sf.start_s < c_.fetch_timeout_s &&
@@ -679,6 +777,8 @@ class Driver {
     double up = 0, upmax = 0;
     for (const Round& rd : rounds_) {
       up += rd.last_regular_done_s;
+      result_.last_arrival_s +=
+          rd.last_arrival_s / static_cast<double>(rounds_.size());
       upmax = std::max(upmax, rd.last_regular_done_s);
     }
     result_.update_s =

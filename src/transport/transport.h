@@ -86,6 +86,10 @@ struct ServeLease {
   // The registration the pieces lie in, valid while `pin` lives; null from
   // a source that does not keep one (a transport then registers per read).
   Registration* registration = nullptr;
+  // Set once the registration is revoked (an unpublish began; null: the
+  // source does not say). A same-host reader's release is then waited for
+  // at most ServerOptions::revoked_release_ms more.
+  std::shared_ptr<const std::atomic<bool>> revoked;
 };
 
 // Decides what a read may see. Implemented by the worker's registry.
@@ -97,7 +101,17 @@ class ReadSource {
 };
 
 struct ServerOptions {
+  // Readers' connections served at once (after their handshake).
   size_t max_connections = 256;
+  // Connections whose handshake (the secret's challenge-response, and TLS)
+  // is still running: at most this many at once (a new one beyond closes
+  // the oldest), at most max_authenticating_per_peer of them from one
+  // address (a new one beyond is refused), each for at most
+  // handshake_timeout_ms. They never take a reader's slot (docs/security.md,
+  // "The data plane's limits").
+  size_t max_authenticating = 64;
+  size_t max_authenticating_per_peer = 16;
+  int64_t handshake_timeout_ms = 5000;
   // A request or response that makes no progress for this long drops the
   // connection (a slow but moving transfer is not cut).
   int64_t io_stall_timeout_ms = 30000;
@@ -106,6 +120,12 @@ struct ServerOptions {
   // dropped and the lease ends. Bounds how long such a reader can hold up
   // an unpublish's drain.
   int64_t local_release_timeout_ms = 30000;
+  // Once an unpublish revoked the registration, a same-host reader's
+  // release is waited for at most this much longer (a copy of a chunk takes
+  // milliseconds), so a reader that never releases holds the unpublish for
+  // this, not local_release_timeout_ms. The connection is closed before the
+  // lease ends: a reader still copying then discards what it copied.
+  int64_t revoked_release_ms = 2000;
 };
 
 class Server {
@@ -123,7 +143,9 @@ class Server {
   virtual uint64_t bytes_served_local() const { return 0; }
   virtual uint64_t bytes_served_staged() const { return 0; }
   // Connections refused because the peer did not prove the shared secret
-  // (or, with TLS, show a trusted certificate).
+  // (or, with TLS, show a trusted certificate) within the handshake
+  // deadline, or closed by the bounds on connections still authenticating
+  // (ServerOptions).
   virtual uint64_t connections_refused() const { return 0; }
   // Connections served over TLS; of which the kernel encrypts the sends
   // (kTLS: the bytes still leave straight from the served memory).
@@ -155,7 +177,17 @@ struct ReadInfo {
 struct ReadChecksum {
   ChunkChecksum kind = ChunkChecksum::kXxh3;
   uint64_t value = 0;
+  // Not null (kXxh3Tree only): receives ChunkHash::Leaves() of the bytes
+  // read, so that a chunk read in pieces that begin at leaf boundaries is
+  // verified as a whole (TreeSumOfLeaves over the pieces' leaves).
+  std::vector<uint64_t>* leaves = nullptr;
 };
+// Sets sum->value (and sum->leaves) from a hash of the bytes read.
+inline void SetChecksum(const ChunkHash& hash, ReadChecksum* sum) {
+  if (sum == nullptr) return;
+  sum->value = hash.Digest();
+  if (sum->leaves != nullptr) *sum->leaves = hash.Leaves();
+}
 inline ChunkChecksum ChecksumKind(const ReadChecksum* sum) {
   return sum != nullptr ? sum->kind : ChunkChecksum::kXxh3;
 }

@@ -471,7 +471,8 @@ Result<StatusCode> DecodeVerdict(const uint8_t* p, size_t size) {
     return InvalidArgument("data-plane verdict has nonzero reserved bytes");
   }
   StatusCode c = static_cast<StatusCode>(p[4]);
-  if (c != StatusCode::kOk && c != StatusCode::kPermissionDenied) {
+  if (c != StatusCode::kOk && c != StatusCode::kPermissionDenied &&
+      c != StatusCode::kResourceExhausted) {
     return InvalidArgument("data-plane verdict has unknown status " +
                            std::to_string(p[4]));
   }

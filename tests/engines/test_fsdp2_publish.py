@@ -6,7 +6,9 @@ Three CPU processes form a torch.distributed gloo group, wrap a tiny Llama
 (``group_size`` 3): every DTensor's local shard as a piece of the logical
 tensor, in place (the published memory is the shard's), nothing gathered,
 nothing copied. A reader then fetches the version from all three ranks at
-once: its tensors equal the unsharded model's state_dict.
+once: its tensors equal the unsharded model's state_dict. It serves them
+onward, so once the ranks shut down a late reader still reads the version,
+every byte from the first reader.
 
 Run with tests/engines/run.sh (.venv-vllm has a torch with FSDP2).
 """
@@ -122,17 +124,38 @@ def test_fsdp2_ranks_publish_their_shards():
             total = sum(t.numel() * t.element_size() for n, t in reference.items()
                         if n != "lm_head.weight")
             assert sum(s["bytes"] for s in shares) == total  # the ranks' pieces tile it once
-            with tensorhub.connect(hub.address) as reader:
+            def equal_reference(out):
+                for name, t in reference.items():
+                    got = out.get(name, out.get("model.embed_tokens.weight")
+                                  if name == "lm_head.weight" else None)
+                    assert got is not None and torch.equal(got, t), name
+
+            with tensorhub.connect(hub.address) as reader, tensorhub.connect(hub.address) as late:
                 info = reader.describe("fsdp", shares[0]["version"])
                 assert info.committed and info.group_size == WORLD
                 out = info.empty("torch")
                 stats = reader.fetch("fsdp", info.version, into=out, return_stats=True)
-            for name, t in reference.items():
-                got = out.get(name, out.get("model.embed_tokens.weight") if name == "lm_head.weight"
-                              else None)
-                assert got is not None and torch.equal(got, t), name
-            senders = {src["worker"] for src in stats.sources if src["bytes"] > 0}
-            assert senders == {s["worker"] for s in shares}, stats.sources  # from every rank
+                equal_reference(out)
+                senders = {src["worker"] for src in stats.sources if src["bytes"] > 0}
+                assert senders == {s["worker"] for s in shares}, stats.sources  # from every rank
+                # The reader serves what it fetched (serve=True, the default)
+                # as a holder of slices: once every rank shut down, the version
+                # stays COMMITTED and a late reader reads it all from the reader.
+                for c in conns:
+                    c.send("done")
+                for r, c in enumerate(conns):
+                    assert c.poll(120), f"rank {r} did not shut down in time"
+                    status, value = c.recv()
+                    assert status == "ok", f"rank {r}:\n{value}"
+                assert [v.state for v in late.versions("fsdp")] == ["COMMITTED"]
+                mine = info.empty("torch")
+                stats = late.fetch("fsdp", info.version, into=mine, serve=False,
+                                   return_stats=True)
+                equal_reference(mine)
+                senders = {src["worker"] for src in stats.sources if src["bytes"] > 0}
+                assert senders == {reader.worker_id}, stats.sources
+                reader.unpublish("fsdp", info.version)
+                assert [v.state for v in late.versions("fsdp")] == ["UNAVAILABLE"]
         finally:
             for c in conns:
                 try:

@@ -141,3 +141,65 @@ def test_fetch_unknown_model_fails_cleanly(cli_hub, tmp_path):
     r = run("fetch", "nope@latest", "-o", str(tmp_path / "x.safetensors"), "--hub", cli_hub)
     assert r.returncode == 1
     assert "NOT_FOUND" in r.stderr
+
+
+def start_publisher(path, hub, version):
+    pub = subprocess.Popen(
+        [str(BIN), "publish", str(path), "--model", "m", "--version", str(version), "--hub", hub],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TENSORHUB_LOG="warn"),
+    )
+    line = ""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "serving from" not in line:
+        line = pub.stdout.readline()
+        if not line:
+            break
+    assert "serving from" in line, pub.stderr.read() if pub.poll() is not None else line
+    return pub
+
+
+@pytest.mark.parametrize("change", ["truncate", "rewrite"])
+def test_a_file_changed_under_its_holder_is_withdrawn_and_readers_go_elsewhere(cli_hub, tmp_path, change):
+    """Issue 27, finding 7: a published file truncated (every read from it failed
+    while the hub kept listing it) or rewritten in place (DATA_LOSS) under its
+    holder. The holder now notices, logs why, withdraws the version and exits 3;
+    a reader fetches from the other holder."""
+    rng = np.random.default_rng(1)
+    tensors = {"w": rng.standard_normal((256, 256)).astype(np.float32)}
+    src = tmp_path / "model.safetensors"
+    st_numpy.save_file(tensors, str(src))
+    published = src.read_bytes()
+    pub = start_publisher(src, cli_hub, 1)
+    # A second holder: a reader that keeps serving what it fetched.
+    held = tmp_path / "held.safetensors"
+    holder = subprocess.Popen(
+        [str(BIN), "fetch", "m@1", "-o", str(held), "--hub", cli_hub, "--hold"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TENSORHUB_LOG="warn"),
+    )
+    try:
+        line = holder.stdout.readline()
+        assert "fetched m@1" in line, (line, holder.stderr.read() if holder.poll() is not None else "")
+        with open(src, "r+b") as f:
+            if change == "truncate":
+                f.truncate(len(published) // 2)
+            else:
+                f.seek(len(published) - 4096)
+                f.write(b"\x7f" * 4096)
+        code = pub.wait(timeout=30)
+        err = pub.stderr.read()
+        assert code == 3, err
+        assert ("truncated under this holder" if change == "truncate" else "rewritten under this holder") in err, err
+        assert "withdrawn" in err, err
+        # Readers read the other holder, and get the published bytes.
+        out = tmp_path / "out.safetensors"
+        r = run("fetch", "m@1", "-o", str(out), "--hub", cli_hub)
+        assert r.returncode == 0, r.stderr
+        assert out.read_bytes() == published
+        show = run("show", "m@1", "--hub", cli_hub)
+        assert show.returncode == 0, show.stderr
+    finally:
+        if pub.poll() is None:
+            stop(pub)
+        stop(holder)

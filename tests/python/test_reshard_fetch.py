@@ -140,3 +140,49 @@ def test_tp_rank_buffers_give_vllm_its_narrowed_slices(connect):
         c.unpublish(model, 1)
     for t in trainers:
         t.unpublish(model, 1)
+
+
+def test_whole_fetch_of_pieces_serves_onward_after_the_ranks_leave(connect):
+    """A version a 2-rank group published as pieces, fetched whole with
+    serve=True by reader A: A serves it onward (a holder of slices whose
+    boxes are the whole tensors), so once both ranks unpublished it, reader
+    B still fetches it, whole and as slices, every byte from A; A's
+    unpublish withdraws it and the client lets go of A's tensors."""
+    full = _model()
+    model, k = "pieces-served-onward", 2
+    trainers = [connect() for _ in range(k)]
+    for r in range(k):
+        tensors, pieces = {}, {}
+        for name, t in full.items():
+            box = reshard.fsdp_shards(t.shape, k)[r]
+            if reshard.box_elements(box) == 0:
+                continue
+            tensors[name] = t[reshard.box_slices(box)].contiguous()
+            pieces[name] = (list(t.shape), box[0])
+        trainers[r].publish(model, 1, tensors, rank=r, group_size=k, pieces=pieces,
+                            segment_bytes=256)
+    a, b = connect(), connect()
+    info = a.describe(model, 1)
+    held = info.empty("torch")
+    assert a.fetch(model, 1, into=held, serve=True) == 1
+    assert a.held() == {(model, 1): len(full)}
+    for t in trainers:
+        t.unpublish(model, 1)
+    assert [v.state for v in b.versions(model)] == ["COMMITTED"]
+
+    mine = info.empty("torch")
+    stats = b.fetch(model, "latest", into=mine, serve=False, return_stats=True)
+    assert stats.version == 1
+    for name, t in full.items():
+        assert torch.equal(mine[name].view(torch.int16), t.view(torch.int16)), name
+    assert {s["worker"] for s in stats.sources} == {a.worker_id}
+    into = reshard.tp_slices({n: t.shape for n, t in full.items()}, 1, 2, CONFIG)
+    stats = b.fetch(model, 1, into=into, return_stats=True)
+    for name, (got, box) in into.items():
+        assert torch.equal(got.view(torch.int16),
+                           full[name][reshard.box_slices(box)].contiguous().view(torch.int16)), name
+    assert {s["worker"] for s in stats.sources} == {a.worker_id}
+
+    a.unpublish(model, 1)
+    assert a.held() == {}
+    assert [v.state for v in b.versions(model)] == ["UNAVAILABLE"]

@@ -47,6 +47,26 @@ FetchPlan::FetchPlan(std::string label, std::vector<uint64_t> item_bytes,
   attempts_.assign(total_chunks_, 0);
   done_.assign(total_chunks_, 0);
   for (uint64_t c = 0; c < total_chunks_; ++c) pending_.push_back(c);
+  RecheckIn(start_ms, options.recheck_after_ms);
+}
+
+void FetchPlan::RecheckIn(int64_t now_ms, int64_t after_ms) {
+  if (after_ms <= 0 || !options_.recheck) {
+    recheck_at_ms_.reset();
+    return;
+  }
+  recheck_at_ms_ = now_ms + after_ms;
+}
+
+// The hub said when to recheck: one stream does it, the others read on.
+std::optional<FetchStep> FetchPlan::MaybeRecheck(int64_t now_ms) {
+  if (rechecking_ || !recheck_at_ms_.has_value() || now_ms < *recheck_at_ms_)
+    return std::nullopt;
+  rechecking_ = true;
+  recheck_at_ms_.reset();
+  FetchStep step;
+  step.kind = FetchStep::Kind::kRecheck;
+  return step;
 }
 
 // A source the plan knows already (same address and epoch) is updated in
@@ -65,6 +85,7 @@ void FetchPlan::AddSource(FetchSource s) {
       // refusal under load, a stall, a dropped connection): try it again.
       // max_attempts_per_chunk bounds how often a bad source is retried.
       k.dead = false;
+      k.retired = false;
       k.source.chunks = std::move(s.chunks);
       k.source.filling = s.filling;
       k.source.unreachable_hint = std::move(s.unreachable_hint);
@@ -96,7 +117,7 @@ int FetchPlan::Pick(uint64_t chunk) const {
   int best = -1;
   for (size_t i = 0; i < sources_.size(); ++i) {
     const SourceState& s = sources_[i];
-    if (s.dead || !s.Has(chunk)) continue;
+    if (s.dead || s.retired || !s.Has(chunk)) continue;
     if (best < 0 || s.active < sources_[best].active)
       best = static_cast<int>(i);
   }
@@ -106,6 +127,7 @@ int FetchPlan::Pick(uint64_t chunk) const {
 FetchStep FetchPlan::NextStep(int64_t now_ms) {
   if (finished()) return FetchStep::Done(error_);
   if (now_ms >= deadline_ms_) return Fail(DeadlineError(now_ms));
+  if (std::optional<FetchStep> recheck = MaybeRecheck(now_ms)) return *recheck;
   if (pending_.empty()) {
     // Others hold the remaining chunks; one may come back on failure, or be
     // taken from a source that became very slow.
@@ -145,6 +167,7 @@ FetchStep FetchPlan::StartRead(int64_t now_ms,
   step.source = src;
   step.address = s.source.address;
   step.epoch = s.source.epoch;
+  step.filling = s.source.filling;
   step.delta = s.source.delta;
   return step;
 }
@@ -176,7 +199,7 @@ std::optional<FetchStep> FetchPlan::MaybeSteal(int64_t now_ms) {
     bool elsewhere = false;
     for (size_t i = 0; i < sources_.size() && !elsewhere; ++i) {
       const SourceState& k = sources_[i];
-      elsewhere = static_cast<int>(i) != f.src && !k.dead &&
+      elsewhere = static_cast<int>(i) != f.src && !k.dead && !k.retired &&
                   !k.source.filling && k.Has(chunk);
     }
     if (!elsewhere) continue;
@@ -342,7 +365,6 @@ void FetchPlan::ChunkDone(int64_t now_ms, uint64_t chunk, const InFlight& f) {
 }
 
 void FetchPlan::SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update) {
-  (void)now_ms;  // the refresh was timed when it was handed out
   refreshing_ = false;
   if (finished()) return;
   if (!update.ok()) {
@@ -362,7 +384,37 @@ void FetchPlan::SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update) {
     return;
   }
   unavailable_answers_ = 0;
+  const int64_t recheck_after_ms = update->recheck_after_ms;
   for (FetchSource& s : update->sources) AddSource(std::move(s));
+  if (!recheck_at_ms_.has_value() && !rechecking_) {
+    RecheckIn(now_ms, recheck_after_ms);
+  }
+}
+
+void FetchPlan::Rechecked(int64_t now_ms, Result<SourceUpdate> update) {
+  rechecking_ = false;
+  ++rechecks_;
+  if (finished()) return;
+  if (!update.ok()) {
+    const StatusCode c = update.status().code();
+    if (c == StatusCode::kFailedPrecondition || c == StatusCode::kNotFound ||
+        c == StatusCode::kInvalidArgument ||
+        c == StatusCode::kPermissionDenied) {
+      return;  // no books to follow; the fetch goes on with its sources
+    }
+    // The hub may be restarting: keep the sources, ask again later.
+    RecheckIn(now_ms, std::max<int64_t>(1, options_.refresh_interval_ms));
+    return;
+  }
+  if (update->unavailable.has_value() || update->sources.empty()) {
+    // No books to follow: the fetch goes on with what it has (a refresh
+    // finds new sources if those fail).
+    return;
+  }
+  for (SourceState& k : sources_) k.retired = true;
+  const int64_t recheck_after_ms = update->recheck_after_ms;
+  for (FetchSource& s : update->sources) AddSource(std::move(s));
+  RecheckIn(now_ms, recheck_after_ms);
 }
 
 // The hub answered that the version has no complete holder left. Waiting is

@@ -10,6 +10,7 @@
 //   ReadConnected(chunk)         the read of `chunk` may now be cancelled
 //   ReadFinished(now, chunk, status)
 //   SourcesRefreshed(now, update or error)
+//   Rechecked(now, update or error)   after a kRecheck step
 //
 // Threads: not thread-safe; the caller serializes every call (RunFetch holds
 // one mutex around them). Owns its copy of the sources and of the chunk
@@ -57,6 +58,8 @@ struct FetchStep {
     kSteal,    // cancel the read of `chunk` running on another stream
     kRefresh,  // ask the hub for sources, avoiding `failed`; then call
                // SourcesRefreshed
+    kRecheck,  // ask the hub for this fetch's sources as its books have
+               // them (FetcherOptions::recheck); then call Rechecked
     kWait,     // nothing to do until `until_ms` (or another stream's news)
     kDone,     // the fetch is over with `status`
   };
@@ -65,6 +68,7 @@ struct FetchStep {
   int source = -1;
   std::string address;
   uint64_t epoch = 0;
+  bool filling = false;  // kRead: the source is still receiving
   std::vector<std::string> failed;
   int64_t until_ms = 0;
   Status status;
@@ -103,6 +107,13 @@ class FetchPlan {
   void ReadConnected(uint64_t chunk);
   void ReadFinished(int64_t now_ms, uint64_t chunk, const Status& status);
   void SourcesRefreshed(int64_t now_ms, Result<SourceUpdate> update);
+  // The answer to a kRecheck: the fetch reads from exactly these sources
+  // from now on (others are retired: reads running on them finish, no new
+  // ones start), and rechecks again when the answer says so. An error
+  // keeps the sources: FAILED_PRECONDITION, NOT_FOUND, INVALID_ARGUMENT or
+  // PERMISSION_DENIED end the rechecks, others are retried a refresh
+  // interval later.
+  void Rechecked(int64_t now_ms, Result<SourceUpdate> update);
 
   // Over: every chunk done, or an error decided.
   bool finished() const {
@@ -120,6 +131,9 @@ class FetchPlan {
   struct SourceState {
     FetchSource source;
     bool dead = false;
+    // Not among the sources the hub's last recheck answered: no new reads
+    // (not a failure; the hub may list it again).
+    bool retired = false;
     bool corrupt = false;  // served bytes that failed their checksum
     // Refused this reader on principle (FAILED_PRECONDITION: the two ends
     // are configured differently, e.g. data-plane TLS on one only): it
@@ -155,6 +169,9 @@ class FetchPlan {
   FetchStep Idle(int64_t now_ms) const;
   std::optional<FetchStep> MaybeRefresh(int64_t now_ms);
   std::optional<FetchStep> MaybeSteal(int64_t now_ms);
+  std::optional<FetchStep> MaybeRecheck(int64_t now_ms);
+  // The hub said to recheck after `after_ms` (0: no recheck pending).
+  void RecheckIn(int64_t now_ms, int64_t after_ms);
   FetchStep Fail(Status s);
   Status DeadlineError(int64_t now_ms) const;
   Status NoHolderError(std::string message) const;
@@ -194,6 +211,10 @@ class FetchPlan {
   Status last_error_ = Unavailable("no holder was tried");
   bool refreshing_ = false;
   std::optional<int64_t> last_refresh_ms_;
+  // When to recheck the sources with the hub (it said so); none if not.
+  std::optional<int64_t> recheck_at_ms_;
+  bool rechecking_ = false;
+  uint32_t rechecks_ = 0;
   int unavailable_answers_ = 0;  // in a row from the hub
   // The distinct unreachable_hints of sources that failed a read (at most
   // kFetchMaxHints).

@@ -113,13 +113,24 @@ class Sim {
 
   std::vector<int> done_count;  // verified reads per chunk
   std::vector<int64_t> refresh_ms;
+  std::vector<int64_t> recheck_ms;
+  // The hub's answers to rechecks (FetcherOptions::recheck must be set for
+  // the plan to ask).
+  SimRefresher rechecker;
   std::set<std::string>
       corrupt_holders;  // served a corrupt chunk at least once
   int64_t end_ms = -1;  // when the last stream saw kDone
   int64_t now_ms = 0;
 
  private:
-  enum class State { kIdle, kReading, kWaiting, kRefreshing, kDone };
+  enum class State {
+    kIdle,
+    kReading,
+    kWaiting,
+    kRefreshing,
+    kRechecking,
+    kDone
+  };
   struct StreamState {
     State state = State::kIdle;
     int64_t at_ms = 0;
@@ -167,6 +178,11 @@ class Sim {
       case FetchStep::Kind::kRefresh:
         refresh_ms.push_back(now_ms);
         s = StreamState{State::kRefreshing, std::min(now_ms + 1, deadline_ms_),
+                        step, Status::Ok()};
+        return;
+      case FetchStep::Kind::kRecheck:
+        recheck_ms.push_back(now_ms);
+        s = StreamState{State::kRechecking, std::min(now_ms + 1, deadline_ms_),
                         step, Status::Ok()};
         return;
       case FetchStep::Kind::kRead:
@@ -240,6 +256,9 @@ class Sim {
       if (next->result.code() == StatusCode::kDataLoss)
         corrupt_holders.insert(next->step.address);
       plan_.ReadFinished(now_ms, next->step.chunk, next->result);
+    } else if (was == State::kRechecking) {
+      plan_.Rechecked(now_ms,
+                      rechecker(now_ms, static_cast<int>(recheck_ms.size())));
     } else {
       plan_.SourcesRefreshed(
           now_ms, refresher_(now_ms, static_cast<int>(refresh_ms.size())));
@@ -804,6 +823,35 @@ TEST(FetchPlanTest, RandomScenariosKeepTheInvariants) {
       EXPECT_FALSE(sim.corrupt_holders.empty());
     }
   }
+}
+
+// The hub moved this reader (docs/design.md, "Rack-aware pipelines"): told
+// to recheck after 30 ms, the fetch asks, reads from exactly what the hub
+// answers from then on (the old source is retired, not failed), and asks
+// again as the answer says, until an answer says no more.
+TEST(FetchPlanTest, ARecheckReplacesTheSourcesWithTheHubsBooks) {
+  Manifest m = MakeManifest(1, 40);
+  SimHolder a = Whole("a", m);
+  SimHolder b = Whole("b", m);
+  b.listed = false;  // only the recheck names it
+  FetcherOptions o = PlanOptions();
+  o.streams = 2;
+  o.recheck_after_ms = 30;
+  o.recheck = [] { return Result<SourceUpdate>(SourceUpdate{}); };  // unused
+  Sim sim(m, {a, b}, o, 100000);
+  sim.rechecker = [&](int64_t, int call) -> Result<SourceUpdate> {
+    SourceUpdate u({sim.holder("b").Source()});
+    u.recheck_after_ms = call == 1 ? 40 : 0;  // once more, then no more
+    return u;
+  };
+  ASSERT_TRUE(sim.Run().ok());
+  for (int n : sim.done_count) EXPECT_EQ(n, 1);
+  EXPECT_EQ(sim.recheck_ms, (std::vector<int64_t>{30, 71}));
+  // a served until the first recheck (10 ms a read, 2 streams), b after.
+  EXPECT_GT(sim.holder("a").reads, 0);
+  EXPECT_LE(sim.holder("a").reads, 8);
+  EXPECT_GT(sim.holder("b").reads, 30);
+  EXPECT_EQ(sim.plan().Report().chunk_retries, 0u);
 }
 
 }  // namespace

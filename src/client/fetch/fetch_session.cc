@@ -22,6 +22,16 @@ constexpr int64_t kHubRetryPauseMs = 100;
 
 int64_t AtLeast1(int64_t ms) { return std::max<int64_t>(1, ms); }
 
+// The hub takes at most kMaxSliceWants boxes per schedule: a reader of more
+// (a whole model of many tensors) names the first ones. The holders of
+// slices the hub then offers are the ones that meet them; holders of the
+// other boxes can only come from the first schedule (the plan reads from
+// the holders it was made with).
+std::vector<SliceWant> CapWants(std::vector<SliceWant> wants) {
+  if (wants.size() > kMaxSliceWants) wants.resize(kMaxSliceWants);
+  return wants;
+}
+
 uint32_t MaxSources(int wanted) {
   return static_cast<uint32_t>(std::clamp(wanted, 1, 16));
 }
@@ -138,6 +148,13 @@ void FetchSession::Withdraw() {
   DropFilling();
 }
 
+bool FetchSession::OffersHoldersOfSlices() const {
+  return start_.first_status.ok() &&
+         std::any_of(
+             start_.first.sources.begin(), start_.first.sources.end(),
+             [](const ResolvedSource& s) { return s.slices != nullptr; });
+}
+
 Result<std::vector<FetchSource>> FetchSession::FirstSources() const {
   std::vector<FetchSource> sources;
   const Status& first = start_.first_status;
@@ -170,7 +187,7 @@ SourceRefresher FetchSession::Refresher(std::vector<SliceWant> wants) const {
   const Addresses* addresses = &ctx_.addresses;
   return [hub, addresses, id = ctx_.membership.id(), model = model_,
           v = version_, max_sources = MaxSources(options_.max_sources),
-          work = work_, wants = std::move(wants)](
+          work = work_, wants = CapWants(std::move(wants))](
              const std::vector<std::string>& failed) -> Result<SourceUpdate> {
     std::vector<WorkerId> exclude;
     for (const std::string& w : failed) exclude.emplace_back(w);
@@ -187,6 +204,25 @@ SourceRefresher FetchSession::Refresher(std::vector<SliceWant> wants) const {
     if (!srcs.ok()) return srcs.status();
     SourceUpdate update(addresses->ToSources(srcs->sources));
     update.unavailable = std::move(srcs->unavailable);
+    update.recheck_after_ms = srcs->recheck_after_ms;
+    return update;
+  };
+}
+
+void FetchSession::FollowRechecks(FetcherOptions& fo) const {
+  if (!start_.first_status.ok() || start_.first.sources.empty()) return;
+  fo.recheck_after_ms = start_.first.recheck_after_ms;
+  ControlPlane* hub = &ctx_.hub;
+  const Addresses* addresses = &ctx_.addresses;
+  fo.recheck = [hub, addresses, id = ctx_.membership.id(), model = model_,
+                v = version_, max_sources = MaxSources(options_.max_sources),
+                work = work_]() -> Result<SourceUpdate> {
+    Result<Scheduled> srcs =
+        hub->Recheck(id, model, v, max_sources, work.remaining_ms());
+    if (!srcs.ok()) return srcs.status();
+    SourceUpdate update(addresses->ToSources(srcs->sources));
+    update.unavailable = std::move(srcs->unavailable);
+    update.recheck_after_ms = srcs->recheck_after_ms;
     return update;
   };
 }

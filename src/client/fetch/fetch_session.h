@@ -82,6 +82,10 @@ class FetchSession {
   // if it took one, is withdrawn now.
   void DropFilling();
 
+  // The hub's first schedule offers holders of slices: it does so for a
+  // whole fetch only of a version that fetch must read as slices (pieces,
+  // or parts held only by holders of slices).
+  bool OffersHoldersOfSlices() const;
   // The sources the run starts from: the hub's first schedule, or, when
   // the hub could not schedule (rebuilding, or no complete holder left),
   // the nearest holders it listed instead.
@@ -90,6 +94,11 @@ class FetchSession {
   // failed it; `wants` (a reader of slices): holders of slices that meet
   // them come too.
   SourceRefresher Refresher(std::vector<SliceWant> wants = {}) const;
+  // When the hub's first schedule asked for a recheck (the reader reads
+  // from behind another rack's oversubscribed uplink: docs/design.md,
+  // "Rack-aware pipelines"), sets the run to recheck then and how: it asks
+  // the hub for the sources its books name now (ControlPlane::Recheck).
+  void FollowRechecks(FetcherOptions& fo) const;
 
   // A delta of the version from a base this reader holds is being computed
   // (the hub's last answer said so: FetchStart::delta_pending).

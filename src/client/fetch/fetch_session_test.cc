@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -161,7 +162,7 @@ class FetchSessionTest : public ::testing::Test {
 
   // Fetches all of kModel@1 into dest_ (logical tensors), one stream.
   Result<FetchStats> FetchWhole(Client& c, bool serve) {
-    dest_.clear();
+    RetireDest();
     std::vector<TensorRef> refs;
     for (const Logical& l : logical_) dest_.push_back(Bytes(l.data.size()));
     for (size_t i = 0; i < logical_.size(); ++i) {
@@ -178,7 +179,7 @@ class FetchSessionTest : public ::testing::Test {
   // Fetches a box of each sharded tensor that crosses both ranks' pieces.
   Result<FetchStats> FetchSomeSlices(Client& c) {
     boxes_ = {Box{{16, 8}, {32, 32}}, Box{{10}, {20}}};
-    dest_.clear();
+    RetireDest();
     std::vector<TensorSlice> slices;
     for (size_t i = 0; i < logical_.size(); ++i) {
       dest_.push_back(Bytes(boxes_[i].Elements() * 4));
@@ -193,6 +194,14 @@ class FetchSessionTest : public ::testing::Test {
     fo.connections = 1;
     fo.timeout_ms = 60000;  // simulated
     return c.FetchSlices(kModel, Version(1), slices, fo);
+  }
+
+  // An earlier reader that serves what it fetched serves it from dest_'s
+  // buffers: they stay alive to the end of the test, as a real reader's
+  // memory stays until it unpublishes.
+  void RetireDest() {
+    for (Bytes& b : dest_) retired_.push_back(std::move(b));
+    dest_.clear();
   }
 
   void ExpectSlicesArrived() const {
@@ -217,6 +226,7 @@ class FetchSessionTest : public ::testing::Test {
   std::vector<Worker> trainers_;
   std::vector<Box> boxes_;
   std::vector<Bytes> dest_;
+  std::deque<Bytes> retired_;  // earlier fetches' buffers, still served
 
   void SetUp() override { piece_bytes_.reserve(16); }
 };

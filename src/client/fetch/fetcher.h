@@ -40,6 +40,7 @@ namespace tensorhub::client {
 
 class ClientMetrics;  // client/client_metrics.h
 struct FetchReport;   // below
+struct SourceUpdate;  // below
 
 struct FetchSource {
   std::string worker;  // the hub's id for it (for excluding it later)
@@ -87,11 +88,22 @@ struct FetchJob {
   DeltaReads* deltas = nullptr;
 };
 
+// FetcherOptions::cut_through_bytes by default: four checksum leaves, 5 ms
+// on a 400 Mbit/s link, so that a pipeline of N readers is S/B plus N
+// times that rather than N chunk times.
+inline constexpr uint64_t kDefaultCutThroughBytes = 4 * kChecksumLeafBytes;
+
 struct FetcherOptions {
   int streams = 4;
   int64_t read_timeout_ms = 30000;  // one chunk, one source
   int64_t connect_timeout_ms = 5000;
   int64_t refresh_interval_ms = 200;  // between asks to the hub
+  // Rechecks (docs/design.md, "Rack-aware pipelines"): the hub told the
+  // first sources to be rechecked after recheck_after_ms (0: no), and
+  // `recheck` asks it for this fetch's sources as its books have them now;
+  // the fetch then reads from exactly those (FetchPlan::Rechecked).
+  int64_t recheck_after_ms = 0;
+  std::function<Result<SourceUpdate>()> recheck;
   int max_attempts_per_chunk = 32;
   // Work stealing: when a stream has nothing left to start, it takes back a
   // chunk that has been in flight from one source for longer than
@@ -115,6 +127,18 @@ struct FetcherOptions {
   // Called once per chunk right after it was verified (from a stream
   // thread, no lock held): the caller may serve it onward from then on.
   std::function<void(uint64_t global_chunk)> on_chunk;
+  // Cut-through (docs/design.md, "Cut-through"): a chunk read from a
+  // filling source, or by a reader that serves onward (on_landed set), is
+  // read in pieces of this many bytes (a multiple of the 64 KiB checksum
+  // leaf; 0: whole chunks), verified as a whole from the pieces' leaves.
+  // Host memory and tree checksums (ChunkChecksum::kXxh3Tree) only.
+  uint64_t cut_through_bytes = kDefaultCutThroughBytes;
+  // Called after each piece of such a read landed, with the bytes of the
+  // chunk landed so far (from its start), and with 0 when the chunk's read
+  // failed (from a stream thread, no lock held): the caller may serve
+  // those bytes onward before the chunk is verified; its readers verify
+  // the chunk themselves.
+  std::function<void(uint64_t global_chunk, uint64_t bytes)> on_landed;
   // Counts chunks, bytes by path, retries and steals as they happen (not
   // owned; may be null).
   ClientMetrics* metrics = nullptr;
@@ -162,6 +186,9 @@ struct SourceUpdate {
   // missing chunk, end the fetch with UNAVAILABLE at once instead of at its
   // deadline.
   std::optional<std::string> unavailable;
+  // The hub asks the reader to recheck these sources after this long
+  // (docs/design.md, "Rack-aware pipelines"); 0: no need.
+  int64_t recheck_after_ms = 0;
 };
 
 // Asks the hub again for sources of the same version; `failed` names the

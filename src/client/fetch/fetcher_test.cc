@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -999,6 +1000,130 @@ TEST(FetcherStealTest, AStalledReadIsStolenWhenItsTimeHasCome) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(d.data, v.data);
   EXPECT_EQ(r->chunks_stolen, 1u);
+}
+
+// ---- Cut-through: chunks read in pieces, served onward as they land ----
+
+// A reader that serves onward reads each chunk in pieces of
+// cut_through_bytes (four 64 KiB leaves), announcing each as it lands, and
+// verifies the chunk from the pieces' leaves; a corrupt holder's chunk
+// fails as a whole (DATA_LOSS from it) and its landed bytes are withdrawn.
+TEST_F(FetcherTest, CutThroughReadsChunksInPiecesAndVerifiesEachWhole) {
+  constexpr uint64_t kChunk = 1 << 20;  // 4 pieces of 256 KiB
+  TestVersion v = MakeVersion(31, 1, kChunk, 6);
+  ASSERT_GE(v.manifest.num_chunks(), 3u);
+  for (bool corrupt : {false, true}) {
+    SCOPED_TRACE(corrupt ? "corrupt holder" : "good holder");
+    Holder h(*tcp_, v, {0}, "m", 1);
+    if (corrupt) h.Corrupt(300000);
+    Destination d(v);
+    std::mutex mu;
+    std::map<uint64_t, std::vector<uint64_t>> landed;  // chunk -> announced
+    FetcherOptions o = TestOptions();
+    o.max_attempts_per_chunk = 1;
+    o.on_landed = [&](uint64_t chunk, uint64_t bytes) {
+      std::lock_guard<std::mutex> l(mu);
+      landed[chunk].push_back(bytes);
+    };
+    Result<FetchReport> r =
+        RunFetch(*tcp_, d.Job(v, "m", 1), {h.Source()}, nullptr, o,
+                 Deadline::AfterMs(kGenerousMs));
+    if (corrupt) {
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+      bool withdrawn = false;
+      for (const auto& [chunk, seq] : landed) {
+        withdrawn = withdrawn || (!seq.empty() && seq.back() == 0);
+      }
+      EXPECT_TRUE(withdrawn);
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(d.data, v.data);
+    // One read per piece.
+    uint64_t pieces = 0;
+    for (uint64_t c = 0; c < v.manifest.num_chunks(); ++c) {
+      const uint64_t bytes = v.manifest.Chunk(c).bytes;
+      const uint64_t n =
+          (bytes + kDefaultCutThroughBytes - 1) / kDefaultCutThroughBytes;
+      pieces += bytes > kDefaultCutThroughBytes ? n : 1;
+      if (bytes <= kDefaultCutThroughBytes) continue;
+      std::vector<uint64_t> want;
+      for (uint64_t i = 1; i <= n; ++i) {
+        want.push_back(std::min(bytes, i * kDefaultCutThroughBytes));
+      }
+      EXPECT_EQ(landed[c], want) << "chunk " << c;
+    }
+    EXPECT_EQ(static_cast<uint64_t>(h.source.reads_.load()), pieces);
+  }
+}
+
+// A pipeline of two readers: r1 fills from the holder and serves what has
+// landed; r2 reads from r1. The holder holds back the second piece of the
+// first chunk until r2 has the first piece from r1: only cut-through lets
+// that happen (r1 has not verified the chunk yet). Without it the two wait
+// on each other, and the holder's wait runs out (the test says so).
+TEST_F(FetcherTest, CutThroughServesAPieceOnBeforeItsChunkIsVerified) {
+  constexpr uint64_t kChunk = 1 << 20;
+  TestVersion v = MakeVersion(32, 1, kChunk, 8);
+  ASSERT_GT(v.manifest.Chunk(0).bytes, kDefaultCutThroughBytes);
+  Holder h(*tcp_, v, {0}, "m", 1);
+  // r1: a filling registration over its destination, served by TCP.
+  Destination d1(v);
+  Registry r1reg(kGenerousMs);
+  HookedSource r1src(&r1reg);
+  Holding fill;
+  fill.model = "m";
+  fill.version = Version(1);
+  fill.chunk_bytes = kChunk;
+  fill.manifest = v.manifest;
+  fill.parts[0] = v.manifest.parts()[0];
+  for (Bytes& b : d1.data[0]) fill.bases[0].push_back(b.data());
+  fill.filling = true;
+  Result<uint64_t> e1 = r1reg.Add(std::move(fill));
+  ASSERT_TRUE(e1.ok()) << e1.status().ToString();
+  Result<std::unique_ptr<transport::Server>> r1srv =
+      tcp_->Listen("127.0.0.1:0", &r1src, transport::ServerOptions{});
+  ASSERT_TRUE(r1srv.ok());
+  std::atomic<int> r2_pieces{0};
+  std::atomic<bool> held_too_long{false};
+  h.source.hook_ = [&](int n) {
+    if (n == 2 && !WaitUntil([&] { return r2_pieces.load() > 0; })) {
+      held_too_long = true;
+    }
+    return Status::Ok();
+  };
+  FetcherOptions o1 = TestOptions();
+  o1.streams = 1;
+  o1.on_landed = [&](uint64_t chunk, uint64_t bytes) {
+    r1reg.MarkLanded("m", Version(1), *e1, chunk, bytes);
+  };
+  o1.on_chunk = [&](uint64_t chunk) {
+    r1reg.MarkChunk("m", Version(1), *e1, chunk);
+  };
+  Result<FetchReport> r1 = Internal("not run");
+  std::thread t1([&] {
+    r1 = RunFetch(*tcp_, d1.Job(v, "m", 1), {h.Source()}, nullptr, o1,
+                  Deadline::AfterMs(kGenerousMs));
+  });
+  Destination d2(v);
+  FetcherOptions o2 = TestOptions();
+  o2.streams = 1;
+  o2.on_landed = [&](uint64_t, uint64_t bytes) {
+    if (bytes > 0) r2_pieces.fetch_add(1);
+  };
+  FetchSource from_r1{
+      "r1", (*r1srv)->address(), *e1, {{0, v.manifest.num_chunks()}}};
+  from_r1.filling = true;
+  Result<FetchReport> r2 =
+      RunFetch(*tcp_, d2.Job(v, "m", 1), {from_r1}, nullptr, o2,
+               Deadline::AfterMs(kGenerousMs));
+  t1.join();
+  (*r1srv)->Stop();
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_FALSE(held_too_long);
+  EXPECT_EQ(d1.data, v.data);
+  EXPECT_EQ(d2.data, v.data);
 }
 
 }  // namespace

@@ -56,6 +56,7 @@ Status FetchSession::TakeManifest() {
   int tried = 0;
   for (const FetchSource& src :
        ctx_.addresses.ToSources(start_.first.sources)) {
+    if (src.slices != nullptr) continue;  // holds boxes, not the manifest
     if (tried++ == kManifestSourcesTried || work_.remaining_ms() < 2) break;
     // Each try gets a share of the time left, so that the hub remains to be
     // asked.

@@ -87,6 +87,18 @@ void PlanRun::Stream() {
         cv_.notify_all();
         break;
       }
+      case FetchStep::Kind::kRecheck: {
+        lock.Unlock();
+        Result<SourceUpdate> books =
+            options_.recheck ? options_.recheck()
+                             : Result<SourceUpdate>(FailedPrecondition(
+                                   "this fetch cannot recheck its sources"));
+        if (books.ok()) AdjustSources(*books);
+        lock.Lock();
+        plan_.Rechecked(clock_.NowMs(), std::move(books));
+        cv_.notify_all();
+        break;
+      }
       case FetchStep::Kind::kRead: {
         lock.Unlock();
         transport::ReadInfo info;

@@ -58,7 +58,7 @@ std::vector<FetchSource> WithHoldersOfSlices(const SourceRefresher& schedule,
 
 Result<FetchStats> RunSlices(WorkerContext& ctx, Serving& serving,
                              FetchSession& session, const SliceDestinations& d,
-                             bool ask_with_boxes) {
+                             bool ask_with_boxes, bool serve) {
   const Manifest& manifest = session.manifest();
   Result<SlicePlan> plan =
       PlanSlices(manifest, d.dests, manifest.chunk_bytes());
@@ -87,9 +87,9 @@ Result<FetchStats> RunSlices(WorkerContext& ctx, Serving& serving,
       ctx.transport, job, std::move(sources), refresh, fo, session.work());
   if (!rep.ok()) return rep.status();
   // The slices are not served as a copy of the version (FetchDone ends the
-  // fetch at the hub); with serve_slices, as a holder of slices.
+  // fetch at the hub); with `serve`, as a holder of slices.
   return session.Finish(*rep, [&] {
-    if (session.options().serve_slices) {
+    if (serve) {
       serving.ServeSlices(session.model(), session.version(), manifest,
                           d.slices, session.deadline());
     }
@@ -106,7 +106,8 @@ Result<FetchStats> FetchSlices(WorkerContext& ctx, Serving& serving,
     TH_ASSIGN_OR_RETURN(
         std::unique_ptr<FetchSession> session,
         FetchSession::Begin(ctx, model, version, options, std::nullopt));
-    return RunSlices(ctx, serving, *session, d, /*ask_with_boxes=*/true);
+    return RunSlices(ctx, serving, *session, d, /*ask_with_boxes=*/true,
+                     /*serve=*/options.serve_slices);
   };
   return CountOutcome(ctx.metrics, body());
 }

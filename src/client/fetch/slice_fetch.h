@@ -33,14 +33,16 @@ struct SliceDestinations {
 Result<SliceDestinations> CheckSlices(std::vector<TensorSlice> slices);
 
 // The body of a fetch of slices, in a session begun for it or handed over
-// by a whole fetch of a version published as pieces. `ask_with_boxes`:
+// by a whole fetch of a version read as slices. `ask_with_boxes`:
 // BeginFetch scheduled without the boxes, so ask once more with them
 // (holders of slices that meet them come first): one more hub call, worth
-// it for a reader of some boxes, not for one of whole tensors.
+// it for a reader of some boxes, not for one of whole tensors (BeginFetch
+// offers those holders of slices already). `serve`: serve the slices
+// onward afterwards (Serving::ServeSlices).
 Result<FetchStats> RunSlices(WorkerContext& ctx, Serving& serving,
                              FetchSession& session,
                              const SliceDestinations& destinations,
-                             bool ask_with_boxes);
+                             bool ask_with_boxes, bool serve);
 
 }  // namespace tensorhub::client
 

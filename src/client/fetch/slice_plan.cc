@@ -62,66 +62,36 @@ struct HolderPiece {
   Box box;          // of the global tensor
 };
 
-// `inter` cut along every boundary of `hs` inside it, so that each piece
-// lies wholly inside or wholly outside each of their boxes; `inter` alone
-// if that makes more than kMaxSliceCuts pieces.
-std::vector<Box> CutAlong(const Box& inter,
-                          const std::vector<HolderPiece>& hs) {
-  const size_t n = inter.rank();
-  if (n == 0 || hs.empty()) return {inter};
-  std::vector<std::vector<uint64_t>> cuts(n);
-  uint64_t pieces = 1;
-  for (size_t k = 0; k < n; ++k) {
-    const uint64_t lo = inter.offset[k], hi = lo + inter.extent[k];
-    std::set<uint64_t> c{lo, hi};
-    for (const HolderPiece& h : hs) {
-      for (uint64_t x : {h.box.offset[k], h.box.offset[k] + h.box.extent[k]}) {
-        if (x > lo && x < hi) c.insert(x);
-      }
-    }
-    cuts[k].assign(c.begin(), c.end());
-    pieces *= cuts[k].size() - 1;
-    if (pieces > kMaxSliceCuts) return {inter};
-  }
-  std::vector<Box> out;
-  std::vector<size_t> idx(n, 0);
-  for (;;) {
-    Box b;
-    for (size_t k = 0; k < n; ++k) {
-      b.offset.push_back(cuts[k][idx[k]]);
-      b.extent.push_back(cuts[k][idx[k] + 1] - cuts[k][idx[k]]);
-    }
-    out.push_back(std::move(b));
-    size_t k = n;
-    while (k > 0 && ++idx[k - 1] + 1 == cuts[k - 1].size()) idx[--k] = 0;
-    if (k == 0) return out;
-  }
-}
-
 // The read of `item`'s wanted bytes (of trainer piece `t`) from holder
-// piece `h` (layout tensor `ht`), if they lie in its box: the matrix view of
-// tensors of 1 or 2 dimensions maps a wanted rectangle to one box.
+// piece `h` (layout tensor `ht`), if they lie in its box: the piece's and
+// the box's matrix views are both the tensor's, shifted (MatrixOrigin), so
+// each wanted row of the item is one row of the holder's view.
 std::optional<SliceItem> AltRead(const SliceItem& item, const TensorLayout& t,
                                  const HolderPiece& h, const TensorLayout& ht) {
-  const Box piece = t.PieceBox();
-  const size_t n = piece.rank();
-  if (n == 0 || n > 2 || item.rows.size() != 1) return std::nullopt;
-  Box want;
-  if (n == 1) {
-    want = {{piece.offset[0] + item.col_begin},
-            {item.col_end - item.col_begin}};
-  } else {
-    const auto [r0, r1] = item.rows[0];
-    want = {{piece.offset[0] + r0, piece.offset[1] + item.col_begin},
-            {r1 - r0, item.col_end - item.col_begin}};
+  const std::vector<uint64_t> shape = t.GlobalShape();
+  const auto piece = MatrixOrigin(t.PieceBox(), shape);
+  const auto holder = MatrixOrigin(h.box, shape);
+  if (!piece.has_value() || !holder.has_value() || item.rows.empty()) {
+    return std::nullopt;
   }
-  if (!Contains(h.box, want)) return std::nullopt;
-  Box local = want;
-  for (size_t k = 0; k < n; ++k) local.offset[k] -= h.box.offset[k];
-  const std::vector<MatrixRect> rects = RectsOfBox(ht.spec.shape, local);
-  if (rects.size() != 1) return std::nullopt;
+  const MatrixView hm = MatrixOf(ht.spec.shape);
+  const uint64_t c0 = piece->second + item.col_begin;
+  const uint64_t c1 = piece->second + item.col_end;
+  if (c0 < holder->second || c1 > holder->second + hm.cols) {
+    return std::nullopt;
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> rows;
+  for (const auto& [b, e] : item.rows) {
+    const uint64_t gb = piece->first + b, ge = piece->first + e;
+    if (gb < holder->first || ge > holder->first + hm.rows) {
+      return std::nullopt;
+    }
+    rows.push_back({gb - holder->first, ge - holder->first});
+  }
+  const MatrixRect want{rows.front().first, rows.back().second,
+                        c0 - holder->second, c1 - holder->second};
   const std::vector<MatrixRect> grown =
-      CoveringSegments(rects, MatrixOf(ht.spec.shape), ht.seg);
+      CoveringSegments({&want, 1}, hm, ht.seg);
   if (grown.size() != 1 ||
       grown[0].row_end - grown[0].row_begin > wire::kMaxStridedRuns) {
     return std::nullopt;
@@ -131,9 +101,9 @@ std::optional<SliceItem> AltRead(const SliceItem& item, const TensorLayout& t,
   a.tensor = h.tensor;
   a.dest = item.dest;
   a.read = grown[0];
-  a.rows = {{rects[0].row_begin, rects[0].row_end}};
-  a.col_begin = rects[0].col_begin;
-  a.col_end = rects[0].col_end;
+  a.rows = std::move(rows);
+  a.col_begin = want.col_begin;
+  a.col_end = want.col_end;
   a.bytes = (a.read.row_end - a.read.row_begin) *
             (a.read.col_end - a.read.col_begin) * DTypeBytes(ht.spec.dtype);
   return a;
@@ -154,8 +124,11 @@ std::map<std::string_view, std::vector<HolderPiece>> HolderPieces(
       if (it == pieces.end() || ht.seg.rows == 0) continue;
       const TensorLayout& t =
           manifest.parts()[it->second[0].part].tensors[it->second[0].tensor];
-      if (ht.spec.dtype != t.spec.dtype || ht.GlobalShape() != t.GlobalShape())
-        continue;
+      if (ht.spec.dtype != t.spec.dtype ||
+          ht.GlobalShape() != t.GlobalShape() ||
+          !MatrixOrigin(ht.PieceBox(), ht.GlobalShape()).has_value()) {
+        continue;  // no read can come from it (MatrixOrigin)
+      }
       out[it->first].push_back({h, i, ht.PieceBox()});
     }
   }
@@ -219,6 +192,8 @@ void AddItems(const Manifest& manifest, const PieceRef& ref,
       item.read.row_begin = r0;
       item.read.row_end = std::min(grown.row_end, r0 + block_rows);
       item.rows = Clip(rows, item.read.row_begin, item.read.row_end);
+      // Only overhang (between wanted rows far apart): nothing to read.
+      if (item.rows.empty()) continue;
       item.col_begin = want[0].col_begin;
       item.col_end = want[0].col_end;
       item.bytes = (item.read.row_end - item.read.row_begin) * row_bytes;
@@ -284,10 +259,14 @@ Result<SlicePlan> PlanSlices(const Manifest& manifest,
             "memory), so a slice of it cannot be verified: fetch it whole");
       }
       std::vector<HolderPiece> meeting;
+      std::vector<Box> boxes;
       for (const HolderPiece& h : hs) {
-        if (Intersect(*inter, h.box).has_value()) meeting.push_back(h);
+        if (Intersect(*inter, h.box).has_value()) {
+          meeting.push_back(h);
+          boxes.push_back(h.box);
+        }
       }
-      for (const Box& cut : CutAlong(*inter, meeting)) {
+      for (const Box& cut : CutAlong(*inter, boxes)) {
         AddItems(manifest, ref, t, di, cut, meeting, item_bytes, &plan);
       }
     }

@@ -72,11 +72,12 @@ struct SlicePlan {
 // sizes) and plans the reads. INVALID_ARGUMENT naming the tensor for bad
 // input; FAILED_PRECONDITION for a piece without segment checksums.
 // `sources` with a layout of slices (FetchSource::slices) are holders of
-// slices: each wanted box is also cut along their boxes (at most
+// slices: each wanted box is also cut along their boxes (CutAlong, at most
 // kMaxSliceCuts pieces per intersection), and each read whose wanted bytes
-// (of a tensor of at most 2 dimensions) lie in one of their boxes gets an
-// alternative read from it. Other sources are ignored here.
-inline constexpr uint64_t kMaxSliceCuts = 64;
+// lie in one of their boxes gets an alternative read from it, where the
+// trainer's piece and the box map onto the tensor by a shift (MatrixOrigin:
+// any box of a tensor of at most 2 dimensions; for more, boxes that span
+// the middle dimensions). Other sources are ignored here.
 Result<SlicePlan> PlanSlices(const Manifest& manifest,
                              const std::vector<SliceDest>& dests,
                              uint64_t item_bytes,

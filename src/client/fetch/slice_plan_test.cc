@@ -4,8 +4,10 @@
 // wanted element read exactly once, every read segment-aligned and within
 // the bounds of a strided request, the chunks each read spans right, and
 // an alternative read from every holder of slices whose box holds an
-// item's wanted bytes (tensors of at most 2 dimensions), reading exactly
-// the same elements. Plus the planner's refusals, by code.
+// item's wanted bytes where the piece and the box map onto the tensor by a
+// shift (MatrixOrigin: any box of at most 2 dimensions, boxes spanning the
+// middle dimensions of more), reading exactly the same elements, and none
+// where they do not. Plus the planner's refusals, by code.
 #include "client/fetch/slice_plan.h"
 
 #include <gtest/gtest.h>
@@ -315,8 +317,10 @@ void CheckPlan(const Scenario& s, const SlicePlan& plan) {
       EXPECT_LE(a.bytes, plan.max_item_bytes);
       EXPECT_EQ(Wanted(a, ht), wanted);
     }
-    // Every holder whose box holds the wanted elements has one (tensors of
-    // at most 2 dimensions, one run of rows).
+    // Every holder whose box holds the wanted elements has one, where the
+    // piece and its box map onto the tensor by a shift; none where not.
+    const std::vector<uint64_t> global = t.GlobalShape();
+    const bool piece_maps = MatrixOrigin(t.PieceBox(), global).has_value();
     for (uint32_t h = 0; h < plan.holders.size(); ++h) {
       for (const TensorLayout& ht : plan.holders[h].layout->tensors) {
         if (ht.spec.name != d.name) continue;
@@ -329,9 +333,10 @@ void CheckPlan(const Scenario& s, const SlicePlan& plan) {
               }
               return true;
             });
-        if (t.spec.shape.size() > 2) {
-          EXPECT_TRUE(it.alts.empty());
-        } else if (holds && it.rows.size() == 1) {
+        const bool maps = piece_maps && MatrixOrigin(hb, global).has_value();
+        if (!maps) {
+          EXPECT_EQ(holders.count(h), 0u);
+        } else if (holds) {
           EXPECT_EQ(holders.count(h), 1u)
               << "no alternative read from " << plan.holders[h].worker;
         }
@@ -374,7 +379,7 @@ void CheckSourcesForItems(const Scenario& s, const SlicePlan& plan) {
 }
 
 TEST(SlicePlanTest, RandomBoxesLayoutsAndHoldersOfSlices) {
-  int with_alts = 0;
+  int with_alts = 0, cube_alts = 0;
   for (uint32_t seed = 1; seed <= 300; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -387,10 +392,17 @@ TEST(SlicePlanTest, RandomBoxesLayoutsAndHoldersOfSlices) {
     CheckPlan(s, *plan);
     CheckSourcesForItems(s, *plan);
     if (HasFatalFailure()) return;
-    for (const SliceItem& it : plan->items) with_alts += !it.alts.empty();
+    for (const SliceItem& it : plan->items) {
+      with_alts += !it.alts.empty();
+      cube_alts +=
+          !it.alts.empty() &&
+          s.manifest.parts()[it.part].tensors[it.tensor].spec.name == "cube";
+    }
   }
-  // The scenarios reach the holders of slices, not only the trainer parts.
+  // The scenarios reach the holders of slices, not only the trainer parts,
+  // for 3-dimensional tensors too.
   EXPECT_GT(with_alts, 100);
+  EXPECT_GT(cube_alts, 10);
 }
 
 // Segments of whole rows: a column slice reads whole rows, in items of

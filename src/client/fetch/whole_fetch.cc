@@ -147,18 +147,20 @@ std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
   return base;
 }
 
-// Pieces of logical tensors: the destination names the logical tensors,
-// which come whole through the slice body, not served onward. The hub
-// takes no filling registration of such a version; one an older hub took
-// is withdrawn.
-Result<FetchStats> FetchWholeOfPieces(WorkerContext& ctx, Serving& serving,
+// A version read as slices (of pieces, or held in part only by holders of
+// slices): the destination names the logical tensors, which come whole
+// through the slice body and, with `serve`, are served onward afterwards
+// as a holder of slices whose boxes are the whole tensors. The hub takes
+// no filling registration then; one an older hub took is withdrawn.
+Result<FetchStats> FetchWholeAsSlices(WorkerContext& ctx, Serving& serving,
                                       FetchSession& session,
                                       const std::vector<TensorRef>& dest) {
   session.DropFilling();
   TH_ASSIGN_OR_RETURN(std::vector<TensorSlice> whole,
                       WholeSlices(session.manifest(), dest, session.name()));
   TH_ASSIGN_OR_RETURN(SliceDestinations d, CheckSlices(std::move(whole)));
-  return RunSlices(ctx, serving, session, d, /*ask_with_boxes=*/false);
+  return RunSlices(ctx, serving, session, d, /*ask_with_boxes=*/false,
+                   /*serve=*/session.options().serve);
 }
 
 // Map the destination onto the manifest, release memory that still serves
@@ -177,8 +179,10 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
   TH_ASSIGN_OR_RETURN(
       std::unique_ptr<FetchSession> session,
       FetchSession::Begin(ctx, model, version, opts, reserved.epoch()));
-  if (HasPieces(session->manifest())) {
-    return FetchWholeOfPieces(ctx, serving, *session, dest);
+  // The hub offers holders of slices to a whole fetch only of a version
+  // it must read as slices (hub_state.h, BeginFetch).
+  if (HasPieces(session->manifest()) || session->OffersHoldersOfSlices()) {
+    return FetchWholeAsSlices(ctx, serving, *session, dest);
   }
   TH_ASSIGN_OR_RETURN(FetchJob job, MapDestination(*session, dest));
   TH_RETURN_IF_ERROR(
@@ -212,8 +216,10 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
       return u;
     };
   }
-  const FetcherOptions fo =
+  FetcherOptions fo =
       session->StartRun(session->manifest().total_bytes(), fill.OnChunk());
+  fo.on_landed = fill.OnLanded();
+  session->FollowRechecks(fo);
   Result<FetchReport> rep = RunFetch(ctx.transport, job, std::move(sources),
                                      refresh, fo, session->work());
   // A failed run: `fill` aborts (fence, drain, withdraw), then the session

@@ -1,8 +1,10 @@
 // A whole fetch (Client::Fetch): every tensor of a version into the
 // caller's tensors, chunk by chunk (RunFetch), served onward as the chunks
 // arrive (partial-prefix serving) and as a complete copy afterwards. A
-// version published as pieces is fetched as whole logical tensors through
-// the slice body (slice_fetch.h), in the same session.
+// version published as pieces, or one the hub says is held in part only by
+// holders of slices, is fetched as whole logical tensors through the slice
+// body (slice_fetch.h), in the same session, and served afterwards as a
+// holder of slices whose boxes are the whole tensors.
 #ifndef TENSORHUB_CLIENT_FETCH_WHOLE_FETCH_H_
 #define TENSORHUB_CLIENT_FETCH_WHOLE_FETCH_H_
 

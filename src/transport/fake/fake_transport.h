@@ -295,7 +295,11 @@ class FakeTransport::FakeConnection final : public Connection {
       }
     }
     if (cancelled_) return Broken(Unavailable("fake: read cancelled"));
-    if (sum != nullptr) sum->value = ChunkSum(sum->kind, dest);
+    if (sum != nullptr) {
+      ChunkHash hash(sum->kind);
+      for (const iovec& p : dest) hash.Update(p.iov_base, p.iov_len);
+      SetChecksum(hash, sum);
+    }
     return Status::Ok();
   }
   Status ReadDevice(const wire::ReadRequest&, std::span<const iovec>, int,

@@ -35,7 +35,8 @@ wire::Mac HandshakeMac(const std::string& secret, const wire::Nonce& nonce) {
 }
 
 Status ServerHandshake(Stream& s, const std::string& secret,
-                       const tls::Context* tls, const Deadline& deadline) {
+                       const tls::Context* tls, const Deadline& deadline,
+                       const std::function<bool()>& admit) {
   if (tls != nullptr) {
     auto start = wire::EncodeStartTls();
     TH_RETURN_IF_ERROR(Send(s, start.data(), start.size(), deadline));
@@ -57,11 +58,16 @@ Status ServerHandshake(Stream& s, const std::string& secret,
   TH_RETURN_IF_ERROR(s.ReadExact(proof, sizeof(proof), deadline));
   TH_ASSIGN_OR_RETURN(wire::Mac got, wire::DecodeProof(proof, sizeof(proof)));
   wire::Mac want = HandshakeMac(secret, nonce);
-  bool ok = CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0;
-  auto verdict =
-      wire::EncodeVerdict(ok ? StatusCode::kOk : StatusCode::kPermissionDenied);
+  const bool ok = CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0;
+  const bool admitted = ok && (!admit || admit());
+  auto verdict = wire::EncodeVerdict(
+      ok ? admitted ? StatusCode::kOk : StatusCode::kResourceExhausted
+         : StatusCode::kPermissionDenied);
   Status sent = Send(s, verdict.data(), verdict.size(), deadline);
   if (!ok) return PermissionDenied("wrong or missing shared secret");
+  if (!admitted) {
+    return ResourceExhausted("serving as many readers as it may at once");
+  }
   return sent;
 }
 
@@ -101,6 +107,11 @@ Status ClientHandshake(Stream& s, const std::string& secret,
   TH_RETURN_IF_ERROR(s.ReadExact(verdict, sizeof(verdict), deadline));
   TH_ASSIGN_OR_RETURN(StatusCode code,
                       wire::DecodeVerdict(verdict, sizeof(verdict)));
+  if (code == StatusCode::kResourceExhausted) {
+    return Unavailable(
+        "the holder serves as many readers as it may at once "
+        "(max_serving_connections); another holder, or this one later");
+  }
   if (code != StatusCode::kOk) {
     return PermissionDenied(
         "the holder refused this worker's shared secret (set the same "

@@ -9,6 +9,7 @@
 #ifndef TENSORHUB_TRANSPORT_TCP_AUTH_H_
 #define TENSORHUB_TRANSPORT_TCP_AUTH_H_
 
+#include <functional>
 #include <string>
 
 #include "common/deadline.h"
@@ -26,9 +27,12 @@ namespace tensorhub::transport {
 // and leaves `stream` secured. PERMISSION_DENIED (after telling the peer) if
 // the proof is wrong, or if the reader's certificate is missing or not
 // trusted; other codes if the peer misbehaves, does not speak TLS, or
-// stalls.
+// stalls. Once the proof is right, `admit` (if set) says whether the
+// server takes the reader: RESOURCE_EXHAUSTED (told to the peer, which
+// then says UNAVAILABLE) if not.
 Status ServerHandshake(Stream& stream, const std::string& secret,
-                       const tls::Context* tls, const Deadline& deadline);
+                       const tls::Context* tls, const Deadline& deadline,
+                       const std::function<bool()>& admit = nullptr);
 // Reader side. PERMISSION_DENIED if the holder refused our proof or our
 // certificate, or its certificate is not trusted; FAILED_PRECONDITION if
 // one end uses data-plane TLS and the other does not (the message says

@@ -575,6 +575,47 @@ Fd RawReader(const std::string& address) {
   return std::move(fd).value();
 }
 
+// Issue 27 (finding 8): a same-host reader that takes a lease and never
+// releases it held an unpublish's drain for local_release_timeout_ms (30 s
+// by default). Once the registration is revoked the holder waits
+// revoked_release_ms more at most, closes the connection, and the drain
+// ends.
+TEST_F(LocalReadTest, AnUnpublishIsNotHeldByAReaderThatNeverReleases) {
+  std::vector<uint8_t> t0(1 << 20, 7);
+  std::vector<TensorRef> refs(1);
+  refs[0].spec = {"a", DType::kU8, {t0.size()}};
+  refs[0].data = t0.data();
+  refs[0].bytes = t0.size();
+  Result<PartLayout> layout = BuildPartLayout(0, refs, 1 << 20);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  client::Holding h;
+  h.model = "m";
+  h.version = Version(1);
+  h.chunk_bytes = 1 << 20;
+  h.rank = 0;
+  h.parts[0] = *layout;
+  h.bases[0] = {t0.data()};
+  client::Registry registry;
+  ASSERT_TRUE(registry.Add(h).ok());
+  ServerOptions o;
+  o.local_release_timeout_ms = 4 * kGenerousMs;  // only the unpublish ends it
+  o.revoked_release_ms = 200;
+  StartServer(&registry, o);
+  Fd fd = RawReader(server_->address());
+  ASSERT_TRUE(fd.valid());
+  ASSERT_TRUE(AskLocal(fd.get(), 0, 1000).ok());
+  EXPECT_EQ(registry.reads_in_flight(), 1u);
+  ASSERT_TRUE(registry.Revoke("m", Version(1)).ok());
+  const auto t = Clock::now();
+  Status drained =
+      registry.Drain("m", Version(1), 1, Deadline::AfterMs(kGenerousMs));
+  EXPECT_TRUE(drained.ok()) << drained.ToString();
+  EXPECT_LT(Clock::now() - t, milliseconds(kGenerousMs / 3));
+  EXPECT_TRUE(ClosedByPeerWithin(fd.get(), kGenerousMs));
+  EXPECT_EQ(server_->bytes_served_local(), 0u);
+  server_->Stop();  // before `registry` goes
+}
+
 TEST_F(LocalReadTest, LeaseEndsWhenTheReaderLeavesOrStallsWithoutRelease) {
   ScatteredSource& source = NewSource(1 << 20, 1 << 20, 23);
   // First a release timeout far beyond the waits below: only the reader's

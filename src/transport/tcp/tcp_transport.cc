@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <list>
@@ -22,50 +23,12 @@
 #include "tls/tls.h"
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/auth.h"
+#include "transport/tcp/request_io.h"
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/stream.h"
 
 namespace tensorhub::transport {
 namespace {
-
-// Same-host (cross-memory attach) policy, shared by one transport's server
-// and connections. Thread-safe.
-std::string PeerAddress(int fd) {
-  sockaddr_storage ss{};
-  socklen_t len = sizeof(ss);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
-    return "a peer";
-  char host[64] = {0};
-  if (ss.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-    ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
-  }
-  return "an IPv6 peer";
-}
-
-// Calls fn(address, length, done) for the runs of `pieces` that make up
-// bytes [offset, offset + n) of their concatenation, in order (`done`: bytes
-// of the range before this run).
-template <typename Fn>
-Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
-                Fn&& fn) {
-  uint64_t at = 0, done = 0;
-  for (const iovec& v : pieces) {
-    if (done == n) break;
-    const uint64_t end = at + v.iov_len;
-    if (end > offset) {
-      const uint64_t from = std::max(at, offset) - at;
-      const uint64_t len = std::min<uint64_t>(v.iov_len - from, n - done);
-      TH_RETURN_IF_ERROR(
-          fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
-      done += len;
-    }
-    at = end;
-  }
-  if (done != n) return Internal("range past the end of its pieces");
-  return Status::Ok();
-}
 
 // Two CUDA streams on one device, made on first use: one per staging
 // buffer, so the copy into (or out of) one overlaps the socket I/O of the
@@ -96,6 +59,8 @@ class StagingStreams {
   std::unique_ptr<cuda::Stream> streams_[2];
 };
 
+// Same-host (cross-memory attach) policy, shared by one transport's server
+// and connections. Thread-safe.
 class LocalReads {
  public:
   explicit LocalReads(const TcpTransportOptions& options)
@@ -192,15 +157,18 @@ class TcpServer final : public Server {
         tls_(std::move(tls)),
         notice_(std::move(notice)),
         pid_(static_cast<uint32_t>(::getpid())),
-        acceptor_(std::move(listener), options.max_connections,
+        acceptor_(std::move(listener), AcceptorLimitsOf(options),
                   "data server " + address_) {
-    acceptor_.Start([this](int fd) { Serve(fd); });
+    acceptor_.Start(
+        [this](int fd, Acceptor::Ticket& ticket) { Serve(fd, ticket); });
   }
   ~TcpServer() override { Stop(); }
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
-  uint64_t connections_refused() const override { return refused_.load(); }
+  uint64_t connections_refused() const override {
+    return refused_.load() + acceptor_.refused_at_accept();
+  }
   uint64_t connections_tls() const override { return connections_tls_.load(); }
   uint64_t connections_kernel_tls() const override {
     return connections_kernel_tls_.load();
@@ -219,15 +187,14 @@ class TcpServer final : public Server {
 
  private:
   // Serves requests on one connection until the peer leaves, an I/O error,
-  // or Stop(). Long on purpose (about 115 lines): one request's whole life
+  // or Stop(). Long on purpose (about 100 lines): one request's whole life
   // (frame, lease, the reply by its path) stays in one loop body, so that
   // the lease visibly ends at the bottom of the loop on every path, after
   // the last byte left or after the reader released a same-host reply.
-  void Serve(int fd) {
-    uint8_t header[wire::kRequestHeaderBytes];
+  void Serve(int fd, Acceptor::Ticket& ticket) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     Stream stream(fd);
-    if (!Admit(stream)) return;
+    if (!Admit(stream, ticket)) return;
     StagingStreams staging;  // for reads of device memory, made on first use
     while (!stopping_.load()) {
       if (!stream.HasBufferedInput()) {
@@ -239,55 +206,32 @@ class TcpServer final : public Server {
       // A whole read may take long on a slow link; what is bounded is the
       // time without progress (stall_ms), plus an hour overall.
       Deadline deadline = Deadline::AfterMs(3600 * 1000);
-      if (!stream.ReadExact(header, sizeof(header), deadline, stall_ms).ok()) {
-        return;
-      }
-      wire::ReadRequest req;
-      bool local = false, cuda_ipc = false, strided = false;
-      Result<size_t> model_len = wire::DecodeReadRequestHeader(
-          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
-      if (!model_len.ok()) {
+      IncomingRequest in;
+      Status bad;
+      const RequestOutcome got =
+          ReadIncomingRequest(stream, deadline, stall_ms, &in, &bad);
+      if (got == RequestOutcome::kGone) return;
+      if (got == RequestOutcome::kBad) {
         // The stream cannot be re-synchronised after a bad frame.
-        TH_LOG(WARN) << "data server " << address_
-                     << ": dropping peer: " << model_len.status().ToString();
-        (void)SendError(stream, model_len.status(), deadline);
+        acceptor_.refusals().Refused(ticket.peer(),
+                                     "dropped a reader: " + bad.ToString());
+        (void)SendRefusal(stream, bad, deadline, stall_ms);
         return;
       }
-      req.model.resize(*model_len);
-      if (!stream
-               .ReadExact(req.model.data(), req.model.size(), deadline,
-                          stall_ms)
-               .ok()) {
-        return;
-      }
-      if (strided) {
-        uint8_t st[wire::kStrideBytes];
-        if (!stream.ReadExact(st, sizeof(st), deadline, stall_ms).ok()) return;
-        Status bad = wire::DecodeStride(st, sizeof(st), &req);
-        if (!bad.ok()) {
-          (void)SendError(stream, bad, deadline);
-          return;
-        }
-      }
-      // The reader's identity, if it offers to copy the bytes itself.
-      std::optional<wire::HostIdentity> reader;
-      if (local || cuda_ipc) {
-        uint8_t id[wire::kHostIdentityBytes];
-        if (!stream.ReadExact(id, sizeof(id), deadline, stall_ms).ok()) return;
-        reader = *wire::DecodeHostIdentity(id, sizeof(id));
-      }
+      const wire::ReadRequest& req = in.req;
+      const bool local = in.local, cuda_ipc = in.cuda_ipc;
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
         if (!SendError(stream, lease.status(), deadline).ok()) return;
         continue;
       }
-      const bool same_host = reader.has_value() && local_->enabled() &&
-                             *reader == local_->identity();
+      const bool same_host = in.reader.has_value() && local_->enabled() &&
+                             *in.reader == local_->identity();
       if (!lease->memory.is_host()) {
         if (cuda_ipc && same_host) {
           Result<std::string> body = CudaIpcBody(*lease);
           if (body.ok()) {
-            if (!ServeLocal(stream, req, std::move(body).value(), true,
+            if (!ServeLocal(stream, req, *lease, std::move(body).value(), true,
                             deadline)) {
               ::shutdown(fd, SHUT_RDWR);
               return;
@@ -311,8 +255,8 @@ class TcpServer final : public Server {
           wire::LocalReply reply;
           reply.pid = pid_;
           reply.pieces = std::move(pieces);
-          if (!ServeLocal(stream, req, wire::EncodeLocalReply(reply), false,
-                          deadline)) {
+          if (!ServeLocal(stream, req, *lease, wire::EncodeLocalReply(reply),
+                          false, deadline)) {
             // Close before the lease ends, so a reader still copying sees
             // the connection gone when it finishes and discards the bytes.
             ::shutdown(fd, SHUT_RDWR);
@@ -341,15 +285,19 @@ class TcpServer final : public Server {
   // the shared secret (and, with TLS, shown a certificate of the
   // deployment's CA): the handshake, within the stall bound. False: the
   // peer was refused (logged and counted).
-  bool Admit(Stream& stream) {
-    const std::string peer = PeerAddress(stream.fd());  // while it is there
+  // The handshake's deadline is short (handshake_timeout_ms), and until it
+  // passes the connection holds only an authenticating slot (acceptor.h).
+  bool Admit(Stream& stream, Acceptor::Ticket& ticket) {
     Status auth =
         ServerHandshake(stream, secret_, tls_.get(),
-                        Deadline::AfterMs(options_.io_stall_timeout_ms));
+                        Deadline::AfterMs(options_.handshake_timeout_ms),
+                        [&ticket] { return ticket.Admit(); });
     if (!auth.ok()) {
-      TH_LOG(WARN) << "data server " << address_ << ": refused " << peer << ": "
-                   << auth.ToString();
-      refused_.fetch_add(1, std::memory_order_relaxed);
+      // Over max_connections: the acceptor said so already.
+      if (auth.code() != StatusCode::kResourceExhausted) {
+        acceptor_.refusals().Refused(ticket.peer(), auth.ToString());
+        refused_.fetch_add(1, std::memory_order_relaxed);
+      }
       return false;
     }
     if (stream.tls()) {
@@ -364,10 +312,16 @@ class TcpServer final : public Server {
 
   // The CUDA IPC reply for a lease of device memory: one handle per
   // allocation run. Fails (and the read is staged instead) for memory CUDA
-  // IPC cannot share, or a range too scattered to describe.
+  // IPC cannot share, a range too scattered to describe, or an allocation
+  // that holds more than the published regions: a handle opens the whole
+  // allocation, read-write (CoveredBy).
   Result<std::string> CudaIpcBody(const ServeLease& lease) {
     wire::CudaIpcReply reply;
     reply.pid = pid_;
+    const std::span<const iovec> published =
+        lease.registration != nullptr
+            ? std::span<const iovec>(lease.registration->regions())
+            : std::span<const iovec>(lease.pieces);
     for (const iovec& v : lease.pieces) {
       if (v.iov_len == 0) continue;
       TH_ASSIGN_OR_RETURN(cuda::IpcExport ex,
@@ -376,6 +330,14 @@ class TcpServer final : public Server {
           v.iov_len > ex.alloc_bytes - ex.offset) {
         return InvalidArgument(
             "a served range crosses the end of its CUDA allocation");
+      }
+      const uint64_t alloc_base =
+          reinterpret_cast<uint64_t>(v.iov_base) - ex.offset;
+      if (!CoveredBy(alloc_base, ex.alloc_bytes, published)) {
+        return FailedPrecondition(
+            "its CUDA allocation (" + std::to_string(ex.alloc_bytes) +
+            " bytes) holds more than the published regions; a CUDA IPC "
+            "handle would open all of it");
       }
       if (!reply.pieces.empty() &&
           reply.pieces.back().handle == ex.handle.bytes &&
@@ -465,7 +427,8 @@ class TcpServer final : public Server {
   // LocalReply, or a CudaIpcReply if `cuda_ipc`) and waits (bounded) for
   // its release. False: drop the connection.
   bool ServeLocal(Stream& stream, const wire::ReadRequest& req,
-                  std::string body, bool cuda_ipc, const Deadline& deadline) {
+                  const ServeLease& lease, std::string body, bool cuda_ipc,
+                  const Deadline& deadline) {
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.local = !cuda_ipc;
@@ -476,18 +439,12 @@ class TcpServer final : public Server {
     if (!stream.Write(iov, deadline, options_.io_stall_timeout_ms).ok()) {
       return false;
     }
+    if (!AwaitRelease(stream, lease)) return false;
     uint8_t release[wire::kReleaseBytes];
-    Status s =
-        stream.ReadExact(release, sizeof(release),
-                         Deadline::AfterMs(options_.local_release_timeout_ms));
-    if (!s.ok()) {
-      if (s.code() == StatusCode::kDeadlineExceeded) {
-        TH_LOG(WARN) << "data server " << address_
-                     << ": a same-host reader did not release its lease within "
-                     << options_.local_release_timeout_ms << " ms; dropping it";
-      }
-      return false;
-    }
+    Status s = stream.ReadExact(release, sizeof(release),
+                                Deadline::AfterMs(options_.io_stall_timeout_ms),
+                                options_.io_stall_timeout_ms);
+    if (!s.ok()) return false;
     Result<wire::ReleaseOutcome> outcome =
         wire::DecodeRelease(release, sizeof(release));
     if (!outcome.ok()) {
@@ -502,15 +459,40 @@ class TcpServer final : public Server {
     return true;
   }
 
+  // Waits until the same-host reader's release is there to read, at most
+  // local_release_timeout_ms, or revoked_release_ms once the lease's
+  // registration is revoked. False (logged): give the lease up.
+  bool AwaitRelease(Stream& stream, const ServeLease& lease) {
+    Deadline by = Deadline::AfterMs(options_.local_release_timeout_ms);
+    bool cut = false;
+    while (!stream.HasBufferedInput()) {
+      if (!cut && lease.revoked != nullptr && lease.revoked->load()) {
+        cut = true;
+        if (by.remaining_ms() > options_.revoked_release_ms) {
+          by = Deadline::AfterMs(options_.revoked_release_ms);
+        }
+      }
+      if (by.expired()) {
+        TH_LOG(WARN) << "data server " << address_
+                     << ": a same-host reader did not release its lease within "
+                     << (cut ? options_.revoked_release_ms
+                             : options_.local_release_timeout_ms)
+                     << " ms" << (cut ? " of the unpublish" : "")
+                     << "; dropping it";
+        return false;
+      }
+      pollfd p{stream.fd(), POLLIN, 0};
+      const int rc = ::poll(
+          &p, 1, static_cast<int>(std::min<int64_t>(50, by.remaining_ms())));
+      if (rc > 0) return true;
+      if (rc < 0 && errno != EINTR) return false;
+    }
+    return true;
+  }
+
   Status SendError(Stream& stream, const Status& status,
                    const Deadline& deadline) {
-    std::string msg = status.message().substr(0, wire::kMaxMessageBytes);
-    wire::ResponseHeader h;
-    h.status = status.code();
-    h.message_len = static_cast<uint16_t>(msg.size());
-    auto hdr = wire::EncodeResponseHeader(h);
-    iovec iov[2] = {{hdr.data(), hdr.size()}, {msg.data(), msg.size()}};
-    return stream.Write(iov, deadline, options_.io_stall_timeout_ms);
+    return SendRefusal(stream, status, deadline, options_.io_stall_timeout_ms);
   }
 
   const std::string address_;
@@ -572,11 +554,7 @@ class TcpConnection final : public Connection {
       return Unavailable("read from holder " + peer_ + " was cancelled (" +
                          s.message() + ")");
     }
-    if (!s.ok() && s.code() != StatusCode::kNotFound &&
-        s.code() != StatusCode::kAborted &&
-        s.code() != StatusCode::kInvalidArgument &&
-        s.code() != StatusCode::kResourceExhausted &&
-        s.code() != StatusCode::kPermissionDenied) {
+    if (!KeepsConnection(s.code())) {
       broken_ = true;  // the stream position is unknown now
     }
     return s;
@@ -687,23 +665,30 @@ class TcpConnection final : public Connection {
       ~SyncOnExit() { s.Sync(); }
     } sync_on_exit{staging_};
     ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
+    // A failure of this device mid-payload leaves the rest of the payload
+    // unread: whatever its code, the stream is out of step.
+    auto broken = [this](Status s) {
+      Abandon();
+      return s;
+    };
     const uint64_t seg = pool.buffer_bytes();
     for (uint64_t k = 0, off = 0; off < req.length; ++k, off += seg) {
       const uint64_t len = std::min(seg, req.length - off);
       uint8_t* buf = bufs->buffer(k % 2);
       // The copy out of this buffer two segments ago must be done.
-      TH_RETURN_IF_ERROR(staging_[k % 2].Synchronize());
+      if (Status s = staging_[k % 2].Synchronize(); !s.ok()) return broken(s);
       TH_RETURN_IF_ERROR(
           stream_.ReadExact(buf, len, deadline).WithContext("holder " + peer_));
       if (sum != nullptr) hash.Update(buf, len);
-      TH_RETURN_IF_ERROR(
+      Status copied =
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
             return staging_[k % 2].CopyAsync(p, buf + done, l);
-          }));
+          });
+      if (!copied.ok()) return broken(copied);
     }
     for (size_t i = 0; i < 2; ++i)
       TH_RETURN_IF_ERROR(staging_[i].Synchronize());
-    if (sum != nullptr) sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -845,7 +830,7 @@ class TcpConnection final : public Connection {
         hash.Update(p + off, n);
       }
     }
-    sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -872,7 +857,7 @@ class TcpConnection final : public Connection {
         sum != nullptr ? &hash : nullptr, local_->copy());
     if (copied.ok()) {
       TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
-      if (sum != nullptr) sum->value = hash.Digest();
+      SetChecksum(hash, sum);
       last_read_ = ReadInfo{true, hash.update_ns()};
       return Status::Ok();
     }

@@ -1,5 +1,8 @@
 #include "transport/ucx/ucx_transport.h"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
@@ -11,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
@@ -24,7 +28,9 @@
 #include "transport/tcp/acceptor.h"
 #include "transport/tcp/auth.h"
 #include "transport/tcp/cma.h"
+#include "transport/tcp/request_io.h"
 #include "transport/tcp/socket_util.h"
+#include "transport/tcp/stream.h"
 #include "transport/ucx/ucx_reply.h"
 
 namespace tensorhub::transport {
@@ -96,11 +102,19 @@ void RouteUcxLogOnce() {
 // (and by the registrations they made, which must be unmapped in it).
 class Context {
  public:
-  static Result<std::shared_ptr<Context>> Create() {
+  // `device`: the one network device UCX may use ("": UCX's default).
+  static Result<std::shared_ptr<Context>> Create(const std::string& device) {
     RouteUcxLogOnce();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return UcsError(s, "reading the UCX configuration");
+    if (!device.empty()) {
+      s = ucp_config_modify(config, "NET_DEVICES", device.c_str());
+      if (s != UCS_OK) {
+        ucp_config_release(config);
+        return UcsError(s, "limiting UCX to network device " + device);
+      }
+    }
     ucp_params_t p{};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
@@ -366,15 +380,18 @@ class UcxServer final : public Server {
         ctx_(std::move(ctx)),
         secret_(std::move(secret)),
         host_(host),
-        acceptor_(std::move(listener), options.max_connections,
+        acceptor_(std::move(listener), AcceptorLimitsOf(options),
                   "ucx data server " + address_) {
-    acceptor_.Start([this](int fd) { Serve(fd); });
+    acceptor_.Start(
+        [this](int fd, Acceptor::Ticket& ticket) { Serve(fd, ticket); });
   }
   ~UcxServer() override { Stop(); }
 
   std::string address() const override { return address_; }
   uint64_t bytes_served() const override { return bytes_served_.load(); }
-  uint64_t connections_refused() const override { return refused_.load(); }
+  uint64_t connections_refused() const override {
+    return refused_.load() + acceptor_.refused_at_accept();
+  }
 
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
@@ -389,13 +406,23 @@ class UcxServer final : public Server {
   // As in the TCP server, one request's whole life stays in one loop body:
   // the lease (and a per-read mapping) visibly ends at its bottom, after
   // the reader released it, or after the connection was shut down.
-  void Serve(int fd) {
+  void Serve(int fd, Acceptor::Ticket& ticket) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
-    Status auth = ServerHandshake(fd, secret_, Deadline::AfterMs(stall_ms));
+    // The TCP stream of requests, frames and releases (never TLS: a
+    // worker with data-plane TLS does not serve UCX).
+    Stream stream(fd);
+    // Within the short handshake deadline, and holding only an
+    // authenticating slot until it passes (acceptor.h): no UCX worker for
+    // a peer that has not proven the secret.
+    Status auth =
+        ServerHandshake(stream, secret_, nullptr,
+                        Deadline::AfterMs(options_.handshake_timeout_ms),
+                        [&ticket] { return ticket.Admit(); });
     if (!auth.ok()) {
-      TH_LOG(WARN) << "ucx data server " << address_
-                   << ": refused a peer: " << auth.ToString();
-      refused_.fetch_add(1, std::memory_order_relaxed);
+      if (auth.code() != StatusCode::kResourceExhausted) {
+        acceptor_.refusals().Refused(ticket.peer(), auth.ToString());
+        refused_.fetch_add(1, std::memory_order_relaxed);
+      }
       return;
     }
     // This connection's worker; see the class comment for why one per
@@ -432,7 +459,6 @@ class UcxServer final : public Server {
         {hello.data(), hello.size()},
         {const_cast<char*>(worker_address->data()), worker_address->size()}};
     if (!WriteAll(fd, hv, Deadline::AfterMs(stall_ms), stall_ms).ok()) return;
-    uint8_t header[wire::kRequestHeaderBytes];
     while (!stopping_.load()) {
       // Between reads the worker still has work: connecting the reader's
       // endpoint, keepalives.
@@ -441,37 +467,22 @@ class UcxServer final : public Server {
       if (ready.code() == StatusCode::kDeadlineExceeded) continue;
       if (!ready.ok()) return;
       Deadline deadline = Deadline::AfterMs(3600 * 1000);
-      if (!ReadExact(fd, header, sizeof(header), deadline, stall_ms).ok()) {
+      IncomingRequest in;
+      Status bad;
+      const RequestOutcome got =
+          ReadIncomingRequest(stream, deadline, stall_ms, &in, &bad);
+      if (got == RequestOutcome::kGone) return;
+      if (got == RequestOutcome::kOk && (in.local || in.cuda_ipc)) {
+        bad = InvalidArgument(
+            "same-host reads are not offered on a UCX connection");
+      }
+      if (!bad.ok()) {
+        acceptor_.refusals().Refused(ticket.peer(),
+                                     "dropped a reader: " + bad.ToString());
+        (void)SendError(fd, bad, deadline);
         return;
       }
-      wire::ReadRequest req;
-      bool local = false, cuda_ipc = false, strided = false;
-      Result<size_t> model_len = wire::DecodeReadRequestHeader(
-          header, sizeof(header), &req, &local, &cuda_ipc, &strided);
-      if (!model_len.ok() || local || cuda_ipc) {
-        Status why = model_len.ok() ? InvalidArgument(
-                                          "same-host reads are not offered "
-                                          "on a UCX connection")
-                                    : model_len.status();
-        TH_LOG(WARN) << "ucx data server " << address_
-                     << ": dropping peer: " << why.ToString();
-        (void)SendError(fd, why, deadline);
-        return;
-      }
-      req.model.resize(*model_len);
-      if (!ReadExact(fd, req.model.data(), req.model.size(), deadline, stall_ms)
-               .ok()) {
-        return;
-      }
-      if (strided) {
-        uint8_t st[wire::kStrideBytes];
-        if (!ReadExact(fd, st, sizeof(st), deadline, stall_ms).ok()) return;
-        Status bad = wire::DecodeStride(st, sizeof(st), &req);
-        if (!bad.ok()) {
-          (void)SendError(fd, bad, deadline);
-          return;
-        }
-      }
+      const wire::ReadRequest& req = in.req;
       Result<ServeLease> lease = source_->BeginRead(req);
       if (!lease.ok()) {
         if (!SendError(fd, lease.status(), deadline).ok()) return;
@@ -600,13 +611,8 @@ class UcxServer final : public Server {
   }
 
   Status SendError(int fd, const Status& status, const Deadline& deadline) {
-    std::string msg = status.message().substr(0, wire::kMaxMessageBytes);
-    wire::ResponseHeader h;
-    h.status = status.code();
-    h.message_len = static_cast<uint16_t>(msg.size());
-    auto hdr = wire::EncodeResponseHeader(h);
-    iovec iov[2] = {{hdr.data(), hdr.size()}, {msg.data(), msg.size()}};
-    return WriteAll(fd, iov, deadline, options_.io_stall_timeout_ms);
+    Stream stream(fd);
+    return SendRefusal(stream, status, deadline, options_.io_stall_timeout_ms);
   }
 
   const std::string address_;
@@ -622,28 +628,6 @@ class UcxServer final : public Server {
   // Last: its threads run Serve() on the members above.
   Acceptor acceptor_;
 };
-
-// Calls fn(address, length, done) for the runs of `pieces` that make up
-// bytes [offset, offset + n) of their concatenation.
-template <typename Fn>
-Status ForRange(std::span<const iovec> pieces, uint64_t offset, uint64_t n,
-                Fn&& fn) {
-  uint64_t at = 0, done = 0;
-  for (const iovec& v : pieces) {
-    if (done == n) break;
-    const uint64_t end = at + v.iov_len;
-    if (end > offset) {
-      const uint64_t from = std::max(at, offset) - at;
-      const uint64_t len = std::min<uint64_t>(v.iov_len - from, n - done);
-      TH_RETURN_IF_ERROR(
-          fn(static_cast<uint8_t*>(v.iov_base) + from, len, done));
-      done += len;
-    }
-    at = end;
-  }
-  if (done != n) return Internal("range past the end of its pieces");
-  return Status::Ok();
-}
 
 class UcxConnection final : public Connection {
  public:
@@ -718,12 +702,7 @@ class UcxConnection final : public Connection {
       return Unavailable("read from holder " + peer_ + " was cancelled (" +
                          s.message() + ")");
     }
-    if (!s.ok() && s.code() != StatusCode::kNotFound &&
-        s.code() != StatusCode::kAborted &&
-        s.code() != StatusCode::kInvalidArgument &&
-        s.code() != StatusCode::kResourceExhausted &&
-        s.code() != StatusCode::kFailedPrecondition &&
-        s.code() != StatusCode::kPermissionDenied) {
+    if (!KeepsConnection(s.code())) {
       if (!broken_) Abandon();  // the stream position is unknown now
     }
     return s;
@@ -772,7 +751,7 @@ class UcxConnection final : public Connection {
     iovec rv{rel.data(), rel.size()};
     TH_RETURN_IF_ERROR(
         WriteAll(fd_.get(), {&rv, 1}, deadline).WithContext("holder " + peer_));
-    if (sum != nullptr) sum->value = hash.Digest();
+    SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
   }
@@ -951,21 +930,30 @@ class UcxConnection final : public Connection {
                    const std::vector<ucp_rkey_h>& keys, uint64_t length,
                    std::span<const iovec> dest, cuda::PinnedPool::Lease& bufs,
                    const Deadline& deadline, ChunkHash* hash) {
+    // A failure of this device leaves the read unreleased: whatever its
+    // code, the connection is out of step with the holder.
+    auto broken = [this](Status s) {
+      if (!broken_) Abandon();
+      return s;
+    };
     const uint64_t seg = cuda::StagingPool().buffer_bytes();
     for (uint64_t k = 0, off = 0; off < length; ++k, off += seg) {
       const uint64_t len = std::min(seg, length - off);
       uint8_t* buf = bufs.buffer(k % 2);
       // The copy out of this buffer two segments ago must be done.
-      TH_RETURN_IF_ERROR(streams_[k % 2]->Synchronize());
+      if (Status s = streams_[k % 2]->Synchronize(); !s.ok()) return broken(s);
       iovec b{buf, len};
       TH_RETURN_IF_ERROR(Get(reply, keys, off, {&b, 1}, deadline));
       if (hash != nullptr) hash->Update(buf, len);
-      TH_RETURN_IF_ERROR(
+      Status copied =
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
             return streams_[k % 2]->CopyAsync(p, buf + done, l);
-          }));
+          });
+      if (!copied.ok()) return broken(copied);
     }
-    for (auto& s : streams_) TH_RETURN_IF_ERROR(s->Synchronize());
+    for (auto& s : streams_) {
+      if (Status st = s->Synchronize(); !st.ok()) return broken(st);
+    }
     return Status::Ok();
   }
 
@@ -1154,9 +1142,65 @@ class UcxTransport final : public Transport {
 
 bool UcxAvailable() { return true; }
 
+std::string InterfaceOf(const std::string& host) {
+  if (host.empty()) return "";
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICSERV;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string bare = host;
+  if (bare.size() > 2 && bare.front() == '[' && bare.back() == ']') {
+    bare = bare.substr(1, bare.size() - 2);
+  }
+  if (::getaddrinfo(bare.c_str(), nullptr, &hints, &res) != 0) return "";
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) {
+    ::freeaddrinfo(res);
+    return "";
+  }
+  std::string found;
+  for (addrinfo* a = res; a != nullptr && found.empty(); a = a->ai_next) {
+    for (ifaddrs* i = ifs; i != nullptr && found.empty(); i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != a->ai_family) {
+        continue;
+      }
+      if (a->ai_family == AF_INET &&
+          reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr.s_addr ==
+              reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr) {
+        found = i->ifa_name;
+      } else if (a->ai_family == AF_INET6 &&
+                 std::memcmp(
+                     &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr,
+                     &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                     sizeof(in6_addr)) == 0) {
+        found = i->ifa_name;
+      }
+    }
+  }
+  ::freeifaddrs(ifs);
+  ::freeaddrinfo(res);
+  return found;
+}
+
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options) {
-  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create());
+  // UCX's workers listen on every device it may use (its tcp wire): only
+  // the data plane's, unless the user chose (UCX_NET_DEVICES).
+  std::string device;
+  const char* chosen = std::getenv("UCX_NET_DEVICES");
+  if (chosen == nullptr || *chosen == '\0') {
+    device = InterfaceOf(options.listen_host);
+    const bool wildcard =
+        options.listen_host.empty() || options.listen_host == "0.0.0.0" ||
+        options.listen_host == "::" || options.listen_host == "[::]";
+    if (device.empty() && !wildcard) {
+      TH_LOG(WARN) << "ucx: no network interface of this machine holds "
+                   << options.listen_host
+                   << " (the data plane's address): UCX may use every "
+                      "interface; set UCX_NET_DEVICES to limit it";
+    }
+  }
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create(device));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(ctx), options));
 }
 

@@ -52,7 +52,19 @@ struct UcxTransportOptions {
   // (docs/design.md, UCX data plane). What giving up on a holder that does
   // not answer at all costs a reader.
   int64_t give_up_linger_ms = 200;
+  // The data plane's host (ClientOptions::data_listen_address without the
+  // port). UCX's network devices are limited to the interface that holds
+  // this address (as UCX_NET_DEVICES would), so that no UCX worker of this
+  // process listens on another network (docs/security.md, "What a UCX peer
+  // can reach"). Empty, or a wildcard (0.0.0.0, ::): every interface, as
+  // the data plane itself. An explicit UCX_NET_DEVICES wins.
+  std::string listen_host;
 };
+
+// The network interface ("lo", "eth0") that holds `host` (an IP address or
+// a name resolved to one); empty for a wildcard or an address no interface
+// of this machine holds.
+std::string InterfaceOf(const std::string& host);
 
 // Whether this build has the UCX transport (TH_UCX).
 bool UcxAvailable();

@@ -13,10 +13,16 @@
 // UCX_TLS=tcp; sm,self; cma,posix,self; posix,sysv,self.
 #include "transport/ucx/ucx_transport.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -704,6 +710,96 @@ TEST(UcxHelloTest, CarriesTheHoldersHostIdentity) {
   EXPECT_NE(to_tcp.status().message().find("read it over tcp"),
             std::string::npos)
       << to_tcp.status().ToString();
+}
+
+// Every listening TCP socket of this process, as "ADDRESS:PORT".
+std::vector<std::string> ListeningSockets() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        !listening) {
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    char host[INET6_ADDRSTRLEN] = {0};
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+      ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+      port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+      ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+      port = ntohs(a->sin6_port);
+    } else {
+      continue;
+    }
+    out.push_back(std::string(host) + ":" + std::to_string(port));
+  }
+  ::closedir(d);
+  return out;
+}
+
+bool HasNonLoopbackInterface() {
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr != nullptr && i->ifa_addr->sa_family == AF_INET &&
+        (i->ifa_flags & IFF_UP) && !(i->ifa_flags & IFF_LOOPBACK)) {
+      found = true;
+    }
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+// Issue 27, finding 5: with the data plane on loopback, the UCX worker of a
+// reader's connection listened on the machine's external address too. Now
+// UCX is limited to the data plane's interface: while a reader's
+// connection is open (holder and reader in this process), nothing of this
+// process listens anywhere else.
+TEST(UcxListenTest, WorkersListenOnlyOnTheDataPlanesInterface) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  if (!HasNonLoopbackInterface()) {
+    GTEST_SKIP() << "no interface but loopback here: nothing to tell apart";
+  }
+  EXPECT_EQ(InterfaceOf("127.0.0.1"), "lo");
+  EXPECT_EQ(InterfaceOf("0.0.0.0"), "");
+  UcxTransportOptions o;
+  o.listen_host = "127.0.0.1";
+  Result<std::unique_ptr<Transport>> holder = MakeUcxTransport(o);
+  Result<std::unique_ptr<Transport>> reader = MakeUcxTransport(o);
+  ASSERT_TRUE(holder.ok() && reader.ok());
+  TestSource source(1 << 20);
+  Result<std::unique_ptr<Server>> server =
+      (*holder)->Listen("127.0.0.1:0", &source, {});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Result<std::unique_ptr<Connection>> c =
+      (*reader)->Connect((*server)->address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> out(4096);
+  iovec v{out.data(), out.size()};
+  ASSERT_TRUE(
+      (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs))
+          .ok());
+  std::string all;
+  for (const std::string& l : ListeningSockets()) {
+    all += l + " ";
+    EXPECT_TRUE(l.rfind("127.", 0) == 0 || l.rfind("::1:", 0) == 0)
+        << "listening on " << l;
+  }
+  std::printf("listening during a UCX read (UCX_TLS=%s): %s\n",
+              std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "(unset)",
+              all.c_str());
 }
 
 // A new connection from `t` to `address` reads 4 KiB of the test source.
