@@ -1842,15 +1842,6 @@ class ReferenceScheduler {
     }
     return true;
   }
-  void Release(const WorkerId& reader) {
-    auto it = assignments_.find(reader);
-    if (it == assignments_.end()) return;
-    for (const WorkerId& src : it->second) {
-      auto s = serving_.find(src);
-      if (s != serving_.end() && --s->second <= 0) serving_.erase(s);
-    }
-    assignments_.erase(it);
-  }
   // Every chunk held by a complete holder: a full one, or the trainer ranks'
   // parts (rank r holds chunks [base[r], base[r + 1])); or, for a part
   // no rank holds, every byte of it by holders of slices.
