@@ -1532,7 +1532,10 @@ class HubState::RackPlanner {
     if (rack_has_usable && own_ != nullptr) {
       if (std::optional<WorkerId> h = TakeExit(in, follower)) {
         std::vector<WorkerId> chosen = {*h};
-        in.CoverMissingParts(&chosen);
+        // The move refiled two holders, which may have erased groups that
+        // `in`'s levels point at: cover the parts with a picker made now.
+        Picker moved(hub_, v_, reader_, exclude_, OrderFor(follower), false);
+        moved.CoverMissingParts(&chosen);
         Place(follower);
         return chosen;
       }
