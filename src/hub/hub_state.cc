@@ -1308,8 +1308,7 @@ class HubState::Picker {
   Picker(const HubState& hub, const VersionEntry& v, const WorkerId& reader,
          const std::set<WorkerId>& exclude, uint64_t reader_order,
          bool nearest_first)
-      : hub_(hub),
-        v_(v),
+      : v_(v),
         reader_(reader),
         exclude_(exclude),
         reader_order_(reader_order),
@@ -1479,7 +1478,6 @@ class HubState::Picker {
             nullptr};
   }
 
-  const HubState& hub_;
   const VersionEntry& v_;
   const WorkerId& reader_;
   const std::set<WorkerId>& exclude_;
