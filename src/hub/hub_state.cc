@@ -1497,8 +1497,7 @@ class HubState::Picker {
   Picker(const HubState& hub, const VersionEntry& v, const WorkerId& reader,
          const std::set<WorkerId>& exclude, uint64_t reader_order,
          bool nearest_first)
-      : hub_(hub),
-        v_(v),
+      : v_(v),
         reader_(reader),
         exclude_(exclude),
         reader_order_(reader_order),
@@ -1668,7 +1667,6 @@ class HubState::Picker {
             nullptr};
   }
 
-  const HubState& hub_;
   const VersionEntry& v_;
   const WorkerId& reader_;
   const std::set<WorkerId>& exclude_;
@@ -1721,7 +1719,10 @@ class HubState::RackPlanner {
     if (rack_has_usable && own_ != nullptr) {
       if (std::optional<WorkerId> h = TakeExit(in, follower)) {
         std::vector<WorkerId> chosen = {*h};
-        in.CoverMissingParts(&chosen);
+        // The move refiled two holders, which may have erased groups that
+        // `in`'s levels point at: cover the parts with a picker made now.
+        Picker moved(hub_, v_, reader_, exclude_, OrderFor(follower), false);
+        moved.CoverMissingParts(&chosen);
         Place(follower);
         return chosen;
       }

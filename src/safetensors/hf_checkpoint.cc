@@ -109,12 +109,17 @@ bool EndsWith(const std::string& s, std::string_view suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// A name the reader writes into its output directory: one plain file name.
+// A backslash is refused too: not a separator here, but one on the systems
+// a checkpoint directory may be copied to.
 Status CheckName(std::string_view name) {
   if (name.empty() || name.size() > 255 || name == "." || name == ".." ||
-      name.find_first_of(std::string_view("/\t\n\0", 4)) !=
+      name.find_first_of(std::string_view("/\\\t\n\0", 5)) !=
           std::string_view::npos) {
-    return InvalidArgument("hf checkpoint: bad file name '" +
-                           std::string(name) + "'");
+    return InvalidArgument(
+        "hf checkpoint: bad file name '" + std::string(name) +
+        "' (empty, '.', '..', over 255 bytes, or holding '/', "
+        "'\\', a tab, a newline or NUL)");
   }
   return Status();
 }

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "safetensors/hf_checkpoint.h"
+
 namespace tensorhub {
 namespace {
 
@@ -541,6 +543,28 @@ TEST_F(SafetensorsFileTest, OpenErrors) {
   EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(g.status().message().find("missing shape"), std::string::npos)
       << g.status().message();
+}
+
+// The HF checkpoint metadata a reader gets names the files it writes into
+// its output directory: a name that is not one plain file name is refused
+// (the fuzz target found a backslash let through).
+TEST(HfCheckpointTest, ANameThatIsNotOnePlainFileNameIsRefused) {
+  auto decode_with = [](const std::string& shard, const std::string& file) {
+    HfCheckpoint c;
+    c.shards.push_back({shard, "{}", 0});
+    c.files.push_back({file, "{}"});
+    return DecodeHfCheckpoint(EncodeHfCheckpoint(c));
+  };
+  Result<HfCheckpoint> good = decode_with("model.safetensors", "config.json");
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  for (const std::string name : {"a/b", "a\\b", "..", ".", ""}) {
+    EXPECT_EQ(decode_with(name, "config.json").status().code(),
+              StatusCode::kInvalidArgument)
+        << name;
+    EXPECT_EQ(decode_with("model.safetensors", name).status().code(),
+              StatusCode::kInvalidArgument)
+        << name;
+  }
 }
 
 }  // namespace

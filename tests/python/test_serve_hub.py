@@ -34,7 +34,8 @@ def test_oversubscribed_racks_reaches_the_hub(caplog):
     err = "\n".join(lines)
     assert f"hub listening on {hub.address}" in err
     assert len(lines) == 2, err
-    assert "racks oversubscribed: sources nearest first" in lines[0], lines[0]
+    # The boolean form means uplinks at 4:1 (tensorhub serve --rack-oversubscription).
+    assert "rack uplinks oversubscribed 4:1: rack-aware pipelines" in lines[0], lines[0]
     assert "sources idle first within a datacenter" in lines[1], lines[1]
     assert hub2.address in lines[1]
 
