@@ -251,11 +251,17 @@ class PyClient {
       sd["chunks"] = src.chunks;
       sd["was_filling"] = src.was_filling;
       sd["transport"] = src.transport;
+      sd["delta_bytes"] = src.delta_bytes;
+      sd["delta_wire_bytes"] = src.delta_wire_bytes;
       sources.append(std::move(sd));
     }
     d["sources"] = std::move(sources);
     d["manifest_source"] = st.manifest_source;
     d["manifest_bytes"] = st.manifest_bytes;
+    d["delta_base"] = st.delta_base.value();
+    d["bytes_from_delta"] = st.bytes_from_delta;
+    d["delta_wire_bytes"] = st.delta_wire_bytes;
+    d["delta_chunks_read_whole"] = st.delta_chunks_read_whole;
     return d;
   }
 
@@ -500,7 +506,20 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("data_tls", &ClientOptions::data_tls)
       .def_readwrite("insecure", &ClientOptions::insecure)
       .def_readwrite("leave_timeout_ms", &ClientOptions::leave_timeout_ms)
-      .def_readwrite("metrics_listen", &ClientOptions::metrics_listen);
+      .def_readwrite("metrics_listen", &ClientOptions::metrics_listen)
+      .def_readwrite("deltas", &ClientOptions::deltas);
+
+  py::class_<DeltaOptions>(m, "DeltaOptions")
+      .def(py::init<>())
+      .def_readwrite("serve", &DeltaOptions::serve)
+      .def_readwrite("read", &DeltaOptions::read)
+      .def_readwrite("datacenter_link_bytes_per_s",
+                     &DeltaOptions::datacenter_link_bytes_per_s)
+      .def_readwrite("wide_area_link_bytes_per_s",
+                     &DeltaOptions::wide_area_link_bytes_per_s)
+      .def_readwrite("apply_bytes_per_s", &DeltaOptions::apply_bytes_per_s)
+      .def_readwrite("max_memory_bytes", &DeltaOptions::max_memory_bytes)
+      .def_readwrite("wait_ms", &DeltaOptions::wait_ms);
 
   py::class_<PublishOptions>(m, "PublishOptions")
       .def(py::init<>())

@@ -145,7 +145,7 @@ class FetchStats:
     tls_connections: int = 0
     kernel_tls_connections: int = 0
     #: Per holder read from: {"worker", "address", "bytes", "chunks", "was_filling",
-    #: "transport"} (was_filling: it was itself still receiving the version when
+    #: "transport", "delta_bytes", "delta_wire_bytes"} (was_filling: it was itself still receiving the version when
     #: chosen; transport: "tcp" or "ucx").
     sources: List[Dict[str, Any]] = field(default_factory=list)
     # The stages of the fetch, one after the other: they add up to
@@ -163,6 +163,16 @@ class FetchStats:
     #: it), and the manifest's size. Not counted in ``bytes``.
     manifest_source: str = ""
     manifest_bytes: int = 0
+    #: Deltas (docs/design.md, "Deltas on slow links"): the version held
+    #: here they were applied to (0: none), the bytes of ``bytes`` rebuilt
+    #: from deltas, the delta bytes read for them (indexes included), and the
+    #: chunks whose delta did not check out (or whose base was gone) and were
+    #: read whole. Per source, ``sources`` has "delta_bytes" and
+    #: "delta_wire_bytes".
+    delta_base: int = 0
+    bytes_from_delta: int = 0
+    delta_wire_bytes: int = 0
+    delta_chunks_read_whole: int = 0
 
     #: Stage names, in order (the metric's ``stage`` label values).
     STAGES = ("resolve", "schedule", "first_byte", "transfer", "verify", "register")
@@ -632,6 +642,10 @@ class Client:
             bytes_same_host=int(stats["bytes_same_host"]),
             manifest_source=str(stats.get("manifest_source", "")),
             manifest_bytes=int(stats.get("manifest_bytes", 0)),
+            delta_base=int(stats.get("delta_base", 0)),
+            bytes_from_delta=int(stats.get("bytes_from_delta", 0)),
+            delta_wire_bytes=int(stats.get("delta_wire_bytes", 0)),
+            delta_chunks_read_whole=int(stats.get("delta_chunks_read_whole", 0)),
         )
 
     def _drop(self, model: str, version: int, only: Optional[_Held] = None) -> None:
@@ -869,7 +883,41 @@ _OPTION_DEFAULTS: Dict[str, Any] = {
     "max_serving_connections": 256,
     "secret": None,
     "leave_timeout": 10.0,
+    "deltas": None,
 }
+# connect(deltas={...}): the keys of ClientOptions::deltas
+# (tensorhub/client.h, DeltaOptions), "wait" in seconds.
+_DELTA_KEYS = ("serve", "read", "datacenter_link_bytes_per_s", "wide_area_link_bytes_per_s",
+               "apply_bytes_per_s", "max_memory_bytes", "wait")
+
+
+def _deltas(value: Any, into: Any) -> None:
+    """Fills the core's DeltaOptions `into` from connect()'s ``deltas``."""
+    if value is None:
+        return
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"deltas must be a dict with keys {list(_DELTA_KEYS)}, not {value!r}")
+    bad = set(value) - set(_DELTA_KEYS)
+    if bad:
+        raise InvalidArgumentError(f"unknown deltas keys {sorted(bad)}; use {list(_DELTA_KEYS)}")
+    for k in ("serve", "read"):
+        if k in value:
+            setattr(into, k, _flag(value[k], f"deltas[{k!r}]"))
+    for k in ("datacenter_link_bytes_per_s", "wide_area_link_bytes_per_s", "apply_bytes_per_s"):
+        if k in value:
+            v = value[k]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InvalidArgumentError(f"deltas[{k!r}] must be a number of bytes per second > 0, not {v!r}")
+            setattr(into, k, float(v))
+    if "max_memory_bytes" in value:
+        v = value["max_memory_bytes"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise InvalidArgumentError(f"deltas['max_memory_bytes'] must be an int >= 0, not {v!r}")
+        into.max_memory_bytes = v
+    if "wait" in value:
+        into.wait_ms = _ms(value["wait"], 5.0, "deltas['wait']")
+
+
 _SETTINGS = ("data_listen", "advertise_host", "metrics_listen", "tls_ca", "tls_cert", "tls_key",
              "tls_server_name", "data_tls", "insecure", "secret_file", "datacenter", "rack",
              "host_label")
@@ -929,6 +977,15 @@ def connect(
             ``insecure`` (False: accept a non-loopback ``data_listen`` with
             neither a secret nor ``data_tls``, on a private test network;
             without it such a worker is refused).
+            ``deltas`` (None: the defaults of DeltaOptions in
+            tensorhub/client.h, deltas served and read): a dict with any of
+            ``serve`` and ``read`` (bools), ``datacenter_link_bytes_per_s``
+            and ``wide_area_link_bytes_per_s`` (the links the delta/full
+            choice assumes, default 10 Gbit/s and 1 Gbit/s),
+            ``apply_bytes_per_s`` (1e9), ``max_memory_bytes`` (the deltas
+            this worker keeps to serve, 1 GiB) and ``wait`` (seconds a
+            reader behind a slow link waits for a delta being computed, 5);
+            see docs/design.md, "Deltas on slow links".
 
     Raises:
         UnavailableError, DeadlineExceededError: the hub did not answer
@@ -1004,4 +1061,5 @@ def _connect_core(s: Any, worker_id: Optional[str], reliable: bool, opts: Dict[s
     o.tls_server_name = s.tls_server_name
     o.data_tls = s.data_tls
     o.insecure = s.insecure
+    _deltas(opts["deltas"], o.deltas)
     return _core.Client.connect(o)
