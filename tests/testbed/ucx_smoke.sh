@@ -71,7 +71,7 @@ start() {  # name, host, UCX_TLS, [one more VAR=VALUE]
   local id="$name.$spawned"
   mkfifo "$work/$id.in" "$work/$id.out"
   ip netns exec "$prefix-h$host" env TENSORHUB_LOG=warn TENSORHUB_TRANSPORTS=ucx,tcp \
-    UCX_TLS="$tls" "$extra" "$BIN" _chaos-worker --hub "$hub" \
+    TENSORHUB_UCX_EMULATED_GETS=allow UCX_TLS="$tls" "$extra" "$BIN" _chaos-worker --hub "$hub" \
     --bytes "$bytes" --chunk-bytes 1048576 --name "$name" --data-listen "${ips[$host]}:0" \
     < "$work/$id.in" > "$work/$id.out" &
   pids+=($!)
