@@ -1217,17 +1217,19 @@ namespace {
 
 // The context a transport runs on (ucx_wires.h). Without emulated gets
 // allowed, a context whose wires all have their gets checked: UCX_TLS's
-// where it names such wires, else (UCX_TLS unset) UCX limited to its RDMA
-// wires. Such a context is not limited to the data plane's network device:
-// RDMA devices have names of their own ("mlx5_0:1", not the "ib0" or
+// where it names such wires, else (UCX_TLS unset or "all") UCX limited to
+// its RDMA wires. Such a context is not limited to the data plane's network
+// device: RDMA devices have names of their own ("mlx5_0:1", not the "ib0" or
 // "eth2" that holds the address), and none of these wires listens on a
 // socket. Failing that, the refusal, naming what UCX would have used here.
 // With emulated gets allowed, UCX's own choice, said once per process.
 Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
                                              bool allow_emulated_gets) {
   if (!allow_emulated_gets) {
+    // "all" is UCX's default.
     const char* tls = std::getenv("UCX_TLS");
-    const bool tls_chosen = tls != nullptr && *tls != '\0';
+    const bool tls_chosen =
+        tls != nullptr && *tls != '\0' && std::string_view(tls) != "all";
     Result<std::shared_ptr<Context>> checked = Context::Create(
         "", tls_chosen ? "" : ucx::kRdmaWires, /*quiet=*/!tls_chosen);
     if (checked.ok()) {

@@ -29,9 +29,9 @@ namespace tensorhub::transport::ucx {
 // UCX emulates; unset, empty or "refuse" does not.
 inline constexpr char kEmulatedGetsEnv[] = "TENSORHUB_UCX_EMULATED_GETS";
 
-// The wires a context is limited to by default where UCX_TLS is unset: UCX's
-// names for RDMA over InfiniBand/RoCE (rc: rc_verbs and rc_mlx5, with ud
-// only for the connection set-up; dc: dc_mlx5).
+// The wires a context is limited to by default where UCX_TLS is unset (or
+// "all"): UCX's names for RDMA over InfiniBand/RoCE (rc: rc_verbs and rc_mlx5,
+// with ud only for the connection set-up; dc: dc_mlx5).
 inline constexpr char kRdmaWires[] = "rc,dc";
 
 // One transport resource of a UCX context ("tcp" on device "lo").
