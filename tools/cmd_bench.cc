@@ -963,7 +963,8 @@ void AddBenchCommands(CommandLine& cl) {
           "ucx",
           "the same over the UCX data plane, beside UCX's ucx_perftest "
           "(ucp_get and tag_bw of the same bytes, the same UCX_TLS) and "
-          "memcpy",
+          "memcpy; over whatever wires UCX has here "
+          "(TENSORHUB_UCX_EMULATED_GETS=allow unless set to refuse)",
           [ucx] { return RunBenchUcx(*ucx); }, bench),
       ucx.get());
   auto h = std::make_shared<HolderFlags>();
