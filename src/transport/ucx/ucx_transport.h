@@ -23,7 +23,9 @@
 //    (force), so no byte lands in the destination after Read returned.
 //
 // UCX picks the wire itself (UCX_TLS: rc/dc verbs, tcp, posix/sysv shared
-// memory, cma); this transport is the same on all of them.
+// memory, cma); this transport is the same on all of them, but by default
+// runs only where they are all RDMA wires, whose gets the NIC checks
+// (ucx_wires.h; UcxTransportOptions::allow_emulated_gets).
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
