@@ -330,6 +330,41 @@ void AddWorkerFlags(CLI::App* command, WorkerFlags* flags) {
                  "a secret nor --data-tls (a private test network); without "
                  "it such a worker refuses to start")
       ->envname("TENSORHUB_INSECURE");
+  // Deltas (docs/design.md, "Deltas on slow links"; DeltaOptions in
+  // tensorhub/client.h).
+  command->add_flag_callback(
+      "--no-deltas",
+      [&o] {
+        o.deltas.serve = false;
+        o.deltas.read = false;
+      },
+      "neither compute nor read deltas: every version travels whole (by "
+      "default a worker holding an older version reads a new one across a "
+      "slow link as what changed)");
+  command
+      ->add_option_function<double>(
+          "--wide-area-mbit",
+          [&o](double mbit) {
+            o.deltas.wide_area_link_bytes_per_s = mbit * 1e6 / 8;
+          },
+          "the link to another datacenter as the delta/full choice assumes "
+          "it, Mbit/s (default 1000): a delta is read where it wins over "
+          "the version whole after the cost of applying it")
+      ->check(CLI::PositiveNumber)
+      ->type_name("MBIT");
+  command
+      ->add_option_function<double>(
+          "--datacenter-mbit",
+          [&o](double mbit) {
+            o.deltas.datacenter_link_bytes_per_s = mbit * 1e6 / 8;
+          },
+          "the link inside this worker's datacenter as the choice assumes "
+          "it, Mbit/s (default 10000)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("MBIT");
+  AddBytesOption(command, "--delta-memory", &o.deltas.max_memory_bytes, "1GiB",
+                 "the deltas this worker keeps to serve, in all; one that "
+                 "does not fit is not made");
 }
 
 Result<std::string> ReadSecret(const std::string& secret_file) {

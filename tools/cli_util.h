@@ -101,7 +101,9 @@ struct WorkerFlags {
 void AddHubFlags(CLI::App* command, WorkerFlags* flags);
 // AddHubFlags' flags plus who this worker is, where its data plane listens
 // and its metrics endpoint: --name, --datacenter, --rack, --host-label,
-// --spot, --data-listen, --advertise-host, --metrics-listen, and --data-tls.
+// --spot, --data-listen, --advertise-host, --metrics-listen, --data-tls,
+// --insecure, and deltas: --no-deltas, --wide-area-mbit, --datacenter-mbit,
+// --delta-memory.
 void AddWorkerFlags(CLI::App* command, WorkerFlags* flags);
 // The options the flags give, with the secret read. A worker (AddWorkerFlags)
 // told no data-plane address whose hub is not on loopback listens on the

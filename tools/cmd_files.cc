@@ -359,16 +359,20 @@ Status WriteStatsJson(const std::string& path, const std::string& model,
     std::snprintf(num, sizeof(num), "%.6f", s);
     return std::string(num);
   };
-  std::string j = "{\"model\": " + JsonString(model) +
-                  ", \"version\": " + std::to_string(st.version.value()) +
-                  ", \"worker\": " + JsonString(client.id().value()) +
-                  ", \"data_address\": " + JsonString(client.data_address()) +
-                  ", \"bytes\": " + std::to_string(st.bytes) +
-                  ", \"seconds\": " + seconds(st.seconds) +
-                  ", \"resolve_seconds\": " + seconds(st.resolve_seconds) +
-                  ", \"chunk_retries\": " + std::to_string(st.chunk_retries) +
-                  ", \"chunks_stolen\": " + std::to_string(st.chunks_stolen) +
-                  ", \"sources\": [";
+  std::string j =
+      "{\"model\": " + JsonString(model) +
+      ", \"version\": " + std::to_string(st.version.value()) +
+      ", \"worker\": " + JsonString(client.id().value()) +
+      ", \"data_address\": " + JsonString(client.data_address()) +
+      ", \"bytes\": " + std::to_string(st.bytes) +
+      ", \"seconds\": " + seconds(st.seconds) +
+      ", \"resolve_seconds\": " + seconds(st.resolve_seconds) +
+      ", \"chunk_retries\": " + std::to_string(st.chunk_retries) +
+      ", \"chunks_stolen\": " + std::to_string(st.chunks_stolen) +
+      ", \"delta_base\": " + std::to_string(st.delta_base.value()) +
+      ", \"bytes_from_delta\": " + std::to_string(st.bytes_from_delta) +
+      ", \"delta_wire_bytes\": " + std::to_string(st.delta_wire_bytes) +
+      ", \"sources\": [";
   for (size_t i = 0; i < st.sources.size(); ++i) {
     const FetchSourceStats& s = st.sources[i];
     j += std::string(i ? ", " : "") +
@@ -376,7 +380,8 @@ Status WriteStatsJson(const std::string& path, const std::string& model,
          ", \"address\": " + JsonString(s.address) +
          ", \"bytes\": " + std::to_string(s.bytes) +
          ", \"chunks\": " + std::to_string(s.chunks) +
-         ", \"was_filling\": " + (s.was_filling ? "true" : "false") + "}";
+         ", \"was_filling\": " + (s.was_filling ? "true" : "false") +
+         ", \"delta_bytes\": " + std::to_string(s.delta_bytes) + "}";
   }
   j += "]}\n";
   return WriteFileAtomically(path, j).WithContext("--stats-json");

@@ -61,7 +61,6 @@ struct RoleFlags {
   uint64_t seed = 1;
   uint64_t chunk_bytes = 4ull << 20;
   int connections = 4;
-  bool no_deltas = false;
 };
 
 // One version's buffer: `elements` bf16 weights cut into tensors of at most
@@ -90,10 +89,8 @@ class Buffer {
 };
 
 Result<ClientOptions> RoleOptions(const RoleFlags& f) {
-  TH_ASSIGN_OR_RETURN(ClientOptions o, ClientOptionsFrom(f.worker));
-  o.deltas.serve = !f.no_deltas;
-  o.deltas.read = !f.no_deltas;
-  return o;
+  // --no-deltas (a worker flag) turns serving and reading deltas off.
+  return ClientOptionsFrom(f.worker);
 }
 
 int RunTrainer(const RoleFlags& f) {
@@ -412,7 +409,6 @@ void AddBenchDeltaWanCommands(CommandLine& cl, CLI::App* bench) {
     c->add_option("--seed", f->seed);
     c->add_option("--chunk-bytes", f->chunk_bytes);
     c->add_option("--connections", f->connections);
-    c->add_flag("--no-deltas", f->no_deltas);
   }
   auto f = std::make_shared<WanFlags>();
   CLI::App* c = cl.Add(

@@ -47,15 +47,28 @@ void DeltaMaker::Offer(const std::string& model, Version version) {
     }
   }
   if (!base.has_value()) return;
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return;
+    if (queue_.size() >= kMaxQueued) {
+      TH_LOG(INFO) << "delta of " << VersionName(model, version) << ": "
+                   << kMaxQueued
+                   << " deltas wait to be made already; it travels whole";
+      return;
+    }
+  }
+  Job job{model, std::move(*v), std::move(*base)};
+  // Claimed before the caller (a Publish, a fetch) returns: a reader that
+  // starts after that sees the delta pending at the hub and may wait for it
+  // rather than read the version whole across a slow link.
+  if (!Claim(job)) return;
   MutexLock lock(mu_);
-  if (stopping_) return;
-  if (queue_.size() >= kMaxQueued) {
-    TH_LOG(INFO) << "delta of " << VersionName(model, version) << ": "
-                 << kMaxQueued
-                 << " deltas wait to be made already; it travels whole";
+  if (stopping_ || queue_.size() >= kMaxQueued) {
+    lock.Unlock();
+    Drop(job);
     return;
   }
-  queue_.push_back(Job{model, std::move(*v), std::move(*base)});
+  queue_.push_back(std::move(job));
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   cv_.notify_all();
 }
@@ -92,24 +105,28 @@ void DeltaMaker::Drop(const Job& job) {
   if (!r.ok()) TH_LOG(DEBUG) << "drop delta: " << r.status().ToString();
 }
 
+bool DeltaMaker::Claim(const Job& job) {
+  Result<bool> claim =
+      hub_.ReportDelta(membership_.id(), job.model, job.version.holding.version,
+                       job.base.holding.version, DeltaAction::kClaim, 0,
+                       options_.rpc_timeout_ms);
+  if (!claim.ok()) {
+    // A hub without deltas, or one that cannot be reached now: the version
+    // travels whole.
+    TH_LOG(DEBUG) << "delta of "
+                  << VersionName(job.model, job.version.holding.version) << ": "
+                  << claim.status().ToString();
+    return false;
+  }
+  if (!*claim) ++refused_;  // another worker has it
+  return *claim;
+}
+
 void DeltaMaker::Make(Job& job) {
   const Version version = job.version.holding.version;
   const Version base = job.base.holding.version;
   const std::string what = "delta of " + VersionName(job.model, version) +
                            " from " + std::to_string(base.value());
-  Result<bool> claim =
-      hub_.ReportDelta(membership_.id(), job.model, version, base,
-                       DeltaAction::kClaim, 0, options_.rpc_timeout_ms);
-  if (!claim.ok()) {
-    // A hub without deltas, or one that cannot be reached now: the version
-    // travels whole.
-    TH_LOG(DEBUG) << what << ": " << claim.status().ToString();
-    return;
-  }
-  if (!*claim) {
-    ++refused_;
-    return;  // another worker has it
-  }
   if (registry_.delta_bytes() >= options_.deltas.max_memory_bytes) {
     TH_LOG(INFO) << what << ": the deltas served here fill max_memory_bytes ("
                  << options_.deltas.max_memory_bytes << "); not made";

@@ -50,10 +50,11 @@ class DeltaMaker {
   DeltaMaker& operator=(const DeltaMaker&) = delete;
 
   // `model@version` is held whole here now. Finds the newest older version
-  // held whole here with the same chunks (host memory both), pins the two
-  // and queues the claim and the computation. Does nothing when deltas are
-  // not served (DeltaOptions::serve), there is no such base, or the unit
-  // stopped.
+  // held whole here with the same chunks (host memory both), pins the two,
+  // claims the delta at the hub (one call, before it returns: readers that
+  // start later see it pending) and, if granted, queues its computation. Does
+  // nothing when deltas are not served (DeltaOptions::serve), there is no such
+  // base, or the unit stopped.
   void Offer(const std::string& model, Version version);
   // Ends the thread: queued offers are dropped, a computation running ends
   // first. Idempotent.
@@ -73,6 +74,8 @@ class DeltaMaker {
     WholeCopy base;
   };
   void Loop();
+  // Asks the hub to make this delta here; false if refused or unanswered.
+  bool Claim(const Job& job);
   void Make(Job& job);
   // Tells the hub this worker will not serve that delta after all.
   void Drop(const Job& job);

@@ -30,7 +30,7 @@ needs_lab = pytest.mark.skipif(not built(LAB), reason=f"lab binary {LAB} not bui
 
 HUB = ["--hub", "--secret-file"]
 WORKER = HUB + ["--name", "--datacenter", "--rack", "--host-label", "--spot", "--data-listen", "--advertise-host",
-                "--metrics-listen"]
+                "--metrics-listen", "--no-deltas", "--wide-area-mbit", "--datacenter-mbit", "--delta-memory"]
 
 # Each command and the flags its help must list.
 CLI_COMMANDS = {
@@ -151,6 +151,8 @@ def test_lab_top_level_help():
     (["fetch", "m@1", "-o", "x", "--connections", "many"], ["--connections"]),
     (["fetch", "m@1", "-o", "x", "--step", "3"], ["--step", "--group"]),
     (["fetch", "m@1"], ["--output"]),
+    (["fetch", "m@1", "-o", "x", "--wide-area-mbit", "0"], ["--wide-area-mbit"]),
+    (["fetch", "m@1", "-o", "x", "--delta-memory", "lots"], ["--delta-memory"]),
     (["publish", "f.safetensors", "--model", "m"], ["--version"]),
     (["publish", "f.safetensors", "--model", "m", "--version", "0"], ["--version"]),
     (["publish", "f.safetensors", "--model", "m", "--version", "1", "--chunk-bytes", "4QB"], ["--chunk-bytes"]),

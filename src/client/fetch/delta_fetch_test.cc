@@ -20,6 +20,7 @@
 
 #include "client/client_deps.h"
 #include "client/delta_maker.h"
+#include "client/fetch/fetcher.h"
 #include "client/in_memory_hub.h"
 #include "common/clock.h"
 #include "common/test_point.h"
@@ -38,7 +39,7 @@ using Bytes = std::vector<uint8_t>;
 
 constexpr char kModel[] = "m";
 constexpr uint64_t kChunkBytes = 4 * kMinChunkBytes;  // 16 KiB
-constexpr uint64_t kWeights = 64 * 1024;              // bf16: 8 chunks
+constexpr uint64_t kWeights = 256 * 1024;             // bf16: 32 chunks
 
 class SharedTransport final : public transport::Transport {
  public:
@@ -109,7 +110,7 @@ class DeltaFetchTest : public ::testing::Test {
 
   void Publish(Client& c, uint64_t version, Weights& w) {
     PublishOptions po;
-    po.chunk_bytes = kChunkBytes;
+    po.chunk_bytes = chunk_bytes_;
     ASSERT_TRUE(c.Publish(kModel, Version(version), w.Refs(), po).ok());
   }
 
@@ -150,10 +151,11 @@ class DeltaFetchTest : public ::testing::Test {
   }
 
   uint64_t Chunks() const {
-    return (v2_.bytes() + kChunkBytes - 1) / kChunkBytes;
+    return (v2_.bytes() + chunk_bytes_ - 1) / chunk_bytes_;
   }
   void ExpectCorruptNeverTaken(FaultWhere where, uint32_t part);
 
+  uint64_t chunk_bytes_ = kChunkBytes;
   FakeClock clock_{0, FakeClock::Mode::kAdvanceOnWait};
   FakeTransport transport_;
   InMemoryHub hub_{clock_};
@@ -184,6 +186,22 @@ TEST_F(DeltaFetchTest, RemoteReaderHoldingTheBaseReadsTheDeltaBitExact) {
   WaitForDeltas(*reader_);
   EXPECT_EQ(ClientFactory::Deltas(*reader_).made(), 0u);
   EXPECT_EQ(ClientFactory::Deltas(*reader_).refused(), 1u);
+}
+
+// Chunks larger than a cut-through piece (fetcher.h): a reader that serves
+// onward reads whole chunks piece by piece, but a chunk it reads through a
+// delta comes as the delta (the pieces' path must not take it first).
+TEST_F(DeltaFetchTest, ChunksLargerThanACutThroughPieceComeAsTheDelta) {
+  chunk_bytes_ = 2 * kDefaultCutThroughBytes;
+  ASSERT_GT(v2_.bytes(), chunk_bytes_);
+  TrainerAndReader();
+  Weights* got = nullptr;
+  Result<FetchStats> st = Fetch(*reader_, 2, &got);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(*got, v2_);
+  EXPECT_EQ(st->delta_base, Version(1));
+  EXPECT_EQ(st->bytes_from_delta, v2_.bytes());
+  EXPECT_EQ(st->delta_chunks_read_whole, 0u);
 }
 
 TEST_F(DeltaFetchTest, ReaderInTheSameDatacenterReadsWholeChunks) {

@@ -33,18 +33,14 @@ class FetchRun final : public PlanRun {
               transport::ReadInfo* info) override {
     const ChunkLoc& loc = job_.manifest->Chunk(step.chunk);
     TH_ASSIGN_OR_RETURN(transport::Connection * conn, Connect(s, step));
-    const uint64_t piece = PieceBytes(step, loc);
-    if (piece > 0) {
-      Status st = ReadInPieces(s, step, loc, piece, conn, info);
-      if (!st.ok() && options().on_landed) options().on_landed(step.chunk, 0);
-      return st;
-    }
-    s.pieces.clear();
-    AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
-                 loc.offset, loc.bytes, &s.pieces);
     const Deadline read_deadline = deadline().Cap(options().read_timeout_ms);
+    // Through a delta first, where this source's was chosen: it replaces
+    // the chunk's bytes on the link, cut-through pieces included.
     if (step.delta.has_value() && job_.deltas != nullptr &&
         job_.memory.is_host()) {
+      s.pieces.clear();
+      AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
+                   loc.offset, loc.bytes, &s.pieces);
       int64_t verify_ns = 0;
       TH_ASSIGN_OR_RETURN(
           DeltaReads::Outcome o,
@@ -57,6 +53,15 @@ class FetchRun final : public PlanRun {
       }
       // No delta to use for this chunk: read it whole, from the same source.
     }
+    const uint64_t piece = PieceBytes(step, loc);
+    if (piece > 0) {
+      Status st = ReadInPieces(s, step, loc, piece, conn, info);
+      if (!st.ok() && options().on_landed) options().on_landed(step.chunk, 0);
+      return st;
+    }
+    s.pieces.clear();
+    AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
+                 loc.offset, loc.bytes, &s.pieces);
     wire::ReadRequest req;
     req.model = job_.model;
     req.version = job_.version.value();
