@@ -383,8 +383,9 @@ TEST_P(TransportFailureModes,
 
 // Over ucx, the reader is killed only once each of its streams waits between
 // two chunks (none has a read in flight): a reader killed while its holder
-// answers its emulated gets kills that holder in UCX 1.13 (the next test;
-// docs/design.md, UCX data plane), which no TensorHub change can prevent.
+// answers its emulated gets kills that holder in UCX 1.13
+// (UcxReaderKilled.WhileItsHolderAnswersItsGets; docs/design.md, UCX data
+// plane), which no TensorHub change can prevent.
 // Over tcp it is killed as soon as the fetch paused, reads in flight.
 TEST_P(TransportFailureModes,
        ReaderKilledMidFetchBlocksNeitherReadersNorADrain) {
