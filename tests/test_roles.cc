@@ -152,11 +152,13 @@ thread_local int AnsweringHold::t_held_for = 0;
 
 int RunTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
-  std::optional<AnsweringHold> hold;
-  if (f.hold_answering_gets) hold.emplace();
   cli::SyntheticModel model(TestLayout(f.bytes));
   auto client = Connect(f, "trainer");
   if (!client.ok()) return cli::Fail(client.status());
+  // After the client: gone (its threads let go) before the client's server
+  // joins them.
+  std::optional<AnsweringHold> hold;
+  if (f.hold_answering_gets) hold.emplace();
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
