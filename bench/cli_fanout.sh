@@ -107,15 +107,29 @@ for n in $readers_list; do
   line="$(python3 - "$bytes" "$host_mbit" "$n" "$t0" "$t1" "$ok" "$work"/r*.json <<'EOF'
 import json, sys
 size, mbit, n, t0, t1, ok = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-secs = [json.load(open(p))["seconds"] for p in sys.argv[7:]]
+stats = [json.load(open(p)) for p in sys.argv[7:]]
+secs = [s["seconds"] for s in stats]
 bound = size / (mbit * 1e6 / 8)
 print(f"cli_fanout readers={n} bytes={size} max_seconds={max(secs):.3f} "
       f"mean_seconds={sum(secs) / len(secs):.3f} bound_seconds={bound:.3f} "
       f"ratio={max(secs) / bound:.3f} wall_seconds={t1 - t0:.3f} ok={ok} "
       f"host_mbit={mbit:.0f}")
+# Where the slowest reader's time went (FetchStats' stages), and the
+# largest of each stage over the readers.
+slow = max(stats, key=lambda s: s["seconds"])
+stages = ["resolve_seconds", "schedule_seconds", "first_byte_seconds",
+          "transfer_seconds", "verify_seconds", "register_seconds"]
+print("cli_fanout_stages readers=%d slowest: %s; max over readers: %s; "
+      "manifest from: %s" % (
+          n, " ".join(f"{k[:-8]}={slow.get(k, 0):.3f}" for k in stages),
+          " ".join(f"{k[:-8]}={max(s.get(k, 0) for s in stats):.3f}"
+                   for k in stages),
+          ",".join(sorted({s.get("manifest_source", "") or "hub"
+                           for s in stats}))))
 EOF
 )"
   echo "$line" | tee -a "$out"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
   cleanup
   if ((!skip_mpi)); then
     bench/testbed.sh up --prefix "$prefix" --net "$net" --hosts $((n + 1)) --dcs 1 \
