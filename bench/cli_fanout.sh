@@ -85,6 +85,9 @@ for n in $readers_list; do
   pids+=($!)
   wait_for "the publisher" 60 grep -qs "serving from" "$work/pub.out"
   rm -f "$work"/r*.json "$work"/r*.safetensors
+  # The machine's busy CPU over the fetches (/proc/stat: all but idle and
+  # iowait), to tell a link-bound run from a CPU-bound one.
+  busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
   t0=$(date +%s.%N)
   readers=()
   for ((i = 1; i <= n; i++)); do
@@ -100,6 +103,16 @@ for n in $readers_list; do
   }
   wait_for "$n fetches" 300 all_done
   t1=$(date +%s.%N)
+  busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+  # The readers' own CPU (user + system, all threads; they --hold, so still
+  # running), in seconds.
+  reader_cpu=0
+  for p in "${readers[@]}"; do
+    c=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+    reader_cpu=$((reader_cpu + c))
+  done
+  tck=$(getconf CLK_TCK)
+  echo "cli_fanout_cpu readers=$n machine_busy=$(echo "$busy0 $busy1" | awk '{b = $3 - $1; i = $4 - $2; printf "%.2f", b / (b + i)}') readers_cpu_seconds=$(awk -v c="$reader_cpu" -v t="$tck" 'BEGIN{printf "%.2f", c / t}') cpus=$(nproc)" | tee -a "$out"
   ok=1
   for ((i = 1; i <= n; i++)); do
     cmp -s "$work/r$i.safetensors" "$work/model.safetensors" || ok=0
