@@ -786,6 +786,10 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   ::setenv("TENSORHUB_TRANSPORTS", "ucx", 1);
   // On one host: read over UCX all the same (not TCP's same-host path).
   ::setenv("TENSORHUB_UCX_SAME_HOST", "1", 1);
+  // Whatever wires UCX has here, RDMA or not (tcp, shared memory: wires
+  // whose gets nothing checks, docs/security.md), unless the caller said
+  // TENSORHUB_UCX_EMULATED_GETS=refuse: the benchmark's processes are its own.
+  ::setenv("TENSORHUB_UCX_EMULATED_GETS", "allow", 0);
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "warn");
   if (!pair.ok()) return Fail(pair.status());
   HubAndHolder& hh = *pair;
@@ -959,7 +963,8 @@ void AddBenchCommands(CommandLine& cl) {
           "ucx",
           "the same over the UCX data plane, beside UCX's ucx_perftest "
           "(ucp_get and tag_bw of the same bytes, the same UCX_TLS) and "
-          "memcpy",
+          "memcpy; over whatever wires UCX has here "
+          "(TENSORHUB_UCX_EMULATED_GETS=allow unless set to refuse)",
           [ucx] { return RunBenchUcx(*ucx); }, bench),
       ucx.get());
   auto h = std::make_shared<HolderFlags>();

@@ -470,6 +470,10 @@ class Chaos {
     // this says otherwise.
     env_.push_back(transport_ == "ucx" ? "TENSORHUB_UCX_SAME_HOST=1"
                                        : "TENSORHUB_UCX_SAME_HOST=0");
+    // Chaos runs UCX over tcp and shared memory, wires whose gets nothing
+    // checks, which a worker uses only when told (docs/security.md).
+    env_.push_back(transport_ == "ucx" ? "TENSORHUB_UCX_EMULATED_GETS=allow"
+                                       : "TENSORHUB_UCX_EMULATED_GETS=refuse");
   }
 
   int Run() {

@@ -231,6 +231,12 @@ int RunBenchFanout(const FanoutFlags& f) {
   // The roles inherit it: with ucx, every worker also serves UCX and reads
   // over it (each reader checks that every source's bytes came over it).
   ::setenv("TENSORHUB_TRANSPORTS", f.transport.c_str(), 1);
+  // The test bed's UCX is tcp (no RDMA): wires whose gets nothing checks,
+  // which a worker uses only when told (docs/security.md). The caller's
+  // TENSORHUB_UCX_EMULATED_GETS=refuse wins.
+  if (f.transport != "tcp") {
+    ::setenv("TENSORHUB_UCX_EMULATED_GETS", "allow", 0);
+  }
   std::string hub;
   auto hub_proc = SpawnHub(*tb, f.port, &hub, f.metrics_port);
   if (!hub_proc.ok()) return Fail(hub_proc.status());

@@ -3,6 +3,7 @@
 // the real clock.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_transport.h"
+#include "transport/ucx/ucx_wires.h"
 
 namespace tensorhub::client {
 namespace {
@@ -70,11 +72,17 @@ void WarnIfTooFewDescriptorsForUcx(size_t max_serving_connections) {
 // TCP, which every worker serves and reads (the fallback), and besides it
 // each other transport of the list this build and machine can run, in the
 // list's order (transport_set.h). With data-plane TLS (`tls`), TCP alone:
-// UCX would move the bytes in the clear.
-std::unique_ptr<transport::Transport> PickTransports(
+// UCX would move the bytes in the clear. UCX refused for its wires
+// (ucx_wires.h: only wires whose gets nothing checks, without the opt-in)
+// falls back to TCP only where the list names tcp; a list of ucx alone is
+// an error then, not a silent TCP worker.
+Result<std::unique_ptr<transport::Transport>> PickTransports(
     const ClientOptions& options, std::shared_ptr<const tls::Context> tls) {
+  const std::vector<std::string> wanted = WantedTransports(options);
+  const bool tcp_listed =
+      std::find(wanted.begin(), wanted.end(), "tcp") != wanted.end();
   std::vector<std::unique_ptr<transport::Transport>> others;
-  for (const std::string& name : WantedTransports(options)) {
+  for (const std::string& name : wanted) {
     if (name == "tcp") continue;
     if (name == "ucx" && tls != nullptr) {
       TH_LOG(WARN) << "data plane: ucx skipped: data-plane TLS (data_tls) "
@@ -96,11 +104,26 @@ std::unique_ptr<transport::Transport> PickTransports(
       u.refuse_same_host =
           !options.ucx_same_host &&
           (same_host_env == nullptr || std::string(same_host_env) != "1");
+      TH_ASSIGN_OR_RETURN(bool allow_env,
+                          transport::ucx::EmulatedGetsAllowedByEnv());
+      u.allow_emulated_gets = options.ucx_emulated_gets || allow_env;
       Result<std::unique_ptr<transport::Transport>> t =
           transport::MakeUcxTransport(u);
       if (t.ok()) {
         WarnIfTooFewDescriptorsForUcx(options.max_serving_connections);
         others.push_back(std::move(t).value());
+        continue;
+      }
+      if (t.status().code() == StatusCode::kFailedPrecondition) {
+        if (!tcp_listed) {
+          return t.status().WithContext(
+              "data plane: the transports asked for (ClientOptions::transports "
+              "or "
+              "TENSORHUB_TRANSPORTS) name ucx and not tcp, and ucx cannot "
+              "run here");
+        }
+        TH_LOG(WARN) << "data plane: serving and reading tcp, not ucx: "
+                     << t.status().message();
         continue;
       }
       TH_LOG(WARN) << "data plane: ucx asked for but unavailable ("
@@ -125,7 +148,7 @@ std::unique_ptr<transport::Transport> PickTransports(
 Result<ClientDeps> DefaultClientDeps(const ClientOptions& options) {
   TH_ASSIGN_OR_RETURN(ClientTls tls, LoadClientTls(options));
   ClientDeps deps;
-  deps.transport = PickTransports(options, tls.data);
+  TH_ASSIGN_OR_RETURN(deps.transport, PickTransports(options, tls.data));
   deps.control =
       MakeGrpcControlPlane(options.hub_address, options.secret,
                            options.rpc_timeout_ms, std::move(tls.hub));

@@ -29,7 +29,8 @@ with tensorhub.serve_hub("127.0.0.1:0") as hub:
 # UCX from the wheel: its built-in wires (here tcp) work without the
 # modules UCX would load from its own directory (docs/design.md).
 if tensorhub.build_info()["ucx"]:
-    os.environ.update(UCX_TLS="tcp", TENSORHUB_UCX_SAME_HOST="1", TENSORHUB_TRANSPORTS="ucx,tcp")
+    os.environ.update(UCX_TLS="tcp", TENSORHUB_UCX_SAME_HOST="1", TENSORHUB_TRANSPORTS="ucx,tcp",
+                      TENSORHUB_UCX_EMULATED_GETS="allow")
     with tensorhub.serve_hub("127.0.0.1:0") as hub:
         with tensorhub.connect(hub.address, worker_id="trainer") as trainer, \
              tensorhub.connect(hub.address, worker_id="rollout") as rollout:

@@ -71,7 +71,7 @@ start() {  # name, host, UCX_TLS, [one more VAR=VALUE]
   local id="$name.$spawned"
   mkfifo "$work/$id.in" "$work/$id.out"
   ip netns exec "$prefix-h$host" env TENSORHUB_LOG=warn TENSORHUB_TRANSPORTS=ucx,tcp \
-    UCX_TLS="$tls" "$extra" "$BIN" _chaos-worker --hub "$hub" \
+    TENSORHUB_UCX_EMULATED_GETS=allow UCX_TLS="$tls" "$extra" "$BIN" _chaos-worker --hub "$hub" \
     --bytes "$bytes" --chunk-bytes 1048576 --name "$name" --data-listen "${ips[$host]}:0" \
     < "$work/$id.in" > "$work/$id.out" &
   pids+=($!)
@@ -117,16 +117,32 @@ unpublish() {
   [[ $got == ok* ]] || fail "the trainer's unpublish of version $1: $got"
 }
 # Checks a "fetched MS V DIGEST RETRIES STOLEN SOURCES TRANSPORTS" reply.
-check_fetched() {  # reply, version, digest, what
-  local ms v digest retries stolen sources transports
+check_fetched() {  # reply, version, digest, what, [transport: ucx]
+  local ms v digest retries stolen sources transports want=${5:-ucx}
   read -r _ ms v digest retries stolen sources transports <<< "$1"
   [[ $v == "$2" && $digest == "$3" ]] || fail "$4: not the published bytes: $1"
-  [[ $transports == ucx ]] || fail "$4: chunks came over '$transports', not ucx: $1"
+  [[ $transports == "$want" ]] || fail "$4: chunks came over '$transports', not $want: $1"
 }
+
+# 0. Without the opt-in (docs/security.md, "What a UCX peer can reach"):
+# UCX here has no RDMA wire, only wires whose gets nothing checks, so
+# workers that prefer ucx (UCX_TLS=all, UCX's default) serve and read tcp.
+version=0
+start trainer 0 all TENSORHUB_UCX_EMULATED_GETS=refuse
+start reader 2 all TENSORHUB_UCX_EMULATED_GETS=refuse
+version=$((version + 1))
+digest=$(publish $version)
+send reader "fetch $version 5000 0"
+got=$(expect reader "fetch without the opt-in" 30)
+[[ $got == fetched* ]] || fail "without the opt-in, h2 could not fetch from h0: $got"
+check_fetched "$got" $version "$digest" "without the opt-in" tcp
+echo "ucx_smoke: without TENSORHUB_UCX_EMULATED_GETS=allow, from h0 to h2: version $version exact over tcp" >&2
+unpublish $version
+stop_worker trainer
+stop_worker reader
 
 # 1. Each wire, across namespaces. Fresh workers per wire: UCX reads
 # UCX_TLS (and its other settings) when a worker starts.
-version=0
 wire() {  # UCX_TLS, must: "exact" or "exact-or-unavailable", extra env
   local tls=$1 must=$2 digest got ms
   start trainer 0 "$tls" "${3:-}"

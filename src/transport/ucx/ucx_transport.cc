@@ -32,6 +32,7 @@
 #include "transport/tcp/socket_util.h"
 #include "transport/tcp/stream.h"
 #include "transport/ucx/ucx_reply.h"
+#include "transport/ucx/ucx_wires.h"
 
 namespace tensorhub::transport {
 namespace {
@@ -70,7 +71,8 @@ Status UcsError(ucs_status_t s, const std::string& what) {
 // A connection first asks for an endpoint that reports a dead peer, and on
 // a wire that cannot (shared memory in UCX 1.13) asks again without:
 // UCX reports the first refusal as an ERROR, which is expected there, so
-// what it logs during that probe is debug.
+// what it logs during that probe is debug. The same for a context limited
+// to RDMA wires on a machine without them (MakeUcxTransport explains).
 thread_local bool t_probing_peer_errors = false;
 
 ucs_log_func_rc_t LogUcxMessage(const char* file, unsigned line,
@@ -103,7 +105,12 @@ void RouteUcxLogOnce() {
 class Context {
  public:
   // `device`: the one network device UCX may use ("": UCX's default).
-  static Result<std::shared_ptr<Context>> Create(const std::string& device) {
+  // `wires`: the transports UCX may use, as UCX_TLS ("": the user's).
+  // `quiet`: UCX's complaints while it is made are debug lines (a probe
+  // whose failure the caller expects and explains).
+  static Result<std::shared_ptr<Context>> Create(const std::string& device,
+                                                 const std::string& wires = "",
+                                                 bool quiet = false) {
     RouteUcxLogOnce();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
@@ -115,6 +122,13 @@ class Context {
         return UcsError(s, "limiting UCX to network device " + device);
       }
     }
+    if (!wires.empty()) {
+      s = ucp_config_modify(config, "TLS", wires.c_str());
+      if (s != UCS_OK) {
+        ucp_config_release(config);
+        return UcsError(s, "limiting UCX to the wires " + wires);
+      }
+    }
     ucp_params_t p{};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
@@ -122,7 +136,9 @@ class Context {
     // server's on its own: memory maps are shared between them.
     p.mt_workers_shared = 1;
     ucp_context_h ctx = nullptr;
+    t_probing_peer_errors = quiet;
     s = ucp_init(&p, config, &ctx);
+    t_probing_peer_errors = false;
     ucp_config_release(config);
     if (s != UCS_OK) return UcsError(s, "initialising UCX");
     return std::shared_ptr<Context>(new Context(ctx));
@@ -131,6 +147,21 @@ class Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
   ucp_context_h get() const { return ctx_; }
+
+  // The transport resources UCX chose for this context: every worker made
+  // in it opens each of them (ucp_context_print_info's list).
+  std::vector<ucx::Wire> Wires() const {
+    char* text = nullptr;
+    size_t len = 0;
+    FILE* f = ::open_memstream(&text, &len);
+    if (f == nullptr) return {};
+    ucp_context_print_info(ctx_, f);
+    std::fclose(f);
+    std::vector<ucx::Wire> out =
+        ucx::ParseContextWires(std::string_view(text, len));
+    std::free(text);
+    return out;
+  }
 
  private:
   explicit Context(ucp_context_h ctx) : ctx_(ctx) {}
@@ -1182,6 +1213,53 @@ std::string InterfaceOf(const std::string& host) {
   return found;
 }
 
+namespace {
+
+// The context a transport runs on (ucx_wires.h). Without emulated gets
+// allowed, a context whose wires all have their gets checked: UCX_TLS's
+// where it names such wires, else (UCX_TLS unset or "all") UCX limited to
+// its RDMA wires. Such a context is not limited to the data plane's network
+// device: RDMA devices have names of their own ("mlx5_0:1", not the "ib0" or
+// "eth2" that holds the address), and none of these wires listens on a
+// socket. Failing that, the refusal, naming what UCX would have used here.
+// With emulated gets allowed, UCX's own choice, said once per process.
+Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
+                                             bool allow_emulated_gets) {
+  if (!allow_emulated_gets) {
+    // "all" is UCX's default.
+    const char* tls = std::getenv("UCX_TLS");
+    const bool tls_chosen =
+        tls != nullptr && *tls != '\0' && std::string_view(tls) != "all";
+    Result<std::shared_ptr<Context>> checked = Context::Create(
+        "", tls_chosen ? "" : ucx::kRdmaWires, /*quiet=*/!tls_chosen);
+    if (checked.ok()) {
+      const std::vector<ucx::Wire> wires = (*checked)->Wires();
+      if (!wires.empty() && ucx::UncheckedGetWires(wires).empty()) {
+        return checked;
+      }
+    }
+  }
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create(device));
+  const std::vector<std::string> unchecked =
+      ucx::UncheckedGetWires(ctx->Wires());
+  if (unchecked.empty()) return ctx;
+  if (!allow_emulated_gets) return ucx::EmulatedGetsRefusal(unchecked);
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    std::string list;
+    for (const std::string& w : unchecked) list += " " + w;
+    TH_LOG(WARN) << "ucx: wires whose gets nothing checks allowed ("
+                 << ucx::kEmulatedGetsEnv
+                 << "=allow or ClientOptions::ucx_emulated_gets):" << list
+                 << ": any peer that proved the secret can read all of this "
+                    "process's memory over them (docs/security.md, \"What "
+                    "a UCX peer can reach\")";
+  });
+  return ctx;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options) {
   // UCX's workers listen on every device it may use (its tcp wire): only
@@ -1200,7 +1278,8 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
                       "interface; set UCX_NET_DEVICES to limit it";
     }
   }
-  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx, Context::Create(device));
+  TH_ASSIGN_OR_RETURN(std::shared_ptr<Context> ctx,
+                      MakeContext(device, options.allow_emulated_gets));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(ctx), options));
 }
 

@@ -23,7 +23,9 @@
 //    (force), so no byte lands in the destination after Read returned.
 //
 // UCX picks the wire itself (UCX_TLS: rc/dc verbs, tcp, posix/sysv shared
-// memory, cma); this transport is the same on all of them.
+// memory, cma); this transport is the same on all of them, but by default
+// runs only where they are all RDMA wires, whose gets the NIC checks
+// (ucx_wires.h; UcxTransportOptions::allow_emulated_gets).
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
@@ -59,6 +61,14 @@ struct UcxTransportOptions {
   // can reach"). Empty, or a wildcard (0.0.0.0, ::): every interface, as
   // the data plane itself. An explicit UCX_NET_DEVICES wins.
   std::string listen_host;
+  // Use UCX's wires whose gets nothing checks (tcp, shared memory, cma:
+  // ucx_wires.h), over which any peer that proved the secret can read all
+  // of this process's memory. Off: the transport runs only where its UCX
+  // context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all" it is
+  // limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
+  // elsewhere (docs/security.md, "What a UCX peer can reach"). The client's
+  // ucx_emulated_gets, or TENSORHUB_UCX_EMULATED_GETS=allow.
+  bool allow_emulated_gets = false;
 };
 
 // The network interface ("lo", "eth0") that holds `host` (an IP address or
@@ -70,7 +80,9 @@ std::string InterfaceOf(const std::string& host);
 bool UcxAvailable();
 
 // Fails (UNAVAILABLE) when UCX cannot be initialised here (no transport
-// usable, or a build without TH_UCX).
+// usable, or a build without TH_UCX); FAILED_PRECONDITION, naming the wires
+// and the opt-in, where only wires whose gets nothing checks are usable and
+// `options.allow_emulated_gets` is off.
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options);
 
