@@ -59,14 +59,19 @@ void StopProcess(pid_t pid) {
 }
 
 void FetchUntilPaused(cli::Subprocess& reader, const std::string& version,
-                      int64_t timeout_ms, uint64_t pause_after) {
-  ASSERT_TRUE(reader
-                  .Send("fetchx " + version + " " + std::to_string(timeout_ms) +
-                        " " + std::to_string(pause_after))
-                  .ok());
+                      int64_t timeout_ms, uint64_t pause_after,
+                      int quiet_streams) {
+  Status sent = reader.Send(
+      "fetchx " + version + " " + std::to_string(timeout_ms) + " " +
+      std::to_string(pause_after) + " " + std::to_string(quiet_streams));
+  ASSERT_TRUE(sent.ok()) << sent.ToString();
   auto line = reader.ReadLine(Deadline::AfterMs(120000));
   ASSERT_TRUE(line.ok()) << line.status().ToString();
   ASSERT_EQ(Word(*line, 0), "paused") << *line;
+  if (quiet_streams > 0) {
+    ASSERT_EQ(Word(*line, 2), std::to_string(quiet_streams))
+        << "not every stream waited between chunks: " << *line;
+  }
 }
 
 std::string Resume(cli::Subprocess& reader) {

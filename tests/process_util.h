@@ -33,9 +33,12 @@ void StopProcess(pid_t pid);
 
 // Starts "fetchx V TIMEOUT_MS PAUSE_AFTER" on a reader role and returns once
 // it has paused: `pause_after` or more chunks are verified and no stream
-// pulls another one until Resume() (FetchPause). Fails the test otherwise.
+// pulls another one until Resume() (FetchPause). With `quiet_streams` > 0,
+// only once that many streams wait between chunks: none has a read in
+// flight. Fails the test otherwise.
 void FetchUntilPaused(cli::Subprocess& reader, const std::string& version,
-                      int64_t timeout_ms, uint64_t pause_after = 8);
+                      int64_t timeout_ms, uint64_t pause_after = 8,
+                      int quiet_streams = 0);
 
 // Lets a paused reader go on and returns its "fetched ..." or "failed ..."
 // line.

@@ -5,12 +5,15 @@
 
 #include <atomic>
 #include <cinttypes>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli_util.h"
 #include "client/keeper.h"
@@ -48,6 +51,15 @@ struct RoleFlags {
   int64_t idle_connection_ms = 0;
   int64_t handshake_timeout_ms = 0;
   bool accept_request_secret = false;
+  int connections = 0;  // a reader's fetch streams; 0: the default
+  // A trainer holds each thread that serves a reader's second or later UCX
+  // read right before it first progresses that connection's worker (the
+  // test point "ucx.progress_next": the reader's gets may be waiting in it
+  // unanswered), says "held" once, and lets them go on "release".
+  bool hold_answering_gets = false;
+  // A reader says "issued" once one of its fetch streams has sent the gets
+  // of its second or later UCX read (the test point "ucx.gets_issued").
+  bool say_gets_issued = false;
 };
 
 int RunHub(const RoleFlags& f) {
@@ -71,6 +83,15 @@ int RunHub(const RoleFlags& f) {
   auto server = hub::HubServer::Start(o);
   if (!server.ok()) return cli::Fail(server.status());
   Reply("ready " + (*server)->address());
+  // Its stdin closes when the test goes away, however it went (a test binary
+  // that died keeps no hub running, whose inherited stderr would keep ctest
+  // waiting for the test's output until its timeout).
+  std::thread([] {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+    }
+    ::kill(::getpid(), SIGTERM);
+  }).detach();
   cli::WaitForStopSignal();
   (*server)->Shutdown();
   return 0;
@@ -86,11 +107,58 @@ Result<std::unique_ptr<Client>> Connect(const RoleFlags& f, const char* name) {
   return Client::Connect(o);
 }
 
+// --hold-answering-gets (RoleFlags): the threads of this process held at
+// "ucx.progress_next" until "release".
+class AnsweringHold {
+ public:
+  AnsweringHold() {
+    testpoint::Arm("ucx.reply_sent", [](uint64_t) { ++t_replies; });
+    testpoint::Arm("ucx.progress_next", [this](uint64_t) { MaybeHold(); });
+  }
+  ~AnsweringHold() {
+    Release();
+    testpoint::Disarm("ucx.reply_sent");
+    testpoint::Disarm("ucx.progress_next");
+  }
+  void Release() {
+    std::lock_guard<std::mutex> l(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void MaybeHold() {
+    // Only a serving thread between its reply and its first progress call
+    // for it, on a connection whose endpoint is wired up (a second read).
+    if (t_replies < 2 || t_held_for == t_replies) return;
+    t_held_for = t_replies;
+    std::unique_lock<std::mutex> l(mu_);
+    if (released_) return;
+    if (!said_) {
+      said_ = true;
+      Reply("held");
+    }
+    cv_.wait(l, [this] { return released_; });
+  }
+  static thread_local int t_replies;
+  static thread_local int t_held_for;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;  // guarded by mu_
+  bool said_ = false;      // guarded by mu_
+};
+thread_local int AnsweringHold::t_replies = 0;
+thread_local int AnsweringHold::t_held_for = 0;
+
 int RunTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
   cli::SyntheticModel model(TestLayout(f.bytes));
   auto client = Connect(f, "trainer");
   if (!client.ok()) return cli::Fail(client.status());
+  // After the client: gone (its threads let go) before the client's server
+  // joins them.
+  std::optional<AnsweringHold> hold;
+  if (f.hold_answering_gets) hold.emplace();
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -111,6 +179,9 @@ int RunTrainer(const RoleFlags& f) {
                    : "error " + s.ToString());
     } else if (cmd == "address") {
       Reply("address " + (*client)->data_address());
+    } else if (cmd == "release" && hold.has_value()) {
+      hold->Release();
+      Reply("released");
     } else {
       break;
     }
@@ -133,6 +204,13 @@ int RunReader(const RoleFlags& f) {
   cli::SyntheticModel model(TestLayout(f.bytes));
   auto client = Connect(f, name.c_str());
   if (!client.ok()) return cli::Fail(client.status());
+  if (f.say_gets_issued) {
+    testpoint::Arm("ucx.gets_issued", [](uint64_t) {
+      static std::atomic<bool> said{false};
+      thread_local int reads = 0;
+      if (++reads >= 2 && !said.exchange(true)) Reply("issued");
+    });
+  }
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -143,6 +221,7 @@ int RunReader(const RoleFlags& f) {
         which == "latest" ? Version::Latest() : Version(std::stoull(which));
     FetchOptions fo;
     fo.timeout_ms = 60000;
+    if (f.connections > 0) fo.connections = f.connections;
     if (cmd == "fetch") {
       auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
       Reply(st.ok() ? "fetched " + std::to_string(st->version.value()) + " " +
@@ -156,8 +235,15 @@ int RunReader(const RoleFlags& f) {
     // at that known point. "fetchwait V TIMEOUT_MS" says "waiting" the first
     // time the hub answers UNAVAILABLE (e.g. "rebuilding") and the fetch
     // retries.
+    // fetchx V TIMEOUT_MS PAUSE_AFTER QUIET: with QUIET > 0, "paused N Q"
+    // once QUIET streams wait between chunks (FetchPause's quiet_streams;
+    // Q: how many did).
     uint64_t pause_after = 0;
-    if (cmd == "fetchx") in >> fo.timeout_ms >> pause_after;
+    int quiet = 0;
+    if (cmd == "fetchx") {
+      in >> fo.timeout_ms >> pause_after;
+      if (!(in >> quiet)) quiet = 0;
+    }
     if (cmd == "fetchwait") {
       in >> fo.timeout_ms;
       std::atomic<bool> said{false};
@@ -177,14 +263,20 @@ int RunReader(const RoleFlags& f) {
     std::optional<cli::FetchPause> pause;
     if (pause_after > 0) {
       pause.emplace(
-          pause_after, [](uint64_t n) { Reply("paused " + std::to_string(n)); },
+          pause_after,
+          [&pause, quiet](uint64_t n) {
+            Reply("paused " + std::to_string(n) +
+                  (quiet > 0 ? " " + std::to_string(pause->streams_quiet())
+                             : ""));
+          },
           [] {
             std::string go;
             // Blocks until the test answers; EOF (the test went away) also
             // releases the fetch.
             while (std::getline(std::cin, go) && go != "go") {
             }
-          });
+          },
+          quiet);
     }
     int64_t t0 = NowMs();
     auto st = (*client)->Fetch(kModel, v, model.tensors(), fo);
@@ -267,6 +359,9 @@ int MaybeRunRole(int argc, char** argv) {
   app.add_option("--idle-connection-ms", f.idle_connection_ms);
   app.add_option("--handshake-timeout-ms", f.handshake_timeout_ms);
   app.add_flag("--accept-request-secret", f.accept_request_secret);
+  app.add_option("--connections", f.connections);
+  app.add_flag("--hold-answering-gets", f.hold_answering_gets);
+  app.add_flag("--say-gets-issued", f.say_gets_issued);
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   if (f.role == "hub") return RunHub(f);
   if (f.role == "trainer") return RunTrainer(f);

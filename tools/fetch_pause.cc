@@ -1,5 +1,7 @@
 #include "fetch_pause.h"
 
+#include <chrono>
+
 #include "common/test_point.h"
 
 namespace tensorhub::cli {
@@ -8,10 +10,11 @@ constexpr char kPoint[] = "fetcher.chunk_done";
 
 FetchPause::FetchPause(uint64_t after_chunks,
                        std::function<void(uint64_t)> paused,
-                       std::function<void()> resume)
+                       std::function<void()> resume, int quiet_streams)
     : after_chunks_(after_chunks),
       paused_(std::move(paused)),
-      resume_(std::move(resume)) {
+      resume_(std::move(resume)),
+      quiet_streams_(quiet_streams) {
   testpoint::Arm(kPoint, [this](uint64_t n) { OnChunk(n); });
 }
 
@@ -22,9 +25,16 @@ uint64_t FetchPause::paused_at() const {
   return paused_at_;
 }
 
+int FetchPause::streams_quiet() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return streams_quiet_;
+}
+
 void FetchPause::OnChunk(uint64_t chunks_done) {
   std::unique_lock<std::mutex> l(mu_);
   if (phase_ == Phase::kReleased || chunks_done < after_chunks_) return;
+  ++waiting_;
+  arrived_.notify_all();
   if (phase_ == Phase::kPaused) {
     // Another stream is waiting for the test: this one waits with it, as
     // long as resume_() blocks (which the caller bounds, e.g. by EOF).
@@ -33,6 +43,11 @@ void FetchPause::OnChunk(uint64_t chunks_done) {
   }
   phase_ = Phase::kPaused;
   paused_at_ = chunks_done;
+  if (quiet_streams_ > 0) {
+    arrived_.wait_for(l, std::chrono::milliseconds(kGatherMs),
+                      [this] { return waiting_ >= quiet_streams_; });
+  }
+  streams_quiet_ = waiting_;
   l.unlock();
   paused_(chunks_done);
   resume_();

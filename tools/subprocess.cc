@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <thread>
@@ -93,26 +95,97 @@ Subprocess::Subprocess(Subprocess&& o) noexcept
     : pid_(std::exchange(o.pid_, -1)),
       in_fd_(std::exchange(o.in_fd_, -1)),
       out_fd_(std::exchange(o.out_fd_, -1)),
-      buffer_(std::move(o.buffer_)) {}
+      buffer_(std::move(o.buffer_)),
+      reaped_(o.reaped_),
+      wait_status_(o.wait_status_) {}
 
 Subprocess::~Subprocess() {
-  if (pid_ > 0) {
+  if (pid_ > 0 && !reaped_) {
     ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
+    if (!Reap(Deadline::AfterMs(kReapWaitMs))) {
+      std::fprintf(stderr,
+                   "child %d did not go within %lld ms of SIGKILL (stuck in "
+                   "the kernel?); left unreaped\n",
+                   static_cast<int>(pid_), static_cast<long long>(kReapWaitMs));
+    }
   }
   if (in_fd_ >= 0) ::close(in_fd_);
   if (out_fd_ >= 0) ::close(out_fd_);
 }
 
+std::string DescribeWaitStatus(int status) {
+  if (WIFEXITED(status)) {
+    return "exited with code " + std::to_string(WEXITSTATUS(status));
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" +
+           (name != nullptr ? name : "?") + ")";
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+bool Subprocess::Reap(const Deadline& deadline) {
+  if (reaped_) return true;
+  if (pid_ <= 0) return false;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      reaped_ = true;
+      wait_status_ = r == pid_ ? status : 0;
+      return true;
+    }
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+std::string Subprocess::HowItEnded(int64_t wait_ms) {
+  if (!Reap(Deadline::AfterMs(wait_ms))) return "still running";
+  return DescribeWaitStatus(wait_status_);
+}
+
+void Subprocess::CloseInput() {
+  if (in_fd_ >= 0) ::close(in_fd_);
+  in_fd_ = -1;
+}
+
 Status Subprocess::Send(const std::string& line) {
+  const std::string gone = "child " + std::to_string(pid_) + " is gone";
+  if (in_fd_ < 0) return Unavailable(gone + " (its stdin is closed)");
+  // A write to a pipe whose reader exited raises SIGPIPE, which would end
+  // this process (a test binary) on the spot: no test result, and its other
+  // children left running. Blocked for this write, and taken back if this
+  // write raised it, so that the write fails with EPIPE instead.
+  sigset_t pipe_only, old, pending;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  sigemptyset(&pending);
+  (void)sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
   std::string s = line + "\n";
   size_t off = 0;
+  int error = 0;
   while (off < s.size()) {
     ssize_t n = ::write(in_fd_, s.data() + off, s.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      return Unavailable("child " + std::to_string(pid_) + " is gone");
+    if (n <= 0) {
+      error = n < 0 ? errno : EIO;
+      break;
+    }
     off += static_cast<size_t>(n);
+  }
+  if (error == EPIPE && !was_pending) {
+    const timespec zero{0, 0};
+    (void)sigtimedwait(&pipe_only, nullptr, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (error != 0) {
+    // Its stdin closes as it exits: give the exit a moment to land.
+    return Unavailable(gone + " (" + HowItEnded(1000) + ")");
   }
   return Status::Ok();
 }
@@ -137,28 +210,34 @@ Result<std::string> Subprocess::ReadLine(const Deadline& deadline) {
     char buf[4096];
     ssize_t n = ::read(out_fd_, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Unavailable("child " + std::to_string(pid_) + " exited");
+    if (n <= 0) {
+      // Its stdout closes as it exits: give the exit a moment to land.
+      return Unavailable("child " + std::to_string(pid_) + " exited (" +
+                         HowItEnded(1000) + ")");
+    }
     buffer_.append(buf, static_cast<size_t>(n));
   }
 }
 
 int Subprocess::Stop(int64_t grace_ms) {
   if (pid_ <= 0) return -1;
-  ::kill(pid_, SIGTERM);
-  int status = 0;
-  Deadline d = Deadline::AfterMs(grace_ms);
-  while (!d.expired()) {
-    pid_t r = ::waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      return status;
+  if (!reaped_) {
+    ::kill(pid_, SIGTERM);
+    if (!Reap(Deadline::AfterMs(grace_ms))) {
+      ::kill(pid_, SIGKILL);
+      if (!Reap(Deadline::AfterMs(kReapWaitMs))) {
+        std::fprintf(stderr,
+                     "child %d did not go within %lld ms of SIGKILL (stuck "
+                     "in the kernel?); left unreaped\n",
+                     static_cast<int>(pid_),
+                     static_cast<long long>(kReapWaitMs));
+        pid_ = -1;
+        return -1;
+      }
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::kill(pid_, SIGKILL);
-  ::waitpid(pid_, &status, 0);
   pid_ = -1;
-  return status;
+  return wait_status_;
 }
 
 Result<int> FreeLoopbackPort() {

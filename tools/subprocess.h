@@ -26,22 +26,46 @@ class Subprocess {
   Subprocess(Subprocess&& o) noexcept;
   Subprocess& operator=(Subprocess&&) = delete;
   Subprocess(const Subprocess&) = delete;
-  ~Subprocess();  // SIGKILLs and reaps a child still running
+  // SIGKILLs and reaps a child still running (waiting at most kReapWaitMs
+  // for it to go: one stuck in the kernel is left, said on stderr).
+  ~Subprocess();
 
+  // One line to the child's stdin. A child that is gone is UNAVAILABLE,
+  // saying how it ended; never SIGPIPE for this process, whatever the
+  // process's disposition of it.
   Status Send(const std::string& line);
-  // One line without its '\n', or DEADLINE_EXCEEDED / UNAVAILABLE (EOF).
+  // One line without its '\n', or DEADLINE_EXCEEDED, or UNAVAILABLE once
+  // the child closed its stdout (it exited: saying how, e.g. "killed by
+  // signal 6 (Aborted)").
   Result<std::string> ReadLine(const Deadline& deadline);
   // SIGTERM, then SIGKILL after `grace_ms`; returns the exit status.
   int Stop(int64_t grace_ms);
+  // How the child ended ("exited with code 0", "killed by signal 6
+  // (Aborted)"), reaping it, once it has; "still running" if it has not
+  // within `wait_ms`.
+  std::string HowItEnded(int64_t wait_ms = 0);
+  // Closes the child's stdin (it reads EOF).
+  void CloseInput();
   pid_t pid() const { return pid_; }
+
+  // How long the final wait for a SIGKILLed child may take.
+  static constexpr int64_t kReapWaitMs = 10000;
 
  private:
   Subprocess() = default;
+  // Polls for the child's exit until `deadline`; true once reaped.
+  bool Reap(const Deadline& deadline);
   pid_t pid_ = -1;
   int in_fd_ = -1;
   int out_fd_ = -1;
   std::string buffer_;
+  bool reaped_ = false;
+  int wait_status_ = 0;  // waitpid's, once reaped_
 };
+
+// "exited with code N" or "killed by signal N (name)", from a waitpid
+// status.
+std::string DescribeWaitStatus(int status);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (the kernel's choice),
 // for a child process to listen on; another process may take it first.
