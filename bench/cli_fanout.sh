@@ -85,6 +85,9 @@ for n in $readers_list; do
   pids+=($!)
   wait_for "the publisher" 60 grep -qs "serving from" "$work/pub.out"
   rm -f "$work"/r*.json "$work"/r*.safetensors
+  # The machine's busy CPU over the fetches (/proc/stat: all but idle and
+  # iowait), to tell a link-bound run from a CPU-bound one.
+  busy0=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
   t0=$(date +%s.%N)
   readers=()
   for ((i = 1; i <= n; i++)); do
@@ -100,6 +103,16 @@ for n in $readers_list; do
   }
   wait_for "$n fetches" 300 all_done
   t1=$(date +%s.%N)
+  busy1=$(awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat)
+  # The readers' own CPU (user + system, all threads; they --hold, so still
+  # running), in seconds.
+  reader_cpu=0
+  for p in "${readers[@]}"; do
+    c=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+    reader_cpu=$((reader_cpu + c))
+  done
+  tck=$(getconf CLK_TCK)
+  echo "cli_fanout_cpu readers=$n machine_busy=$(echo "$busy0 $busy1" | awk '{b = $3 - $1; i = $4 - $2; printf "%.2f", b / (b + i)}') readers_cpu_seconds=$(awk -v c="$reader_cpu" -v t="$tck" 'BEGIN{printf "%.2f", c / t}') cpus=$(nproc)" | tee -a "$out"
   ok=1
   for ((i = 1; i <= n; i++)); do
     cmp -s "$work/r$i.safetensors" "$work/model.safetensors" || ok=0
@@ -107,15 +120,29 @@ for n in $readers_list; do
   line="$(python3 - "$bytes" "$host_mbit" "$n" "$t0" "$t1" "$ok" "$work"/r*.json <<'EOF'
 import json, sys
 size, mbit, n, t0, t1, ok = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
-secs = [json.load(open(p))["seconds"] for p in sys.argv[7:]]
+stats = [json.load(open(p)) for p in sys.argv[7:]]
+secs = [s["seconds"] for s in stats]
 bound = size / (mbit * 1e6 / 8)
 print(f"cli_fanout readers={n} bytes={size} max_seconds={max(secs):.3f} "
       f"mean_seconds={sum(secs) / len(secs):.3f} bound_seconds={bound:.3f} "
       f"ratio={max(secs) / bound:.3f} wall_seconds={t1 - t0:.3f} ok={ok} "
       f"host_mbit={mbit:.0f}")
+# Where the slowest reader's time went (FetchStats' stages), and the
+# largest of each stage over the readers.
+slow = max(stats, key=lambda s: s["seconds"])
+stages = ["resolve_seconds", "schedule_seconds", "first_byte_seconds",
+          "transfer_seconds", "verify_seconds", "register_seconds"]
+print("cli_fanout_stages readers=%d slowest: %s; max over readers: %s; "
+      "manifest from: %s" % (
+          n, " ".join(f"{k[:-8]}={slow.get(k, 0):.3f}" for k in stages),
+          " ".join(f"{k[:-8]}={max(s.get(k, 0) for s in stats):.3f}"
+                   for k in stages),
+          ",".join(sorted({s.get("manifest_source", "") or "hub"
+                           for s in stats}))))
 EOF
 )"
   echo "$line" | tee -a "$out"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
   cleanup
   if ((!skip_mpi)); then
     bench/testbed.sh up --prefix "$prefix" --net "$net" --hosts $((n + 1)) --dcs 1 \

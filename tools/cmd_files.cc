@@ -367,6 +367,13 @@ Status WriteStatsJson(const std::string& path, const std::string& model,
       ", \"bytes\": " + std::to_string(st.bytes) +
       ", \"seconds\": " + seconds(st.seconds) +
       ", \"resolve_seconds\": " + seconds(st.resolve_seconds) +
+      ", \"schedule_seconds\": " + seconds(st.schedule_seconds) +
+      ", \"first_byte_seconds\": " + seconds(st.first_byte_seconds) +
+      ", \"transfer_seconds\": " + seconds(st.transfer_seconds) +
+      ", \"verify_seconds\": " + seconds(st.verify_seconds) +
+      ", \"register_seconds\": " + seconds(st.register_seconds) +
+      ", \"total_seconds\": " + seconds(st.total_seconds) +
+      ", \"manifest_source\": " + JsonString(st.manifest_source) +
       ", \"chunk_retries\": " + std::to_string(st.chunk_retries) +
       ", \"chunks_stolen\": " + std::to_string(st.chunks_stolen) +
       ", \"delta_base\": " + std::to_string(st.delta_base.value()) +

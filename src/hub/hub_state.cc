@@ -484,15 +484,14 @@ Result<bool> HubState::AddHolderByDigest(const WorkerId& worker,
                                          bool filling) {
   TH_ASSIGN_OR_RETURN(Worker * reporter,
                       ReportingWorker(worker, model, version, now_ms));
-  const std::string vname = VersionName(model, version);
   VersionEntry* v = FindVersion(model, version);
   if (v != nullptr && v->state == VersionState::kAborted) {
-    return Aborted(vname + " was aborted");
+    return Aborted(VersionName(model, version) + " was aborted");
   }
   // Nothing to compare with: the caller must send the manifest itself.
   if (v == nullptr || !v->manifest.has_value()) return false;
   if (!(v->manifest_digest == digest)) {
-    return InvalidArgument("manifest of " + vname +
+    return InvalidArgument("manifest of " + VersionName(model, version) +
                            " differs from the committed one (digest " +
                            std::to_string(digest.value) + ", committed " +
                            std::to_string(v->manifest_digest.value) + ")");
@@ -1003,9 +1002,40 @@ void HubState::Unfile(VersionEntry& v, Reference& r) {
 
 void HubState::Refile(VersionEntry& v, const WorkerId& id, Reference& r) const {
   TH_CHECK(r.filed.has_value());
-  Labels labels = r.filed->labels;
-  Unfile(v, r);
-  File(v, id, r, labels);
+  Filed& f = *r.filed;
+  if (f.filling != r.filling || f.rank != r.rank) {
+    Labels labels = f.labels;
+    Unfile(v, r);
+    File(v, id, r, labels);
+    return;
+  }
+  // Only its key moves (serving, placement), within the sets it is in:
+  // each node re-keyed in place, no group made or erased, nothing copied
+  // (the scheduler's most frequent update: every source assigned or
+  // released). The same sets and order as Unfile then File.
+  const HolderKey fresh{r.serving, FiledOrder(r), id};
+  HolderIndex& x = v.index;
+  auto rekey = [&](HolderSet& set) {
+    std::set<HolderKey>& keys = f.filling ? set.filling : set.complete;
+    auto node = keys.extract(f.key);
+    TH_CHECK(!node.empty());
+    node.value() = fresh;
+    TH_CHECK(keys.insert(std::move(node)).inserted);
+  };
+  auto rekey_in = [&](auto& groups, const auto& group) {
+    auto it = groups.find(group);
+    TH_CHECK(it != groups.end());
+    rekey(it->second);
+  };
+  rekey(x.all);
+  rekey_in(x.by_dc, f.labels.datacenter);
+  if (!f.labels.rack.empty()) {
+    rekey_in(x.by_rack, std::make_pair(f.labels.datacenter, f.labels.rack));
+  }
+  if (!f.labels.host.empty()) {
+    rekey_in(x.by_host, std::make_pair(f.labels.datacenter, f.labels.host));
+  }
+  f.key = fresh;
 }
 
 // Distance from the reader: 0 same host, 1 same rack, 2 same datacenter, 3
@@ -1874,8 +1904,11 @@ Result<std::vector<HolderView>> HubState::Schedule(
                     std::to_string(version.value()));
   }
   VersionEntry& v = *found;
-  // Same errors as a resolve of that exact version.
-  TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
+  // Same errors as a resolve of that exact version (the name is made only
+  // for an error: this runs for every reader).
+  if (v.state != VersionState::kCommitted) {
+    TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), v));
+  }
   Release(v, reader);
   std::vector<WorkerId> chosen;
   if (rack_aware_) {
@@ -1915,7 +1948,9 @@ Result<std::vector<HolderView>> HubState::Recheck(const WorkerId& reader,
     return NotFound("model '" + model + "' has no version " +
                     std::to_string(version.value()));
   }
-  TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), *v));
+  if (v->state != VersionState::kCommitted) {
+    TH_RETURN_IF_ERROR(CheckReadable(VersionName(model, version), *v));
+  }
   auto it = v->assignments.find(reader);
   const bool intact =
       it != v->assignments.end() &&
