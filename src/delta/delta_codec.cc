@@ -3,18 +3,20 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "delta/le_bytes.h"
 #include "tensorhub/check.h"
 
 namespace tensorhub::delta {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "deltas are little-endian integers, read with memcpy");
+using le::GetU32;
+using le::GetU64;
+using le::PutU32;
+using le::PutU64;
 
 constexpr size_t kMaxVarintBytes = 10;
 
@@ -22,27 +24,6 @@ bool ValidWidth(uint32_t w) { return w == 1 || w == 2 || w == 4 || w == 8; }
 
 uint64_t WidthMask(uint32_t w) {
   return w == 8 ? ~uint64_t{0} : (uint64_t{1} << (8 * w)) - 1;
-}
-
-void PutU32(std::string* out, uint32_t v) {
-  char b[4];
-  std::memcpy(b, &v, 4);
-  out->append(b, 4);
-}
-void PutU64(std::string* out, uint64_t v) {
-  char b[8];
-  std::memcpy(b, &v, 8);
-  out->append(b, 8);
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
 }
 
 // Writes `v` as a LEB128 varint at `p` (at most 10 bytes); returns the end.

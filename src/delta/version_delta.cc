@@ -8,30 +8,15 @@
 
 #include "common/checksum.h"
 #include "delta/delta_codec.h"
+#include "delta/le_bytes.h"
 
 namespace tensorhub::delta {
 namespace {
 
-void PutU32(std::string* out, uint32_t v) {
-  char b[4];
-  std::memcpy(b, &v, 4);
-  out->append(b, 4);
-}
-void PutU64(std::string* out, uint64_t v) {
-  char b[8];
-  std::memcpy(b, &v, 8);
-  out->append(b, 8);
-}
-uint64_t GetU64(const uint8_t* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-uint32_t GetU32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
+using le::GetU32;
+using le::GetU64;
+using le::PutU32;
+using le::PutU64;
 
 }  // namespace
 
