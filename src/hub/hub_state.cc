@@ -1360,16 +1360,24 @@ bool HubState::HoldsWhole(const WorkerId& worker, const std::string& model,
   return !rit->second.rank.has_value() || v.group_size == 1;
 }
 
-Result<bool> HubState::ClaimDelta(const WorkerId& worker,
-                                  const std::string& model, Version version,
-                                  Version base, int64_t now_ms) {
-  TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
-  const std::string vname = VersionName(model, version);
+namespace {
+// A delta's base must be an older version of the same model.
+Status CheckDeltaBase(const std::string& vname, Version version, Version base) {
   if (base.value() == 0 || base >= version) {
     return InvalidArgument("delta of " + vname + ": the base " +
                            std::to_string(base.value()) +
                            " must be an older version");
   }
+  return Status::Ok();
+}
+}  // namespace
+
+Result<bool> HubState::ClaimDelta(const WorkerId& worker,
+                                  const std::string& model, Version version,
+                                  Version base, int64_t now_ms) {
+  TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
+  const std::string vname = VersionName(model, version);
+  TH_RETURN_IF_ERROR(CheckDeltaBase(vname, version, base));
   VersionEntry* v = FindVersion(model, version);
   VersionEntry* b = FindVersion(model, base);
   if (v == nullptr) return NotFound("hub does not know " + vname);
@@ -1402,11 +1410,7 @@ Status HubState::AddDelta(const WorkerId& worker, const std::string& model,
                           int64_t now_ms) {
   TH_RETURN_IF_ERROR(ReportingWorker(worker, model, version, now_ms).status());
   const std::string vname = VersionName(model, version);
-  if (base.value() == 0 || base >= version) {
-    return InvalidArgument("delta of " + vname + ": the base " +
-                           std::to_string(base.value()) +
-                           " must be an older version");
-  }
+  TH_RETURN_IF_ERROR(CheckDeltaBase(vname, version, base));
   VersionEntry* v = FindVersion(model, version);
   if (v == nullptr) return NotFound("hub does not know " + vname);
   if (!HoldsWhole(worker, model, version)) {

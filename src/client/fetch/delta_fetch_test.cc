@@ -41,24 +41,6 @@ constexpr char kModel[] = "m";
 constexpr uint64_t kChunkBytes = 4 * kMinChunkBytes;  // 16 KiB
 constexpr uint64_t kWeights = 256 * 1024;             // bf16: 32 chunks
 
-class SharedTransport final : public transport::Transport {
- public:
-  explicit SharedTransport(FakeTransport& t) : t_(t) {}
-  std::string_view name() const override { return t_.name(); }
-  Result<std::unique_ptr<transport::Server>> Listen(
-      const std::string& host_port, transport::ReadSource* source,
-      const transport::ServerOptions& options) override {
-    return t_.Listen(host_port, source, options);
-  }
-  Result<std::unique_ptr<transport::Connection>> Connect(
-      const std::string& address, const Deadline& deadline) override {
-    return t_.Connect(address, deadline);
-  }
-
- private:
-  FakeTransport& t_;
-};
-
 // A version's bytes: a bf16 matrix and a small bf16 vector.
 struct Weights {
   Bytes w, n;
@@ -99,7 +81,8 @@ class DeltaFetchTest : public ::testing::Test {
     o.heartbeat_interval_ms = 3600 * 1000;  // no heartbeat during a test
     o.leave_timeout_ms = 0;
     ClientDeps deps;
-    deps.transport = std::make_unique<SharedTransport>(transport_);
+    deps.transport =
+        std::make_unique<transport::SharedFakeTransport>(transport_);
     deps.control = hub_.Connect(std::make_shared<HubCallCounts>());
     deps.clock = &clock_;
     Result<std::unique_ptr<Client>> c =

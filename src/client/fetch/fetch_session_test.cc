@@ -32,26 +32,6 @@ using Bytes = std::vector<uint8_t>;
 
 constexpr char kModel[] = "m";
 
-// Forwards to a FakeTransport the test owns, so that several clients serve
-// and read on the same one.
-class SharedTransport final : public transport::Transport {
- public:
-  explicit SharedTransport(FakeTransport& t) : t_(t) {}
-  std::string_view name() const override { return t_.name(); }
-  Result<std::unique_ptr<transport::Server>> Listen(
-      const std::string& host_port, transport::ReadSource* source,
-      const transport::ServerOptions& options) override {
-    return t_.Listen(host_port, source, options);
-  }
-  Result<std::unique_ptr<transport::Connection>> Connect(
-      const std::string& address, const Deadline& deadline) override {
-    return t_.Connect(address, deadline);
-  }
-
- private:
-  FakeTransport& t_;
-};
-
 // A logical tensor of random bytes, row-major over `shape`.
 struct Logical {
   std::string name;
@@ -107,7 +87,8 @@ class FetchSessionTest : public ::testing::Test {
     o.heartbeat_interval_ms = 3600 * 1000;  // no heartbeat during a test
     o.leave_timeout_ms = 0;
     ClientDeps deps;
-    deps.transport = std::make_unique<SharedTransport>(transport_);
+    deps.transport =
+        std::make_unique<transport::SharedFakeTransport>(transport_);
     auto calls = std::make_shared<HubCallCounts>();
     deps.control = hub_.Connect(calls);
     deps.clock = &clock_;

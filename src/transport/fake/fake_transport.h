@@ -346,6 +346,26 @@ inline Result<std::unique_ptr<Connection>> FakeTransport::Connect(
       std::make_unique<FakeConnection>(this, address));
 }
 
+// Forwards to a FakeTransport its owner (a test) keeps, so that several
+// clients, each owning its transport, serve and read on the same one.
+class SharedFakeTransport final : public Transport {
+ public:
+  explicit SharedFakeTransport(FakeTransport& t) : t_(t) {}
+  std::string_view name() const override { return t_.name(); }
+  Result<std::unique_ptr<Server>> Listen(
+      const std::string& host_port, ReadSource* source,
+      const ServerOptions& options) override {
+    return t_.Listen(host_port, source, options);
+  }
+  Result<std::unique_ptr<Connection>> Connect(
+      const std::string& address, const Deadline& deadline) override {
+    return t_.Connect(address, deadline);
+  }
+
+ private:
+  FakeTransport& t_;
+};
+
 }  // namespace tensorhub::transport
 
 #endif  // TENSORHUB_TRANSPORT_FAKE_FAKE_TRANSPORT_H_
