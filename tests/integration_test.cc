@@ -122,7 +122,7 @@ TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
       client::MakeGrpcControlPlane(hub_->address(), "", 5000);
   client::ControlPlane& hc = *control;
   auto w = hc.Register(WorkerId(), "holder", "127.0.0.1:1", {}, {},
-                       WorkerClass::kReliable, 5000);
+                       WorkerClass::kReliable, false, 5000);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   SyntheticModel src(TestLayout(1 << 20));
   src.Fill(3);
@@ -138,7 +138,7 @@ TEST_F(HubTest, AddHolderByDigestFallsBackToTheFullManifest) {
   EXPECT_EQ(r->num_holders, 1u);
   // Now the hub has it: a second holder reports by digest alone.
   auto w2 = hc.Register(WorkerId(), "holder2", "127.0.0.1:2", {}, {},
-                        WorkerClass::kReliable, 5000);
+                        WorkerClass::kReliable, false, 5000);
   ASSERT_TRUE(w2.ok());
   ASSERT_TRUE(hc.AddHolder(*w2, "m", Version(4), 1, m, /*filling=*/true).ok());
   std::vector<PartLayout> other = m.parts();

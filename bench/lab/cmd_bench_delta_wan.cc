@@ -225,7 +225,14 @@ std::vector<std::string> RoleArgs(const Testbed& t, size_t host,
       "--seed",         std::to_string(f.seed),
       "--chunk-bytes",  std::to_string(f.chunk_bytes),
       "--connections",  std::to_string(f.connections)};
-  if (!deltas) a.push_back("--no-deltas");
+  if (!deltas) {
+    a.push_back("--no-deltas");
+  } else {
+    // The links as they are on this test bed, as a user states theirs: the
+    // choice between a delta and whole chunks is made on them.
+    a.insert(a.end(), {"--wide-area-mbit", std::to_string(t.wan_mbit),
+                       "--datacenter-mbit", std::to_string(t.host_mbit)});
+  }
   return a;
 }
 

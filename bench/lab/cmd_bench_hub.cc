@@ -420,7 +420,7 @@ int RunRealHub(const BenchHubFlags& f, const PartLayout& part,
   }
   // The first call waits (bounded) for the hub to listen; not timed.
   if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {},
-                                        {}, WorkerClass::kReliable, 10000);
+                                        {}, WorkerClass::kReliable, false, 10000);
       !first.ok()) {
     return Fail(first.status().WithContext("hub did not come up"));
   } else if (Status s = pin ? PinProcess(hub->pid(), hub_cpus) : Status::Ok();
@@ -460,7 +460,8 @@ int RunRealHub(const BenchHubFlags& f, const PartLayout& part,
   double c0 = cpu();
   parallel(0, [&](client::ControlPlane& c, uint64_t i, uint64_t) -> Status {
     auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i), {},
-                         LabelsOf(i), WorkerClass::kReliable, 10000);
+                         LabelsOf(i), WorkerClass::kReliable, false,
+                         10000);
     if (!id.ok()) return id.status();
     ids[i] = *id;
     return Status::Ok();

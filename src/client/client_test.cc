@@ -128,7 +128,7 @@ class ScriptedHub final : public ControlPlane {
   Result<WorkerId> Register(const WorkerId&, const std::string&,
                             const std::string&,
                             const std::vector<DataEndpoint>&, const Labels&,
-                            WorkerClass, int64_t) override {
+                            WorkerClass, bool, int64_t) override {
     return WorkerId("reader");
   }
   Status Heartbeat(const WorkerId&) override { return Status::Ok(); }

@@ -150,14 +150,15 @@ class ControlPlane {
   virtual ~ControlPlane() = default;
 
   // `data_address`: the worker's TCP data server; `endpoints`: the other
-  // transports it serves.
+  // transports it serves; `nearby_deltas`: deltas win on its link inside
+  // its datacenter too (NearbyDeltasWin, fetch/delta_choice.h).
   virtual Result<WorkerId> Register(const WorkerId& old_id,
                                     const std::string& name,
                                     const std::string& data_address,
                                     const std::vector<DataEndpoint>& endpoints,
                                     const Labels& labels,
                                     WorkerClass worker_class,
-                                    int64_t timeout_ms) = 0;
+                                    bool nearby_deltas, int64_t timeout_ms) = 0;
   virtual Status Heartbeat(const WorkerId& id) = 0;
   virtual Status Publish(const WorkerId& id, const std::string& model,
                          Version version, uint32_t rank, uint32_t group_size,

@@ -75,7 +75,7 @@ class GrpcControlPlane final : public ControlPlane {
                             const std::string& data_address,
                             const std::vector<DataEndpoint>& endpoints,
                             const Labels& labels, WorkerClass worker_class,
-                            int64_t timeout_ms) override;
+                            bool nearby_deltas, int64_t timeout_ms) override;
   Status Heartbeat(const WorkerId& id) override;
   Status Publish(const WorkerId& id, const std::string& model, Version version,
                  uint32_t rank, uint32_t group_size, uint64_t chunk_bytes,
@@ -356,8 +356,10 @@ Status GrpcControlPlane::Check(const grpc::Status& s, const char* what,
 Result<WorkerId> GrpcControlPlane::Register(
     const WorkerId& old_id, const std::string& name,
     const std::string& data_address, const std::vector<DataEndpoint>& endpoints,
-    const Labels& labels, WorkerClass worker_class, int64_t timeout_ms) {
+    const Labels& labels, WorkerClass worker_class, bool nearby_deltas,
+    int64_t timeout_ms) {
   v1::RegisterWorkerRequest req;
+  req.set_nearby_deltas(nearby_deltas);
   req.set_worker_id(old_id.value());
   req.set_name(name);
   req.set_data_address(data_address);

@@ -179,7 +179,7 @@ class InMemoryHub::Plane final : public ControlPlane {
                             const std::string& data_address,
                             const std::vector<DataEndpoint>& endpoints,
                             const Labels& labels, WorkerClass worker_class,
-                            int64_t) override {
+                            bool nearby_deltas, int64_t) override {
     counts_->Add("Register");
     hub::WorkerRegistration reg;
     reg.requested_id = old_id;
@@ -188,6 +188,7 @@ class InMemoryHub::Plane final : public ControlPlane {
     reg.labels = labels;
     reg.worker_class = worker_class;
     reg.endpoints = endpoints;
+    reg.nearby_deltas = nearby_deltas;
     return hub_.With([&](hub::HubState& s, int64_t now) {
       return s.RegisterWorker(reg, now);
     });

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "client/addresses.h"
+#include "client/fetch/delta_choice.h"
 #include "common/log.h"
 
 namespace tensorhub::client {
@@ -33,7 +34,8 @@ Status Membership::Join() {
   TH_ASSIGN_OR_RETURN(
       id_, hub_.Register(WorkerId(), options_.name, addresses_.data_address(),
                          addresses_.endpoints(), options_.labels,
-                         options_.worker_class, options_.connect_timeout_ms));
+                         options_.worker_class, NearbyDeltasWin(options_.deltas),
+                         options_.connect_timeout_ms));
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   return Status::Ok();
 }
@@ -41,7 +43,7 @@ Status Membership::Join() {
 Status Membership::RegisterAgain(const Deadline& deadline) {
   Result<WorkerId> again = hub_.Register(
       id_, options_.name, addresses_.data_address(), addresses_.endpoints(),
-      options_.labels, options_.worker_class,
+      options_.labels, options_.worker_class, NearbyDeltasWin(options_.deltas),
       std::min(options_.rpc_timeout_ms, AtLeast1(deadline.remaining_ms())));
   if (!again.ok()) return again.status();
   registry_.MarkAllUnreported();
@@ -153,7 +155,8 @@ void Membership::HeartbeatLoop() {
 void Membership::Rejoin() {
   Result<WorkerId> r = hub_.Register(
       id_, options_.name, addresses_.data_address(), addresses_.endpoints(),
-      options_.labels, options_.worker_class, options_.rpc_timeout_ms);
+      options_.labels, options_.worker_class, NearbyDeltasWin(options_.deltas),
+      options_.rpc_timeout_ms);
   if (!r.ok()) {
     TH_LOG(WARN) << "re-register: " << r.status().ToString();
     return;

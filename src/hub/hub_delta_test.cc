@@ -26,11 +26,13 @@ class HubDeltaTest : public ::testing::Test {
     return c;
   }
 
-  WorkerId Register(const std::string& name, Labels labels) {
+  WorkerId Register(const std::string& name, Labels labels,
+                    bool nearby_deltas = false) {
     WorkerRegistration reg;
     reg.name = name;
     reg.data_address = "tcp://" + name + ":9000";
     reg.labels = std::move(labels);
+    reg.nearby_deltas = nearby_deltas;
     Result<WorkerId> id = hub_.RegisterWorker(reg, 0);
     EXPECT_TRUE(id.ok()) << id.status().ToString();
     return id.ok() ? *id : WorkerId();
@@ -221,6 +223,132 @@ TEST_F(HubDeltaTest, RemoteReaderReadsTheDeltaHolderAloneItsPeersReadIt) {
   ASSERT_TRUE(again.ok());
   ASSERT_FALSE(again->empty());
   EXPECT_EQ((*again)[0].worker, full);
+}
+
+TEST_F(HubDeltaTest, ARemoteDatacentersFirstReaderMakesTheDeltaForItsPeers) {
+  // Datacenter a: the trainer with the delta 1 -> 2 and a keeper of both.
+  // Datacenter b: three readers holding version 1.
+  const WorkerId trainer = Register("trainer", Dc("a", "t"));
+  const WorkerId keeper = Register("keeper", Dc("a", "k"));
+  // b's links are slow: its readers take deltas from holders in b too.
+  const WorkerId r1 = Register("r1", Dc("b", "r1"), true);
+  const WorkerId r2 = Register("r2", Dc("b", "r2"), true);
+  const WorkerId r3 = Register("r3", Dc("b", "r3"), true);
+  Publish(trainer, 2);
+  for (uint64_t v : {1, 2}) Hold(keeper, v);
+  for (const WorkerId& r : {r1, r2, r3}) Hold(r, 1);
+  ASSERT_TRUE(*Claim(trainer, 2, 1));
+  ASSERT_TRUE(Ready(trainer, 2, 1).ok());
+  EXPECT_FALSE(*Claim(keeper, 2, 1));  // once per datacenter: a has it
+  // Ready across the link only: b's readers (slow links there) wait for
+  // b's first reader sent to it to make it in b.
+  EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
+  // r1 starts first (BeginFetch: a filling holder, then its sources): the
+  // delta's holder across the link, and the delta is claimed for r1, to
+  // make for datacenter b once it holds version 2.
+  BeginFetchArgs b;
+  b.reader = r1;
+  b.model = "m";
+  b.version = Version(2);
+  b.fill_epoch = 60;
+  auto start = hub_.BeginFetch(b, 0);
+  ASSERT_TRUE(start.ok());
+  ASSERT_EQ(start->sources.size(), 1u);
+  EXPECT_EQ(start->sources[0].worker, trainer);
+  EXPECT_FALSE(start->delta_pending);  // it has one to read
+  // r2 starts: r1 is its nearest source (whole chunks), and the delta is
+  // pending in its datacenter, so it may wait for it.
+  b.reader = r2;
+  b.fill_epoch = 61;
+  start = hub_.BeginFetch(b, 0);
+  ASSERT_TRUE(start.ok());
+  ASSERT_FALSE(start->sources.empty());
+  EXPECT_EQ(start->sources[0].worker, r1);
+  EXPECT_TRUE(start->sources[0].deltas.empty());
+  EXPECT_TRUE(start->delta_pending);
+  EXPECT_FALSE(Claim(r2, 2, 1).ok());  // it does not hold version 2 yet
+  // r1 holds version 2 whole: its DeltaMaker's claim is granted (it was
+  // made for it), nobody else's in b is; once ready, r2 and r3 read it
+  // from r1 inside their datacenter.
+  Hold(r1, 2);
+  EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));  // still r1's
+  EXPECT_TRUE(*Claim(r1, 2, 1));
+  Hold(r3, 2);
+  EXPECT_FALSE(*Claim(r3, 2, 1));
+  ASSERT_TRUE(Ready(r1, 2, 1, 777).ok());
+  EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
+  // r2 is sent to r1's delta alone (r3, a full holder in b, would send
+  // whole chunks).
+  std::vector<HolderView> s = Sources(r2, 2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].worker, r1);
+  ASSERT_EQ(s[0].deltas.size(), 1u);
+  EXPECT_EQ(s[0].deltas[0], (DeltaOffer{Version(1), 777}));
+}
+
+TEST_F(HubDeltaTest, OnAFastLocalLinkTheDatacentersReadersFeedEachOther) {
+  // Readers registered without nearby_deltas (the default: full chunks win
+  // on a datacenter's link) are not all sent to the one delta holder.
+  const WorkerId trainer = Register("trainer", Dc("a", "t"));
+  const WorkerId full = Register("full", Dc("a", "f"));
+  const WorkerId fast = Register("fast", Dc("a", "r"));
+  const WorkerId slow = Register("slow", Dc("a", "s"), true);
+  Publish(trainer, 2);
+  for (const WorkerId& r : {fast, slow}) Hold(r, 1);
+  ASSERT_TRUE(*Claim(trainer, 2, 1));
+  ASSERT_TRUE(Ready(trainer, 2, 1).ok());
+  Hold(full, 2);
+  hub_.FetchDone(full, "m", Version(2));
+  std::vector<HolderView> s = Sources(fast, 2);
+  ASSERT_FALSE(s.empty());
+  EXPECT_EQ(s[0].worker, full);  // the idle full holder first, striped
+  hub_.FetchDone(fast, "m", Version(2));
+  s = Sources(slow, 2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].worker, trainer);
+  EXPECT_EQ(s[0].deltas.size(), 1u);
+}
+
+TEST_F(HubDeltaTest, ARelayThatLeavesOrOnlyFetchesLeavesNoClaim) {
+  const WorkerId trainer = Register("trainer", Dc("a", "t"));
+  const WorkerId r1 = Register("r1", Dc("b", "r1"));
+  const WorkerId r2 = Register("r2", Dc("b", "r2"));
+  Publish(trainer, 2);
+  for (const WorkerId& r : {r1, r2}) Hold(r, 1);
+  ASSERT_TRUE(*Claim(trainer, 2, 1));
+  ASSERT_TRUE(Ready(trainer, 2, 1).ok());
+  // A reader that only fetches (no filling registration: it serves
+  // nothing) is pointed at the delta; nothing is claimed for it.
+  BeginFetchArgs b;
+  b.reader = r1;
+  b.model = "m";
+  b.version = Version(2);
+  auto start = hub_.BeginFetch(b, 0);
+  ASSERT_TRUE(start.ok());
+  ASSERT_EQ(start->sources.size(), 1u);
+  EXPECT_EQ(start->sources[0].worker, trainer);
+  EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
+  hub_.FetchDone(r1, "m", Version(2));
+  // A filling reader gets the claim; when it withdraws it (it will not
+  // make it: DropDelta) its peers stop waiting, and its later asks for
+  // sources (failing over) do not claim it again.
+  b.fill_epoch = 60;
+  ASSERT_TRUE(hub_.BeginFetch(b, 0).ok());
+  EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
+  ASSERT_TRUE(hub_.DropDelta(r1, "m", Version(2), Version(1), 0).ok());
+  EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
+  Sources(r1, 2);
+  EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
+  // A reader that leaves takes its claim along.
+  ASSERT_TRUE(hub_.Leave(r1).ok());
+  const WorkerId r3 = Register("r3", Dc("b", "r3"));
+  Hold(r3, 1);
+  ASSERT_TRUE(hub_.AddHolder(r3, "m", Version(2), 62, manifests_[1], 0, true)
+                  .ok());
+  Sources(r3, 2);
+  EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
+  ASSERT_TRUE(hub_.Leave(r3).ok());
+  EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
 }
 
 TEST_F(HubDeltaTest, DeltaGoesWithItsHoldersReference) {

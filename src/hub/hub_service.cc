@@ -172,6 +172,7 @@ class HubServiceImpl final : public HotCallsService {
     reg.labels = wire::FromProto(req->labels());
     reg.worker_class = req->worker_class() == v1::SPOT ? WorkerClass::kSpot
                                                        : WorkerClass::kReliable;
+    reg.nearby_deltas = req->nearby_deltas();
     MutexLock lock(mu_);
     Result<WorkerId> id = state_.RegisterWorker(reg, NowMs());
     if (!id.ok()) return wire::ToGrpc(id.status());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <string_view>
@@ -857,6 +858,7 @@ void HubState::DropReference(const std::string& model, Version version,
   EndFetch(v, worker);
   std::erase_if(v.deltas,
                 [&](const auto& d) { return d.first.second == worker; });
+  v.relays_declined.erase(worker);
   if (v.state == VersionState::kPending) {
     // A rank left before its group committed: the version can never
     // complete. Abort it and drop the other ranks' references.
@@ -1392,14 +1394,11 @@ Result<bool> HubState::ClaimDelta(const WorkerId& worker,
                               " cut their bytes into different chunks: no "
                               "delta between them");
   }
-  auto it = v->deltas.lower_bound({base, WorkerId()});
-  if (it != v->deltas.end() && it->first.first == base) {
-    // Entries go with their holders' references: this one is live.
-    for (; it != v->deltas.end() && it->first.first == base; ++it) {
-      if (it->first.second == worker) return true;
-    }
-    return false;
-  }
+  // Entries go with their holders' references: these are live.
+  if (v->deltas.count({base, worker}) > 0) return true;
+  // Once per datacenter: its first holder of both makes it for its
+  // readers, so that the wide-area link carries it once.
+  if (DeltaInDatacenter(*v, base, worker)) return false;
   if (v->deltas.size() >= kMaxDeltasPerVersion) return false;
   v->deltas[{base, worker}] = VersionEntry::DeltaRef{};
   return true;
@@ -1446,6 +1445,10 @@ Status HubState::DropDelta(const WorkerId& worker, const std::string& model,
                     VersionName(model, version) + " from " +
                     std::to_string(base.value()));
   }
+  auto rit = v->refs.find(worker);
+  if (rit != v->refs.end() && rit->second.filling) {
+    v->relays_declined.insert(worker);  // ClaimRelay's, declined
+  }
   return Status::Ok();
 }
 
@@ -1455,13 +1458,52 @@ bool HubState::DeltaPending(const WorkerId& reader, const std::string& model,
   if (mit == models_.end()) return false;
   auto vit = mit->second.versions.find(version);
   if (vit == mit->second.versions.end()) return false;
-  bool pending = false;
+  auto rit = workers_.find(reader);
+  if (rit == workers_.end()) return false;
+  const std::string& dc = rit->second.reg.labels.datacenter;
+  bool ready = false, pending = false, pending_near = false;
   for (const auto& [key, d] : vit->second.deltas) {
-    if (key.second == reader || !HoldsWhole(reader, model, key.first)) continue;
-    if (d.ready) return false;
-    pending = true;
+    if (key.second == reader) return false;  // it makes one itself
+    if (!HoldsWhole(reader, model, key.first)) continue;
+    const bool near = workers_.at(key.second).reg.labels.datacenter == dc;
+    if (d.ready && near) return false;  // one to read in its datacenter
+    (d.ready ? ready : pending) = true;
+    pending_near = pending_near || (!d.ready && near);
   }
-  return pending;
+  // Being made in its datacenter (by the first reader there: ClaimRelay),
+  // or anywhere while none is ready. A reader whose link in its datacenter
+  // is slow (nearby_deltas) also waits while one is ready only across the
+  // wide-area link: the first reader of its datacenter sent to it (maybe
+  // itself, asking again) makes it there.
+  return pending_near || (pending && !ready) ||
+         (ready && rit->second.reg.nearby_deltas);
+}
+
+bool HubState::DeltaInDatacenter(const VersionEntry& v, Version base,
+                                 const WorkerId& worker) const {
+  const std::string& dc = workers_.at(worker).reg.labels.datacenter;
+  for (auto it = v.deltas.lower_bound({base, WorkerId()});
+       it != v.deltas.end() && it->first.first == base; ++it) {
+    const WorkerId& other = it->first.second;
+    if (other != worker && workers_.at(other).reg.labels.datacenter == dc) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void HubState::ClaimRelay(VersionEntry& v, const WorkerId& reader,
+                          Version base) {
+  auto rit = v.refs.find(reader);
+  // Only a reader that serves what it fetches (a filling holder) relays.
+  if (rit == v.refs.end() || !rit->second.filling) return;
+  if (v.deltas.count({base, reader}) > 0 ||
+      v.relays_declined.count(reader) > 0 ||
+      DeltaInDatacenter(v, base, reader) ||
+      v.deltas.size() >= kMaxDeltasPerVersion) {
+    return;
+  }
+  v.deltas.emplace(std::make_pair(base, reader), VersionEntry::DeltaRef{});
 }
 
 std::vector<DeltaOffer> HubState::OffersFor(const std::string& model,
@@ -1476,16 +1518,22 @@ std::vector<DeltaOffer> HubState::OffersFor(const std::string& model,
   return out;
 }
 
-void HubState::PreferDeltaHolder(const std::string& model,
-                                 const VersionEntry& v, const WorkerId& reader,
-                                 const std::set<WorkerId>& exclude,
-                                 int first_distance,
-                                 std::vector<WorkerId>* chosen) const {
-  if (first_distance <= kDatacenterDistance || v.deltas.empty()) return;
+std::optional<HubState::DeltaPick> HubState::PreferDeltaHolder(
+    const std::string& model, const VersionEntry& v, const WorkerId& reader,
+    const std::set<WorkerId>& exclude, int first_distance,
+    std::vector<WorkerId>* chosen) const {
+  if (v.deltas.empty()) return std::nullopt;
   auto rit = workers_.find(reader);
-  if (rit == workers_.end()) return;
+  if (rit == workers_.end()) return std::nullopt;
+  // Across the link, any delta holder beats full copies; inside the
+  // datacenter, one in it does for a reader whose link there is slow.
+  int max_distance = std::numeric_limits<int>::max();
+  if (first_distance <= kDatacenterDistance) {
+    if (!rit->second.reg.nearby_deltas) return std::nullopt;
+    max_distance = kDatacenterDistance;
+  }
   const WorkerId* best = nullptr;
-  int best_distance = 0;
+  DeltaPick pick;
   for (const auto& [key, d] : v.deltas) {
     const WorkerId& holder = key.second;
     if (!d.ready || holder == reader || exclude.count(holder) > 0 ||
@@ -1494,16 +1542,18 @@ void HubState::PreferDeltaHolder(const std::string& model,
     }
     const int distance =
         Distance(rit->second.reg.labels, workers_.at(holder).reg.labels);
-    if (best == nullptr || distance < best_distance) {
+    if (distance > max_distance) continue;
+    if (best == nullptr || distance < pick.distance) {
       best = &holder;
-      best_distance = distance;
+      pick = {key.first, distance};
     }
   }
-  if (best == nullptr) return;
+  if (best == nullptr) return std::nullopt;
   // Full copies from other holders across the link would cross it too:
   // the delta's holder alone (it holds every chunk; a chunk it has no
   // delta of comes from it whole).
   chosen->assign(1, *best);
+  return pick;
 }
 
 // Schedule's search, for one reader of one version. The ranking, written
@@ -1924,7 +1974,12 @@ Result<std::vector<HolderView>> HubState::Schedule(
     if (first.key != nullptr) {
       chosen = picker.WithStripes(first, max_sources);
       picker.CoverMissingParts(&chosen);
-      PreferDeltaHolder(model, v, reader, exclude, first.distance, &chosen);
+      const std::optional<DeltaPick> via =
+          PreferDeltaHolder(model, v, reader, exclude, first.distance, &chosen);
+      // Across the wide-area link: the reader makes it for its datacenter.
+      if (via.has_value() && via->distance > kDatacenterDistance) {
+        ClaimRelay(v, reader, via->base);
+      }
     }
   }
   if (chosen.empty()) {

@@ -122,6 +122,10 @@ struct WorkerRegistration {
   WorkerClass worker_class = WorkerClass::kReliable;
   // Transports it serves besides TCP (at most kMaxDataEndpoints).
   std::vector<DataEndpoint> endpoints;
+  // Its link inside its datacenter is slow enough for a delta to win there
+  // too (DeltaOptions): Schedule prefers a holder of a ready delta from a
+  // base it holds in its datacenter, not only across the wide-area link.
+  bool nearby_deltas = false;
 };
 
 struct ChunkRange {
@@ -463,9 +467,12 @@ class HubState {
   // A worker that holds whole both `version` and an older `base` of a
   // model, with the same layout (group size, chunk size and part sizes),
   // asks to compute the delta of the version against the base. Granted
-  // (true) to the first worker to ask per (base, version), while it lives
-  // and holds the version; false when another live worker has claimed or
-  // serves that delta already, or the version has kMaxDeltasPerVersion.
+  // (true) to the first worker to ask per (base, version) and datacenter
+  // (labels.datacenter), while it lives and holds the version, and to a
+  // worker the hub claimed it for (ClaimRelay); false when another live
+  // worker of its datacenter has claimed or serves that delta already, or
+  // the version has kMaxDeltasPerVersion. So the wide-area link carries a
+  // delta once per datacenter, as it carries full copies.
   // FAILED_PRECONDITION when the worker does not hold both whole (or the
   // layouts differ), NOT_FOUND for an unknown version. O(log N).
   Result<bool> ClaimDelta(const WorkerId& worker, const std::string& model,
@@ -484,8 +491,12 @@ class HubState {
   // (e.g. it could not compute it). NOT_FOUND if it had none.
   Status DropDelta(const WorkerId& worker, const std::string& model,
                    Version version, Version base, int64_t now_ms);
-  // Whether a live holder is computing a delta of the version from a base
-  // the reader holds whole (claimed, not ready) and none such is ready.
+  // Whether a delta of the version from a base the reader holds whole is
+  // being made (claimed, not ready) where the reader may want to wait for
+  // it: in its datacenter, while none is ready there; or anywhere, while
+  // none is ready at all; or, for a reader registered with nearby_deltas,
+  // while one is ready only in other datacenters (the first reader of its
+  // datacenter sent to it makes it there: ClaimRelay).
   bool DeltaPending(const WorkerId& reader, const std::string& model,
                     Version version) const;
 
@@ -789,13 +800,17 @@ class HubState {
     // where a reader can read it from them (SliceHoldersCover).
     std::vector<bool> parts_in_slices;
     // Deltas of this version: (base, holder) -> ready (its size known) or
-    // claimed. Each holder has a complete reference in `refs`; the entry
-    // goes with that reference. At most kMaxDeltasPerVersion.
+    // claimed. Each holder has a reference in `refs` (complete, or filling
+    // for a claim ClaimRelay made); the entry goes with that reference. At
+    // most kMaxDeltasPerVersion.
     struct DeltaRef {
       bool ready = false;
       uint64_t bytes = 0;
     };
     std::map<std::pair<Version, WorkerId>, DeltaRef> deltas;
+    // Filling readers that withdrew a claim ClaimRelay made for them: not
+    // claimed for again while that reference lasts.
+    std::set<WorkerId> relays_declined;
   };
   struct Model {
     std::map<Version, VersionEntry> versions;
@@ -939,10 +954,31 @@ class HubState {
   // A reader whose nearest source is in another datacenter reads from a
   // holder of a ready delta from a base it holds, instead of full copies
   // across the wide-area link (docs/design.md, "Deltas on slow links").
-  void PreferDeltaHolder(const std::string& model, const VersionEntry& v,
-                         const WorkerId& reader,
-                         const std::set<WorkerId>& exclude, int first_distance,
-                         std::vector<WorkerId>* chosen) const;
+  // Inside its datacenter too for a reader registered with nearby_deltas.
+  // Returns the base and the distance of the delta it chose, if it did.
+  struct DeltaPick {
+    Version base;
+    int distance = 0;
+  };
+  std::optional<DeltaPick> PreferDeltaHolder(const std::string& model,
+                                             const VersionEntry& v,
+                                             const WorkerId& reader,
+                                             const std::set<WorkerId>& exclude,
+                                             int first_distance,
+                                             std::vector<WorkerId>* chosen) const;
+  // Whether a worker of `worker`'s datacenter other than it has claimed or
+  // serves the delta (base -> v).
+  bool DeltaInDatacenter(const VersionEntry& v, Version base,
+                         const WorkerId& worker) const;
+  // `reader`, a filling holder pointed at a delta from `base` across the
+  // wide-area link (PreferDeltaHolder), makes that delta for its
+  // datacenter once it holds the version (its DeltaMaker claims it then,
+  // and is granted it): claimed for it now, unless a worker of its
+  // datacenter has it, so that the datacenter's readers starting meanwhile
+  // see it pending (DeltaPending) and may wait for it instead of reading
+  // the version whole from the reader. Goes with the reader's reference.
+  // Not for a reader that withdrew such a claim (DropDelta) before.
+  void ClaimRelay(VersionEntry& v, const WorkerId& reader, Version base);
 
   HubConfig config_;
   // Some rack's uplink is oversubscribed: filling holders are ordered by

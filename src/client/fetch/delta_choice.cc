@@ -38,6 +38,26 @@ void ChooseDeltas(std::vector<FetchSource>* sources, Version base,
   }
 }
 
+bool NearbyDeltasWin(const DeltaOptions& options) {
+  constexpr uint64_t kVersion = 1ull << 30;  // the choice scales with it
+  return options.read &&
+         DeltaWins(kVersion,
+                   static_cast<uint64_t>(static_cast<double>(kVersion) *
+                                         kAssumedDeltaShare),
+                   options.datacenter_link_bytes_per_s,
+                   options.apply_bytes_per_s);
+}
+
+void ReadCompleteDeltaSourceAlone(std::vector<FetchSource>* sources) {
+  auto it = std::find_if(sources->begin(), sources->end(),
+                         [](const FetchSource& s) {
+                           return s.delta.has_value() && !s.filling;
+                         });
+  if (it == sources->end() || sources->size() == 1) return;
+  FetchSource alone = std::move(*it);
+  sources->assign(1, std::move(alone));
+}
+
 bool AnySourceNearby(const std::vector<FetchSource>& sources,
                      const Labels& reader) {
   return std::any_of(sources.begin(), sources.end(), [&](const FetchSource& s) {

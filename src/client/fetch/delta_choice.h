@@ -39,6 +39,21 @@ void ChooseDeltas(std::vector<FetchSource>* sources, Version base,
                   uint64_t version_bytes, const Labels& reader,
                   const DeltaOptions& options);
 
+// Whether deltas win on this worker's link inside its datacenter too:
+// whether a delta of kAssumedDeltaShare of a version, applied, beats the
+// version whole over DeltaOptions::datacenter_link_bytes_per_s (for any
+// version size). Told to the hub at registration (it then sends the
+// worker to a holder of a ready delta nearby), and a reader waits for a
+// delta being made in its datacenter only then. The choice of a source
+// once a delta is offered uses the delta's real size (ChooseDeltas).
+inline constexpr double kAssumedDeltaShare = 0.05;  // 1-5% at RL rates
+bool NearbyDeltasWin(const DeltaOptions& options);
+
+// When a source holding every chunk is read through a delta, the fetch
+// reads it alone: any other source would send its share of the chunks
+// whole. Failures go to the hub for new sources, as any source's.
+void ReadCompleteDeltaSourceAlone(std::vector<FetchSource>* sources);
+
 // Whether any source is in this reader's datacenter.
 bool AnySourceNearby(const std::vector<FetchSource>& sources,
                      const Labels& reader);

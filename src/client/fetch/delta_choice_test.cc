@@ -42,5 +42,30 @@ TEST(DeltaChoice, ChoosesPerSourceByItsLinkAndBase) {
   EXPECT_FALSE(sources[0].delta.has_value());
 }
 
+TEST(DeltaChoice, WaitsForADeltaNearbyOnlyWhereTheLocalLinkIsSlow) {
+  DeltaOptions o;  // 10 Gbit/s inside a datacenter, applied at 1 GB/s
+  EXPECT_FALSE(NearbyDeltasWin(o));
+  o.datacenter_link_bytes_per_s = 1.25e8;  // 1 Gbit/s
+  EXPECT_TRUE(NearbyDeltasWin(o));
+  o.read = false;
+  EXPECT_FALSE(NearbyDeltasWin(o));
+}
+
+TEST(DeltaChoice, ACompleteSourceReadThroughADeltaIsReadAlone) {
+  std::vector<FetchSource> sources(3);
+  sources[0].address = "full";
+  sources[1].address = "filling-delta";
+  sources[1].filling = true;
+  sources[1].delta = DeltaOffer{Version(7), 10};
+  sources[2].address = "delta";
+  sources[2].delta = DeltaOffer{Version(7), 10};
+  std::vector<FetchSource> partial = {sources[0], sources[1]};
+  ReadCompleteDeltaSourceAlone(&partial);  // still filling: all stay
+  EXPECT_EQ(partial.size(), 2u);
+  ReadCompleteDeltaSourceAlone(&sources);
+  ASSERT_EQ(sources.size(), 1u);
+  EXPECT_EQ(sources[0].address, "delta");
+}
+
 }  // namespace
 }  // namespace tensorhub::client

@@ -74,10 +74,12 @@ class DeltaFetchTest : public ::testing::Test {
   }
   void TearDown() override { testpoint::Disarm("delta_reads.delta_read"); }
 
-  std::unique_ptr<Client> Join(const std::string& name, const std::string& dc) {
+  std::unique_ptr<Client> Join(const std::string& name, const std::string& dc,
+                               const DeltaOptions& deltas = {}) {
     ClientOptions o;
     o.name = name;
     o.labels.datacenter = dc;
+    o.deltas = deltas;
     o.heartbeat_interval_ms = 3600 * 1000;  // no heartbeat during a test
     o.leave_timeout_ms = 0;
     ClientDeps deps;
@@ -164,11 +166,19 @@ TEST_F(DeltaFetchTest, RemoteReaderHoldingTheBaseReadsTheDeltaBitExact) {
   EXPECT_EQ(st->sources[0].address, trainer_->data_address());
   EXPECT_EQ(st->sources[0].delta_bytes, v2_.bytes());
   EXPECT_EQ(st->sources[0].delta_wire_bytes, st->delta_wire_bytes);
-  // Computed once per (base, version): the reader, now holding both, asks
-  // and is told the trainer has it.
+  // Computed once per (base, version) and datacenter: the reader, the
+  // first of datacenter "b" and now holding both, makes it for its peers
+  // (the hub claimed it for it when it pointed it at the trainer's); a
+  // worker of datacenter "a" holding both is told the trainer has it.
   WaitForDeltas(*reader_);
-  EXPECT_EQ(ClientFactory::Deltas(*reader_).made(), 0u);
-  EXPECT_EQ(ClientFactory::Deltas(*reader_).refused(), 1u);
+  EXPECT_EQ(ClientFactory::Deltas(*reader_).made(), 1u);
+  std::unique_ptr<Client> near = Join("near", "a");
+  Weights* base = nullptr;
+  ASSERT_TRUE(Fetch(*near, 1, &base).ok());
+  ASSERT_TRUE(Fetch(*near, 2, &got).ok());
+  WaitForDeltas(*near);
+  EXPECT_EQ(ClientFactory::Deltas(*near).made(), 0u);
+  EXPECT_EQ(ClientFactory::Deltas(*near).refused(), 1u);
 }
 
 // Chunks larger than a cut-through piece (fetcher.h): a reader that serves
@@ -217,6 +227,31 @@ TEST_F(DeltaFetchTest, SecondReaderOfTheRemoteDatacenterReadsTheFirstOne) {
   for (const FetchSourceStats& s : st->sources) {
     EXPECT_NE(s.address, trainer_->data_address()) << "crossed the link again";
   }
+}
+
+TEST_F(DeltaFetchTest, PeersBehindASlowLocalLinkReadTheDeltaTheFirstMade) {
+  // Datacenter "b"'s links are slow enough for a delta to win there too:
+  // its first reader, which read the delta across the wide-area link,
+  // makes it for its datacenter, and its peer reads that delta from it
+  // alone, never from across the link.
+  TrainerAndReader();
+  DeltaOptions slow;
+  slow.datacenter_link_bytes_per_s = 1.25e8;  // 1 Gbit/s
+  std::unique_ptr<Client> peer = Join("peer", "b", slow);
+  Weights* base = nullptr;
+  ASSERT_TRUE(Fetch(*peer, 1, &base).ok());
+  Weights* got = nullptr;
+  ASSERT_TRUE(Fetch(*reader_, 2, &got).ok());
+  WaitForDeltas(*reader_);
+  ASSERT_EQ(ClientFactory::Deltas(*reader_).made(), 1u);
+  Result<FetchStats> st = Fetch(*peer, 2, &got);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(*got, v2_);
+  EXPECT_EQ(st->delta_base, Version(1));
+  EXPECT_EQ(st->bytes_from_delta, v2_.bytes());
+  EXPECT_LT(st->delta_wire_bytes, v2_.bytes() / 8);
+  ASSERT_EQ(st->sources.size(), 1u);
+  EXPECT_EQ(st->sources[0].address, reader_->data_address());
 }
 
 TEST_F(DeltaFetchTest, ReaderThatLostItsBaseReadsTheRestWhole) {

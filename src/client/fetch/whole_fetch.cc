@@ -12,6 +12,7 @@
 #include "client/fetch/fetch_session.h"
 #include "client/fetch/slice_fetch.h"
 #include "client/tensor_checks.h"
+#include "common/log.h"
 
 namespace tensorhub::client {
 namespace {
@@ -107,26 +108,54 @@ Result<FetchJob> MapDestination(const FetchSession& session,
   return job;
 }
 
+// Tells the hub this reader will not make the delta it read across the
+// wide-area link for its datacenter after all (HubState::ClaimRelay: the
+// hub claimed it for the reader when it pointed it at that delta), so that
+// the datacenter's readers waiting for it stop waiting. Only when some
+// source in another datacenter offered one (the hub's cue); a claim that
+// was not made answers NOT_FOUND, which is fine.
+void DropRelayClaims(WorkerContext& ctx, const FetchSession& session,
+                     const std::vector<FetchSource>& sources) {
+  for (const FetchSource& s : sources) {
+    if (s.labels.datacenter == ctx.options.labels.datacenter) continue;
+    for (const DeltaOffer& d : s.delta_offers) {
+      Result<bool> r = ctx.hub.ReportDelta(
+          ctx.membership.id(), session.model(), session.version(), d.base,
+          DeltaAction::kDrop, 0, ctx.options.rpc_timeout_ms);
+      if (!r.ok() && r.status().code() != StatusCode::kNotFound) {
+        TH_LOG(DEBUG) << "drop relayed delta: " << r.status().ToString();
+      }
+    }
+  }
+}
+
 // Deltas (docs/design.md, "Deltas on slow links"): the base this fetch
 // applies deltas to, if it holds one, and which sources it reads through
-// them (ChooseDeltas, per source). A reader whose sources are all in other
-// datacenters, none offering a delta it can use while one from its base is
-// being computed, asks the hub again for up to DeltaOptions::wait_ms
-// before it reads the version whole across the link.
+// them (ChooseDeltas, per source). A reader with a delta from its base
+// being made where it would read it (HubState::DeltaPending: across the
+// wide-area link while no source is nearby, or in its own datacenter when
+// its link there is slow enough for a delta to win: NearbyDeltasWin)
+// asks the hub again for up to DeltaOptions::wait_ms before it reads the
+// version whole. A source read through a delta that holds every chunk is
+// read alone: the others would send their chunks whole.
 std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
                                        FetchSession& session,
                                        const FetchJob& job,
                                        std::vector<FetchSource>* sources) {
   const DeltaOptions& o = ctx.options.deltas;
-  if (!o.read || !job.memory.is_host()) return std::nullopt;
-  std::vector<Version> offered;
-  for (const FetchSource& s : *sources) {
-    for (const DeltaOffer& d : s.delta_offers) offered.push_back(d.base);
+  std::optional<DeltaBase> base;
+  if (o.read && job.memory.is_host()) {
+    std::vector<Version> offered;
+    for (const FetchSource& s : *sources) {
+      for (const DeltaOffer& d : s.delta_offers) offered.push_back(d.base);
+    }
+    base = PickDeltaBase(ctx.registry, session.model(), session.version(),
+                         session.manifest(), offered);
   }
-  std::optional<DeltaBase> base =
-      PickDeltaBase(ctx.registry, session.model(), session.version(),
-                    session.manifest(), offered);
-  if (!base.has_value()) return std::nullopt;
+  if (!base.has_value()) {
+    DropRelayClaims(ctx, session, *sources);
+    return std::nullopt;
+  }
   const uint64_t bytes = session.manifest().total_bytes();
   auto choose = [&](std::vector<FetchSource>& s) {
     ChooseDeltas(&s, base->version, bytes, ctx.options.labels, o);
@@ -134,16 +163,33 @@ std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
       return f.delta.has_value();
     });
   };
-  if (!choose(*sources) && session.delta_pending() &&
-      !AnySourceNearby(*sources, ctx.options.labels) && o.wait_ms > 0) {
-    if (session.AwaitSources(choose, o.wait_ms)) {
+  const bool wait_nearby = NearbyDeltasWin(o);
+  if (!choose(*sources) && session.delta_pending() && o.wait_ms > 0 &&
+      (wait_nearby || !AnySourceNearby(*sources, ctx.options.labels))) {
+    TH_LOG(INFO) << "fetch " << session.name() << ": a delta from "
+                 << base->version.value()
+                 << " is being made; waiting up to " << o.wait_ms
+                 << " ms for it";
+    const bool got = session.AwaitSources(choose, o.wait_ms);
+    if (got) {
       Result<std::vector<FetchSource>> again = session.FirstSources();
       if (again.ok()) {
         *sources = std::move(again).value();
         choose(*sources);
       }
     }
+    TH_LOG(INFO) << "fetch " << session.name() << ": "
+                 << (got ? "the delta is ready" : "reading it whole");
   }
+  ReadCompleteDeltaSourceAlone(sources);
+  const bool relays =
+      o.serve && std::any_of(sources->begin(), sources->end(),
+                             [&](const FetchSource& s) {
+                               return s.delta.has_value() &&
+                                      s.labels.datacenter !=
+                                          ctx.options.labels.datacenter;
+                             });
+  if (!relays) DropRelayClaims(ctx, session, *sources);
   return base;
 }
 
