@@ -419,8 +419,9 @@ int RunRealHub(const BenchHubFlags& f, const PartLayout& part,
     clients.push_back(client::MakeGrpcControlPlane(address, "", 10000));
   }
   // The first call waits (bounded) for the hub to listen; not timed.
-  if (auto first = clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {},
-                                        {}, WorkerClass::kReliable, false, 10000);
+  if (auto first =
+          clients[0]->Register(WorkerId(), "probe", "127.0.0.1:1", {}, {},
+                               WorkerClass::kReliable, false, 10000);
       !first.ok()) {
     return Fail(first.status().WithContext("hub did not come up"));
   } else if (Status s = pin ? PinProcess(hub->pid(), hub_cpus) : Status::Ok();
@@ -460,8 +461,7 @@ int RunRealHub(const BenchHubFlags& f, const PartLayout& part,
   double c0 = cpu();
   parallel(0, [&](client::ControlPlane& c, uint64_t i, uint64_t) -> Status {
     auto id = c.Register(WorkerId(), "w" + std::to_string(i), AddressOf(i), {},
-                         LabelsOf(i), WorkerClass::kReliable, false,
-                         10000);
+                         LabelsOf(i), WorkerClass::kReliable, false, 10000);
     if (!id.ok()) return id.status();
     ids[i] = *id;
     return Status::Ok();

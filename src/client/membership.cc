@@ -32,10 +32,10 @@ Membership::~Membership() { Leave(); }
 
 Status Membership::Join() {
   TH_ASSIGN_OR_RETURN(
-      id_, hub_.Register(WorkerId(), options_.name, addresses_.data_address(),
-                         addresses_.endpoints(), options_.labels,
-                         options_.worker_class, NearbyDeltasWin(options_.deltas),
-                         options_.connect_timeout_ms));
+      id_, hub_.Register(
+               WorkerId(), options_.name, addresses_.data_address(),
+               addresses_.endpoints(), options_.labels, options_.worker_class,
+               NearbyDeltasWin(options_.deltas), options_.connect_timeout_ms));
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   return Status::Ok();
 }

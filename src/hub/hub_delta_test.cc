@@ -343,8 +343,8 @@ TEST_F(HubDeltaTest, ARelayThatLeavesOrOnlyFetchesLeavesNoClaim) {
   ASSERT_TRUE(hub_.Leave(r1).ok());
   const WorkerId r3 = Register("r3", Dc("b", "r3"));
   Hold(r3, 1);
-  ASSERT_TRUE(hub_.AddHolder(r3, "m", Version(2), 62, manifests_[1], 0, true)
-                  .ok());
+  ASSERT_TRUE(
+      hub_.AddHolder(r3, "m", Version(2), 62, manifests_[1], 0, true).ok());
   Sources(r3, 2);
   EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
   ASSERT_TRUE(hub_.Leave(r3).ok());

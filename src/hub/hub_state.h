@@ -960,12 +960,10 @@ class HubState {
     Version base;
     int distance = 0;
   };
-  std::optional<DeltaPick> PreferDeltaHolder(const std::string& model,
-                                             const VersionEntry& v,
-                                             const WorkerId& reader,
-                                             const std::set<WorkerId>& exclude,
-                                             int first_distance,
-                                             std::vector<WorkerId>* chosen) const;
+  std::optional<DeltaPick> PreferDeltaHolder(
+      const std::string& model, const VersionEntry& v, const WorkerId& reader,
+      const std::set<WorkerId>& exclude, int first_distance,
+      std::vector<WorkerId>* chosen) const;
   // Whether a worker of `worker`'s datacenter other than it has claimed or
   // serves the delta (base -> v).
   bool DeltaInDatacenter(const VersionEntry& v, Version base,

@@ -49,10 +49,9 @@ bool NearbyDeltasWin(const DeltaOptions& options) {
 }
 
 void ReadCompleteDeltaSourceAlone(std::vector<FetchSource>* sources) {
-  auto it = std::find_if(sources->begin(), sources->end(),
-                         [](const FetchSource& s) {
-                           return s.delta.has_value() && !s.filling;
-                         });
+  auto it = std::find_if(
+      sources->begin(), sources->end(),
+      [](const FetchSource& s) { return s.delta.has_value() && !s.filling; });
   if (it == sources->end() || sources->size() == 1) return;
   FetchSource alone = std::move(*it);
   sources->assign(1, std::move(alone));

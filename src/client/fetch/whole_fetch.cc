@@ -167,9 +167,8 @@ std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
   if (!choose(*sources) && session.delta_pending() && o.wait_ms > 0 &&
       (wait_nearby || !AnySourceNearby(*sources, ctx.options.labels))) {
     TH_LOG(INFO) << "fetch " << session.name() << ": a delta from "
-                 << base->version.value()
-                 << " is being made; waiting up to " << o.wait_ms
-                 << " ms for it";
+                 << base->version.value() << " is being made; waiting up to "
+                 << o.wait_ms << " ms for it";
     const bool got = session.AwaitSources(choose, o.wait_ms);
     if (got) {
       Result<std::vector<FetchSource>> again = session.FirstSources();
@@ -183,12 +182,11 @@ std::optional<DeltaBase> PrepareDeltas(WorkerContext& ctx,
   }
   ReadCompleteDeltaSourceAlone(sources);
   const bool relays =
-      o.serve && std::any_of(sources->begin(), sources->end(),
-                             [&](const FetchSource& s) {
-                               return s.delta.has_value() &&
-                                      s.labels.datacenter !=
-                                          ctx.options.labels.datacenter;
-                             });
+      o.serve &&
+      std::any_of(sources->begin(), sources->end(), [&](const FetchSource& s) {
+        return s.delta.has_value() &&
+               s.labels.datacenter != ctx.options.labels.datacenter;
+      });
   if (!relays) DropRelayClaims(ctx, session, *sources);
   return base;
 }
