@@ -31,15 +31,22 @@ void DeltaMaker::Stop() {
 }
 
 void DeltaMaker::Offer(const std::string& model, Version version) {
+  Offer(model, version, Version(), nullptr);
+}
+
+void DeltaMaker::Offer(const std::string& model, Version version,
+                       Version received_base,
+                       std::shared_ptr<const delta::VersionDelta> received) {
   if (!options_.deltas.serve) return;
   std::optional<WholeCopy> v = registry_.PinWhole(model, version);
   if (!v.has_value() || !v->holding.memory.is_host()) return;
   // The newest older version with the same chunks: what readers most likely
-  // hold (the one before).
+  // hold (the one before); the received delta's own base if there is one.
   const std::vector<Version> held = registry_.WholeVersions(model);
   std::optional<WholeCopy> base;
   for (auto it = held.rbegin(); it != held.rend() && !base.has_value(); ++it) {
     if (*it >= version) continue;
+    if (received != nullptr && *it != received_base) continue;
     std::optional<WholeCopy> b = registry_.PinWhole(model, *it);
     if (b.has_value() && b->holding.memory.is_host() &&
         delta::CheckSameChunks(b->manifest, v->manifest).ok()) {
@@ -57,7 +64,7 @@ void DeltaMaker::Offer(const std::string& model, Version version) {
       return;
     }
   }
-  Job job{model, std::move(*v), std::move(*base)};
+  Job job{model, std::move(*v), std::move(*base), std::move(received)};
   // Claimed before the caller (a Publish, a fetch) returns: a reader that
   // starts after that sees the delta pending at the hub and may wait for it
   // rather than read the version whole across a slow link.
@@ -133,8 +140,13 @@ void DeltaMaker::Make(Job& job) {
     Drop(job);
     return;
   }
-  testpoint::Hit("delta_maker.computing", version.value());
   const auto t0 = std::chrono::steady_clock::now();
+  if (job.received != nullptr) {
+    // Received whole and every chunk of it checked here: serve it as is.
+    Serve(job, job.received, t0);
+    return;
+  }
+  testpoint::Hit("delta_maker.computing", version.value());
   auto pieces = [&](uint64_t chunk, std::vector<iovec>* b,
                     std::vector<iovec>* v) {
     const ChunkLoc loc = job.version.manifest.Chunk(chunk);
@@ -153,7 +165,19 @@ void DeltaMaker::Make(Job& job) {
     Drop(job);
     return;
   }
-  const uint64_t bytes = made->total_bytes();
+  Serve(job,
+        std::make_shared<const delta::VersionDelta>(std::move(made).value()),
+        t0);
+}
+
+void DeltaMaker::Serve(Job& job,
+                       std::shared_ptr<const delta::VersionDelta> delta,
+                       std::chrono::steady_clock::time_point t0) {
+  const Version version = job.version.holding.version;
+  const Version base = job.base.holding.version;
+  const std::string what = "delta of " + VersionName(job.model, version) +
+                           " from " + std::to_string(base.value());
+  const uint64_t bytes = delta->total_bytes();
   if (registry_.delta_bytes() + bytes > options_.deltas.max_memory_bytes) {
     TH_LOG(INFO) << what << ": " << bytes
                  << " bytes would pass max_memory_bytes; not served";
@@ -164,8 +188,7 @@ void DeltaMaker::Make(Job& job) {
                         std::chrono::steady_clock::now() - t0)
                         .count();
   Status attached = registry_.AttachDelta(
-      job.model, version, job.version.holding.epoch, base,
-      std::make_shared<const delta::VersionDelta>(std::move(made).value()));
+      job.model, version, job.version.holding.epoch, base, std::move(delta));
   if (!attached.ok()) {
     Drop(job);
     return;
@@ -180,12 +203,16 @@ void DeltaMaker::Make(Job& job) {
     return;
   }
   ++made_;
+  if (job.received != nullptr) ++as_received_;
   const uint64_t total = job.version.manifest.total_bytes();
   TH_LOG(INFO) << what << ": " << bytes << " bytes, "
                << (total > 0 ? 100.0 * static_cast<double>(bytes) /
                                    static_cast<double>(total)
                              : 0.0)
-               << "% of the version, made in " << ms << " ms";
+               << "% of the version, "
+               << (job.received != nullptr ? "as received, served after "
+                                           : "made in ")
+               << ms << " ms";
 }
 
 }  // namespace tensorhub::client

@@ -21,9 +21,11 @@
 #define TENSORHUB_CLIENT_DELTA_MAKER_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -32,6 +34,7 @@
 #include "client/registry.h"
 #include "common/deadline.h"
 #include "common/mutex.h"
+#include "delta/version_delta.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub::client {
@@ -56,6 +59,12 @@ class DeltaMaker {
   // nothing when deltas are not served (DeltaOptions::serve), there is no such
   // base, or the unit stopped.
   void Offer(const std::string& model, Version version);
+  // As Offer, with the delta (`base` -> `version`) this worker received
+  // whole in its fetch of `version` (DeltaReads::TakeReceived: every chunk
+  // of it applied to this worker's base and checked): served as it is,
+  // not computed again. Without `received`, Offer's search.
+  void Offer(const std::string& model, Version version, Version base,
+             std::shared_ptr<const delta::VersionDelta> received);
   // Ends the thread: queued offers are dropped, a computation running ends
   // first. Idempotent.
   void Stop();
@@ -65,6 +74,8 @@ class DeltaMaker {
   // Deltas made and announced; claims the hub refused (another worker has
   // that delta).
   uint64_t made() const { return made_.load(); }
+  // Of made(): those served as received in a fetch, not computed.
+  uint64_t as_received() const { return as_received_.load(); }
   uint64_t refused() const { return refused_.load(); }
 
  private:
@@ -72,11 +83,16 @@ class DeltaMaker {
     std::string model;
     WholeCopy version;
     WholeCopy base;
+    std::shared_ptr<const delta::VersionDelta> received;  // or compute it
   };
   void Loop();
   // Asks the hub to make this delta here; false if refused or unanswered.
   bool Claim(const Job& job);
   void Make(Job& job);
+  // Attaches `delta` to the version's registration and tells the hub it is
+  // ready (or drops the claim if it does not fit).
+  void Serve(Job& job, std::shared_ptr<const delta::VersionDelta> delta,
+             std::chrono::steady_clock::time_point t0);
   // Tells the hub this worker will not serve that delta after all.
   void Drop(const Job& job);
 
@@ -92,6 +108,7 @@ class DeltaMaker {
   bool stopping_ TH_GUARDED_BY(mu_) = false;
   std::thread thread_;  // started by the first Offer, under mu_
   std::atomic<uint64_t> made_{0};
+  std::atomic<uint64_t> as_received_{0};
   std::atomic<uint64_t> refused_{0};
 };
 

@@ -252,7 +252,7 @@ bool FillingCopy::Complete() {
   } else if (ctx.deltas != nullptr) {
     // Held whole now: the first holder of a version that still holds an
     // older one may be the one to make their delta.
-    ctx.deltas->Offer(model_, version_);
+    ctx.deltas->Offer(model_, version_, received_base_, std::move(received_));
   }
   return true;
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +22,7 @@
 #include "client/tensor_checks.h"
 #include "client/worker_context.h"
 #include "common/deadline.h"
+#include "delta/version_delta.h"
 #include "tensorhub/client.h"
 
 namespace tensorhub::client {
@@ -130,6 +132,13 @@ class FillingCopy {
   bool Complete();
   // The fetch failed: stop serving the partial copy and withdraw it.
   void Abort();
+  // The delta (`base` -> this version) the fetch received whole
+  // (DeltaReads::TakeReceived): Complete offers it to serve as it is.
+  void SetReceivedDelta(Version base,
+                        std::shared_ptr<const delta::VersionDelta> delta) {
+    received_base_ = base;
+    received_ = std::move(delta);
+  }
 
  private:
   Serving& serving_;
@@ -138,6 +147,8 @@ class FillingCopy {
   const Deadline& deadline_;
   const Manifest* manifest_ = nullptr;
   std::optional<uint64_t> epoch_;  // registered, not completed or aborted
+  Version received_base_;
+  std::shared_ptr<const delta::VersionDelta> received_;
 };
 
 }  // namespace tensorhub::client

@@ -172,6 +172,7 @@ TEST_F(DeltaFetchTest, RemoteReaderHoldingTheBaseReadsTheDeltaBitExact) {
   // worker of datacenter "a" holding both is told the trainer has it.
   WaitForDeltas(*reader_);
   EXPECT_EQ(ClientFactory::Deltas(*reader_).made(), 1u);
+  EXPECT_EQ(ClientFactory::Deltas(*reader_).as_received(), 1u);
   std::unique_ptr<Client> near = Join("near", "a");
   Weights* base = nullptr;
   ASSERT_TRUE(Fetch(*near, 1, &base).ok());
@@ -244,6 +245,8 @@ TEST_F(DeltaFetchTest, PeersBehindASlowLocalLinkReadTheDeltaTheFirstMade) {
   ASSERT_TRUE(Fetch(*reader_, 2, &got).ok());
   WaitForDeltas(*reader_);
   ASSERT_EQ(ClientFactory::Deltas(*reader_).made(), 1u);
+  // Served as it came (every chunk of it checked there), not computed.
+  EXPECT_EQ(ClientFactory::Deltas(*reader_).as_received(), 1u);
   Result<FetchStats> st = Fetch(*peer, 2, &got);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   EXPECT_EQ(*got, v2_);
@@ -305,6 +308,10 @@ void DeltaFetchTest::ExpectCorruptNeverTaken(FaultWhere where, uint32_t part) {
   EXPECT_EQ(*got, v2_);
   EXPECT_EQ(st->bytes_from_delta, 0u);
   EXPECT_EQ(st->delta_chunks_read_whole, Chunks());
+  // Nothing of a corrupt delta is served onward: the reader, the first of
+  // its datacenter, computes the delta it serves from its own copies.
+  WaitForDeltas(*reader_);
+  EXPECT_EQ(ClientFactory::Deltas(*reader_).as_received(), 0u);
 }
 
 TEST_F(DeltaFetchTest, CorruptDeltaHeaderIsNeverTaken) {

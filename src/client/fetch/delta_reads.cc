@@ -1,6 +1,7 @@
 #include "client/fetch/delta_reads.h"
 
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "client/tensor_checks.h"
@@ -20,12 +21,53 @@ constexpr int kMaxDeltaFailures = 3;
 }  // namespace
 
 DeltaReads::DeltaReads(Registry& own, std::string model, Version version,
-                       const Manifest& manifest, DeltaBase base)
+                       const Manifest& manifest, DeltaBase base, bool keep,
+                       uint64_t keep_max_bytes)
     : own_(own),
       model_(std::move(model)),
       version_(version),
       manifest_(manifest),
-      base_(std::move(base)) {}
+      base_(std::move(base)),
+      keep_(keep),
+      keep_max_bytes_(keep_max_bytes) {}
+
+void DeltaReads::Keep(const std::string& address,
+                      const delta::DeltaIndexEntry& entry,
+                      std::span<const uint8_t> bytes) {
+  if (!keep_) return;
+  MutexLock lock(mu_);
+  if (kept_from_.empty()) {
+    const Source& s = sources_[address];
+    if (s.index == nullptr || s.index->body_bytes > keep_max_bytes_) return;
+    kept_from_ = address;
+    kept_index_ = s.index;
+    kept_body_.assign(s.index->body_bytes, '\0');
+  }
+  if (address != kept_from_ ||
+      entry.offset + bytes.size() > kept_body_.size()) {
+    return;
+  }
+  std::memcpy(kept_body_.data() + entry.offset, bytes.data(), bytes.size());
+  ++kept_chunks_;
+}
+
+std::shared_ptr<const delta::VersionDelta> DeltaReads::TakeReceived() {
+  MutexLock lock(mu_);
+  if (kept_index_ == nullptr || sources_[kept_from_].failures > 0) {
+    return nullptr;
+  }
+  uint64_t with_delta = 0;
+  for (const delta::DeltaIndexEntry& e : kept_index_->chunks) {
+    with_delta += e.length > 0 ? 1 : 0;
+  }
+  if (with_delta == 0 || kept_chunks_ != with_delta) return nullptr;
+  auto out = std::make_shared<delta::VersionDelta>();
+  out->index = delta::EncodeDeltaIndex(*kept_index_);
+  out->body = std::move(kept_body_);
+  out->chunks_with_delta = with_delta;
+  kept_index_.reset();
+  return out;
+}
 
 void DeltaReads::Failed(const std::string& address, const std::string& why) {
   MutexLock lock(mu_);
@@ -187,6 +229,7 @@ Result<DeltaReads::Outcome> DeltaReads::Read(transport::Connection& conn,
     }
     return read_whole();
   }
+  Keep(step.address, entry, *scratch);
   MutexLock lock(mu_);
   sources_[step.address].bytes += loc.bytes;
   return Outcome::kApplied;

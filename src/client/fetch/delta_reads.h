@@ -40,8 +40,11 @@ namespace tensorhub::client {
 class DeltaReads {
  public:
   // Borrows `own` (this worker's registry) and `manifest` (the version's).
+  // `keep`: keep the chunk deltas received, to serve them (TakeReceived),
+  // up to `keep_max_bytes` of body.
   DeltaReads(Registry& own, std::string model, Version version,
-             const Manifest& manifest, DeltaBase base);
+             const Manifest& manifest, DeltaBase base, bool keep = false,
+             uint64_t keep_max_bytes = 0);
 
   Version base() const { return base_.version; }
 
@@ -60,6 +63,14 @@ class DeltaReads {
   // and each source's share in its per_source entries (by address).
   void AddTo(FetchReport* report) const;
 
+  // The delta as received (after the run), when this worker may serve it
+  // onward (`keep`, below) and every chunk delta of one source's index was
+  // applied here and checked against the version's checksums: the index
+  // and body that source served, byte for byte, for this worker to serve
+  // in turn instead of computing it (docs/design.md, "Once per remote
+  // datacenter"). Null otherwise. Once.
+  std::shared_ptr<const delta::VersionDelta> TakeReceived();
+
  private:
   struct Source {
     std::shared_ptr<const delta::DeltaIndex> index;
@@ -74,6 +85,10 @@ class DeltaReads {
       transport::Connection& conn, const FetchStep& step,
       const Deadline& deadline);
   void Failed(const std::string& address, const std::string& why);
+  // Keeps a chunk's delta `bytes` (applied and checked) if it came from
+  // the source whose deltas are kept (the first to give an index).
+  void Keep(const std::string& address, const delta::DeltaIndexEntry& entry,
+            std::span<const uint8_t> bytes);
 
   Registry& own_;
   const std::string model_;
@@ -85,6 +100,14 @@ class DeltaReads {
   std::map<std::string, Source> sources_ TH_GUARDED_BY(mu_);  // by address
   bool base_gone_ TH_GUARDED_BY(mu_) = false;
   uint32_t read_whole_ TH_GUARDED_BY(mu_) = 0;
+  // What TakeReceived gives: one source's index and the chunk deltas of it
+  // applied here, in place in its body.
+  const bool keep_;
+  const uint64_t keep_max_bytes_;
+  std::string kept_from_ TH_GUARDED_BY(mu_);  // its address; empty: none
+  std::shared_ptr<const delta::DeltaIndex> kept_index_ TH_GUARDED_BY(mu_);
+  std::string kept_body_ TH_GUARDED_BY(mu_);
+  uint64_t kept_chunks_ TH_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tensorhub::client

@@ -246,8 +246,12 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
   if (std::optional<DeltaBase> base =
           PrepareDeltas(ctx, *session, job, &sources)) {
     const Version b = base->version;
+    // Keeps what it receives, to serve its datacenter (ClaimRelay) rather
+    // than compute it again, when it serves deltas at all.
     deltas.emplace(ctx.registry, session->model(), session->version(),
-                   session->manifest(), std::move(*base));
+                   session->manifest(), std::move(*base),
+                   ctx.options.deltas.serve && opts.serve,
+                   ctx.options.deltas.max_memory_bytes);
     job.deltas = &*deltas;
     // Sources the hub names later are chosen the same way.
     refresh =
@@ -269,6 +273,9 @@ Result<FetchStats> FetchWholeBody(WorkerContext& ctx, Serving& serving,
   // A failed run: `fill` aborts (fence, drain, withdraw), then the session
   // ends the fetch at the hub.
   if (!rep.ok()) return rep.status();
+  if (deltas.has_value()) {
+    fill.SetReceivedDelta(deltas->base(), deltas->TakeReceived());
+  }
   return session->Finish(*rep, [&] { return fill.Complete(); });
 }
 
