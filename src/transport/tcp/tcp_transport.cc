@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "common/checksum.h"
 #include "common/log.h"
@@ -59,13 +61,137 @@ class StagingStreams {
   std::unique_ptr<cuda::Stream> streams_[2];
 };
 
+// The holder's device staging buffers of one device (ipc_staging.h): the
+// CUDA side of StagingSlots. Process-wide, never destroyed (see
+// kIpcStagingBuffers). Thread-safe.
+class DeviceIpcStaging {
+ public:
+  static DeviceIpcStaging& ForDevice(int device) {
+    static Mutex mu;
+    static auto* pools = new std::map<int, DeviceIpcStaging*>();
+    MutexLock l(mu);
+    DeviceIpcStaging*& p = (*pools)[device];
+    if (p == nullptr) p = new DeviceIpcStaging(device);
+    return *p;
+  }
+
+  // Slots taken for one lease; given back on destruction, after the lease
+  // ended (the reader released it or its connection was dropped).
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(DeviceIpcStaging* pool, StagingSlots::Taken taken)
+        : pool_(pool), taken_(std::move(taken)) {}
+    Lease(Lease&& o) noexcept
+        : pool_(std::exchange(o.pool_, nullptr)), taken_(std::move(o.taken_)) {}
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        GiveBack();
+        pool_ = std::exchange(o.pool_, nullptr);
+        taken_ = std::move(o.taken_);
+      }
+      return *this;
+    }
+    ~Lease() { GiveBack(); }
+
+   private:
+    void GiveBack() {
+      if (pool_ == nullptr) return;
+      MutexLock l(pool_->mu_);
+      pool_->slots_.Give(taken_);
+      pool_ = nullptr;
+    }
+    DeviceIpcStaging* pool_ = nullptr;
+    StagingSlots::Taken taken_;
+  };
+
+  static bool Fits(uint64_t bytes) {
+    return StagingSlots(kIpcStagingBuffers, kIpcStagingBufferBytes).Fits(bytes);
+  }
+
+  // Copies [0, length) of `pieces` (device memory of this device) into
+  // staging buffers, on `stream` (waited for), and appends their IPC pieces
+  // to `out`. RESOURCE_EXHAUSTED when too few buffers are free (nothing
+  // waits: the caller stages through host memory instead).
+  Result<Lease> Stage(std::span<const iovec> pieces, uint64_t length,
+                      uint64_t owner, cuda::Stream& stream,
+                      std::vector<wire::CudaIpcPiece>* out) {
+    if (length == 0) return Lease();
+    std::optional<StagingSlots::Taken> taken;
+    {
+      MutexLock l(mu_);
+      taken = slots_.Take(length, owner);
+    }
+    if (!taken.has_value()) {
+      return ResourceExhausted(
+          "all " + std::to_string(kIpcStagingBuffers) +
+          " device staging buffers for CUDA IPC are in use");
+    }
+    Lease lease(this, *taken);  // gives the slots back on every error
+    // A slot's first use allocates its buffer (at most kIpcStagingBuffers
+    // times per device and process). Slot i's buffer is touched only by
+    // the lease holding slot i, so without the lock.
+    for (size_t i : taken->allocate) {
+      TH_ASSIGN_OR_RETURN(
+          std::unique_ptr<cuda::DeviceBuffer> memory,
+          cuda::DeviceBuffer::Allocate(device_, kIpcStagingBufferBytes));
+      TH_ASSIGN_OR_RETURN(cuda::IpcExport ipc,
+                          cuda::ExportIpc(memory->data(), device_));
+      buffers_[i] = Buffer{std::move(memory), ipc};
+      MutexLock l(mu_);
+      slots_.MarkAllocated(i);
+    }
+    // No copy may still run into a buffer given back.
+    struct SyncOnError {
+      cuda::Stream& s;
+      bool armed = true;
+      ~SyncOnError() {
+        if (armed) (void)s.Synchronize();
+      }
+    } sync_on_error{stream};
+    std::vector<wire::CudaIpcPiece> staged;
+    for (size_t k = 0; k < taken->slots.size(); ++k) {
+      const uint64_t off = k * kIpcStagingBufferBytes;
+      const uint64_t len = std::min(kIpcStagingBufferBytes, length - off);
+      const Buffer& b = buffers_[taken->slots[k]];
+      TH_RETURN_IF_ERROR(ForRange(
+          pieces, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+            return stream.CopyAsync(b.memory->data() + done, p, l);
+          }));
+      staged.push_back({b.ipc.handle.bytes, b.ipc.offset, len,
+                        reinterpret_cast<uint64_t>(b.memory->data())});
+    }
+    sync_on_error.armed = false;
+    TH_RETURN_IF_ERROR(stream.Synchronize());
+    out->insert(out->end(), staged.begin(), staged.end());
+    return lease;
+  }
+
+ private:
+  struct Buffer {
+    std::unique_ptr<cuda::DeviceBuffer> memory;
+    cuda::IpcExport ipc;
+  };
+  explicit DeviceIpcStaging(int device)
+      : device_(device),
+        slots_(kIpcStagingBuffers, kIpcStagingBufferBytes),
+        buffers_(kIpcStagingBuffers) {}
+
+  const int device_;
+  Mutex mu_;
+  StagingSlots slots_ TH_GUARDED_BY(mu_);
+  // Indexed by slot; element i belongs to whoever holds slot i.
+  std::vector<Buffer> buffers_;
+};
+
 // Same-host (cross-memory attach) policy, shared by one transport's server
 // and connections. Thread-safe.
 class LocalReads {
  public:
   explicit LocalReads(const TcpTransportOptions& options)
       : copy_(options.copy_fn ? options.copy_fn
-                              : CrossMemoryCopyFn(ProcessVmReadv)) {
+                              : CrossMemoryCopyFn(ProcessVmReadv)),
+        cuda_ipc_(options.cuda_ipc) {
     if (!options.local_reads) return;
     if (options.identity.has_value()) {
       identity_ = *options.identity;
@@ -85,6 +211,7 @@ class LocalReads {
   bool enabled() const { return enabled_; }
   const wire::HostIdentity& identity() const { return identity_; }
   const CrossMemoryCopyFn& copy() const { return copy_; }
+  CudaIpcPolicy cuda_ipc() const { return cuda_ipc_; }
 
   // Whether copying from `holder` failed before.
   bool Refused(const std::string& holder) const {
@@ -110,6 +237,7 @@ class LocalReads {
   bool enabled_ = false;
   wire::HostIdentity identity_;
   const CrossMemoryCopyFn copy_;
+  const CudaIpcPolicy cuda_ipc_;
   mutable Mutex mu_;
   std::set<std::string> refused_ TH_GUARDED_BY(mu_);
 };
@@ -196,6 +324,7 @@ class TcpServer final : public Server {
     Stream stream(fd);
     if (!Admit(stream, ticket)) return;
     StagingStreams staging;  // for reads of device memory, made on first use
+    const uint64_t serial = next_serial_.fetch_add(1);
     while (!stopping_.load()) {
       if (!stream.HasBufferedInput()) {
         pollfd p{fd, POLLIN, 0};
@@ -228,8 +357,13 @@ class TcpServer final : public Server {
       const bool same_host = in.reader.has_value() && local_->enabled() &&
                              *in.reader == local_->identity();
       if (!lease->memory.is_host()) {
-        if (cuda_ipc && same_host) {
-          Result<std::string> body = CudaIpcBody(*lease);
+        if (cuda_ipc && same_host &&
+            local_->cuda_ipc() != CudaIpcPolicy::kOff) {
+          // Staging buffers exported for this lease: given back when it
+          // ends, after the release or after the connection was dropped.
+          DeviceIpcStaging::Lease exported;
+          Result<std::string> body =
+              CudaIpcBody(*lease, req.length, serial, staging, &exported);
           if (body.ok()) {
             if (!ServeLocal(stream, req, *lease, std::move(body).value(), true,
                             deadline)) {
@@ -310,12 +444,50 @@ class TcpServer final : public Server {
     return true;
   }
 
-  // The CUDA IPC reply for a lease of device memory: one handle per
-  // allocation run. Fails (and the read is staged instead) for memory CUDA
-  // IPC cannot share, a range too scattered to describe, or an allocation
-  // that holds more than the published regions: a handle opens the whole
-  // allocation, read-write (CoveredBy).
-  Result<std::string> CudaIpcBody(const ServeLease& lease) {
+  // The CUDA IPC reply for a lease of device memory, by the policy
+  // (ipc_staging.h): handles of holder-owned staging buffers holding a copy
+  // of the read's bytes (kept in `exported` until the lease ends), or with
+  // kDirect the published allocations themselves where DirectIpcBody may
+  // share them. Fails (and the read is staged through host memory instead)
+  // when neither can be done.
+  Result<std::string> CudaIpcBody(const ServeLease& lease, uint64_t length,
+                                  uint64_t owner, StagingStreams& streams,
+                                  DeviceIpcStaging::Lease* exported) {
+    const CudaIpcPolicy policy = local_->cuda_ipc();
+    Result<std::string> direct = FailedPrecondition(
+        "CUDA IPC policy " + std::string(CudaIpcPolicyName(policy)));
+    if (policy == CudaIpcPolicy::kDirect) direct = DirectIpcBody(lease);
+    switch (ChooseDeviceReadPath(policy, direct.ok(),
+                                 DeviceIpcStaging::Fits(length))) {
+      case DeviceReadPath::kShareAllocation:
+        return direct;
+      case DeviceReadPath::kHostStaged:
+        return FailedPrecondition(
+            "a read of " + std::to_string(length) +
+            " bytes does not fit in the device staging buffers for CUDA "
+            "IPC (" +
+            std::to_string(kIpcStagingBuffers) + " x " +
+            std::to_string(kIpcStagingBufferBytes) + " bytes)" +
+            (direct.ok() ? "" : "; " + direct.status().ToString()));
+      case DeviceReadPath::kDeviceStaged:
+        break;
+    }
+    TH_RETURN_IF_ERROR(streams.Ensure(lease.memory.device));
+    wire::CudaIpcReply reply;
+    reply.pid = pid_;
+    TH_ASSIGN_OR_RETURN(
+        *exported,
+        DeviceIpcStaging::ForDevice(lease.memory.device)
+            .Stage(lease.pieces, length, owner, streams[0], &reply.pieces));
+    return wire::EncodeCudaIpcReply(reply);
+  }
+
+  // The CUDA IPC reply that shares the published allocations themselves
+  // (CudaIpcPolicy::kDirect): one handle per allocation run. Fails for
+  // memory CUDA IPC cannot share, a range too scattered to describe, or an
+  // allocation that holds more than the published regions: a handle opens
+  // the whole allocation, read-write (CoveredBy).
+  Result<std::string> DirectIpcBody(const ServeLease& lease) {
     wire::CudaIpcReply reply;
     reply.pid = pid_;
     const std::span<const iovec> published =
@@ -506,6 +678,7 @@ class TcpServer final : public Server {
   std::atomic<uint64_t> connections_tls_{0};
   std::atomic<uint64_t> connections_kernel_tls_{0};
   const uint32_t pid_;
+  std::atomic<uint64_t> next_serial_{0};  // of connections served
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> bytes_served_local_{0};
@@ -969,6 +1142,16 @@ TcpTransportOptions TcpTransportOptions::FromEnv() {
   TcpTransportOptions o;
   const char* no_cma = std::getenv("TENSORHUB_NO_CMA");
   if (no_cma != nullptr && std::string(no_cma) == "1") o.local_reads = false;
+  if (const char* ipc = std::getenv("TENSORHUB_CUDA_IPC"); ipc != nullptr) {
+    Result<CudaIpcPolicy> p = ParseCudaIpcPolicy(ipc);
+    if (p.ok()) {
+      o.cuda_ipc = *p;
+    } else {
+      // Options from the environment cannot fail; staged is the safe one.
+      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC ignored, using staged: "
+                    << p.status().message();
+    }
+  }
   return o;
 }
 

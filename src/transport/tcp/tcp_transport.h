@@ -18,6 +18,7 @@
 #include <string>
 
 #include "transport/tcp/cma.h"
+#include "transport/tcp/ipc_staging.h"
 #include "transport/transport.h"
 
 namespace tensorhub::tls {
@@ -46,11 +47,32 @@ struct TcpTransportOptions {
   // in the log. Null: plain TCP. A peer of the other kind is refused with
   // FAILED_PRECONDITION, saying so.
   std::shared_ptr<const tls::Context> tls;
+  // What this holder shares with same-host readers of its device memory
+  // by CUDA IPC (ipc_staging.h; docs/security.md, "Same-host readers"):
+  // kStaged (default) exports only copies in its own device staging
+  // buffers (kIpcStagingBuffers of kIpcStagingBufferBytes per device at
+  // most, allocated on first use), never the memory it publishes; kDirect
+  // (trusted hosts only) exports a published allocation itself when the
+  // published regions cover all of it; kOff stages every device read
+  // through pinned host memory over the socket.
+  CudaIpcPolicy cuda_ipc = CudaIpcPolicy::kStaged;
 
   // Defaults, with local_reads off when the environment has
-  // TENSORHUB_NO_CMA=1 (to measure the difference).
+  // TENSORHUB_NO_CMA=1 (to measure the difference), and cuda_ipc from
+  // TENSORHUB_CUDA_IPC (staged, direct or off; another value is logged as
+  // an ERROR and staged is used, the safe choice).
   static TcpTransportOptions FromEnv();
 };
+
+// The holder's device staging buffers for CUDA IPC, per device: at most
+// 64 x 4 MiB (256 MiB), allocated as same-host device reads need them and
+// kept until the process exits (a reader may keep their handles open, and
+// CUDA leaves freeing memory another process still has open undefined).
+// Sized for 4 MiB chunks read by 8 readers x 8 streams at once, or 64 MiB
+// chunks by 4 streams; a read finding too few free goes through host
+// staging instead of waiting.
+inline constexpr size_t kIpcStagingBuffers = 64;
+inline constexpr uint64_t kIpcStagingBufferBytes = 4ull << 20;
 
 // MakeTcpTransport() == MakeTcpTransport(TcpTransportOptions::FromEnv()).
 std::unique_ptr<Transport> MakeTcpTransport();
