@@ -37,12 +37,13 @@ namespace {
 // other. One thread at a time.
 class StagingStreams {
  public:
+  explicit StagingStreams(cuda::DeviceApi& api) : api_(api) {}
   Status Ensure(int device) {
     if (device_ == device) return Status::Ok();
     Sync();
     for (auto& s : streams_) {
       s.reset();
-      TH_ASSIGN_OR_RETURN(s, cuda::Stream::Create(device));
+      TH_ASSIGN_OR_RETURN(s, api_.CreateStream(device));
     }
     device_ = device;
     return Status::Ok();
@@ -57,6 +58,7 @@ class StagingStreams {
   }
 
  private:
+  cuda::DeviceApi& api_;
   int device_ = -1;
   std::unique_ptr<cuda::Stream> streams_[2];
 };
@@ -66,12 +68,13 @@ class StagingStreams {
 // kIpcStagingBuffers). Thread-safe.
 class DeviceIpcStaging {
  public:
-  static DeviceIpcStaging& ForDevice(int device) {
+  static DeviceIpcStaging& For(cuda::DeviceApi& api, int device) {
     static Mutex mu;
-    static auto* pools = new std::map<int, DeviceIpcStaging*>();
+    static auto* pools =
+        new std::map<std::pair<cuda::DeviceApi*, int>, DeviceIpcStaging*>();
     MutexLock l(mu);
-    DeviceIpcStaging*& p = (*pools)[device];
-    if (p == nullptr) p = new DeviceIpcStaging(device);
+    DeviceIpcStaging*& p = (*pools)[{&api, device}];
+    if (p == nullptr) p = new DeviceIpcStaging(api, device);
     return *p;
   }
 
@@ -132,11 +135,10 @@ class DeviceIpcStaging {
     // times per device and process). Slot i's buffer is touched only by
     // the lease holding slot i, so without the lock.
     for (size_t i : taken->allocate) {
-      TH_ASSIGN_OR_RETURN(
-          std::unique_ptr<cuda::DeviceBuffer> memory,
-          cuda::DeviceBuffer::Allocate(device_, kIpcStagingBufferBytes));
+      TH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceBuffer> memory,
+                          api_.Allocate(device_, kIpcStagingBufferBytes));
       TH_ASSIGN_OR_RETURN(cuda::IpcExport ipc,
-                          cuda::ExportIpc(memory->data(), device_));
+                          api_.Export(memory->data(), device_));
       buffers_[i] = Buffer{std::move(memory), ipc};
       MutexLock l(mu_);
       slots_.MarkAllocated(i);
@@ -172,11 +174,13 @@ class DeviceIpcStaging {
     std::unique_ptr<cuda::DeviceBuffer> memory;
     cuda::IpcExport ipc;
   };
-  explicit DeviceIpcStaging(int device)
-      : device_(device),
+  DeviceIpcStaging(cuda::DeviceApi& api, int device)
+      : api_(api),
+        device_(device),
         slots_(kIpcStagingBuffers, kIpcStagingBufferBytes),
         buffers_(kIpcStagingBuffers) {}
 
+  cuda::DeviceApi& api_;
   const int device_;
   Mutex mu_;
   StagingSlots slots_ TH_GUARDED_BY(mu_);
@@ -191,7 +195,9 @@ class LocalReads {
   explicit LocalReads(const TcpTransportOptions& options)
       : copy_(options.copy_fn ? options.copy_fn
                               : CrossMemoryCopyFn(ProcessVmReadv)),
-        cuda_ipc_(options.cuda_ipc) {
+        cuda_ipc_(options.cuda_ipc),
+        device_api_(options.device_api != nullptr ? *options.device_api
+                                                  : cuda::Runtime()) {
     if (!options.local_reads) return;
     if (options.identity.has_value()) {
       identity_ = *options.identity;
@@ -212,6 +218,7 @@ class LocalReads {
   const wire::HostIdentity& identity() const { return identity_; }
   const CrossMemoryCopyFn& copy() const { return copy_; }
   CudaIpcPolicy cuda_ipc() const { return cuda_ipc_; }
+  cuda::DeviceApi& device_api() const { return device_api_; }
 
   // Whether copying from `holder` failed before.
   bool Refused(const std::string& holder) const {
@@ -238,6 +245,7 @@ class LocalReads {
   wire::HostIdentity identity_;
   const CrossMemoryCopyFn copy_;
   const CudaIpcPolicy cuda_ipc_;
+  cuda::DeviceApi& device_api_;
   mutable Mutex mu_;
   std::set<std::string> refused_ TH_GUARDED_BY(mu_);
 };
@@ -270,6 +278,13 @@ class TlsNotice {
  private:
   std::atomic<bool> said_{false};
 };
+
+// Serial numbers of served connections, process-wide: the owner a device
+// staging buffer was last exported to (StagingSlots).
+uint64_t NextSerial() {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 class TcpServer final : public Server {
  public:
@@ -323,8 +338,9 @@ class TcpServer final : public Server {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     Stream stream(fd);
     if (!Admit(stream, ticket)) return;
-    StagingStreams staging;  // for reads of device memory, made on first use
-    const uint64_t serial = next_serial_.fetch_add(1);
+    // For reads of device memory, made on first use.
+    StagingStreams staging(local_->device_api());
+    const uint64_t serial = NextSerial();
     while (!stopping_.load()) {
       if (!stream.HasBufferedInput()) {
         pollfd p{fd, POLLIN, 0};
@@ -477,7 +493,7 @@ class TcpServer final : public Server {
     reply.pid = pid_;
     TH_ASSIGN_OR_RETURN(
         *exported,
-        DeviceIpcStaging::ForDevice(lease.memory.device)
+        DeviceIpcStaging::For(local_->device_api(), lease.memory.device)
             .Stage(lease.pieces, length, owner, streams[0], &reply.pieces));
     return wire::EncodeCudaIpcReply(reply);
   }
@@ -496,8 +512,9 @@ class TcpServer final : public Server {
             : std::span<const iovec>(lease.pieces);
     for (const iovec& v : lease.pieces) {
       if (v.iov_len == 0) continue;
-      TH_ASSIGN_OR_RETURN(cuda::IpcExport ex,
-                          cuda::ExportIpc(v.iov_base, lease.memory.device));
+      TH_ASSIGN_OR_RETURN(
+          cuda::IpcExport ex,
+          local_->device_api().Export(v.iov_base, lease.memory.device));
       if (ex.offset > ex.alloc_bytes ||
           v.iov_len > ex.alloc_bytes - ex.offset) {
         return InvalidArgument(
@@ -678,7 +695,6 @@ class TcpServer final : public Server {
   std::atomic<uint64_t> connections_tls_{0};
   std::atomic<uint64_t> connections_kernel_tls_{0};
   const uint32_t pid_;
-  std::atomic<uint64_t> next_serial_{0};  // of connections served
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> bytes_served_{0};
   std::atomic<uint64_t> bytes_served_local_{0};
@@ -695,7 +711,8 @@ class TcpConnection final : public Connection {
       : fd_(std::move(fd)),
         stream_(std::move(stream)),
         peer_(std::move(peer)),
-        local_(std::move(local)) {}
+        local_(std::move(local)),
+        staging_(local_->device_api()) {}
   ~TcpConnection() override {
     staging_.Sync();
     for (const cuda::IpcHandle& h : opened_) cuda::IpcImports::Close(h);

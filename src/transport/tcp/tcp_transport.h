@@ -24,6 +24,9 @@
 namespace tensorhub::tls {
 class Context;  // tls/tls.h
 }  // namespace tensorhub::tls
+namespace tensorhub::cuda {
+class DeviceApi;  // cuda/device.h
+}  // namespace tensorhub::cuda
 
 namespace tensorhub::transport {
 
@@ -56,6 +59,10 @@ struct TcpTransportOptions {
   // published regions cover all of it; kOff stages every device read
   // through pinned host memory over the socket.
   CudaIpcPolicy cuda_ipc = CudaIpcPolicy::kStaged;
+  // Test seam: the device calls (null: cuda::Runtime()). A holder's device
+  // staging buffers are kept per DeviceApi and never freed, so one given
+  // here must live as long as the process.
+  cuda::DeviceApi* device_api = nullptr;
 
   // Defaults, with local_reads off when the environment has
   // TENSORHUB_NO_CMA=1 (to measure the difference), and cuda_ipc from
