@@ -158,10 +158,12 @@ struct Holder {
   std::unique_ptr<Server> server;
 };
 
-Holder Serve(DeviceSource& source, CudaIpcPolicy policy) {
+Holder Serve(DeviceSource& source, CudaIpcPolicy policy,
+             uint64_t staging_bytes = kDefaultIpcStagingBytes) {
   TcpTransportOptions o;
   o.identity = Identity();
   o.cuda_ipc = policy;
+  o.ipc_staging_bytes = staging_bytes;
   o.device_api = &Device();
   Holder h{MakeTcpTransport(o), nullptr};
   auto server = h.transport->Listen("127.0.0.1:0", &source, {});
@@ -316,6 +318,39 @@ TEST(IpcExportTest, DirectSharesOnlyAnAllocationThePublishedRegionsCover) {
   EXPECT_NE(reply2->pieces[0].handle, larger.handle().bytes);
   EXPECT_EQ(BytesOf(reply2->pieces[0]), larger.Published(0, 8192));
   reader2.Release();
+}
+
+// The staging buffers are bounded: a read that finds too few free is not
+// exported (the holder sends the bytes, or refuses where it cannot stage
+// through host memory either) and nothing waits; once the lease holding
+// them ended, they serve the next read. With none, nothing is exported.
+TEST(IpcExportTest, StagingBuffersAreBoundedAndReusedAfterTheLease) {
+  DeviceSource source(1 << 20, 0, 1 << 20);
+  Holder h = Serve(source, CudaIpcPolicy::kStaged, kIpcStagingBufferBytes);
+  ASSERT_NE(h.server, nullptr);
+  RawReader a(h.server->address()), b(h.server->address());
+  auto first = a.Ask(0, 4096);  // holds the one buffer until released
+  ASSERT_TRUE(first.has_value());
+  wire::ResponseHeader hdr;
+  EXPECT_FALSE(b.Ask(0, 4096, &hdr).has_value());
+  EXPECT_FALSE(hdr.cuda_ipc) << "a second buffer was exported";
+  a.Release();
+  // A refused read on the same connection: its answer comes after the
+  // holder took the release and ended that lease (one request at a time).
+  EXPECT_FALSE(a.Ask(2 << 20, 4096, &hdr).has_value());
+  EXPECT_NE(hdr.status, StatusCode::kOk);
+  RawReader c(h.server->address());
+  auto later = c.Ask(8192, 4096);
+  ASSERT_TRUE(later.has_value()) << "the buffer was not given back";
+  EXPECT_EQ(later->pieces[0].handle, first->pieces[0].handle);
+  EXPECT_EQ(BytesOf(later->pieces[0]), source.Published(8192, 4096));
+  c.Release();
+
+  Holder none = Serve(source, CudaIpcPolicy::kStaged, 0);
+  ASSERT_NE(none.server, nullptr);
+  RawReader d(none.server->address());
+  EXPECT_FALSE(d.Ask(0, 4096, &hdr).has_value());
+  EXPECT_FALSE(hdr.cuda_ipc);
 }
 
 // Off: no handle at all; the holder sends the bytes (or, where it cannot

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "common/checksum.h"
@@ -65,16 +66,19 @@ class StagingStreams {
 
 // The holder's device staging buffers of one device (ipc_staging.h): the
 // CUDA side of StagingSlots. Process-wide, never destroyed (see
-// kIpcStagingBuffers). Thread-safe.
+// TcpTransportOptions::ipc_staging_bytes). Thread-safe.
 class DeviceIpcStaging {
  public:
-  static DeviceIpcStaging& For(cuda::DeviceApi& api, int device) {
+  // The pool of `max_buffers` on `device` through `api`. One per
+  // combination (a process normally has one transport, so one size).
+  static DeviceIpcStaging& For(cuda::DeviceApi& api, int device,
+                               size_t max_buffers) {
     static Mutex mu;
-    static auto* pools =
-        new std::map<std::pair<cuda::DeviceApi*, int>, DeviceIpcStaging*>();
+    static auto* pools = new std::map<std::tuple<cuda::DeviceApi*, int, size_t>,
+                                      DeviceIpcStaging*>();
     MutexLock l(mu);
-    DeviceIpcStaging*& p = (*pools)[{&api, device}];
-    if (p == nullptr) p = new DeviceIpcStaging(api, device);
+    DeviceIpcStaging*& p = (*pools)[{&api, device, max_buffers}];
+    if (p == nullptr) p = new DeviceIpcStaging(api, device, max_buffers);
     return *p;
   }
 
@@ -108,8 +112,10 @@ class DeviceIpcStaging {
     StagingSlots::Taken taken_;
   };
 
-  static bool Fits(uint64_t bytes) {
-    return StagingSlots(kIpcStagingBuffers, kIpcStagingBufferBytes).Fits(bytes);
+  // Whether a read of `bytes` could ever be staged in `max_buffers`.
+  static bool Fits(uint64_t bytes, size_t max_buffers) {
+    return max_buffers > 0 &&
+           StagingSlots(max_buffers, kIpcStagingBufferBytes).Fits(bytes);
   }
 
   // Copies [0, length) of `pieces` (device memory of this device) into
@@ -127,11 +133,11 @@ class DeviceIpcStaging {
     }
     if (!taken.has_value()) {
       return ResourceExhausted(
-          "all " + std::to_string(kIpcStagingBuffers) +
+          "all " + std::to_string(max_buffers_) +
           " device staging buffers for CUDA IPC are in use");
     }
     Lease lease(this, *taken);  // gives the slots back on every error
-    // A slot's first use allocates its buffer (at most kIpcStagingBuffers
+    // A slot's first use allocates its buffer (at most max_buffers_
     // times per device and process). Slot i's buffer is touched only by
     // the lease holding slot i, so without the lock.
     for (size_t i : taken->allocate) {
@@ -174,14 +180,16 @@ class DeviceIpcStaging {
     std::unique_ptr<cuda::DeviceBuffer> memory;
     cuda::IpcExport ipc;
   };
-  DeviceIpcStaging(cuda::DeviceApi& api, int device)
+  DeviceIpcStaging(cuda::DeviceApi& api, int device, size_t max_buffers)
       : api_(api),
         device_(device),
-        slots_(kIpcStagingBuffers, kIpcStagingBufferBytes),
-        buffers_(kIpcStagingBuffers) {}
+        max_buffers_(max_buffers),
+        slots_(max_buffers, kIpcStagingBufferBytes),
+        buffers_(max_buffers) {}
 
   cuda::DeviceApi& api_;
   const int device_;
+  const size_t max_buffers_;
   Mutex mu_;
   StagingSlots slots_ TH_GUARDED_BY(mu_);
   // Indexed by slot; element i belongs to whoever holds slot i.
@@ -196,6 +204,8 @@ class LocalReads {
       : copy_(options.copy_fn ? options.copy_fn
                               : CrossMemoryCopyFn(ProcessVmReadv)),
         cuda_ipc_(options.cuda_ipc),
+        ipc_staging_buffers_(options.ipc_staging_bytes /
+                             kIpcStagingBufferBytes),
         device_api_(options.device_api != nullptr ? *options.device_api
                                                   : cuda::Runtime()) {
     if (!options.local_reads) return;
@@ -218,6 +228,7 @@ class LocalReads {
   const wire::HostIdentity& identity() const { return identity_; }
   const CrossMemoryCopyFn& copy() const { return copy_; }
   CudaIpcPolicy cuda_ipc() const { return cuda_ipc_; }
+  size_t ipc_staging_buffers() const { return ipc_staging_buffers_; }
   cuda::DeviceApi& device_api() const { return device_api_; }
 
   // Whether copying from `holder` failed before.
@@ -245,6 +256,7 @@ class LocalReads {
   wire::HostIdentity identity_;
   const CrossMemoryCopyFn copy_;
   const CudaIpcPolicy cuda_ipc_;
+  const size_t ipc_staging_buffers_;
   cuda::DeviceApi& device_api_;
   mutable Mutex mu_;
   std::set<std::string> refused_ TH_GUARDED_BY(mu_);
@@ -473,8 +485,9 @@ class TcpServer final : public Server {
     Result<std::string> direct = FailedPrecondition(
         "CUDA IPC policy " + std::string(CudaIpcPolicyName(policy)));
     if (policy == CudaIpcPolicy::kDirect) direct = DirectIpcBody(lease);
+    const size_t buffers = local_->ipc_staging_buffers();
     switch (ChooseDeviceReadPath(policy, direct.ok(),
-                                 DeviceIpcStaging::Fits(length))) {
+                                 DeviceIpcStaging::Fits(length, buffers))) {
       case DeviceReadPath::kShareAllocation:
         return direct;
       case DeviceReadPath::kHostStaged:
@@ -482,7 +495,7 @@ class TcpServer final : public Server {
             "a read of " + std::to_string(length) +
             " bytes does not fit in the device staging buffers for CUDA "
             "IPC (" +
-            std::to_string(kIpcStagingBuffers) + " x " +
+            std::to_string(buffers) + " x " +
             std::to_string(kIpcStagingBufferBytes) + " bytes)" +
             (direct.ok() ? "" : "; " + direct.status().ToString()));
       case DeviceReadPath::kDeviceStaged:
@@ -493,7 +506,8 @@ class TcpServer final : public Server {
     reply.pid = pid_;
     TH_ASSIGN_OR_RETURN(
         *exported,
-        DeviceIpcStaging::For(local_->device_api(), lease.memory.device)
+        DeviceIpcStaging::For(local_->device_api(), lease.memory.device,
+                              buffers)
             .Stage(lease.pieces, length, owner, streams[0], &reply.pieces));
     return wire::EncodeCudaIpcReply(reply);
   }
@@ -1167,6 +1181,19 @@ TcpTransportOptions TcpTransportOptions::FromEnv() {
       // Options from the environment cannot fail; staged is the safe one.
       TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC ignored, using staged: "
                     << p.status().message();
+    }
+  }
+  if (const char* mib = std::getenv("TENSORHUB_CUDA_IPC_STAGING_MIB");
+      mib != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(mib, &end, 10);
+    if (*mib != '\0' && *end == '\0' && errno == 0 && v <= (1ull << 30)) {
+      o.ipc_staging_bytes = v << 20;
+    } else {
+      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC_STAGING_MIB='" << mib
+                    << "' ignored (not a whole number of MiB), using "
+                    << (kDefaultIpcStagingBytes >> 20) << " MiB";
     }
   }
   return o;

@@ -30,6 +30,14 @@ class DeviceApi;  // cuda/device.h
 
 namespace tensorhub::transport {
 
+// Device staging buffers for CUDA IPC (TcpTransportOptions::
+// ipc_staging_bytes): 4 MiB each, 256 MiB per device by default, enough
+// for 4 MiB chunks read by 8 readers x 8 streams at once, or 64 MiB chunks
+// by 4 streams; a read finding too few free goes through host staging
+// instead of waiting.
+inline constexpr uint64_t kIpcStagingBufferBytes = 4ull << 20;
+inline constexpr uint64_t kDefaultIpcStagingBytes = 256ull << 20;
+
 struct TcpTransportOptions {
   // Offer (as a holder) and ask for (as a reader) cross-memory-attach reads
   // with peers on the same host.
@@ -53,33 +61,31 @@ struct TcpTransportOptions {
   // What this holder shares with same-host readers of its device memory
   // by CUDA IPC (ipc_staging.h; docs/security.md, "Same-host readers"):
   // kStaged (default) exports only copies in its own device staging
-  // buffers (kIpcStagingBuffers of kIpcStagingBufferBytes per device at
-  // most, allocated on first use), never the memory it publishes; kDirect
-  // (trusted hosts only) exports a published allocation itself when the
-  // published regions cover all of it; kOff stages every device read
-  // through pinned host memory over the socket.
+  // buffers, never the memory it publishes; kDirect (trusted hosts only)
+  // exports a published allocation itself when the published regions cover
+  // all of it; kOff stages every device read through pinned host memory
+  // over the socket.
   CudaIpcPolicy cuda_ipc = CudaIpcPolicy::kStaged;
+  // Device memory for those staging buffers, per device, in whole
+  // kIpcStagingBufferBytes buffers (rounded down): allocated as same-host
+  // device reads need it and kept until the process exits (a reader may
+  // keep their handles open, and CUDA leaves freeing memory another
+  // process still has open undefined). 0: none, so same-host device reads
+  // go through host memory (unless kDirect shares the allocation).
+  uint64_t ipc_staging_bytes = kDefaultIpcStagingBytes;
   // Test seam: the device calls (null: cuda::Runtime()). A holder's device
   // staging buffers are kept per DeviceApi and never freed, so one given
   // here must live as long as the process.
   cuda::DeviceApi* device_api = nullptr;
 
   // Defaults, with local_reads off when the environment has
-  // TENSORHUB_NO_CMA=1 (to measure the difference), and cuda_ipc from
+  // TENSORHUB_NO_CMA=1 (to measure the difference), cuda_ipc from
   // TENSORHUB_CUDA_IPC (staged, direct or off; another value is logged as
-  // an ERROR and staged is used, the safe choice).
+  // an ERROR and staged is used, the safe choice), and ipc_staging_bytes
+  // from TENSORHUB_CUDA_IPC_STAGING_MIB (a whole number of MiB; another
+  // value is logged as an ERROR and the default used).
   static TcpTransportOptions FromEnv();
 };
-
-// The holder's device staging buffers for CUDA IPC, per device: at most
-// 64 x 4 MiB (256 MiB), allocated as same-host device reads need them and
-// kept until the process exits (a reader may keep their handles open, and
-// CUDA leaves freeing memory another process still has open undefined).
-// Sized for 4 MiB chunks read by 8 readers x 8 streams at once, or 64 MiB
-// chunks by 4 streams; a read finding too few free goes through host
-// staging instead of waiting.
-inline constexpr size_t kIpcStagingBuffers = 64;
-inline constexpr uint64_t kIpcStagingBufferBytes = 4ull << 20;
 
 // MakeTcpTransport() == MakeTcpTransport(TcpTransportOptions::FromEnv()).
 std::unique_ptr<Transport> MakeTcpTransport();
