@@ -9,7 +9,10 @@
 // bytes instead of the bytes; the reader copies them with process_vm_readv
 // and then releases the lease over the same connection (docs/wire.md). If
 // the copy is refused (ptrace permissions, the holder died), that holder is
-// read over TCP from then on, logged once at INFO.
+// read over TCP from then on, logged once at INFO. A reader of device
+// memory asks for CUDA IPC instead, and by default gets handles of copies
+// in the holder's own device staging buffers, never of the memory the
+// holder publishes (cuda_ipc below, ipc_staging.h).
 #ifndef TENSORHUB_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define TENSORHUB_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
