@@ -113,8 +113,8 @@ class WaitingCalls {
 // to its "nexting" threads (docs/design.md "What a fetch costs the hub").
 // The others, some of which wait (a held Unpublish or Leave, a keeper's
 // long poll), stay on the sync API.
-using HotCallsService = v1::Hub::WithAsyncMethod_Heartbeat<
-    v1::Hub::WithAsyncMethod_BeginFetch<
+using HotCallsService =
+    v1::Hub::WithAsyncMethod_Heartbeat<v1::Hub::WithAsyncMethod_BeginFetch<
         v1::Hub::WithAsyncMethod_AddHolder<v1::Hub::Service>>>;
 
 class HubServiceImpl final : public HotCallsService {
@@ -1190,8 +1190,8 @@ class HotCallQueue {
       answered_ = true;
       Listen(q_, request_, handler_, may_wait_);
       auto answer = [this] {
-        const grpc::Status status = (q_->service_->*handler_)(&ctx_, &req_,
-                                                              &resp_);
+        const grpc::Status status =
+            (q_->service_->*handler_)(&ctx_, &req_, &resp_);
         MutexLock lock(q_->mu_);
         if (q_->stopping_) {  // the server has ended the call already
           lock.Unlock();
@@ -1692,10 +1692,10 @@ Result<std::unique_ptr<Hub>> StartHub(
                          "clients (--accept-request-secret, deprecated)"
                        : std::string())
                << ")";
-  return std::unique_ptr<Hub>(new HubServerImpl(
-      std::move(coord), std::move(service), std::move(server), std::move(hot),
-      address,
-      std::move(collector), std::move(metrics_server), std::move(guard)));
+  return std::unique_ptr<Hub>(
+      new HubServerImpl(std::move(coord), std::move(service), std::move(server),
+                        std::move(hot), address, std::move(collector),
+                        std::move(metrics_server), std::move(guard)));
 }
 
 }  // namespace hub
