@@ -50,9 +50,10 @@ constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
 
 // A few threads for an HA hub's calls that may wait for etcd (Persisted:
-// up to kPersistMs), so that they do not hold gRPC's callback threads,
-// which the heartbeats share. Bounded: a call that finds kMaxQueued calls
-// queued runs where it is. Runs what is queued before it stops.
+// up to kPersistMs), so that they do not hold the hot calls' one thread
+// (HotCallQueue), which the heartbeats share. Bounded: a call that finds
+// kMaxQueued calls queued runs where it is. Runs what is queued before it
+// stops.
 class WaitingCalls {
  public:
   explicit WaitingCalls(int threads) {
