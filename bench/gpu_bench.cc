@@ -172,18 +172,32 @@ int Run(int argc, char** argv) {
                 OrElse(hash_chunks(kind), 0.0));
   }
 
-  // The holder process.
-  auto holder =
-      cli::Subprocess::Spawn({"--role=serve", "--memory", "cuda", "--bytes",
-                              std::to_string(bytes), "--tensors", "1"},
-                             {"TENSORHUB_LOG=warn"});
+  // The holder processes: one with the default CUDA IPC policy (readers get
+  // copies in its staging buffers), one that shares its allocation itself
+  // (--cuda-ipc direct, trusted hosts; docs/security.md).
+  struct Holder {
+    cli::Subprocess proc;
+    std::string addr;
+    uint64_t epoch = 0;
+  };
+  auto start = [&](const char* policy) -> Result<Holder> {
+    TH_ASSIGN_OR_RETURN(
+        cli::Subprocess p,
+        cli::Subprocess::Spawn(
+            {"--role=serve", "--memory", "cuda", "--bytes",
+             std::to_string(bytes), "--tensors", "1", "--cuda-ipc", policy},
+            {"TENSORHUB_LOG=warn"}));
+    auto ready = p.ReadLine(Deadline::AfterMs(120000));
+    if (!ready.ok() || ready->rfind("ready ", 0) != 0)
+      return Internal("holder did not start");
+    std::string rest = ready->substr(6);
+    return Holder{std::move(p), rest.substr(0, rest.find(' ')),
+                  std::stoull(rest.substr(rest.find(' ') + 1))};
+  };
+  auto holder = start("staged");
   if (!holder.ok()) return cli::Fail(holder.status());
-  auto ready = holder->ReadLine(Deadline::AfterMs(120000));
-  if (!ready.ok() || ready->rfind("ready ", 0) != 0)
-    return cli::Fail(Internal("holder did not start"));
-  std::string rest = ready->substr(6);
-  std::string addr = rest.substr(0, rest.find(' '));
-  uint64_t epoch = std::stoull(rest.substr(rest.find(' ') + 1));
+  auto direct = start("direct");
+  if (!direct.ok()) return cli::Fail(direct.status());
 
   auto ipc_t = transport::MakeTcpTransport();
   transport::TcpTransportOptions off;
@@ -200,6 +214,7 @@ int Run(int argc, char** argv) {
     std::optional<ChunkChecksum> verify;
     double limit;
     const char* limit_name;
+    const Holder* from = nullptr;
   } cases[] = {
       {"fetch D2D, CUDA IPC, verified, xxh3-64", ipc_t.get(), true,
        ChunkChecksum::kXxh3, *d2d, "D2D"},
@@ -207,6 +222,10 @@ int Run(int argc, char** argv) {
        "D2D"},
       {"fetch D2D, CUDA IPC, not verified     ", ipc_t.get(), true,
        std::nullopt, *d2d, "D2D"},
+      {"fetch D2D, CUDA IPC direct, verified  ", ipc_t.get(), true, tree, *d2d,
+       "D2D", &*direct},
+      {"fetch D2D, CUDA IPC direct, not verif.", ipc_t.get(), true,
+       std::nullopt, *d2d, "D2D", &*direct},
       {"fetch D2H, staged by holder, verified ", staged_t.get(), false, tree,
        *d2h, "D2H pinned"},
       {"fetch D2D, staged both ends, verified ", staged_t.get(), true, tree,
@@ -214,15 +233,17 @@ int Run(int argc, char** argv) {
   };
   for (const Case& c : cases) {
     uint8_t* dest = c.device ? (*dst)->data() : host.data();
+    const Holder& from = c.from != nullptr ? *c.from : *holder;
     auto gbs = Best(reps, bytes, [&] {
-      return Check(ParallelRead(*c.t, addr, epoch, dest, bytes, chunk, streams,
-                                c.device, c.verify));
+      return Check(ParallelRead(*c.t, from.addr, from.epoch, dest, bytes, chunk,
+                                streams, c.device, c.verify));
     });
     if (!gbs.ok()) return cli::Fail(gbs.status());
     std::printf("%s %8.2f GB/s  = %.3fx %s\n", c.name, *gbs, *gbs / c.limit,
                 c.limit_name);
   }
-  (void)holder->Send("quit");
+  (void)holder->proc.Send("quit");
+  (void)direct->proc.Send("quit");
   return 0;
 }
 

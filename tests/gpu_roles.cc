@@ -115,6 +115,7 @@ struct GpuRoleFlags {
   uint64_t bytes = 64 << 20;
   uint64_t tensors = 1;
   uint64_t version = 1;
+  std::string cuda_ipc = "staged";
 };
 
 int RunServe(const GpuRoleFlags& f) {
@@ -158,7 +159,12 @@ int RunServe(const GpuRoleFlags& f) {
     h.bases[0].push_back(static_cast<uint8_t*>(r.data));
   auto epoch = registry.Add(std::move(h));
   if (!epoch.ok()) return cli::Fail(epoch.status());
-  auto transport = transport::MakeTcpTransport();
+  transport::TcpTransportOptions options =
+      transport::TcpTransportOptions::FromEnv();
+  auto policy = transport::ParseCudaIpcPolicy(f.cuda_ipc);
+  if (!policy.ok()) return cli::Fail(policy.status());
+  options.cuda_ipc = *policy;
+  auto transport = transport::MakeTcpTransport(options);
   auto server = transport->Listen("127.0.0.1:0", &registry, {});
   if (!server.ok()) return cli::Fail(server.status());
   Say("ready " + (*server)->address() + " " + std::to_string(*epoch));
@@ -225,6 +231,7 @@ int MaybeRunGpuRole(int argc, char** argv) {
   app.add_option("--bytes", f.bytes);
   app.add_option("--tensors", f.tensors)->check(CLI::PositiveNumber);
   app.add_option("--version", f.version);
+  app.add_option("--cuda-ipc", f.cuda_ipc);
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   if (f.role == "serve") return RunServe(f);
   return RunHolder(f);

@@ -1,6 +1,7 @@
 // Worker processes for the GPU tests and the GPU benchmark (spawned as
 // /proc/self/exe --role=NAME ...), speaking a line protocol on stdin/stdout:
 //   serve   --memory cuda|host --bytes N [--tensors K]
+//           [--cuda-ipc staged|direct|off]
 //           A bare data-plane holder (a Registry behind the TCP transport,
 //           no hub) of version m@1, part 0: K tensors of N/K bytes each
 //           plus one of 1001 bytes, each its own allocation, filled with

@@ -189,10 +189,11 @@ struct Served {
 };
 
 // Fails the test (ASSERT in the caller: address empty) if it did not start.
-Served StartServe(const std::string& memory, int tensors = 3) {
+Served StartServe(const std::string& memory, int tensors = 3,
+                  const std::string& cuda_ipc = "staged") {
   Served s{MustSpawn({"--role=serve", "--memory", memory, "--bytes",
                       std::to_string(kServeBytes), "--tensors",
-                      std::to_string(tensors)}),
+                      std::to_string(tensors), "--cuda-ipc", cuda_ipc}),
            "", 0};
   auto ready = s.proc.ReadLine(Deadline::AfterMs(60000));
   EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready")
@@ -319,26 +320,26 @@ TEST(GpuDataPlane, HostToDeviceIsStagedByTheReader) {
   EXPECT_EQ(st[2], 0u);
 }
 
-// The mutability contract with an IPC handle open: the holder's drain waits
-// for a reader that has the memory mapped and has not released its lease;
-// after the release the drain ends; a read after the revoke is refused.
-TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
-  REQUIRE_GPU();
-  Served s = StartServe("cuda", 1);
-  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
-  const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
+// A same-host reader by hand: asks for [offset, offset + len) by CUDA IPC
+// and returns the connection (the lease stays held until a release is
+// written on it) and the holder's reply. ASSERTs in the caller: fd invalid
+// on failure.
+struct IpcAnswer {
+  transport::Fd fd;
+  wire::CudaIpcReply reply;
+};
+void AskIpc(const Served& s, uint64_t offset, uint64_t len, IpcAnswer* out) {
   auto fd = transport::ConnectTcp(s.address, Deadline::AfterMs(5000));
   ASSERT_TRUE(fd.ok());
   ASSERT_TRUE(
       transport::ClientHandshake(fd->get(), "", Deadline::AfterMs(5000)).ok());
   auto id = transport::ReadHostIdentity();
   ASSERT_TRUE(id.ok());
-  const uint64_t len = 8 << 20;
   std::string frame =
-      wire::EncodeReadRequest(Req(s.epoch, 4096, len), &*id, true);
-  iovec out{frame.data(), frame.size()};
+      wire::EncodeReadRequest(Req(s.epoch, offset, len), &*id, true);
+  iovec req{frame.data(), frame.size()};
   ASSERT_TRUE(
-      transport::WriteAll(fd->get(), {&out, 1}, Deadline::AfterMs(5000)).ok());
+      transport::WriteAll(fd->get(), {&req, 1}, Deadline::AfterMs(5000)).ok());
   uint8_t hdr[wire::kResponseHeaderBytes];
   ASSERT_TRUE(
       transport::ReadExact(fd->get(), hdr, sizeof(hdr), Deadline::AfterMs(5000))
@@ -352,6 +353,29 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   auto reply = wire::DecodeCudaIpcReply(
       reinterpret_cast<const uint8_t*>(body.data()), body.size(), len);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  out->fd = std::move(fd).value();
+  out->reply = std::move(reply).value();
+}
+
+void Release(const transport::Fd& fd) {
+  auto release = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
+  iovec rv{release.data(), release.size()};
+  ASSERT_TRUE(
+      transport::WriteAll(fd.get(), {&rv, 1}, Deadline::AfterMs(5000)).ok());
+}
+
+// The mutability contract with an IPC handle open: the holder's drain waits
+// for a reader that has the memory mapped and has not released its lease;
+// after the release the drain ends; a read after the revoke is refused.
+TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda", 1);
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
+  const uint64_t len = 8 << 20;
+  IpcAnswer a;
+  ASSERT_NO_FATAL_FAILURE(AskIpc(s, 4096, len, &a));
+  const wire::CudaIpcReply* reply = &a.reply;
   ASSERT_EQ(reply->pieces.size(), 1u);
   cuda::IpcHandle handle{reply->pieces[0].handle};
   auto base = cuda::IpcImports::Open(handle, 0);
@@ -375,10 +399,7 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   auto sum = (*stream)->Checksum(ChunkChecksum::kXxh3, {&dv, 1});
   ASSERT_TRUE(sum.ok());
   EXPECT_EQ(*sum, Xxh3(want.data() + 4096, len));
-  auto release = wire::EncodeRelease(wire::ReleaseOutcome::kCopied);
-  iovec rv{release.data(), release.size()};
-  ASSERT_TRUE(
-      transport::WriteAll(fd->get(), {&rv, 1}, Deadline::AfterMs(5000)).ok());
+  ASSERT_NO_FATAL_FAILURE(Release(a.fd));
   EXPECT_EQ(Ask(s.proc, "drain 5000"), "drained OK");
   cuda::IpcImports::Close(handle);
 
@@ -392,6 +413,92 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   EXPECT_TRUE(late.code() == StatusCode::kNotFound ||
               late.code() == StatusCode::kAborted)
       << late.ToString();
+}
+
+// A hostile same-host reader: it keeps its handle past its lease and writes
+// through it. By default (CudaIpcPolicy::kStaged) the handle names a
+// holder-owned copy, so the holder's published memory is untouched and a
+// later read gets the published bytes. Before, a holder whose allocation
+// the published regions covered (one tensor here) exported that allocation
+// itself, and the write landed in its weights.
+TEST(GpuDataPlane, AReaderWritingThroughItsHandleChangesOnlyACopy) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda", 1);
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  const uint64_t len = 8 << 20;
+  IpcAnswer a;
+  ASSERT_NO_FATAL_FAILURE(AskIpc(s, 4096, len, &a));
+  ASSERT_EQ(a.reply.pieces.size(), 1u);
+  EXPECT_EQ(a.reply.pieces[0].offset, 0u)
+      << "the handle names the published allocation, not a staging buffer";
+  cuda::IpcHandle handle{a.reply.pieces[0].handle};
+  auto base = cuda::IpcImports::Open(handle, 0);
+  ASSERT_TRUE(base.ok()) << base.status().ToString();
+  auto stream = cuda::Stream::Create(0);
+  ASSERT_TRUE(stream.ok());
+  std::vector<uint8_t> junk(len, 0xEE);
+  ASSERT_TRUE(
+      (*stream)
+          ->CopyAsync(*base + a.reply.pieces[0].offset, junk.data(), len)
+          .ok());
+  ASSERT_TRUE((*stream)->Synchronize().ok());
+  ASSERT_NO_FATAL_FAILURE(Release(a.fd));
+  // The handle stays open (as a hostile reader would keep it) while an
+  // honest reader reads the whole part, checksums checked.
+  auto t = transport::MakeTcpTransport();
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  std::vector<uint8_t> got = ReadAll(*t, s, (*dest)->data(), true, 4 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7))
+      << "the reader's write reached the holder's memory";
+  cuda::IpcImports::Close(handle);
+}
+
+// Trusted hosts opt in to sharing a covered allocation itself (no copy):
+// the piece then names the read's offset inside the published allocation.
+// A read larger than one staging buffer takes several (staged policy).
+TEST(GpuDataPlane, DirectSharesTheAllocationStagedCopiesIntoBuffers) {
+  REQUIRE_GPU();
+  Served direct = StartServe("cuda", 1, "direct");
+  ASSERT_FALSE(direct.address.empty()) << "the holder process did not start";
+  IpcAnswer d;
+  ASSERT_NO_FATAL_FAILURE(AskIpc(direct, 4096, 1 << 20, &d));
+  ASSERT_EQ(d.reply.pieces.size(), 1u);
+  EXPECT_EQ(d.reply.pieces[0].offset, 4096u);
+  ASSERT_NO_FATAL_FAILURE(Release(d.fd));
+
+  Served staged = StartServe("cuda", 1);
+  ASSERT_FALSE(staged.address.empty()) << "the holder process did not start";
+  const uint64_t big = transport::kIpcStagingBufferBytes + 4096;
+  IpcAnswer st;
+  ASSERT_NO_FATAL_FAILURE(AskIpc(staged, 0, big, &st));
+  ASSERT_EQ(st.reply.pieces.size(), 2u);
+  EXPECT_NE(st.reply.pieces[0].handle, st.reply.pieces[1].handle);
+  EXPECT_EQ(st.reply.pieces[0].length, transport::kIpcStagingBufferBytes);
+  EXPECT_EQ(st.reply.pieces[1].length, 4096u);
+  ASSERT_NO_FATAL_FAILURE(Release(st.fd));
+  // And through the library, byte-exact, in reads of two buffers each.
+  auto t = transport::MakeTcpTransport();
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  std::vector<uint8_t> got = ReadAll(*t, staged, (*dest)->data(), true, big);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> stats = Stats(staged.proc);
+  EXPECT_EQ(stats[1], kServeTotal + big) << "not every byte by CUDA IPC";
+}
+
+TEST(GpuDataPlane, OffStagesEveryDeviceReadThroughHostMemory) {
+  REQUIRE_GPU();
+  Served s = StartServe("cuda", 3, "off");
+  ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+  auto t = transport::MakeTcpTransport();
+  auto dest = cuda::DeviceBuffer::Allocate(0, kServeTotal);
+  ASSERT_TRUE(dest.ok());
+  std::vector<uint8_t> got = ReadAll(*t, s, (*dest)->data(), true, 4 << 20);
+  EXPECT_TRUE(got == Pattern(kServeTotal, 7)) << "bytes differ";
+  std::vector<uint64_t> stats = Stats(s.proc);
+  EXPECT_EQ(stats[1], 0u);
+  EXPECT_EQ(stats[2], kServeTotal);
 }
 
 // ---- the whole library: hub, publish, fetch

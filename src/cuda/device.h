@@ -149,6 +149,31 @@ class IpcImports {
   static void Close(const IpcHandle& handle);
 };
 
+// The calls a data-plane holder makes on device memory it serves, as one
+// interface: Runtime() is the functions above (the CUDA runtime, or the
+// stub without CUDA); a host test gives a fake over host memory to check
+// what a holder exports by CUDA IPC without a GPU
+// (transport/tcp/ipc_export_test.cc). Thread-safe.
+class DeviceApi {
+ public:
+  virtual ~DeviceApi() = default;
+  virtual Result<std::unique_ptr<Stream>> CreateStream(int device) {
+    return Stream::Create(device);
+  }
+  virtual Result<std::unique_ptr<DeviceBuffer>> Allocate(int device,
+                                                         size_t bytes) {
+    return DeviceBuffer::Allocate(device, bytes);
+  }
+  virtual Result<IpcExport> Export(const void* ptr, int device) {
+    return ExportIpc(ptr, device);
+  }
+};
+// Never destroyed.
+inline DeviceApi& Runtime() {
+  static DeviceApi* api = new DeviceApi();
+  return *api;
+}
+
 inline PinnedPool::Lease& PinnedPool::Lease::operator=(Lease&& o) noexcept {
   if (this != &o) {
     if (pool_ != nullptr) pool_->Release(std::move(buffers_));

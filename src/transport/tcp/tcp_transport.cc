@@ -11,10 +11,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "common/checksum.h"
 #include "common/log.h"
@@ -35,12 +38,13 @@ namespace {
 // other. One thread at a time.
 class StagingStreams {
  public:
+  explicit StagingStreams(cuda::DeviceApi& api) : api_(api) {}
   Status Ensure(int device) {
     if (device_ == device) return Status::Ok();
     Sync();
     for (auto& s : streams_) {
       s.reset();
-      TH_ASSIGN_OR_RETURN(s, cuda::Stream::Create(device));
+      TH_ASSIGN_OR_RETURN(s, api_.CreateStream(device));
     }
     device_ = device;
     return Status::Ok();
@@ -55,8 +59,141 @@ class StagingStreams {
   }
 
  private:
+  cuda::DeviceApi& api_;
   int device_ = -1;
   std::unique_ptr<cuda::Stream> streams_[2];
+};
+
+// The holder's device staging buffers of one device (ipc_staging.h): the
+// CUDA side of StagingSlots. Process-wide, never destroyed (see
+// TcpTransportOptions::ipc_staging_bytes). Thread-safe.
+class DeviceIpcStaging {
+ public:
+  // The pool of `max_buffers` on `device` through `api`. One per
+  // combination (a process normally has one transport, so one size).
+  static DeviceIpcStaging& For(cuda::DeviceApi& api, int device,
+                               size_t max_buffers) {
+    static Mutex mu;
+    static auto* pools = new std::map<std::tuple<cuda::DeviceApi*, int, size_t>,
+                                      DeviceIpcStaging*>();
+    MutexLock l(mu);
+    DeviceIpcStaging*& p = (*pools)[{&api, device, max_buffers}];
+    if (p == nullptr) p = new DeviceIpcStaging(api, device, max_buffers);
+    return *p;
+  }
+
+  // Slots taken for one lease; given back on destruction, after the lease
+  // ended (the reader released it or its connection was dropped).
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(DeviceIpcStaging* pool, StagingSlots::Taken taken)
+        : pool_(pool), taken_(std::move(taken)) {}
+    Lease(Lease&& o) noexcept
+        : pool_(std::exchange(o.pool_, nullptr)), taken_(std::move(o.taken_)) {}
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        GiveBack();
+        pool_ = std::exchange(o.pool_, nullptr);
+        taken_ = std::move(o.taken_);
+      }
+      return *this;
+    }
+    ~Lease() { GiveBack(); }
+
+   private:
+    void GiveBack() {
+      if (pool_ == nullptr) return;
+      MutexLock l(pool_->mu_);
+      pool_->slots_.Give(taken_);
+      pool_ = nullptr;
+    }
+    DeviceIpcStaging* pool_ = nullptr;
+    StagingSlots::Taken taken_;
+  };
+
+  // Whether a read of `bytes` could ever be staged in `max_buffers`.
+  static bool Fits(uint64_t bytes, size_t max_buffers) {
+    return max_buffers > 0 &&
+           StagingSlots(max_buffers, kIpcStagingBufferBytes).Fits(bytes);
+  }
+
+  // Copies [0, length) of `pieces` (device memory of this device) into
+  // staging buffers, on `stream` (waited for), and appends their IPC pieces
+  // to `out`. RESOURCE_EXHAUSTED when too few buffers are free (nothing
+  // waits: the caller stages through host memory instead).
+  Result<Lease> Stage(std::span<const iovec> pieces, uint64_t length,
+                      uint64_t owner, cuda::Stream& stream,
+                      std::vector<wire::CudaIpcPiece>* out) {
+    if (length == 0) return Lease();
+    std::optional<StagingSlots::Taken> taken;
+    {
+      MutexLock l(mu_);
+      taken = slots_.Take(length, owner);
+    }
+    if (!taken.has_value()) {
+      return ResourceExhausted(
+          "all " + std::to_string(max_buffers_) +
+          " device staging buffers for CUDA IPC are in use");
+    }
+    Lease lease(this, *taken);  // gives the slots back on every error
+    // A slot's first use allocates its buffer (at most max_buffers_
+    // times per device and process). Slot i's buffer is touched only by
+    // the lease holding slot i, so without the lock.
+    for (size_t i : taken->allocate) {
+      TH_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceBuffer> memory,
+                          api_.Allocate(device_, kIpcStagingBufferBytes));
+      TH_ASSIGN_OR_RETURN(cuda::IpcExport ipc,
+                          api_.Export(memory->data(), device_));
+      buffers_[i] = Buffer{std::move(memory), ipc};
+      MutexLock l(mu_);
+      slots_.MarkAllocated(i);
+    }
+    // No copy may still run into a buffer given back.
+    struct SyncOnError {
+      cuda::Stream& s;
+      bool armed = true;
+      ~SyncOnError() {
+        if (armed) (void)s.Synchronize();
+      }
+    } sync_on_error{stream};
+    std::vector<wire::CudaIpcPiece> staged;
+    for (size_t k = 0; k < taken->slots.size(); ++k) {
+      const uint64_t off = k * kIpcStagingBufferBytes;
+      const uint64_t len = std::min(kIpcStagingBufferBytes, length - off);
+      const Buffer& b = buffers_[taken->slots[k]];
+      TH_RETURN_IF_ERROR(ForRange(
+          pieces, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+            return stream.CopyAsync(b.memory->data() + done, p, l);
+          }));
+      staged.push_back({b.ipc.handle.bytes, b.ipc.offset, len,
+                        reinterpret_cast<uint64_t>(b.memory->data())});
+    }
+    sync_on_error.armed = false;
+    TH_RETURN_IF_ERROR(stream.Synchronize());
+    out->insert(out->end(), staged.begin(), staged.end());
+    return lease;
+  }
+
+ private:
+  struct Buffer {
+    std::unique_ptr<cuda::DeviceBuffer> memory;
+    cuda::IpcExport ipc;
+  };
+  DeviceIpcStaging(cuda::DeviceApi& api, int device, size_t max_buffers)
+      : api_(api),
+        device_(device),
+        max_buffers_(max_buffers),
+        slots_(max_buffers, kIpcStagingBufferBytes),
+        buffers_(max_buffers) {}
+
+  cuda::DeviceApi& api_;
+  const int device_;
+  const size_t max_buffers_;
+  Mutex mu_;
+  StagingSlots slots_ TH_GUARDED_BY(mu_);
+  // Indexed by slot; element i belongs to whoever holds slot i.
+  std::vector<Buffer> buffers_;
 };
 
 // Same-host (cross-memory attach) policy, shared by one transport's server
@@ -65,7 +202,12 @@ class LocalReads {
  public:
   explicit LocalReads(const TcpTransportOptions& options)
       : copy_(options.copy_fn ? options.copy_fn
-                              : CrossMemoryCopyFn(ProcessVmReadv)) {
+                              : CrossMemoryCopyFn(ProcessVmReadv)),
+        cuda_ipc_(options.cuda_ipc),
+        ipc_staging_buffers_(options.ipc_staging_bytes /
+                             kIpcStagingBufferBytes),
+        device_api_(options.device_api != nullptr ? *options.device_api
+                                                  : cuda::Runtime()) {
     if (!options.local_reads) return;
     if (options.identity.has_value()) {
       identity_ = *options.identity;
@@ -85,6 +227,9 @@ class LocalReads {
   bool enabled() const { return enabled_; }
   const wire::HostIdentity& identity() const { return identity_; }
   const CrossMemoryCopyFn& copy() const { return copy_; }
+  CudaIpcPolicy cuda_ipc() const { return cuda_ipc_; }
+  size_t ipc_staging_buffers() const { return ipc_staging_buffers_; }
+  cuda::DeviceApi& device_api() const { return device_api_; }
 
   // Whether copying from `holder` failed before.
   bool Refused(const std::string& holder) const {
@@ -110,6 +255,9 @@ class LocalReads {
   bool enabled_ = false;
   wire::HostIdentity identity_;
   const CrossMemoryCopyFn copy_;
+  const CudaIpcPolicy cuda_ipc_;
+  const size_t ipc_staging_buffers_;
+  cuda::DeviceApi& device_api_;
   mutable Mutex mu_;
   std::set<std::string> refused_ TH_GUARDED_BY(mu_);
 };
@@ -142,6 +290,13 @@ class TlsNotice {
  private:
   std::atomic<bool> said_{false};
 };
+
+// Serial numbers of served connections, process-wide: the owner a device
+// staging buffer was last exported to (StagingSlots).
+uint64_t NextSerial() {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 class TcpServer final : public Server {
  public:
@@ -195,7 +350,9 @@ class TcpServer final : public Server {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     Stream stream(fd);
     if (!Admit(stream, ticket)) return;
-    StagingStreams staging;  // for reads of device memory, made on first use
+    // For reads of device memory, made on first use.
+    StagingStreams staging(local_->device_api());
+    const uint64_t serial = NextSerial();
     while (!stopping_.load()) {
       if (!stream.HasBufferedInput()) {
         pollfd p{fd, POLLIN, 0};
@@ -228,8 +385,13 @@ class TcpServer final : public Server {
       const bool same_host = in.reader.has_value() && local_->enabled() &&
                              *in.reader == local_->identity();
       if (!lease->memory.is_host()) {
-        if (cuda_ipc && same_host) {
-          Result<std::string> body = CudaIpcBody(*lease);
+        if (cuda_ipc && same_host &&
+            local_->cuda_ipc() != CudaIpcPolicy::kOff) {
+          // Staging buffers exported for this lease: given back when it
+          // ends, after the release or after the connection was dropped.
+          DeviceIpcStaging::Lease exported;
+          Result<std::string> body =
+              CudaIpcBody(*lease, req.length, serial, staging, &exported);
           if (body.ok()) {
             if (!ServeLocal(stream, req, *lease, std::move(body).value(), true,
                             deadline)) {
@@ -310,12 +472,52 @@ class TcpServer final : public Server {
     return true;
   }
 
-  // The CUDA IPC reply for a lease of device memory: one handle per
-  // allocation run. Fails (and the read is staged instead) for memory CUDA
-  // IPC cannot share, a range too scattered to describe, or an allocation
-  // that holds more than the published regions: a handle opens the whole
-  // allocation, read-write (CoveredBy).
-  Result<std::string> CudaIpcBody(const ServeLease& lease) {
+  // The CUDA IPC reply for a lease of device memory, by the policy
+  // (ipc_staging.h): handles of holder-owned staging buffers holding a copy
+  // of the read's bytes (kept in `exported` until the lease ends), or with
+  // kDirect the published allocations themselves where DirectIpcBody may
+  // share them. Fails (and the read is staged through host memory instead)
+  // when neither can be done.
+  Result<std::string> CudaIpcBody(const ServeLease& lease, uint64_t length,
+                                  uint64_t owner, StagingStreams& streams,
+                                  DeviceIpcStaging::Lease* exported) {
+    const CudaIpcPolicy policy = local_->cuda_ipc();
+    Result<std::string> direct = FailedPrecondition(
+        "CUDA IPC policy " + std::string(CudaIpcPolicyName(policy)));
+    if (policy == CudaIpcPolicy::kDirect) direct = DirectIpcBody(lease);
+    const size_t buffers = local_->ipc_staging_buffers();
+    switch (ChooseDeviceReadPath(policy, direct.ok(),
+                                 DeviceIpcStaging::Fits(length, buffers))) {
+      case DeviceReadPath::kShareAllocation:
+        return direct;
+      case DeviceReadPath::kHostStaged:
+        return FailedPrecondition(
+            "a read of " + std::to_string(length) +
+            " bytes does not fit in the device staging buffers for CUDA "
+            "IPC (" +
+            std::to_string(buffers) + " x " +
+            std::to_string(kIpcStagingBufferBytes) + " bytes)" +
+            (direct.ok() ? "" : "; " + direct.status().ToString()));
+      case DeviceReadPath::kDeviceStaged:
+        break;
+    }
+    TH_RETURN_IF_ERROR(streams.Ensure(lease.memory.device));
+    wire::CudaIpcReply reply;
+    reply.pid = pid_;
+    TH_ASSIGN_OR_RETURN(
+        *exported,
+        DeviceIpcStaging::For(local_->device_api(), lease.memory.device,
+                              buffers)
+            .Stage(lease.pieces, length, owner, streams[0], &reply.pieces));
+    return wire::EncodeCudaIpcReply(reply);
+  }
+
+  // The CUDA IPC reply that shares the published allocations themselves
+  // (CudaIpcPolicy::kDirect): one handle per allocation run. Fails for
+  // memory CUDA IPC cannot share, a range too scattered to describe, or an
+  // allocation that holds more than the published regions: a handle opens
+  // the whole allocation, read-write (CoveredBy).
+  Result<std::string> DirectIpcBody(const ServeLease& lease) {
     wire::CudaIpcReply reply;
     reply.pid = pid_;
     const std::span<const iovec> published =
@@ -324,8 +526,9 @@ class TcpServer final : public Server {
             : std::span<const iovec>(lease.pieces);
     for (const iovec& v : lease.pieces) {
       if (v.iov_len == 0) continue;
-      TH_ASSIGN_OR_RETURN(cuda::IpcExport ex,
-                          cuda::ExportIpc(v.iov_base, lease.memory.device));
+      TH_ASSIGN_OR_RETURN(
+          cuda::IpcExport ex,
+          local_->device_api().Export(v.iov_base, lease.memory.device));
       if (ex.offset > ex.alloc_bytes ||
           v.iov_len > ex.alloc_bytes - ex.offset) {
         return InvalidArgument(
@@ -522,7 +725,8 @@ class TcpConnection final : public Connection {
       : fd_(std::move(fd)),
         stream_(std::move(stream)),
         peer_(std::move(peer)),
-        local_(std::move(local)) {}
+        local_(std::move(local)),
+        staging_(local_->device_api()) {}
   ~TcpConnection() override {
     staging_.Sync();
     for (const cuda::IpcHandle& h : opened_) cuda::IpcImports::Close(h);
@@ -969,6 +1173,29 @@ TcpTransportOptions TcpTransportOptions::FromEnv() {
   TcpTransportOptions o;
   const char* no_cma = std::getenv("TENSORHUB_NO_CMA");
   if (no_cma != nullptr && std::string(no_cma) == "1") o.local_reads = false;
+  if (const char* ipc = std::getenv("TENSORHUB_CUDA_IPC"); ipc != nullptr) {
+    Result<CudaIpcPolicy> p = ParseCudaIpcPolicy(ipc);
+    if (p.ok()) {
+      o.cuda_ipc = *p;
+    } else {
+      // Options from the environment cannot fail; staged is the safe one.
+      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC ignored, using staged: "
+                    << p.status().message();
+    }
+  }
+  if (const char* mib = std::getenv("TENSORHUB_CUDA_IPC_STAGING_MIB");
+      mib != nullptr) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(mib, &end, 10);
+    if (*mib != '\0' && *end == '\0' && errno == 0 && v <= (1ull << 30)) {
+      o.ipc_staging_bytes = v << 20;
+    } else {
+      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC_STAGING_MIB='" << mib
+                    << "' ignored (not a whole number of MiB), using "
+                    << (kDefaultIpcStagingBytes >> 20) << " MiB";
+    }
+  }
   return o;
 }
 
