@@ -6,7 +6,9 @@
 //     a few client threads through the workers' own RPC layer (ControlPlane);
 //     the hub's CPU time is read from /proc/PID/stat around each phase.
 //
-// Phases: N workers register, send one heartbeat each, one of them publishes
+// Phases: N workers register (each registered one heartbeating at the
+// interval the hub told, as real workers do while the rest of the fleet
+// registers), send one heartbeat each, one of them publishes
 // a version, then every other one fetches it the way a real fetch talks to
 // the hub: BeginFetch (resolve, filling registration, first schedule in one
 // call), then AddHolder (complete, which releases its sources). Last, every
