@@ -264,6 +264,36 @@ TEST(HostileHub, ARequestWithoutAProofIsRefusedBeforeItsBodyIsRead) {
       << stale.error_message();
   grpc::Status ok = list(wire::MakeCallProof(kSecret, now));
   EXPECT_TRUE(ok.ok()) << ok.error_message();
+
+  // The hot calls, which the hub serves from a completion queue of their
+  // own (not the sync API), pass the same gate: without a proof a large
+  // one is refused, with one it reaches the hub's state (which does not
+  // know the worker).
+  {
+    v1::AddHolderRequest req;
+    req.set_model(std::string(32u << 20, 'z'));
+    v1::AddHolderResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    grpc::Status s = stub->AddHolder(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(s.error_message().find("th-proof"), std::string::npos)
+        << s.error_message();
+  }
+  {
+    v1::HeartbeatRequest req;
+    req.set_worker_id("nobody");
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(20));
+    ctx.AddMetadata(wire::kCallProofKey, wire::MakeCallProof(kSecret, now));
+    grpc::Status s = stub->Heartbeat(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_NE(s.error_message().find("nobody"), std::string::npos)
+        << s.error_message();
+  }
 }
 
 // Finding 2: 3000 connections that sent only the HTTP/2 preface stayed

@@ -50,9 +50,10 @@ constexpr char kLeaderTrailer[] = "th-leader";
 constexpr char kRoleTrailer[] = "th-role";
 
 // A few threads for an HA hub's calls that may wait for etcd (Persisted:
-// up to kPersistMs), so that they do not hold gRPC's callback threads,
-// which the heartbeats share. Bounded: a call that finds kMaxQueued calls
-// queued runs where it is. Runs what is queued before it stops.
+// up to kPersistMs), so that they do not hold the hot calls' one thread
+// (HotCallQueue), which the heartbeats share. Bounded: a call that finds
+// kMaxQueued calls queued runs where it is. Runs what is queued before it
+// stops.
 class WaitingCalls {
  public:
   explicit WaitingCalls(int threads) {
@@ -106,14 +107,16 @@ class WaitingCalls {
 };
 
 // The calls every worker and every reader makes (a heartbeat, a fetch's
-// BeginFetch and AddHolder) are served through gRPC's callback API: the
-// handler runs on the thread that read the call, where the sync API hands
-// each call to a thread of its pool (docs/design.md "What a fetch costs the
-// hub"). The others, some of which wait (a held Unpublish or Leave, a
-// keeper's long poll), stay on the sync API.
-using HotCallsService = v1::Hub::WithCallbackMethod_Heartbeat<
-    v1::Hub::WithCallbackMethod_BeginFetch<
-        v1::Hub::WithCallbackMethod_AddHolder<v1::Hub::Service>>>;
+// BeginFetch and AddHolder) are served through gRPC's async API from one
+// completion queue (HotCallQueue below): its one thread polls the
+// connections, runs the handler and writes the answer, where the sync API
+// hands each call to a thread of its pool and the callback API (gRPC 1.51)
+// to its "nexting" threads (docs/design.md "What a fetch costs the hub").
+// The others, some of which wait (a held Unpublish or Leave, a keeper's
+// long poll), stay on the sync API.
+using HotCallsService =
+    v1::Hub::WithAsyncMethod_Heartbeat<v1::Hub::WithAsyncMethod_BeginFetch<
+        v1::Hub::WithAsyncMethod_AddHolder<v1::Hub::Service>>>;
 
 class HubServiceImpl final : public HotCallsService {
  public:
@@ -187,17 +190,11 @@ class HubServiceImpl final : public HotCallsService {
     return grpc::Status::OK;
   }
 
-  // The sync form (tests, the fuzz target) and the callback form (the
-  // server) run the same code.
+  // The sync form (tests, the fuzz target) and the async form (the
+  // server, HotCallQueue) run the same code.
   grpc::Status Heartbeat(ServerContext* ctx, const v1::HeartbeatRequest* req,
                          v1::HeartbeatResponse* resp) override {
     return HeartbeatCall(ctx, req, resp);
-  }
-  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
-                                      const v1::HeartbeatRequest* req,
-                                      v1::HeartbeatResponse* resp) override {
-    return Serve(ctx, req, resp, &HubServiceImpl::HeartbeatCall,
-                 /*may_wait=*/false);
   }
   grpc::Status HeartbeatCall(grpc::ServerContextBase* ctx,
                              const v1::HeartbeatRequest* req,
@@ -242,17 +239,11 @@ class HubServiceImpl final : public HotCallsService {
     return grpc::Status::OK;
   }
 
-  // The sync form (tests, the fuzz target) and the callback form (the
-  // server) run the same code.
+  // The sync form (tests, the fuzz target) and the async form (the
+  // server, HotCallQueue) run the same code.
   grpc::Status AddHolder(ServerContext* ctx, const v1::AddHolderRequest* req,
                          v1::AddHolderResponse* resp) override {
     return AddHolderCall(ctx, req, resp);
-  }
-  grpc::ServerUnaryReactor* AddHolder(grpc::CallbackServerContext* ctx,
-                                      const v1::AddHolderRequest* req,
-                                      v1::AddHolderResponse* resp) override {
-    return Serve(ctx, req, resp, &HubServiceImpl::AddHolderCall,
-                 /*may_wait=*/true);
   }
   grpc::Status AddHolderCall(grpc::ServerContextBase* ctx,
                              const v1::AddHolderRequest* req,
@@ -507,17 +498,11 @@ class HubServiceImpl final : public HotCallsService {
     return grpc::Status::OK;
   }
 
-  // The sync form (tests, the fuzz target) and the callback form (the
-  // server) run the same code.
+  // The sync form (tests, the fuzz target) and the async form (the
+  // server, HotCallQueue) run the same code.
   grpc::Status BeginFetch(ServerContext* ctx, const v1::BeginFetchRequest* req,
                           v1::BeginFetchResponse* resp) override {
     return BeginFetchCall(ctx, req, resp);
-  }
-  grpc::ServerUnaryReactor* BeginFetch(grpc::CallbackServerContext* ctx,
-                                       const v1::BeginFetchRequest* req,
-                                       v1::BeginFetchResponse* resp) override {
-    return Serve(ctx, req, resp, &HubServiceImpl::BeginFetchCall,
-                 /*may_wait=*/true);
   }
   grpc::Status BeginFetchCall(grpc::ServerContextBase* ctx,
                               const v1::BeginFetchRequest* req,
@@ -779,26 +764,14 @@ class HubServiceImpl final : public HotCallsService {
     }
   }
 
- private:
-  // Answers a call made through the callback API with `call`, the code
-  // its sync form runs too: on the gRPC thread that read it, or, for an HA
-  // hub's call that may wait for etcd, on waiting_ (where it has room).
-  template <class Req, class Resp>
-  grpc::ServerUnaryReactor* Serve(
-      grpc::CallbackServerContext* ctx, const Req* req, Resp* resp,
-      grpc::Status (HubServiceImpl::*call)(grpc::ServerContextBase*, const Req*,
-                                           Resp*),
-      bool may_wait) {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    auto answer = [this, r, ctx, req, resp, call] {
-      r->Finish((this->*call)(ctx, req, resp));
-    };
-    if (!may_wait || waiting_ == nullptr || !waiting_->TryRun(answer)) {
-      answer();
-    }
-    return r;
+  // Runs `answer` (a hot call that may wait for etcd) on waiting_, when this
+  // is an HA hub's service and waiting_ has room; false: the caller runs it
+  // where it is.
+  bool RunWaiting(std::function<void()> answer) {
+    return waiting_ != nullptr && waiting_->TryRun(std::move(answer));
   }
 
+ private:
   // A served call passed the gate (call_gate.h) already, which refuses a
   // call with a bad proof before its request is read; the proof is
   // checked again here so that the service does not depend on how it is
@@ -1131,19 +1104,154 @@ class HubServiceImpl final : public HotCallsService {
   std::unique_ptr<WaitingCalls> waiting_;
 };
 
+// The hot calls' completion queue (HotCallsService). One thread waits on
+// it, and so is the thread that polls the connections too: a call is read,
+// served and answered without changing threads (an HA hub's calls that may
+// wait for etcd go to the service's waiting threads). Measured in
+// docs/benchmarks.md, "The hot calls on one completion queue".
+class HotCallQueue {
+ public:
+  // `service` (not owned) outlives this; `cq` is the server builder's.
+  HotCallQueue(HubServiceImpl* service,
+               std::unique_ptr<grpc::ServerCompletionQueue> cq)
+      : service_(service), cq_(std::move(cq)) {}
+  ~HotCallQueue() { Stop(); }
+  HotCallQueue(const HotCallQueue&) = delete;
+  HotCallQueue& operator=(const HotCallQueue&) = delete;
+
+  // Once the server has started: asks gRPC for the first call of each kind
+  // and starts the thread.
+  void Start() {
+    Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>::Listen(
+        this, &HubServiceImpl::RequestHeartbeat, &HubServiceImpl::HeartbeatCall,
+        /*may_wait=*/false);
+    Unary<v1::BeginFetchRequest, v1::BeginFetchResponse>::Listen(
+        this, &HubServiceImpl::RequestBeginFetch,
+        &HubServiceImpl::BeginFetchCall, /*may_wait=*/true);
+    Unary<v1::AddHolderRequest, v1::AddHolderResponse>::Listen(
+        this, &HubServiceImpl::RequestAddHolder, &HubServiceImpl::AddHolderCall,
+        /*may_wait=*/true);
+    thread_ = std::thread([this] { Drain(); });
+  }
+
+  // After the server's Shutdown() (which ends the calls it had) and the
+  // service's StopWaitingCalls() (which answers those it held): nothing
+  // is asked of the queue any more; it is shut down and drained.
+  void Stop() {
+    {
+      MutexLock lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+    }
+    cq_->Shutdown();
+    if (thread_.joinable()) {
+      thread_.join();
+    } else {
+      Drain();  // never started: the events of the first requests
+    }
+  }
+
+ private:
+  // One call in the queue: a tag gRPC hands back with each of its events.
+  class Call {
+   public:
+    virtual ~Call() = default;
+    virtual void Proceed(bool ok) = 0;
+  };
+
+  // A unary call of one kind: asked for (Listen), then answered by
+  // `handler`, then deleted when gRPC has sent the answer.
+  template <class Req, class Resp>
+  class Unary final : public Call {
+   public:
+    using Request = void (HubServiceImpl::*)(
+        ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*,
+        grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
+    using Handler = grpc::Status (HubServiceImpl::*)(grpc::ServerContextBase*,
+                                                     const Req*, Resp*);
+
+    // Asks gRPC for the next call of this kind (none once the queue stops).
+    static void Listen(HotCallQueue* q, Request request, Handler handler,
+                       bool may_wait) {
+      auto* call = new Unary(q, request, handler, may_wait);
+      MutexLock lock(q->mu_);
+      if (q->stopping_) {
+        delete call;
+        return;
+      }
+      (q->service_->*request)(&call->ctx_, &call->req_, &call->responder_,
+                              q->cq_.get(), q->cq_.get(), call);
+    }
+
+    void Proceed(bool ok) override {
+      // Answered, or never matched (the server stops): done.
+      if (answered_ || !ok) {
+        delete this;
+        return;
+      }
+      answered_ = true;
+      Listen(q_, request_, handler_, may_wait_);
+      auto answer = [this] {
+        const grpc::Status status =
+            (q_->service_->*handler_)(&ctx_, &req_, &resp_);
+        MutexLock lock(q_->mu_);
+        if (q_->stopping_) {  // the server has ended the call already
+          lock.Unlock();
+          delete this;
+          return;
+        }
+        responder_.Finish(resp_, status, this);
+      };
+      if (!may_wait_ || !q_->service_->RunWaiting(answer)) answer();
+    }
+
+   private:
+    Unary(HotCallQueue* q, Request request, Handler handler, bool may_wait)
+        : q_(q),
+          request_(request),
+          handler_(handler),
+          may_wait_(may_wait),
+          responder_(&ctx_) {}
+
+    HotCallQueue* const q_;
+    const Request request_;
+    const Handler handler_;
+    const bool may_wait_;
+    bool answered_ = false;
+    ServerContext ctx_;
+    Req req_;
+    Resp resp_;
+    grpc::ServerAsyncResponseWriter<Resp> responder_;
+  };
+
+  void Drain() {
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_->Next(&tag, &ok)) static_cast<Call*>(tag)->Proceed(ok);
+  }
+
+  HubServiceImpl* const service_;
+  const std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  Mutex mu_;
+  bool stopping_ TH_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 class HubServerImpl final : public HubServer {
  public:
   // `coord` (null: a single hub) is started by the caller and stopped
   // here, before the server.
   HubServerImpl(std::unique_ptr<Coordinator> coord,
                 std::unique_ptr<HubServiceImpl> service,
-                std::unique_ptr<grpc::Server> server, std::string address,
+                std::unique_ptr<grpc::Server> server,
+                std::unique_ptr<HotCallQueue> hot, std::string address,
                 std::shared_ptr<metrics::FunctionCollector> collector,
                 std::unique_ptr<metrics::MetricsServer> metrics_server,
                 std::unique_ptr<ConnectionGuard> guard)
       : coord_(std::move(coord)),
         service_(std::move(service)),
         server_(std::move(server)),
+        hot_(std::move(hot)),
         address_(std::move(address)),
         collector_(std::move(collector)),
         metrics_server_(std::move(metrics_server)),
@@ -1193,12 +1301,14 @@ class HubServerImpl final : public HubServer {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::seconds(2));
     service_->StopWaitingCalls();
+    hot_->Stop();
   }
 
  private:
   std::unique_ptr<Coordinator> coord_;  // outlives the service using it
   std::unique_ptr<HubServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HotCallQueue> hot_;  // drained before the server goes
   std::string address_;
   // Scrapes read service_: stopped in Shutdown, before anything goes.
   std::shared_ptr<metrics::FunctionCollector> collector_;
@@ -1509,11 +1619,15 @@ Result<std::unique_ptr<Hub>> StartHub(
   quota.Resize(size_t{1} << 30);
   quota.SetMaxThreads(1024);
   builder.SetResourceQuota(quota);
+  auto hot = std::make_unique<HotCallQueue>(service.get(),
+                                            builder.AddCompletionQueue());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
+    hot->Stop();
     return Unavailable("hub cannot listen on " + options.listen_address +
                        " (address in use or not local?)");
   }
+  hot->Start();
   std::string host =
       options.listen_address.substr(0, options.listen_address.rfind(':'));
   std::string address = host + ":" + std::to_string(port);
@@ -1529,6 +1643,7 @@ Result<std::unique_ptr<Hub>> StartHub(
     if (!s.ok()) {
       server->Shutdown(std::chrono::system_clock::now());
       service->StopWaitingCalls();
+      hot->Stop();
       return s;
     }
   }
@@ -1579,9 +1694,10 @@ Result<std::unique_ptr<Hub>> StartHub(
                          "clients (--accept-request-secret, deprecated)"
                        : std::string())
                << ")";
-  return std::unique_ptr<Hub>(new HubServerImpl(
-      std::move(coord), std::move(service), std::move(server), address,
-      std::move(collector), std::move(metrics_server), std::move(guard)));
+  return std::unique_ptr<Hub>(
+      new HubServerImpl(std::move(coord), std::move(service), std::move(server),
+                        std::move(hot), address, std::move(collector),
+                        std::move(metrics_server), std::move(guard)));
 }
 
 }  // namespace hub
