@@ -90,6 +90,11 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 // the unmap after a drain.
 uint64_t UcxLiveMappingsForTest();
 
+// The features (ucp_params_t::features) every UCX context of this
+// transport is made with, serving and reading alike, for the test that
+// shows what they let a peer reach (0 without TH_UCX).
+uint64_t UcxContextFeaturesForTest();
+
 }  // namespace tensorhub::transport
 
 #endif  // TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
