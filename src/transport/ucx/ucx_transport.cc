@@ -1255,12 +1255,13 @@ Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
   std::call_once(said, [&] {
     std::string list;
     for (const std::string& w : unchecked) list += " " + w;
-    TH_LOG(WARN) << "ucx: wires whose gets nothing checks allowed ("
-                 << ucx::kEmulatedGetsEnv
-                 << "=allow or ClientOptions::ucx_emulated_gets):" << list
-                 << ": any peer that proved the secret can read all of this "
-                    "process's memory over them (docs/security.md, \"What "
-                    "a UCX peer can reach\")";
+    TH_LOG(WARN)
+        << "ucx: wires whose gets nothing checks allowed ("
+        << ucx::kEmulatedGetsEnv
+        << "=allow or ClientOptions::ucx_emulated_gets):" << list
+        << ": any peer that proved the secret can read and write "
+           "all of this process's memory over them (docs/security.md, \"What "
+           "a UCX peer can reach\")";
   });
   return ctx;
 }

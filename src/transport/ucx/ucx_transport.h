@@ -62,10 +62,10 @@ struct UcxTransportOptions {
   // the data plane itself. An explicit UCX_NET_DEVICES wins.
   std::string listen_host;
   // Use UCX's wires whose gets nothing checks (tcp, shared memory, cma:
-  // ucx_wires.h), over which any peer that proved the secret can read all
-  // of this process's memory. Off: the transport runs only where its UCX
-  // context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all" it is
-  // limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
+  // ucx_wires.h), over which any peer that proved the secret can read and
+  // write all of this process's memory. Off: the transport runs only where its
+  // UCX context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all"
+  // it is limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
   // elsewhere (docs/security.md, "What a UCX peer can reach"). The client's
   // ucx_emulated_gets, or TENSORHUB_UCX_EMULATED_GETS=allow.
   bool allow_emulated_gets = false;

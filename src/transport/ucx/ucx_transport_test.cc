@@ -1042,8 +1042,8 @@ class RawUcxPeers {
       p.flags = UCP_EP_CLOSE_FLAG_FORCE;
       void* r = ucp_ep_close_nbx(ep_, &p);
       const Deadline d = Deadline::AfterMs(kGenerousMs);
-      while (UCS_PTR_IS_PTR(r) && ucp_request_check_status(r) == UCS_INPROGRESS &&
-             !d.expired()) {
+      while (UCS_PTR_IS_PTR(r) &&
+             ucp_request_check_status(r) == UCS_INPROGRESS && !d.expired()) {
         Progress();
       }
       if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
@@ -1116,7 +1116,8 @@ class RawUcxPeers {
   // Counts UCX's "got active message id N, but no handler installed"
   // (uct_iface.c), and lets the line through to the other handlers.
   static ucs_log_func_rc_t CountUnhandled(const char*, unsigned, const char*,
-                                          ucs_log_level_t, const ucs_log_component_config_t*,
+                                          ucs_log_level_t,
+                                          const ucs_log_component_config_t*,
                                           const char* format, va_list) {
     if (std::strstr(format, "no handler installed") != nullptr) {
       g_unhandled_messages.fetch_add(1);
@@ -1145,7 +1146,8 @@ class RawUcxPeers {
            g_unhandled_messages.load() == unhandled && !d.expired()) {
       Progress();
     }
-    // One the holder never answers ends with the endpoint's close.
+    // One the holder never answers ends with the endpoint's close (UCX
+    // then warns that requests were not returned to its pool).
     if (s != UCS_INPROGRESS) ucp_request_free(r);
     if (s == UCS_INPROGRESS) pending_.push_back(r);
     return s;
@@ -1190,12 +1192,13 @@ TEST(UcxEmulatedGetsTest, APeerReadsAndWritesAnyMemoryOfItsHolder) {
     std::strcpy(published, "published");
     std::strcpy(secret, "never published");
     RawUcxPeers peers;
-    const uint64_t features =
-        holder_has_rma ? UcxContextFeaturesForTest()
-                       : (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP);
+    const uint64_t features = holder_has_rma
+                                  ? UcxContextFeaturesForTest()
+                                  : (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP);
     ASSERT_EQ(peers.Make(features, published, sizeof(published)), "");
     char got[32] = {0};
-    const ucs_status_t read = peers.Move(false, got, sizeof(secret) / 2, secret);
+    const ucs_status_t read =
+        peers.Move(false, got, sizeof(secret) / 2, secret);
     char mine[] = "written by a reader";
     const ucs_status_t wrote_published =
         peers.Move(true, mine, sizeof(mine), published);
