@@ -150,10 +150,10 @@ struct ClientOptions {
   DeltaOptions deltas;
   // Let UCX use its wires whose gets nothing checks (tcp, shared memory,
   // cma: every wire of Debian's UCX 1.13 but RDMA), over which any peer that
-  // proved the secret can read all of this process's memory; for networks
-  // whose every host is trusted, and tests. Off (the default), UCX runs only
-  // over RDMA (rc, dc) and is refused elsewhere: a worker that also lists
-  // tcp serves and reads tcp, saying why; one whose transports are ucx
+  // proved the secret can read and write all of this process's memory; for
+  // networks whose every host is trusted, and tests. Off (the default), UCX
+  // runs only over RDMA (rc, dc) and is refused elsewhere: a worker that also
+  // lists tcp serves and reads tcp, saying why; one whose transports are ucx
   // alone fails to start (docs/security.md, "What a UCX peer can reach").
   // Also set by the environment's TENSORHUB_UCX_EMULATED_GETS=allow.
   bool ucx_emulated_gets = false;

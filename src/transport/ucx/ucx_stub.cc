@@ -15,6 +15,8 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 
 uint64_t UcxLiveMappingsForTest() { return 0; }
 
+uint64_t UcxContextFeaturesForTest() { return 0; }
+
 std::string InterfaceOf(const std::string&) { return ""; }
 
 }  // namespace tensorhub::transport

@@ -58,6 +58,13 @@ enum class Polling { kAdaptive, kAlways };
 std::atomic<uint64_t> g_live_mappings{0};
 std::atomic<uint64_t> g_next_key_id{1};
 
+// What every context of this transport asks of UCX. UCP_FEATURE_RMA is
+// what ucp_get_nbx needs, and it also makes UCX install, in every worker
+// of the context, its handlers of emulated gets and puts, which copy from
+// and to whatever address a peer names (docs/security.md, "What a UCX peer
+// can reach": why a holder's context keeps it).
+constexpr uint64_t kContextFeatures = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+
 Status UcsError(ucs_status_t s, const std::string& what) {
   return Unavailable(what + ": " + ucs_status_string(s));
 }
@@ -131,7 +138,7 @@ class Context {
     }
     ucp_params_t p{};
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-    p.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    p.features = kContextFeatures;
     // Connections' workers are made and used on the fetch threads, the
     // server's on its own: memory maps are shared between them.
     p.mt_workers_shared = 1;
@@ -1248,12 +1255,13 @@ Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
   std::call_once(said, [&] {
     std::string list;
     for (const std::string& w : unchecked) list += " " + w;
-    TH_LOG(WARN) << "ucx: wires whose gets nothing checks allowed ("
-                 << ucx::kEmulatedGetsEnv
-                 << "=allow or ClientOptions::ucx_emulated_gets):" << list
-                 << ": any peer that proved the secret can read all of this "
-                    "process's memory over them (docs/security.md, \"What "
-                    "a UCX peer can reach\")";
+    TH_LOG(WARN)
+        << "ucx: wires whose gets nothing checks allowed ("
+        << ucx::kEmulatedGetsEnv
+        << "=allow or ClientOptions::ucx_emulated_gets):" << list
+        << ": any peer that proved the secret can read and write "
+           "all of this process's memory over them (docs/security.md, \"What "
+           "a UCX peer can reach\")";
   });
   return ctx;
 }
@@ -1284,5 +1292,7 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 }
 
 uint64_t UcxLiveMappingsForTest() { return g_live_mappings.load(); }
+
+uint64_t UcxContextFeaturesForTest() { return kContextFeatures; }
 
 }  // namespace tensorhub::transport

@@ -62,10 +62,10 @@ struct UcxTransportOptions {
   // the data plane itself. An explicit UCX_NET_DEVICES wins.
   std::string listen_host;
   // Use UCX's wires whose gets nothing checks (tcp, shared memory, cma:
-  // ucx_wires.h), over which any peer that proved the secret can read all
-  // of this process's memory. Off: the transport runs only where its UCX
-  // context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all" it is
-  // limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
+  // ucx_wires.h), over which any peer that proved the secret can read and
+  // write all of this process's memory. Off: the transport runs only where its
+  // UCX context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all"
+  // it is limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
   // elsewhere (docs/security.md, "What a UCX peer can reach"). The client's
   // ucx_emulated_gets, or TENSORHUB_UCX_EMULATED_GETS=allow.
   bool allow_emulated_gets = false;
@@ -89,6 +89,11 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
 // Registrations (ucp_mem_map) alive in this process, for tests that check
 // the unmap after a drain.
 uint64_t UcxLiveMappingsForTest();
+
+// The features (ucp_params_t::features) every UCX context of this
+// transport is made with, serving and reading alike, for the test that
+// shows what they let a peer reach (0 without TH_UCX).
+uint64_t UcxContextFeaturesForTest();
 
 }  // namespace tensorhub::transport
 

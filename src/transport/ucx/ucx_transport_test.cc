@@ -48,6 +48,14 @@
 #include "transport/ucx/ucx_reply.h"
 #include "transport/ucx/ucx_wires.h"
 
+#if defined(TH_UCX_RAW_TEST)
+#include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
+
+#include <atomic>
+#include <cstdarg>
+#endif
+
 namespace tensorhub::transport {
 namespace {
 
@@ -1016,6 +1024,205 @@ TEST(UcxEmulatedGetsTest, RefusedWithoutTheOptInNamingTheWires) {
   ExpectAFreshReaderReads(**reader, (*server)->address());
   (*server)->Stop();
 }
+
+#if defined(TH_UCX_RAW_TEST)
+// Raw UCX beside the transport, as a peer that proved the secret and runs
+// an unmodified UCX could use it: a holder's context made with `features`,
+// with one region registered as the transport registers published memory
+// (read-only), and a reader's context with the transport's own features,
+// whose endpoint reaches the holder's worker over the wires UCX_TLS names.
+// Both progressed by the calling thread.
+class RawUcxPeers {
+ public:
+  ~RawUcxPeers() {
+    if (rkey_ != nullptr) ucp_rkey_destroy(rkey_);
+    if (ep_ != nullptr) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* r = ucp_ep_close_nbx(ep_, &p);
+      const Deadline d = Deadline::AfterMs(kGenerousMs);
+      while (UCS_PTR_IS_PTR(r) &&
+             ucp_request_check_status(r) == UCS_INPROGRESS && !d.expired()) {
+        Progress();
+      }
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    }
+    for (void* r : pending_) ucp_request_free(r);
+    if (packed_ != nullptr) ucp_rkey_buffer_release(packed_);
+    if (memh_ != nullptr) ucp_mem_unmap(holder_ctx_, memh_);
+    if (reader_ != nullptr) ucp_worker_destroy(reader_);
+    if (holder_ != nullptr) ucp_worker_destroy(holder_);
+    if (reader_ctx_ != nullptr) ucp_cleanup(reader_ctx_);
+    if (holder_ctx_ != nullptr) ucp_cleanup(holder_ctx_);
+  }
+
+  // "" when made, else what failed.
+  std::string Make(uint64_t holder_features, void* region, size_t len) {
+    if (!Init(holder_features, &holder_ctx_) ||
+        !Init(UcxContextFeaturesForTest(), &reader_ctx_)) {
+      return "ucp_init";
+    }
+    ucp_worker_params_t wp{};
+    if (ucp_worker_create(holder_ctx_, &wp, &holder_) != UCS_OK ||
+        ucp_worker_create(reader_ctx_, &wp, &reader_) != UCS_OK) {
+      return "ucp_worker_create";
+    }
+    ucp_mem_map_params_t mp{};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                    UCP_MEM_MAP_PARAM_FIELD_PROT;
+    mp.address = region;
+    mp.length = len;
+    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
+    size_t packed_len = 0;
+    if (ucp_mem_map(holder_ctx_, &mp, &memh_) != UCS_OK) return "ucp_mem_map";
+    if (ucp_rkey_pack(holder_ctx_, memh_, &packed_, &packed_len) != UCS_OK) {
+      return "ucp_rkey_pack";
+    }
+    ucp_address_t* address = nullptr;
+    size_t address_len = 0;
+    if (ucp_worker_get_address(holder_, &address, &address_len) != UCS_OK) {
+      return "ucp_worker_get_address";
+    }
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    ep.address = address;
+    const ucs_status_t s = ucp_ep_create(reader_, &ep, &ep_);
+    ucp_worker_release_address(holder_, address);
+    if (s != UCS_OK) return "ucp_ep_create";
+    if (ucp_ep_rkey_unpack(ep_, packed_, &rkey_) != UCS_OK) {
+      return "ucp_ep_rkey_unpack";
+    }
+    return "";
+  }
+
+  // A get of `len` bytes at `remote` into `dst` (put: from `dst` to
+  // `remote`, then a flush, which completes once the holder acknowledged
+  // it), with the holder's key; progresses both workers until that
+  // completes, or until the holder's UCX said it has no handler for a
+  // message it got. UCS_INPROGRESS in the second case.
+  ucs_status_t Move(bool put, void* dst, size_t len, const void* remote) {
+    const uint64_t at = reinterpret_cast<uint64_t>(remote);
+    ucp_request_param_t p{};
+    if (!put) return Wait(ucp_get_nbx(ep_, dst, len, at, rkey_, &p));
+    const ucs_status_t s = Wait(ucp_put_nbx(ep_, dst, len, at, rkey_, &p));
+    if (s != UCS_OK) return s;
+    return Wait(ucp_ep_flush_nbx(ep_, &p));
+  }
+
+  static std::atomic<int> g_unhandled_messages;
+
+  // Counts UCX's "got active message id N, but no handler installed"
+  // (uct_iface.c), and lets the line through to the other handlers.
+  static ucs_log_func_rc_t CountUnhandled(const char*, unsigned, const char*,
+                                          ucs_log_level_t,
+                                          const ucs_log_component_config_t*,
+                                          const char* format, va_list) {
+    if (std::strstr(format, "no handler installed") != nullptr) {
+      g_unhandled_messages.fetch_add(1);
+    }
+    return UCS_LOG_FUNC_RC_CONTINUE;
+  }
+
+ private:
+  static bool Init(uint64_t features, ucp_context_h* out) {
+    ucp_params_t p{};
+    p.field_mask = UCP_PARAM_FIELD_FEATURES;
+    p.features = features;
+    return ucp_init(&p, nullptr, out) == UCS_OK;
+  }
+  void Progress() {
+    (void)ucp_worker_progress(reader_);
+    (void)ucp_worker_progress(holder_);
+  }
+
+  ucs_status_t Wait(void* r) {
+    if (!UCS_PTR_IS_PTR(r)) return UCS_PTR_STATUS(r);
+    const int unhandled = g_unhandled_messages.load();
+    const Deadline d = Deadline::AfterMs(kGenerousMs);
+    ucs_status_t s = UCS_INPROGRESS;
+    while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS &&
+           g_unhandled_messages.load() == unhandled && !d.expired()) {
+      Progress();
+    }
+    // One the holder never answers ends with the endpoint's close (UCX
+    // then warns that requests were not returned to its pool).
+    if (s != UCS_INPROGRESS) ucp_request_free(r);
+    if (s == UCS_INPROGRESS) pending_.push_back(r);
+    return s;
+  }
+
+  ucp_context_h holder_ctx_ = nullptr;
+  ucp_context_h reader_ctx_ = nullptr;
+  ucp_worker_h holder_ = nullptr;
+  ucp_worker_h reader_ = nullptr;
+  ucp_mem_h memh_ = nullptr;
+  void* packed_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  ucp_rkey_h rkey_ = nullptr;
+  std::vector<void*> pending_;
+};
+std::atomic<int> RawUcxPeers::g_unhandled_messages{0};
+
+// What docs/security.md ("What a UCX peer can reach") says of the opt-in,
+// shown on every wire this binary runs over (tcp; sm,self; cma,posix,self;
+// posix,sysv,self: all of them wires where UCX emulates gets or the
+// reader's kernel copies), with the features the transport makes its
+// contexts with: a peer running an unmodified UCX, holding the key of one
+// read-only registration, reads memory of the holder's process that was
+// never registered, and writes into the read-only registration and beyond
+// it (UCX 1.13's ucp_get_req_handler and ucp_put_handler copy from and to
+// the address a message names; the key's protection is the NIC's to check,
+// and there is none). A holder's context made without UCP_FEATURE_RMA
+// answers no get: UCX installs no handler for it (ucp_worker.c,
+// ucp_worker_set_am_handlers), the remedy docs/security.md explains the
+// transport does not take (rc's lanes). Fails if the transport's contexts
+// stop asking for RMA, or a UCX checks these addresses: then the docs
+// change with it.
+TEST(UcxEmulatedGetsTest, APeerReadsAndWritesAnyMemoryOfItsHolder) {
+  if (!UcxAvailable()) GTEST_SKIP() << "built without TH_UCX";
+  ASSERT_NE(UcxContextFeaturesForTest() & UCP_FEATURE_RMA, 0u);
+  ucs_log_push_handler(&RawUcxPeers::CountUnhandled);
+  static char published[4096];
+  static char secret[64];
+  for (const bool holder_has_rma : {true, false}) {
+    SCOPED_TRACE(holder_has_rma ? "the transport's features"
+                                : "a holder without UCP_FEATURE_RMA");
+    std::strcpy(published, "published");
+    std::strcpy(secret, "never published");
+    RawUcxPeers peers;
+    const uint64_t features = holder_has_rma
+                                  ? UcxContextFeaturesForTest()
+                                  : (UCP_FEATURE_AM | UCP_FEATURE_WAKEUP);
+    ASSERT_EQ(peers.Make(features, published, sizeof(published)), "");
+    char got[32] = {0};
+    const ucs_status_t read =
+        peers.Move(false, got, sizeof(secret) / 2, secret);
+    char mine[] = "written by a reader";
+    const ucs_status_t wrote_published =
+        peers.Move(true, mine, sizeof(mine), published);
+    const ucs_status_t wrote_beyond =
+        peers.Move(true, mine, sizeof(mine), secret);
+    if (holder_has_rma) {
+      EXPECT_EQ(read, UCS_OK);
+      EXPECT_STREQ(got, "never published");
+      EXPECT_EQ(wrote_published, UCS_OK);
+      EXPECT_STREQ(published, mine);
+      EXPECT_EQ(wrote_beyond, UCS_OK);
+      EXPECT_STREQ(secret, mine);
+    } else {
+      EXPECT_EQ(read, UCS_INPROGRESS);
+      EXPECT_STREQ(got, "");
+      EXPECT_EQ(wrote_published, UCS_INPROGRESS);
+      EXPECT_STREQ(published, "published");
+      EXPECT_EQ(wrote_beyond, UCS_INPROGRESS);
+      EXPECT_STREQ(secret, "never published");
+    }
+  }
+  ucs_log_pop_handler();
+}
+#endif  // TH_UCX_RAW_TEST
 
 // Every UCX reader connection costs the holder a worker (descriptors,
 // memory). A holder that cannot make one, here because this process may

@@ -55,9 +55,10 @@ Status EmulatedGetsRefusal(const std::vector<std::string>& unchecked) {
                   "wires whose gets nothing checks (") +
       found +
       "): over them nothing checks a get against the published memory (the "
-      "holder answers it from whatever address it names), so any peer that "
-      "proved the secret could read all of this "
-      "process's memory (docs/security.md, \"What a UCX peer can reach\"). "
+      "holder answers it from whatever address it names, and a put writes "
+      "wherever it names), so any peer that proved the secret could read "
+      "and write all of this process's memory (docs/security.md, \"What a UCX "
+      "peer can reach\"). "
       "Use UCX where there is RDMA (UCX_TLS=rc or dc), read over tcp "
       "(TENSORHUB_TRANSPORTS=ucx,tcp falls back to it), or, where every "
       "host of the network is trusted, allow them: " +

@@ -3,15 +3,18 @@
 //
 // UCX 1.13 emulates a get where no hardware reads remote memory (its tcp and
 // shared-memory wires): the holder's worker answers a get message by copying
-// from whatever address it names, with no check against a registration, so
-// a peer that may send gets to it can read any memory of the holder's
-// process. UCX offers no hook to check those gets. Over RDMA (rc, dc), a
-// get is the NIC's read, which the NIC checks against the registration its
-// remote key names. So by default the transport runs only where every wire
-// of its UCX context is one of those (or a wire that only carries UCX's
-// connection set-up, or this process's own loopback); the opt-in
-// (TENSORHUB_UCX_EMULATED_GETS=allow, ClientOptions::ucx_emulated_gets)
-// keeps every wire, for networks whose every host is trusted.
+// from whatever address it names, with no check against a registration (and
+// a put message by writing wherever it names), so a peer that may send them
+// can read and write any memory of the holder's process. UCX offers no hook to
+// check those gets. Over RDMA (rc, dc), a get is the NIC's read, which the NIC
+// checks against the registration its remote key names (as long as the peer
+// runs an unmodified UCX: docs/security.md, "What is left on RDMA"). So by
+// default the
+// transport runs only where every wire of its UCX context is one of those (or a
+// wire that only carries UCX's connection set-up, or this process's own
+// loopback); the opt-in (TENSORHUB_UCX_EMULATED_GETS=allow,
+// ClientOptions::ucx_emulated_gets) keeps every wire, for networks whose every
+// host is trusted.
 //
 // Pure: no UCX calls, so that it builds, and is tested, without TH_UCX.
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_WIRES_H_
