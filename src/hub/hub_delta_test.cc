@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,17 @@ class HubDeltaTest : public ::testing::Test {
   Status Ready(const WorkerId& w, uint64_t v, uint64_t base,
                uint64_t bytes = 1000) {
     return hub_.AddDelta(w, "m", Version(v), Version(base), bytes, 0);
+  }
+  // `reader` starts a fetch of version v (BeginFetch), registered as a
+  // filling holder under `fill_epoch` if given.
+  Result<FetchStart> Begin(const WorkerId& reader, uint64_t v,
+                           std::optional<uint64_t> fill_epoch = {}) {
+    BeginFetchArgs b;
+    b.reader = reader;
+    b.model = "m";
+    b.version = Version(v);
+    b.fill_epoch = fill_epoch;
+    return hub_.BeginFetch(b, 0);
   }
   std::vector<HolderView> Sources(const WorkerId& reader, uint64_t v) {
     auto s = hub_.Schedule(reader, "m", Version(v), {}, 4);
@@ -172,11 +184,7 @@ TEST_F(HubDeltaTest, ReadyDeltaIsOfferedOnlyToReadersHoldingTheBase) {
   ASSERT_TRUE(res.ok());
   ASSERT_EQ(res->holders.size(), 1u);
   EXPECT_EQ(res->holders[0].deltas.size(), 1u);
-  BeginFetchArgs b;
-  b.reader = with_base;
-  b.model = "m";
-  b.version = Version(2);
-  auto start = hub_.BeginFetch(b, 0);
+  auto start = Begin(with_base, 2);
   ASSERT_TRUE(start.ok());
   ASSERT_EQ(start->sources.size(), 1u);
   EXPECT_EQ(start->sources[0].deltas.size(), 1u);
@@ -246,21 +254,14 @@ TEST_F(HubDeltaTest, ARemoteDatacentersFirstReaderMakesTheDeltaForItsPeers) {
   // r1 starts first (BeginFetch: a filling holder, then its sources): the
   // delta's holder across the link, and the delta is claimed for r1, to
   // make for datacenter b once it holds version 2.
-  BeginFetchArgs b;
-  b.reader = r1;
-  b.model = "m";
-  b.version = Version(2);
-  b.fill_epoch = 60;
-  auto start = hub_.BeginFetch(b, 0);
+  auto start = Begin(r1, 2, 60);
   ASSERT_TRUE(start.ok());
   ASSERT_EQ(start->sources.size(), 1u);
   EXPECT_EQ(start->sources[0].worker, trainer);
   EXPECT_FALSE(start->delta_pending);  // it has one to read
   // r2 starts: r1 is its nearest source (whole chunks), and the delta is
   // pending in its datacenter, so it may wait for it.
-  b.reader = r2;
-  b.fill_epoch = 61;
-  start = hub_.BeginFetch(b, 0);
+  start = Begin(r2, 2, 61);
   ASSERT_TRUE(start.ok());
   ASSERT_FALSE(start->sources.empty());
   EXPECT_EQ(start->sources[0].worker, r1);
@@ -319,11 +320,7 @@ TEST_F(HubDeltaTest, ARelayThatLeavesOrOnlyFetchesLeavesNoClaim) {
   ASSERT_TRUE(Ready(trainer, 2, 1).ok());
   // A reader that only fetches (no filling registration: it serves
   // nothing) is pointed at the delta; nothing is claimed for it.
-  BeginFetchArgs b;
-  b.reader = r1;
-  b.model = "m";
-  b.version = Version(2);
-  auto start = hub_.BeginFetch(b, 0);
+  auto start = Begin(r1, 2);
   ASSERT_TRUE(start.ok());
   ASSERT_EQ(start->sources.size(), 1u);
   EXPECT_EQ(start->sources[0].worker, trainer);
@@ -332,8 +329,7 @@ TEST_F(HubDeltaTest, ARelayThatLeavesOrOnlyFetchesLeavesNoClaim) {
   // A filling reader gets the claim; when it withdraws it (it will not
   // make it: DropDelta) its peers stop waiting, and its later asks for
   // sources (failing over) do not claim it again.
-  b.fill_epoch = 60;
-  ASSERT_TRUE(hub_.BeginFetch(b, 0).ok());
+  ASSERT_TRUE(Begin(r1, 2, 60).ok());
   EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
   ASSERT_TRUE(hub_.DropDelta(r1, "m", Version(2), Version(1), 0).ok());
   EXPECT_FALSE(hub_.DeltaPending(r2, "m", Version(2)));
