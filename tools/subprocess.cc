@@ -134,7 +134,9 @@ bool Subprocess::Reap(const Deadline& deadline) {
     const pid_t r = ::waitpid(pid_, &status, WNOHANG);
     if (r == pid_ || (r < 0 && errno == ECHILD)) {
       reaped_ = true;
-      wait_status_ = r == pid_ ? status : 0;
+      // ECHILD: someone else reaped it (a SIGCHLD handler, another
+      // waitpid): it ended, how is not known.
+      wait_status_ = r == pid_ ? std::optional<int>(status) : std::nullopt;
       return true;
     }
     if (deadline.expired()) return false;
@@ -144,7 +146,10 @@ bool Subprocess::Reap(const Deadline& deadline) {
 
 std::string Subprocess::HowItEnded(int64_t wait_ms) {
   if (!Reap(Deadline::AfterMs(wait_ms))) return "still running";
-  return DescribeWaitStatus(wait_status_);
+  if (!wait_status_.has_value()) {
+    return "ended; how is not known (it was reaped elsewhere)";
+  }
+  return DescribeWaitStatus(*wait_status_);
 }
 
 void Subprocess::CloseInput() {
@@ -237,7 +242,7 @@ int Subprocess::Stop(int64_t grace_ms) {
     }
   }
   pid_ = -1;
-  return wait_status_;
+  return wait_status_.value_or(-1);
 }
 
 Result<int> FreeLoopbackPort() {

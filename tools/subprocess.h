@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,9 @@ class Subprocess {
   // the child closed its stdout (it exited: saying how, e.g. "killed by
   // signal 6 (Aborted)").
   Result<std::string> ReadLine(const Deadline& deadline);
-  // SIGTERM, then SIGKILL after `grace_ms`; returns the exit status.
+  // SIGTERM, then SIGKILL after `grace_ms`; returns the wait status, or -1
+  // if it is not known (the child could not be reaped, or was reaped
+  // elsewhere).
   int Stop(int64_t grace_ms);
   // How the child ended ("exited with code 0", "killed by signal 6
   // (Aborted)"), reaping it, once it has; "still running" if it has not
@@ -60,7 +63,8 @@ class Subprocess {
   int out_fd_ = -1;
   std::string buffer_;
   bool reaped_ = false;
-  int wait_status_ = 0;  // waitpid's, once reaped_
+  // waitpid's, once reaped_; none when it was reaped elsewhere (ECHILD).
+  std::optional<int> wait_status_;
 };
 
 // "exited with code N" or "killed by signal N (name)", from a waitpid
