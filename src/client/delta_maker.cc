@@ -1,5 +1,6 @@
 #include "client/delta_maker.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -30,12 +31,8 @@ void DeltaMaker::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void DeltaMaker::Offer(const std::string& model, Version version) {
-  Offer(model, version, Version(), nullptr);
-}
-
 void DeltaMaker::Offer(const std::string& model, Version version,
-                       Version received_base,
+                       const Deadline& deadline, Version received_base,
                        std::shared_ptr<const delta::VersionDelta> received) {
   if (!options_.deltas.serve) return;
   std::optional<WholeCopy> v = registry_.PinWhole(model, version);
@@ -68,7 +65,7 @@ void DeltaMaker::Offer(const std::string& model, Version version,
   // Claimed before the caller (a Publish, a fetch) returns: a reader that
   // starts after that sees the delta pending at the hub and may wait for it
   // rather than read the version whole across a slow link.
-  if (!Claim(job)) return;
+  if (!Claim(job, deadline)) return;
   MutexLock lock(mu_);
   if (stopping_ || queue_.size() >= kMaxQueued) {
     lock.Unlock();
@@ -112,11 +109,12 @@ void DeltaMaker::Drop(const Job& job) {
   if (!r.ok()) TH_LOG(DEBUG) << "drop delta: " << r.status().ToString();
 }
 
-bool DeltaMaker::Claim(const Job& job) {
-  Result<bool> claim =
-      hub_.ReportDelta(membership_.id(), job.model, job.version.holding.version,
-                       job.base.holding.version, DeltaAction::kClaim, 0,
-                       options_.rpc_timeout_ms);
+bool DeltaMaker::Claim(const Job& job, const Deadline& deadline) {
+  const int64_t timeout_ms = std::max<int64_t>(
+      1, std::min(options_.rpc_timeout_ms, deadline.remaining_ms()));
+  Result<bool> claim = hub_.ReportDelta(
+      membership_.id(), job.model, job.version.holding.version,
+      job.base.holding.version, DeltaAction::kClaim, 0, timeout_ms);
   if (!claim.ok()) {
     // A hub without deltas, or one that cannot be reached now: the version
     // travels whole.

@@ -58,13 +58,15 @@ class DeltaMaker {
   // start later see it pending) and, if granted, queues its computation. Does
   // nothing when deltas are not served (DeltaOptions::serve), there is no such
   // base, or the unit stopped.
-  void Offer(const std::string& model, Version version);
-  // As Offer, with the delta (`base` -> `version`) this worker received
-  // whole in its fetch of `version` (DeltaReads::TakeReceived: every chunk
-  // of it applied to this worker's base and checked): served as it is,
-  // not computed again. Without `received`, Offer's search.
-  void Offer(const std::string& model, Version version, Version base,
-             std::shared_ptr<const delta::VersionDelta> received);
+  // The claim waits at most until `deadline` (the Publish's or the
+  // fetch's), and at most ClientOptions::rpc_timeout_ms.
+  // `received`: the delta (`received_base` -> `version`) this worker
+  // received whole in its fetch of `version` (DeltaReads::TakeReceived:
+  // every chunk of it applied to this worker's base and checked), served as
+  // it is, not computed again; its base is then the one looked for.
+  void Offer(const std::string& model, Version version,
+             const Deadline& deadline, Version received_base = Version(),
+             std::shared_ptr<const delta::VersionDelta> received = nullptr);
   // Ends the thread: queued offers are dropped, a computation running ends
   // first. Idempotent.
   void Stop();
@@ -87,7 +89,7 @@ class DeltaMaker {
   };
   void Loop();
   // Asks the hub to make this delta here; false if refused or unanswered.
-  bool Claim(const Job& job);
+  bool Claim(const Job& job, const Deadline& deadline);
   void Make(Job& job);
   // Attaches `delta` to the version's registration and tells the hub it is
   // ready (or drops the claim if it does not fit).

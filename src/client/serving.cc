@@ -111,7 +111,7 @@ Status Serving::Publish(std::string_view model_sv, Version version,
   // A whole version published alone: its delta from an older one held
   // here, once the hub grants it (delta_maker.h).
   if (opts.group_size == 1 && ctx_.deltas != nullptr) {
-    ctx_.deltas->Offer(model, version);
+    ctx_.deltas->Offer(model, version, deadline);
   }
   return Status::Ok();
 }
@@ -252,7 +252,8 @@ bool FillingCopy::Complete() {
   } else if (ctx.deltas != nullptr) {
     // Held whole now: the first holder of a version that still holds an
     // older one may be the one to make their delta.
-    ctx.deltas->Offer(model_, version_, received_base_, std::move(received_));
+    ctx.deltas->Offer(model_, version_, deadline_, received_base_,
+                      std::move(received_));
   }
   return true;
 }
