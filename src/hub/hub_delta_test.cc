@@ -248,9 +248,6 @@ TEST_F(HubDeltaTest, ARemoteDatacentersFirstReaderMakesTheDeltaForItsPeers) {
   ASSERT_TRUE(*Claim(trainer, 2, 1));
   ASSERT_TRUE(Ready(trainer, 2, 1).ok());
   EXPECT_FALSE(*Claim(keeper, 2, 1));  // once per datacenter: a has it
-  // Ready across the link only: b's readers (slow links there) wait for
-  // b's first reader sent to it to make it in b.
-  EXPECT_TRUE(hub_.DeltaPending(r2, "m", Version(2)));
   // r1 starts first (BeginFetch: a filling holder, then its sources): the
   // delta's holder across the link, and the delta is claimed for r1, to
   // make for datacenter b once it holds version 2.
@@ -285,6 +282,41 @@ TEST_F(HubDeltaTest, ARemoteDatacentersFirstReaderMakesTheDeltaForItsPeers) {
   EXPECT_EQ(s[0].worker, r1);
   ASSERT_EQ(s[0].deltas.size(), 1u);
   EXPECT_EQ(s[0].deltas[0], (DeltaOffer{Version(1), 777}));
+}
+
+TEST_F(HubDeltaTest, ASlowLinkedReaderWhoseNeighbourCannotRelayReadsAcross) {
+  // b's first reader x holds no base: it reads whole chunks across the
+  // link and will make no delta. y (base, slow links in b) would wait in
+  // vain for one from x: it is sent to the delta across the link instead
+  // and makes it for b; z then waits for y's.
+  const WorkerId trainer = Register("trainer", Dc("a", "t"));
+  const WorkerId x = Register("x", Dc("b", "x"), true);
+  const WorkerId y = Register("y", Dc("b", "y"), true);
+  const WorkerId z = Register("z", Dc("b", "z"), true);
+  Publish(trainer, 2);
+  for (const WorkerId& r : {y, z}) Hold(r, 1);
+  ASSERT_TRUE(*Claim(trainer, 2, 1));
+  ASSERT_TRUE(Ready(trainer, 2, 1).ok());
+  auto start = Begin(x, 2, 60);
+  ASSERT_TRUE(start.ok());
+  ASSERT_FALSE(start->sources.empty());
+  EXPECT_TRUE(start->sources[0].deltas.empty());  // no base: whole chunks
+  start = Begin(y, 2, 61);
+  ASSERT_TRUE(start.ok());
+  ASSERT_EQ(start->sources.size(), 1u);
+  EXPECT_EQ(start->sources[0].worker, trainer);
+  EXPECT_EQ(start->sources[0].deltas.size(), 1u);
+  start = Begin(z, 2, 62);
+  ASSERT_TRUE(start.ok());
+  ASSERT_FALSE(start->sources.empty());
+  for (const HolderView& h : start->sources) EXPECT_NE(h.worker, trainer);
+  EXPECT_TRUE(start->delta_pending);  // y's, in b
+  Hold(y, 2);
+  ASSERT_TRUE(*Claim(y, 2, 1));
+  ASSERT_TRUE(Ready(y, 2, 1).ok());
+  std::vector<HolderView> s = Sources(z, 2);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].worker, y);
 }
 
 TEST_F(HubDeltaTest, OnAFastLocalLinkTheDatacentersReadersFeedEachOther) {

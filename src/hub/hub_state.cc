@@ -1471,12 +1471,8 @@ bool HubState::DeltaPending(const WorkerId& reader, const std::string& model,
     pending_near = pending_near || (!d.ready && near);
   }
   // Being made in its datacenter (by the first reader there: ClaimRelay),
-  // or anywhere while none is ready. A reader whose link in its datacenter
-  // is slow (nearby_deltas) also waits while one is ready only across the
-  // wide-area link: the first reader of its datacenter sent to it (maybe
-  // itself, asking again) makes it there.
-  return pending_near || (pending && !ready) ||
-         (ready && rit->second.reg.nearby_deltas);
+  // or anywhere while none is ready.
+  return pending_near || (pending && !ready);
 }
 
 bool HubState::DeltaInDatacenter(const VersionEntry& v, Version base,
@@ -1525,12 +1521,29 @@ std::optional<HubState::DeltaPick> HubState::PreferDeltaHolder(
   if (v.deltas.empty()) return std::nullopt;
   auto rit = workers_.find(reader);
   if (rit == workers_.end()) return std::nullopt;
-  // Across the link, any delta holder beats full copies; inside the
-  // datacenter, one in it does for a reader whose link there is slow.
+  // Across the link, any delta holder beats full copies. Inside the
+  // datacenter, for a reader whose link there is slow: one in it; else,
+  // while none is being made there, one across the link (the reader then
+  // makes it for its datacenter: ClaimRelay); while one is being made
+  // there, none (the reader waits for it: DeltaPending).
   int max_distance = std::numeric_limits<int>::max();
   if (first_distance <= kDatacenterDistance) {
     if (!rit->second.reg.nearby_deltas) return std::nullopt;
-    max_distance = kDatacenterDistance;
+    bool near_ready = false, near_pending = false;
+    const std::string& dc = rit->second.reg.labels.datacenter;
+    for (const auto& [key, d] : v.deltas) {
+      if (key.second == reader || exclude.count(key.second) > 0 ||
+          workers_.at(key.second).reg.labels.datacenter != dc ||
+          !HoldsWhole(reader, model, key.first)) {
+        continue;
+      }
+      (d.ready ? near_ready : near_pending) = true;
+    }
+    if (near_ready) {
+      max_distance = kDatacenterDistance;
+    } else if (near_pending) {
+      return std::nullopt;
+    }
   }
   const WorkerId* best = nullptr;
   DeltaPick pick;

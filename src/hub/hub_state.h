@@ -494,9 +494,7 @@ class HubState {
   // Whether a delta of the version from a base the reader holds whole is
   // being made (claimed, not ready) where the reader may want to wait for
   // it: in its datacenter, while none is ready there; or anywhere, while
-  // none is ready at all; or, for a reader registered with nearby_deltas,
-  // while one is ready only in other datacenters (the first reader of its
-  // datacenter sent to it makes it there: ClaimRelay).
+  // none is ready at all.
   bool DeltaPending(const WorkerId& reader, const std::string& model,
                     Version version) const;
 
@@ -954,8 +952,10 @@ class HubState {
   // A reader whose nearest source is in another datacenter reads from a
   // holder of a ready delta from a base it holds, instead of full copies
   // across the wide-area link (docs/design.md, "Deltas on slow links").
-  // Inside its datacenter too for a reader registered with nearby_deltas.
-  // Returns the base and the distance of the delta it chose, if it did.
+  // Inside its datacenter too for a reader registered with nearby_deltas:
+  // a delta holder there, or, while none is ready or being made there, one
+  // across the link. Returns the base and the distance of the delta it
+  // chose, if it did.
   struct DeltaPick {
     Version base;
     int distance = 0;
