@@ -1521,14 +1521,15 @@ std::optional<HubState::DeltaPick> HubState::PreferDeltaHolder(
   if (v.deltas.empty()) return std::nullopt;
   auto rit = workers_.find(reader);
   if (rit == workers_.end()) return std::nullopt;
-  // Across the link, any delta holder beats full copies. Inside the
-  // datacenter, for a reader whose link there is slow: one in it; else,
-  // while none is being made there, one across the link (the reader then
-  // makes it for its datacenter: ClaimRelay); while one is being made
-  // there, none (the reader waits for it: DeltaPending).
+  // Across the link, any delta holder beats full copies. A reader whose
+  // link inside its datacenter is slow (nearby_deltas) takes one there;
+  // else, while one is being made there, none (it waits for that one:
+  // DeltaPending), so that the link carries the delta once; else one
+  // across the link (it then makes it for its datacenter: ClaimRelay).
   int max_distance = std::numeric_limits<int>::max();
-  if (first_distance <= kDatacenterDistance) {
-    if (!rit->second.reg.nearby_deltas) return std::nullopt;
+  if (!rit->second.reg.nearby_deltas) {
+    if (first_distance <= kDatacenterDistance) return std::nullopt;
+  } else {
     bool near_ready = false, near_pending = false;
     const std::string& dc = rit->second.reg.labels.datacenter;
     for (const auto& [key, d] : v.deltas) {
