@@ -1122,15 +1122,15 @@ class HotCallQueue {
   // Once the server has started: asks gRPC for the first call of each kind
   // and starts the thread.
   void Start() {
-    Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>::Listen(
-        this, &HubServiceImpl::RequestHeartbeat, &HubServiceImpl::HeartbeatCall,
-        /*may_wait=*/false);
-    Unary<v1::BeginFetchRequest, v1::BeginFetchResponse>::Listen(
-        this, &HubServiceImpl::RequestBeginFetch,
-        &HubServiceImpl::BeginFetchCall, /*may_wait=*/true);
-    Unary<v1::AddHolderRequest, v1::AddHolderResponse>::Listen(
-        this, &HubServiceImpl::RequestAddHolder, &HubServiceImpl::AddHolderCall,
-        /*may_wait=*/true);
+    Unary<v1::HeartbeatRequest, v1::HeartbeatResponse,
+          &HubServiceImpl::RequestHeartbeat,
+          &HubServiceImpl::HeartbeatCall>::Listen(this, /*may_wait=*/false);
+    Unary<v1::BeginFetchRequest, v1::BeginFetchResponse,
+          &HubServiceImpl::RequestBeginFetch,
+          &HubServiceImpl::BeginFetchCall>::Listen(this, /*may_wait=*/true);
+    Unary<v1::AddHolderRequest, v1::AddHolderResponse,
+          &HubServiceImpl::RequestAddHolder,
+          &HubServiceImpl::AddHolderCall>::Listen(this, /*may_wait=*/true);
     thread_ = std::thread([this] { Drain(); });
   }
 
@@ -1159,28 +1159,24 @@ class HotCallQueue {
     virtual void Proceed(bool ok) = 0;
   };
 
-  // A unary call of one kind: asked for (Listen), then answered by
-  // `handler`, then deleted when gRPC has sent the answer.
-  template <class Req, class Resp>
+  // A unary call of one kind: asked for (Listen, through the service's
+  // `kRequest`), then answered by its `kHandler`, then deleted when gRPC
+  // has sent the answer. The two are template arguments, not members:
+  // calls through member-function pointers held in members drew GCC's
+  // maybe-uninitialized warning in the sanitizer build (-O1).
+  template <class Req, class Resp, auto kRequest, auto kHandler>
   class Unary final : public Call {
    public:
-    using Request = void (HubServiceImpl::*)(
-        ServerContext*, Req*, grpc::ServerAsyncResponseWriter<Resp>*,
-        grpc::CompletionQueue*, grpc::ServerCompletionQueue*, void*);
-    using Handler = grpc::Status (HubServiceImpl::*)(grpc::ServerContextBase*,
-                                                     const Req*, Resp*);
-
     // Asks gRPC for the next call of this kind (none once the queue stops).
-    static void Listen(HotCallQueue* q, Request request, Handler handler,
-                       bool may_wait) {
-      auto* call = new Unary(q, request, handler, may_wait);
+    static void Listen(HotCallQueue* q, bool may_wait) {
+      auto* call = new Unary(q, may_wait);
       MutexLock lock(q->mu_);
       if (q->stopping_) {
         delete call;
         return;
       }
-      (q->service_->*request)(&call->ctx_, &call->req_, &call->responder_,
-                              q->cq_.get(), q->cq_.get(), call);
+      (q->service_->*kRequest)(&call->ctx_, &call->req_, &call->responder_,
+                               q->cq_.get(), q->cq_.get(), call);
     }
 
     void Proceed(bool ok) override {
@@ -1190,10 +1186,10 @@ class HotCallQueue {
         return;
       }
       answered_ = true;
-      Listen(q_, request_, handler_, may_wait_);
+      Listen(q_, may_wait_);
       auto answer = [this] {
         const grpc::Status status =
-            (q_->service_->*handler_)(&ctx_, &req_, &resp_);
+            (q_->service_->*kHandler)(&ctx_, &req_, &resp_);
         MutexLock lock(q_->mu_);
         if (q_->stopping_) {  // the server has ended the call already
           lock.Unlock();
@@ -1206,16 +1202,10 @@ class HotCallQueue {
     }
 
    private:
-    Unary(HotCallQueue* q, Request request, Handler handler, bool may_wait)
-        : q_(q),
-          request_(request),
-          handler_(handler),
-          may_wait_(may_wait),
-          responder_(&ctx_) {}
+    Unary(HotCallQueue* q, bool may_wait)
+        : q_(q), may_wait_(may_wait), responder_(&ctx_) {}
 
     HotCallQueue* const q_;
-    const Request request_;
-    const Handler handler_;
     const bool may_wait_;
     bool answered_ = false;
     ServerContext ctx_;
