@@ -1182,6 +1182,11 @@ class HotCallQueue {
     void Proceed(bool ok) override {
       // Answered, or never matched (the server stops): done.
       if (answered_ || !ok) {
+        // An answer made on a waiting thread (an HA hub's) wrote this call
+        // and called Finish under mu_; gRPC's queue orders that before this
+        // event, but outside what ThreadSanitizer sees (gRPC is not built
+        // with it): taking mu_ makes the order visible.
+        { MutexLock lock(q_->mu_); }
         delete this;
         return;
       }
