@@ -93,6 +93,17 @@ class DeltaFetchTest : public ::testing::Test {
     return c.ok() ? std::move(c).value() : nullptr;
   }
 
+  // A worker of datacenter `dc` that has fetched version 1 (and serves
+  // it); null (the test failed) if it could not.
+  std::unique_ptr<Client> JoinHoldingVersion1(const std::string& name,
+                                              const std::string& dc,
+                                              const DeltaOptions& deltas = {}) {
+    std::unique_ptr<Client> c = Join(name, dc, deltas);
+    Weights* base = nullptr;
+    if (c == nullptr || !Fetch(*c, 1, &base).ok()) return nullptr;
+    return c;
+  }
+
   void Publish(Client& c, uint64_t version, Weights& w) {
     PublishOptions po;
     po.chunk_bytes = chunk_bytes_;
@@ -173,9 +184,8 @@ TEST_F(DeltaFetchTest, RemoteReaderHoldingTheBaseReadsTheDeltaBitExact) {
   WaitForDeltas(*reader_);
   EXPECT_EQ(ClientFactory::Deltas(*reader_).made(), 1u);
   EXPECT_EQ(ClientFactory::Deltas(*reader_).as_received(), 1u);
-  std::unique_ptr<Client> near = Join("near", "a");
-  Weights* base = nullptr;
-  ASSERT_TRUE(Fetch(*near, 1, &base).ok());
+  std::unique_ptr<Client> near = JoinHoldingVersion1("near", "a");
+  ASSERT_NE(near, nullptr);
   ASSERT_TRUE(Fetch(*near, 2, &got).ok());
   WaitForDeltas(*near);
   EXPECT_EQ(ClientFactory::Deltas(*near).made(), 0u);
@@ -200,9 +210,8 @@ TEST_F(DeltaFetchTest, ChunksLargerThanACutThroughPieceComeAsTheDelta) {
 
 TEST_F(DeltaFetchTest, ReaderInTheSameDatacenterReadsWholeChunks) {
   TrainerAndReader();
-  std::unique_ptr<Client> near = Join("near", "a");
-  Weights* base = nullptr;
-  ASSERT_TRUE(Fetch(*near, 1, &base).ok());
+  std::unique_ptr<Client> near = JoinHoldingVersion1("near", "a");
+  ASSERT_NE(near, nullptr);
   Weights* got = nullptr;
   Result<FetchStats> st = Fetch(*near, 2, &got);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
@@ -216,9 +225,8 @@ TEST_F(DeltaFetchTest, SecondReaderOfTheRemoteDatacenterReadsTheFirstOne) {
   // The delta crosses the link once per datacenter: the next reader there
   // is sent to the first, whole chunks on the local link.
   TrainerAndReader();
-  std::unique_ptr<Client> peer = Join("peer", "b");
-  Weights* base = nullptr;
-  ASSERT_TRUE(Fetch(*peer, 1, &base).ok());
+  std::unique_ptr<Client> peer = JoinHoldingVersion1("peer", "b");
+  ASSERT_NE(peer, nullptr);
   Weights* got = nullptr;
   ASSERT_TRUE(Fetch(*reader_, 2, &got).ok());
   Result<FetchStats> st = Fetch(*peer, 2, &got);
@@ -238,9 +246,8 @@ TEST_F(DeltaFetchTest, PeersBehindASlowLocalLinkReadTheDeltaTheFirstMade) {
   TrainerAndReader();
   DeltaOptions slow;
   slow.datacenter_link_bytes_per_s = 1.25e8;  // 1 Gbit/s
-  std::unique_ptr<Client> peer = Join("peer", "b", slow);
-  Weights* base = nullptr;
-  ASSERT_TRUE(Fetch(*peer, 1, &base).ok());
+  std::unique_ptr<Client> peer = JoinHoldingVersion1("peer", "b", slow);
+  ASSERT_NE(peer, nullptr);
   Weights* got = nullptr;
   ASSERT_TRUE(Fetch(*reader_, 2, &got).ok());
   WaitForDeltas(*reader_);
