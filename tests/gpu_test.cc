@@ -176,6 +176,101 @@ TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
       checked);
 }
 
+// A copy that checks what it copies (the same-host verified read): the
+// bytes land and the checksum is the host's, for pieces at block
+// boundaries (summed as they are copied) and not (copied, then hashed).
+TEST(GpuChecksum, CopyAndChecksumCopiesAndEqualsHost) {
+  REQUIRE_GPU();
+  const size_t n = (9 << 20) + 777;
+  std::vector<uint8_t> host = Pattern(n, 13);
+  auto src = cuda::DeviceBuffer::Allocate(0, n);
+  auto dst = cuda::DeviceBuffer::Allocate(0, n + 8);
+  auto stream = cuda::Stream::Create(0);
+  ASSERT_TRUE(src.ok() && dst.ok() && stream.ok());
+  cuda::Stream& s = **stream;
+  ASSERT_TRUE(s.CopyAsync((*src)->data(), host.data(), n).ok());
+  ASSERT_TRUE(s.Synchronize().ok());
+  std::mt19937_64 rng(20261128);
+  int checked = 0;
+  auto check = [&](std::vector<size_t> lengths, size_t src_off,
+                   size_t dst_off) {
+    std::vector<iovec> pieces;
+    std::vector<uint8_t> want;
+    size_t at = src_off;
+    for (size_t l : lengths) {
+      // Each piece from somewhere else in the source, as staging buffers
+      // or allocations would be.
+      pieces.push_back({(*src)->data() + at, l});
+      want.insert(want.end(), host.begin() + at, host.begin() + at + l);
+      at = (at + l + 4096) % (n / 2);
+    }
+    ASSERT_TRUE(s.CopyAsync((*dst)->data(), host.data(), n).ok());  // junk
+    uint8_t* to = (*dst)->data() + dst_off;
+    for (ChunkChecksum kind :
+         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+      iovec wv{want.data(), want.size()};
+      Result<uint64_t> got = s.CopyAndChecksum(kind, to, pieces);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, ChunkSum(kind, {&wv, 1}))
+          << ChunkChecksumName(kind) << " case " << checked;
+      std::vector<uint8_t> back(want.size());
+      ASSERT_TRUE(s.CopyAsync(back.data(), to, back.size()).ok());
+      ASSERT_TRUE(s.Synchronize().ok());
+      ASSERT_TRUE(back == want) << "bytes differ, case " << checked;
+    }
+    ++checked;
+  };
+  check({n / 2}, 0, 0);
+  check({4 << 20, 4 << 20, 1001}, 0, 0);     // staging buffers
+  check({1024, 1024 * 63, 65536, 1}, 8, 8);  // block starts, then a byte
+  check({1000, 70000}, 0, 0);                // a piece off a block start
+  check({200}, 0, 0);                        // short: no blocks
+  check({241}, 0, 0);
+  check({1025}, 3, 0);  // unaligned source
+  check({5000}, 0, 4);  // unaligned destination
+  check({0, 2048, 0, 3000}, 0, 0);
+  for (int i = 0; i < 40; ++i) {
+    std::vector<size_t> lengths;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 6); ++k) {
+      size_t l = rng() % (1 << 20);
+      if (rng() % 2) l = (l / 1024 + 1) * 1024;
+      lengths.push_back(l);
+    }
+    check(lengths, 8 * (rng() % 64), 8 * (rng() % 2));
+  }
+  std::printf("copy and checksum == host copy and checksum for %d cases\n",
+              checked);
+}
+
+// Past 4 GiB: block and leaf indices, offsets and lengths beyond 32 bits
+// (a model's whole part can be that large). Aligned and not (a 3-byte
+// offset takes the gather path), a length that is no multiple of a leaf.
+TEST(GpuChecksum, DeviceChecksumsEqualHostPast4GiB) {
+  REQUIRE_GPU();
+  const size_t n = (4ull << 30) + 65537 + 3;
+  std::vector<uint8_t> host = Pattern(n, 12);
+  auto buf = cuda::DeviceBuffer::Allocate(0, n);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  auto stream = cuda::Stream::Create(0);
+  ASSERT_TRUE(stream.ok());
+  cuda::Stream& s = **stream;
+  ASSERT_TRUE(s.CopyAsync((*buf)->data(), host.data(), n).ok());
+  ASSERT_TRUE(s.Synchronize().ok());
+  for (size_t off : {size_t{0}, size_t{3}}) {
+    const size_t len = n - 3;
+    iovec v{(*buf)->data() + off, len};
+    iovec hv{host.data() + off, len};
+    for (ChunkChecksum kind :
+         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+      Result<uint64_t> got = s.Checksum(kind, {&v, 1});
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(*got, ChunkSum(kind, {&hv, 1}))
+          << ChunkChecksumName(kind) << " offset " << off << " length " << len;
+    }
+  }
+  std::printf("device == host for %zu bytes at offsets 0 and 3\n", n - 3);
+}
+
 // ---- the data plane across processes
 // -------------------------------------------
 
@@ -236,13 +331,17 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s,
   if (!conn.ok()) return {};
   for (uint64_t off = 0; off < kServeTotal; off += chunk) {
     const uint64_t len = std::min(chunk, kServeTotal - off);
-    // Two pieces per read, to exercise scatter on the reader's side.
-    const uint64_t half = len / 2;
+    // Two pieces per read, to exercise scatter on the reader's side; every
+    // other read of device memory into one (the copy that checksums as it
+    // copies, cuda::Stream::CopyAndChecksum).
+    const bool split = !device || (off / chunk) % 2 == 0;
+    const uint64_t half = split ? len / 2 : len;
     iovec dst[2] = {{dest + off, half}, {dest + off + half, len - half}};
+    std::span<const iovec> into(dst, split ? 2 : 1);
     transport::ReadChecksum sum{.kind = kDefaultChunkChecksum};
-    Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), dst, 0,
+    Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), into, 0,
                                              Deadline::AfterMs(30000), &sum)
-                       : (*conn)->Read(Req(s.epoch, off, len), dst,
+                       : (*conn)->Read(Req(s.epoch, off, len), into,
                                        Deadline::AfterMs(30000), &sum);
     EXPECT_TRUE(st.ok()) << "read at " << off << ": " << st.ToString();
     EXPECT_EQ(sum.value, ChunkSum(sum.kind, want.data() + off, len))
@@ -372,7 +471,8 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   Served s = StartServe("cuda", 1);
   ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
   const std::vector<uint8_t> want = Pattern(kServeTotal, 7);
-  const uint64_t len = 8 << 20;
+  // One staging buffer's worth: one piece, one handle.
+  const uint64_t len = transport::kIpcStagingBufferBytes;
   IpcAnswer a;
   ASSERT_NO_FATAL_FAILURE(AskIpc(s, 4096, len, &a));
   const wire::CudaIpcReply* reply = &a.reply;
@@ -425,7 +525,7 @@ TEST(GpuDataPlane, AReaderWritingThroughItsHandleChangesOnlyACopy) {
   REQUIRE_GPU();
   Served s = StartServe("cuda", 1);
   ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
-  const uint64_t len = 8 << 20;
+  const uint64_t len = transport::kIpcStagingBufferBytes;  // one piece
   IpcAnswer a;
   ASSERT_NO_FATAL_FAILURE(AskIpc(s, 4096, len, &a));
   ASSERT_EQ(a.reply.pieces.size(), 1u);

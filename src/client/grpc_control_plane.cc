@@ -300,6 +300,12 @@ Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
     if (wait_for_ready) ctx.set_wait_for_ready(true);
     grpc::Status s = (t->stub.get()->*method)(&ctx, req, resp);
     if (s.ok()) return Status::Ok();
+    if (attempt > 1 && deadline.expired() &&
+        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // A retry the time ran out on says less than the last answer a hub
+      // gave (a standby's "not the leader", say): that one is the reason.
+      return last;
+    }
     last = Check(s, what, t->address);
     const auto& trailers = ctx.GetServerTrailingMetadata();
     auto leader = trailers.find(kLeaderTrailer);

@@ -63,6 +63,22 @@ class Stream {
   // scratch memory on the device.
   virtual Result<uint64_t> Checksum(ChunkChecksum kind,
                                     std::span<const iovec> pieces) = 0;
+  // Copies the concatenation of `src` (device memory, this device's or a
+  // peer's) to `dst` (this device) and returns Checksum of the copied
+  // bytes; synchronizes. The device implementation checks the XXH3-64
+  // tree in the copy's own pass over memory (when the pieces are 8-byte
+  // aligned and start at multiples of 1 KiB); this one copies, then
+  // hashes.
+  virtual Result<uint64_t> CopyAndChecksum(ChunkChecksum kind, uint8_t* dst,
+                                           std::span<const iovec> src) {
+    uint64_t off = 0;
+    for (const iovec& v : src) {
+      TH_RETURN_IF_ERROR(CopyAsync(dst + off, v.iov_base, v.iov_len));
+      off += v.iov_len;
+    }
+    const iovec all{dst, off};
+    return Checksum(kind, {&all, 1});
+  }
 };
 
 // Device memory from cudaMalloc, freed on destruction (for tests, benchmarks

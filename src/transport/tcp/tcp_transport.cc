@@ -916,7 +916,8 @@ class TcpConnection final : public Connection {
     }
     const bool same_process = reply->pid == static_cast<uint32_t>(::getpid());
     Status copied = Status::Ok();
-    uint64_t off = 0;
+    std::vector<iovec> sources;
+    sources.reserve(reply->pieces.size());
     for (const wire::CudaIpcPiece& piece : reply->pieces) {
       const uint8_t* src = reinterpret_cast<const uint8_t*>(piece.address);
       if (!same_process) {
@@ -929,14 +930,38 @@ class TcpConnection final : public Connection {
         }
         src = *base + piece.offset;
       }
-      copied = ForRange(dest, off, piece.length,
+      sources.push_back({const_cast<uint8_t*>(src), piece.length});
+    }
+    const iovec* whole =
+        dest.size() == 1 && dest[0].iov_len == req.length ? &dest[0] : nullptr;
+    uint64_t value = 0;
+    if (copied.ok() && sum != nullptr && whole != nullptr) {
+      // Into one destination, verified: the copy and the check in one pass
+      // over memory (cuda::Stream::CopyAndChecksum).
+      const auto t0 = std::chrono::steady_clock::now();
+      Result<uint64_t> r = staging_[0].CopyAndChecksum(
+          sum->kind, static_cast<uint8_t*>(whole->iov_base), sources);
+      last_read_.verify_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now() - t0)
+              .count();
+      if (r.ok()) {
+        TH_RETURN_IF_ERROR(ReleaseCopied(deadline));
+        sum->value = *r;
+        last_read_.same_host = true;
+        return Status::Ok();
+      }
+      copied = r.status();
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; copied.ok() && i < sources.size(); ++i) {
+      const uint8_t* src = static_cast<const uint8_t*>(sources[i].iov_base);
+      copied = ForRange(dest, off, sources[i].iov_len,
                         [&](uint8_t* p, uint64_t l, uint64_t done) {
                           return staging_[0].CopyAsync(p, src + done, l);
                         });
-      if (!copied.ok()) break;
-      off += piece.length;
+      off += sources[i].iov_len;
     }
-    uint64_t value = 0;
     if (copied.ok()) {
       if (sum != nullptr) {
         const auto t0 = std::chrono::steady_clock::now();
