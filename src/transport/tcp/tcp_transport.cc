@@ -868,6 +868,10 @@ class TcpConnection final : public Connection {
       StagingStreams& s;
       ~SyncOnExit() { s.Sync(); }
     } sync_on_exit{staging_};
+    // Verified on the device once the bytes landed (a kernel pass over
+    // them), so that this thread only receives; on the host as they arrive
+    // where the caller wants the leaves' hashes too.
+    const bool hash_on_device = sum != nullptr && sum->leaves == nullptr;
     ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
     // A failure of this device mid-payload leaves the rest of the payload
     // unread: whatever its code, the stream is out of step.
@@ -883,7 +887,7 @@ class TcpConnection final : public Connection {
       if (Status s = staging_[k % 2].Synchronize(); !s.ok()) return broken(s);
       TH_RETURN_IF_ERROR(
           stream_.ReadExact(buf, len, deadline).WithContext("holder " + peer_));
-      if (sum != nullptr) hash.Update(buf, len);
+      if (sum != nullptr && !hash_on_device) hash.Update(buf, len);
       Status copied =
           ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
             return staging_[k % 2].CopyAsync(p, buf + done, l);
@@ -892,6 +896,15 @@ class TcpConnection final : public Connection {
     }
     for (size_t i = 0; i < 2; ++i)
       TH_RETURN_IF_ERROR(staging_[i].Synchronize());
+    if (hash_on_device) {
+      const auto t0 = std::chrono::steady_clock::now();
+      TH_ASSIGN_OR_RETURN(sum->value, staging_[0].Checksum(sum->kind, dest));
+      last_read_.verify_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(
+              std::chrono::steady_clock::now() - t0)
+              .count();
+      return Status::Ok();
+    }
     SetChecksum(hash, sum);
     last_read_.verify_ns = hash.update_ns();
     return Status::Ok();
