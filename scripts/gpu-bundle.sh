@@ -5,7 +5,7 @@
 #   bash scripts/gpu-bundle.sh [BUILD_DIR] [OUT_DIR]   # here; defaults build/, gpu-bundle/
 #   bash gpu-bundle/run.sh                             # there; results under $OUT (or ./gpu-results)
 #
-# OUT_DIR gets gpu_test and gpu_bench from BUILD_DIR (a TH_CUDA=ON build, whose
+# OUT_DIR gets gpu_test, gpu_bench and gpu_kernels from BUILD_DIR (a TH_CUDA=ON build, whose
 # CUDA runtime is linked statically), stripped; lib/, the shared libraries
 # they load that are not glibc's (gRPC, protobuf, UCX, OpenSSL, ...: the other
 # machine need not have them); and run.sh. It is about 35 MiB, under the
@@ -28,15 +28,15 @@ if grep -q '^TH_BUILD_TESTS:BOOL=OFF' "$cache"; then
     "reconfigure with bash scripts/build.sh $BUILD -DTH_BUILD_TESTS=ON" >&2
   exit 1
 fi
-TARGETS="gpu_test gpu_bench" bash scripts/build.sh "$BUILD" >/dev/null
+TARGETS="gpu_test gpu_bench gpu_kernels" bash scripts/build.sh "$BUILD" >/dev/null
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
-for bin in gpu_test gpu_bench; do
+for bin in gpu_test gpu_bench gpu_kernels; do
   strip -o "$OUT/$bin" "$BUILD/tests/$bin"
 done
 # Every library the binaries load, except glibc's own (the loader, libc,
 # libm, ...), which must match the other machine's kernel and loader.
-ldd "$BUILD/tests/gpu_test" "$BUILD/tests/gpu_bench" | awk '/=> \//{print $3}' | sort -u |
+ldd "$BUILD/tests/gpu_test" "$BUILD/tests/gpu_bench" "$BUILD/tests/gpu_kernels" | awk '/=> \//{print $3}' | sort -u |
   while read -r lib; do
     case "$(basename "$lib")" in
       libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*|libresolv.so.*) continue ;;
@@ -75,10 +75,11 @@ step() {  # name, seconds, command...
   tail -12 "$out/$name.txt"
   return $rc
 }
-step gpu-test 300 "$here/gpu_test"
+step gpu-test 240 "$here/gpu_test"
 rc=$?
-step gpu-bench-64mib 180 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4
-step gpu-bench-4mib 180 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2
+step gpu-kernels 120 "$here/gpu_kernels"
+step gpu-bench-64mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4
+step gpu-bench-4mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2
 exit $rc
 EOF
 chmod +x "$OUT/run.sh"

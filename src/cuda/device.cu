@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "cuda/device.h"
+#include "cuda/block_sums.cuh"
 #include "cuda/xxh3_blocks.h"
 
 namespace tensorhub::cuda {
@@ -43,59 +44,10 @@ Status FromCuda(cudaError_t e, const std::string& what) {
 
 // ---- the device checksum ----------------------------------------------------
 
-constexpr int kSumThreads = 128;  // one 8-byte word each: one 1 KiB block
-// Blocks one thread block sums per step: each thread loads its word of all
-// of them before it reduces any, so that kBlocksPerStep loads per thread
-// are in flight at once (one at a time left HBM mostly idle: about 1.7 TB/s
-// on an H200 whose copies run at twice that).
+// Block sums: the kernel of cuda/block_sums.cuh that keeps kBlocksPerStep
+// loads per thread in flight (one at a time left HBM mostly idle).
+constexpr int kSumThreads = sums::kWordsPerBlock;
 constexpr int kBlocksPerStep = 4;
-
-// sums[(first + b) * 8 + lane] = the block sum of block b at `p`
-// (xxh3_blocks.h), b < nb. `p` is 8-byte aligned. With `dst` (8-byte
-// aligned too), every word read is also written there: a copy that checks
-// what it copies in the same pass over memory. Grid-stride over steps of
-// kBlocksPerStep blocks.
-__global__ void BlockSumsKernel(const uint64_t* __restrict__ p, uint64_t nb,
-                                uint64_t first, uint64_t* __restrict__ sums,
-                                uint64_t* __restrict__ dst) {
-  __shared__ uint64_t part[kBlocksPerStep][kSumThreads / 32][8];
-  const xxh3::Secret s = xxh3::DefaultSecret();
-  const unsigned t = threadIdx.x, lane = t % 8, warp = t / 32;
-  constexpr uint64_t kWords = xxh3::kBlockBytes / 8;
-  for (uint64_t b0 = uint64_t{blockIdx.x} * kBlocksPerStep; b0 < nb;
-       b0 += uint64_t{gridDim.x} * kBlocksPerStep) {
-    uint64_t v[kBlocksPerStep];
-#pragma unroll
-    for (int u = 0; u < kBlocksPerStep; ++u) {
-      v[u] = b0 + u < nb ? p[(b0 + u) * kWords + t] : 0;
-    }
-    if (dst != nullptr) {
-#pragma unroll
-      for (int u = 0; u < kBlocksPerStep; ++u) {
-        if (b0 + u < nb) dst[(b0 + u) * kWords + t] = v[u];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kBlocksPerStep; ++u) {
-      // My lane gets my word's product and the neighbour lane's word.
-      uint64_t x =
-          xxh3::WordMul(v[u], t, s) + __shfl_xor_sync(0xffffffffu, v[u], 1);
-      x += __shfl_xor_sync(0xffffffffu, x, 8);
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (t % 32 < 8) part[u][warp][lane] = x;
-    }
-    __syncthreads();
-    if (t < 8 * kBlocksPerStep) {
-      const unsigned u = t / 8, l = t % 8;
-      if (b0 + u < nb) {
-        uint64_t sum = 0;
-        for (int w = 0; w < kSumThreads / 32; ++w) sum += part[u][w][l];
-        sums[(first + b0 + u) * 8 + l] = sum;
-      }
-    }
-    __syncthreads();
-  }
-}
 
 // Folds the block sums in order, then the tail and the merge. One warp:
 // lanes 0..7 run the 8 lane chains (one scramble per KiB, a chain of
@@ -151,7 +103,7 @@ __global__ void FinishKernel(const uint8_t* __restrict__ p, uint64_t len,
 }
 
 // The tree checksum's leaves: one warp per leaf (grid-stride), given the
-// block sums of the whole input (BlockSumsKernel). All 32 lanes load the
+// block sums of the whole input (LaunchSums). All 32 lanes load the
 // leaf's sums into shared memory, lanes 0..7 fold them (at most 63 steps,
 // against one per KiB of the whole input for plain XXH3-64), lane 0
 // finishes the leaf (xxh3::LeafHashFromSums is the same in one thread).
@@ -353,7 +305,7 @@ class StreamImpl final : public Stream {
     const uint64_t steps = (nb + kBlocksPerStep - 1) / kBlocksPerStep;
     const unsigned grid =
         static_cast<unsigned>(std::min<uint64_t>(steps, Sms() * 16));
-    BlockSumsKernel<<<grid, kSumThreads, 0, stream_>>>(
+    sums::WordPerThread<kBlocksPerStep><<<grid, kSumThreads, 0, stream_>>>(
         reinterpret_cast<const uint64_t*>(p), nb, first, sums_,
         reinterpret_cast<uint64_t*>(dst));
     TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
