@@ -114,6 +114,7 @@ struct GpuRoleFlags {
   std::string memory = "cuda";
   uint64_t bytes = 64 << 20;
   uint64_t tensors = 1;
+  std::vector<uint64_t> sizes;
   uint64_t version = 1;
   std::string cuda_ipc = "staged";
 };
@@ -121,14 +122,21 @@ struct GpuRoleFlags {
 int RunServe(const GpuRoleFlags& f) {
   auto memory = ParseMemory(f.memory);
   if (!memory.ok()) return cli::Fail(memory.status());
-  const uint64_t bytes = f.bytes;
-  const uint64_t count = f.tensors;
   std::vector<TensorSpec> specs;
-  for (uint64_t i = 0; i < count; ++i) {
-    specs.push_back({"t" + std::to_string(i), DType::kU8, {bytes / count}});
+  uint64_t total = 0;
+  if (!f.sizes.empty()) {
+    for (size_t i = 0; i < f.sizes.size(); ++i) {
+      specs.push_back({"t" + std::to_string(i), DType::kU8, {f.sizes[i]}});
+      total += f.sizes[i];
+    }
+  } else {
+    const uint64_t count = f.tensors;
+    for (uint64_t i = 0; i < count; ++i) {
+      specs.push_back({"t" + std::to_string(i), DType::kU8, {f.bytes / count}});
+    }
+    specs.push_back({"odd", DType::kU8, {1001}});
+    total = (f.bytes / count) * count + 1001;
   }
-  specs.push_back({"odd", DType::kU8, {1001}});
-  uint64_t total = (bytes / count) * count + 1001;
   auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7));
   if (!tensors.ok()) return cli::Fail(tensors.status());
   std::unique_ptr<cuda::Stream> stream;
@@ -230,6 +238,9 @@ int MaybeRunGpuRole(int argc, char** argv) {
   app.add_option("--memory", f.memory);
   app.add_option("--bytes", f.bytes);
   app.add_option("--tensors", f.tensors)->check(CLI::PositiveNumber);
+  app.add_option("--sizes", f.sizes)
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app.add_option("--version", f.version);
   app.add_option("--cuda-ipc", f.cuda_ipc);
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;

@@ -1,13 +1,15 @@
 // Worker processes for the GPU tests and the GPU benchmark (spawned as
 // /proc/self/exe --role=NAME ...), speaking a line protocol on stdin/stdout:
-//   serve   --memory cuda|host --bytes N [--tensors K]
+//   serve   --memory cuda|host --bytes N [--tensors K] [--sizes A,B,...]
 //           [--cuda-ipc staged|direct|off]
 //           A bare data-plane holder (a Registry behind the TCP transport,
 //           no hub) of version m@1, part 0: K tensors of N/K bytes each
-//           plus one of 1001 bytes, each its own allocation, filled with
-//           Pattern(7). Prints "ready ADDRESS EPOCH", then answers
-//           "stats" -> "stats SERVED LOCAL STAGED", "revoke" -> "revoked",
-//           "drain MS" -> "drained CODE".
+//           plus one of 1001 bytes, or with --sizes exactly tensors of
+//           those sizes in that order (--bytes and --tensors ignored),
+//           each its own allocation, filled with consecutive bytes of
+//           Pattern(total, 7) in part order. Prints "ready ADDRESS EPOCH", then
+//           answers "stats" -> "stats SERVED LOCAL STAGED", "revoke" ->
+//           "revoked", "drain MS" -> "drained CODE".
 //   holder  --hub A --memory cuda|host --bytes N --version V
 //           A Client that publishes m@V from that memory (GpuLayout(N),
 //           Pattern(V)). Prints "published", then "unpublish" ->
