@@ -8,9 +8,9 @@
 //   gpu_kernels [--gib N] [--reps R]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -24,14 +24,14 @@ using tensorhub::cuda::sums::BlockPerThread;
 using tensorhub::cuda::sums::kWordsPerBlock;
 using tensorhub::cuda::sums::WordPerThread;
 
-#define CHECK(expr)                                                         \
-  do {                                                                      \
-    cudaError_t e_ = (expr);                                                \
-    if (e_ != cudaSuccess) {                                                \
-      std::fprintf(stderr, "gpu_kernels: %s: %s\n", #expr,                  \
-                   cudaGetErrorString(e_));                                 \
-      std::exit(1);                                                         \
-    }                                                                       \
+#define CHECK(expr)                                        \
+  do {                                                     \
+    cudaError_t e_ = (expr);                               \
+    if (e_ != cudaSuccess) {                               \
+      std::fprintf(stderr, "gpu_kernels: %s: %s\n", #expr, \
+                   cudaGetErrorString(e_));                \
+      std::exit(1);                                        \
+    }                                                      \
   } while (0)
 
 // The read bound: every word loaded (16 bytes at a time, 4 in flight per
@@ -172,35 +172,36 @@ int main(int argc, char** argv) {
   int driver = 0, runtime = 0;
   CHECK(cudaDriverGetVersion(&driver));
   CHECK(cudaRuntimeGetVersion(&runtime));
-  std::printf("gpu_kernels: %s, %d SMs, driver %d, runtime %d; %.2f GiB, "
-              "best of %d\n",
-              prop.name, b.sms, driver, runtime, b.bytes / double(1 << 30),
-              reps);
+  std::printf(
+      "gpu_kernels: %s, %d SMs, driver %d, runtime %d; %.2f GiB, "
+      "best of %d\n",
+      prop.name, b.sms, driver, runtime, b.bytes / double(1 << 30), reps);
 
   const double gb = b.bytes / 1e9;
-  const double d2d = gb / Best(b, reps, [&] {
-                       CHECK(cudaMemcpyAsync(b.dst, b.src, b.bytes,
-                                             cudaMemcpyDeviceToDevice,
-                                             b.stream));
-                     });
-  const double read = gb / Best(b, reps, [&] {
-                        ReadAll<<<read_grid, read_threads, 0, b.stream>>>(
-                            reinterpret_cast<const ulonglong2*>(b.src),
-                            b.bytes / 16, scratch);
-                      });
+  const double d2d =
+      gb / Best(b, reps, [&] {
+        CHECK(cudaMemcpyAsync(b.dst, b.src, b.bytes, cudaMemcpyDeviceToDevice,
+                              b.stream));
+      });
+  const double read =
+      gb / Best(b, reps, [&] {
+        ReadAll<<<read_grid, read_threads, 0, b.stream>>>(
+            reinterpret_cast<const ulonglong2*>(b.src), b.bytes / 16, scratch);
+      });
   std::printf("limit  cudaMemcpy D2D                      %8.1f GB/s\n", d2d);
   std::printf("limit  read-only kernel (XOR every word)   %8.1f GB/s\n", read);
 
   // The reference sums: the first variant, reading only.
-  WordPerThread<1><<<b.sms * 16, kWordsPerBlock, 0, b.stream>>>(
-      b.src, b.nb, 0, b.ref, nullptr);
+  WordPerThread<1><<<b.sms * 16, kWordsPerBlock, 0, b.stream>>>(b.src, b.nb, 0,
+                                                                b.ref, nullptr);
   CHECK(cudaStreamSynchronize(b.stream));
 
   int failures = 0;
   auto row = [&](const char* name, bool copy, auto launch) {
     CHECK(cudaMemsetAsync(b.sums, 0, b.nb * 64, b.stream));
     CHECK(cudaMemsetAsync(b.dst, 0, b.bytes, b.stream));
-    const double rate = gb / Best(b, reps, [&] { launch(copy ? b.dst : nullptr); });
+    const double rate =
+        gb / Best(b, reps, [&] { launch(copy ? b.dst : nullptr); });
     const uint64_t bad_sums = Diffs(b, b.sums, b.ref, b.nb * 8);
     const uint64_t bad_copy = copy ? Diffs(b, b.dst, b.src, b.bytes / 8) : 0;
     const bool ok = bad_sums == 0 && bad_copy == 0;
@@ -218,8 +219,8 @@ int main(int argc, char** argv) {
         const uint64_t steps = (b.nb + k - 1) / k;
         const unsigned grid = static_cast<unsigned>(
             std::min<uint64_t>(steps, uint64_t(b.sms) * grid_per_sm));
-        WordPerThread<k><<<grid, kWordsPerBlock, 0, b.stream>>>(
-            b.src, b.nb, 0, b.sums, dst);
+        WordPerThread<k><<<grid, kWordsPerBlock, 0, b.stream>>>(b.src, b.nb, 0,
+                                                                b.sums, dst);
       };
     };
     auto block = [&](auto unroll, unsigned threads) {
@@ -228,8 +229,8 @@ int main(int argc, char** argv) {
         const uint64_t blocks = (b.nb + threads - 1) / threads;
         const unsigned grid = static_cast<unsigned>(
             std::min<uint64_t>(blocks, uint64_t(b.sms) * 64));
-        BlockPerThread<k><<<grid, threads, 0, b.stream>>>(b.src, b.nb, 0,
-                                                          b.sums, dst);
+        BlockPerThread<k>
+            <<<grid, threads, 0, b.stream>>>(b.src, b.nb, 0, b.sums, dst);
       };
     };
     using I1 = std::integral_constant<int, 1>;

@@ -79,7 +79,7 @@ step gpu-test 240 "$here/gpu_test"
 rc=$?
 step gpu-kernels 120 "$here/gpu_kernels"
 step gpu-bench-64mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4
-step gpu-bench-4mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2
+step gpu-bench-4mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2 --no-mix
 exit $rc
 EOF
 chmod +x "$OUT/run.sh"

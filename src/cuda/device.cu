@@ -9,8 +9,8 @@
 #include <map>
 #include <mutex>
 
-#include "cuda/device.h"
 #include "cuda/block_sums.cuh"
+#include "cuda/device.h"
 #include "cuda/xxh3_blocks.h"
 
 namespace tensorhub::cuda {
@@ -44,10 +44,15 @@ Status FromCuda(cudaError_t e, const std::string& what) {
 
 // ---- the device checksum ----------------------------------------------------
 
-// Block sums: the kernel of cuda/block_sums.cuh that keeps kBlocksPerStep
-// loads per thread in flight (one at a time left HBM mostly idle).
+// Block sums: the variants of cuda/block_sums.cuh that bench/gpu_kernels
+// measured fastest on an H200 (docs/benchmarks.md, "GPU"): reading only,
+// 4 blocks per step and 64 thread blocks per SM (3.19 TB/s, against 2.72
+// for one block per step); copying as well, one block per step and 16 per
+// SM (1.69 TB/s = 0.79x cudaMemcpy D2D; more loads in flight slowed the
+// writes: 1.41 TB/s).
 constexpr int kSumThreads = sums::kWordsPerBlock;
-constexpr int kBlocksPerStep = 4;
+constexpr int kReadBlocksPerStep = 4, kReadCtasPerSm = 64;
+constexpr int kCopyBlocksPerStep = 1, kCopyCtasPerSm = 16;
 
 // Folds the block sums in order, then the tail and the merge. One warp:
 // lanes 0..7 run the 8 lane chains (one scramble per KiB, a chain of
@@ -302,14 +307,26 @@ class StreamImpl final : public Stream {
   Status LaunchSums(const uint8_t* p, uint64_t nb, uint64_t first,
                     uint8_t* dst) {
     if (nb == 0) return Status::Ok();
-    const uint64_t steps = (nb + kBlocksPerStep - 1) / kBlocksPerStep;
-    const unsigned grid =
-        static_cast<unsigned>(std::min<uint64_t>(steps, Sms() * 16));
-    sums::WordPerThread<kBlocksPerStep><<<grid, kSumThreads, 0, stream_>>>(
-        reinterpret_cast<const uint64_t*>(p), nb, first, sums_,
-        reinterpret_cast<uint64_t*>(dst));
+    const auto* in = reinterpret_cast<const uint64_t*>(p);
+    auto* out = reinterpret_cast<uint64_t*>(dst);
+    if (dst == nullptr) {
+      sums::WordPerThread<kReadBlocksPerStep>
+          <<<Grid(nb, kReadBlocksPerStep, kReadCtasPerSm), kSumThreads, 0,
+             stream_>>>(in, nb, first, sums_, out);
+    } else {
+      sums::WordPerThread<kCopyBlocksPerStep>
+          <<<Grid(nb, kCopyBlocksPerStep, kCopyCtasPerSm), kSumThreads, 0,
+             stream_>>>(in, nb, first, sums_, out);
+    }
     TH_CUDA_RETURN(cudaGetLastError(), "checksum kernel launch");
     return Status::Ok();
+  }
+
+  // Thread blocks for `nb` blocks summed `per_step` at a time: one per
+  // step, at most `per_sm` per multiprocessor (grid-stride beyond).
+  unsigned Grid(uint64_t nb, int per_step, int per_sm) {
+    const uint64_t steps = (nb + per_step - 1) / per_step;
+    return static_cast<unsigned>(std::min<uint64_t>(steps, Sms() * per_sm));
   }
 
   uint64_t Sms() {
