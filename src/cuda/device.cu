@@ -45,13 +45,14 @@ Status FromCuda(cudaError_t e, const std::string& what) {
 // ---- the device checksum ----------------------------------------------------
 
 // Block sums: the variants of cuda/block_sums.cuh that bench/gpu_kernels
-// measured fastest on an H200 (docs/benchmarks.md, "GPU"): reading only,
-// 4 blocks per step and 64 thread blocks per SM (3.19 TB/s, against 2.72
-// for one block per step); copying as well, one block per step and 16 per
-// SM (1.69 TB/s = 0.79x cudaMemcpy D2D; more loads in flight slowed the
-// writes: 1.41 TB/s).
+// measured fastest on an H200 (docs/benchmarks.md, section 10): reading
+// only, 4 blocks per step (3.10 TB/s over 4 GiB, against 2.71 for one
+// block per step; 64 thread blocks per SM reached 3.18 there but cut
+// 64 MiB chunks from 718 to 514 GB/s in gpu_bench); copying as well, one
+// block per step (1.70 TB/s = 0.79x cudaMemcpy D2D; more loads in flight
+// slowed the writes: 1.38 TB/s).
 constexpr int kSumThreads = sums::kWordsPerBlock;
-constexpr int kReadBlocksPerStep = 4, kReadCtasPerSm = 64;
+constexpr int kReadBlocksPerStep = 4, kReadCtasPerSm = 16;
 constexpr int kCopyBlocksPerStep = 1, kCopyCtasPerSm = 16;
 
 // Folds the block sums in order, then the tail and the merge. One warp:
