@@ -47,7 +47,7 @@ cat > "$OUT/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs TensorHub's GPU tests and GPU benchmark (made by scripts/gpu-bundle.sh)
 # and writes what each printed under $OUT (or ./gpu-results). Exit code: that
-# of gpu_test. About 2 minutes on an H100.
+# of gpu_test. About 2 minutes on an H200 (2026-11-28).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$PWD/gpu-results}
@@ -80,6 +80,22 @@ rc=$?
 step gpu-kernels 120 "$here/gpu_kernels"
 step gpu-bench-64mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4
 step gpu-bench-4mib 120 "$here/gpu_bench" --bytes 1GiB --chunk 4MiB --streams 8 --reps 2 --no-mix
+# Model-sized reads: 8 GiB in 256 MiB reads (4 streams x 256 MiB in flight
+# need 1 GiB of the holder's device staging buffers).
+step gpu-bench-8gib 150 env TENSORHUB_CUDA_IPC_STAGING_MIB=2048 "$here/gpu_bench" --bytes 8GiB \
+  --chunk 256MiB --streams 4 --reps 2 --no-mix
+# The holder and the reader are two processes, each with its own CUDA
+# context, which the GPU time-slices unless CUDA MPS runs; a staged read puts
+# work on both. The same bench under MPS, where the driver ships it.
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  export CUDA_MPS_PIPE_DIRECTORY=$out/.mps CUDA_MPS_LOG_DIRECTORY=$out/.mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    step gpu-bench-mps 120 "$here/gpu_bench" --bytes 1GiB --chunk 64MiB --streams 4 --no-mix
+    echo quit | nvidia-cuda-mps-control
+  fi
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+fi
 exit $rc
 EOF
 chmod +x "$OUT/run.sh"
