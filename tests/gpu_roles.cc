@@ -35,12 +35,30 @@ std::vector<TensorSpec> GpuLayout(uint64_t bytes) {
 
 Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs,
                               MemoryLocation memory,
-                              const std::vector<uint8_t>& content) {
+                              const std::vector<uint8_t>& content,
+                              std::optional<uint64_t> pool_slack) {
   Tensors t;
   uint64_t off = 0;
   std::unique_ptr<cuda::Stream> stream;
   if (!memory.is_host()) {
     TH_ASSIGN_OR_RETURN(stream, cuda::Stream::Create(memory.device));
+  }
+  constexpr uint64_t kPoolAlign = 512;  // the caching allocator's rounding
+  auto aligned = [](uint64_t n) {
+    return (n + kPoolAlign - 1) / kPoolAlign * kPoolAlign;
+  };
+  uint8_t* pool = nullptr;
+  uint64_t pool_at = 0;
+  if (pool_slack.has_value() && !memory.is_host()) {
+    uint64_t need = *pool_slack;
+    for (const TensorSpec& spec : specs) {
+      TH_ASSIGN_OR_RETURN(uint64_t n, spec.ByteSize());
+      need += aligned(n);
+    }
+    TH_ASSIGN_OR_RETURN(auto buf,
+                        cuda::DeviceBuffer::Allocate(memory.device, need));
+    pool = buf->data();
+    t.device_.push_back(std::move(buf));
   }
   for (const TensorSpec& spec : specs) {
     TH_ASSIGN_OR_RETURN(uint64_t n, spec.ByteSize());
@@ -52,6 +70,10 @@ Result<Tensors> Tensors::Make(const std::vector<TensorSpec>& specs,
     if (memory.is_host()) {
       t.host_.emplace_back(content.begin() + off, content.begin() + off + n);
       r.data = t.host_.back().data();
+    } else if (pool != nullptr) {
+      r.data = pool + pool_at;
+      pool_at += aligned(n);
+      TH_RETURN_IF_ERROR(stream->CopyAsync(r.data, content.data() + off, n));
     } else {
       TH_ASSIGN_OR_RETURN(auto buf,
                           cuda::DeviceBuffer::Allocate(memory.device, n));
@@ -117,6 +139,11 @@ struct GpuRoleFlags {
   std::vector<uint64_t> sizes;
   uint64_t version = 1;
   std::string cuda_ipc = "staged";
+  int64_t pool_slack = -1;  // -1: each tensor its own allocation
+  std::optional<uint64_t> Pool() const {
+    if (pool_slack < 0) return std::nullopt;
+    return static_cast<uint64_t>(pool_slack);
+  }
 };
 
 int RunServe(const GpuRoleFlags& f) {
@@ -137,7 +164,7 @@ int RunServe(const GpuRoleFlags& f) {
     specs.push_back({"odd", DType::kU8, {1001}});
     total = (f.bytes / count) * count + 1001;
   }
-  auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7));
+  auto tensors = Tensors::Make(specs, *memory, Pattern(total, 7), f.Pool());
   if (!tensors.ok()) return cli::Fail(tensors.status());
   std::unique_ptr<cuda::Stream> stream;
   if (!memory->is_host()) {
@@ -208,7 +235,8 @@ int RunHolder(const GpuRoleFlags& f) {
   auto client = Client::Connect(o);
   if (!client.ok()) return cli::Fail(client.status());
   std::vector<TensorSpec> specs = GpuLayout(bytes);
-  auto tensors = Tensors::Make(specs, *memory, Pattern(bytes + 1101, version));
+  auto tensors =
+      Tensors::Make(specs, *memory, Pattern(bytes + 1101, version), f.Pool());
   if (!tensors.ok()) return cli::Fail(tensors.status());
   Status s = (*client)->Publish("m", Version(version), tensors->refs());
   if (!s.ok()) return cli::Fail(s);
@@ -243,6 +271,7 @@ int MaybeRunGpuRole(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   app.add_option("--version", f.version);
   app.add_option("--cuda-ipc", f.cuda_ipc);
+  app.add_option("--pool-slack", f.pool_slack)->check(CLI::Range(-1, 1 << 30));
   if (std::optional<int> rc = cli::ParseFlags(app, argc, argv)) return *rc;
   if (f.role == "serve") return RunServe(f);
   return RunHolder(f);

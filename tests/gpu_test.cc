@@ -284,12 +284,8 @@ struct Served {
 };
 
 // Fails the test (ASSERT in the caller: address empty) if it did not start.
-Served StartServe(const std::string& memory, int tensors = 3,
-                  const std::string& cuda_ipc = "staged") {
-  Served s{MustSpawn({"--role=serve", "--memory", memory, "--bytes",
-                      std::to_string(kServeBytes), "--tensors",
-                      std::to_string(tensors), "--cuda-ipc", cuda_ipc}),
-           "", 0};
+Served StartServeWith(const std::vector<std::string>& args) {
+  Served s{MustSpawn(args), "", 0};
   auto ready = s.proc.ReadLine(Deadline::AfterMs(60000));
   EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready")
       << (ready.ok() ? *ready : "");
@@ -298,6 +294,13 @@ Served StartServe(const std::string& memory, int tensors = 3,
     s.epoch = std::stoull(Word(*ready, 2));
   }
   return s;
+}
+
+Served StartServe(const std::string& memory, int tensors = 3,
+                  const std::string& cuda_ipc = "staged") {
+  return StartServeWith({"--role=serve", "--memory", memory, "--bytes",
+                         std::to_string(kServeBytes), "--tensors",
+                         std::to_string(tensors), "--cuda-ipc", cuda_ipc});
 }
 
 // [served, local, staged] from the holder.
@@ -587,6 +590,77 @@ TEST(GpuDataPlane, DirectSharesTheAllocationStagedCopiesIntoBuffers) {
   EXPECT_EQ(stats[1], kServeTotal + big) << "not every byte by CUDA IPC";
 }
 
+// Tensors as PyTorch's caching allocator lays them out: at offsets of one
+// cudaMalloc. With --cuda-ipc direct the holder shares that allocation only
+// when the published tensors cover all of it, and then names the read's
+// offset inside it; when the allocation holds more (other tensors of the
+// engine), a reader gets a copy in a staging buffer instead. Either way the
+// bytes are the published ones, read by hand and through the library.
+TEST(GpuDataPlane,
+     APooledAllocationIsSharedOnlyWhereThePublishedTensorsCoverIt) {
+  REQUIRE_GPU();
+  const std::vector<uint64_t> sizes = {1 << 20, 2 << 20, 512 << 10};
+  const uint64_t total = (1 << 20) + (2 << 20) + (512 << 10);
+  const std::vector<uint8_t> want = Pattern(total, 7);
+  for (uint64_t slack : {uint64_t{0}, uint64_t{4096}}) {
+    SCOPED_TRACE("slack " + std::to_string(slack));
+    Served s = StartServeWith({"--role=serve", "--memory", "cuda", "--sizes",
+                               "1048576,2097152,524288", "--cuda-ipc", "direct",
+                               "--pool-slack", std::to_string(slack)});
+    ASSERT_FALSE(s.address.empty()) << "the holder process did not start";
+    // Across the first two tensors.
+    const uint64_t off = (1 << 20) - 4096, len = 8192;
+    IpcAnswer a;
+    ASSERT_NO_FATAL_FAILURE(AskIpc(s, off, len, &a));
+    ASSERT_EQ(a.reply.pieces.size(), 1u);
+    if (slack == 0) {
+      EXPECT_EQ(a.reply.pieces[0].offset, off)
+          << "the covered allocation itself, at the read's offset";
+    } else {
+      EXPECT_EQ(a.reply.pieces[0].offset, 0u)
+          << "a staging buffer: the allocation holds more than was published";
+    }
+    cuda::IpcHandle handle{a.reply.pieces[0].handle};
+    auto base = cuda::IpcImports::Open(handle, 0);
+    ASSERT_TRUE(base.ok()) << base.status().ToString();
+    std::vector<uint8_t> got(len);
+    auto stream = cuda::Stream::Create(0);
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE(
+        (*stream)
+            ->CopyAsync(got.data(), *base + a.reply.pieces[0].offset, len)
+            .ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + off))
+        << "the handle's bytes are not the published ones";
+    ASSERT_NO_FATAL_FAILURE(Release(a.fd));
+    cuda::IpcImports::Close(handle);
+
+    // The whole part through the library, in reads that cross tensors.
+    auto t = transport::MakeTcpTransport();
+    auto conn = t->Connect(s.address, Deadline::AfterMs(5000));
+    ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+    auto dest = cuda::DeviceBuffer::Allocate(0, total);
+    ASSERT_TRUE(dest.ok());
+    const uint64_t step = 768 << 10;
+    for (uint64_t at = 0; at < total; at += step) {
+      const uint64_t n = std::min(step, total - at);
+      iovec d{(*dest)->data() + at, n};
+      transport::ReadChecksum sum{.kind = kDefaultChunkChecksum};
+      Status st = (*conn)->ReadDevice(Req(s.epoch, at, n), {&d, 1}, 0,
+                                      Deadline::AfterMs(30000), &sum);
+      ASSERT_TRUE(st.ok()) << "read at " << at << ": " << st.ToString();
+      EXPECT_EQ(sum.value, ChunkSum(sum.kind, want.data() + at, n))
+          << "read at " << at;
+    }
+    std::vector<uint8_t> all(total);
+    ASSERT_TRUE((*stream)->CopyAsync(all.data(), (*dest)->data(), total).ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    EXPECT_TRUE(all == want) << "bytes differ";
+    EXPECT_EQ(Stats(s.proc)[1], total + len) << "not every byte by CUDA IPC";
+  }
+}
+
 TEST(GpuDataPlane, OffStagesEveryDeviceReadThroughHostMemory) {
   REQUIRE_GPU();
   Served s = StartServe("cuda", 3, "off");
@@ -669,6 +743,38 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   f = (*reader2)->Fetch("m", Version(1), into_host2->refs(), fo);
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   EXPECT_TRUE(OrElse(into_host2->Read(), std::vector<uint8_t>{}) == v1);
+}
+
+// A torch-like engine on both sides: the publisher's tensors at offsets of
+// one allocation that also holds other memory, fetched into tensors at
+// offsets of one allocation of the reader's (offsets 512-byte aligned, so
+// that they differ from the tensors' offsets in the part).
+TEST(GpuClient, PublishFromAndFetchIntoPooledAllocations) {
+  REQUIRE_GPU();
+  auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
+  ASSERT_TRUE(hub.ok());
+  const std::string addr = (*hub)->address();
+  const uint64_t bytes = 24ull << 20;
+  const std::vector<TensorSpec> specs = GpuLayout(bytes);
+  Subprocess holder =
+      MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda", "--bytes",
+                 std::to_string(bytes), "--version", "1", "--pool-slack",
+                 std::to_string(1 << 20)});
+  ASSERT_EQ(OrElse(holder.ReadLine(Deadline::AfterMs(60000)), "none"),
+            "published");
+  ClientOptions o;
+  o.hub_address = addr;
+  auto reader = Client::Connect(o);
+  ASSERT_TRUE(reader.ok());
+  auto into = Tensors::Make(specs, MemoryLocation::Cuda(0),
+                            std::vector<uint8_t>(bytes + 1101), 0);
+  ASSERT_TRUE(into.ok()) << into.status().ToString();
+  auto f = (*reader)->Fetch("m", Version(1), into->refs());
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(OrElse(into->Read(), std::vector<uint8_t>{}) ==
+              Pattern(bytes + 1101, 1))
+      << "the pooled device copy differs";
+  EXPECT_EQ(Ask(holder, "unpublish"), "unpublished OK");
 }
 
 }  // namespace
