@@ -45,12 +45,12 @@ Status FromCuda(cudaError_t e, const std::string& what) {
 // ---- the device checksum ----------------------------------------------------
 
 // Block sums: the variants of cuda/block_sums.cuh that bench/gpu_kernels
-// measured fastest on an H200 (docs/benchmarks.md, section 10): reading
-// only, 4 blocks per step (3.10 TB/s over 4 GiB, against 2.71 for one
-// block per step; 64 thread blocks per SM reached 3.18 there but cut
-// 64 MiB chunks from 718 to 514 GB/s in gpu_bench); copying as well, one
-// block per step (1.70 TB/s = 0.79x cudaMemcpy D2D; more loads in flight
-// slowed the writes: 1.38 TB/s).
+// measured fastest on an H200 (docs/benchmarks.md, section 10;
+// bench/results/gpu-kernels-h200.txt): reading only, 4 blocks per step
+// (3.25 TB/s over 4 GiB, against 2.68 for one block per step; 64 thread
+// blocks per SM did as well there, 3.23, but cut 64 MiB chunks from 718 to
+// 514 GB/s in gpu_bench); copying as well, one block per step (1.68 TB/s =
+// 0.79x cudaMemcpy D2D; more loads in flight slowed the writes: 1.41).
 constexpr int kSumThreads = sums::kWordsPerBlock;
 constexpr int kReadBlocksPerStep = 4, kReadCtasPerSm = 16;
 constexpr int kCopyBlocksPerStep = 1, kCopyCtasPerSm = 16;
