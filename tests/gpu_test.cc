@@ -678,6 +678,28 @@ TEST(GpuDataPlane, OffStagesEveryDeviceReadThroughHostMemory) {
 // ---- the whole library: hub, publish, fetch
 // ---------------------------------------
 
+// A "holder" role process that publishes m@`version` (gpu_roles.h) through
+// the hub at `hub`; the caller checks that it says "published".
+Subprocess SpawnHolder(const std::string& hub, const std::string& memory,
+                       uint64_t bytes, int version,
+                       std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--role=holder",
+                                   "--hub",
+                                   hub,
+                                   "--memory",
+                                   memory,
+                                   "--bytes",
+                                   std::to_string(bytes),
+                                   "--version",
+                                   std::to_string(version)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return MustSpawn(args);
+}
+
+std::string Published(Subprocess& p) {
+  return OrElse(p.ReadLine(Deadline::AfterMs(60000)), "none");
+}
+
 TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   REQUIRE_GPU();
   auto hub = hub::HubServer::Start({"127.0.0.1:0", 5000, ""});
@@ -685,11 +707,8 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
   const std::string addr = (*hub)->address();
   const uint64_t bytes = 40ull << 20;
   const std::vector<TensorSpec> specs = GpuLayout(bytes);
-  Subprocess dev_holder =
-      MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda", "--bytes",
-                 std::to_string(bytes), "--version", "1"});
-  ASSERT_EQ(OrElse(dev_holder.ReadLine(Deadline::AfterMs(60000)), "none"),
-            "published");
+  Subprocess dev_holder = SpawnHolder(addr, "cuda", bytes, 1);
+  ASSERT_EQ(Published(dev_holder), "published");
   const std::vector<uint8_t> v1 = Pattern(bytes + 1101, 1);
 
   ClientOptions o;
@@ -720,11 +739,8 @@ TEST(GpuClient, PublishFromDeviceFetchIntoDeviceAndHostAndBack) {
       << "host copy differs";
 
   // Host to device.
-  Subprocess host_holder =
-      MustSpawn({"--role=holder", "--hub", addr, "--memory", "host", "--bytes",
-                 std::to_string(bytes), "--version", "2"});
-  ASSERT_EQ(OrElse(host_holder.ReadLine(Deadline::AfterMs(60000)), "none"),
-            "published");
+  Subprocess host_holder = SpawnHolder(addr, "host", bytes, 2);
+  ASSERT_EQ(Published(host_holder), "published");
   auto into_dev2 = Tensors::Make(specs, MemoryLocation::Cuda(0),
                                  std::vector<uint8_t>(bytes + 1101));
   ASSERT_TRUE(into_dev2.ok());
@@ -756,12 +772,9 @@ TEST(GpuClient, PublishFromAndFetchIntoPooledAllocations) {
   const std::string addr = (*hub)->address();
   const uint64_t bytes = 24ull << 20;
   const std::vector<TensorSpec> specs = GpuLayout(bytes);
-  Subprocess holder =
-      MustSpawn({"--role=holder", "--hub", addr, "--memory", "cuda", "--bytes",
-                 std::to_string(bytes), "--version", "1", "--pool-slack",
-                 std::to_string(1 << 20)});
-  ASSERT_EQ(OrElse(holder.ReadLine(Deadline::AfterMs(60000)), "none"),
-            "published");
+  Subprocess holder = SpawnHolder(addr, "cuda", bytes, 1,
+                                  {"--pool-slack", std::to_string(1 << 20)});
+  ASSERT_EQ(Published(holder), "published");
   ClientOptions o;
   o.hub_address = addr;
   auto reader = Client::Connect(o);
