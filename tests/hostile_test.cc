@@ -539,6 +539,51 @@ TEST(HostileHub, ALeaderHintOutsideTheGivenHubsIsNotFollowed) {
   ::close(trap);
 }
 
+// A standby that answers "not the leader" at once, then holds the next
+// call until the caller gives up: the call's error is that answer, not the
+// deadline the retry ran into (which said only that time ran out; under
+// load the retry was cut short at random and the error changed with it).
+class StandbyThatThenHangs final : public v1::Hub::Service {
+ public:
+  explicit StandbyThatThenHangs(std::string leader)
+      : leader_(std::move(leader)) {}
+  grpc::Status ListModels(grpc::ServerContext* ctx,
+                          const v1::ListModelsRequest*,
+                          v1::ListModelsResponse*) override {
+    ctx->AddTrailingMetadata("th-leader", leader_);
+    if (++calls > 1) {
+      // Until the caller cancels (its deadline), at most 30 s.
+      for (int i = 0; i < 6000 && !ctx->IsCancelled(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not the leader");
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  const std::string leader_;
+};
+
+TEST(HostileHub, ARetryCutShortByTheDeadlineReturnsTheHubsLastAnswer) {
+  StandbyThatThenHangs standby("127.0.0.1:1");  // not a given hub
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&standby);
+  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<client::ControlPlane> cp = client::MakeGrpcControlPlane(
+      "127.0.0.1:" + std::to_string(port), "", 1500);
+  Result<std::vector<ModelInfo>> r = cp->List();
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("not the leader"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(standby.calls.load(), 2);
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace tensorhub::testing
 
