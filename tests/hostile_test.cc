@@ -574,7 +574,7 @@ TEST(HostileHub, ARetryCutShortByTheDeadlineReturnsTheHubsLastAnswer) {
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
   ASSERT_NE(server, nullptr);
   std::unique_ptr<client::ControlPlane> cp = client::MakeGrpcControlPlane(
-      "127.0.0.1:" + std::to_string(port), "", 1500);
+      "127.0.0.1:" + std::to_string(port), "", 2000);
   Result<std::vector<ModelInfo>> r = cp->List();
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
       << r.status().ToString();
