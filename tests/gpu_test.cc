@@ -114,28 +114,47 @@ TEST(MemoryKinds, PublishAndFetchRefuseBadOrdinalsAndMixedMemory) {
 // ---- the device checksum
 // ------------------------------------------------------
 
-TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
-  REQUIRE_GPU();
-  const size_t n = (9 << 20) + 64;
-  std::vector<uint8_t> host = Pattern(n, 11);
+// Pattern(n, seed) on the host and copied to cuda:0, with a stream.
+struct Uploaded {
+  std::vector<uint8_t> host;
+  std::unique_ptr<cuda::DeviceBuffer> buf;
+  std::unique_ptr<cuda::Stream> stream;
+};
+void Upload(size_t n, uint64_t seed, Uploaded* out) {
+  out->host = Pattern(n, seed);
   auto buf = cuda::DeviceBuffer::Allocate(0, n);
   ASSERT_TRUE(buf.ok()) << buf.status().ToString();
   auto stream = cuda::Stream::Create(0);
-  ASSERT_TRUE(stream.ok());
-  cuda::Stream& s = **stream;
-  ASSERT_TRUE(s.CopyAsync((*buf)->data(), host.data(), n).ok());
-  ASSERT_TRUE(s.Synchronize().ok());
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  out->buf = std::move(buf).value();
+  out->stream = std::move(stream).value();
+  ASSERT_TRUE(
+      out->stream->CopyAsync(out->buf->data(), out->host.data(), n).ok());
+  ASSERT_TRUE(out->stream->Synchronize().ok());
+}
+
+// Both device checksums of [off, off + len) of the upload equal the host's.
+void ExpectDeviceSumsEqualHost(Uploaded& up, size_t off, size_t len) {
+  iovec v{up.buf->data() + off, len};
+  iovec hv{up.host.data() + off, len};
+  for (ChunkChecksum kind : {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
+    Result<uint64_t> got = up.stream->Checksum(kind, {&v, 1});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(*got, ChunkSum(kind, {&hv, 1}))
+        << ChunkChecksumName(kind) << " offset " << off << " length " << len;
+  }
+}
+
+TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
+  REQUIRE_GPU();
+  const size_t n = (9 << 20) + 64;
+  Uploaded up;
+  ASSERT_NO_FATAL_FAILURE(Upload(n, 11, &up));
+  std::vector<uint8_t>& host = up.host;
+  cuda::Stream& s = *up.stream;
   int checked = 0;
   auto check = [&](size_t off, size_t len) {
-    iovec v{(*buf)->data() + off, len};
-    iovec hv{host.data() + off, len};
-    for (ChunkChecksum kind :
-         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
-      Result<uint64_t> got = s.Checksum(kind, {&v, 1});
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
-      ASSERT_EQ(*got, ChunkSum(kind, {&hv, 1}))
-          << ChunkChecksumName(kind) << " offset " << off << " length " << len;
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectDeviceSumsEqualHost(up, off, len));
     ++checked;
   };
   for (size_t len = 0; len <= 2200; ++len) {
@@ -158,7 +177,7 @@ TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
     std::vector<uint8_t> concat;
     for (int k = 0; k < 1 + static_cast<int>(rng() % 5); ++k) {
       size_t len = rng() % (1 << 20), off = rng() % (n - len);
-      pieces.push_back({(*buf)->data() + off, len});
+      pieces.push_back({up.buf->data() + off, len});
       concat.insert(concat.end(), host.begin() + off, host.begin() + off + len);
     }
     iovec hv{concat.data(), concat.size()};
@@ -182,14 +201,13 @@ TEST(GpuChecksum, DeviceChecksumsEqualHostOverManySizes) {
 TEST(GpuChecksum, CopyAndChecksumCopiesAndEqualsHost) {
   REQUIRE_GPU();
   const size_t n = (9 << 20) + 777;
-  std::vector<uint8_t> host = Pattern(n, 13);
-  auto src = cuda::DeviceBuffer::Allocate(0, n);
+  Uploaded up;
+  ASSERT_NO_FATAL_FAILURE(Upload(n, 13, &up));
+  std::vector<uint8_t>& host = up.host;
+  cuda::DeviceBuffer* src = up.buf.get();
   auto dst = cuda::DeviceBuffer::Allocate(0, n + 8);
-  auto stream = cuda::Stream::Create(0);
-  ASSERT_TRUE(src.ok() && dst.ok() && stream.ok());
-  cuda::Stream& s = **stream;
-  ASSERT_TRUE(s.CopyAsync((*src)->data(), host.data(), n).ok());
-  ASSERT_TRUE(s.Synchronize().ok());
+  ASSERT_TRUE(dst.ok());
+  cuda::Stream& s = *up.stream;
   std::mt19937_64 rng(20261128);
   int checked = 0;
   auto check = [&](std::vector<size_t> lengths, size_t src_off,
@@ -200,7 +218,7 @@ TEST(GpuChecksum, CopyAndChecksumCopiesAndEqualsHost) {
     for (size_t l : lengths) {
       // Each piece from somewhere else in the source, as staging buffers
       // or allocations would be.
-      pieces.push_back({(*src)->data() + at, l});
+      pieces.push_back({src->data() + at, l});
       want.insert(want.end(), host.begin() + at, host.begin() + at + l);
       at = (at + l + 4096) % (n / 2);
     }
@@ -248,25 +266,10 @@ TEST(GpuChecksum, CopyAndChecksumCopiesAndEqualsHost) {
 TEST(GpuChecksum, DeviceChecksumsEqualHostPast4GiB) {
   REQUIRE_GPU();
   const size_t n = (4ull << 30) + 65537 + 3;
-  std::vector<uint8_t> host = Pattern(n, 12);
-  auto buf = cuda::DeviceBuffer::Allocate(0, n);
-  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
-  auto stream = cuda::Stream::Create(0);
-  ASSERT_TRUE(stream.ok());
-  cuda::Stream& s = **stream;
-  ASSERT_TRUE(s.CopyAsync((*buf)->data(), host.data(), n).ok());
-  ASSERT_TRUE(s.Synchronize().ok());
+  Uploaded up;
+  ASSERT_NO_FATAL_FAILURE(Upload(n, 12, &up));
   for (size_t off : {size_t{0}, size_t{3}}) {
-    const size_t len = n - 3;
-    iovec v{(*buf)->data() + off, len};
-    iovec hv{host.data() + off, len};
-    for (ChunkChecksum kind :
-         {ChunkChecksum::kXxh3, ChunkChecksum::kXxh3Tree}) {
-      Result<uint64_t> got = s.Checksum(kind, {&v, 1});
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
-      EXPECT_EQ(*got, ChunkSum(kind, {&hv, 1}))
-          << ChunkChecksumName(kind) << " offset " << off << " length " << len;
-    }
+    EXPECT_NO_FATAL_FAILURE(ExpectDeviceSumsEqualHost(up, off, n - 3));
   }
   std::printf("device == host for %zu bytes at offsets 0 and 3\n", n - 3);
 }

@@ -508,6 +508,26 @@ class LyingStandby final : public v1::Hub::Service {
   const std::string leader_;
 };
 
+// `service` on a loopback port of its own, and a hub client of it alone
+// (secret `secret`, calls of at most 2 s).
+struct OneStandby {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<client::ControlPlane> cp;
+};
+OneStandby ServeStandby(grpc::Service* service, const std::string& secret) {
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(service);
+  OneStandby one;
+  one.server = b.BuildAndStart();
+  if (one.server != nullptr) {
+    one.cp = client::MakeGrpcControlPlane("127.0.0.1:" + std::to_string(port),
+                                          secret, 2000);
+  }
+  return one;
+}
+
 TEST(HostileHub, ALeaderHintOutsideTheGivenHubsIsNotFollowed) {
   // The address the hint names: a listener that counts who connects.
   int trap = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -521,21 +541,15 @@ TEST(HostileHub, ALeaderHintOutsideTheGivenHubsIsNotFollowed) {
   const std::string trap_address =
       "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
   LyingStandby standby(trap_address);
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&standby);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  std::unique_ptr<client::ControlPlane> cp = client::MakeGrpcControlPlane(
-      "127.0.0.1:" + std::to_string(port), "s3cret", 2000);
-  Result<std::vector<ModelInfo>> r = cp->List();
+  OneStandby one = ServeStandby(&standby, "s3cret");
+  ASSERT_NE(one.server, nullptr);
+  Result<std::vector<ModelInfo>> r = one.cp->List();
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
       << r.status().ToString();
   EXPECT_GE(standby.calls.load(), 2);  // asked again, not elsewhere
   pollfd p{trap, POLLIN, 0};
   EXPECT_EQ(::poll(&p, 1, 0), 0) << "the client connected to " << trap_address;
-  server->Shutdown();
+  one.server->Shutdown();
   ::close(trap);
 }
 
@@ -567,21 +581,15 @@ class StandbyThatThenHangs final : public v1::Hub::Service {
 
 TEST(HostileHub, ARetryCutShortByTheDeadlineReturnsTheHubsLastAnswer) {
   StandbyThatThenHangs standby("127.0.0.1:1");  // not a given hub
-  grpc::ServerBuilder b;
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&standby);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  std::unique_ptr<client::ControlPlane> cp = client::MakeGrpcControlPlane(
-      "127.0.0.1:" + std::to_string(port), "", 2000);
-  Result<std::vector<ModelInfo>> r = cp->List();
+  OneStandby one = ServeStandby(&standby, "");
+  ASSERT_NE(one.server, nullptr);
+  Result<std::vector<ModelInfo>> r = one.cp->List();
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable)
       << r.status().ToString();
   EXPECT_NE(r.status().message().find("not the leader"), std::string::npos)
       << r.status().ToString();
   EXPECT_EQ(standby.calls.load(), 2);
-  server->Shutdown();
+  one.server->Shutdown();
 }
 
 }  // namespace
