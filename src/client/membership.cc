@@ -17,8 +17,6 @@ namespace {
 constexpr int64_t kMinHeartbeatMs = 50;
 constexpr int64_t kMaxHeartbeatMs = 5000;
 
-int64_t AtLeast1(int64_t ms) { return std::max<int64_t>(1, ms); }
-
 }  // namespace
 
 Membership::Membership(const ClientOptions& options, ControlPlane& hub,
@@ -44,7 +42,7 @@ Status Membership::RegisterAgain(const Deadline& deadline) {
   Result<WorkerId> again = hub_.Register(
       id_, options_.name, addresses_.data_address(), addresses_.endpoints(),
       options_.labels, options_.worker_class, NearbyDeltasWin(options_.deltas),
-      std::min(options_.rpc_timeout_ms, AtLeast1(deadline.remaining_ms())));
+      std::min(options_.rpc_timeout_ms, deadline.timeout_ms()));
   if (!again.ok()) return again.status();
   registry_.MarkAllUnreported();
   return Status::Ok();
@@ -55,7 +53,7 @@ void Membership::Withdraw(const std::string& model, Version version,
   // No wait, force: the bytes are no longer served here, whatever they
   // protected.
   Status s = hub_.Unpublish(id_, model, version, /*wait_ms=*/0,
-                            /*force=*/true, AtLeast1(deadline.remaining_ms()));
+                            /*force=*/true, deadline.timeout_ms());
   if (!s.ok() && s.code() != StatusCode::kNotFound) {
     TH_LOG(DEBUG) << "withdraw '" << model << "@" << version.value()
                   << "' at the hub: " << s.ToString() << "; will retry";

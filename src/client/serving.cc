@@ -17,8 +17,6 @@
 namespace tensorhub::client {
 namespace {
 
-int64_t AtLeast1(int64_t ms) { return std::max<int64_t>(1, ms); }
-
 // The chunk checksum a publish names: the options', else the environment's
 // TENSORHUB_CHUNK_CHECKSUM, else the tree.
 Result<ChunkChecksum> PublishChecksum(const PublishOptions& opts) {
@@ -132,7 +130,7 @@ Status Serving::TellHubOfPart(const std::string& model, Version version,
   if (!membership.RegisterAgain(deadline).ok()) return s;
   return ctx_.hub.Publish(membership.id(), model, version, opts.rank,
                           opts.group_size, opts.chunk_bytes, part, epoch, false,
-                          AtLeast1(deadline.remaining_ms()));
+                          deadline.timeout_ms());
 }
 
 Status Serving::Unpublish(std::string_view model_sv, Version version,
@@ -355,9 +353,8 @@ void Serving::ServeSlices(const std::string& model, Version version,
     return;
   }
   ctx_.addresses.WarnIfUnreachable();
-  Status s =
-      ctx_.hub.AddSliceHolder(ctx_.membership.id(), model, version, *epoch,
-                              part, AtLeast1(deadline.remaining_ms()));
+  Status s = ctx_.hub.AddSliceHolder(ctx_.membership.id(), model, version,
+                                     *epoch, part, deadline.timeout_ms());
   // Not acknowledged: the heartbeat reports it again.
   ctx_.registry.MarkReported(model, version, *epoch, s.ok());
   if (!s.ok()) {

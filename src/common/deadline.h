@@ -48,6 +48,8 @@ class Deadline {
   int64_t remaining_ms() const {
     return std::max<int64_t>(0, at_ms_ - clock_->NowMs());
   }
+  // At least 1: a timeout to hand a call, where 0 would mean "none".
+  int64_t timeout_ms() const { return std::max<int64_t>(1, remaining_ms()); }
   // The earlier of this deadline and `ms` from now (on the same clock).
   Deadline Cap(int64_t ms) const {
     return Deadline(std::min(at_ms_, NowMsRoundedUp(*clock_) + ms), *clock_);

@@ -20,8 +20,6 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr int64_t kUnavailableConfirmMs = 200;
 constexpr int64_t kHubRetryPauseMs = 100;
 
-int64_t AtLeast1(int64_t ms) { return std::max<int64_t>(1, ms); }
-
 // The hub takes at most kMaxSliceWants boxes per schedule: a reader of more
 // (a whole model of many tensors) names the first ones. The holders of
 // slices the hub then offers are the ones that meet them; holders of the
@@ -82,7 +80,7 @@ Status FetchSession::Start(Version version,
     Result<FetchStart> r = hub.BeginFetch(
         ctx_.membership.id(), model_, version, options_.group,
         options_.group_step, MaxSources(options_.max_sources), fill_epoch,
-        AtLeast1(work_.remaining_ms()), /*manifest_from_sources=*/true);
+        work_.timeout_ms(), /*manifest_from_sources=*/true);
     if (r.ok() && r->resolved.state == VersionState::kUnavailable) {
       // The hub's own answer (not an unreachable hub): committed, but no
       // complete holder is left. Filling holders may still have chunks: the
@@ -139,7 +137,7 @@ void FetchSession::EndAtHub() {
   if (!sources_assigned_) return;
   sources_assigned_ = false;
   Status s = ctx_.hub.FetchDone(ctx_.membership.id(), model_, version_,
-                                AtLeast1(deadline_.remaining_ms()));
+                                deadline_.timeout_ms());
   if (!s.ok()) TH_LOG(DEBUG) << "fetch done: " << s.ToString();
 }
 
@@ -238,9 +236,9 @@ bool FetchSession::AwaitSources(
       return false;
     }
     ctx_.clock.SleepMs(kDeltaPollMs);
-    Result<Scheduled> r = ctx_.hub.Schedule(
-        ctx_.membership.id(), model_, version_, {},
-        MaxSources(options_.max_sources), AtLeast1(work_.remaining_ms()));
+    Result<Scheduled> r =
+        ctx_.hub.Schedule(ctx_.membership.id(), model_, version_, {},
+                          MaxSources(options_.max_sources), work_.timeout_ms());
     if (!r.ok() || r->unavailable.has_value()) continue;  // keep the last
     start_.first = std::move(r).value();
     start_.first_status = Status::Ok();
