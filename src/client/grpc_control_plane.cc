@@ -295,8 +295,7 @@ Status GrpcControlPlane::Call(grpc::Status (v1::Hub::Stub::*method)(
                       wire::MakeCallProof(secret_, wire::UnixNowMs()));
     }
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(
-                         std::max<int64_t>(1, deadline.remaining_ms())));
+                     std::chrono::milliseconds(deadline.timeout_ms()));
     if (wait_for_ready) ctx.set_wait_for_ready(true);
     grpc::Status s = (t->stub.get()->*method)(&ctx, req, resp);
     if (s.ok()) return Status::Ok();

@@ -79,7 +79,7 @@ Status FetchSession::TakeManifest() {
                << (failures.empty() ? "the hub listed none" : failures) << ")";
   Result<Resolved> again = ctx_.hub.Resolve(
       ctx_.membership.id(), model_, version_, /*include_uncommitted=*/false, "",
-      0, std::max<int64_t>(1, work_.remaining_ms()));
+      0, work_.timeout_ms());
   if (!again.ok()) {
     return again.status().WithContext(
         "fetch " + name_ + ": the manifest (no source served it: " + failures +

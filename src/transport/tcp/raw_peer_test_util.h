@@ -24,8 +24,7 @@ inline bool ClosedByPeerWithin(int fd, int64_t ms) {
   char buf[4096];
   while (!d.expired()) {
     pollfd p{fd, POLLIN, 0};
-    int rc =
-        ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, d.remaining_ms())));
+    int rc = ::poll(&p, 1, static_cast<int>(d.timeout_ms()));
     if (rc <= 0) continue;
     ssize_t got = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (got == 0) return true;
