@@ -121,12 +121,8 @@ Status ParallelRead(transport::Transport& t, const std::string& addr,
       while (true) {
         size_t k = next.fetch_add(1);
         if (k >= reads.size()) return;
-        wire::ReadRequest req;
-        req.model = "m";
-        req.version = 1;
-        req.epoch = epoch;
-        req.offset = reads[k].offset;
-        req.length = reads[k].length;
+        const wire::ReadRequest req =
+            ServedRead(epoch, reads[k].offset, reads[k].length);
         iovec v{reads[k].dest, req.length};
         transport::ReadChecksum sum{.kind = verify.value_or(ChunkChecksum{})};
         transport::ReadChecksum* want = verify ? &sum : nullptr;
@@ -251,17 +247,12 @@ Result<std::vector<Holder>> StartHolders(
   }
   std::vector<Holder> holders;
   for (cli::Subprocess& p : procs) {
-    auto ready = p.ReadLine(Deadline::AfterMs(180000));
-    if (!ready.ok()) {
-      return Internal("holder did not start: " + ready.status().ToString());
+    auto line = p.ReadLine(Deadline::AfterMs(180000));
+    if (!line.ok()) {
+      return Internal("holder did not start: " + line.status().ToString());
     }
-    // "ready ADDRESS EPOCH"
-    const size_t sp = ready->find(' ', 6);
-    if (ready->rfind("ready ", 0) != 0 || sp == std::string::npos) {
-      return Internal("holder did not start: it said '" + *ready + "'");
-    }
-    const uint64_t epoch = std::strtoull(ready->c_str() + sp + 1, nullptr, 10);
-    holders.push_back(Holder{std::move(p), ready->substr(6, sp - 6), epoch});
+    TH_ASSIGN_OR_RETURN(ServeReady ready, ParseServeReady(*line));
+    holders.push_back(Holder{std::move(p), ready.address, ready.epoch});
   }
   return holders;
 }
@@ -342,20 +333,16 @@ Status PerReadOverhead(transport::Transport& t, const Holder& staged,
   for (const Row& r : rows) {
     TH_ASSIGN_OR_RETURN(auto conn,
                         t.Connect(r.from->addr, Deadline::AfterMs(5000)));
-    TH_ASSIGN_OR_RETURN(double read_us, MedianUs([&] {
-                          wire::ReadRequest req;
-                          req.model = "m";
-                          req.version = 1;
-                          req.epoch = r.from->epoch;
-                          req.offset = 0;
-                          req.length = length;
-                          iovec v{dest, length};
-                          transport::ReadChecksum sum{
-                              .kind = r.verify.value_or(ChunkChecksum{})};
-                          return Check(conn->ReadDevice(
-                              req, {&v, 1}, 0, Deadline::AfterMs(10000),
-                              r.verify ? &sum : nullptr));
-                        }));
+    TH_ASSIGN_OR_RETURN(
+        double read_us, MedianUs([&] {
+          const wire::ReadRequest req = ServedRead(r.from->epoch, 0, length);
+          iovec v{dest, length};
+          transport::ReadChecksum sum{.kind =
+                                          r.verify.value_or(ChunkChecksum{})};
+          return Check(conn->ReadDevice(req, {&v, 1}, 0,
+                                        Deadline::AfterMs(10000),
+                                        r.verify ? &sum : nullptr));
+        }));
     std::printf(
         "per-read overhead, CUDA IPC %s %s%s: %.1f us  = %.1fx cudaMemcpy "
         "D2D %s + sync (%.1f us), medians of %d\n",

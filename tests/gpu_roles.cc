@@ -1,6 +1,7 @@
 #include "gpu_roles.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <random>
@@ -14,6 +15,30 @@
 #include "transport/tcp/tcp_transport.h"
 
 namespace tensorhub::testing {
+
+wire::ReadRequest ServedRead(uint64_t epoch, uint64_t offset, uint64_t length) {
+  wire::ReadRequest r;
+  r.model = "m";
+  r.version = 1;
+  r.epoch = epoch;
+  r.part = 0;
+  r.offset = offset;
+  r.length = length;
+  return r;
+}
+
+Result<ServeReady> ParseServeReady(const std::string& line) {
+  const size_t sp = line.find(' ', 6);
+  char* end = nullptr;
+  if (line.rfind("ready ", 0) == 0 && sp != std::string::npos && sp > 6) {
+    const uint64_t epoch = std::strtoull(line.c_str() + sp + 1, &end, 10);
+    if (end != line.c_str() + sp + 1 && *end == '\0') {
+      return ServeReady{line.substr(6, sp - 6), epoch};
+    }
+  }
+  return Internal("the holder did not say 'ready ADDRESS EPOCH': '" + line +
+                  "'");
+}
 
 std::vector<uint8_t> Pattern(size_t bytes, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -25,12 +25,26 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "tensorhub/status.h"
 #include "tensorhub/types.h"
+#include "wire/frame.h"
 
 namespace tensorhub::testing {
 
 // Runs the role named by argv[1] ("--role=NAME"); -1 if there is none.
 int MaybeRunGpuRole(int argc, char** argv);
+
+// A read of `length` bytes at `offset` of what a "serve" holder serves
+// (m@1, part 0) under its registration `epoch`.
+wire::ReadRequest ServedRead(uint64_t epoch, uint64_t offset, uint64_t length);
+
+// Where a "serve" holder serves, from the line it prints when ready
+// ("ready ADDRESS EPOCH"); INTERNAL, quoting the line, for any other.
+struct ServeReady {
+  std::string address;
+  uint64_t epoch = 0;
+};
+Result<ServeReady> ParseServeReady(const std::string& line);
 
 // Seeded bytes, the same in every process.
 std::vector<uint8_t> Pattern(size_t bytes, uint64_t seed);

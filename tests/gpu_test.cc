@@ -289,12 +289,13 @@ struct Served {
 // Fails the test (ASSERT in the caller: address empty) if it did not start.
 Served StartServeWith(const std::vector<std::string>& args) {
   Served s{MustSpawn(args), "", 0};
-  auto ready = s.proc.ReadLine(Deadline::AfterMs(60000));
-  EXPECT_TRUE(ready.ok() && Word(*ready, 0) == "ready")
-      << (ready.ok() ? *ready : "");
+  auto line = s.proc.ReadLine(Deadline::AfterMs(60000));
+  Result<ServeReady> ready =
+      line.ok() ? ParseServeReady(*line) : Result<ServeReady>(line.status());
+  EXPECT_TRUE(ready.ok()) << ready.status().ToString();
   if (ready.ok()) {
-    s.address = Word(*ready, 1);
-    s.epoch = std::stoull(Word(*ready, 2));
+    s.address = ready->address;
+    s.epoch = ready->epoch;
   }
   return s;
 }
@@ -313,17 +314,6 @@ std::vector<uint64_t> Stats(Subprocess& p) {
   if (Word(line, 0) != "stats") return {0, 0, 0};
   return {std::stoull(Word(line, 1)), std::stoull(Word(line, 2)),
           std::stoull(Word(line, 3))};
-}
-
-wire::ReadRequest Req(uint64_t epoch, uint64_t offset, uint64_t length) {
-  wire::ReadRequest r;
-  r.model = "m";
-  r.version = 1;
-  r.epoch = epoch;
-  r.part = 0;
-  r.offset = offset;
-  r.length = length;
-  return r;
 }
 
 // Reads the whole part in reads of `chunk` bytes into `dest` (device memory
@@ -345,10 +335,11 @@ std::vector<uint8_t> ReadAll(transport::Transport& t, const Served& s,
     iovec dst[2] = {{dest + off, half}, {dest + off + half, len - half}};
     std::span<const iovec> into(dst, split ? 2 : 1);
     transport::ReadChecksum sum{.kind = kDefaultChunkChecksum};
-    Status st = device ? (*conn)->ReadDevice(Req(s.epoch, off, len), into, 0,
-                                             Deadline::AfterMs(30000), &sum)
-                       : (*conn)->Read(Req(s.epoch, off, len), into,
-                                       Deadline::AfterMs(30000), &sum);
+    Status st = device
+                    ? (*conn)->ReadDevice(ServedRead(s.epoch, off, len), into,
+                                          0, Deadline::AfterMs(30000), &sum)
+                    : (*conn)->Read(ServedRead(s.epoch, off, len), into,
+                                    Deadline::AfterMs(30000), &sum);
     EXPECT_TRUE(st.ok()) << "read at " << off << ": " << st.ToString();
     EXPECT_EQ(sum.value, ChunkSum(sum.kind, want.data() + off, len))
         << "read at " << off;
@@ -441,7 +432,7 @@ void AskIpc(const Served& s, uint64_t offset, uint64_t len, IpcAnswer* out) {
   auto id = transport::ReadHostIdentity();
   ASSERT_TRUE(id.ok());
   std::string frame =
-      wire::EncodeReadRequest(Req(s.epoch, offset, len), &*id, true);
+      wire::EncodeReadRequest(ServedRead(s.epoch, offset, len), &*id, true);
   iovec req{frame.data(), frame.size()};
   ASSERT_TRUE(
       transport::WriteAll(fd->get(), {&req, 1}, Deadline::AfterMs(5000)).ok());
@@ -514,7 +505,7 @@ TEST(GpuDataPlane, UnpublishDrainsAReaderHoldingTheIpcHandle) {
   auto conn = t->Connect(s.address, Deadline::AfterMs(5000));
   ASSERT_TRUE(conn.ok());
   iovec d2{(*dest)->data(), 4096};
-  Status late = (*conn)->ReadDevice(Req(s.epoch, 0, 4096), {&d2, 1}, 0,
+  Status late = (*conn)->ReadDevice(ServedRead(s.epoch, 0, 4096), {&d2, 1}, 0,
                                     Deadline::AfterMs(5000));
   EXPECT_TRUE(late.code() == StatusCode::kNotFound ||
               late.code() == StatusCode::kAborted)
@@ -650,7 +641,7 @@ TEST(GpuDataPlane,
       const uint64_t n = std::min(step, total - at);
       iovec d{(*dest)->data() + at, n};
       transport::ReadChecksum sum{.kind = kDefaultChunkChecksum};
-      Status st = (*conn)->ReadDevice(Req(s.epoch, at, n), {&d, 1}, 0,
+      Status st = (*conn)->ReadDevice(ServedRead(s.epoch, at, n), {&d, 1}, 0,
                                       Deadline::AfterMs(30000), &sum);
       ASSERT_TRUE(st.ok()) << "read at " << at << ": " << st.ToString();
       EXPECT_EQ(sum.value, ChunkSum(sum.kind, want.data() + at, n))
