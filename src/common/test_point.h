@@ -31,6 +31,10 @@
 //   ucx.reader_lingers     a UCX reader that gave up with gets outstanding
 //                          closed its TCP connection and starts waiting for
 //                          them to be answered; arg = gets of the read
+//   tcp.read_requested     a TCP reader wrote requests of a pipelined run
+//                          of reads (Connection::ReadPipelined), before
+//                          reading the answers still due; arg = requests
+//                          of the run written so far
 //   registry.reserved_read_waits  a read names an epoch the worker reserved
 //                          for a fetch destination not registered yet
 //                          (BeginFetch told the hub first) and is about to

@@ -192,6 +192,13 @@ inline ChunkChecksum ChecksumKind(const ReadChecksum* sum) {
   return sum != nullptr ? sum->kind : ChunkChecksum::kXxh3;
 }
 
+// One read of a run of them (Connection::ReadPipelined): what Read takes.
+struct PipelinedRead {
+  wire::ReadRequest req;
+  std::span<const iovec> dest;
+  ReadChecksum* sum = nullptr;
+};
+
 // One reader-to-holder channel. Not thread-safe: one read at a time. After
 // any I/O error the connection is broken and every later Read fails fast;
 // open a new one.
@@ -216,6 +223,26 @@ class Connection {
                             std::span<const iovec> dest, int device,
                             const Deadline& deadline,
                             ReadChecksum* sum = nullptr) = 0;
+  // Several reads on this connection, answered in order: the TCP transport
+  // sends up to `window` requests before the first answer is read
+  // (pipelining), so that a holder that holds a read until its bytes land
+  // (a filling holder, cut-through: docs/design.md) answers each next one
+  // as soon as its bytes are there, with no round trip between them.
+  // After each read landed, `landed(i)` is called on this thread (with
+  // last_read() describing that read); an error from it, or from read i,
+  // ends the run there (the connection is broken if answers were still
+  // outstanding). This default reads one at a time (no pipelining).
+  virtual Status ReadPipelined(std::span<const PipelinedRead> reads,
+                               size_t window, const Deadline& deadline,
+                               const std::function<Status(size_t)>& landed) {
+    (void)window;
+    for (size_t i = 0; i < reads.size(); ++i) {
+      TH_RETURN_IF_ERROR(
+          Read(reads[i].req, reads[i].dest, deadline, reads[i].sum));
+      if (landed) TH_RETURN_IF_ERROR(landed(i));
+    }
+    return Status::Ok();
+  }
   virtual bool broken() const = 0;
   virtual const std::string& peer() const = 0;
   // Runs over TLS; the kernel decrypts what it receives (kTLS).

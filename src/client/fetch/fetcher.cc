@@ -55,7 +55,7 @@ class FetchRun final : public PlanRun {
     }
     const uint64_t piece = PieceBytes(step, loc);
     if (piece > 0) {
-      Status st = ReadInPieces(s, step, loc, piece, conn, info);
+      Status st = ReadInPieces(step, loc, piece, conn, info);
       if (!st.ok() && options().on_landed) options().on_landed(step.chunk, 0);
       return st;
     }
@@ -99,41 +99,56 @@ class FetchRun final : public PlanRun {
     return piece;
   }
 
-  // The chunk in pieces of `piece` bytes, in order on one connection, each
-  // announced (on_landed) as it lands; the chunk verified from the pieces'
-  // leaves at the end.
-  Status ReadInPieces(StreamState& s, const FetchStep& step,
-                      const ChunkLoc& loc, uint64_t piece,
-                      transport::Connection* conn, transport::ReadInfo* info) {
+  // The chunk in pieces of `piece` bytes, in order on one connection, the
+  // requests pipelined (Connection::ReadPipelined, up to kPipelinedPieces
+  // out: a filling holder answers each as soon as its bytes have landed
+  // there, with no round trip between pieces), each announced (on_landed)
+  // as it lands; the chunk verified from the pieces' leaves at the end.
+  Status ReadInPieces(const FetchStep& step, const ChunkLoc& loc,
+                      uint64_t piece, transport::Connection* conn,
+                      transport::ReadInfo* info) {
     const Deadline read_deadline = deadline().Cap(options().read_timeout_ms);
-    std::vector<uint64_t> leaves, piece_leaves;
-    leaves.reserve((loc.bytes + kChecksumLeafBytes - 1) / kChecksumLeafBytes);
-    for (uint64_t off = 0; off < loc.bytes; off += piece) {
+    const size_t n = static_cast<size_t>((loc.bytes + piece - 1) / piece);
+    std::vector<std::vector<iovec>> dests(n);
+    std::vector<std::vector<uint64_t>> piece_leaves(n);
+    std::vector<transport::ReadChecksum> sums(n);
+    std::vector<transport::PipelinedRead> reads(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t off = i * piece;
       const uint64_t len = std::min(piece, loc.bytes - off);
-      s.pieces.clear();
       AppendPieces(job_.manifest->parts()[loc.part], job_.dest_bases[loc.part],
-                   loc.offset + off, len, &s.pieces);
-      wire::ReadRequest req;
+                   loc.offset + off, len, &dests[i]);
+      sums[i] = transport::ReadChecksum{.kind = ChunkChecksum::kXxh3Tree,
+                                        .leaves = &piece_leaves[i]};
+      wire::ReadRequest& req = reads[i].req;
       req.model = job_.model;
       req.version = job_.version.value();
       req.epoch = step.epoch;
       req.part = loc.part;
       req.offset = loc.offset + off;
       req.length = len;
-      piece_leaves.clear();
-      transport::ReadChecksum got{.kind = ChunkChecksum::kXxh3Tree,
-                                  .leaves = &piece_leaves};
-      TH_RETURN_IF_ERROR(conn->Read(req, s.pieces, read_deadline, &got));
-      const transport::ReadInfo r = conn->last_read();
-      info->same_host = r.same_host;
-      info->verify_ns += r.verify_ns;
-      if (piece_leaves.empty()) {
-        return Internal("transport of " + step.address +
-                        " gave no leaf checksums for a piece of a chunk");
-      }
-      leaves.insert(leaves.end(), piece_leaves.begin(), piece_leaves.end());
-      if (options().on_landed) options().on_landed(step.chunk, off + len);
+      reads[i].dest = dests[i];
+      reads[i].sum = &sums[i];
     }
+    std::vector<uint64_t> leaves;
+    leaves.reserve((loc.bytes + kChecksumLeafBytes - 1) / kChecksumLeafBytes);
+    TH_RETURN_IF_ERROR(conn->ReadPipelined(
+        reads, kPipelinedPieces, read_deadline, [&](size_t i) -> Status {
+          const transport::ReadInfo r = conn->last_read();
+          info->same_host = r.same_host;
+          info->verify_ns += r.verify_ns;
+          if (piece_leaves[i].empty()) {
+            return Internal("transport of " + step.address +
+                            " gave no leaf checksums for a piece of a chunk");
+          }
+          leaves.insert(leaves.end(), piece_leaves[i].begin(),
+                        piece_leaves[i].end());
+          if (options().on_landed) {
+            options().on_landed(step.chunk,
+                                std::min<uint64_t>(loc.bytes, (i + 1) * piece));
+          }
+          return Status::Ok();
+        }));
     if (TreeSumOfLeaves(leaves) != loc.xxh3) {
       return DataLoss("chunk at part " + std::to_string(loc.part) + " offset " +
                       std::to_string(loc.offset) + " from " + step.address +

@@ -88,10 +88,21 @@ struct FetchJob {
   DeltaReads* deltas = nullptr;
 };
 
-// FetcherOptions::cut_through_bytes by default: four checksum leaves, 5 ms
-// on a 400 Mbit/s link, so that a pipeline of N readers is S/B plus N
-// times that rather than N chunk times.
-inline constexpr uint64_t kDefaultCutThroughBytes = 4 * kChecksumLeafBytes;
+// FetcherOptions::cut_through_bytes by default: one checksum leaf. A piece
+// reaches the next reader of a pipeline once it has landed whole, on a
+// stream that shares the link with the fetch's other streams: a hop's lag
+// is about streams x piece / B (5 ms with 4 streams on a 400 Mbit/s link),
+// so that a pipeline of N readers is S/B plus N times that rather than N
+// chunk times. Small pieces cost no round trip each: their requests are
+// pipelined (kPipelinedPieces).
+inline constexpr uint64_t kDefaultCutThroughBytes = kChecksumLeafBytes;
+// The pieces of a chunk a stream asks for ahead of their answers
+// (Connection::ReadPipelined): a filling holder holds each read until its
+// bytes land and answers it at once, and a holder's link with a queue (a
+// shaped link's, a switch's) never waits for a request between pieces.
+// 1 MiB of 64 KiB pieces; a holder still takes one request at a time per
+// connection, so what it holds waiting stays one read per connection.
+inline constexpr size_t kPipelinedPieces = 16;
 
 struct FetcherOptions {
   int streams = 4;
@@ -130,7 +141,8 @@ struct FetcherOptions {
   // Cut-through (docs/design.md, "Cut-through"): a chunk read from a
   // filling source, or by a reader that serves onward (on_landed set), is
   // read in pieces of this many bytes (a multiple of the 64 KiB checksum
-  // leaf; 0: whole chunks), verified as a whole from the pieces' leaves.
+  // leaf; 0: whole chunks), their requests pipelined, and verified as a
+  // whole from the pieces' leaves.
   // Host memory and tree checksums (ChunkChecksum::kXxh3Tree) only.
   uint64_t cut_through_bytes = kDefaultCutThroughBytes;
   // Called after each piece of such a read landed, with the bytes of the

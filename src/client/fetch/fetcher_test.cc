@@ -1005,11 +1005,11 @@ TEST(FetcherStealTest, AStalledReadIsStolenWhenItsTimeHasCome) {
 // ---- Cut-through: chunks read in pieces, served onward as they land ----
 
 // A reader that serves onward reads each chunk in pieces of
-// cut_through_bytes (four 64 KiB leaves), announcing each as it lands, and
+// cut_through_bytes (one 64 KiB leaf), announcing each as it lands, and
 // verifies the chunk from the pieces' leaves; a corrupt holder's chunk
 // fails as a whole (DATA_LOSS from it) and its landed bytes are withdrawn.
 TEST_F(FetcherTest, CutThroughReadsChunksInPiecesAndVerifiesEachWhole) {
-  constexpr uint64_t kChunk = 1 << 20;  // 4 pieces of 256 KiB
+  constexpr uint64_t kChunk = 1 << 20;  // 16 pieces of 64 KiB
   TestVersion v = MakeVersion(31, 1, kChunk, 6);
   ASSERT_GE(v.manifest.num_chunks(), 3u);
   for (bool corrupt : {false, true}) {
@@ -1124,6 +1124,53 @@ TEST_F(FetcherTest, CutThroughServesAPieceOnBeforeItsChunkIsVerified) {
   EXPECT_FALSE(held_too_long);
   EXPECT_EQ(d1.data, v.data);
   EXPECT_EQ(d2.data, v.data);
+}
+
+// Cut-through without a round trip per piece: a reader of a filling holder
+// asks for the pieces of a chunk ahead (pipelined requests, up to
+// kPipelinedPieces), so that the holder, which holds each read until its
+// bytes land, answers the next piece as soon as it is there. The holder
+// holds back its answer to the first piece until the reader has asked for
+// the others; a reader that asks for one piece at a time never does, and
+// the holder's wait runs out (the test says so).
+TEST_F(FetcherTest, CutThroughAsksForThePiecesOfAChunkAhead) {
+  constexpr uint64_t kChunk = 1 << 20;
+  TestVersion v = MakeVersion(33, 1, kChunk, 8);
+  const uint64_t pieces_of_first =
+      (v.manifest.Chunk(0).bytes + kDefaultCutThroughBytes - 1) /
+      kDefaultCutThroughBytes;
+  ASSERT_GT(pieces_of_first, 1u);
+  const uint64_t ahead = std::min<uint64_t>(pieces_of_first, kPipelinedPieces);
+  Holder h(*tcp_, v, {0}, "m", 1);
+  std::atomic<uint64_t> requested{0};
+  testpoint::Arm("tcp.read_requested", [&](uint64_t n) { requested.store(n); });
+  std::atomic<bool> asked_one_at_a_time{false};
+  h.source.hook_ = [&](int n) {
+    if (n == 1 && !WaitUntil([&] { return requested.load() >= ahead; })) {
+      asked_one_at_a_time = true;
+    }
+    return Status::Ok();
+  };
+  // The reader is on another host, as in a pipeline of readers: the bytes
+  // come over the connection (a same-host reply waits for the reader's
+  // release, so same-host reads go one at a time).
+  transport::TcpTransportOptions other_host;
+  other_host.local_reads = false;
+  std::unique_ptr<transport::Transport> remote =
+      transport::MakeTcpTransport(other_host);
+  Destination d(v);
+  FetcherOptions o = TestOptions();
+  o.streams = 1;
+  FetchSource filling = h.Source();
+  filling.filling = true;  // read in pieces, as from a reader still filling
+  Result<FetchReport> r = RunFetch(*remote, d.Job(v, "m", 1), {filling},
+                                   nullptr, o, Deadline::AfterMs(kGenerousMs));
+  testpoint::Disarm("tcp.read_requested");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(asked_one_at_a_time)
+      << "the reader asked for one piece at a time: " << requested.load()
+      << " of the first chunk's " << ahead << " pieces asked for ahead";
+  EXPECT_EQ(d.data, v.data);
 }
 
 }  // namespace

@@ -6,10 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/test_point.h"
 #include "cuda/device.h"
 #include "tls/tls.h"
 #include "transport/tcp/acceptor.h"
@@ -750,6 +753,28 @@ class TcpConnection final : public Connection {
     return Finish(DoReadDevice(req, dest, device, deadline, sum));
   }
 
+  // Same-host reads (and the first read of a connection, which finds out
+  // whether the holder is on this host) go one at a time: a same-host
+  // reply waits for the reader's release. Over the network, up to `window`
+  // requests are out before their answers are read; each next one is sent
+  // as an answer lands.
+  Status ReadPipelined(std::span<const PipelinedRead> reads, size_t window,
+                       const Deadline& deadline,
+                       const std::function<Status(size_t)>& landed) override {
+    size_t i = 0;
+    for (; i < reads.size() && local_->enabled() && !local_declined_ &&
+           !local_->Refused(peer_);
+         ++i) {
+      TH_RETURN_IF_ERROR(
+          Read(reads[i].req, reads[i].dest, deadline, reads[i].sum));
+      if (landed) TH_RETURN_IF_ERROR(landed(i));
+    }
+    if (i == reads.size()) return Status::Ok();
+    if (broken_) return Unavailable("connection to " + peer_ + " is broken");
+    return Finish(
+        DoReadPipelined(reads.subspan(i), i, window, deadline, landed));
+  }
+
  private:
   Status Finish(Status s) {
     if (cancelled_.load()) {
@@ -806,6 +831,66 @@ class TcpConnection final : public Connection {
       return ReceivePayload(h, req, dest, deadline, sum);
     }
     return LocalRead(h, req, dest, deadline, sum);
+  }
+
+  // `reads` are reads[first..] of the caller's run (landed() takes the
+  // caller's index).
+  Status DoReadPipelined(std::span<const PipelinedRead> reads, size_t first,
+                         size_t window, const Deadline& deadline,
+                         const std::function<Status(size_t)>& landed) {
+    window = std::max<size_t>(1, window);
+    size_t sent = 0;
+    // Sends the requests up to reads[n] in one write.
+    auto send_up_to = [&](size_t n) -> Status {
+      std::string frames;
+      for (; sent < n; ++sent) {
+        uint64_t want = 0;
+        for (const iovec& v : reads[sent].dest) want += v.iov_len;
+        if (want != reads[sent].req.length) {
+          return Internal("destination holds " + std::to_string(want) +
+                          " bytes for a read of " +
+                          std::to_string(reads[sent].req.length));
+        }
+        frames += wire::EncodeReadRequest(reads[sent].req, nullptr, false);
+      }
+      iovec out{frames.data(), frames.size()};
+      TH_RETURN_IF_ERROR(
+          stream_.Write({&out, 1}, deadline).WithContext("holder " + peer_));
+      testpoint::Hit("tcp.read_requested", sent);
+      return Status::Ok();
+    };
+    // An answer still on its way when the run ends puts the stream out of
+    // step: the connection is dropped.
+    auto out_of_step = [&](size_t i, Status s) {
+      if (!s.ok() && sent > i + 1) Abandon();
+      return s;
+    };
+    Status st = send_up_to(std::min(reads.size(), window));
+    if (!st.ok()) return out_of_step(0, st);
+    for (size_t i = 0; i < reads.size(); ++i) {
+      last_read_ = ReadInfo{};
+      Result<wire::ResponseHeader> h = ReceiveHeader(deadline);
+      if (!h.ok()) return out_of_step(i, h.status());
+      if (h->local || h->cuda_ipc) {
+        Abandon();
+        return DataLoss("holder " + peer_ +
+                        " answered a TCP read with a same-host reply");
+      }
+      // The next request goes out before this answer's bytes are read, so
+      // that the holder has it when it is done sending these.
+      if (sent < reads.size()) {
+        st = send_up_to(sent + 1);
+        if (!st.ok()) return out_of_step(i, st);
+      }
+      st = ReceivePayload(*h, reads[i].req, reads[i].dest, deadline,
+                          reads[i].sum);
+      if (!st.ok()) return out_of_step(i, st);
+      if (landed) {
+        st = landed(first + i);
+        if (!st.ok()) return out_of_step(i, st);
+      }
+    }
+    return Status::Ok();
   }
 
   Status TcpRead(const wire::ReadRequest& req, std::span<const iovec> dest,
