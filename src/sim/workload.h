@@ -38,13 +38,10 @@ struct WorkloadConfig {
   int tensors = 1;
   uint64_t chunk_bytes = 4ull << 20;    // TensorHub's chunk (the default)
   uint64_t segment_bytes = 4ull << 20;  // broadcast pipelining segment
-  // A hop's lag with TensorHub's cut-through, in bytes of the link's time:
-  // a filling holder serves a chunk's bytes as they land, so a hop of the
-  // pipeline lags one piece, not one chunk; the reader's piece
-  // (FetcherOptions::cut_through_bytes, 64 KiB by default) comes on one of
-  // its 4 streams sharing the link, so 4 x 64 KiB = 256 KiB of the link's
-  // time (docs/design.md, "Cut-through"). 0: whole chunks (the data plane
-  // before cut-through).
+  // TensorHub's cut-through piece (FetcherOptions::cut_through_bytes, 256
+  // KiB by default): a filling holder serves a chunk's bytes as they land,
+  // so a hop of the pipeline lags one piece, not one chunk. 0: whole
+  // chunks (the data plane before cut-through).
   uint64_t cut_through_bytes = 256ull << 10;
   int rounds = 2;      // versions published
   double step_s = 30;  // trainer compute between publishes

@@ -88,19 +88,19 @@ struct FetchJob {
   DeltaReads* deltas = nullptr;
 };
 
-// FetcherOptions::cut_through_bytes by default: one checksum leaf. A piece
-// reaches the next reader of a pipeline once it has landed whole, on a
-// stream that shares the link with the fetch's other streams: a hop's lag
-// is about streams x piece / B (5 ms with 4 streams on a 400 Mbit/s link),
-// so that a pipeline of N readers is S/B plus N times that rather than N
-// chunk times. Small pieces cost no round trip each: their requests are
-// pipelined (kPipelinedPieces).
-inline constexpr uint64_t kDefaultCutThroughBytes = kChecksumLeafBytes;
+// FetcherOptions::cut_through_bytes by default: four checksum leaves, 5 ms
+// on a 400 Mbit/s link, so that a pipeline of N readers is S/B plus N
+// times about that (times the streams sharing the link) rather than N
+// chunk times. One leaf (64 KiB) cost the readers of the CLI fan-out 15-25%
+// more CPU for no gain measurable on a 2-core test bed (docs/benchmarks.md
+// section 3).
+inline constexpr uint64_t kDefaultCutThroughBytes = 4 * kChecksumLeafBytes;
 // The pieces of a chunk a stream asks for ahead of their answers
-// (Connection::ReadPipelined): a filling holder holds each read until its
-// bytes land and answers it at once, and a holder's link with a queue (a
-// shaped link's, a switch's) never waits for a request between pieces.
-// 1 MiB of 64 KiB pieces; a holder still takes one request at a time per
+// (Connection::ReadPipelined; 4 MiB of 256 KiB pieces, a default chunk): a
+// filling holder holds each read until its bytes land and answers it at
+// once, with no request between pieces to wait for (a reader's request
+// waits for the reader to be scheduled, then for the holder's serving
+// thread, on busy CPUs). A holder still takes one request at a time per
 // connection, so what it holds waiting stays one read per connection.
 inline constexpr size_t kPipelinedPieces = 16;
 

@@ -1005,11 +1005,11 @@ TEST(FetcherStealTest, AStalledReadIsStolenWhenItsTimeHasCome) {
 // ---- Cut-through: chunks read in pieces, served onward as they land ----
 
 // A reader that serves onward reads each chunk in pieces of
-// cut_through_bytes (one 64 KiB leaf), announcing each as it lands, and
+// cut_through_bytes (four 64 KiB leaves), announcing each as it lands, and
 // verifies the chunk from the pieces' leaves; a corrupt holder's chunk
 // fails as a whole (DATA_LOSS from it) and its landed bytes are withdrawn.
 TEST_F(FetcherTest, CutThroughReadsChunksInPiecesAndVerifiesEachWhole) {
-  constexpr uint64_t kChunk = 1 << 20;  // 16 pieces of 64 KiB
+  constexpr uint64_t kChunk = 1 << 20;  // 4 pieces of 256 KiB
   TestVersion v = MakeVersion(31, 1, kChunk, 6);
   ASSERT_GE(v.manifest.num_chunks(), 3u);
   for (bool corrupt : {false, true}) {
