@@ -17,7 +17,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "transport/tcp/auth.h"
 #include "transport/tcp/raw_peer_test_util.h"
@@ -176,6 +178,111 @@ TEST(TcpTransportRawTest, BadResponseFramesBreakTheConnection) {
         (*c)->Read(Req(0, out.size()), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     EXPECT_EQ(s.code(), StatusCode::kDataLoss) << i << ": " << s.ToString();
     EXPECT_TRUE((*c)->broken()) << i;
+  }
+}
+
+// Pipelined reads (Connection::ReadPipelined): the holder receives every
+// request of the window before it answers any (a reader asking one at a
+// time would leave it blocked on the second), and the answers land in
+// order, each announced once.
+TEST(TcpTransportRawTest, PipelinedReadsAreAskedAheadAndLandInOrder) {
+  constexpr size_t kReads = 4;
+  constexpr uint64_t kLen = 1000;
+  std::atomic<int> asked_ahead{0};
+  RawHolder holder([&](int fd) {
+    std::vector<wire::ReadRequest> reqs(kReads);
+    for (wire::ReadRequest& r : reqs) {
+      if (!ReadRequestRaw(fd, &r)) return;
+    }
+    asked_ahead.store(static_cast<int>(reqs.size()));
+    for (const wire::ReadRequest& r : reqs) {
+      wire::ResponseHeader h;
+      h.payload_len = r.length;
+      auto hdr = wire::EncodeResponseHeader(h);
+      std::vector<uint8_t> body(r.length, static_cast<uint8_t>(r.offset));
+      SendAllRaw(fd, hdr.data(), hdr.size());
+      SendAllRaw(fd, body.data(), body.size());
+    }
+  });
+  std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
+  Result<std::unique_ptr<Connection>> c =
+      t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<std::vector<uint8_t>> out(kReads, std::vector<uint8_t>(kLen));
+  std::vector<iovec> dests(kReads);
+  std::vector<PipelinedRead> reads(kReads);
+  for (size_t i = 0; i < kReads; ++i) {
+    dests[i] = {out[i].data(), kLen};
+    reads[i].req = Req(i + 1, kLen);  // answered with bytes of value i + 1
+    reads[i].dest = {&dests[i], 1};
+  }
+  std::vector<size_t> landed;
+  Status s = (*c)->ReadPipelined(reads, kReads, Deadline::AfterMs(kGenerousMs),
+                                 [&](size_t i) {
+                                   landed.push_back(i);
+                                   return Status::Ok();
+                                 });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(asked_ahead.load(), static_cast<int>(kReads));
+  EXPECT_EQ(landed, (std::vector<size_t>{0, 1, 2, 3}));
+  for (size_t i = 0; i < kReads; ++i) {
+    EXPECT_EQ(out[i], std::vector<uint8_t>(kLen, static_cast<uint8_t>(i + 1)))
+        << i;
+  }
+  EXPECT_FALSE((*c)->broken());
+}
+
+// A refusal in the middle of a pipelined run, with answers still due:
+// the run ends with the holder's code, the reads after it are not
+// announced, and the connection is dropped (its stream is out of step).
+// The same refusal of the last read keeps the connection, as Read does.
+TEST(TcpTransportRawTest, ARefusalWithAnswersStillDueDropsTheConnection) {
+  for (size_t refused : {size_t{1}, size_t{3}}) {
+    SCOPED_TRACE("refused read " + std::to_string(refused));
+    RawHolder holder([&](int fd) {
+      std::vector<wire::ReadRequest> reqs(4);
+      for (wire::ReadRequest& r : reqs) {
+        if (!ReadRequestRaw(fd, &r)) return;
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        wire::ResponseHeader h;
+        if (i == refused) {
+          const std::string msg = "not held here";
+          h.status = StatusCode::kNotFound;
+          h.message_len = static_cast<uint16_t>(msg.size());
+          auto hdr = wire::EncodeResponseHeader(h);
+          SendAllRaw(fd, hdr.data(), hdr.size());
+          SendAllRaw(fd, msg.data(), msg.size());
+          continue;
+        }
+        h.payload_len = reqs[i].length;
+        auto hdr = wire::EncodeResponseHeader(h);
+        std::vector<uint8_t> body(reqs[i].length, 0x11);
+        SendAllRaw(fd, hdr.data(), hdr.size());
+        SendAllRaw(fd, body.data(), body.size());
+      }
+    });
+    std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
+    Result<std::unique_ptr<Connection>> c =
+        t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<std::vector<uint8_t>> out(4, std::vector<uint8_t>(100));
+    std::vector<iovec> dests(4);
+    std::vector<PipelinedRead> reads(4);
+    for (size_t i = 0; i < 4; ++i) {
+      dests[i] = {out[i].data(), out[i].size()};
+      reads[i].req = Req(i * 100, 100);
+      reads[i].dest = {&dests[i], 1};
+    }
+    std::vector<size_t> landed;
+    Status s = (*c)->ReadPipelined(reads, 4, Deadline::AfterMs(kGenerousMs),
+                                   [&](size_t i) {
+                                     landed.push_back(i);
+                                     return Status::Ok();
+                                   });
+    EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+    EXPECT_EQ(landed.size(), refused);
+    EXPECT_EQ((*c)->broken(), refused + 1 < reads.size());
   }
 }
 
