@@ -504,20 +504,7 @@ int RunFetch(const FetchFlags& f) {
   // A test's known point mid-fetch (tests/testbed/top_smoke.sh): after that
   // many chunks, say so on stderr and pull nothing more until a line (or
   // EOF) on stdin.
-  std::optional<FetchPause> pause;
-  if (f.pause_after_chunks > 0) {
-    pause.emplace(
-        f.pause_after_chunks,
-        [](uint64_t n) {
-          std::fprintf(stderr, "paused after %llu chunks\n",
-                       static_cast<unsigned long long>(n));
-          std::fflush(stderr);
-        },
-        [] {
-          std::string line;
-          std::getline(std::cin, line);
-        });
-  }
+  std::unique_ptr<FetchPause> pause = FetchPause::OnStdio(f.pause_after_chunks);
   auto stats = (*client)->Fetch(ref->model, version, dest->tensors, fo);
   pause.reset();
   bar.Finish();
