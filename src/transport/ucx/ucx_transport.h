@@ -86,10 +86,6 @@ bool UcxAvailable();
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options);
 
-// Registrations (ucp_mem_map) alive in this process, for tests that check
-// the unmap after a drain.
-uint64_t UcxLiveMappingsForTest();
-
 // The features (ucp_params_t::features) every UCX context of this
 // transport is made with, serving and reading alike, for the test that
 // shows what they let a peer reach (0 without TH_UCX).
