@@ -1175,12 +1175,18 @@ class UcxConnection final : public Connection {
 
   // Called with the TCP connection just closed, while the read's receives
   // may still be in flight: keeps the worker progressing until none is
-  // left (each completed or failed), or linger_ms_ passed, so that the
-  // holder's sends end in an answer rather than in a worker that vanished
-  // under them. Bytes of the failed read may still land in its destination
-  // meanwhile: its Read has not returned.
+  // left (each completed or failed), or the holder dropped its worker (our
+  // endpoint to it failed: the holder drops it once it sees the closed
+  // connection), or linger_ms_ passed, so that the holder's sends in flight
+  // end in an answer rather than in an error against a worker that
+  // vanished under them. Bytes of the failed read may still land in its
+  // destination meanwhile: its Read has not returned. Only on endpoints
+  // that report a dead peer (tcp): elsewhere nothing would end it early.
   void Linger() {
-    if (!worker_ || read_ == nullptr) return;
+    if (!worker_ || read_ == nullptr || ep_ == nullptr ||
+        !ep_->peer_errors() || ep_->failed()) {
+      return;
+    }
     auto outstanding = [&] {
       return std::any_of(
           read_->landing.begin(), read_->landing.end(), [](void* r) {
@@ -1191,7 +1197,7 @@ class UcxConnection final : public Connection {
     if (!outstanding()) return;
     testpoint::Hit("ucx.reader_lingers", read_->landing.size());
     (void)worker_->Wait(
-        [&] { return (ep_ != nullptr && ep_->failed()) || !outstanding(); },
+        [&] { return ep_->failed() || !outstanding(); },
         Deadline::AfterMs(linger_ms_), nullptr);
   }
 

@@ -1352,9 +1352,16 @@ TEST(UcxForgedRmaTest, ARealHolderAnswersNoForgedGetOrPut) {
   iovec v{message.data(), message.size()};
   ASSERT_TRUE(WriteAll(fd->get(), {&v, 1}, d).ok());
   ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep_params.address = reinterpret_cast<const ucp_address_t*>(holder.data());
-  ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
+  // As the holder's endpoint to this worker asks (UCX refuses a pair of
+  // endpoints that differ), where the wires can.
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  if (ucp_ep_create(worker, &ep_params, &ep) != UCS_OK) {
+    ep_params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
+  }
   // A key of its own (the holder hands out none), as a forger would pack.
   ucp_mem_map_params_t mp{};
   mp.field_mask =
@@ -1370,10 +1377,10 @@ TEST(UcxForgedRmaTest, ARealHolderAnswersNoForgedGetOrPut) {
   std::vector<void*> unanswered;
   // Progresses the forger (the holder's serving thread progresses its own
   // worker) until `r` completes or the holder's UCX said it has no
-  // handler for what it got.
-  auto wait = [&](void* r) -> ucs_status_t {
+  // handler for what it got since there were `unhandled` such messages
+  // (the holder's thread may say so before the forger waits).
+  auto wait = [&](void* r, int unhandled) -> ucs_status_t {
     if (!UCS_PTR_IS_PTR(r)) return UCS_PTR_STATUS(r);
-    const int unhandled = RawUcxPeers::g_unhandled_messages.load();
     const Deadline by = Deadline::AfterMs(kGenerousMs);
     ucs_status_t s = UCS_INPROGRESS;
     while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS &&
@@ -1391,12 +1398,19 @@ TEST(UcxForgedRmaTest, ARealHolderAnswersNoForgedGetOrPut) {
   ucp_request_param_t rp{};
   char got[32] = {0};
   const uint64_t at = reinterpret_cast<uint64_t>(secret);
-  EXPECT_EQ(wait(ucp_get_nbx(ep, got, 16, at, rkey, &rp)), UCS_INPROGRESS);
+  int unhandled = RawUcxPeers::g_unhandled_messages.load();
+  EXPECT_EQ(wait(ucp_get_nbx(ep, got, 16, at, rkey, &rp), unhandled),
+            UCS_INPROGRESS);
   char forged[] = "written by a reader";
+  unhandled = RawUcxPeers::g_unhandled_messages.load();
+  // A put completes at the forger once sent; its flush once the holder
+  // acknowledged it.
   ucs_status_t put =
-      wait(ucp_put_nbx(ep, forged, sizeof(forged), at, rkey, &rp));
-  if (put == UCS_OK) put = wait(ucp_ep_flush_nbx(ep, &rp));
+      wait(ucp_put_nbx(ep, forged, sizeof(forged), at, rkey, &rp), unhandled);
+  if (put == UCS_OK) put = wait(ucp_ep_flush_nbx(ep, &rp), unhandled);
   EXPECT_EQ(put, UCS_INPROGRESS);
+  // Both went to a holder that had no handler for them.
+  EXPECT_GE(RawUcxPeers::g_unhandled_messages.load(), unhandled + 1);
   ucs_log_pop_handler();
   EXPECT_STREQ(got, "");
   EXPECT_STREQ(secret, "never published");
