@@ -364,8 +364,9 @@ class Endpoint {
 // The bytes of one read, sent by the holder as active messages (ucx_reply.h,
 // "piece"): piece i is bytes [i x piece_bytes, ...) of the lease's range,
 // sent from the served memory itself with ucp_am_send_nbx. UCX copies a
-// small piece out at once (eager) and lets the reader pull a large one
-// (rendezvous), reading the served memory until the send completes; so
+// small piece out at once (eager; every piece with `eager_only`) and lets
+// the reader pull a large one (rendezvous), reading the served memory
+// until the send completes; so
 // the lease must outlive every send (the caller closes the endpoint, which
 // cancels what is left, before the lease ends). At most kSendWindow pieces
 // are in flight at once. Serving thread only.
@@ -373,9 +374,10 @@ class PieceSends {
  public:
   static constexpr size_t kSendWindow = 8;
 
-  PieceSends(ucp_ep_h ep, std::span<const iovec> source,
+  PieceSends(ucp_ep_h ep, bool eager_only, std::span<const iovec> source,
              const ucx::Grant& grant, uint64_t length)
       : ep_(ep),
+        eager_only_(eager_only),
         source_(source),
         grant_(grant),
         length_(length),
@@ -442,10 +444,14 @@ class PieceSends {
           return Status::Ok();
         }));
     ucp_request_param_t param{};
+    if (eager_only_) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
     const void* buffer = s.iov.front().buffer;
     size_t count = s.iov.front().length;
     if (s.iov.size() > 1) {
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
       param.datatype = ucp_dt_make_iov();
       buffer = s.iov.data();
       count = s.iov.size();
@@ -464,6 +470,7 @@ class PieceSends {
   }
 
   const ucp_ep_h ep_;
+  const bool eager_only_;
   const std::span<const iovec> source_;
   const ucx::Grant grant_;
   const uint64_t length_;
@@ -671,7 +678,13 @@ class UcxServer final : public Server {
     testpoint::Hit("ucx.reply_sent", req.length);
     const Deadline release_by =
         Deadline::AfterMs(options_.local_release_timeout_ms);
-    PieceSends sends(ep.get(), lease.pieces, grant, req.length);
+    // Rendezvous only where the endpoint hears of a dead reader: elsewhere
+    // (shared memory) UCX 1.13 moves a rendezvous by cross-memory attach
+    // and aborts the process whose copy fails because the other died
+    // (docs/design.md, "Tried and not kept"); eager pieces are copied
+    // through UCX's own buffers.
+    PieceSends sends(ep.get(), !ep.peer_errors(), lease.pieces, grant,
+                     req.length);
     // Anything from the reader before its bytes are all sent means it
     // left (or broke the protocol): its release comes after the last byte.
     Status s = Status::Ok();
@@ -1389,11 +1402,11 @@ Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
     std::string list;
     for (const std::string& w : unchecked) list += " " + w;
     TH_LOG(WARN)
-        << "ucx: wires whose gets nothing checks allowed ("
+        << "ucx: wires on which no hardware checks a peer allowed ("
         << ucx::kEmulatedGetsEnv
         << "=allow or ClientOptions::ucx_emulated_gets):" << list
-        << ": any peer that proved the secret can read and write "
-           "all of this process's memory over them (docs/security.md, \"What "
+        << ": a peer that proved the secret and modifies its UCX can write "
+           "into this process's memory over tcp (docs/security.md, \"What "
            "a UCX peer can reach\")";
   });
   return ctx;
