@@ -208,9 +208,13 @@ int RunReader(const RoleFlags& f) {
   if (!client.ok()) return cli::Fail(client.status());
   if (f.say_gets_issued) {
     testpoint::Arm("ucx.read_granted", [](uint64_t) {
+      // Counted for the process: a connection's reads may come from more
+      // than one fetch thread.
       static std::atomic<bool> said{false};
-      thread_local int reads = 0;
-      if (++reads >= 2 && !said.exchange(true)) Reply("issued");
+      static std::atomic<int> reads{0};
+      if (reads.fetch_add(1) + 1 >= 2 && !said.exchange(true)) {
+        Reply("issued");
+      }
     });
   }
   std::string line;

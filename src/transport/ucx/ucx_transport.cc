@@ -412,6 +412,13 @@ class PieceSends {
 
   bool done() const { return next_ == count_ && in_flight_ == 0; }
 
+  // Whether Pump() has work: a send in flight completed, or a slot is free
+  // for a piece not issued yet (sends UCX completed at once leave one).
+  bool Ready() const {
+    if (next_ < count_ && in_flight_ < kSendWindow) return true;
+    return AnyComplete();
+  }
+
   // Whether a send in flight has completed (Pump has work).
   bool AnyComplete() const {
     for (const Slot& s : slots_) {
@@ -696,7 +703,7 @@ class UcxServer final : public Server {
         break;
       }
       s = worker.Wait(
-          [&] { return Readable(fd) || ep.failed() || sends.AnyComplete(); },
+          [&] { return Readable(fd) || ep.failed() || sends.Ready(); },
           release_by, nullptr, fd, Polling::kAlways);
       if (!s.ok()) break;
     }
