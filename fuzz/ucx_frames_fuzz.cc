@@ -53,8 +53,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < ucx::kGrantBytes + ucx::kPieceHeaderBytes + 8) return 0;
   tensorhub::Result<ucx::Grant> g = ucx::DecodeGrant(data, ucx::kGrantBytes);
   if (!g.ok()) return 0;
-  tensorhub::Result<ucx::PieceHeader> h = ucx::DecodePieceHeader(
-      data + ucx::kGrantBytes, ucx::kPieceHeaderBytes);
+  tensorhub::Result<ucx::PieceHeader> h =
+      ucx::DecodePieceHeader(data + ucx::kGrantBytes, ucx::kPieceHeaderBytes);
   if (!h.ok()) __builtin_trap();  // any 16 bytes are a header
   uint64_t length = 0;
   std::memcpy(&length, data + ucx::kGrantBytes + ucx::kPieceHeaderBytes, 8);
@@ -63,8 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expected &= 0xFFFFFF;
     length &= 0xFFFFFF;
   }
-  tensorhub::Result<uint64_t> index =
-      ucx::PieceIndex(*g, expected, *h, length);
+  tensorhub::Result<uint64_t> index = ucx::PieceIndex(*g, expected, *h, length);
   if (!index.ok()) return 0;
   if (h->read_id != g->read_id || h->offset >= expected ||
       length > expected - h->offset || length == 0 ||

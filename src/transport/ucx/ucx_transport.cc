@@ -10,12 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <array>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -444,12 +444,11 @@ class PieceSends {
     testpoint::Hit("ucx.piece_sending", reinterpret_cast<uint64_t>(&h));
     s.header = ucx::EncodePieceHeader(h);
     s.iov.clear();
-    TH_RETURN_IF_ERROR(ForRange(
-        source_, index * grant_.piece_bytes, len,
-        [&](uint8_t* p, uint64_t l, uint64_t) {
-          s.iov.push_back({p, l});
-          return Status::Ok();
-        }));
+    TH_RETURN_IF_ERROR(ForRange(source_, index * grant_.piece_bytes, len,
+                                [&](uint8_t* p, uint64_t l, uint64_t) {
+                                  s.iov.push_back({p, l});
+                                  return Status::Ok();
+                                }));
     ucp_request_param_t param{};
     if (eager_only_) {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
@@ -870,9 +869,9 @@ class UcxConnection final : public Connection {
     const bool kept = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
     auto refuse = [&](Status why) {
       if (bad_piece_.ok()) {
-        bad_piece_ = DataLoss("holder " + peer_ +
-                              " sent a piece it was not asked for: " +
-                              why.message());
+        bad_piece_ =
+            DataLoss("holder " + peer_ +
+                     " sent a piece it was not asked for: " + why.message());
       }
       // A refused rendezvous completes the holder's send with an error.
       return rndv ? UCS_ERR_REJECTED : UCS_OK;
@@ -940,8 +939,8 @@ class UcxConnection final : public Connection {
         ucp_am_recv_data_nbx(worker_->get(), desc, buffer, count, &p);
     if (UCS_PTR_IS_ERR(rq)) {
       if (receive_failed_.ok()) {
-        receive_failed_ = UcsError(UCS_PTR_STATUS(rq),
-                                   "UCX receive from holder " + peer_);
+        receive_failed_ =
+            UcsError(UCS_PTR_STATUS(rq), "UCX receive from holder " + peer_);
       }
       return;
     }
@@ -1091,7 +1090,7 @@ class UcxConnection final : public Connection {
                       deadline, &cancelled_, fd_.get());
     Status failed = !bad_piece_.ok()        ? bad_piece_
                     : !receive_failed_.ok() ? receive_failed_
-                    : !waited.ok()          ? waited.WithContext("holder " + peer_)
+                    : !waited.ok() ? waited.WithContext("holder " + peer_)
                     : r.landed != count
                         ? Unavailable("holder " + peer_ +
                                       " ended the lease before the read "
@@ -1203,22 +1202,21 @@ class UcxConnection final : public Connection {
   // destination meanwhile: its Read has not returned. Only on endpoints
   // that report a dead peer (tcp): elsewhere nothing would end it early.
   void Linger() {
-    if (!worker_ || read_ == nullptr || ep_ == nullptr ||
-        !ep_->peer_errors() || ep_->failed()) {
+    if (!worker_ || read_ == nullptr || ep_ == nullptr || !ep_->peer_errors() ||
+        ep_->failed()) {
       return;
     }
     auto outstanding = [&] {
-      return std::any_of(
-          read_->landing.begin(), read_->landing.end(), [](void* r) {
-            return r != nullptr &&
-                   ucp_request_check_status(r) == UCS_INPROGRESS;
-          });
+      return std::any_of(read_->landing.begin(), read_->landing.end(),
+                         [](void* r) {
+                           return r != nullptr &&
+                                  ucp_request_check_status(r) == UCS_INPROGRESS;
+                         });
     };
     if (!outstanding()) return;
     testpoint::Hit("ucx.reader_lingers", read_->landing.size());
-    (void)worker_->Wait(
-        [&] { return ep_->failed() || !outstanding(); },
-        Deadline::AfterMs(linger_ms_), nullptr);
+    (void)worker_->Wait([&] { return ep_->failed() || !outstanding(); },
+                        Deadline::AfterMs(linger_ms_), nullptr);
   }
 
   // Force-closes the endpoint, frees what the read left, and destroys the

@@ -751,12 +751,12 @@ TEST(UcxReplyTest, APieceLandsOnlyWhereTheReadAskedForIt) {
   EXPECT_EQ(*index(3, 0, 4096), 0u);
   EXPECT_EQ(*index(3, 2 * 4096, 4096), 2u);
   EXPECT_EQ(*index(3, 3 * 4096, 100), 3u);
-  for (auto bad : {index(4, 0, 4096),              // another read
-                   index(3, 1, 4096),              // not at a boundary
-                   index(3, 0, 4095),              // short
-                   index(3, 0, 4097),              // long
-                   index(3, 3 * 4096, 4096),       // past the end
-                   index(3, 4 * 4096, 100),        // beyond the range
+  for (auto bad : {index(4, 0, 4096),                    // another read
+                   index(3, 1, 4096),                    // not at a boundary
+                   index(3, 0, 4095),                    // short
+                   index(3, 0, 4097),                    // long
+                   index(3, 3 * 4096, 4096),             // past the end
+                   index(3, 4 * 4096, 100),              // beyond the range
                    index(3, ~uint64_t{0} - 4095, 4096),  // wraps around
                    index(3, 0, 0)}) {
     EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss)
@@ -1352,8 +1352,8 @@ TEST(UcxForgedRmaTest, ARealHolderAnswersNoForgedGetOrPut) {
   iovec v{message.data(), message.size()};
   ASSERT_TRUE(WriteAll(fd->get(), {&v, 1}, d).ok());
   ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep_params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   ep_params.address = reinterpret_cast<const ucp_address_t*>(holder.data());
   // As the holder's endpoint to this worker asks (UCX refuses a pair of
   // endpoints that differ), where the wires can.
@@ -1848,8 +1848,8 @@ TEST_F(UcxRegistryTest, AHolderSendingAPieceNotAskedForFailsTheReadCleanly) {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     std::vector<uint8_t> landing(kGuard + length + kGuard, 0xee);
     iovec v{landing.data() + kGuard, length};
-    Status read = (*c)->Read(RegReq(0, length), {&v, 1},
-                             Deadline::AfterMs(kGenerousMs));
+    Status read =
+        (*c)->Read(RegReq(0, length), {&v, 1}, Deadline::AfterMs(kGenerousMs));
     testpoint::Disarm("ucx.piece_sending");
     EXPECT_EQ(read.code(), StatusCode::kDataLoss) << read.ToString();
     EXPECT_NE(read.message().find("sent a piece it was not asked for"),
