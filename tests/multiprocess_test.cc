@@ -257,7 +257,7 @@ Subprocess SpawnOver(const std::string& transport,
     // One host: without this its holders would be read over TCP.
     env.push_back("TENSORHUB_TRANSPORTS=ucx,tcp");
     env.push_back("TENSORHUB_UCX_SAME_HOST=1");
-    // No RDMA here: UCX's wires are ones whose gets nothing checks.
+    // No RDMA here: UCX's wires are ones no hardware checks.
     env.push_back("TENSORHUB_UCX_EMULATED_GETS=allow");
     // A UCX fatal error ends the worker (UCX prints a backtrace, then
     // aborts): not "freeze" or "debug" from the caller's environment, which

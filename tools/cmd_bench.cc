@@ -787,7 +787,7 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   // On one host: read over UCX all the same (not TCP's same-host path).
   ::setenv("TENSORHUB_UCX_SAME_HOST", "1", 1);
   // Whatever wires UCX has here, RDMA or not (tcp, shared memory: wires
-  // whose gets nothing checks, docs/security.md), unless the caller said
+  // no hardware checks, docs/security.md), unless the caller said
   // TENSORHUB_UCX_EMULATED_GETS=refuse: the benchmark's processes are its own.
   ::setenv("TENSORHUB_UCX_EMULATED_GETS", "allow", 0);
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "warn");
