@@ -219,8 +219,10 @@ int RunServe(const GpuRoleFlags& f) {
     h.bases[0].push_back(static_cast<uint8_t*>(r.data));
   auto epoch = registry.Add(std::move(h));
   if (!epoch.ok()) return cli::Fail(epoch.status());
-  transport::TcpTransportOptions options =
+  Result<transport::TcpTransportOptions> env =
       transport::TcpTransportOptions::FromEnv();
+  if (!env.ok()) return cli::Fail(env.status());
+  transport::TcpTransportOptions options = *env;
   auto policy = transport::ParseCudaIpcPolicy(f.cuda_ipc);
   if (!policy.ok()) return cli::Fail(policy.status());
   options.cuda_ipc = *policy;

@@ -525,6 +525,30 @@ TEST_F(HubTest, BadInputGetsAClearErrorAndChangesNothing) {
   EXPECT_EQ(dst.Digest(), src.Digest());
 }
 
+// A worker's data-plane settings that name something that does not exist
+// are refused before it contacts the hub, with what the setting may hold;
+// never a worker running with other settings than its user's.
+TEST(NoHub, UnknownDataPlaneSettingsAreRefusedNamingThem) {
+  ClientOptions o;
+  o.hub_address = "127.0.0.1:" + std::to_string(FreePort());
+  o.transports = {"rdma", "tcp"};
+  auto c = Client::Connect(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("'rdma'"), std::string::npos)
+      << c.status().ToString();
+  o.transports = {"tcp"};
+  ::setenv("TENSORHUB_CUDA_IPC", "shared", 1);
+  c = Client::Connect(o);
+  ::unsetenv("TENSORHUB_CUDA_IPC");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument)
+      << c.status().ToString();
+  EXPECT_NE(c.status().message().find("TENSORHUB_CUDA_IPC"), std::string::npos)
+      << c.status().ToString();
+}
+
 TEST(NoHub, UnreachableHubFailsWithinItsDeadline) {
   ClientOptions o;
   o.hub_address = "127.0.0.1:" + std::to_string(FreePort());

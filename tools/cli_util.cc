@@ -595,6 +595,13 @@ void Reply(const std::string& line) {
   std::fflush(stdout);
 }
 
+Result<std::unique_ptr<Client>> ConnectAndSayReady(const WorkerFlags& flags) {
+  TH_ASSIGN_OR_RETURN(ClientOptions o, ClientOptionsFrom(flags));
+  TH_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(o));
+  Reply("ready " + client->id().value());
+  return client;
+}
+
 std::string FormatStages(const FetchStats& st) {
   char buf[256];
   std::snprintf(buf, sizeof(buf),

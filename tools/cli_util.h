@@ -177,6 +177,9 @@ int MovedToLab(const std::string& command);
 // tests: a digest as 16 hex digits, and one flushed line on stdout.
 std::string Hex(uint64_t v);
 void Reply(const std::string& line);
+// Such a worker's start: a client from its flags, connected, then the line
+// "ready ID" (Reply).
+Result<std::unique_ptr<Client>> ConnectAndSayReady(const WorkerFlags& flags);
 
 }  // namespace tensorhub::cli
 

@@ -538,7 +538,10 @@ int RunBenchPair(const TwoProcessFlags& f) {
 }
 
 int RunBenchLocal(const TwoProcessFlags& f) {
-  if (!transport::TcpTransportOptions::FromEnv().local_reads) {
+  Result<transport::TcpTransportOptions> env =
+      transport::TcpTransportOptions::FromEnv();
+  if (!env.ok()) return Fail(env.status());
+  if (!env->local_reads) {
     return Fail(FailedPrecondition(
         "TENSORHUB_NO_CMA=1 is set: unset it, this benchmark sets it itself"));
   }

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -333,65 +334,44 @@ Result<Destination> CheckpointDestination(const std::string& dir,
   return d;
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 // --stats-json: the fetch's figures and where its bytes came from, written
 // atomically once the fetch is done (a --hold reader then keeps running).
 Status WriteStatsJson(const std::string& path, const std::string& model,
                       const FetchStats& st, const Client& client) {
-  char num[64];
-  auto seconds = [&num](double s) {
-    std::snprintf(num, sizeof(num), "%.6f", s);
-    return std::string(num);
-  };
-  std::string j =
-      "{\"model\": " + JsonString(model) +
-      ", \"version\": " + std::to_string(st.version.value()) +
-      ", \"worker\": " + JsonString(client.id().value()) +
-      ", \"data_address\": " + JsonString(client.data_address()) +
-      ", \"bytes\": " + std::to_string(st.bytes) +
-      ", \"seconds\": " + seconds(st.seconds) +
-      ", \"resolve_seconds\": " + seconds(st.resolve_seconds) +
-      ", \"schedule_seconds\": " + seconds(st.schedule_seconds) +
-      ", \"first_byte_seconds\": " + seconds(st.first_byte_seconds) +
-      ", \"transfer_seconds\": " + seconds(st.transfer_seconds) +
-      ", \"verify_seconds\": " + seconds(st.verify_seconds) +
-      ", \"register_seconds\": " + seconds(st.register_seconds) +
-      ", \"total_seconds\": " + seconds(st.total_seconds) +
-      ", \"manifest_source\": " + JsonString(st.manifest_source) +
-      ", \"chunk_retries\": " + std::to_string(st.chunk_retries) +
-      ", \"chunks_stolen\": " + std::to_string(st.chunks_stolen) +
-      ", \"delta_base\": " + std::to_string(st.delta_base.value()) +
-      ", \"bytes_from_delta\": " + std::to_string(st.bytes_from_delta) +
-      ", \"delta_wire_bytes\": " + std::to_string(st.delta_wire_bytes) +
-      ", \"sources\": [";
-  for (size_t i = 0; i < st.sources.size(); ++i) {
-    const FetchSourceStats& s = st.sources[i];
-    j += std::string(i ? ", " : "") +
-         "{\"worker\": " + JsonString(s.worker.value()) +
-         ", \"address\": " + JsonString(s.address) +
-         ", \"bytes\": " + std::to_string(s.bytes) +
-         ", \"chunks\": " + std::to_string(s.chunks) +
-         ", \"was_filling\": " + (s.was_filling ? "true" : "false") +
-         ", \"delta_bytes\": " + std::to_string(s.delta_bytes) + "}";
+  nlohmann::ordered_json j = {{"model", model},
+                              {"version", st.version.value()},
+                              {"worker", client.id().value()},
+                              {"data_address", client.data_address()},
+                              {"bytes", st.bytes},
+                              {"seconds", st.seconds},
+                              {"resolve_seconds", st.resolve_seconds},
+                              {"schedule_seconds", st.schedule_seconds},
+                              {"first_byte_seconds", st.first_byte_seconds},
+                              {"transfer_seconds", st.transfer_seconds},
+                              {"verify_seconds", st.verify_seconds},
+                              {"register_seconds", st.register_seconds},
+                              {"total_seconds", st.total_seconds},
+                              {"manifest_source", st.manifest_source},
+                              {"chunk_retries", st.chunk_retries},
+                              {"chunks_stolen", st.chunks_stolen},
+                              {"delta_base", st.delta_base.value()},
+                              {"bytes_from_delta", st.bytes_from_delta},
+                              {"delta_wire_bytes", st.delta_wire_bytes},
+                              {"sources", nlohmann::ordered_json::array()}};
+  for (const FetchSourceStats& s : st.sources) {
+    j["sources"].push_back({{"worker", s.worker.value()},
+                            {"address", s.address},
+                            {"bytes", s.bytes},
+                            {"chunks", s.chunks},
+                            {"was_filling", s.was_filling},
+                            {"delta_bytes", s.delta_bytes}});
   }
-  j += "]}\n";
-  return WriteFileAtomically(path, j).WithContext("--stats-json");
+  // Names and addresses are not always UTF-8: replace what is not.
+  return WriteFileAtomically(
+             path, j.dump(-1, ' ', false,
+                          nlohmann::ordered_json::error_handler_t::replace) +
+                       "\n")
+      .WithContext("--stats-json");
 }
 
 // SIGINT/SIGTERM for `fetch --hold`. Until the fetch is done they end the
@@ -524,20 +504,7 @@ int RunFetch(const FetchFlags& f) {
   // A test's known point mid-fetch (tests/testbed/top_smoke.sh): after that
   // many chunks, say so on stderr and pull nothing more until a line (or
   // EOF) on stdin.
-  std::optional<FetchPause> pause;
-  if (f.pause_after_chunks > 0) {
-    pause.emplace(
-        f.pause_after_chunks,
-        [](uint64_t n) {
-          std::fprintf(stderr, "paused after %llu chunks\n",
-                       static_cast<unsigned long long>(n));
-          std::fflush(stderr);
-        },
-        [] {
-          std::string line;
-          std::getline(std::cin, line);
-        });
-  }
+  std::unique_ptr<FetchPause> pause = FetchPause::OnStdio(f.pause_after_chunks);
   auto stats = (*client)->Fetch(ref->model, version, dest->tensors, fo);
   pause.reset();
   bar.Finish();

@@ -42,20 +42,7 @@ int RunNode(const NodeFlags& f) {
   // A test's known point: the agent's first fetch stops after that many
   // chunks, says so on stderr, and pulls nothing more until a line (or EOF)
   // on stdin.
-  std::optional<FetchPause> pause;
-  if (f.pause_after_chunks > 0) {
-    pause.emplace(
-        f.pause_after_chunks,
-        [](uint64_t n) {
-          std::fprintf(stderr, "paused after %llu chunks\n",
-                       static_cast<unsigned long long>(n));
-          std::fflush(stderr);
-        },
-        [] {
-          std::string line;
-          std::getline(std::cin, line);
-        });
-  }
+  std::unique_ptr<FetchPause> pause = FetchPause::OnStdio(f.pause_after_chunks);
   auto agent = node::NodeAgent::Start(no);
   if (!agent.ok()) return Fail(agent.status());
   std::printf("node agent %s at %s, serving other hosts from %s\n",

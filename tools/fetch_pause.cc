@@ -1,6 +1,9 @@
 #include "fetch_pause.h"
 
 #include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
 
 #include "common/test_point.h"
 
@@ -19,6 +22,21 @@ FetchPause::FetchPause(uint64_t after_chunks,
 }
 
 FetchPause::~FetchPause() { testpoint::Disarm(kPoint); }
+
+std::unique_ptr<FetchPause> FetchPause::OnStdio(uint64_t after_chunks) {
+  if (after_chunks == 0) return nullptr;
+  return std::make_unique<FetchPause>(
+      after_chunks,
+      [](uint64_t n) {
+        std::fprintf(stderr, "paused after %llu chunks\n",
+                     static_cast<unsigned long long>(n));
+        std::fflush(stderr);
+      },
+      [] {
+        std::string line;
+        std::getline(std::cin, line);
+      });
+}
 
 uint64_t FetchPause::paused_at() const {
   std::lock_guard<std::mutex> l(mu_);

@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 
 namespace tensorhub::cli {
@@ -35,6 +36,11 @@ class FetchPause {
   ~FetchPause();
   FetchPause(const FetchPause&) = delete;
   FetchPause& operator=(const FetchPause&) = delete;
+
+  // The CLI's pause (a test's known point, --pause-after-chunks): says
+  // "paused after N chunks" on stderr, then waits for a line (or EOF) on
+  // stdin. None where `after_chunks` is 0.
+  static std::unique_ptr<FetchPause> OnStdio(uint64_t after_chunks);
 
   // How many chunks were done when the fetch paused; 0 if it never did.
   uint64_t paused_at() const;

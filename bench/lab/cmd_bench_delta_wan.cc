@@ -88,28 +88,26 @@ class Buffer {
   std::vector<TensorRef> refs_;
 };
 
-Result<ClientOptions> RoleOptions(const RoleFlags& f) {
-  // --no-deltas (a worker flag) turns serving and reading deltas off.
-  return ClientOptionsFrom(f.worker);
+// A role's two buffers: one version and its base (--no-deltas, a worker
+// flag, turns serving and reading deltas off).
+Status MakeBuffers(uint64_t elements, Buffer (&bufs)[2]) {
+  for (Buffer& b : bufs) {
+    TH_ASSIGN_OR_RETURN(b, Buffer::Make(elements));
+  }
+  return Status::Ok();
 }
 
 int RunTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
-  auto o = RoleOptions(f);
-  if (!o.ok()) return Fail(o.status());
   lab::WeightStepsOptions wo;
   wo.elements = f.elements;
   wo.seed = f.seed;
   lab::WeightSteps steps(wo);
   for (int i = 0; i < f.warmup_steps; ++i) steps.Step(static_cast<float>(f.lr));
-  Result<Buffer> b0 = Buffer::Make(f.elements);
-  Result<Buffer> b1 = Buffer::Make(f.elements);
-  if (!b0.ok()) return Fail(b0.status());
-  if (!b1.ok()) return Fail(b1.status());
-  Buffer bufs[2] = {std::move(b0).value(), std::move(b1).value()};
-  auto client = Client::Connect(*o);
+  Buffer bufs[2];
+  if (Status s = MakeBuffers(f.elements, bufs); !s.ok()) return Fail(s);
+  auto client = ConnectAndSayReady(f.worker);
   if (!client.ok()) return Fail(client.status());
-  Reply("ready " + (*client)->id().value());
   PublishOptions po;
   po.chunk_bytes = f.chunk_bytes;
   std::string line;
@@ -151,16 +149,10 @@ int RunTrainer(const RoleFlags& f) {
 
 int RunReader(const RoleFlags& f) {
   SetLogPrefix(f.worker.options.name.c_str());
-  auto o = RoleOptions(f);
-  if (!o.ok()) return Fail(o.status());
-  Result<Buffer> b0 = Buffer::Make(f.elements);
-  Result<Buffer> b1 = Buffer::Make(f.elements);
-  if (!b0.ok()) return Fail(b0.status());
-  if (!b1.ok()) return Fail(b1.status());
-  Buffer bufs[2] = {std::move(b0).value(), std::move(b1).value()};
-  auto client = Client::Connect(*o);
+  Buffer bufs[2];
+  if (Status s = MakeBuffers(f.elements, bufs); !s.ok()) return Fail(s);
+  auto client = ConnectAndSayReady(f.worker);
   if (!client.ok()) return Fail(client.status());
-  Reply("ready " + (*client)->id().value());
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);

@@ -63,11 +63,8 @@ CLI::App* AddRole(CommandLine& cl, CLI::App* bench, const std::string& name,
 int RunBenchTrainer(const RoleFlags& f) {
   SetLogPrefix("trainer");
   SyntheticModel model(BenchLayout(f.bytes));
-  auto o = ClientOptionsFrom(f.worker);
-  if (!o.ok()) return Fail(o.status());
-  auto client = Client::Connect(*o);
+  auto client = ConnectAndSayReady(f.worker);
   if (!client.ok()) return Fail(client.status());
-  Reply("ready " + (*client)->id().value());
   PublishOptions po;
   po.chunk_bytes = f.chunk_bytes;
   const std::string self = (*client)->id().value();
@@ -152,11 +149,8 @@ int RunBenchTrainer(const RoleFlags& f) {
 int RunBenchReader(const RoleFlags& f) {
   SetLogPrefix(f.worker.options.name.c_str());
   SyntheticModel model(BenchLayout(f.bytes));
-  auto o = ClientOptionsFrom(f.worker);
-  if (!o.ok()) return Fail(o.status());
-  auto client = Client::Connect(*o);
+  auto client = ConnectAndSayReady(f.worker);
   if (!client.ok()) return Fail(client.status());
-  Reply("ready " + (*client)->id().value());
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);

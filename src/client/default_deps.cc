@@ -130,10 +130,13 @@ Result<std::unique_ptr<transport::Transport>> PickTransports(
                    << t.status().ToString() << "); serving and reading tcp";
       continue;
     }
-    TH_LOG(WARN) << "data plane: unknown transport '" << name
-                 << "' skipped (known: ucx, tcp)";
+    return InvalidArgument(
+        "data plane: unknown transport '" + name +
+        "' in ClientOptions::transports or TENSORHUB_TRANSPORTS (known: tcp, "
+        "ucx; a comma-separated list, e.g. ucx,tcp)");
   }
-  transport::TcpTransportOptions t = transport::TcpTransportOptions::FromEnv();
+  TH_ASSIGN_OR_RETURN(transport::TcpTransportOptions t,
+                      transport::TcpTransportOptions::FromEnv());
   t.secret = options.secret;  // the data plane requires the hub's secret too
   t.tls = std::move(tls);
   std::unique_ptr<transport::Transport> set =

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,6 +16,8 @@
 
 namespace tensorhub::hub {
 namespace {
+
+std::function<void(int fd)> t_before_shutdown_for_test;
 
 // The address of a socket's local end (`local`) or peer, without the
 // port; false if it has none (a listener has no peer) or is not IP.
@@ -56,6 +59,24 @@ bool StillSocket(int fd, uint64_t inode) {
   struct stat st {};
   return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
          static_cast<uint64_t>(st.st_ino) == inode;
+}
+
+// Shuts down the socket `inode` that descriptor `fd` named when a pass saw
+// it. The check and the shutdown act on a duplicate of the descriptor,
+// which refers to the socket the check found whatever the number `fd` names
+// by then: a socket of its owner's that was closed and whose number was
+// reused in between (a hub embedded beside clients) is never the one shut
+// down. False if `fd` no longer names that socket.
+bool ShutDown(int fd, uint64_t inode) {
+  const int mine = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (mine < 0) return false;
+  const bool same = StillSocket(mine, inode);
+  if (same) {
+    if (t_before_shutdown_for_test) t_before_shutdown_for_test(fd);
+    ::shutdown(mine, SHUT_RDWR);
+  }
+  ::close(mine);
+  return same;
 }
 
 bool Newer(const GuardedConnection* a, const GuardedConnection* b) {
@@ -150,15 +171,19 @@ size_t ConnectionGuard::Pass() {
       s.fd = fd;
       s.conn.id = inode;
       s.conn.first_seen_ms = now_ms;
+      // Looked at through a duplicate, which names the socket the readlink
+      // found (or none) even if its owner closes the number meanwhile.
+      const int mine = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (mine < 0) continue;
       std::string local;
       int local_port = 0, peer_port = 0;
+      const bool same = StillSocket(mine, inode);
       const bool ours =
-          EndAddress(fd, /*local=*/true, &local, &local_port) &&
+          same && EndAddress(mine, /*local=*/true, &local, &local_port) &&
           local_port == port_ &&
-          EndAddress(fd, /*local=*/false, &s.conn.peer, &peer_port);
-      // The descriptor may have been closed and its number reused while
-      // it was looked at: only a socket still there is recorded.
-      if (!StillSocket(fd, inode)) continue;
+          EndAddress(mine, /*local=*/false, &s.conn.peer, &peer_port);
+      ::close(mine);
+      if (!same) continue;
       if (!ours) s.fd = -1;  // looked at once, ignored afterwards
       fresh.push_back(std::move(s));
     }
@@ -188,8 +213,7 @@ size_t ConnectionGuard::Pass() {
   size_t closed = 0;
   for (uint64_t id : ConnectionsOverLimits(conns, limits_)) {
     auto it = known_.find(id);
-    if (it == known_.end() || !StillSocket(it->second.fd, id)) continue;
-    ::shutdown(it->second.fd, SHUT_RDWR);
+    if (it == known_.end() || !ShutDown(it->second.fd, id)) continue;
     ++closed;
     const std::string& peer = it->second.conn.peer;
     const bool over_peer = per_peer[peer] > limits_.max_per_peer;
@@ -215,6 +239,10 @@ size_t ConnectionGuard::Pass() {
   stats_.peers = per_peer.size();
   stats_.descriptors = descriptors;
   return closed;
+}
+
+void ConnectionGuard::SetBeforeShutdownForTest(std::function<void(int fd)> f) {
+  t_before_shutdown_for_test = std::move(f);
 }
 
 ConnectionGuard::Stats ConnectionGuard::stats() const {

@@ -11,6 +11,8 @@
 //
 // Between two passes a flood can open more than the bound; the descriptor
 // limit (raised by Hub::Start, and the bound kept below it) absorbs that.
+// A socket is checked and shut down through a duplicate of its descriptor,
+// so a number its owner closed and reused meanwhile is never shut down.
 #ifndef TENSORHUB_HUB_CONNECTION_GUARD_H_
 #define TENSORHUB_HUB_CONNECTION_GUARD_H_
 
@@ -72,6 +74,11 @@ class ConnectionGuard {
   size_t Pass();
   Stats stats() const;
   const ConnectionLimits& limits() const { return limits_; }
+  // Called with a descriptor's number after a pass checked that it names
+  // the socket to shut down and before it shuts that socket down (every
+  // guard of the process; an empty function: none). For the test that
+  // closes and reuses the number in that window.
+  static void SetBeforeShutdownForTest(std::function<void(int fd)> f);
 
  private:
   struct Seen {

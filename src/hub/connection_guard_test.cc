@@ -118,5 +118,40 @@ TEST(ConnectionGuardTest, APassShutsDownTheNewestBeyondTheBounds) {
   EXPECT_EQ(guard.Pass(), 0u);
 }
 
+// The connection to shut down is closed by its owner, and its descriptor
+// number reused for a new connection, after the pass checked the number
+// and before it shuts the socket down (as a hub embedded beside clients
+// may do on another thread): the new connection is untouched.
+TEST(ConnectionGuardTest,
+     ANumberClosedAndReusedBeforeTheShutdownIsNotShutDown) {
+  Loop loop;
+  loop.Connect("127.0.0.2");
+  loop.Connect("127.0.0.2");
+  ConnectionGuard guard(loop.port,
+                        {/*max_connections=*/16, /*max_per_peer=*/1});
+  int reused = -1;
+  size_t new_client = 0;
+  ConnectionGuard::SetBeforeShutdownForTest([&](int fd) {
+    // The owner closes `fd`; the next accepted socket takes its number.
+    loop.Connect("127.0.0.3");
+    new_client = loop.clients.size() - 1;
+    ASSERT_EQ(::dup2(loop.accepted.back(), fd), fd);
+    ::close(loop.accepted.back());
+    loop.accepted.back() = -1;
+    reused = fd;
+  });
+  EXPECT_EQ(guard.Pass(), 1u);
+  ConnectionGuard::SetBeforeShutdownForTest(nullptr);
+  ASSERT_GE(reused, 0);
+  // The socket now numbered `reused` is the new connection: still open,
+  // so its client end reads nothing (not EOF).
+  pollfd p{loop.clients[new_client], POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 0)
+      << "the connection that took the number was shut down";
+  // The one the pass chose was shut down (its client reads EOF), though its
+  // owner's descriptor number names another socket now.
+  EXPECT_EQ(loop.ClientsCut(), 1u);
+}
+
 }  // namespace
 }  // namespace tensorhub::hub

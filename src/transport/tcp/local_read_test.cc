@@ -519,9 +519,9 @@ TEST(LocalReadDefaultsTest, RealIdentityIsStableAndEnvTurnsItOff) {
   EXPECT_NE(a->boot_id, wire::HostIdentity().boot_id);
   EXPECT_NE(a->pid_ns, 0u);
   ::setenv("TENSORHUB_NO_CMA", "1", 1);
-  EXPECT_FALSE(TcpTransportOptions::FromEnv().local_reads);
+  EXPECT_FALSE(TcpTransportOptions::FromEnv()->local_reads);
   ::unsetenv("TENSORHUB_NO_CMA");
-  EXPECT_TRUE(TcpTransportOptions::FromEnv().local_reads);
+  EXPECT_TRUE(TcpTransportOptions::FromEnv()->local_reads);
 
   // The default transport, with the real identity and process_vm_readv,
   // reads locally from a server in this process.
@@ -867,6 +867,37 @@ TEST(LocalReadRawTest, BadLocalRepliesAreRejectedWithoutCopying) {
 
 // CopyFromProcess on its own: random piece boundaries on both sides, random
 // segment sizes; compared against the plain bytes and hash.
+// A worker's TCP options from the environment: a value the variable cannot
+// hold is an error that names it, never a default in its place.
+TEST(TcpTransportOptionsTest, ABadValueInTheEnvironmentIsAnErrorNamingIt) {
+  struct Case {
+    const char* name;
+    const char* value;
+  };
+  for (const Case& c :
+       {Case{"TENSORHUB_CUDA_IPC", "stage"}, Case{"TENSORHUB_CUDA_IPC", ""},
+        Case{"TENSORHUB_CUDA_IPC_STAGING_MIB", "64MiB"},
+        Case{"TENSORHUB_CUDA_IPC_STAGING_MIB", "-1"},
+        Case{"TENSORHUB_CUDA_IPC_STAGING_MIB", ""},
+        Case{"TENSORHUB_CUDA_IPC_STAGING_MIB", "99999999999999999999"}}) {
+    ::setenv(c.name, c.value, 1);
+    Result<TcpTransportOptions> o = TcpTransportOptions::FromEnv();
+    ::unsetenv(c.name);
+    ASSERT_FALSE(o.ok()) << c.name << "='" << c.value << "' was accepted";
+    EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(o.status().message().find(c.name), std::string::npos)
+        << o.status().message();
+  }
+  ::setenv("TENSORHUB_CUDA_IPC", "off", 1);
+  ::setenv("TENSORHUB_CUDA_IPC_STAGING_MIB", "16", 1);
+  Result<TcpTransportOptions> o = TcpTransportOptions::FromEnv();
+  ::unsetenv("TENSORHUB_CUDA_IPC");
+  ::unsetenv("TENSORHUB_CUDA_IPC_STAGING_MIB");
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->cuda_ipc, CudaIpcPolicy::kOff);
+  EXPECT_EQ(o->ipc_staging_bytes, uint64_t{16} << 20);
+}
+
 TEST(CopyFromProcessTest, RandomSplitsCopyExactlyWithinLimits) {
   std::mt19937_64 rng(31);
   std::vector<uint8_t> src(1 << 20);

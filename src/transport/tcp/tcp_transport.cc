@@ -1207,38 +1207,39 @@ class TcpTransport final : public Transport {
 
 }  // namespace
 
-TcpTransportOptions TcpTransportOptions::FromEnv() {
+Result<TcpTransportOptions> TcpTransportOptions::FromEnv() {
   TcpTransportOptions o;
   const char* no_cma = std::getenv("TENSORHUB_NO_CMA");
   if (no_cma != nullptr && std::string(no_cma) == "1") o.local_reads = false;
   if (const char* ipc = std::getenv("TENSORHUB_CUDA_IPC"); ipc != nullptr) {
     Result<CudaIpcPolicy> p = ParseCudaIpcPolicy(ipc);
-    if (p.ok()) {
-      o.cuda_ipc = *p;
-    } else {
-      // Options from the environment cannot fail; staged is the safe one.
-      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC ignored, using staged: "
-                    << p.status().message();
+    if (!p.ok()) {
+      return p.status().WithContext(
+          "TENSORHUB_CUDA_IPC: set it to staged, direct or off, or unset it "
+          "(staged)");
     }
+    o.cuda_ipc = *p;
   }
   if (const char* mib = std::getenv("TENSORHUB_CUDA_IPC_STAGING_MIB");
       mib != nullptr) {
     char* end = nullptr;
     errno = 0;
     const unsigned long long v = std::strtoull(mib, &end, 10);
-    if (*mib != '\0' && *end == '\0' && errno == 0 && v <= (1ull << 30)) {
-      o.ipc_staging_bytes = v << 20;
-    } else {
-      TH_LOG(ERROR) << "TENSORHUB_CUDA_IPC_STAGING_MIB='" << mib
-                    << "' ignored (not a whole number of MiB), using "
-                    << (kDefaultIpcStagingBytes >> 20) << " MiB";
+    if (*mib == '\0' || *end != '\0' || errno != 0 || v > (1ull << 30) ||
+        *mib == '-' || *mib == '+' || *mib == ' ') {
+      return InvalidArgument(
+          "TENSORHUB_CUDA_IPC_STAGING_MIB='" + std::string(mib) +
+          "' is not a whole number of MiB (0 to 1073741824): set it to the "
+          "device staging memory a holder may use per GPU, or unset it (" +
+          std::to_string(kDefaultIpcStagingBytes >> 20) + ")");
     }
+    o.ipc_staging_bytes = v << 20;
   }
   return o;
 }
 
 std::unique_ptr<Transport> MakeTcpTransport() {
-  return MakeTcpTransport(TcpTransportOptions::FromEnv());
+  return MakeTcpTransport(TcpTransportOptions{});
 }
 
 std::unique_ptr<Transport> MakeTcpTransport(

@@ -83,14 +83,16 @@ struct TcpTransportOptions {
 
   // Defaults, with local_reads off when the environment has
   // TENSORHUB_NO_CMA=1 (to measure the difference), cuda_ipc from
-  // TENSORHUB_CUDA_IPC (staged, direct or off; another value is logged as
-  // an ERROR and staged is used, the safe choice), and ipc_staging_bytes
-  // from TENSORHUB_CUDA_IPC_STAGING_MIB (a whole number of MiB; another
-  // value is logged as an ERROR and the default used).
-  static TcpTransportOptions FromEnv();
+  // TENSORHUB_CUDA_IPC (staged, direct or off) and ipc_staging_bytes from
+  // TENSORHUB_CUDA_IPC_STAGING_MIB (a whole number of MiB). Another value of
+  // either fails with INVALID_ARGUMENT naming the variable and what it may
+  // hold: a worker never runs with a setting its user did not ask for.
+  static Result<TcpTransportOptions> FromEnv();
 };
 
-// MakeTcpTransport() == MakeTcpTransport(TcpTransportOptions::FromEnv()).
+// MakeTcpTransport() == MakeTcpTransport(TcpTransportOptions{}): the
+// defaults, whatever the environment says (tests); a worker takes its
+// options from TcpTransportOptions::FromEnv() (client/default_deps.cc).
 std::unique_ptr<Transport> MakeTcpTransport();
 std::unique_ptr<Transport> MakeTcpTransport(const TcpTransportOptions& options);
 
