@@ -54,11 +54,13 @@ struct RoleFlags {
   int connections = 0;  // a reader's fetch streams; 0: the default
   // A trainer holds each thread that serves a reader's second or later UCX
   // read right before it first progresses that connection's worker (the
-  // test point "ucx.progress_next": the reader's gets may be waiting in it
-  // unanswered), says "held" once, and lets them go on "release".
+  // test point "ucx.progress_next": the read's pieces are being sent),
+  // says "held" once, and lets them go on "release". (Named when the
+  // reader's gets waited there.)
   bool hold_answering_gets = false;
-  // A reader says "issued" once one of its fetch streams has sent the gets
-  // of its second or later UCX read (the test point "ucx.gets_issued").
+  // A reader says "issued" once one of its fetch streams was granted its
+  // second or later UCX read and waits for its pieces (the test point
+  // "ucx.read_granted"; named when the reader sent gets there).
   bool say_gets_issued = false;
 };
 
@@ -205,10 +207,14 @@ int RunReader(const RoleFlags& f) {
   auto client = Connect(f, name.c_str());
   if (!client.ok()) return cli::Fail(client.status());
   if (f.say_gets_issued) {
-    testpoint::Arm("ucx.gets_issued", [](uint64_t) {
+    testpoint::Arm("ucx.read_granted", [](uint64_t) {
+      // Counted for the process: a connection's reads may come from more
+      // than one fetch thread.
       static std::atomic<bool> said{false};
-      thread_local int reads = 0;
-      if (++reads >= 2 && !said.exchange(true)) Reply("issued");
+      static std::atomic<int> reads{0};
+      if (reads.fetch_add(1) + 1 >= 2 && !said.exchange(true)) {
+        Reply("issued");
+      }
     });
   }
   std::string line;

@@ -42,7 +42,7 @@ class UcxHubTest : public HubTest {
     o.transports = {"ucx", "tcp"};
     // Every worker here is on one host, which is read over TCP otherwise.
     o.ucx_same_host = true;
-    // No RDMA here: UCX's wires are ones whose gets nothing checks, which a
+    // No RDMA here: UCX's wires are ones no hardware checks, which a
     // worker uses only when told (ADefaultWorkerDoesNotUseUcxWhere...).
     o.ucx_emulated_gets = true;
     return o;
@@ -170,8 +170,8 @@ void KeepWarnings(LogLevel level, std::string_view, int,
 }
 
 // Issue 27, item 5. UCX's wires on this machine (tcp here; no RDMA) are
-// ones whose gets nothing checks: over them a peer that proved the secret
-// could read any memory of a holder. A worker not told to allow them
+// ones no hardware checks: over tcp a peer that proved the secret and
+// modifies its UCX could write into a holder. A worker not told to allow them
 // (ucx_emulated_gets) never uses UCX: one that also lists tcp serves and
 // reads tcp, saying why and how to opt in; one asked for ucx alone does not
 // start. Before, both moved the bytes over UCX.

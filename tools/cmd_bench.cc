@@ -12,7 +12,7 @@
 // process_vm_readv measured in the same run.
 //
 // `tensorhub bench ucx`: the same two processes with the UCX data plane,
-// beside UCX's own ucx_perftest (ucp_get and tag_bw of the same bytes
+// beside UCX's own ucx_perftest (ucp_am_bw, ucp_get, tag_bw of the same bytes
 // between two processes, with the same UCX_TLS) and memcpy, in the same run.
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -648,8 +648,8 @@ int RunBenchLocal(const TwoProcessFlags& f) {
   return 0;
 }
 
-// UCX's own benchmark: `ucx_perftest -t TEST` (ucp_get or tag_bw) of one
-// message of `bytes` between a server and a client process on this host,
+// UCX's own benchmark: `ucx_perftest -t TEST` (ucp_am_bw, ucp_get, tag_bw) of
+// one message of `bytes` between a server and a client process on this host,
 // `iters` times (one warm-up), with the environment's UCX_TLS; the overall
 // bandwidth in GB/s (1e9 bytes).
 Result<double> UcxPerftestGbps(const std::string& test, uint64_t bytes,
@@ -790,7 +790,7 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   // On one host: read over UCX all the same (not TCP's same-host path).
   ::setenv("TENSORHUB_UCX_SAME_HOST", "1", 1);
   // Whatever wires UCX has here, RDMA or not (tcp, shared memory: wires
-  // whose gets nothing checks, docs/security.md), unless the caller said
+  // no hardware checks, docs/security.md), unless the caller said
   // TENSORHUB_UCX_EMULATED_GETS=refuse: the benchmark's processes are its own.
   ::setenv("TENSORHUB_UCX_EMULATED_GETS", "allow", 0);
   auto pair = StartHubAndHolder(f.bytes, f.chunk_bytes, f.host_memory, "warn");
@@ -818,13 +818,13 @@ int RunBenchUcx(const TwoProcessFlags& f) {
       static_cast<unsigned long long>(f.repeat));
   PrintHostMemory(f.host_memory);
   // Per round: the fetch, then UCX's own benchmark of the same bytes in one
-  // message with the same UCX_TLS, once as RMA reads (ucp_get: the
-  // operation this data plane uses, but of buffers UCX allocated itself,
-  // which on one host it may map through shared memory; memory a user
-  // allocated, such as published tensors, cannot take that path in UCX
-  // 1.13) and once as tagged messages (tag_bw: rendezvous, which does carry
-  // user memory over cma; docs/design.md says why it is not used).
-  std::vector<double> ths, tags, gets;
+  // message with the same UCX_TLS: as active messages (ucp_am_bw: the
+  // operation this data plane uses since 2026-11-28), as RMA reads
+  // (ucp_get: what it used before, of buffers UCX allocated itself, which on
+  // one host it may map through shared memory; memory a user allocated,
+  // such as published tensors, cannot take that path in UCX 1.13) and as
+  // tagged messages (tag_bw: rendezvous).
+  std::vector<double> ths, tags, gets, ams;
   double mc = 0, verify_share = 0;
   // The holder idle (published, no reader connected), then at its busiest
   // during each fetch: what its UCX reader connections cost it.
@@ -867,16 +867,19 @@ int RunBenchUcx(const TwoProcessFlags& f) {
     auto get = UcxPerftestGbps("ucp_get", f.bytes, 3);
     if (!get.ok()) return Fail(get.status().WithContext("ucx_perftest"));
     gets.push_back(*get);
+    auto am = UcxPerftestGbps("ucp_am_bw", f.bytes, 3);
+    if (!am.ok()) return Fail(am.status().WithContext("ucx_perftest"));
+    ams.push_back(*am);
     mc = std::max(mc, Memcpy(src_base, dst_base, src.total_bytes()));
     std::printf(
         "  run %llu: tensorhub over ucx %.2f GB/s (verify %.0f%% of it, "
-        "first chunk after %.0f ms), ucx_perftest tag_bw %.2f GB/s, ucp_get "
-        "%.2f GB/s\n",
+        "first chunk after %.0f ms), ucx_perftest ucp_am_bw %.2f GB/s, "
+        "tag_bw %.2f GB/s, ucp_get %.2f GB/s\n",
         static_cast<unsigned long long>(r + 1), gbps,
         100 * st->verify_seconds / st->seconds,
         1000 * (st->resolve_seconds + st->schedule_seconds +
                 st->first_byte_seconds),
-        *tag, *get);
+        *am, *tag, *get);
   }
   (void)hh.holder->Send("quit");
   hh.holder->Stop(5000);
@@ -897,12 +900,16 @@ int RunBenchUcx(const TwoProcessFlags& f) {
     const size_t n = v.size();
     return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
-  const double th = best(ths), tag = best(tags), get = best(gets);
+  const double th = best(ths), tag = best(tags), get = best(gets),
+               am = best(ams);
   std::printf("\n%-50s %8s %8s %12s %10s\n", "of all runs (GB/s)", "best",
               "median", "range", "tensorhub/x");
   std::printf("%-50s %8.2f %8.2f %12s %10s\n",
               "tensorhub fetch over ucx (every chunk verified)", th,
               median(ths), range(ths).c_str(), "");
+  std::printf("%-50s %8.2f %8.2f %12s %10.2f\n",
+              "ucx_perftest ucp_am_bw, same bytes (active msgs)", am,
+              median(ams), range(ams).c_str(), th / am);
   std::printf("%-50s %8.2f %8.2f %12s %10.2f\n",
               "ucx_perftest ucp_get, same bytes (UCX's buffers)", get,
               median(gets), range(gets).c_str(), th / get);
@@ -912,10 +919,11 @@ int RunBenchUcx(const TwoProcessFlags& f) {
   std::printf("%-50s %8.2f %8s %12s %10.2f\n", "memcpy (same process)", mc, "",
               "", th / mc);
   std::printf(
-      "\nratio vs ucx_perftest ucp_get: %.2f best to best, %.2f median to "
-      "median (target >= 0.90); vs tag_bw: %.2f; verification took %.0f%% "
-      "of the best fetch\n",
-      th / get, median(ths) / median(gets), th / tag, 100 * verify_share);
+      "\nratio vs ucx_perftest ucp_am_bw: %.2f best to best, %.2f median to "
+      "median (target >= 0.90); vs ucp_get: %.2f; vs tag_bw: %.2f; "
+      "verification took %.0f%% of the best fetch\n",
+      th / am, median(ths) / median(ams), th / get, th / tag,
+      100 * verify_share);
   // Each reader connection has its own UCX worker in the holder
   // (docs/design.md, UCX data plane): its sockets and, where UCX_TLS allows
   // shared memory, its shared-memory queues.
@@ -965,7 +973,8 @@ void AddBenchCommands(CommandLine& cl) {
       cl.Add(
           "ucx",
           "the same over the UCX data plane, beside UCX's ucx_perftest "
-          "(ucp_get and tag_bw of the same bytes, the same UCX_TLS) and "
+          "(ucp_am_bw, ucp_get, tag_bw of the same bytes, the same UCX_TLS) "
+          "and "
           "memcpy; over whatever wires UCX has here "
           "(TENSORHUB_UCX_EMULATED_GETS=allow unless set to refuse)",
           [ucx] { return RunBenchUcx(*ucx); }, bench),

@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
       "  TENSORHUB_LOG=debug|info|warn|error; TENSORHUB_TRANSPORTS=ucx,tcp\n"
       "  (holders on this host are read over tcp's same-host path unless\n"
       "  TENSORHUB_UCX_SAME_HOST=1; UCX runs only over RDMA, rc or dc, unless\n"
-      "  TENSORHUB_UCX_EMULATED_GETS=allow: its tcp and shared-memory wires\n"
-      "  let a peer with the secret read any of a holder's memory);\n"
+      "  TENSORHUB_UCX_EMULATED_GETS=allow: over its tcp wire a peer with the\n"
+      "  secret and a modified UCX can write into a holder's memory);\n"
       "  TENSORHUB_CHUNK_CHECKSUM=xxh3-64-tree-64k|xxh3-64 (publish);\n"
       "  TENSORHUB_NODE=@NAME|PATH (node: where engines find the agent).\n"
       "Exit status: 0 done, 1 the command failed, 2 a bad command line.");

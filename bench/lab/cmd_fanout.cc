@@ -225,7 +225,7 @@ int RunBenchFanout(const FanoutFlags& f) {
   // The roles inherit it: with ucx, every worker also serves UCX and reads
   // over it (each reader checks that every source's bytes came over it).
   ::setenv("TENSORHUB_TRANSPORTS", f.transport.c_str(), 1);
-  // The test bed's UCX is tcp (no RDMA): wires whose gets nothing checks,
+  // The test bed's UCX is tcp (no RDMA): wires no hardware checks,
   // which a worker uses only when told (docs/security.md). The caller's
   // TENSORHUB_UCX_EMULATED_GETS=refuse wins.
   if (f.transport != "tcp") {

@@ -148,10 +148,11 @@ struct ClientOptions {
   // version crosses a slow link as what changed since a base the reader
   // holds, computed once per (base, version) by a worker holding both.
   DeltaOptions deltas;
-  // Let UCX use its wires whose gets nothing checks (tcp, shared memory,
-  // cma: every wire of Debian's UCX 1.13 but RDMA), over which any peer that
-  // proved the secret can read and write all of this process's memory; for
-  // networks whose every host is trusted, and tests. Off (the default), UCX
+  // Let UCX use its wires on which no hardware checks a peer (tcp, shared
+  // memory, cma: every wire of Debian's UCX 1.13 but RDMA), over which a
+  // peer that proved the secret and modifies its UCX can write into this
+  // process's memory (UCX's tcp put requests); for networks whose every
+  // host runs the deployment's own binaries, and tests. Off (the default), UCX
   // runs only over RDMA (rc, dc) and is refused elsewhere: a worker that also
   // lists tcp serves and reads tcp, saying why; one whose transports are ucx
   // alone fails to start (docs/security.md, "What a UCX peer can reach").

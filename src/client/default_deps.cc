@@ -73,7 +73,7 @@ void WarnIfTooFewDescriptorsForUcx(size_t max_serving_connections) {
 // each other transport of the list this build and machine can run, in the
 // list's order (transport_set.h). With data-plane TLS (`tls`), TCP alone:
 // UCX would move the bytes in the clear. UCX refused for its wires
-// (ucx_wires.h: only wires whose gets nothing checks, without the opt-in)
+// (ucx_wires.h: only wires no hardware checks, without the opt-in)
 // falls back to TCP only where the list names tcp; a list of ucx alone is
 // an error then, not a silent TCP worker.
 Result<std::unique_ptr<transport::Transport>> PickTransports(

@@ -20,17 +20,20 @@
 //                          destination, the holder's lease not yet
 //                          released; arg = bytes of the read
 //   ucx.reply_sent         a UCX holder's serving thread, right after it
-//                          told a reader where to read and before it
-//                          progresses that connection's worker (answers
-//                          any of its gets); arg = bytes of the read
-//   ucx.gets_issued        a UCX reader issued a read's gets and is about
-//                          to wait for them; arg = gets outstanding
+//                          granted a reader's read and before it sends
+//                          any of its pieces; arg = bytes of the read
+//   ucx.piece_sending      a UCX holder is about to send a piece of a read;
+//                          arg = the address of its ucx::PieceHeader, which
+//                          the action may change (a hostile holder)
+//   ucx.read_granted       a UCX reader was granted a read and is about to
+//                          wait for its pieces; arg = pieces
 //   ucx.progress_next      any thread waiting on a UCX worker (reader or
 //                          holder), after it found it was not done and
 //                          right before its next progress call; arg = 0
-//   ucx.reader_lingers     a UCX reader that gave up with gets outstanding
-//                          closed its TCP connection and starts waiting for
-//                          them to be answered; arg = gets of the read
+//   ucx.reader_lingers     a UCX reader that gave up with rendezvous
+//                          receives outstanding closed its TCP connection
+//                          and starts waiting for them to end; arg = pieces
+//                          of the read
 //   tcp.read_requested     a TCP reader wrote requests of a pipelined run
 //                          of reads (Connection::ReadPipelined), before
 //                          reading the answers still due; arg = requests

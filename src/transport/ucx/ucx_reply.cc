@@ -61,10 +61,11 @@ Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
   Hello h;
   std::string boot;
   if (!r.Get(&magic)) return DataLoss("short UCX hello");
-  if (magic == 0x31554854) {  // "THU1"
+  if (magic == 0x31554854 || magic == 0x32554854) {  // "THU1", "THU2"
     return FailedPrecondition(
-        "the holder runs a TensorHub build from before 2026-11-25 (UCX hello "
-        "THU1, without its host identity): upgrade it, or read it over tcp");
+        "the holder runs an older TensorHub build (UCX hello THU" +
+        std::string(magic == 0x31554854 ? "1" : "2") +
+        ", whose reads use UCX gets): upgrade it, or read it over tcp");
   }
   if (magic != kHelloMagic) {
     return DataLoss("not a TensorHub UCX data server (bad hello)");
@@ -87,70 +88,98 @@ Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size) {
   return h;
 }
 
-std::string EncodeRmaReply(const RmaReply& reply) {
+std::string EncodeGrant(const Grant& grant) {
   std::string out;
-  Put<uint32_t>(out, static_cast<uint32_t>(reply.keys.size()));
-  Put<uint32_t>(out, static_cast<uint32_t>(reply.pieces.size()));
-  for (const RmaKey& k : reply.keys) {
-    Put<uint64_t>(out, k.id);
-    Put<uint32_t>(out, static_cast<uint32_t>(k.packed.size()));
-    out.append(k.packed);
-  }
-  for (const RmaPiece& p : reply.pieces) {
-    Put<uint64_t>(out, p.address);
-    Put<uint64_t>(out, p.length);
-    Put<uint32_t>(out, p.key);
-  }
+  Put<uint64_t>(out, grant.read_id);
+  Put<uint64_t>(out, grant.piece_bytes);
   return out;
 }
 
-Result<RmaReply> DecodeRmaReply(const uint8_t* bytes, size_t size,
-                                uint64_t expected_length) {
-  if (size > kMaxRmaReplyBytes) return DataLoss("UCX reply too large");
+Result<Grant> DecodeGrant(const uint8_t* bytes, size_t size) {
+  if (size != kGrantBytes) {
+    return DataLoss("UCX grant of " + std::to_string(size) + " bytes, not " +
+                    std::to_string(kGrantBytes));
+  }
   Reader r(bytes, size);
-  uint32_t nkeys = 0, npieces = 0;
-  if (!r.Get(&nkeys) || !r.Get(&npieces)) return DataLoss("short UCX reply");
-  if (nkeys == 0 || nkeys > kMaxRmaKeys) {
-    return DataLoss("UCX reply with " + std::to_string(nkeys) + " keys");
+  Grant g;
+  (void)r.Get(&g.read_id);
+  (void)r.Get(&g.piece_bytes);
+  if (g.piece_bytes < kMinPieceBytes || g.piece_bytes > kMaxPieceBytes) {
+    return DataLoss("UCX grant with pieces of " +
+                    std::to_string(g.piece_bytes) + " bytes (" +
+                    std::to_string(kMinPieceBytes) + ".." +
+                    std::to_string(kMaxPieceBytes) + " allowed)");
   }
-  if (npieces == 0 || npieces > kMaxRmaPieces) {
-    return DataLoss("UCX reply with " + std::to_string(npieces) + " pieces");
+  return g;
+}
+
+std::string EncodePieceHeader(const PieceHeader& header) {
+  std::string out;
+  Put<uint64_t>(out, header.read_id);
+  Put<uint64_t>(out, header.offset);
+  return out;
+}
+
+Result<PieceHeader> DecodePieceHeader(const uint8_t* bytes, size_t size) {
+  if (bytes == nullptr || size != kPieceHeaderBytes) {
+    return DataLoss("UCX piece header of " + std::to_string(size) +
+                    " bytes, not " + std::to_string(kPieceHeaderBytes));
   }
-  RmaReply reply;
-  reply.keys.resize(nkeys);
-  for (RmaKey& k : reply.keys) {
-    uint32_t len = 0;
-    if (!r.Get(&k.id) || !r.Get(&len)) return DataLoss("short UCX reply key");
-    if (len == 0 || len > kMaxRkeyBytes) {
-      return DataLoss("UCX remote key of " + std::to_string(len) + " bytes");
-    }
-    if (!r.Bytes(len, &k.packed)) return DataLoss("short UCX remote key");
+  Reader r(bytes, size);
+  PieceHeader h;
+  (void)r.Get(&h.read_id);
+  (void)r.Get(&h.offset);
+  return h;
+}
+
+std::string EncodeAddress(const std::string& address) {
+  std::string out;
+  Put<uint32_t>(out, static_cast<uint32_t>(address.size()));
+  out += address;
+  return out;
+}
+
+Result<uint32_t> DecodeAddressLength(const uint8_t* bytes, size_t size) {
+  Reader r(bytes, size);
+  uint32_t len = 0;
+  if (size != 4 || !r.Get(&len)) return DataLoss("short UCX address");
+  if (len == 0 || len > kMaxWorkerAddressBytes) {
+    return DataLoss("UCX worker address of " + std::to_string(len) +
+                    " bytes (1.." + std::to_string(kMaxWorkerAddressBytes) +
+                    " allowed)");
   }
-  if (r.left() != static_cast<size_t>(npieces) * 20) {
-    return DataLoss("UCX reply pieces do not fill the frame");
+  return len;
+}
+
+uint64_t PieceCount(uint64_t piece_bytes, uint64_t read_length) {
+  if (read_length == 0) return 0;
+  return (read_length - 1) / piece_bytes + 1;
+}
+
+Result<uint64_t> PieceIndex(const Grant& grant, uint64_t read_length,
+                            const PieceHeader& header, uint64_t length) {
+  if (header.read_id != grant.read_id) {
+    return DataLoss("a piece of read " + std::to_string(header.read_id) +
+                    ", not of the read in flight (" +
+                    std::to_string(grant.read_id) + ")");
   }
-  reply.pieces.resize(npieces);
-  uint64_t total = 0;
-  for (RmaPiece& p : reply.pieces) {
-    (void)r.Get(&p.address);
-    (void)r.Get(&p.length);
-    (void)r.Get(&p.key);
-    if (p.length == 0 || p.key >= nkeys) {
-      return DataLoss("UCX reply with an empty piece or an unknown key");
-    }
-    if (p.address + p.length < p.address) {
-      return DataLoss("UCX reply piece wraps the address space");
-    }
-    if (p.length > expected_length - total) {
-      return DataLoss("UCX reply pieces exceed the read");
-    }
-    total += p.length;
+  if (header.offset >= read_length) {
+    return DataLoss("a piece at offset " + std::to_string(header.offset) +
+                    " of a read of " + std::to_string(read_length) + " bytes");
   }
-  if (total != expected_length) {
-    return DataLoss("UCX reply pieces cover " + std::to_string(total) +
-                    " bytes of a read of " + std::to_string(expected_length));
+  if (header.offset % grant.piece_bytes != 0) {
+    return DataLoss("a piece at offset " + std::to_string(header.offset) +
+                    ", not at a boundary of its " +
+                    std::to_string(grant.piece_bytes) + "-byte pieces");
   }
-  return reply;
+  const uint64_t want =
+      std::min(grant.piece_bytes, read_length - header.offset);
+  if (length != want) {
+    return DataLoss("a piece of " + std::to_string(length) +
+                    " bytes at offset " + std::to_string(header.offset) +
+                    " (its piece holds " + std::to_string(want) + ")");
+  }
+  return header.offset / grant.piece_bytes;
 }
 
 }  // namespace tensorhub::transport::ucx

@@ -1,21 +1,27 @@
 // The UCX data plane's control frames that are not in wire/frame.h (they
-// travel on the same authenticated TCP connection; docs/wire.md "UCX"):
+// travel on the same authenticated TCP connection; docs/wire.md "UCX"),
+// and the header of the active messages that carry a read's bytes:
 //
 //   hello   holder -> reader once, after the handshake:
-//           u32 magic "THU2" | u32 address_len | the holder's host
+//           u32 magic "THU3" | u32 address_len | the holder's host
 //           identity (16-byte boot id | u64 pid-namespace inode | u64
 //           net-namespace inode; all zero where unknown) | the holder's UCX
 //           worker address (address_len bytes)
-//   reply   the body of an OK ResponseHeader to a ReadRequest: where the
-//           range lies in the holder's registered memory and the remote
-//           keys to read it with (RMA get), then the reader sends a Release
-//           (wire/frame.h) once the bytes are in. Little-endian:
-//           u32 key_count | u32 piece_count |
-//           key_count x (u64 key_id | u32 rkey_len | rkey bytes) |
-//           piece_count x (u64 address | u64 length | u32 key_index)
+//   address reader -> holder once, after the hello: u32 address_len | the
+//           reader's UCX worker address, to which the holder connects the
+//           endpoint it sends a read's bytes on
+//   grant   the body of an OK ResponseHeader to a ReadRequest: the holder
+//           admitted the read and sends its bytes as active messages:
+//           u64 read_id | u64 piece_bytes. Then the reader sends a Release
+//           (wire/frame.h) once every byte is in.
+//   piece   the header of each active message (UCX AM id kPieceAmId) with
+//           bytes of a read: u64 read_id | u64 offset (into the read's
+//           range). Piece i holds bytes [i x piece_bytes, ...) of the range,
+//           piece_bytes of them (fewer only for the last), each exactly once.
 //
-// Pure encoding, no I/O. Decoders bound every count and length before they
-// size anything, and return errors (never crash) on bytes from the network.
+// All little-endian. Pure encoding, no I/O. Decoders bound every count and
+// length before they size anything, and return errors (never crash) on
+// bytes from the network.
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_REPLY_H_
 #define TENSORHUB_TRANSPORT_UCX_UCX_REPLY_H_
 
@@ -29,33 +35,32 @@
 
 namespace tensorhub::transport::ucx {
 
-inline constexpr uint32_t kHelloMagic = 0x32554854;  // "THU2"
+inline constexpr uint32_t kHelloMagic = 0x33554854;  // "THU3"
 inline constexpr size_t kHelloHeaderBytes = 8 + 16 + 8 + 8;
 inline constexpr uint32_t kMaxWorkerAddressBytes = 64 << 10;
-inline constexpr uint32_t kMaxRmaKeys = 4096;
-inline constexpr uint32_t kMaxRkeyBytes = 16 << 10;
-inline constexpr uint32_t kMaxRmaPieces = 65536;
-inline constexpr size_t kMaxRmaReplyBytes = 8 << 20;
+// Active messages of one UCX worker are told apart by this id; the
+// transport's workers install no handler for any other.
+inline constexpr unsigned kPieceAmId = 7;
+inline constexpr size_t kGrantBytes = 16;
+inline constexpr size_t kPieceHeaderBytes = 16;
+// The sizes of piece a holder may choose: a piece is at most one pinned
+// staging buffer (cuda::kStagingBufferBytes), which a reader into device
+// memory receives it in.
+inline constexpr uint64_t kMinPieceBytes = 4 << 10;
+inline constexpr uint64_t kMaxPieceBytes = 4 << 20;
 
-// One registration's remote key. `id` names the registration for the
-// life of the holder process (the reader caches unpacked keys by it).
-struct RmaKey {
-  uint64_t id = 0;
-  std::string packed;
-  bool operator==(const RmaKey&) const = default;
+// The holder's admission of one read.
+struct Grant {
+  uint64_t read_id = 0;
+  uint64_t piece_bytes = 0;
+  bool operator==(const Grant&) const = default;
 };
 
-struct RmaPiece {
-  uint64_t address = 0;  // in the holder's address space
-  uint64_t length = 0;
-  uint32_t key = 0;  // index into RmaReply::keys
-  bool operator==(const RmaPiece&) const = default;
-};
-
-struct RmaReply {
-  std::vector<RmaKey> keys;
-  std::vector<RmaPiece> pieces;
-  bool operator==(const RmaReply&) const = default;
+// What each active message with a read's bytes says about them.
+struct PieceHeader {
+  uint64_t read_id = 0;
+  uint64_t offset = 0;
+  bool operator==(const PieceHeader&) const = default;
 };
 
 // What the hello's fixed part says.
@@ -72,12 +77,31 @@ std::string EncodeHelloHeader(uint32_t address_len,
 // connection: FAILED_PRECONDITION, which moves the reader to TCP.
 Result<Hello> DecodeHelloHeader(const uint8_t* bytes, size_t size);
 
-std::string EncodeRmaReply(const RmaReply& reply);
-// Accepts only 1..kMaxRmaKeys keys of 1..kMaxRkeyBytes, 1..kMaxRmaPieces
-// non-empty pieces naming existing keys, whose lengths add up to exactly
-// `expected_length`, and nothing after them.
-Result<RmaReply> DecodeRmaReply(const uint8_t* bytes, size_t size,
-                                uint64_t expected_length);
+std::string EncodeGrant(const Grant& grant);
+// Accepts exactly kGrantBytes with piece_bytes in [kMinPieceBytes,
+// kMaxPieceBytes].
+Result<Grant> DecodeGrant(const uint8_t* bytes, size_t size);
+
+std::string EncodePieceHeader(const PieceHeader& header);
+// Accepts exactly kPieceHeaderBytes.
+Result<PieceHeader> DecodePieceHeader(const uint8_t* bytes, size_t size);
+
+// The reader's worker address message: the length prefix, then the bytes.
+std::string EncodeAddress(const std::string& address);
+// The length prefix (4 bytes): 1..kMaxWorkerAddressBytes, else an error.
+Result<uint32_t> DecodeAddressLength(const uint8_t* bytes, size_t size);
+
+// Which piece of a read of `read_length` bytes, granted as `grant`, a
+// piece of `length` bytes headed `header` is: its index, where it is the
+// read's (read_id), begins at a piece boundary and holds exactly that
+// piece's bytes; else DATA_LOSS saying what is wrong (the caller also
+// refuses a piece whose index it has seen). Never reaches outside
+// [0, read_length).
+Result<uint64_t> PieceIndex(const Grant& grant, uint64_t read_length,
+                            const PieceHeader& header, uint64_t length);
+
+// The number of pieces of a read of `read_length` bytes (none for 0).
+uint64_t PieceCount(uint64_t piece_bytes, uint64_t read_length);
 
 }  // namespace tensorhub::transport::ucx
 

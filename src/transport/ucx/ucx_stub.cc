@@ -13,8 +13,6 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
       "libucx-dev installed)");
 }
 
-uint64_t UcxLiveMappingsForTest() { return 0; }
-
 uint64_t UcxContextFeaturesForTest() { return 0; }
 
 std::string InterfaceOf(const std::string&) { return ""; }

@@ -10,12 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <list>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -55,15 +55,12 @@ constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(500);
 constexpr int kSpinFactor = 4;
 enum class Polling { kAdaptive, kAlways };
 
-std::atomic<uint64_t> g_live_mappings{0};
-std::atomic<uint64_t> g_next_key_id{1};
-
-// What every context of this transport asks of UCX. UCP_FEATURE_RMA is
-// what ucp_get_nbx needs, and it also makes UCX install, in every worker
-// of the context, its handlers of emulated gets and puts, which copy from
-// and to whatever address a peer names (docs/security.md, "What a UCX peer
-// can reach": why a holder's context keeps it).
-constexpr uint64_t kContextFeatures = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+// What every context of this transport asks of UCX: active messages
+// (the holder sends a read's bytes with ucp_am_send_nbx) and wake-ups.
+// Never UCP_FEATURE_RMA: with it UCX 1.13 installs, in every worker, its
+// handlers of emulated gets and puts, which copy from and to whatever
+// address a peer names (docs/security.md, "What a UCX peer can reach").
+constexpr uint64_t kContextFeatures = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
 
 Status UcsError(ucs_status_t s, const std::string& what) {
   return Unavailable(what + ": " + ucs_status_string(s));
@@ -140,7 +137,8 @@ class Context {
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
     p.features = kContextFeatures;
     // Connections' workers are made and used on the fetch threads, the
-    // server's on its own: memory maps are shared between them.
+    // server's on its own: UCX's registration cache (rendezvous) is shared
+    // between them.
     p.mt_workers_shared = 1;
     ucp_context_h ctx = nullptr;
     t_probing_peer_errors = quiet;
@@ -282,131 +280,224 @@ class Worker {
   std::chrono::nanoseconds gap_ = kMaxSpin / kSpinFactor;
 };
 
-// One ucp_mem_map of contiguous memory and its packed remote key. Unmapped
-// on destruction: a remote key a reader kept no longer reads anything.
-class Mapping {
- public:
-  static Result<std::unique_ptr<Mapping>> Create(std::shared_ptr<Context> ctx,
-                                                 uint8_t* base, size_t len) {
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-                    UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                    UCP_MEM_MAP_PARAM_FIELD_PROT;
-    mp.address = base;
-    mp.length = len;
-    // Served memory is only ever read (it may be a read-only file map).
-    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
-    ucp_mem_h memh = nullptr;
-    ucs_status_t s = ucp_mem_map(ctx->get(), &mp, &memh);
-    if (s != UCS_OK) return UcsError(s, "registering served memory with UCX");
-    void* buf = nullptr;
-    size_t buf_len = 0;
-    s = ucp_rkey_pack(ctx->get(), memh, &buf, &buf_len);
-    if (s != UCS_OK) {
-      ucp_mem_unmap(ctx->get(), memh);
-      return UcsError(s, "packing a UCX remote key");
-    }
-    std::string packed(static_cast<const char*>(buf), buf_len);
-    ucp_rkey_buffer_release(buf);
-    if (packed.empty() || packed.size() > ucx::kMaxRkeyBytes) {
-      ucp_mem_unmap(ctx->get(), memh);
-      return ResourceExhausted("UCX remote key of " +
-                               std::to_string(packed.size()) + " bytes");
-    }
-    g_live_mappings.fetch_add(1);
-    return std::unique_ptr<Mapping>(
-        new Mapping(std::move(ctx), memh, base, len, std::move(packed)));
-  }
-  ~Mapping() {
-    ucp_mem_unmap(ctx_->get(), memh_);
-    g_live_mappings.fetch_sub(1);
-  }
-
-  const uint8_t* base() const { return base_; }
-  size_t length() const { return len_; }
-  uint64_t id() const { return id_; }
-  const std::string& packed() const { return packed_; }
-
- private:
-  Mapping(std::shared_ptr<Context> ctx, ucp_mem_h memh, uint8_t* base,
-          size_t len, std::string packed)
-      : ctx_(std::move(ctx)),
-        memh_(memh),
-        base_(base),
-        len_(len),
-        id_(g_next_key_id.fetch_add(1)),
-        packed_(std::move(packed)) {}
-  const std::shared_ptr<Context> ctx_;
-  const ucp_mem_h memh_;
-  uint8_t* const base_;
-  const size_t len_;
-  const uint64_t id_;
-  const std::string packed_;
-};
-
-// The mappings of a set of regions, adjacent regions merged into one.
-class MappingSet {
- public:
-  static Result<std::shared_ptr<MappingSet>> Create(
-      const std::shared_ptr<Context>& ctx, std::span<const iovec> regions) {
-    std::vector<std::pair<uint8_t*, size_t>> runs;
-    for (const iovec& v : regions) {
-      if (v.iov_len > 0) {
-        runs.emplace_back(static_cast<uint8_t*>(v.iov_base), v.iov_len);
-      }
-    }
-    std::sort(runs.begin(), runs.end());
-    auto set = std::make_shared<MappingSet>();
-    for (size_t i = 0; i < runs.size();) {
-      uint8_t* begin = runs[i].first;
-      uint8_t* end = begin + runs[i].second;
-      for (++i; i < runs.size() && runs[i].first <= end; ++i) {
-        end = std::max(end, runs[i].first + runs[i].second);
-      }
-      TH_ASSIGN_OR_RETURN(std::unique_ptr<Mapping> m,
-                          Mapping::Create(ctx, begin, end - begin));
-      set->maps_.push_back(std::move(m));
-    }
-    return set;
-  }
-
-  // The mapping that holds all of [p, p + n), or null.
-  const Mapping* Find(const uint8_t* p, uint64_t n) const {
-    auto it = std::upper_bound(
-        maps_.begin(), maps_.end(), p,
-        [](const uint8_t* a, const std::unique_ptr<Mapping>& m) {
-          return a < m->base();
-        });
-    if (it == maps_.begin()) return nullptr;
-    const Mapping* m = std::prev(it)->get();
-    const uint64_t from = static_cast<uint64_t>(p - m->base());
-    if (from > m->length() || n > m->length() - from) return nullptr;
-    return m;
-  }
-
- private:
-  std::vector<std::unique_ptr<Mapping>> maps_;  // sorted by base
-};
-
 // Whether `fd` has something to read, or was closed or shut down.
 bool Readable(int fd) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, 0) != 0;
 }
 
+// How long closing an endpoint may wait for UCX to finish the close.
+constexpr int64_t kCloseWaitMs = 2000;
+
+// This process's endpoint to a peer's worker, connected by the worker's
+// address. Asks UCX to report a peer that died (what waits on it then fails
+// at once instead of at its deadline); on the wires that cannot (shared
+// memory in UCX 1.13) it goes without. Close() (or destruction) closes it
+// by force: what it still had to send completes as cancelled. Used only by
+// the thread that progresses `worker`, which outlives it.
+class Endpoint {
+ public:
+  explicit Endpoint(Worker& worker) : worker_(worker) {}
+  ~Endpoint() { Close(); }
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  Status Open(const std::string& remote_address, const std::string& peer) {
+    t_probing_peer_errors = true;
+    ucs_status_t s = Create(remote_address, UCP_ERR_HANDLING_MODE_PEER);
+    t_probing_peer_errors = false;
+    peer_errors_ = s == UCS_OK;
+    if (s == UCS_ERR_UNREACHABLE) {
+      s = Create(remote_address, UCP_ERR_HANDLING_MODE_NONE);
+    }
+    if (s != UCS_OK) {
+      ep_ = nullptr;
+      return UcsError(s, "connecting a UCX endpoint to " + peer);
+    }
+    return Status::Ok();
+  }
+
+  ucp_ep_h get() const { return ep_; }
+  // UCX reported the peer dead (only where peer_errors()).
+  bool failed() const { return failed_.load(); }
+  bool peer_errors() const { return peer_errors_; }
+
+  void Close() {
+    if (ep_ == nullptr) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep_, &param);
+    if (UCS_PTR_IS_PTR(r)) {
+      (void)worker_.Wait(
+          [&] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
+          Deadline::AfterMs(kCloseWaitMs), nullptr);
+      ucp_request_free(r);
+    }
+    ep_ = nullptr;
+  }
+
+ private:
+  ucs_status_t Create(const std::string& remote_address,
+                      ucp_err_handling_mode_t mode) {
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+    ep.err_mode = mode;
+    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+        static_cast<Endpoint*>(arg)->failed_.store(true);
+      };
+      ep.err_handler.arg = this;
+    }
+    return ucp_ep_create(worker_.get(), &ep, &ep_);
+  }
+
+  Worker& worker_;
+  ucp_ep_h ep_ = nullptr;
+  bool peer_errors_ = false;
+  std::atomic<bool> failed_{false};
+};
+
+// The bytes of one read, sent by the holder as active messages (ucx_reply.h,
+// "piece"): piece i is bytes [i x piece_bytes, ...) of the lease's range,
+// sent from the served memory itself with ucp_am_send_nbx. UCX copies a
+// small piece out at once (eager; every piece with `eager_only`) and lets
+// the reader pull a large one (rendezvous), reading the served memory
+// until the send completes; so
+// the lease must outlive every send (the caller closes the endpoint, which
+// cancels what is left, before the lease ends). At most kSendWindow pieces
+// are in flight at once. Serving thread only.
+class PieceSends {
+ public:
+  static constexpr size_t kSendWindow = 8;
+
+  PieceSends(ucp_ep_h ep, bool eager_only, std::span<const iovec> source,
+             const ucx::Grant& grant, uint64_t length)
+      : ep_(ep),
+        eager_only_(eager_only),
+        source_(source),
+        grant_(grant),
+        length_(length),
+        count_(ucx::PieceCount(grant.piece_bytes, length)) {}
+  ~PieceSends() {
+    for (Slot& s : slots_) {
+      if (s.request != nullptr) ucp_request_free(s.request);
+    }
+  }
+  PieceSends(const PieceSends&) = delete;
+  PieceSends& operator=(const PieceSends&) = delete;
+
+  // Collects the sends that completed and issues the next pieces into the
+  // free slots. An error once a send failed.
+  Status Pump() {
+    for (Slot& s : slots_) {
+      if (s.request == nullptr) continue;
+      const ucs_status_t st = ucp_request_check_status(s.request);
+      if (st == UCS_INPROGRESS) continue;
+      ucp_request_free(s.request);
+      s.request = nullptr;
+      --in_flight_;
+      if (st != UCS_OK) return UcsError(st, "sending a piece to the reader");
+    }
+    for (Slot& s : slots_) {
+      if (next_ == count_) break;
+      if (s.request != nullptr) continue;
+      TH_RETURN_IF_ERROR(Issue(s, next_++));
+    }
+    return Status::Ok();
+  }
+
+  bool done() const { return next_ == count_ && in_flight_ == 0; }
+
+  // Whether Pump() has work: a send in flight completed, or a slot is free
+  // for a piece not issued yet (sends UCX completed at once leave one).
+  bool Ready() const {
+    if (next_ < count_ && in_flight_ < kSendWindow) return true;
+    return AnyComplete();
+  }
+
+  // Whether a send in flight has completed (Pump has work).
+  bool AnyComplete() const {
+    for (const Slot& s : slots_) {
+      if (s.request != nullptr &&
+          ucp_request_check_status(s.request) != UCS_INPROGRESS) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  struct Slot {
+    std::string header;  // UCX reads it until the send completes
+    std::vector<ucp_dt_iov_t> iov;
+    void* request = nullptr;
+  };
+
+  Status Issue(Slot& s, uint64_t index) {
+    ucx::PieceHeader h{grant_.read_id, index * grant_.piece_bytes};
+    const uint64_t len = std::min(grant_.piece_bytes, length_ - h.offset);
+    // A test's hostile holder changes what the header says here.
+    testpoint::Hit("ucx.piece_sending", reinterpret_cast<uint64_t>(&h));
+    s.header = ucx::EncodePieceHeader(h);
+    s.iov.clear();
+    TH_RETURN_IF_ERROR(ForRange(source_, index * grant_.piece_bytes, len,
+                                [&](uint8_t* p, uint64_t l, uint64_t) {
+                                  s.iov.push_back({p, l});
+                                  return Status::Ok();
+                                }));
+    ucp_request_param_t param{};
+    if (eager_only_) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_AM_SEND_FLAG_EAGER;
+    }
+    const void* buffer = s.iov.front().buffer;
+    size_t count = s.iov.front().length;
+    if (s.iov.size() > 1) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+      param.datatype = ucp_dt_make_iov();
+      buffer = s.iov.data();
+      count = s.iov.size();
+    }
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(ep_, ucx::kPieceAmId, s.header.data(), s.header.size(),
+                        buffer, count, &param);
+    if (UCS_PTR_IS_ERR(r)) {
+      return UcsError(UCS_PTR_STATUS(r), "sending a piece to the reader");
+    }
+    if (r != nullptr) {
+      s.request = r;
+      ++in_flight_;
+    }
+    return Status::Ok();
+  }
+
+  const ucp_ep_h ep_;
+  const bool eager_only_;
+  const std::span<const iovec> source_;
+  const ucx::Grant grant_;
+  const uint64_t length_;
+  const uint64_t count_;
+  uint64_t next_ = 0;  // the next piece to issue
+  size_t in_flight_ = 0;
+  std::array<Slot, kSendWindow> slots_;
+};
+
 // Each connection has its own UCX worker, made when the connection is
-// accepted, progressed only by the thread that serves the connection (while
-// it waits for the next request and for a release), and destroyed when the
-// connection ends. Where UCX emulates a get (tcp, shared memory), the
-// holder's worker answers it by copying from the address the get names,
-// with no check against a registration, and answers a large get piece by
-// piece as the reader takes the bytes. So a lease that ends without the
-// reader's release (it went silent past local_release_timeout_ms, or
-// closed the connection mid-read) may end only after that worker is gone:
-// until then a get the reader already sent could still be answered from
-// memory its owner may by then have unmapped or reused (docs/design.md,
-// UCX data plane). One worker shared by all connections could not be
-// dropped for one reader.
+// accepted, progressed only by the thread that serves the connection, and
+// destroyed when the connection ends. The worker has no handler a reader's
+// message could reach beyond UCX's own connection set-up: no context of
+// this transport asks UCX for RMA (its gets and puts), and the holder's
+// worker installs no active-message handler. The holder connects an
+// endpoint of its worker to the reader's (whose address the reader sends
+// after the hello) and sends each read's bytes on it; a read whose sends
+// do not complete (the reader went silent past local_release_timeout_ms,
+// or closed the connection) has that endpoint closed, which cancels them,
+// before its lease ends: no byte of memory the owner may by then have
+// unmapped or reused is read afterwards (docs/design.md, UCX data plane).
 class UcxServer final : public Server {
  public:
   UcxServer(Fd listener, std::string address, ReadSource* source,
@@ -434,16 +525,21 @@ class UcxServer final : public Server {
   void Stop() override {
     MutexLock stop_lock(stop_mu_);
     stopping_ = true;
-    // Shuts every connection down and joins its thread, which destroys the
-    // connection's worker before its lease ends.
+    // Shuts every connection down and joins its thread, which closes the
+    // connection's endpoint before its lease ends.
     acceptor_.Stop();
   }
 
  private:
+  // The most bytes one active message carries.
+  static constexpr uint64_t kPieceBytes = 1 << 20;
+  static_assert(kPieceBytes >= ucx::kMinPieceBytes &&
+                kPieceBytes <= ucx::kMaxPieceBytes);
+
   // Serves one connection until the peer leaves, an I/O error, or Stop().
   // As in the TCP server, one request's whole life stays in one loop body:
-  // the lease (and a per-read mapping) visibly ends at its bottom, after
-  // the reader released it, or after the connection was shut down.
+  // the lease visibly ends at its bottom, after the reader released it, or
+  // after the endpoint its bytes went out on was closed.
   void Serve(int fd, Acceptor::Ticket& ticket) {
     const int64_t stall_ms = options_.io_stall_timeout_ms;
     // The TCP stream of requests, frames and releases (never TLS: a
@@ -464,7 +560,7 @@ class UcxServer final : public Server {
       return;
     }
     // This connection's worker; see the class comment for why one per
-    // connection, and why it goes before a lease the reader did not release.
+    // connection.
     Result<std::unique_ptr<Worker>> made = Worker::Create(ctx_);
     Result<std::string> worker_address =
         made.ok() ? (*made)->Address() : made.status();
@@ -497,6 +593,14 @@ class UcxServer final : public Server {
         {hello.data(), hello.size()},
         {const_cast<char*>(worker_address->data()), worker_address->size()}};
     if (!WriteAll(fd, hv, Deadline::AfterMs(stall_ms), stall_ms).ok()) return;
+    // The reader's worker, which its reads' bytes go to.
+    Endpoint to_reader(*worker);
+    if (Status s = ConnectToReader(fd, ticket, to_reader); !s.ok()) {
+      acceptor_.refusals().Refused(ticket.peer(),
+                                   "dropped a reader: " + s.ToString());
+      return;
+    }
+    uint64_t reads = 0;
     while (!stopping_.load()) {
       // Between reads the worker still has work: connecting the reader's
       // endpoint, keepalives.
@@ -534,83 +638,40 @@ class UcxServer final : public Server {
         if (!SendError(fd, no, deadline).ok()) return;
         continue;
       }
-      Result<std::shared_ptr<MappingSet>> maps = Mappings(*lease);
-      Result<std::string> body =
-          maps.ok() ? ReplyBody(**maps, lease->pieces) : maps.status();
-      if (!body.ok()) {
-        if (!SendError(fd, body.status(), deadline).ok()) return;
-        continue;
-      }
-      if (!ServeRma(fd, *worker, req, *body, deadline)) {
+      const ucx::Grant grant{++reads, kPieceBytes};
+      if (!ServeAm(fd, *worker, to_reader, req, *lease, grant, deadline)) {
         // Shut down before the lease ends: a reader still reading sees the
         // connection gone when it finishes, and discards the bytes. And
-        // the worker goes first: a get the reader sent is answered by no
-        // one once the memory may be reused.
+        // the endpoint goes first: none of its sends reads the served
+        // memory once the lease may let it be reused.
         ::shutdown(fd, SHUT_RDWR);
-        worker.reset();
+        to_reader.Close();
         return;
       }
-      // The lease (and a per-read mapping) ends here, after the release:
-      // the reader took every byte it asked for, so no get of this read is
-      // still being answered.
+      // The lease ends here, after the release: every piece was sent and
+      // the reader took them.
     }
   }
 
-  // The mappings that hold a lease's pieces: its registration's, made on
-  // its first read and kept until it is destroyed after the drain; or,
-  // from a source without registrations, the pieces' own for this read.
-  Result<std::shared_ptr<MappingSet>> Mappings(const ServeLease& lease) {
-    if (lease.registration != nullptr) {
-      Registration* reg = lease.registration;
-      return reg->Attach<MappingSet>(
-          ctx_.get(), [&]() -> Result<std::shared_ptr<MappingSet>> {
-            return MappingSet::Create(ctx_, reg->regions());
-          });
-    }
-    return MappingSet::Create(ctx_, lease.pieces);
+  // Reads the reader's worker address (it comes right after the hello)
+  // and connects `ep` to it.
+  Status ConnectToReader(int fd, Acceptor::Ticket& ticket, Endpoint& ep) {
+    const Deadline by = Deadline::AfterMs(options_.io_stall_timeout_ms);
+    uint8_t prefix[4];
+    TH_RETURN_IF_ERROR(ReadExact(fd, prefix, sizeof(prefix), by));
+    TH_ASSIGN_OR_RETURN(uint32_t len,
+                        ucx::DecodeAddressLength(prefix, sizeof(prefix)));
+    std::string address(len, '\0');
+    TH_RETURN_IF_ERROR(ReadExact(fd, address.data(), len, by));
+    return ep.Open(address, "reader " + ticket.peer());
   }
 
-  static Result<std::string> ReplyBody(const MappingSet& maps,
-                                       const std::vector<iovec>& pieces) {
-    ucx::RmaReply reply;
-    std::map<uint64_t, uint32_t> key_index;  // mapping id -> index
-    for (const iovec& v : pieces) {
-      if (v.iov_len == 0) continue;
-      const auto* p = static_cast<const uint8_t*>(v.iov_base);
-      const Mapping* m = maps.Find(p, v.iov_len);
-      if (m == nullptr) {
-        return Internal("a served range lies outside its registered memory");
-      }
-      auto [it, added] =
-          key_index.emplace(m->id(), static_cast<uint32_t>(reply.keys.size()));
-      if (added) {
-        if (reply.keys.size() == ucx::kMaxRmaKeys) {
-          return ResourceExhausted("read spans too many registrations");
-        }
-        reply.keys.push_back({m->id(), m->packed()});
-      }
-      const uint64_t addr = reinterpret_cast<uint64_t>(p);
-      if (!reply.pieces.empty() && reply.pieces.back().key == it->second &&
-          reply.pieces.back().address + reply.pieces.back().length == addr) {
-        reply.pieces.back().length += v.iov_len;
-        continue;
-      }
-      if (reply.pieces.size() == ucx::kMaxRmaPieces) {
-        return ResourceExhausted("read too scattered for one UCX reply");
-      }
-      reply.pieces.push_back({addr, v.iov_len, it->second});
-    }
-    std::string body = ucx::EncodeRmaReply(reply);
-    if (body.size() > ucx::kMaxRmaReplyBytes) {
-      return ResourceExhausted("UCX reply over its bound");
-    }
-    return body;
-  }
-
-  // Tells the reader where to read, then waits (bounded) for its release,
-  // answering its gets meanwhile. False: drop the connection.
-  bool ServeRma(int fd, Worker& worker, const wire::ReadRequest& req,
-                const std::string& body, const Deadline& deadline) {
+  // Admits the read to the reader (the grant), sends its bytes and waits
+  // (bounded) for the reader's release. False: drop the connection.
+  bool ServeAm(int fd, Worker& worker, Endpoint& ep,
+               const wire::ReadRequest& req, const ServeLease& lease,
+               const ucx::Grant& grant, const Deadline& deadline) {
+    const std::string body = ucx::EncodeGrant(grant);
     wire::ResponseHeader h;
     h.status = StatusCode::kOk;
     h.payload_len = body.size();
@@ -621,11 +682,34 @@ class UcxServer final : public Server {
       return false;
     }
     testpoint::Hit("ucx.reply_sent", req.length);
-    uint8_t release[wire::kReleaseBytes];
     const Deadline release_by =
         Deadline::AfterMs(options_.local_release_timeout_ms);
-    Status s = worker.Wait([fd] { return Readable(fd); }, release_by, nullptr,
-                           fd, Polling::kAlways);
+    // Rendezvous only where the endpoint hears of a dead reader: elsewhere
+    // (shared memory) UCX 1.13 moves a rendezvous by cross-memory attach
+    // and aborts the process whose copy fails because the other died
+    // (docs/design.md, "Tried and not kept"); eager pieces are copied
+    // through UCX's own buffers.
+    PieceSends sends(ep.get(), !ep.peer_errors(), lease.pieces, grant,
+                     req.length);
+    // Anything from the reader before its bytes are all sent means it
+    // left (or broke the protocol): its release comes after the last byte.
+    Status s = Status::Ok();
+    for (;;) {
+      s = sends.Pump();
+      if (!s.ok() || sends.done()) break;
+      if (Readable(fd) || ep.failed()) {
+        s = Unavailable("the reader left mid-read");
+        break;
+      }
+      s = worker.Wait(
+          [&] { return Readable(fd) || ep.failed() || sends.Ready(); },
+          release_by, nullptr, fd, Polling::kAlways);
+      if (!s.ok()) break;
+    }
+    if (s.ok()) {
+      s = worker.Wait([fd] { return Readable(fd); }, release_by, nullptr, fd);
+    }
+    uint8_t release[wire::kReleaseBytes];
     if (s.ok()) s = ReadExact(fd, release, sizeof(release), release_by);
     if (!s.ok()) {
       if (s.code() == StatusCode::kDeadlineExceeded) {
@@ -633,6 +717,8 @@ class UcxServer final : public Server {
                      << ": a reader did not release its lease within "
                      << options_.local_release_timeout_ms << " ms; dropping it";
       }
+      // Cancels the sends still in flight before `sends` frees them.
+      ep.Close();
       return false;
     }
     Result<wire::ReleaseOutcome> outcome =
@@ -682,23 +768,31 @@ class UcxConnection final : public Connection {
     Teardown();
   }
 
-  // Connects the endpoint to the holder's worker. Asks UCX to report a
-  // holder that died (failing the reads on it at once instead of at their
-  // deadline); the wires that cannot (shared memory in UCX 1.13) are used
-  // without it, their reads then bounded by the deadline alone.
-  Status Open(const std::string& remote_address) {
-    t_probing_peer_errors = true;
-    ucs_status_t s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_PEER);
-    t_probing_peer_errors = false;
-    peer_errors_ = s == UCS_OK;
-    if (s == UCS_ERR_UNREACHABLE) {
-      s = CreateEp(remote_address, UCP_ERR_HANDLING_MODE_NONE);
+  // Installs the handler of the holder's pieces, connects the endpoint to
+  // the holder's worker (which tells this worker when the holder died) and
+  // sends the holder this worker's address, which the holder sends the
+  // bytes of each read to.
+  Status Open(const std::string& remote_address, const Deadline& deadline) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                    UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    hp.id = ucx::kPieceAmId;
+    hp.cb = &UcxConnection::OnPiece;
+    hp.arg = this;
+    ucs_status_t s = ucp_worker_set_am_recv_handler(worker_->get(), &hp);
+    if (s != UCS_OK) return UcsError(s, "installing the UCX piece handler");
+    ep_ = std::make_unique<Endpoint>(*worker_);
+    TH_RETURN_IF_ERROR(ep_->Open(remote_address, "holder " + peer_));
+    TH_ASSIGN_OR_RETURN(std::string mine, worker_->Address());
+    if (mine.empty() || mine.size() > ucx::kMaxWorkerAddressBytes) {
+      return ResourceExhausted("UCX worker address of " +
+                               std::to_string(mine.size()) + " bytes");
     }
-    if (s != UCS_OK) {
-      ep_ = nullptr;
-      return UcsError(s, "connecting a UCX endpoint to holder " + peer_);
-    }
-    return Status::Ok();
+    std::string message = ucx::EncodeAddress(mine);
+    iovec v{message.data(), message.size()};
+    return WriteAll(fd_.get(), {&v, 1}, deadline)
+        .WithContext("holder " + peer_);
   }
 
   Status Read(const wire::ReadRequest& req, std::span<const iovec> dest,
@@ -733,6 +827,211 @@ class UcxConnection final : public Connection {
   }
 
  private:
+  enum class PieceState : uint8_t { kMissing, kQueued, kLanding, kLanded };
+
+  // A piece accepted for a device read, waiting for its turn in a staging
+  // buffer: UCX's rendezvous descriptor, UCX's data kept past the handler,
+  // or a copy of data UCX would not keep.
+  struct Queued {
+    void* data = nullptr;  // UCX's (rendezvous or kept), else null
+    bool rndv = false;
+    std::string copy;  // the bytes, where data is null
+  };
+
+  // The read in flight: what the piece handler checks each piece against,
+  // and where the pieces stand.
+  struct InFlight {
+    ucx::Grant grant;
+    uint64_t length = 0;
+    std::span<const iovec> dest;
+    bool device = false;
+    std::vector<PieceState> state;  // by piece index
+    std::vector<void*> landing;     // a receive in flight, by piece index
+    std::vector<std::vector<ucp_dt_iov_t>> iov;  // what it receives into
+    std::map<uint64_t, Queued> queued;           // device reads
+    uint64_t landed = 0;  // pieces [0, landed) are in and hashed
+  };
+
+  static ucs_status_t OnPiece(void* arg, const void* header,
+                              size_t header_length, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+    return static_cast<UcxConnection*>(arg)->Piece(header, header_length, data,
+                                                   length, param);
+  }
+
+  // Runs inside ucp_worker_progress on the reading thread. Takes a piece
+  // only if it is one the read in flight asked for and has not had yet,
+  // so that a holder can write nothing outside the destination (and
+  // nothing twice); anything else fails the read (bad_piece_).
+  ucs_status_t Piece(const void* header, size_t header_length, void* data,
+                     size_t length, const ucp_am_recv_param_t* param) {
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const bool kept = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA) != 0;
+    auto refuse = [&](Status why) {
+      if (bad_piece_.ok()) {
+        bad_piece_ =
+            DataLoss("holder " + peer_ +
+                     " sent a piece it was not asked for: " + why.message());
+      }
+      // A refused rendezvous completes the holder's send with an error.
+      return rndv ? UCS_ERR_REJECTED : UCS_OK;
+    };
+    if (read_ == nullptr) return refuse(DataLoss("no read in flight"));
+    Result<ucx::PieceHeader> h = ucx::DecodePieceHeader(
+        static_cast<const uint8_t*>(header), header_length);
+    if (!h.ok()) return refuse(h.status());
+    InFlight& r = *read_;
+    Result<uint64_t> index = ucx::PieceIndex(r.grant, r.length, *h, length);
+    if (!index.ok()) return refuse(index.status());
+    const uint64_t i = *index;
+    if (r.state[i] != PieceState::kMissing) {
+      return refuse(DataLoss("a second copy of the piece at offset " +
+                             std::to_string(h->offset)));
+    }
+    if (r.device) {
+      // Staged in index order by Advance(), in pinned buffers.
+      Queued q;
+      q.rndv = rndv;
+      if (rndv || kept) {
+        q.data = data;
+      } else {
+        q.copy.assign(static_cast<const char*>(data), length);
+      }
+      r.queued.emplace(i, std::move(q));
+      r.state[i] = PieceState::kQueued;
+      return (rndv || kept) ? UCS_INPROGRESS : UCS_OK;
+    }
+    if (!rndv) {
+      const auto* from = static_cast<const uint8_t*>(data);
+      Status copied = ForRange(r.dest, h->offset, length,
+                               [&](uint8_t* p, uint64_t l, uint64_t done) {
+                                 std::memcpy(p, from + done, l);
+                                 return Status::Ok();
+                               });
+      if (!copied.ok()) return refuse(copied);
+      r.state[i] = PieceState::kLanded;
+      return UCS_OK;
+    }
+    // Rendezvous: UCX moves the piece straight into the destination.
+    std::vector<ucp_dt_iov_t>& iov = r.iov[i];
+    Status sliced = ForRange(r.dest, h->offset, length,
+                             [&](uint8_t* p, uint64_t l, uint64_t) {
+                               iov.push_back({p, l});
+                               return Status::Ok();
+                             });
+    if (!sliced.ok()) return refuse(sliced);
+    Receive(i, data, iov);
+    return UCS_INPROGRESS;
+  }
+
+  // Receives rendezvous piece `i` into `iov` (one buffer or several).
+  void Receive(uint64_t i, void* desc, const std::vector<ucp_dt_iov_t>& iov) {
+    ucp_request_param_t p{};
+    void* buffer = iov.front().buffer;
+    size_t count = iov.front().length;
+    if (iov.size() > 1) {
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+      p.datatype = ucp_dt_make_iov();
+      buffer = const_cast<ucp_dt_iov_t*>(iov.data());
+      count = iov.size();
+    }
+    ucs_status_ptr_t rq =
+        ucp_am_recv_data_nbx(worker_->get(), desc, buffer, count, &p);
+    if (UCS_PTR_IS_ERR(rq)) {
+      if (receive_failed_.ok()) {
+        receive_failed_ =
+            UcsError(UCS_PTR_STATUS(rq), "UCX receive from holder " + peer_);
+      }
+      return;
+    }
+    if (rq == nullptr) {
+      read_->state[i] = PieceState::kLanded;
+      return;
+    }
+    read_->landing[i] = rq;
+    read_->state[i] = PieceState::kLanding;
+  }
+
+  // Collects the receives that completed, stages the next piece of a
+  // device read, and hashes the pieces landed in order. True once the read
+  // is complete or cannot complete (a bad piece, a failed receive, the
+  // holder's TCP side closed).
+  bool Advance(ChunkHash* hash) {
+    InFlight& r = *read_;
+    if (!bad_piece_.ok() || !receive_failed_.ok()) return true;
+    for (uint64_t i = r.landed; i < r.state.size(); ++i) {
+      if (r.state[i] != PieceState::kLanding) continue;
+      const ucs_status_t st = ucp_request_check_status(r.landing[i]);
+      if (st == UCS_INPROGRESS) continue;
+      ucp_request_free(r.landing[i]);
+      r.landing[i] = nullptr;
+      if (st != UCS_OK) {
+        receive_failed_ = UcsError(st, "UCX receive from holder " + peer_);
+        return true;
+      }
+      r.state[i] = PieceState::kLanded;
+    }
+    if (r.device) {
+      if (Status s = StageNext(hash); !s.ok()) {
+        receive_failed_ = s;
+        return true;
+      }
+    } else {
+      while (r.landed < r.state.size() &&
+             r.state[r.landed] == PieceState::kLanded) {
+        if (hash != nullptr) {
+          const uint64_t off = r.landed * r.grant.piece_bytes;
+          (void)ForRange(r.dest, off,
+                         std::min(r.grant.piece_bytes, r.length - off),
+                         [&](uint8_t* p, uint64_t l, uint64_t) {
+                           hash->Update(p, l);
+                           return Status::Ok();
+                         });
+        }
+        ++r.landed;
+      }
+    }
+    return r.landed == r.state.size() || holder_left_ ||
+           (holder_left_ = Readable(fd_.get()) || ep_->failed());
+  }
+
+  // Device destination: the next piece in order goes through one of two
+  // pinned buffers (a rendezvous piece received there), is hashed there,
+  // and copied to the device while the next one comes into the other.
+  Status StageNext(ChunkHash* hash) {
+    InFlight& r = *read_;
+    while (r.landed < r.state.size()) {
+      const uint64_t k = r.landed;
+      uint8_t* buf = bufs_.buffer(k % 2);
+      const uint64_t off = k * r.grant.piece_bytes;
+      const uint64_t len = std::min(r.grant.piece_bytes, r.length - off);
+      if (r.state[k] == PieceState::kQueued) {
+        // The copy out of this buffer two pieces ago must be done.
+        TH_RETURN_IF_ERROR(streams_[k % 2]->Synchronize());
+        Queued q = std::move(r.queued[k]);
+        r.queued.erase(k);
+        if (q.rndv) {
+          r.iov[k] = {{buf, len}};
+          Receive(k, q.data, r.iov[k]);
+          TH_RETURN_IF_ERROR(receive_failed_);
+        } else {
+          std::memcpy(buf, q.data != nullptr ? q.data : q.copy.data(), len);
+          if (q.data != nullptr) ucp_am_data_release(worker_->get(), q.data);
+          r.state[k] = PieceState::kLanded;
+        }
+      }
+      if (r.state[k] != PieceState::kLanded) return Status::Ok();
+      if (hash != nullptr) hash->Update(buf, len);
+      TH_RETURN_IF_ERROR(ForRange(
+          r.dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
+            return streams_[k % 2]->CopyAsync(p, buf + done, l);
+          }));
+      ++r.landed;
+    }
+    for (auto& s : streams_) TH_RETURN_IF_ERROR(s->Synchronize());
+    return Status::Ok();
+  }
+
   Status Finish(Status s) {
     if (cancelled_.load()) {
       if (!broken_) Abandon();
@@ -756,26 +1055,55 @@ class UcxConnection final : public Connection {
       return Internal("destination holds " + std::to_string(want) +
                       " bytes for a read of " + std::to_string(req.length));
     }
-    cuda::PinnedPool::Lease bufs;
+    if (!bad_piece_.ok()) {
+      // A piece came between reads: the holder does not keep to the
+      // protocol.
+      Abandon();
+      return bad_piece_;
+    }
     if (device >= 0) {
       // Taken before asking, so that a busy pool refuses this read without
       // holding the holder's lease.
-      TH_ASSIGN_OR_RETURN(bufs, cuda::StagingPool().Acquire(2, deadline));
+      TH_ASSIGN_OR_RETURN(bufs_, cuda::StagingPool().Acquire(2, deadline));
     }
     std::string frame = wire::EncodeReadRequest(req, nullptr, false);
     iovec out{frame.data(), frame.size()};
     TH_RETURN_IF_ERROR(WriteAll(fd_.get(), {&out, 1}, deadline)
                            .WithContext("holder " + peer_));
-    TH_ASSIGN_OR_RETURN(ucx::RmaReply reply, ReceiveReply(req, deadline));
-    TH_ASSIGN_OR_RETURN(std::vector<ucp_rkey_h> keys, Keys(reply));
+    TH_ASSIGN_OR_RETURN(ucx::Grant grant, ReceiveGrant(deadline));
+    InFlight r;
+    r.grant = grant;
+    r.length = req.length;
+    r.dest = dest;
+    r.device = device >= 0;
+    const uint64_t count = ucx::PieceCount(grant.piece_bytes, req.length);
+    r.state.assign(count, PieceState::kMissing);
+    r.landing.assign(count, nullptr);
+    r.iov.resize(count);
     ChunkHash hash(ChecksumKind(sum), /*timed=*/true);
-    if (device < 0) {
-      TH_RETURN_IF_ERROR(Get(reply, keys, 0, dest, deadline,
-                             sum != nullptr ? &hash : nullptr));
-    } else {
-      TH_RETURN_IF_ERROR(GetStaged(reply, keys, req.length, dest, bufs,
-                                   deadline, sum != nullptr ? &hash : nullptr));
+    receive_failed_ = Status::Ok();
+    read_ = &r;
+    holder_left_ = false;
+    testpoint::Hit("ucx.read_granted", count);
+    Status waited =
+        worker_->Wait([&] { return Advance(sum != nullptr ? &hash : nullptr); },
+                      deadline, &cancelled_, fd_.get());
+    Status failed = !bad_piece_.ok()        ? bad_piece_
+                    : !receive_failed_.ok() ? receive_failed_
+                    : !waited.ok() ? waited.WithContext("holder " + peer_)
+                    : r.landed != count
+                        ? Unavailable("holder " + peer_ +
+                                      " ended the lease before the read "
+                                      "finished")
+                        : Status::Ok();
+    if (!failed.ok()) {
+      // Abandon() while read_ still names the read: its receives in flight
+      // (into the destination) end before this returns.
+      Abandon();
+      EndRead();
+      return failed;
     }
+    EndRead();
     testpoint::Hit("ucx.read_landed", req.length);
     // The holder sends nothing until our release; anything to read now
     // means it gave up the lease, and its memory may have been reused
@@ -794,9 +1122,25 @@ class UcxConnection final : public Connection {
     return Status::Ok();
   }
 
-  // The holder's answer: its refusal as a status, or where to read.
-  Result<ucx::RmaReply> ReceiveReply(const wire::ReadRequest& req,
-                                     const Deadline& deadline) {
+  // Forgets the read in flight: later pieces are refused. Frees what is
+  // left of it (only after a failure, with the worker gone or about to go).
+  void EndRead() {
+    if (read_ == nullptr) return;
+    for (void*& rq : read_->landing) {
+      if (rq != nullptr) ucp_request_free(rq);  // UCX frees it when done
+      rq = nullptr;
+    }
+    for (auto& [i, q] : read_->queued) {
+      if (q.data != nullptr && worker_) {
+        ucp_am_data_release(worker_->get(), q.data);
+      }
+    }
+    read_ = nullptr;
+    bufs_ = cuda::PinnedPool::Lease();
+  }
+
+  // The holder's answer: its refusal as a status, or its grant.
+  Result<ucx::Grant> ReceiveGrant(const Deadline& deadline) {
     uint8_t hdr[wire::kResponseHeaderBytes];
     TH_RETURN_IF_ERROR(ReadExact(fd_.get(), hdr, sizeof(hdr), deadline)
                            .WithContext("holder " + peer_));
@@ -813,186 +1157,20 @@ class UcxConnection final : public Connection {
                              .WithContext("holder " + peer_));
       return Status(h->status, "holder " + peer_ + " refused: " + msg);
     }
-    if (h->local || h->cuda_ipc || h->payload_len > ucx::kMaxRmaReplyBytes) {
+    if (h->local || h->cuda_ipc || h->payload_len != ucx::kGrantBytes) {
       Abandon();
       return DataLoss("holder " + peer_ + " sent a reply UCX does not expect");
     }
-    std::string body(h->payload_len, '\0');
-    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body.data(), body.size(), deadline)
+    uint8_t body[ucx::kGrantBytes];
+    TH_RETURN_IF_ERROR(ReadExact(fd_.get(), body, sizeof(body), deadline)
                            .WithContext("holder " + peer_));
-    Result<ucx::RmaReply> reply = ucx::DecodeRmaReply(
-        reinterpret_cast<const uint8_t*>(body.data()), body.size(), req.length);
-    if (!reply.ok()) {
+    Result<ucx::Grant> grant = ucx::DecodeGrant(body, sizeof(body));
+    if (!grant.ok()) {
       Abandon();  // closing the connection ends the holder's lease
       return DataLoss("holder " + peer_ +
-                      " sent a bad UCX reply: " + reply.status().message());
+                      " sent a bad UCX grant: " + grant.status().message());
     }
-    return reply;
-  }
-
-  // The unpacked remote key of each of the reply's keys, cached by id.
-  Result<std::vector<ucp_rkey_h>> Keys(const ucx::RmaReply& reply) {
-    if (rkeys_.size() + reply.keys.size() > kMaxCachedKeys) {
-      // No read is in flight here: every cached key may go.
-      for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
-      rkeys_.clear();
-    }
-    std::vector<ucp_rkey_h> out;
-    out.reserve(reply.keys.size());
-    for (const ucx::RmaKey& k : reply.keys) {
-      auto it = rkeys_.find(k.id);
-      if (it == rkeys_.end()) {
-        ucp_rkey_h rk = nullptr;
-        ucs_status_t s = ucp_ep_rkey_unpack(ep_, k.packed.data(), &rk);
-        if (s != UCS_OK) {
-          Abandon();
-          return DataLoss("holder " + peer_ + " sent a UCX remote key that " +
-                          "cannot be unpacked: " + ucs_status_string(s));
-        }
-        it = rkeys_.emplace(k.id, rk).first;
-      }
-      out.push_back(it->second);
-    }
-    return out;
-  }
-
-  // Reads bytes [offset, offset + size of dst) of the reply's range into
-  // `dst` with one ucp_get_nbx per contiguous run of at most kGetBytes, and
-  // waits for all of them. With `hash`, each run is hashed (in order) as
-  // soon as it and every run before it have landed, while the later ones
-  // are still moving: the check costs no pass over the chunk after the
-  // last byte. On any failure the connection is abandoned before
-  // returning, so nothing lands in `dst` afterwards.
-  Status Get(const ucx::RmaReply& reply, const std::vector<ucp_rkey_h>& keys,
-             uint64_t offset, std::span<const iovec> dst,
-             const Deadline& deadline, ChunkHash* hash = nullptr) {
-    size_t pi = 0;
-    uint64_t at = 0;
-    while (pi < reply.pieces.size() && at + reply.pieces[pi].length <= offset) {
-      at += reply.pieces[pi++].length;
-    }
-    uint64_t in = offset - at;  // into piece pi
-    ucp_request_param_t param{};
-    Status issued = Status::Ok();
-    for (const iovec& d : dst) {
-      auto* p = static_cast<uint8_t*>(d.iov_base);
-      uint64_t left = d.iov_len;
-      while (left > 0 && issued.ok()) {
-        if (pi >= reply.pieces.size()) {
-          issued = Internal("read past the end of the holder's pieces");
-          break;
-        }
-        const ucx::RmaPiece& rp = reply.pieces[pi];
-        const uint64_t take = std::min({left, rp.length - in, kGetBytes});
-        ucs_status_ptr_t r =
-            ucp_get_nbx(ep_, p, take, rp.address + in, keys[rp.key], &param);
-        if (UCS_PTR_IS_ERR(r)) {
-          issued = UcsError(UCS_PTR_STATUS(r), "UCX get from holder " + peer_);
-        } else {
-          // Null: done already. Kept in order, for the hash.
-          pending_.push_back(r);
-          landing_.push_back({p, take});
-        }
-        p += take;
-        left -= take;
-        in += take;
-        if (in == rp.length) {
-          ++pi;
-          in = 0;
-        }
-      }
-    }
-    testpoint::Hit("ucx.gets_issued", pending_.size());
-    size_t next = 0;  // pending_[..next) are complete (and hashed)
-    bool failed = false;
-    Status waited = worker_->Wait(
-        [&] {
-          while (next < pending_.size()) {
-            if (pending_[next] != nullptr) {
-              const ucs_status_t st = ucp_request_check_status(pending_[next]);
-              if (st == UCS_INPROGRESS) break;
-              failed = failed || st != UCS_OK;
-            }
-            // Bytes of a failed get are never used: the read fails below.
-            if (hash != nullptr && !failed) {
-              hash->Update(landing_[next].iov_base, landing_[next].iov_len);
-            }
-            ++next;
-          }
-          return next == pending_.size();
-        },
-        deadline, &cancelled_);
-    if (!waited.ok() || !issued.ok()) {
-      Abandon();
-      return (issued.ok() ? waited : issued).WithContext("holder " + peer_);
-    }
-    Status result = Status::Ok();
-    for (void* r : pending_) {
-      if (r == nullptr) continue;
-      ucs_status_t s = ucp_request_check_status(r);
-      if (s != UCS_OK && result.ok()) {
-        result = UcsError(s, "UCX get from holder " + peer_);
-      }
-      ucp_request_free(r);
-    }
-    pending_.clear();
-    landing_.clear();
-    if (result.ok() && ep_failed_.load()) {
-      result = Unavailable("UCX endpoint to holder " + peer_ + " failed");
-    }
-    if (!result.ok()) Abandon();
-    return result;
-  }
-
-  ucs_status_t CreateEp(const std::string& remote_address,
-                        ucp_err_handling_mode_t mode) {
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
-    ep.err_mode = mode;
-    if (mode == UCP_ERR_HANDLING_MODE_PEER) {
-      ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
-        static_cast<UcxConnection*>(arg)->ep_failed_.store(true);
-      };
-      ep.err_handler.arg = this;
-    }
-    return ucp_ep_create(worker_->get(), &ep, &ep_);
-  }
-
-  // Device destination: each segment is read into one of two pinned
-  // buffers, hashed there, and copied to the device while the next one is
-  // read into the other buffer.
-  Status GetStaged(const ucx::RmaReply& reply,
-                   const std::vector<ucp_rkey_h>& keys, uint64_t length,
-                   std::span<const iovec> dest, cuda::PinnedPool::Lease& bufs,
-                   const Deadline& deadline, ChunkHash* hash) {
-    // A failure of this device leaves the read unreleased: whatever its
-    // code, the connection is out of step with the holder.
-    auto broken = [this](Status s) {
-      if (!broken_) Abandon();
-      return s;
-    };
-    const uint64_t seg = cuda::StagingPool().buffer_bytes();
-    for (uint64_t k = 0, off = 0; off < length; ++k, off += seg) {
-      const uint64_t len = std::min(seg, length - off);
-      uint8_t* buf = bufs.buffer(k % 2);
-      // The copy out of this buffer two segments ago must be done.
-      if (Status s = streams_[k % 2]->Synchronize(); !s.ok()) return broken(s);
-      iovec b{buf, len};
-      TH_RETURN_IF_ERROR(Get(reply, keys, off, {&b, 1}, deadline));
-      if (hash != nullptr) hash->Update(buf, len);
-      Status copied =
-          ForRange(dest, off, len, [&](uint8_t* p, uint64_t l, uint64_t done) {
-            return streams_[k % 2]->CopyAsync(p, buf + done, l);
-          });
-      if (!copied.ok()) return broken(copied);
-    }
-    for (auto& s : streams_) {
-      if (Status st = s->Synchronize(); !st.ok()) return broken(st);
-    }
-    return Status::Ok();
+    return grant;
   }
 
   bool PeerClosed() {
@@ -1001,8 +1179,9 @@ class UcxConnection final : public Connection {
   }
 
   // Breaks the connection for good: closes the TCP stream (which ends the
-  // holder's lease) and the UCX endpoint and worker, after which no get
-  // of ours moves another byte.
+  // holder's lease, and makes the holder close its endpoint, cancelling
+  // its sends) and then this side's endpoint and worker, after which
+  // nothing of the holder's lands in a destination.
   void Abandon() {
     broken_ = true;
     {
@@ -1013,60 +1192,40 @@ class UcxConnection final : public Connection {
     Teardown();
   }
 
-  // Called with the TCP connection just closed, before the endpoint goes.
-  // Where UCX emulates gets, the holder's worker answers ours, and UCX 1.13
-  // aborts the holder when an answer fails because our endpoint is gone.
-  // The holder stops answering once it sees the closed connection (it asks
-  // before every progress call, then drops the connection's worker), but
-  // a progress call it began just before that would still answer. So with
-  // gets outstanding, wait until none is left for the holder to answer:
-  // each completed, or our endpoint failed (the holder dropped its worker),
-  // or linger_ms_ passed (a holder stopped that long sees the closed
-  // connection first when it resumes). This worker keeps progressing
-  // meanwhile, so bytes of the failed read may still land in its
-  // destination: its Read has not returned. Only on endpoints that report
-  // a dead peer (tcp); shared memory does not fail an answer to a reader
-  // that left (UcxRegistryTest, AReaderLeavingAsTheHolderAnswers...).
+  // Called with the TCP connection just closed, while the read's receives
+  // may still be in flight: keeps the worker progressing until none is
+  // left (each completed or failed), or the holder dropped its worker (our
+  // endpoint to it failed: the holder drops it once it sees the closed
+  // connection), or linger_ms_ passed, so that the holder's sends in flight
+  // end in an answer rather than in an error against a worker that
+  // vanished under them. Bytes of the failed read may still land in its
+  // destination meanwhile: its Read has not returned. Only on endpoints
+  // that report a dead peer (tcp): elsewhere nothing would end it early.
   void Linger() {
-    if (!worker_ || ep_ == nullptr || !peer_errors_ || ep_failed_.load()) {
+    if (!worker_ || read_ == nullptr || ep_ == nullptr || !ep_->peer_errors() ||
+        ep_->failed()) {
       return;
     }
     auto outstanding = [&] {
-      return std::any_of(pending_.begin(), pending_.end(), [](void* r) {
-        return r != nullptr && ucp_request_check_status(r) == UCS_INPROGRESS;
-      });
+      return std::any_of(read_->landing.begin(), read_->landing.end(),
+                         [](void* r) {
+                           return r != nullptr &&
+                                  ucp_request_check_status(r) == UCS_INPROGRESS;
+                         });
     };
     if (!outstanding()) return;
-    testpoint::Hit("ucx.reader_lingers", pending_.size());
-    (void)worker_->Wait([&] { return ep_failed_.load() || !outstanding(); },
+    testpoint::Hit("ucx.reader_lingers", read_->landing.size());
+    (void)worker_->Wait([&] { return ep_->failed() || !outstanding(); },
                         Deadline::AfterMs(linger_ms_), nullptr);
   }
 
-  // Force-closes the endpoint (outstanding gets complete as cancelled),
-  // frees what the reads left, and destroys the worker. Reading thread
-  // only.
+  // Force-closes the endpoint, frees what the read left, and destroys the
+  // worker. Reading thread only.
   void Teardown() {
     if (!worker_) return;
-    if (ep_ != nullptr) {
-      ucp_request_param_t param{};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      ucs_status_ptr_t r = ucp_ep_close_nbx(ep_, &param);
-      if (UCS_PTR_IS_PTR(r)) {
-        (void)worker_->Wait(
-            [&] { return ucp_request_check_status(r) != UCS_INPROGRESS; },
-            Deadline::AfterMs(kCloseWaitMs), nullptr);
-        ucp_request_free(r);
-      }
-      ep_ = nullptr;
-    }
-    for (void* r : pending_) {
-      if (r != nullptr) ucp_request_free(r);
-    }
-    pending_.clear();
-    landing_.clear();
-    for (auto& [id, rk] : rkeys_) ucp_rkey_destroy(rk);
-    rkeys_.clear();
+    if (ep_ != nullptr) ep_->Close();
+    ep_.reset();
+    EndRead();
     std::unique_ptr<Worker> w;
     {
       MutexLock l(mu_);
@@ -1075,29 +1234,21 @@ class UcxConnection final : public Connection {
     w.reset();  // destroys the worker: its transports stop moving bytes
   }
 
-  // Twice the most one reply names, so one reply always fits.
-  static constexpr size_t kMaxCachedKeys = 2 * ucx::kMaxRmaKeys;
-  // The most one get moves: small enough that the hash of the runs already
-  // landed overlaps the rest, large enough that a chunk takes a handful.
-  static constexpr uint64_t kGetBytes = 1 << 20;
-  static constexpr int64_t kCloseWaitMs = 2000;
-
   // fd_ and worker_ are replaced only by the reading thread, under mu_;
   // Cancel uses them under mu_ from another thread.
   Mutex mu_;
   Fd fd_;
   std::atomic<bool> cancelled_{false};
-  std::atomic<bool> ep_failed_{false};
-  // The endpoint reports a dead peer (UCP_ERR_HANDLING_MODE_PEER).
-  bool peer_errors_ = false;
   const std::string peer_;
   std::unique_ptr<Worker> worker_;
   const int64_t linger_ms_;  // bounds Linger()
   // The reading thread's:
-  ucp_ep_h ep_ = nullptr;
-  std::map<uint64_t, ucp_rkey_h> rkeys_;  // by key id, bounded
-  std::vector<void*> pending_;  // gets in flight, in order; null: done
-  std::vector<iovec> landing_;  // where each of pending_ lands
+  std::unique_ptr<Endpoint> ep_;  // to the holder's worker; before worker_
+  InFlight* read_ = nullptr;      // the read in flight, or null
+  Status bad_piece_;              // the first piece refused, ever
+  Status receive_failed_;         // of the read in flight
+  bool holder_left_ = false;      // of the read in flight
+  cuda::PinnedPool::Lease bufs_;  // the device read's staging buffers
   bool broken_ = false;
   ReadInfo last_read_;
   std::unique_ptr<cuda::Stream> streams_[2];  // device reads, made on use
@@ -1164,7 +1315,7 @@ class UcxTransport final : public Transport {
     TH_ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Create(ctx_));
     auto c = std::make_unique<UcxConnection>(std::move(fd), address,
                                              std::move(worker), linger_ms_);
-    TH_RETURN_IF_ERROR(c->Open(remote));
+    TH_RETURN_IF_ERROR(c->Open(remote, deadline));
     return std::unique_ptr<Connection>(std::move(c));
   }
 
@@ -1256,11 +1407,11 @@ Result<std::shared_ptr<Context>> MakeContext(const std::string& device,
     std::string list;
     for (const std::string& w : unchecked) list += " " + w;
     TH_LOG(WARN)
-        << "ucx: wires whose gets nothing checks allowed ("
+        << "ucx: wires on which no hardware checks a peer allowed ("
         << ucx::kEmulatedGetsEnv
         << "=allow or ClientOptions::ucx_emulated_gets):" << list
-        << ": any peer that proved the secret can read and write "
-           "all of this process's memory over them (docs/security.md, \"What "
+        << ": a peer that proved the secret and modifies its UCX can write "
+           "into this process's memory over tcp (docs/security.md, \"What "
            "a UCX peer can reach\")";
   });
   return ctx;
@@ -1290,8 +1441,6 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(
                       MakeContext(device, options.allow_emulated_gets));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(ctx), options));
 }
-
-uint64_t UcxLiveMappingsForTest() { return g_live_mappings.load(); }
 
 uint64_t UcxContextFeaturesForTest() { return kContextFeatures; }
 

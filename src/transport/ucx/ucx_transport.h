@@ -1,31 +1,37 @@
 // The UCX data plane (docs/design.md "UCX data plane"). Control on TCP,
-// bytes by UCX one-sided RMA:
+// bytes by UCX active messages the holder sends:
 //
 //  - Every connection starts on TCP with the same shared-secret proof as
 //    the TCP transport (transport/tcp/auth.h); only then does the holder
-//    send its UCX worker address, and the reader connects a UCX endpoint
-//    to it.
+//    make a UCX worker for the connection and send its address, and the
+//    reader answers with its own worker's address, which the holder
+//    connects an endpoint to.
 //  - A read is a ReadRequest on the TCP connection. The holder admits it
-//    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease and
-//    answers with where the range lies in its registered memory and the
-//    remote keys; the reader moves the bytes with ucp_get_nbx straight from
-//    the holder's buffers into its destination, checks the holder still
-//    holds the lease, hashes them, and releases the lease (a Release
-//    frame). Only then does the lease end, so an unpublish's drain waits
-//    for every UCX read in flight.
-//  - Memory is registered (ucp_mem_map + a packed remote key) once per
-//    registration (transport.h Registration), not per read, and unmapped
-//    when the registration is destroyed after its drain: a key a reader
-//    kept is useless afterwards. A source without registrations gets a
-//    registration per read, unmapped when the lease ends.
+//    (ReadSource::BeginRead: epoch, range, fill state), keeps the lease,
+//    grants it (a read id and the piece size) and sends the range's bytes
+//    from its memory as active messages (ucp_am_send_nbx), one per piece
+//    of at most 1 MiB; UCX sends a small one eagerly and a large one by
+//    rendezvous, which the reader receives straight into its destination.
+//    The reader takes a piece only where the read in flight asked for it
+//    (its read id, at a piece boundary inside the range, the exact length,
+//    once) and fails the read on any other: a holder writes nothing outside
+//    the destination. It hashes the pieces in order as they land, checks
+//    the holder still holds the lease, and releases it (a Release frame).
+//    Only then does the lease end, so an unpublish's drain waits for every
+//    UCX read in flight; a lease that ends without a release has the
+//    holder's endpoint closed first, which cancels its sends.
+//  - No UCX context of this transport asks for UCP_FEATURE_RMA, so no
+//    worker has UCX's handlers of gets and puts, which copy from and to
+//    any address a peer names; nothing is registered or handed out as a
+//    remote key by this code (UCX registers what a rendezvous moves).
 //  - Every UCX progress loop is bounded by the call's deadline and wakes
 //    for Cancel(); a read that stops early closes its endpoint and worker
 //    (force), so no byte lands in the destination after Read returned.
 //
 // UCX picks the wire itself (UCX_TLS: rc/dc verbs, tcp, posix/sysv shared
 // memory, cma); this transport is the same on all of them, but by default
-// runs only where they are all RDMA wires, whose gets the NIC checks
-// (ucx_wires.h; UcxTransportOptions::allow_emulated_gets).
+// runs only where they are all RDMA wires (ucx_wires.h;
+// UcxTransportOptions::allow_emulated_gets says why).
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 #define TENSORHUB_TRANSPORT_UCX_UCX_TRANSPORT_H_
 
@@ -46,13 +52,13 @@ struct UcxTransportOptions {
   // memory, and a reader moves such a holder to its TCP address. Off for
   // tests and benchmarks of UCX on one host (the client's ucx_same_host).
   bool refuse_same_host = false;
-  // A reader that gives up on a read with gets outstanding (cancelled, or
-  // past its deadline) keeps its endpoint up until the holder answered them
-  // or dropped the connection's worker, at most this long, before it tears
-  // the endpoint down: over UCX's tcp wire UCX 1.13 aborts a holder whose
-  // answer to a get fails because the reader's endpoint is gone
-  // (docs/design.md, UCX data plane). What giving up on a holder that does
-  // not answer at all costs a reader.
+  // A reader that gives up on a read with rendezvous receives outstanding
+  // (cancelled, or past its deadline), over an endpoint that reports a
+  // dead holder (tcp), keeps its worker up until they completed or the
+  // holder dropped its worker, at most this long, before it tears it down:
+  // so that the holder's sends end in an answer, not in an error against a
+  // worker that vanished (docs/design.md, UCX data plane). What giving up
+  // on a holder that does not answer at all costs a reader.
   int64_t give_up_linger_ms = 200;
   // The data plane's host (ClientOptions::data_listen_address without the
   // port). UCX's network devices are limited to the interface that holds
@@ -61,13 +67,19 @@ struct UcxTransportOptions {
   // can reach"). Empty, or a wildcard (0.0.0.0, ::): every interface, as
   // the data plane itself. An explicit UCX_NET_DEVICES wins.
   std::string listen_host;
-  // Use UCX's wires whose gets nothing checks (tcp, shared memory, cma:
-  // ucx_wires.h), over which any peer that proved the secret can read and
-  // write all of this process's memory. Off: the transport runs only where its
-  // UCX context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all"
-  // it is limited to them), and MakeUcxTransport fails with FAILED_PRECONDITION
-  // elsewhere (docs/security.md, "What a UCX peer can reach"). The client's
-  // ucx_emulated_gets, or TENSORHUB_UCX_EMULATED_GETS=allow.
+  // Use UCX's wires that check nothing in hardware (tcp, shared memory,
+  // cma: ucx_wires.h). No context of this transport asks UCX for RMA, so
+  // over them no peer running an unmodified UCX reaches more than the
+  // bytes a holder sends it; but UCX 1.13's tcp wire itself writes a put
+  // request's bytes to whatever address it names (uct_tcp_ep_handle_put_req,
+  // whatever the context's features), so a peer that modifies its UCX can
+  // write into this process's memory over tcp (docs/security.md, "What a
+  // UCX peer can reach"). Off: the transport runs only where its UCX
+  // context has RDMA wires alone (rc, dc; where UCX_TLS is unset or "all"
+  // it is limited to them), and MakeUcxTransport fails with
+  // FAILED_PRECONDITION elsewhere. The client's ucx_emulated_gets, or
+  // TENSORHUB_UCX_EMULATED_GETS=allow (names kept from when these wires
+  // carried UCX's emulated gets).
   bool allow_emulated_gets = false;
 };
 
@@ -85,10 +97,6 @@ bool UcxAvailable();
 // `options.allow_emulated_gets` is off.
 Result<std::unique_ptr<Transport>> MakeUcxTransport(
     const UcxTransportOptions& options);
-
-// Registrations (ucp_mem_map) alive in this process, for tests that check
-// the unmap after a drain.
-uint64_t UcxLiveMappingsForTest();
 
 // The features (ucp_params_t::features) every UCX context of this
 // transport is made with, serving and reading alike, for the test that

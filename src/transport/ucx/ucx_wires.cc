@@ -52,13 +52,12 @@ Status EmulatedGetsRefusal(const std::vector<std::string>& unchecked) {
   if (found.empty()) found = "none usable";
   return FailedPrecondition(
       std::string("ucx refused: UCX here has no RDMA wire (rc, dc), only "
-                  "wires whose gets nothing checks (") +
+                  "wires on which no hardware checks a peer's access (") +
       found +
-      "): over them nothing checks a get against the published memory (the "
-      "holder answers it from whatever address it names, and a put writes "
-      "wherever it names), so any peer that proved the secret could read "
-      "and write all of this process's memory (docs/security.md, \"What a UCX "
-      "peer can reach\"). "
+      "): over tcp UCX writes a put request's bytes wherever it names, so a "
+      "peer that proved the secret and modifies its UCX could write into "
+      "this process's memory (docs/security.md, \"What a UCX peer can "
+      "reach\"). "
       "Use UCX where there is RDMA (UCX_TLS=rc or dc), read over tcp "
       "(TENSORHUB_TRANSPORTS=ucx,tcp falls back to it), or, where every "
       "host of the network is trusted, allow them: " +
@@ -72,8 +71,9 @@ Result<bool> EmulatedGetsAllowedByEnv() {
   if (value.empty() || value == "refuse") return false;
   if (value == "allow") return true;
   return InvalidArgument(std::string(kEmulatedGetsEnv) + "='" + value +
-                         "': say 'allow' (use UCX's wires whose gets "
-                         "nothing checks) or 'refuse' (the default)");
+                         "': say 'allow' (use UCX's wires on which no "
+                         "hardware checks a peer) or 'refuse' (the "
+                         "default)");
 }
 
 }  // namespace tensorhub::transport::ucx

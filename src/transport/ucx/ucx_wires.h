@@ -1,20 +1,21 @@
 // Which of UCX's wires the UCX transport may use by default (docs/security.md,
 // "What a UCX peer can reach"; issue 27, item 5).
 //
-// UCX 1.13 emulates a get where no hardware reads remote memory (its tcp and
-// shared-memory wires): the holder's worker answers a get message by copying
-// from whatever address it names, with no check against a registration (and
-// a put message by writing wherever it names), so a peer that may send them
-// can read and write any memory of the holder's process. UCX offers no hook to
-// check those gets. Over RDMA (rc, dc), a get is the NIC's read, which the NIC
-// checks against the registration its remote key names (as long as the peer
-// runs an unmodified UCX: docs/security.md, "What is left on RDMA"). So by
-// default the
-// transport runs only where every wire of its UCX context is one of those (or a
-// wire that only carries UCX's connection set-up, or this process's own
+// The transport's contexts do not ask UCX for RMA, so no worker of it has
+// UCX's handlers of emulated gets and puts, and a peer running an unmodified
+// UCX reaches only the bytes a holder sends it. What is left is below UCP:
+// UCX 1.13's tcp wire writes the bytes of a put request (a message of its
+// own, uct_tcp_ep_handle_put_req) to whatever address it names, whatever the
+// context's features, so a peer that modifies its UCX can write into a
+// holder's (or a reader's) memory over tcp; cma lets a reader's kernel copy
+// from any address its ptrace rights reach. Over RDMA (rc, dc) the NIC
+// checks every remote access against a registration. So by default the
+// transport runs only where every wire of its UCX context is an RDMA one (or
+// a wire that only carries UCX's connection set-up, or this process's own
 // loopback); the opt-in (TENSORHUB_UCX_EMULATED_GETS=allow,
-// ClientOptions::ucx_emulated_gets) keeps every wire, for networks whose every
-// host is trusted.
+// ClientOptions::ucx_emulated_gets; named when these wires carried emulated
+// gets) keeps every wire, for networks whose every host runs the
+// deployment's own binaries.
 //
 // Pure: no UCX calls, so that it builds, and is tested, without TH_UCX.
 #ifndef TENSORHUB_TRANSPORT_UCX_UCX_WIRES_H_
@@ -51,11 +52,12 @@ struct Wire {
 // first flag is 'a' for an auxiliary wire). Other lines are ignored.
 std::vector<Wire> ParseContextWires(std::string_view info);
 
-// Whether every get over `w` is checked against the registration its key
-// names by something other than the holder's CPU: rc_verbs, rc_mlx5 and
-// dc_mlx5 (the NIC's RDMA read), an auxiliary wire (carries no gets) and
-// self (this process's own loopback, which no other process reaches).
-// Not: tcp, posix, sysv (gets emulated with messages the holder answers),
+// Whether every remote access over `w` is checked against a registration
+// by something other than the holder's CPU: rc_verbs, rc_mlx5 and dc_mlx5
+// (the NIC), an auxiliary wire (carries no data) and self (this process's
+// own loopback, which no other process reaches). Not: tcp (its put
+// requests write wherever they name), posix, sysv (messages the holder's
+// CPU handles, not examined further),
 // cma (the reader's kernel copies from any address its ptrace rights
 // reach), ud as a data wire (no RDMA read: emulated), knem/xpmem (map the
 // holder's memory wholesale), cuda_ipc (opens whole device allocations,
