@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -110,6 +111,43 @@ bool ReadRequestRaw(int fd, wire::ReadRequest* req) {
       .ok();
 }
 
+// Reads `n` requests off `fd` before answering any (a holder that lets a
+// pipelining reader ask ahead).
+bool ReadRequestsRaw(int fd, size_t n, std::vector<wire::ReadRequest>* reqs) {
+  reqs->resize(n);
+  for (wire::ReadRequest& r : *reqs) {
+    if (!ReadRequestRaw(fd, &r)) return false;
+  }
+  return true;
+}
+
+// Answers a read of `len` bytes with that many bytes of value `byte`.
+void AnswerRaw(int fd, uint64_t len, uint8_t byte) {
+  wire::ResponseHeader h;
+  h.payload_len = len;
+  auto hdr = wire::EncodeResponseHeader(h);
+  std::vector<uint8_t> body(len, byte);
+  SendAllRaw(fd, hdr.data(), hdr.size());
+  SendAllRaw(fd, body.data(), body.size());
+}
+
+// `n` reads of `len` bytes each into buffers of their own, for
+// Connection::ReadPipelined; read i asks for `req(i)`.
+struct PipelinedReads {
+  PipelinedReads(size_t n, uint64_t len,
+                 const std::function<wire::ReadRequest(size_t)>& req)
+      : out(n, std::vector<uint8_t>(len)), dests(n), reads(n) {
+    for (size_t i = 0; i < n; ++i) {
+      dests[i] = {out[i].data(), len};
+      reads[i].req = req(i);
+      reads[i].dest = {&dests[i], 1};
+    }
+  }
+  std::vector<std::vector<uint8_t>> out;
+  std::vector<iovec> dests;
+  std::vector<PipelinedRead> reads;
+};
+
 TEST(TcpTransportRawTest, PeerClosingMidReadBreaksTheConnection) {
   RawHolder holder([](int fd) {
     wire::ReadRequest req;
@@ -190,32 +228,21 @@ TEST(TcpTransportRawTest, PipelinedReadsAreAskedAheadAndLandInOrder) {
   constexpr uint64_t kLen = 1000;
   std::atomic<int> asked_ahead{0};
   RawHolder holder([&](int fd) {
-    std::vector<wire::ReadRequest> reqs(kReads);
-    for (wire::ReadRequest& r : reqs) {
-      if (!ReadRequestRaw(fd, &r)) return;
-    }
+    std::vector<wire::ReadRequest> reqs;
+    if (!ReadRequestsRaw(fd, kReads, &reqs)) return;
     asked_ahead.store(static_cast<int>(reqs.size()));
     for (const wire::ReadRequest& r : reqs) {
-      wire::ResponseHeader h;
-      h.payload_len = r.length;
-      auto hdr = wire::EncodeResponseHeader(h);
-      std::vector<uint8_t> body(r.length, static_cast<uint8_t>(r.offset));
-      SendAllRaw(fd, hdr.data(), hdr.size());
-      SendAllRaw(fd, body.data(), body.size());
+      AnswerRaw(fd, r.length, static_cast<uint8_t>(r.offset));
     }
   });
   std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
   Result<std::unique_ptr<Connection>> c =
       t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  std::vector<std::vector<uint8_t>> out(kReads, std::vector<uint8_t>(kLen));
-  std::vector<iovec> dests(kReads);
-  std::vector<PipelinedRead> reads(kReads);
-  for (size_t i = 0; i < kReads; ++i) {
-    dests[i] = {out[i].data(), kLen};
-    reads[i].req = Req(i + 1, kLen);  // answered with bytes of value i + 1
-    reads[i].dest = {&dests[i], 1};
-  }
+  // Read i is answered with bytes of value i + 1.
+  PipelinedReads p(kReads, kLen, [&](size_t i) { return Req(i + 1, kLen); });
+  std::vector<std::vector<uint8_t>>& out = p.out;
+  std::vector<PipelinedRead>& reads = p.reads;
   std::vector<size_t> landed;
   Status s = (*c)->ReadPipelined(reads, kReads, Deadline::AfterMs(kGenerousMs),
                                  [&](size_t i) {
@@ -240,14 +267,12 @@ TEST(TcpTransportRawTest, ARefusalWithAnswersStillDueDropsTheConnection) {
   for (size_t refused : {size_t{1}, size_t{3}}) {
     SCOPED_TRACE("refused read " + std::to_string(refused));
     RawHolder holder([&](int fd) {
-      std::vector<wire::ReadRequest> reqs(4);
-      for (wire::ReadRequest& r : reqs) {
-        if (!ReadRequestRaw(fd, &r)) return;
-      }
+      std::vector<wire::ReadRequest> reqs;
+      if (!ReadRequestsRaw(fd, 4, &reqs)) return;
       for (size_t i = 0; i < reqs.size(); ++i) {
-        wire::ResponseHeader h;
         if (i == refused) {
           const std::string msg = "not held here";
+          wire::ResponseHeader h;
           h.status = StatusCode::kNotFound;
           h.message_len = static_cast<uint16_t>(msg.size());
           auto hdr = wire::EncodeResponseHeader(h);
@@ -255,25 +280,15 @@ TEST(TcpTransportRawTest, ARefusalWithAnswersStillDueDropsTheConnection) {
           SendAllRaw(fd, msg.data(), msg.size());
           continue;
         }
-        h.payload_len = reqs[i].length;
-        auto hdr = wire::EncodeResponseHeader(h);
-        std::vector<uint8_t> body(reqs[i].length, 0x11);
-        SendAllRaw(fd, hdr.data(), hdr.size());
-        SendAllRaw(fd, body.data(), body.size());
+        AnswerRaw(fd, reqs[i].length, 0x11);
       }
     });
     std::unique_ptr<Transport> t = MakeTcpOnlyTransport();
     Result<std::unique_ptr<Connection>> c =
         t->Connect(holder.address(), Deadline::AfterMs(kGenerousMs));
     ASSERT_TRUE(c.ok()) << c.status().ToString();
-    std::vector<std::vector<uint8_t>> out(4, std::vector<uint8_t>(100));
-    std::vector<iovec> dests(4);
-    std::vector<PipelinedRead> reads(4);
-    for (size_t i = 0; i < 4; ++i) {
-      dests[i] = {out[i].data(), out[i].size()};
-      reads[i].req = Req(i * 100, 100);
-      reads[i].dest = {&dests[i], 1};
-    }
+    PipelinedReads p(4, 100, [](size_t i) { return Req(i * 100, 100); });
+    std::vector<PipelinedRead>& reads = p.reads;
     std::vector<size_t> landed;
     Status s = (*c)->ReadPipelined(reads, 4, Deadline::AfterMs(kGenerousMs),
                                    [&](size_t i) {
